@@ -1,0 +1,37 @@
+"""Sessions: `tests` (what CI runs), `lint` (ruff), `explain` (the quick-start job)."""
+
+import nox
+
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["tests"]
+
+# The CPU build of torch 2.13.0 installs from local disk on our machines; a bare
+# `torch` requirement could pull a multi-GB CUDA build instead.
+TORCH = "torch==2.13.0"
+EXAMPLE_JOB = "examples/jobspec.example.toml"
+
+
+def install_project(session: nox.Session, extras: str = "test") -> None:
+    session.install(TORCH)
+    session.install("-e", f".[{extras}]")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The test suite CI runs: everything except `slow` and `gpu` tests."""
+    install_project(session)
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Ruff lint and format check."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def explain(session: nox.Session) -> None:
+    """Install and explain the example job (llama3-70b on 8 192 H100s)."""
+    install_project(session)
+    session.run("prismbench", "explain", *(session.posargs or [EXAMPLE_JOB]))

@@ -1,0 +1,157 @@
+"""Job-spec loading and validation: every rule refuses with the field name in the message."""
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from prismbench.spec import JobSpec, SpecError, job_spec_from_dict, load_job_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
+
+
+def example_tables() -> dict:
+    return tomllib.loads((ROOT / "examples" / "jobspec.example.toml").read_text())
+
+
+def with_change(section: str, **changes) -> dict:
+    tables = example_tables()
+    tables[section] = {**tables[section], **changes}
+    return tables
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_shipped_example_loads(path):
+    job = load_job_spec(path)
+    assert job.world_size == job.parallel.tp * job.parallel.pp * job.parallel.cp * job.parallel.dp
+
+
+def test_example_job_is_llama3_70b_on_8192_gpus():
+    job = load_job_spec(ROOT / "examples" / "jobspec.example.toml")
+    assert job.model.name == "llama3-70b"
+    assert (job.model.layers, job.model.hidden, job.model.kv_heads) == (80, 8192, 8)
+    assert job.world_size == 8192
+    assert job.num_microbatches == 1024 // 256
+    assert job.stage_layers == (20, 20, 20, 20)
+
+
+def test_resolved_spec_round_trips_through_dict():
+    job = load_job_spec(ROOT / "examples" / "jobspec.example.toml")
+    assert job_spec_from_dict(job.to_dict()) == job
+
+
+def test_explicit_dims_override_the_registry():
+    job = job_spec_from_dict(with_change("model", layers=40))
+    assert job.model.layers == 40 and job.model.hidden == 8192
+
+
+def test_explicit_model_without_name():
+    tables = example_tables()
+    tables["model"] = dict(family="gpt", layers=4, hidden=256, ffn_hidden=1024, heads=8, vocab=1000,
+                           max_seq_len=8192)
+    job = job_spec_from_dict(tables)
+    assert job.model.name == "custom" and job.model.kv_heads == 8 and job.model.positions == "learned"
+
+
+@pytest.mark.parametrize(
+    ("section", "changes", "expected"),
+    [
+        ("parallel", dict(tp=16, dp=128), "parallel.tp(16) does not divide model.heads(64)"),
+        ("parallel", dict(tp=3), "parallel.tp(3) does not divide model.heads(64)"),
+        ("batch", dict(global_batch=1000), "batch.global_batch(1000) is not divisible"),
+        ("batch", dict(seq_len=8190), "batch.seq_len"),
+        ("parallel", dict(pp=128, dp=8), "fewer than pipeline stages"),
+        ("parallel", dict(zero=4), "parallel.zero=4"),
+        ("parallel", dict(schedule="dualpipe"), "parallel.schedule='dualpipe'"),
+        ("parallel", dict(vpp=2), "parallel.vpp(2) > 1 needs an interleaved schedule"),
+        ("parallel", dict(schedule="interleaved-1f1b"), "needs vpp >= 2"),
+        ("train", dict(precision="fp4"), "train.precision='fp4'"),
+        ("train", dict(recompute="some"), "train.recompute='some'"),
+        ("cluster", dict(gpu="h100x"), "cluster.gpu"),
+        ("cluster", dict(gpus_per_node=0), "cluster.gpus_per_node=0"),
+        ("model", dict(name="llama9-1t"), "model.name"),
+        ("model", dict(kv_heads=7), "model.kv_heads(7) does not divide model.heads(64)"),
+    ],
+)
+def test_broken_rule_names_the_field(section, changes, expected):
+    with pytest.raises(SpecError, match=None) as excinfo:
+        job_spec_from_dict(with_change(section, **changes))
+    assert expected in str(excinfo.value)
+
+
+def test_tp_above_kv_heads_replicates_kv_heads():
+    job = job_spec_from_dict(with_change("parallel", tp=16, dp=128) | {"model": {"name": "llama3-70b", "heads": 128, "hidden": 16384}})
+    assert job.parallel.tp > job.model.kv_heads
+
+
+def test_cp_needs_twice_cp_to_divide_seq_len_when_load_balanced():
+    tables = with_change("parallel", cp=4, dp=64)
+    tables["batch"]["seq_len"] = 8196  # divisible by 4, not by 8
+    with pytest.raises(SpecError, match=r"2\*cp for load-balanced causal CP \(8\)"):
+        job_spec_from_dict(tables)
+    tables["parallel"]["cp_load_balance"] = False
+    assert job_spec_from_dict(tables).parallel.cp == 4
+
+
+def test_uneven_layers_split_like_llama3():
+    tables = with_change("parallel", pp=16, dp=64)
+    tables["model"] = {"name": "llama3-70b", "layers": 126}
+    assert job_spec_from_dict(tables).stage_layers == (7,) + (8,) * 14 + (7,)
+
+
+@pytest.mark.parametrize("section", ["model", "parallel", "batch", "train", "cluster"])
+def test_unknown_key_is_refused(section):
+    with pytest.raises(SpecError, match=rf"{section}: unknown key\(s\) \['typo_key'\]"):
+        job_spec_from_dict(with_change(section, typo_key=1))
+
+
+def test_unknown_section_is_refused():
+    tables = example_tables() | {"extras": {}}
+    with pytest.raises(SpecError, match=r"unknown key\(s\) \['extras'\]"):
+        job_spec_from_dict(tables)
+
+
+def test_missing_required_key():
+    tables = example_tables()
+    del tables["batch"]["seq_len"]
+    with pytest.raises(SpecError, match=r"batch: required key\(s\) \['seq_len'\]"):
+        job_spec_from_dict(tables)
+
+
+def test_sequence_parallel_defaults_on_with_tp_and_refused_without():
+    tables = example_tables()
+    del tables["parallel"]["sequence_parallel"]
+    assert job_spec_from_dict(tables).parallel.sequence_parallel is True
+    with pytest.raises(SpecError, match="sequence_parallel=true needs tp > 1"):
+        job_spec_from_dict(with_change("parallel", tp=1, dp=2048))
+
+
+def test_fp8_is_refused_on_a100():
+    tables = with_change("train", precision="fp8")
+    tables["cluster"] = {**tables["cluster"], "gpu": "a100-sxm-80g", "intra_node": "nvlink3",
+                         "inter_node": "ib-hdr-8x200"}
+    with pytest.raises(SpecError, match="train.precision='fp8' needs fp8 tensor cores"):
+        job_spec_from_dict(tables)
+
+
+def test_explicit_link_table_is_accepted():
+    job = job_spec_from_dict(with_change("cluster", intra_node={"bandwidth_GBps": 300.0, "latency_us": 1.0}))
+    assert job.cluster.intra_node["bandwidth_GBps"] == 300.0
+
+
+def test_missing_file_and_bad_toml(tmp_path):
+    with pytest.raises(SpecError, match="no such file"):
+        load_job_spec(tmp_path / "absent.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model\nname = 1")
+    with pytest.raises(SpecError, match="invalid TOML"):
+        load_job_spec(bad)
+
+
+def test_job_spec_is_frozen():
+    job = load_job_spec(ROOT / "examples" / "jobspec.example.toml")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.parallel.tp = 4  # type: ignore[misc]
+    assert isinstance(job, JobSpec)

@@ -1,0 +1,91 @@
+"""Model dimensions (`ModelSpec`) and the rule that splits layers over pipeline stages.
+
+`ModelSpec` is the single description of a model's shape: the flavor registry
+holds named ones, the job spec builds one from TOML, and the GPT/Llama modules
+are constructed from it. It imports nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FAMILIES = ("gpt", "llama")
+POSITIONS_BY_FAMILY = {"gpt": ("learned", "alibi"), "llama": ("rope",)}
+
+
+class SpecError(ValueError):
+    """An invalid specification: the message names the field and the rule."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Shape of a decoder-only transformer (GPT or Llama family)."""
+
+    name: str
+    family: str
+    layers: int
+    hidden: int
+    ffn_hidden: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    positions: str
+    max_seq_len: int = 2048  # table size for learned positions; RoPE/ALiBi ignore it
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False  # GPT (Megatron, GPT-2) shares input and output embeddings
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise SpecError(f"model.family={self.family!r} must be one of {FAMILIES}")
+        for field in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "max_seq_len"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpecError(f"model.{field}={value!r} must be a positive integer")
+        allowed = POSITIONS_BY_FAMILY[self.family]
+        if self.positions not in allowed:
+            raise SpecError(
+                f"model.positions={self.positions!r} is not valid for family {self.family!r}: "
+                f"use one of {allowed}"
+            )
+        if self.hidden % self.heads:
+            raise SpecError(f"model.heads({self.heads}) does not divide model.hidden({self.hidden})")
+        if self.heads % self.kv_heads:
+            raise SpecError(
+                f"model.kv_heads({self.kv_heads}) does not divide model.heads({self.heads})"
+            )
+        if self.family == "gpt" and self.kv_heads != self.heads:
+            raise SpecError(
+                f"model.kv_heads({self.kv_heads}) must equal model.heads({self.heads}) for GPT "
+                "(multi-head attention)"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+def stage_layer_counts(layers: int, stages: int) -> tuple[int, ...]:
+    """Layers per (virtual) pipeline stage, in stage order.
+
+    Rule: every stage starts with c = ceil(layers / stages) layers; the surplus
+    d = stages * c - layers (< stages) is removed one layer at a time from the
+    outermost stages inwards (first, last, second, second-to-last, ...), because
+    the first stage also holds the embedding and the last the output layer and
+    loss. For Llama 3.1 405B (126 layers, 16 stages) this gives 7, 8 x 14, 7, as
+    the Llama 3 paper describes. Refused when there are fewer layers than stages.
+    """
+    if stages < 1:
+        raise SpecError(f"pipeline stages({stages}) must be at least 1")
+    if layers < stages:
+        raise SpecError(
+            f"model.layers({layers}) is fewer than pipeline stages pp*vpp({stages}): "
+            "every stage needs at least one layer"
+        )
+    per_stage = -(-layers // stages)
+    counts = [per_stage] * stages
+    surplus = stages * per_stage - layers
+    order = [i // 2 if i % 2 == 0 else stages - 1 - i // 2 for i in range(stages)]
+    for stage in order[:surplus]:
+        counts[stage] -= 1
+    return tuple(counts)
