@@ -183,7 +183,7 @@ class JobSpec:
         if self.train.precision != "fp8":
             return
         gpu = hardware.gpu_preset(self.cluster.gpu)
-        if not gpu.peak_tflops.get("fp8"):
+        if not gpu.peak_dense_tflops.get("fp8"):
             raise SpecError(
                 f"train.precision='fp8' needs fp8 tensor cores; cluster.gpu={self.cluster.gpu!r} has none"
             )

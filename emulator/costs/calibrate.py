@@ -1,0 +1,151 @@
+"""Measure a kernel table on a real CUDA GPU: GEMM grid, flash attention, HBM bandwidth sweep.
+
+`run_calibration` times each kernel with CUDA events after warm-up, repeats it, and writes
+results/kernels/<gpu>.csv (columns: kernel_table.COLUMNS) with provenance. The grid and the CSV
+writer are plain functions so they can be tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import statistics
+import subprocess
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from emulator.costs.kernel_table import COLUMNS
+
+HIDDEN_SIZES = (1024, 2048, 4096, 8192, 12288, 16384, 25600)
+TP_DEGREES = (1, 2, 4, 8)
+TOKENS = (1024, 4096, 16384, 65536)
+ATTN_HEAD_DIMS = (64, 128)
+ATTN_SEQ_LENS = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
+ATTN_TOKENS_PER_BATCH = 131072  # batch * seq kept constant so long sequences stay in memory
+HBM_SWEEP_BYTES = tuple(2**p for p in range(20, 33))  # 1 MiB .. 4 GiB
+MAX_GEMM_OPERAND_BYTES = 8 * 2**30
+
+
+def gemm_grid(quick: bool = False) -> list[tuple[int, int, int]]:
+    """(m, n, k) of a transformer layer's GEMMs: QKV, attention out, MLP up and down, each
+    tp-sharded, for the forward (m = tokens) and the weight gradient (k = tokens)."""
+    hidden = HIDDEN_SIZES[::3] if quick else HIDDEN_SIZES
+    tps = (1, 8) if quick else TP_DEGREES
+    tokens = (4096,) if quick else TOKENS
+    shapes: set[tuple[int, int, int]] = set()
+    for h in hidden:
+        for tp in tps:
+            for t in tokens:
+                for n_out, k_in in ((3 * h // tp, h), (h, h // tp), (4 * h // tp, h), (h, 4 * h // tp)):
+                    for m, n, k in ((t, n_out, k_in), (k_in, n_out, t)):
+                        if 2 * (m * k + k * n + m * n) <= MAX_GEMM_OPERAND_BYTES:
+                            shapes.add((m, n, k))
+    return sorted(shapes)
+
+
+def attention_grid(quick: bool = False) -> list[tuple[int, int, int, int]]:
+    """(batch, heads, seq, head_dim) for causal flash attention at 4096 model width."""
+    seqs = ATTN_SEQ_LENS[:2] if quick else ATTN_SEQ_LENS
+    return [(max(1, ATTN_TOKENS_PER_BATCH // s), 4096 // d, s, d) for d in ATTN_HEAD_DIMS for s in seqs]
+
+
+def write_kernel_csv(rows: Iterable[dict], path: str | Path, provenance: dict) -> Path:
+    """Write measured rows (op, dtype, shape fields, time_us, repetitions, spread_us) + provenance."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            full = {column: "" for column in COLUMNS} | provenance | row
+            unknown = set(full) - set(COLUMNS)
+            if unknown:
+                raise ValueError(f"kernel row has unknown fields {sorted(unknown)}")
+            writer.writerow(full)
+    return path
+
+
+def _time_us(fn: Callable[[], object], repetitions: int, warmup: int) -> tuple[float, float]:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repetitions):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0)
+    return statistics.median(samples), statistics.pstdev(samples)
+
+
+def _provenance() -> dict:
+    import torch
+
+    try:
+        query = "driver_version,clocks.max.sm,clocks.max.mem"
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()[0]
+        driver, sm_clock, mem_clock = (part.strip() for part in out.split(","))
+        clocks = f"sm_max={sm_clock};mem_max={mem_clock}"
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        driver, clocks = "unknown", "unknown"
+    return {"gpu": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
+            "clocks": clocks, "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+
+
+def _measure(quick: bool, progress: Callable[[str], None] | None) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    reps, warm = (5, 2) if quick else (20, 5)
+    rows, dev, bf16 = [], "cuda", torch.bfloat16
+    for m, n, k in gemm_grid(quick):
+        a, b = torch.randn(m, k, device=dev, dtype=bf16), torch.randn(k, n, device=dev, dtype=bf16)
+        t, s = _time_us(lambda a=a, b=b: a @ b, reps, warm)
+        rows.append({"op": "mm", "dtype": "bf16", "m": m, "n": n, "k": k, "batch": 1,
+                     "time_us": t, "repetitions": reps, "spread_us": s})
+        del a, b
+        if progress:
+            progress(f"mm {m}x{n}x{k}: {t:.1f} us")
+    for batch, heads, seq, d in attention_grid(quick):
+        q, k_, v = (torch.randn(batch, heads, seq, d, device=dev, dtype=bf16, requires_grad=True) for _ in range(3))
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            fwd = lambda q=q, k_=k_, v=v: F.scaled_dot_product_attention(q, k_, v, is_causal=True)  # noqa: E731
+            t_f, s_f = _time_us(fwd, reps, warm)
+            out = fwd()
+            grad = torch.randn_like(out)
+            t_b, s_b = _time_us(
+                lambda out=out, q=q, k_=k_, v=v, grad=grad: torch.autograd.grad(out, (q, k_, v), grad, retain_graph=True),
+                reps, warm,
+            )
+        shape = {"batch": batch, "heads_q": heads, "heads_kv": heads, "seq_q": seq, "seq_kv": seq,
+                 "head_dim": d, "causal": True, "repetitions": reps}
+        rows.append({"op": "flash_attn_fwd", "dtype": "bf16", **shape, "time_us": t_f, "spread_us": s_f})
+        rows.append({"op": "flash_attn_bwd", "dtype": "bf16", **shape, "time_us": t_b, "spread_us": s_b})
+        del q, k_, v, out, grad
+        if progress:
+            progress(f"attention b{batch} h{heads} s{seq} d{d}: fwd {t_f:.1f} us, bwd {t_b:.1f} us")
+    for nbytes in HBM_SWEEP_BYTES[:4] if quick else HBM_SWEEP_BYTES:
+        src, dst = torch.empty(nbytes, dtype=torch.uint8, device=dev), torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        t, s = _time_us(lambda dst=dst, src=src: dst.copy_(src), reps, warm)
+        rows.append({"op": "copy", "dtype": "bf16", "nbytes": 2 * nbytes, "time_us": t,
+                     "repetitions": reps, "spread_us": s})
+        del src, dst
+    return rows
+
+
+def run_calibration(out_path: str | Path, *, quick: bool = False,
+                    progress: Callable[[str], None] | None = None) -> Path:
+    """Measure the kernel grid on the current CUDA GPU and write the table to `out_path`."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "calibration needs a CUDA GPU: torch.cuda.is_available() is False on this machine "
+            f"(torch {torch.__version__}); run it on the GPU you want a kernel table for"
+        )
+    return write_kernel_csv(_measure(quick, progress), out_path, _provenance())

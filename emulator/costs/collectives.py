@@ -1,0 +1,157 @@
+"""Collective cost model: how long an NCCL collective over a group of global ranks takes.
+
+The group is its global ranks (numpy array); the node of rank r is r // gpus_per_node. The
+algorithm and protocol are chosen as NCCL's tuner does (minimum predicted time over the
+candidates of `nccl_tuning`); all_to_all and send/recv, which NCCL runs as point-to-point
+transfers outside tuning.cc, are priced from the same link figures. Formulas: docs/MODELS.md.
+
+Sizes follow nccl-tests (PERFORMANCE.md): `nbytes` is the whole buffer S, i.e. the all_gather
+output, the reduce_scatter input, the all_reduce / broadcast / reduce buffer, the all_to_all
+send buffer, the send/recv message.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from emulator.costs.nccl_tuning import GroupGeometry, candidate_times_us
+from emulator.hardware import GpuPreset, LinkPreset, NetworkPreset
+
+COLLECTIVES = (
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "send_recv", "barrier",
+)
+_TUNED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+# nccl-tests doc/PERFORMANCE.md: busbw = algbw * factor(n)
+_BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send_recv": lambda n: 1.0,
+}
+_BARRIER_BYTES = 4  # torch's NCCL barrier all-reduces one small tensor
+
+
+@dataclass(frozen=True, kw_only=True)
+class Topology:
+    """A homogeneous cluster: nodes of `gpus_per_node` GPUs on `link`, joined by `network`."""
+
+    gpu: GpuPreset
+    gpus_per_node: int
+    link: LinkPreset
+    network: NetworkPreset
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
+            raise ValueError(f"cluster.gpus_per_node={self.gpus_per_node!r} must be a positive integer")
+
+
+def bus_bandwidth_factor(kind: str, n: int) -> float:
+    """nccl-tests' algbw -> busbw factor for a collective over n ranks."""
+    if kind not in _BUS_FACTOR:
+        raise ValueError(f"collective kind={kind!r} has no bus-bandwidth factor; known: {tuple(_BUS_FACTOR)}")
+    return _BUS_FACTOR[kind](n)
+
+
+def _per_node_counts(ranks: np.ndarray, topo: Topology) -> np.ndarray:
+    ranks = np.asarray(ranks, dtype=np.int64)
+    if ranks.ndim != 1 or ranks.size == 0:
+        raise ValueError(f"group_ranks must be a non-empty 1-d array of global ranks, got shape {ranks.shape}")
+    if ranks.min() < 0 or np.unique(ranks).size != ranks.size:
+        raise ValueError("group_ranks must hold distinct non-negative global ranks")
+    _, counts = np.unique(ranks // topo.gpus_per_node, return_counts=True)
+    return counts
+
+
+def group_geometry(group_ranks: np.ndarray, topo: Topology) -> GroupGeometry:
+    """Nodes spanned, members per node and the bandwidths NCCL's rings and trees would get.
+
+    With k members per node the inter-node traffic runs on min(k, NICs per node) rails (one NIC
+    per GPU, rail-optimised); the least-populated node bounds it.
+    """
+    counts = _per_node_counts(group_ranks, topo)
+    nodes, k = counts.size, int(counts.min())
+    rails = min(k, topo.network.nics_per_node)
+    bw_inter = rails * topo.network.nic_bandwidth_GBps if nodes > 1 else math.inf
+    bw_intra = topo.link.bandwidth_GBps if counts.max() > 1 else bw_inter
+    return GroupGeometry(
+        n_ranks=int(counts.sum()),
+        n_nodes=nodes,
+        arch=topo.gpu.arch,
+        bw_intra_GBps=bw_intra,
+        bw_inter_GBps=bw_inter,
+        channels=topo.link.channels,
+        nvls=topo.link.nvls and topo.gpu.arch == "hopper" and k >= 2,
+        extra_intra_lat_us=topo.link.latency_us,
+        extra_inter_lat_us=topo.network.latency_us,
+    )
+
+
+def _p2p_times_s(kind: str, nbytes: np.ndarray, group_ranks: np.ndarray, topo: Topology) -> np.ndarray:
+    """all_to_all and send/recv: concurrent point-to-point transfers, bounded by the slower path.
+
+    Latency: tuning.cc ring/Simple base latency plus one NVLink or network step (ours: NCCL's
+    tuner does not price point-to-point operations).
+    """
+    counts = _per_node_counts(group_ranks, topo)
+    n, nodes, k = int(counts.sum()), counts.size, int(counts.min())
+    lat_us = 8.4 + (14.0 + topo.network.latency_us if nodes > 1 else 3.4 + topo.link.latency_us)
+    nic_share = topo.network.nic_bandwidth_GBps * min(k, topo.network.nics_per_node) / k
+    if kind == "send_recv":
+        bw = nic_share if nodes > 1 else topo.link.bandwidth_GBps
+        return (lat_us + nbytes / (1000.0 * bw)) * 1e-6
+    intra_bytes = nbytes * (k - 1) / n
+    inter_bytes = nbytes * (n - k) / n
+    t_intra = intra_bytes / (1000.0 * topo.link.bandwidth_GBps)
+    t_inter = inter_bytes / (1000.0 * nic_share) if nodes > 1 else 0.0
+    return (lat_us + np.maximum(t_intra, t_inter)) * 1e-6
+
+
+def _check(kind: str) -> None:
+    if kind not in COLLECTIVES:
+        raise ValueError(f"collective kind={kind!r} is not known; known: {COLLECTIVES}")
+
+
+def collective_times_s(kind: str, nbytes, group_ranks: np.ndarray, topo: Topology) -> np.ndarray:
+    """Vectorised over sizes: predicted seconds for each entry of `nbytes` (NCCL's best choice)."""
+    _check(kind)
+    sizes = np.atleast_1d(np.asarray(nbytes, dtype=float))
+    if (sizes < 0).any():
+        raise ValueError("nbytes must be >= 0")
+    if np.asarray(group_ranks).size == 1:
+        return np.zeros(sizes.shape)
+    if kind in ("all_to_all", "send_recv"):
+        return _p2p_times_s(kind, sizes, group_ranks, topo)
+    if kind == "barrier":
+        kind, sizes = "all_reduce", np.full(sizes.shape, float(_BARRIER_BYTES))
+    candidates = candidate_times_us(kind, sizes, group_geometry(group_ranks, topo))
+    return np.min(np.stack(list(candidates.values())), axis=0) * 1e-6
+
+
+def collective_time_s(kind: str, nbytes: float, group_ranks: np.ndarray, topo: Topology) -> float:
+    """Predicted seconds for one collective of `nbytes` over `group_ranks`."""
+    return float(collective_times_s(kind, [nbytes], group_ranks, topo)[0])
+
+
+def choose_algorithm(kind: str, nbytes: float, group_ranks: np.ndarray, topo: Topology) -> tuple[str, str, float]:
+    """(algorithm, protocol, seconds) NCCL's tuner would pick for a tuned collective."""
+    _check(kind)
+    if kind not in _TUNED:
+        raise ValueError(f"collective kind={kind!r} is not chosen by NCCL's tuner; tuned: {_TUNED}")
+    if np.asarray(group_ranks).size == 1:
+        return ("none", "none", 0.0)
+    candidates = candidate_times_us(kind, np.array([float(nbytes)]), group_geometry(group_ranks, topo))
+    (algo, proto), time_us = min(candidates.items(), key=lambda item: item[1][0])
+    return algo, proto, float(time_us[0]) * 1e-6
+
+
+def bus_bandwidth_GBps(kind: str, nbytes, group_ranks: np.ndarray, topo: Topology) -> np.ndarray:
+    """nccl-tests' busbw (GB/s) of the predicted times, for comparison with published tables."""
+    sizes = np.atleast_1d(np.asarray(nbytes, dtype=float))
+    times = collective_times_s(kind, sizes, group_ranks, topo)
+    return sizes / times / 1e9 * bus_bandwidth_factor(kind, np.asarray(group_ranks).size)

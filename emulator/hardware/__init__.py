@@ -1,0 +1,31 @@
+"""Hardware presets (GPUs, intra-node links, inter-node networks) and their loader.
+
+The data lives in one TOML file per machine beside this module; see `presets.py` for the
+meaning of each field and the bandwidth conventions.
+"""
+
+from emulator.hardware.presets import (
+    DTYPES,
+    GPU_NAMES,
+    LINK_NAMES,
+    NETWORK_NAMES,
+    GpuPreset,
+    LinkPreset,
+    NetworkPreset,
+    gpu_preset,
+    inter_node_network,
+    intra_node_link,
+)
+
+__all__ = [
+    "DTYPES",
+    "GPU_NAMES",
+    "LINK_NAMES",
+    "NETWORK_NAMES",
+    "GpuPreset",
+    "LinkPreset",
+    "NetworkPreset",
+    "gpu_preset",
+    "inter_node_network",
+    "intra_node_link",
+]

@@ -1,0 +1,239 @@
+"""Hardware presets: frozen dataclasses for GPUs, intra-node links and inter-node networks,
+loaded from the TOML data files beside this module (one file per machine, sources cited there).
+
+Bandwidth conventions (used by every cost model):
+- `LinkPreset.bandwidth_GBps`: what NCCL can move per GPU, per direction, over the intra-node
+  fabric (NVLink line rate x NCCL's per-link efficiency); `line_rate_GBps` is the datasheet figure.
+- `NetworkPreset.nic_bandwidth_GBps`: what NCCL moves per NIC, per direction.
+- `latency_us` on links and networks is an extra per-step latency added to NCCL's own per-step
+  latencies (src/graph/tuning.cc); the shipped presets use 0.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from types import MappingProxyType
+
+_DATA_DIR = Path(__file__).parent
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+ARCHS = ("ampere", "hopper")
+
+
+def _check_positive(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{owner}.{name}={value!r} must be a positive number")
+
+
+def _check_fraction(owner: str, name: str, value: object) -> None:
+    _check_positive(owner, name, value)
+    if value > 1:
+        raise ValueError(f"{owner}.{name}={value!r} must be a fraction in (0, 1]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuPreset:
+    """One GPU model: dense peaks per dtype, HBM, SMs and measured efficiency fractions."""
+
+    name: str
+    arch: str
+    sm_count: int
+    hbm_bandwidth_GBps: float
+    hbm_capacity_bytes: int
+    power_W: float
+    peak_dense_tflops: Mapping[str, float]
+    gemm_efficiency: float
+    hbm_efficiency: float
+    attention_efficiency: float
+    attention_head_dim: int
+    boost_clock_MHz: float | None = None
+
+    def __post_init__(self) -> None:
+        owner = f"gpu[{self.name}]"
+        if self.arch not in ARCHS:
+            raise ValueError(f"{owner}.arch={self.arch!r} must be one of {ARCHS}")
+        for name in ("sm_count", "hbm_bandwidth_GBps", "hbm_capacity_bytes", "power_W", "attention_head_dim"):
+            _check_positive(owner, name, getattr(self, name))
+        for name in ("gemm_efficiency", "hbm_efficiency", "attention_efficiency"):
+            _check_fraction(owner, name, getattr(self, name))
+        for dtype, tflops in self.peak_dense_tflops.items():
+            if dtype not in DTYPES:
+                raise ValueError(f"{owner}.peak_dense_tflops has unknown dtype {dtype!r}; known: {DTYPES}")
+            _check_positive(owner, f"peak_dense_tflops.{dtype}", tflops)
+        for dtype in ("fp32", "bf16", "fp16"):
+            if dtype not in self.peak_dense_tflops:
+                raise ValueError(f"{owner}.peak_dense_tflops lacks {dtype!r}")
+        object.__setattr__(self, "peak_dense_tflops", MappingProxyType(dict(self.peak_dense_tflops)))
+
+    def has_dtype(self, dtype: str) -> bool:
+        return dtype in self.peak_dense_tflops
+
+    def peak_tflops(self, dtype: str) -> float:
+        """Dense tensor-core peak for `dtype`; refuses a dtype the GPU has no units for (fp8 on A100)."""
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r} is not known; known: {DTYPES}")
+        if dtype not in self.peak_dense_tflops:
+            raise ValueError(
+                f"gpu {self.name!r} ({self.arch}) has no {dtype} tensor cores: cannot price {dtype} "
+                f"work on it; use bf16 (train.precision) or a GPU with {dtype}"
+            )
+        return self.peak_dense_tflops[dtype]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkPreset:
+    """Intra-node GPU fabric; bandwidths are per GPU, per direction."""
+
+    name: str
+    bandwidth_GBps: float
+    latency_us: float = 0.0
+    line_rate_GBps: float | None = None
+    links: int | None = None
+    nvls: bool = False
+    channels: int = 16
+
+    def __post_init__(self) -> None:
+        owner = f"intra_node[{self.name}]"
+        _check_positive(owner, "bandwidth_GBps", self.bandwidth_GBps)
+        _check_positive(owner, "channels", self.channels)
+        if self.latency_us < 0:
+            raise ValueError(f"{owner}.latency_us={self.latency_us!r} must be >= 0")
+        if self.line_rate_GBps is not None and self.line_rate_GBps < self.bandwidth_GBps:
+            raise ValueError(
+                f"{owner}.bandwidth_GBps({self.bandwidth_GBps}) exceeds line_rate_GBps({self.line_rate_GBps})"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkPreset:
+    """Inter-node network: NICs per node (rail-optimised, one rail per NIC), bandwidth per NIC."""
+
+    name: str
+    nics_per_node: int
+    nic_bandwidth_GBps: float
+    nic_Gbps: float | None = None
+    latency_us: float = 0.0
+
+    def __post_init__(self) -> None:
+        owner = f"inter_node[{self.name}]"
+        _check_positive(owner, "nics_per_node", self.nics_per_node)
+        _check_positive(owner, "nic_bandwidth_GBps", self.nic_bandwidth_GBps)
+        if self.latency_us < 0:
+            raise ValueError(f"{owner}.latency_us={self.latency_us!r} must be >= 0")
+        if self.nic_Gbps is not None and self.nic_bandwidth_GBps > self.nic_Gbps / 8:
+            raise ValueError(
+                f"{owner}.nic_bandwidth_GBps({self.nic_bandwidth_GBps}) exceeds the line rate "
+                f"nic_Gbps/8 ({self.nic_Gbps / 8})"
+            )
+
+
+@dataclass(frozen=True)
+class _Catalog:
+    gpus: dict[str, dict] = field(default_factory=dict)
+    links: dict[str, dict] = field(default_factory=dict)
+    networks: dict[str, dict] = field(default_factory=dict)
+
+
+@cache
+def _catalog() -> _Catalog:
+    catalog = _Catalog()
+    shelves = {"gpu": catalog.gpus, "link": catalog.links, "network": catalog.networks}
+    for path in sorted(_DATA_DIR.glob("*.toml")):
+        with path.open("rb") as handle:
+            table = tomllib.load(handle)
+        kind = table.pop("kind", None)
+        if kind not in shelves:
+            raise ValueError(f"{path.name}: kind={kind!r} must be one of {tuple(shelves)}")
+        if table.get("name") != path.stem:
+            raise ValueError(f"{path.name}: name={table.get('name')!r} must equal the file name {path.stem!r}")
+        shelves[kind][path.stem] = table
+    return catalog
+
+
+def _build(cls, table: Mapping, what: str):
+    try:
+        return cls(**table)
+    except TypeError as error:
+        raise ValueError(f"{what}: bad table {dict(table)!r}: {error}") from None
+
+
+def _gpu_from_table(table: dict) -> GpuPreset:
+    table = dict(table)
+    efficiency = table.pop("efficiency", {})
+    return _build(
+        GpuPreset,
+        {
+            **table,
+            "gemm_efficiency": efficiency.get("gemm"),
+            "hbm_efficiency": efficiency.get("hbm"),
+            "attention_efficiency": efficiency.get("attention"),
+            "attention_head_dim": efficiency.get("attention_head_dim"),
+        },
+        f"gpu preset {table.get('name')!r}",
+    )
+
+
+GPU_NAMES: tuple[str, ...] = tuple(_catalog().gpus)
+LINK_NAMES: tuple[str, ...] = tuple(_catalog().links)
+NETWORK_NAMES: tuple[str, ...] = tuple(_catalog().networks)
+
+
+def gpu_preset(name: str) -> GpuPreset:
+    """The GPU preset called `name` (e.g. "h100-sxm-80g")."""
+    if name not in _catalog().gpus:
+        raise ValueError(f"cluster.gpu={name!r} is not a known GPU preset; known: {', '.join(GPU_NAMES)}")
+    return _gpu_from_table(_catalog().gpus[name])
+
+
+def _explicit(value: Mapping, field_name: str, required: tuple[str, ...]) -> dict:
+    missing = [key for key in required if key not in value]
+    if missing:
+        raise ValueError(
+            f"cluster.{field_name} table lacks {', '.join(missing)}; give {', '.join(required)} "
+            f"(bandwidth per GPU per direction in GB/s, latency in microseconds) or a preset name"
+        )
+    return dict(value)
+
+
+def intra_node_link(value: str | Mapping) -> LinkPreset:
+    """A preset name ("nvlink3", "nvlink4") or a table {bandwidth_GBps, latency_us[, nvls, channels]}.
+
+    An explicit `bandwidth_GBps` is what NCCL can use per GPU per direction (not the line rate).
+    """
+    if isinstance(value, str):
+        if value not in _catalog().links:
+            raise ValueError(
+                f"cluster.intra_node={value!r} is not a known link preset; known: {', '.join(LINK_NAMES)}"
+            )
+        return _build(LinkPreset, _catalog().links[value], f"link preset {value!r}")
+    if not isinstance(value, Mapping):
+        raise ValueError(f"cluster.intra_node={value!r} must be a preset name or a table")
+    table = _explicit(value, "intra_node", ("bandwidth_GBps", "latency_us"))
+    table.setdefault("name", "explicit")
+    return _build(LinkPreset, table, "cluster.intra_node")
+
+
+def inter_node_network(value: str | Mapping) -> NetworkPreset:
+    """A preset name ("ib-ndr-8x400", ...) or a table {bandwidth_GBps, latency_us[, nics_per_node]}.
+
+    An explicit `bandwidth_GBps` is per NIC, per direction, as NCCL can use it; `nics_per_node`
+    defaults to 8 (one NIC per GPU on an 8-GPU node).
+    """
+    if isinstance(value, str):
+        if value not in _catalog().networks:
+            raise ValueError(
+                f"cluster.inter_node={value!r} is not a known network preset; "
+                f"known: {', '.join(NETWORK_NAMES)}"
+            )
+        return _build(NetworkPreset, _catalog().networks[value], f"network preset {value!r}")
+    if not isinstance(value, Mapping):
+        raise ValueError(f"cluster.inter_node={value!r} must be a preset name or a table")
+    table = _explicit(value, "inter_node", ("bandwidth_GBps", "latency_us"))
+    table["nic_bandwidth_GBps"] = table.pop("bandwidth_GBps")
+    table.setdefault("nics_per_node", 8)
+    table.setdefault("name", "explicit")
+    return _build(NetworkPreset, table, "cluster.inter_node")

@@ -1,0 +1,96 @@
+"""Tests for emulator.costs.collectives: limits, monotonicity, topology effects, NCCL choices."""
+
+import numpy as np
+import pytest
+
+from emulator.costs.collectives import (
+    COLLECTIVES,
+    Topology,
+    bus_bandwidth_factor,
+    bus_bandwidth_GBps,
+    choose_algorithm,
+    collective_time_s,
+    collective_times_s,
+)
+from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
+
+
+def _topo(gpu="h100-sxm-80g", link="nvlink4", net="ib-ndr-8x400"):
+    return Topology(gpu=gpu_preset(gpu), gpus_per_node=8, link=intra_node_link(link), network=inter_node_network(net))
+
+
+H100, A100 = _topo(), _topo("a100-sxm-80g", "nvlink3", "ib-hdr-8x200")
+TP = np.arange(8)                 # one node
+DP = np.arange(0, 64, 8)          # one GPU in each of 8 nodes
+SIZES = 2.0 ** np.arange(4, 34)
+
+
+@pytest.mark.parametrize("kind", COLLECTIVES)
+@pytest.mark.parametrize("ranks", [TP, DP, np.arange(32)], ids=["tp", "dp", "4nodes"])
+def test_monotonic_in_size(kind, ranks):
+    times = collective_times_s(kind, SIZES, ranks, H100)
+    assert np.all(np.diff(times) >= 0) and np.all(times > 0)
+
+
+def test_small_messages_latency_bound():
+    t_small = collective_times_s("all_reduce", [8, 64, 512], TP, H100)
+    assert t_small.max() / t_small.min() < 1.1
+
+
+def test_large_all_reduce_busbw_approaches_link_bandwidth_a100():
+    busbw = bus_bandwidth_GBps("all_reduce", 8 * 2**30, TP, A100)[0]
+    assert 0.9 * 240.0 < busbw <= 240.0
+
+
+def test_large_all_gather_busbw_approaches_link_bandwidth_h100():
+    busbw = bus_bandwidth_GBps("all_gather", 8 * 2**30, TP, H100)[0]
+    assert 0.95 * 370.8 < busbw <= 370.8
+
+
+def test_intra_node_faster_than_inter_node_same_group_size():
+    assert collective_time_s("all_reduce", 2**28, TP, H100) < collective_time_s("all_reduce", 2**28, DP, H100)
+
+
+def test_dp_group_bound_by_one_nic():
+    busbw = bus_bandwidth_GBps("all_gather", 8 * 2**30, DP, H100)[0]
+    assert busbw <= 47.0 * 1.0001 and busbw > 0.8 * 47.0
+
+
+def test_more_members_per_node_use_more_rails():
+    two_per_node = np.array([r for node in range(8) for r in (8 * node, 8 * node + 1)])
+    one_per_node = DP
+    t2 = collective_time_s("all_gather", 2**30 * 16 / 8, two_per_node, H100)
+    t1 = collective_time_s("all_gather", 2**30 * 8 / 8, one_per_node, H100)
+    assert t2 < 1.2 * t1  # twice the data on twice the rails
+
+
+def test_nvls_chosen_for_large_all_reduce_on_h100_node():
+    assert choose_algorithm("all_reduce", 2**30, TP, H100)[:2] == ("nvls", "Simple")
+
+
+def test_no_nvls_on_a100():
+    assert choose_algorithm("all_reduce", 2**30, TP, A100)[0] == "ring"
+
+
+def test_ll_protocol_for_tiny_messages():
+    assert choose_algorithm("all_reduce", 1024, TP, A100)[1] == "LL"
+
+
+def test_single_rank_group_costs_nothing():
+    assert collective_time_s("all_reduce", 2**20, np.array([5]), H100) == 0.0
+
+
+def test_bus_factors_match_nccl_tests():
+    assert bus_bandwidth_factor("all_reduce", 8) == pytest.approx(1.75)
+    assert bus_bandwidth_factor("all_gather", 8) == pytest.approx(0.875)
+    assert bus_bandwidth_factor("broadcast", 8) == 1.0
+
+
+def test_unknown_kind_is_refused():
+    with pytest.raises(ValueError, match="collective kind='allreduce'"):
+        collective_time_s("allreduce", 1.0, TP, H100)
+
+
+def test_duplicate_ranks_are_refused():
+    with pytest.raises(ValueError, match="distinct"):
+        collective_time_s("all_reduce", 1.0, np.array([0, 0]), H100)

@@ -1,0 +1,28 @@
+"""Tests for emulator.costs.overlap: interference factors and their limits."""
+
+import pytest
+
+from emulator.costs.overlap import compute_slowdown
+from emulator.hardware import gpu_preset
+
+H100 = gpu_preset("h100-sxm-80g")
+
+
+def test_no_comm_no_slowdown():
+    assert compute_slowdown(H100, comm_channels=0, comm_GBps=0.0, memory_bound=False) == 1.0
+    assert compute_slowdown(H100, comm_channels=0, comm_GBps=0.0, memory_bound=True) == 1.0
+
+
+def test_compute_bound_loses_the_channels_sms():
+    assert compute_slowdown(H100, comm_channels=32, comm_GBps=0.0, memory_bound=False) == pytest.approx(132 / 100)
+
+
+def test_memory_bound_slowdown_grows_with_comm_traffic():
+    low = compute_slowdown(H100, comm_channels=16, comm_GBps=50.0, memory_bound=True)
+    high = compute_slowdown(H100, comm_channels=16, comm_GBps=400.0, memory_bound=True)
+    assert 1.0 < low < high
+
+
+def test_channels_beyond_sms_refused():
+    with pytest.raises(ValueError, match="comm_channels=200"):
+        compute_slowdown(H100, comm_channels=200, comm_GBps=0.0, memory_bound=False)

@@ -1,0 +1,87 @@
+"""Tests for emulator.hardware: every shipped preset loads; bad names and tables are refused."""
+
+import pytest
+
+from emulator.hardware import (
+    GPU_NAMES,
+    LINK_NAMES,
+    NETWORK_NAMES,
+    GpuPreset,
+    gpu_preset,
+    inter_node_network,
+    intra_node_link,
+)
+
+
+def test_contract_names_are_shipped():
+    assert set(GPU_NAMES) == {"a100-sxm-40g", "a100-sxm-80g", "h100-sxm-80g", "h100-hbm2e-96g", "h200-141g"}
+    assert set(LINK_NAMES) == {"nvlink3", "nvlink4"}
+    assert set(NETWORK_NAMES) == {"ib-hdr-8x200", "ib-ndr-8x400", "roce-8x200", "roce-8x400", "opa-4x100"}
+
+
+@pytest.mark.parametrize("name", GPU_NAMES)
+def test_every_gpu_preset_loads(name):
+    gpu = gpu_preset(name)
+    assert gpu.name == name and gpu.peak_tflops("bf16") > gpu.peak_tflops("fp32")
+
+
+@pytest.mark.parametrize("name", LINK_NAMES)
+def test_every_link_preset_loads(name):
+    link = intra_node_link(name)
+    assert 0 < link.bandwidth_GBps <= link.line_rate_GBps
+
+
+@pytest.mark.parametrize("name", NETWORK_NAMES)
+def test_every_network_preset_loads(name):
+    net = inter_node_network(name)
+    assert 0 < net.nic_bandwidth_GBps <= net.nic_Gbps / 8
+
+
+def test_unknown_gpu_names_the_field_and_lists_known():
+    with pytest.raises(ValueError, match=r"cluster.gpu='h100x' is not a known GPU preset; known: .*h100-sxm-80g"):
+        gpu_preset("h100x")
+
+
+def test_unknown_link_and_network_name_their_field():
+    with pytest.raises(ValueError, match="cluster.intra_node='nvlink9'"):
+        intra_node_link("nvlink9")
+    with pytest.raises(ValueError, match="cluster.inter_node='ib-xdr'"):
+        inter_node_network("ib-xdr")
+
+
+def test_explicit_link_table():
+    link = intra_node_link({"bandwidth_GBps": 100.0, "latency_us": 1.5})
+    assert link.bandwidth_GBps == 100.0 and link.latency_us == 1.5 and not link.nvls
+
+
+def test_explicit_network_table_is_per_nic():
+    net = inter_node_network({"bandwidth_GBps": 20.0, "latency_us": 2.0, "nics_per_node": 4})
+    assert net.nic_bandwidth_GBps == 20.0 and net.nics_per_node == 4
+
+
+def test_explicit_table_missing_field_is_named():
+    with pytest.raises(ValueError, match="lacks latency_us"):
+        intra_node_link({"bandwidth_GBps": 100.0})
+
+
+def test_bad_explicit_value_is_refused():
+    with pytest.raises(ValueError, match=r"bandwidth_GBps=-1 must be a positive number"):
+        inter_node_network({"bandwidth_GBps": -1, "latency_us": 1.0})
+
+
+def test_a100_refuses_fp8_pricing():
+    with pytest.raises(ValueError, match="no fp8 tensor cores"):
+        gpu_preset("a100-sxm-80g").peak_tflops("fp8")
+
+
+def test_gpu_efficiency_above_one_is_refused():
+    fields = dict(name="x", arch="hopper", sm_count=132, hbm_bandwidth_GBps=1.0, hbm_capacity_bytes=1,
+                  power_W=1.0, peak_dense_tflops={"fp32": 1.0, "bf16": 2.0, "fp16": 2.0},
+                  gemm_efficiency=1.2, hbm_efficiency=0.5, attention_efficiency=0.5, attention_head_dim=128)
+    with pytest.raises(ValueError, match=r"gemm_efficiency=1.2 must be a fraction"):
+        GpuPreset(**fields)
+
+
+def test_peaks_are_read_only():
+    with pytest.raises(TypeError):
+        gpu_preset("h100-sxm-80g").peak_dense_tflops["bf16"] = 1.0
