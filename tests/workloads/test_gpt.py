@@ -1,0 +1,155 @@
+"""GPT: shapes, training, parameter count, ALiBi slopes and head slices, positions."""
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from workloads.flavors import get_flavor, parameter_count
+from workloads.models.common import alibi_slopes
+from workloads.models.gpt import GPT
+
+DEBUG = get_flavor("gpt-debug")
+ALIBI = replace(DEBUG, name="gpt-debug-alibi", positions="alibi", heads=6, kv_heads=6, hidden=96)
+
+
+def _model(spec, seed=0):
+    model = GPT(spec)
+    model.init_weights(seed)
+    return model
+
+
+def _tokens(spec, batch=2, seq=16):
+    return torch.randint(0, spec.vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("spec", [DEBUG, ALIBI], ids=["learned", "alibi"])
+def test_logits_shape(spec):
+    assert _model(spec)(_tokens(spec)).shape == (2, 16, spec.vocab)
+
+
+@pytest.mark.parametrize("spec", [DEBUG, ALIBI], ids=["learned", "alibi"])
+def test_loss_goes_down_with_adamw(spec):
+    torch.manual_seed(0)
+    model = _model(spec)
+    tokens = _tokens(spec, seq=32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(5):
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.1, losses
+
+
+@pytest.mark.parametrize("spec", [DEBUG, ALIBI, replace(DEBUG, tie_embeddings=False)])
+def test_meta_parameter_count_matches_formula(spec):
+    with torch.device("meta"):
+        model = GPT(spec)
+    assert sum(p.numel() for p in model.parameters()) == parameter_count(spec)
+
+
+def test_tied_embeddings_survive_meta_to_empty():
+    with torch.device("meta"):
+        model = GPT(DEBUG)
+    model.to_empty(device="cpu")
+    assert model.output.weight is model.tok_embeddings.weight
+
+
+def test_init_weights_is_deterministic_and_matches_meta_build():
+    with torch.device("meta"):
+        late = GPT(DEBUG)
+    late.to_empty(device="cpu")
+    late.init_weights(7)
+    early = _model(DEBUG, seed=7)
+    for (name, a), (_, b) in zip(early.named_parameters(), late.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    assert torch.all(early.layers["0"].attention.wq.bias == 0)
+    assert torch.all(early.norm.weight == 1)
+    assert early.layers["0"].attention.wq.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+def test_init_weights_of_a_layer_does_not_depend_on_other_layers():
+    full = _model(DEBUG, seed=3)
+    split = GPT(DEBUG)
+    del split.layers["0"]
+    split.tok_embeddings = None
+    split.pos_embeddings = None
+    split.init_weights(3)
+    assert torch.equal(
+        split.layers["2"].feed_forward.w1.weight, full.layers["2"].feed_forward.w1.weight
+    )
+    assert torch.equal(split.output.weight, full.tok_embeddings.weight)
+
+
+def test_alibi_slopes_power_of_two():
+    assert alibi_slopes(8) == pytest.approx([2.0 ** -(i + 1) for i in range(8)])
+
+
+def test_alibi_slopes_non_power_of_two():
+    # 12 heads: the 8 slopes of 8 heads, then every other slope of 16 heads
+    expected = [2.0 ** -(i + 1) for i in range(8)] + [2.0 ** -(i + 0.5) for i in range(4)]
+    assert alibi_slopes(12) == pytest.approx(expected)
+    assert all(math.isfinite(s) and 0 < s < 1 for s in alibi_slopes(25))
+
+
+def test_alibi_head_offset_slice_matches_full_heads():
+    attention = GPT(ALIBI).layers["0"].attention.core_attention
+    b, s, d = 2, 10, 16
+    q, k, v = (torch.randn(b, s, 6, d) for _ in range(3))
+    positions = torch.arange(s)
+    full = attention(q, k, v, positions)
+    attention.head_offset = 2
+    part = attention(q[:, :, 2:5], k[:, :, 2:5], v[:, :, 2:5], positions)
+    torch.testing.assert_close(part, full[:, :, 2:5])
+    attention.head_offset = 0
+    wrong = attention(q[:, :, 2:5], k[:, :, 2:5], v[:, :, 2:5], positions)
+    assert not torch.allclose(wrong, full[:, :, 2:5])
+
+
+def test_alibi_head_offset_out_of_range_is_refused():
+    attention = GPT(ALIBI).layers["0"].attention.core_attention
+    attention.head_offset = 4
+    q = torch.randn(1, 4, 3, 16)
+    with pytest.raises(ValueError, match="exceeds model heads"):
+        attention(q, q, q, torch.arange(4))
+
+
+@pytest.mark.parametrize("spec", [DEBUG, ALIBI], ids=["learned", "alibi"])
+def test_explicit_positions_equal_default(spec):
+    model = _model(spec)
+    tokens = _tokens(spec)
+    torch.testing.assert_close(model(tokens, torch.arange(16)), model(tokens))
+
+
+def test_shifted_positions_change_learned_output():
+    model = _model(DEBUG)
+    tokens = _tokens(DEBUG)
+    assert not torch.allclose(model(tokens, torch.arange(16) + 5), model(tokens))
+
+
+def test_alibi_is_translation_invariant():
+    model = _model(ALIBI)
+    tokens = _tokens(ALIBI)
+    torch.testing.assert_close(model(tokens, torch.arange(16) + 40), model(tokens))
+
+
+def test_alibi_prefix_rows_match_full_run():
+    model = _model(ALIBI)
+    tokens = _tokens(ALIBI)
+    torch.testing.assert_close(model(tokens[:, :9], torch.arange(9)), model(tokens)[:, :9])
+
+
+def test_hidden_state_input_without_embeddings():
+    model = _model(DEBUG)
+    tokens = _tokens(DEBUG)
+    full = model(tokens)
+    hidden = model.tok_embeddings(tokens) + model.pos_embeddings(torch.arange(16))
+    model.tok_embeddings = None
+    model.pos_embeddings = None
+    torch.testing.assert_close(model(hidden), full)

@@ -1,0 +1,132 @@
+"""Pieces shared by the GPT and Llama modules: position encodings, causal core attention, init.
+
+Everything here is stateless apart from `head_offset`, so it survives building on
+`meta` followed by `to_empty(...)` (no buffers), fake tensors and DTensor sharding
+of the surrounding linears (local head counts come from tensor shapes).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+INIT_STD = 0.02  # GPT-2 / Megatron / torchtitan default normal init
+
+
+def rope_rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate pairs (2i, 2i+1) of the last dim of x [b, s, h, d] by positions * theta^(-2i/d).
+
+    Meta's Llama layout (interleaved pairs, as its complex-number view does), computed
+    in float32 from `positions` so context-parallel chunks get their absolute angles.
+    """
+    head_dim = x.shape[-1]
+    freqs = theta ** (
+        -torch.arange(0, head_dim, 2, device=x.device, dtype=torch.float32) / head_dim
+    )
+    angles = positions.to(torch.float32)[:, None] * freqs[None, :]  # [s, d/2]
+    cos = angles.cos()[None, :, None, :]
+    sin = angles.sin()[None, :, None, :]
+    pairs = x.float().unflatten(-1, (-1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+def alibi_slopes(heads: int) -> list[float]:
+    """ALiBi head slopes of Press et al. 2022 (their reference code, any head count).
+
+    For n a power of two the slopes are 2^(-8/n), 2^(-16/n), ...; otherwise the n'
+    = 2^floor(log2 n) slopes are followed by every other slope of the 2n' sequence.
+    """
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if heads & (heads - 1) == 0:
+        return power_of_two(heads)
+    lower = 2 ** math.floor(math.log2(heads))
+    return power_of_two(lower) + power_of_two(2 * lower)[0::2][: heads - lower]
+
+
+class CausalAttention(nn.Module):
+    """Causal SDPA over q [b, s, h, d], k/v [b, s_kv, h_kv, d] (GQA when h_kv < h).
+
+    The causal mask follows sequence order (`is_causal=True`, the flash path), not
+    `positions`: a context-parallel attention that holds non-contiguous chunks must
+    replace this module. With `alibi=True` the mask is built from positions instead
+    (ALiBi needs an additive bias anyway): bias = -slope_h * (q_pos - k_pos), and
+    -inf where k_pos > q_pos. `head_offset` is the global index of the first local
+    head; tensor parallelism sets it to tp_rank * local_heads.
+    """
+
+    def __init__(self, *, alibi: bool, total_heads: int) -> None:
+        super().__init__()
+        self.alibi = alibi
+        self.total_heads = total_heads
+        self.head_offset = 0
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # -> [b, h, s, d]
+        gqa = k.shape[1] != q.shape[1]
+        if self.alibi:
+            mask = self._alibi_bias(q.shape[1], positions, k.shape[2], q.dtype, q.device)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return out.transpose(1, 2)
+
+    def _alibi_bias(
+        self, local_heads: int, positions: torch.Tensor, s_kv: int, dtype, device
+    ) -> torch.Tensor:
+        all_slopes = alibi_slopes(self.total_heads)
+        slopes = all_slopes[self.head_offset : self.head_offset + local_heads]
+        if len(slopes) != local_heads:
+            raise ValueError(
+                f"head_offset({self.head_offset}) + local heads({local_heads}) exceeds "
+                f"model heads({self.total_heads})"
+            )
+        q_pos = positions
+        k_pos = positions if s_kv == positions.shape[0] else torch.arange(s_kv, device=device)
+        distance = (q_pos[:, None] - k_pos[None, :]).to(torch.float32)  # [s, s_kv]
+        slope = torch.tensor(slopes, dtype=torch.float32, device=device)[:, None, None]
+        bias = -slope * distance
+        bias = bias.masked_fill(distance < 0, float("-inf"))
+        return bias[None].to(dtype)  # [1, h, s, s_kv]
+
+
+def default_positions(x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+    if positions is not None:
+        return positions
+    return torch.arange(x.shape[1], device=x.device)
+
+
+def param_seed(seed: int, fqn: str) -> int:
+    """A per-parameter seed from the model seed and the parameter's name.
+
+    Seeding by fully qualified name makes a pipeline-split model (global layer keys)
+    initialise each parameter exactly as the whole model does.
+    """
+    return (seed * 1_000_003 + zlib.crc32(fqn.encode())) % (2**63)
+
+
+def init_parameter(fqn: str, param: torch.Tensor, seed: int | None) -> None:
+    """std-0.02 normal for weights and embeddings, zeros for biases, ones for norm weights."""
+    with torch.random.fork_rng(enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(param_seed(seed, fqn))
+        name = fqn.rsplit(".", 1)[-1]
+        owner = fqn.rsplit(".", 2)[-2] if "." in fqn else ""
+        with torch.no_grad():
+            if name == "bias":
+                param.zero_()
+            elif owner.endswith("norm"):
+                param.fill_(1.0)
+            else:
+                nn.init.normal_(param, mean=0.0, std=INIT_STD)

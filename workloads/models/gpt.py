@@ -1,0 +1,120 @@
+"""GPT (GPT-2/3, Megatron, MPT, BLOOM shapes): single-device PyTorch, torchtitan-like names.
+
+Pre-LayerNorm decoder with biases on every linear, a GELU MLP (`w1` up, `w2` down),
+learned absolute positions or ALiBi, and optionally tied input/output embeddings.
+Parallelism is applied from outside (workloads/parallelize.py) by module name.
+
+Tied embeddings: `output.weight is tok_embeddings.weight` only while one module
+holds both. A pipeline split that keeps `tok_embeddings` on the first stage and
+`output` on the last leaves two independent parameters that start equal
+(`init_weights` seeds both from the name `tok_embeddings.weight`); keeping them
+equal during training needs an all-reduce of their gradients between the two
+stages, as Megatron does. These models do not do that themselves.
+
+Not modelled: BLOOM's LayerNorm after the word embedding (2 * hidden parameters,
+< 0.0001 % of BLOOM-176B), MPT's bias-free linears and LayerNorms (MPT sets
+no_bias=True; the biases here add < 0.1 % of its parameters), dropout.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workloads.config import ModelSpec
+from workloads.models.common import CausalAttention, default_positions, init_parameter
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.head_dim = spec.head_dim
+        kv_dim = spec.kv_heads * spec.head_dim
+        self.wq = nn.Linear(spec.hidden, spec.hidden, bias=True)
+        self.wk = nn.Linear(spec.hidden, kv_dim, bias=True)
+        self.wv = nn.Linear(spec.hidden, kv_dim, bias=True)
+        self.wo = nn.Linear(spec.hidden, spec.hidden, bias=True)
+        self.core_attention = CausalAttention(
+            alibi=spec.positions == "alibi", total_heads=spec.heads
+        )
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, -1, self.head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        out = self.core_attention(q, k, v, positions)
+        return self.wo(out.reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=True)
+        self.w2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # tanh approximation, as GPT-2/3, Megatron and llm.c use
+        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(spec.hidden, eps=spec.norm_eps)
+        self.attention = Attention(spec)
+        self.ffn_norm = nn.LayerNorm(spec.hidden, eps=spec.norm_eps)
+        self.feed_forward = FeedForward(spec)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), positions)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        if spec.family != "gpt":
+            raise ValueError(f"GPT needs model.family='gpt', got {spec.family!r} ({spec.name})")
+        self.spec = spec
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab, spec.hidden)
+        self.pos_embeddings: nn.Embedding | None = (
+            nn.Embedding(spec.max_seq_len, spec.hidden) if spec.positions == "learned" else None
+        )
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in range(spec.layers)})
+        self.norm: nn.LayerNorm | None = nn.LayerNorm(spec.hidden, eps=spec.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        self._tie_embeddings()
+
+    def _tie_embeddings(self) -> None:
+        if self.spec.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
+            self.output.weight = self.tok_embeddings.weight
+
+    def to_empty(self, *, device, recurse: bool = True):
+        # Module.to_empty makes a new parameter per module, which unties shared weights.
+        super().to_empty(device=device, recurse=recurse)
+        self._tie_embeddings()
+        return self
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        positions = default_positions(x, positions)
+        h = x
+        if self.tok_embeddings is not None:
+            h = self.tok_embeddings(x)
+            if self.pos_embeddings is not None:
+                h = h + self.pos_embeddings(positions)
+        for layer in self.layers.values():
+            h = layer(h, positions)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            h = self.output(h)
+        return h
+
+    def init_weights(self, seed: int | None = None) -> None:
+        """Reinitialise every parameter; with a seed, each one from (seed, its name)."""
+        for fqn, param in self.named_parameters():
+            if self.spec.tie_embeddings and fqn == "output.weight":
+                fqn = "tok_embeddings.weight"
+            init_parameter(fqn, param, seed)

@@ -1,0 +1,110 @@
+"""Llama 2/3 (RoPE, SwiGLU, RMSNorm, grouped-query attention): single-device PyTorch.
+
+Module names follow torchtitan's Llama (`attention.wq/wk/wv/wo`, `feed_forward.w1/w2/w3`,
+`attention_norm`, `ffn_norm`, `norm`, `output`) so its tensor-parallel plans apply.
+RoPE angles are computed in forward from `positions` (no buffers, so building on
+`meta` and `to_empty` loses nothing). Not modelled: Llama 3.1's RoPE frequency
+scaling for long context (it changes no shape and no cost).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workloads.config import ModelSpec
+from workloads.models.common import (
+    CausalAttention,
+    default_positions,
+    init_parameter,
+    rope_rotate,
+)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.head_dim = spec.head_dim
+        self.rope_theta = spec.rope_theta
+        kv_dim = spec.kv_heads * spec.head_dim
+        self.wq = nn.Linear(spec.hidden, spec.hidden, bias=False)
+        self.wk = nn.Linear(spec.hidden, kv_dim, bias=False)
+        self.wv = nn.Linear(spec.hidden, kv_dim, bias=False)
+        self.wo = nn.Linear(spec.hidden, spec.hidden, bias=False)
+        self.core_attention = CausalAttention(alibi=False, total_heads=spec.heads)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, -1, self.head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        q = rope_rotate(q, positions, self.rope_theta)
+        k = rope_rotate(k, positions, self.rope_theta)
+        out = self.core_attention(q, k, v, positions)
+        return self.wo(out.reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=False)
+        self.w3 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(spec.hidden, eps=spec.norm_eps)
+        self.attention = Attention(spec)
+        self.ffn_norm = nn.RMSNorm(spec.hidden, eps=spec.norm_eps)
+        self.feed_forward = FeedForward(spec)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), positions)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        if spec.family != "llama":
+            raise ValueError(f"Llama needs model.family='llama', got {spec.family!r} ({spec.name})")
+        self.spec = spec
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab, spec.hidden)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in range(spec.layers)})
+        self.norm: nn.RMSNorm | None = nn.RMSNorm(spec.hidden, eps=spec.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        self._tie_embeddings()
+
+    def _tie_embeddings(self) -> None:
+        if self.spec.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
+            self.output.weight = self.tok_embeddings.weight
+
+    def to_empty(self, *, device, recurse: bool = True):
+        # Module.to_empty makes a new parameter per module, which unties shared weights.
+        super().to_empty(device=device, recurse=recurse)
+        self._tie_embeddings()
+        return self
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        positions = default_positions(x, positions)
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        for layer in self.layers.values():
+            h = layer(h, positions)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            h = self.output(h)
+        return h
+
+    def init_weights(self, seed: int | None = None) -> None:
+        """Reinitialise every parameter; with a seed, each one from (seed, its name)."""
+        for fqn, param in self.named_parameters():
+            if self.spec.tie_embeddings and fqn == "output.weight":
+                fqn = "tok_embeddings.weight"
+            init_parameter(fqn, param, seed)
