@@ -125,9 +125,12 @@ class ClusterSpec:
 
     def __post_init__(self) -> None:
         _check_positive_ints("cluster", self, ("gpus_per_node",))
-        hardware.gpu_preset(self.gpu)
-        hardware.intra_node_link(self.intra_node)
-        hardware.inter_node_network(self.inter_node)
+        try:
+            hardware.gpu_preset(self.gpu)
+            hardware.intra_node_link(self.intra_node)
+            hardware.inter_node_network(self.inter_node)
+        except ValueError as err:  # the presets' errors already name the cluster field
+            raise SpecError(str(err)) from None
 
 
 @dataclass(frozen=True, kw_only=True)

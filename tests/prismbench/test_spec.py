@@ -58,10 +58,10 @@ def test_explicit_model_without_name():
 @pytest.mark.parametrize(
     ("section", "changes", "expected"),
     [
-        ("parallel", dict(tp=16, dp=128), "parallel.tp(16) does not divide model.heads(64)"),
+        ("parallel", dict(tp=128, dp=16), "parallel.tp(128) does not divide model.heads(64)"),
         ("parallel", dict(tp=3), "parallel.tp(3) does not divide model.heads(64)"),
         ("batch", dict(global_batch=1000), "batch.global_batch(1000) is not divisible"),
-        ("batch", dict(seq_len=8190), "batch.seq_len"),
+        ("batch", dict(seq_len=0), "batch.seq_len=0 must be a positive integer"),
         ("parallel", dict(pp=128, dp=8), "fewer than pipeline stages"),
         ("parallel", dict(zero=4), "parallel.zero=4"),
         ("parallel", dict(schedule="dualpipe"), "parallel.schedule='dualpipe'"),
@@ -79,6 +79,13 @@ def test_broken_rule_names_the_field(section, changes, expected):
     with pytest.raises(SpecError, match=None) as excinfo:
         job_spec_from_dict(with_change(section, **changes))
     assert expected in str(excinfo.value)
+
+
+def test_tp16_with_40_heads_is_refused():
+    tables = with_change("parallel", tp=16, dp=128)
+    tables["model"] = {"name": "llama3-70b", "heads": 40, "kv_heads": 8, "hidden": 5120}
+    with pytest.raises(SpecError, match=r"parallel\.tp\(16\) does not divide model\.heads\(40\)"):
+        job_spec_from_dict(tables)
 
 
 def test_tp_above_kv_heads_replicates_kv_heads():

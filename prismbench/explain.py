@@ -1,0 +1,375 @@
+"""What a job spec implies before anything runs: layout, parameters, FLOPs, model-state bytes.
+
+`explain(job)` returns plain frozen dataclasses (`Explanation`); `explanation_to_dict` turns
+them into JSON-ready raw numbers with unit-suffixed keys. Rendering lives in `report.py`.
+
+Conventions (stated once, used everywhere below):
+- FLOPs: 2 per multiply-accumulate. Forward per token per layer = 2 x (weights of the layer's
+  matmuls) + 4*s*h for attention scores (QK^T) and values (AV) over the full sequence s. The
+  causal mask is NOT used to halve the attention term, as in Narayanan et al. 2021 (SC21) eq. 3;
+  PaLM-style MFU counts differ. Logits add 2*h*V per token; embeddings, norms, activations,
+  softmax and biases are not counted. Backward = 2 x forward. Model FLOPs exclude recompute;
+  hardware FLOPs add it: full recompute reruns the forward of every transformer layer (not the
+  logits layer), which makes hardware FLOPs equal Narayanan eq. 3,
+  96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)), for a GPT with a 4h MLP and MHA; selective recompute
+  reruns only the attention core (QK^T, softmax, AV) forward, Korthikanti et al. 2022 Sec. 4.2.
+- Parameters per rank: tensor parallelism shards linear weights column/row-wise (row-parallel
+  biases stay whole), and embedding and output by vocab (ceil(V/tp) rows); norms and learned
+  position tables are replicated; with tp > kv_heads each rank holds one kv head (Megatron
+  replicates kv heads, spec.py requires kv_heads | tp). A pipeline split unties tied embeddings:
+  the last stage then holds its own output matrix. ZeRO-3/FSDP divides what is left by the
+  data-parallel group, dp*cp (FSDP over dp x cp), rounding up.
+- Model-state bytes per parameter (Rajbhandari et al. 2020, ZeRO, Sec. 3.1: mixed-precision
+  Adam is 2 + 2 + 12 = 16 B/param): bf16/fp16/fp8 jobs keep 2 B weights, 2 B grads (in the
+  param dtype, as the ZeRO paper counts; Megatron's fp32 main grads would be 4) and 12 B of
+  AdamW state (fp32 master copy + two fp32 moments); fp32 jobs keep 4 + 4 + 8. fp8 keeps bf16
+  weights (fp8 is only the GEMM input format, torchtitan float8). ZeRO-1 shards the optimizer
+  state over dp*cp, ZeRO-2 also the grads, ZeRO-3 also the weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from emulator.hardware import gpu_preset
+from workloads.config import ModelSpec
+from workloads.flavors import FLAVORS, parameter_count
+
+MESH_DIM_NAMES = ("dp", "pp", "cp", "tp")
+# (weights, grads, optimizer) bytes per parameter; Rajbhandari et al. 2020 (ZeRO) Sec. 3.1.
+STATE_BYTES_PER_PARAM = {
+    "bf16": (2, 2, 12),
+    "fp16": (2, 2, 12),
+    "fp8": (2, 2, 12),
+    "fp32": (4, 4, 8),
+}
+NARAYANAN_EQ3 = "96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h))  [Narayanan et al. 2021, SC21, eq. 3]"
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AxisPlacement:
+    """One mesh axis: its size, rank stride, and whether every group of it fits in a node."""
+
+    name: str
+    size: int
+    stride: int
+    intra_node: bool
+    nodes_per_group: int  # nodes spanned by the group that holds rank 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageInfo:
+    """One pipeline rank (pp index): its layers, and what each of its GPUs holds."""
+
+    pp_rank: int
+    virtual_stages: tuple[int, ...]
+    layers_per_virtual_stage: tuple[int, ...]
+    layers: int
+    has_embedding: bool
+    has_output: bool
+    params_per_tp_rank: int  # after tensor parallelism, before ZeRO-3
+    params_per_rank: int  # what one GPU holds under the job's ZeRO stage
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    model_state_bytes: int
+    model_state_bytes_by_zero: tuple[int, int, int, int]  # ZeRO stage 0, 1, 2, 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlopsInfo:
+    """FLOPs of one training iteration (whole job), by the conventions in the module docstring."""
+
+    forward_flops_per_token: int
+    attention_flops_per_token: int  # forward QK^T + AV over all layers, included above
+    logits_flops_per_token: int  # included in forward_flops_per_token
+    model_flops_per_iteration: int
+    hardware_flops_per_iteration: int
+    recompute: str
+    model_flops_per_gpu: float
+    hardware_flops_per_gpu: float
+    # eq. 3 evaluated with this model's l, h, V; it assumes a 4h MLP and MHA
+    narayanan_eq3_flops_per_iteration: float
+    causal_attention_halved: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuFit:
+    """The job against its GPU preset: model state vs HBM, and the compute-bound time floor."""
+
+    gpu: str
+    hbm_capacity_bytes: int
+    # for the job's precision (fp8: the fp8 peak, though only GEMMs run in fp8)
+    peak_dense_tflops: float
+    model_state_fraction_of_hbm: float  # worst pipeline stage; activations come on top
+    iteration_time_at_peak_s: float  # hardware FLOPs per GPU at dense peak: a lower bound
+
+
+@dataclass(frozen=True, kw_only=True)
+class Explanation:
+    """Everything `prismbench explain` reports for one job."""
+
+    model: str
+    world_size: int
+    mesh_shape: tuple[int, int, int, int]
+    mesh_dim_names: tuple[str, ...]
+    gpus_per_node: int
+    nodes: int
+    axes: tuple[AxisPlacement, ...]
+    virtual_stages_per_rank: int
+    microbatches_per_iteration: int
+    tokens_per_iteration: int
+    params_total: int
+    dp_shard_group: int
+    zero_stage: int
+    precision: str
+    state_bytes_per_param: tuple[int, int, int]
+    stages: tuple[StageInfo, ...]
+    flops: FlopsInfo
+    max_model_state_bytes: int
+    gpu: GpuFit
+
+
+def flavor_rows() -> list[dict[str, Any]]:
+    """Every registered flavor's dimensions and parameter count, by family then size."""
+    rows = [
+        {
+            "name": name,
+            "family": spec.family,
+            "layers": spec.layers,
+            "hidden": spec.hidden,
+            "ffn_hidden": spec.ffn_hidden,
+            "heads": spec.heads,
+            "kv_heads": spec.kv_heads,
+            "vocab": spec.vocab,
+            "params": parameter_count(spec),
+        }
+        for name, spec in FLAVORS.items()
+    ]
+    return sorted(rows, key=lambda row: (row["family"], row["params"], row["name"]))
+
+
+# ---- parameters ---------------------------------------------------------------------------
+
+
+def _has_bias(m: ModelSpec) -> bool:
+    return m.family == "gpt"
+
+
+def _norm_params(m: ModelSpec) -> int:
+    """One norm: RMSNorm weight (Llama) or LayerNorm weight + bias (GPT)."""
+    return 2 * m.hidden if m.family == "gpt" else m.hidden
+
+
+def layer_params(m: ModelSpec, tp: int = 1) -> int:
+    """Parameters of one transformer block held by one tensor-parallel rank."""
+    h, bias = m.hidden, _has_bias(m)
+    kv_dim = max(m.kv_heads // tp, 1) * m.head_dim
+    q_dim = h // tp
+    attention = h * q_dim + 2 * h * kv_dim + q_dim * h  # wq, wk, wv (column), wo (row)
+    if bias:
+        attention += q_dim + 2 * kv_dim + h  # wo's bias is not sharded (row parallel)
+    f = m.ffn_hidden // tp
+    if m.family == "llama":
+        ffn = 3 * h * f  # SwiGLU w1, w3 (column), w2 (row)
+    else:
+        ffn = 2 * h * f + f + h  # w1 (column, bias sharded), w2 (row, bias whole)
+    return attention + ffn + 2 * _norm_params(m)
+
+
+def embedding_params(m: ModelSpec, tp: int = 1) -> int:
+    """Token embedding (vocab-sharded) plus a learned position table (replicated)."""
+    positions = m.max_seq_len * m.hidden if m.positions == "learned" else 0
+    return _ceil_div(m.vocab, tp) * m.hidden + positions
+
+
+def head_params(m: ModelSpec, tp: int = 1, *, tied: bool = False) -> int:
+    """Final norm plus output projection (vocab-sharded; absent when tied to the embedding)."""
+    output = 0 if tied else _ceil_div(m.vocab, tp) * m.hidden
+    return _norm_params(m) + output
+
+
+def total_params(m: ModelSpec) -> int:
+    """Parameters of the whole, unsplit model (tied embeddings counted once)."""
+    return m.layers * layer_params(m) + embedding_params(m) + head_params(m, tied=m.tie_embeddings)
+
+
+def _stage_params(m: ModelSpec, tp: int, layers: int, first: bool, last: bool) -> int:
+    params = layers * layer_params(m, tp)
+    if first:
+        params += embedding_params(m, tp)
+    if last:
+        params += head_params(m, tp, tied=m.tie_embeddings and first)
+    return params
+
+
+# ---- model-state bytes --------------------------------------------------------------------
+
+
+def model_state_bytes(params: int, precision: str, zero: int, shard: int) -> tuple[int, int, int]:
+    """(weights, grads, optimizer) bytes on one rank holding `params` before ZeRO sharding."""
+    w, g, o = STATE_BYTES_PER_PARAM[precision]
+    sharded = _ceil_div(params, shard)
+    return (
+        w * (sharded if zero >= 3 else params),
+        g * (sharded if zero >= 2 else params),
+        o * (sharded if zero >= 1 else params),
+    )
+
+
+# ---- FLOPs --------------------------------------------------------------------------------
+
+
+def flops(m: ModelSpec, *, seq_len: int, tokens: int, recompute: str, world_size: int) -> FlopsInfo:
+    """Model and hardware FLOPs of one iteration processing `tokens` tokens."""
+    h, s, layers, v = m.hidden, seq_len, m.layers, m.vocab
+    kv_dim = m.kv_heads * m.head_dim
+    ffn_matrices = 3 if m.family == "llama" else 2
+    matmul_weights_per_layer = 2 * h * h + 2 * h * kv_dim + ffn_matrices * h * m.ffn_hidden
+    attention_per_layer = 4 * s * h
+    layer_forward = 2 * matmul_weights_per_layer + attention_per_layer
+    logits = 2 * h * v
+    forward = layers * layer_forward + logits
+    recompute_per_token = {
+        "none": 0,
+        "selective": layers * attention_per_layer,
+        "full": layers * layer_forward,
+    }
+    model = 3 * forward * tokens
+    hardware = (3 * forward + recompute_per_token[recompute]) * tokens
+    batch = tokens / s
+    eq3 = 96 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    return FlopsInfo(
+        forward_flops_per_token=forward,
+        attention_flops_per_token=layers * attention_per_layer,
+        logits_flops_per_token=logits,
+        model_flops_per_iteration=model,
+        hardware_flops_per_iteration=hardware,
+        recompute=recompute,
+        model_flops_per_gpu=model / world_size,
+        hardware_flops_per_gpu=hardware / world_size,
+        narayanan_eq3_flops_per_iteration=eq3,
+        causal_attention_halved=False,
+    )
+
+
+# ---- layout -------------------------------------------------------------------------------
+
+
+def axis_placements(mesh_shape: tuple[int, ...], gpus_per_node: int) -> tuple[AxisPlacement, ...]:
+    """Where each mesh axis lands, for the row-major (dp, pp, cp, tp) rank order of the contract."""
+    placements = []
+    stride = 1
+    for name, size in reversed(list(zip(MESH_DIM_NAMES, mesh_shape, strict=True))):
+        span = stride * size
+        nodes = len({(k * stride) // gpus_per_node for k in range(size)})
+        intra = size == 1 or gpus_per_node % span == 0
+        placements.append(
+            AxisPlacement(
+                name=name, size=size, stride=stride, intra_node=intra, nodes_per_group=nodes
+            )
+        )
+        stride = span
+    return tuple(reversed(placements))
+
+
+def _stages(job: Any) -> tuple[StageInfo, ...]:
+    m, p = job.model, job.parallel
+    counts = job.stage_layers
+    total_stages = p.pp * p.vpp
+    shard = p.dp * p.cp
+    stages = []
+    for rank in range(p.pp):
+        virtual = tuple(range(rank, total_stages, p.pp))
+        first, last = 0 in virtual, total_stages - 1 in virtual
+        layers = tuple(counts[v] for v in virtual)
+        params_tp = _stage_params(m, p.tp, sum(layers), first, last)
+        w, g, o = model_state_bytes(params_tp, job.train.precision, p.zero, shard)
+        by_zero = tuple(
+            sum(model_state_bytes(params_tp, job.train.precision, z, shard)) for z in range(4)
+        )
+        stages.append(
+            StageInfo(
+                pp_rank=rank,
+                virtual_stages=virtual,
+                layers_per_virtual_stage=layers,
+                layers=sum(layers),
+                has_embedding=first,
+                has_output=last,
+                params_per_tp_rank=params_tp,
+                params_per_rank=_ceil_div(params_tp, shard) if p.zero == 3 else params_tp,
+                weights_bytes=w,
+                grads_bytes=g,
+                optimizer_bytes=o,
+                model_state_bytes=w + g + o,
+                model_state_bytes_by_zero=by_zero,
+            )
+        )
+    return tuple(stages)
+
+
+def explain(job: Any) -> Explanation:
+    """Layout, parameters, FLOPs and model-state memory implied by a validated JobSpec."""
+    m, p = job.model, job.parallel
+    mesh = (p.dp, p.pp, p.cp, p.tp)
+    gpn = job.cluster.gpus_per_node
+    stages = _stages(job)
+    flops_info = flops(
+        m,
+        seq_len=job.batch.seq_len,
+        tokens=job.tokens_per_iteration,
+        recompute=job.train.recompute,
+        world_size=job.world_size,
+    )
+    max_state = max(s.model_state_bytes for s in stages)
+    return Explanation(
+        model=m.name,
+        world_size=job.world_size,
+        mesh_shape=mesh,
+        mesh_dim_names=MESH_DIM_NAMES,
+        gpus_per_node=gpn,
+        nodes=_ceil_div(job.world_size, gpn),
+        axes=axis_placements(mesh, gpn),
+        virtual_stages_per_rank=p.vpp,
+        microbatches_per_iteration=job.num_microbatches,
+        tokens_per_iteration=job.tokens_per_iteration,
+        params_total=total_params(m),
+        dp_shard_group=p.dp * p.cp,
+        zero_stage=p.zero,
+        precision=job.train.precision,
+        state_bytes_per_param=STATE_BYTES_PER_PARAM[job.train.precision],
+        stages=stages,
+        flops=flops_info,
+        max_model_state_bytes=max_state,
+        gpu=_gpu_fit(job.cluster.gpu, job.train.precision, max_state, flops_info),
+    )
+
+
+def _gpu_fit(name: str, precision: str, max_state_bytes: int, flops_info: FlopsInfo) -> GpuFit:
+    gpu = gpu_preset(name)
+    peak_tflops = gpu.peak_tflops(precision)
+    return GpuFit(
+        gpu=name,
+        hbm_capacity_bytes=gpu.hbm_capacity_bytes,
+        peak_dense_tflops=peak_tflops,
+        model_state_fraction_of_hbm=max_state_bytes / gpu.hbm_capacity_bytes,
+        iteration_time_at_peak_s=flops_info.hardware_flops_per_gpu / (peak_tflops * 1e12),
+    )
+
+
+def explanation_to_dict(explanation: Explanation) -> dict[str, Any]:
+    """JSON-ready dict of raw numbers (bytes, FLOPs, counts) with the conventions spelled out."""
+    data = asdict(explanation)
+    data["conventions"] = {
+        "flops": "2 per MAC; backward = 2 x forward; attention 4*s*h per layer per token, "
+        "not halved for the causal mask",
+        "narayanan_eq3": NARAYANAN_EQ3,
+        "state_bytes": "weights + grads + AdamW state per param (ZeRO paper, 2+2+12 mixed "
+        "precision, 4+4+8 fp32); ZeRO shards over dp*cp",
+    }
+    return data

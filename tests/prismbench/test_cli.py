@@ -1,0 +1,139 @@
+"""Tests for the `prismbench` command line: output, exit codes and error messages."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from prismbench.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "jobspec.example.toml"
+
+
+def _write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def _assert_one_line_error(capsys, *needles: str) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    for needle in needles:
+        assert needle in err
+    return err
+
+
+def test_explain_prints_tables(capsys):
+    assert main(["explain", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert "8,192 GPUs" in out
+    assert "70.55 B params" in out
+    assert "PFLOP" in out and "GiB" in out
+
+
+def test_explain_json_is_one_object_with_raw_numbers(capsys):
+    assert main(["explain", str(EXAMPLE), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["world_size"] == 8192
+    assert round(data["params_total"] / 1e9, 2) == 70.55
+    assert data["max_model_state_bytes"] > 0
+
+
+def test_workloads_lists_flavors_with_params(capsys):
+    assert main(["workloads"]) == 0
+    out = capsys.readouterr().out
+    assert "llama3-70b" in out and "70.55 B params" in out
+
+
+def test_workloads_json(capsys):
+    assert main(["workloads", "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["llama3-70b"]["params"] == 70_553_706_496
+    assert rows["llama3-70b"]["kv_heads"] == 8
+
+
+def test_tp_that_does_not_divide_heads_exits_2_naming_the_field(tmp_path, capsys):
+    path = _write(
+        tmp_path,
+        '[model]\nfamily = "llama"\nlayers = 4\nhidden = 5120\nffn_hidden = 13824\n'
+        "heads = 40\nvocab = 32000\n[parallel]\ntp = 16\n[batch]\nseq_len = 128\n"
+        "global_batch = 4\n",
+    )
+    assert main(["explain", path]) == 2
+    _assert_one_line_error(capsys, "tp", "heads", "16", "40")
+
+
+def test_unknown_key_exits_2_naming_it(tmp_path, capsys):
+    path = _write(
+        tmp_path,
+        '[model]\nname = "llama-debug"\n[parallel]\ntensor_parallel = 2\n'
+        "[batch]\nseq_len = 64\nglobal_batch = 8\n",
+    )
+    assert main(["explain", path]) == 2
+    _assert_one_line_error(capsys, "tensor_parallel")
+
+
+def test_missing_file_exits_2(tmp_path, capsys):
+    missing = str(tmp_path / "nope.toml")
+    assert main(["explain", missing]) == 2
+    _assert_one_line_error(capsys, "nope.toml")
+
+
+def test_malformed_toml_exits_2(tmp_path, capsys):
+    assert main(["explain", _write(tmp_path, "[model\nname = ")]) == 2
+    _assert_one_line_error(capsys, "TOML")
+
+
+def test_usage_error_exits_2(capsys):
+    assert main([]) == 2
+    assert main(["explain"]) == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["workloads", "explain", "calibrate"])
+def test_every_subcommand_has_help(command, capsys):
+    assert main([command, "--help"]) == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA refusal")
+def test_calibrate_without_cuda_exits_2(tmp_path, capsys):
+    out = tmp_path / "kernels.csv"
+    assert main(["calibrate", "--out", str(out), "--quick"]) == 2
+    _assert_one_line_error(capsys, "CUDA")
+    assert not out.exists()
+
+
+def test_calibrate_passes_out_and_quick_to_run_calibration(tmp_path, monkeypatch, capsys):
+    calls = []
+    fake = types.ModuleType("emulator.costs.calibrate")
+
+    def run_calibration(out, *, quick=False, progress=None):
+        calls.append((out, quick))
+        return out
+
+    fake.run_calibration = run_calibration
+    monkeypatch.setitem(sys.modules, "emulator.costs.calibrate", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    out = tmp_path / "h100.csv"
+    assert main(["calibrate", "--out", str(out), "--quick"]) == 0
+    assert calls == [(out, True)]
+    assert str(out) in capsys.readouterr().out
+
+
+@pytest.mark.integration
+def test_python_dash_m_prismbench_explain_json():
+    result = subprocess.run(
+        [sys.executable, "-m", "prismbench", "explain", str(EXAMPLE), "--json"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["world_size"] == 8192

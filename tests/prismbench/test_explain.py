@@ -1,0 +1,213 @@
+"""Tests for prismbench.explain: layout, parameter counts, FLOPs and model-state bytes."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from prismbench.explain import (
+    axis_placements,
+    explain,
+    explanation_to_dict,
+    flops,
+    layer_params,
+    model_state_bytes,
+    total_params,
+)
+from prismbench.spec import job_spec_from_dict, load_job_spec
+from workloads.config import ModelSpec
+from workloads.flavors import FLAVORS, get_flavor, parameter_count
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jobspec.example.toml"
+
+
+def _job(model=None, parallel=None, batch=None, train=None, cluster=None):
+    tables = {
+        "model": model or {"name": "llama-debug"},
+        "parallel": parallel or {},
+        "batch": batch or {"seq_len": 64, "global_batch": 8},
+    }
+    if train:
+        tables["train"] = train
+    if cluster:
+        tables["cluster"] = cluster
+    return job_spec_from_dict(tables)
+
+
+def _gpt(layers=4, hidden=64, heads=4, vocab=256):
+    return ModelSpec(
+        name="gpt-eq3", family="gpt", layers=layers, hidden=hidden, ffn_hidden=4 * hidden,
+        heads=heads, kv_heads=heads, vocab=vocab, positions="learned",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def example():
+    return explain(load_job_spec(EXAMPLE))
+
+
+def test_example_world_layout(example):
+    assert example.world_size == 8192
+    assert example.mesh_shape == (256, 4, 1, 8)
+    assert example.nodes == 1024
+    assert example.microbatches_per_iteration == 1024 // 256
+    assert example.tokens_per_iteration == 1024 * 8192
+    assert [s.layers for s in example.stages] == [20, 20, 20, 20]
+
+
+def test_example_llama3_70b_has_70_55_billion_params(example):
+    assert round(example.params_total / 1e9, 2) == 70.55
+
+
+def test_total_params_agrees_with_flavor_registry_for_every_flavor():
+    mismatched = [n for n, spec in FLAVORS.items() if total_params(spec) != parameter_count(spec)]
+    assert mismatched == []
+
+
+def test_tp_and_pp_shards_add_up_to_total_plus_replicated_norms(example):
+    m, tp = get_flavor("llama3-70b"), 8
+    replicated_norms = m.layers * 2 * m.hidden + m.hidden  # RMSNorm weights on every tp rank
+    summed = sum(s.params_per_tp_rank for s in example.stages) * tp
+    assert summed == example.params_total + (tp - 1) * replicated_norms
+
+
+def test_first_stage_holds_embedding_and_last_the_output(example):
+    first, *middle, last = example.stages
+    assert first.has_embedding and not first.has_output
+    assert last.has_output and not last.has_embedding
+    m = get_flavor("llama3-70b")
+    # The last stage's extra over a middle stage is the vocab-sharded output plus the final norm.
+    assert (
+        last.params_per_tp_rank - middle[0].params_per_tp_rank == m.vocab // 8 * m.hidden + m.hidden
+    )
+
+
+def test_pipeline_split_unties_tied_embeddings():
+    job = _job(model={"name": "gpt-debug"}, parallel={"pp": 2})
+    stages = explain(job).stages
+    m = get_flavor("gpt-debug")
+    assert m.tie_embeddings
+    assert sum(s.params_per_tp_rank for s in stages) == total_params(m) + m.vocab * m.hidden
+
+
+def test_kv_heads_are_replicated_when_tp_exceeds_them():
+    m = get_flavor("llama-debug")  # hidden 64, ffn 256, heads 4, kv_heads 2, head_dim 16
+    # tp=4: wq, wo 64*16 each; one kv head (16 wide) for wk, wv; ffn 3*64*64; two norms of 64.
+    assert layer_params(m, tp=4) == 2 * 64 * 16 + 2 * 64 * 16 + 3 * 64 * 64 + 2 * 64
+
+
+def test_hand_computed_stage_bytes_with_zero2():
+    job = _job(parallel={"tp": 2, "dp": 2, "zero": 2})
+    (stage,) = explain(job).stages
+    # llama-debug per tp rank: layer = wq 2048 + wk 1024 + wv 1024 + wo 2048 + ffn 24576
+    # + norms 128 = 30848; 4 layers = 123392; embedding 128*64 + output 128*64 + norm 64.
+    assert stage.params_per_tp_rank == 139840
+    assert stage.weights_bytes == 2 * 139840
+    assert stage.grads_bytes == 2 * 69920
+    assert stage.optimizer_bytes == 12 * 69920
+
+
+@pytest.mark.parametrize(
+    ("precision", "zero", "expected"),
+    [
+        ("bf16", 0, (2000, 2000, 12000)),
+        ("bf16", 1, (2000, 2000, 3000)),
+        ("bf16", 2, (2000, 500, 3000)),
+        ("bf16", 3, (500, 500, 3000)),
+        ("fp32", 1, (4000, 4000, 2000)),
+        ("fp32", 3, (1000, 1000, 2000)),
+    ],
+)
+def test_model_state_bytes_by_zero_stage(precision, zero, expected):
+    assert model_state_bytes(1000, precision, zero, shard=4) == expected
+
+
+def test_zero_sharding_rounds_up():
+    assert model_state_bytes(1001, "bf16", 3, shard=4) == (2 * 251, 2 * 251, 12 * 251)
+
+
+def test_zero3_shards_over_dp_times_cp():
+    job = _job(parallel={"dp": 2, "cp": 2, "zero": 3})
+    e = explain(job)
+    assert e.dp_shard_group == 4
+    (stage,) = e.stages
+    assert stage.params_per_rank == -(-stage.params_per_tp_rank // 4)
+
+
+def test_hardware_flops_with_full_recompute_equal_narayanan_eq3():
+    m = _gpt(layers=24, hidden=2304, heads=24, vocab=51200)
+    batch, s = 512, 2048
+    f = flops(m, seq_len=s, tokens=batch * s, recompute="full", world_size=32)
+    n, h, v = m.layers, m.hidden, m.vocab
+    eq3 = 96 * batch * s * n * h * h * (1 + Fraction(s, 6 * h) + Fraction(v, 16 * n * h))
+    assert f.hardware_flops_per_iteration == eq3
+
+
+def test_model_flops_drop_the_recompute_forward():
+    m = _gpt()
+    batch, s = 3, 32
+    n, h, v = m.layers, m.hidden, m.vocab
+    f = flops(m, seq_len=s, tokens=batch * s, recompute="full", world_size=1)
+    # Korthikanti et al. 2022 model FLOPs: 72*B*s*l*h^2*(1 + s/(6h) + V/(12*l*h)).
+    expected = 72 * batch * s * n * h * h * (1 + Fraction(s, 6 * h) + Fraction(v, 12 * n * h))
+    assert f.model_flops_per_iteration == expected
+
+
+def test_selective_recompute_adds_only_the_attention_core_forward():
+    m = _gpt()
+    batch, s = 2, 32
+    none, selective = (
+        flops(m, seq_len=s, tokens=batch * s, recompute=r, world_size=1)
+        for r in ("none", "selective")
+    )
+    assert none.hardware_flops_per_iteration == none.model_flops_per_iteration
+    extra = selective.hardware_flops_per_iteration - none.hardware_flops_per_iteration
+    assert extra == 4 * batch * s * s * m.layers * m.hidden
+
+
+def test_gqa_reduces_forward_flops_by_the_smaller_kv_projections():
+    mha = ModelSpec(name="a", family="llama", layers=2, hidden=64, ffn_hidden=128, heads=4,
+                    kv_heads=4, vocab=100, positions="rope")  # fmt: skip
+    gqa = ModelSpec(name="b", family="llama", layers=2, hidden=64, ffn_hidden=128, heads=4,
+                    kv_heads=1, vocab=100, positions="rope")  # fmt: skip
+    diff = (
+        flops(mha, seq_len=8, tokens=8, recompute="none", world_size=1).forward_flops_per_token
+        - flops(gqa, seq_len=8, tokens=8, recompute="none", world_size=1).forward_flops_per_token
+    )
+    assert diff == 2 * 2 * (2 * 64 * (64 - 16))  # 2 FLOPs/MAC x 2 layers x (wk + wv) shrink
+
+
+def test_axis_placement_marks_groups_that_leave_the_node():
+    dp, pp, cp, tp = axis_placements((4, 1, 4, 4), gpus_per_node=8)
+    assert tp.intra_node and tp.stride == 1
+    assert not cp.intra_node and cp.stride == 4 and cp.nodes_per_group == 2
+    assert pp.intra_node  # size 1
+    assert not dp.intra_node and dp.nodes_per_group == 4
+
+
+def test_interleaved_stages_follow_the_torch_convention():
+    model = {"family": "llama", "layers": 6, "hidden": 64, "ffn_hidden": 128, "heads": 4,
+             "vocab": 100}  # fmt: skip
+    job = _job(model=model, parallel={"pp": 2, "vpp": 2, "schedule": "interleaved-1f1b"})
+    r0, r1 = explain(job).stages
+    assert r0.virtual_stages == (0, 2) and r0.layers_per_virtual_stage == (1, 2)
+    assert r1.virtual_stages == (1, 3) and r1.layers_per_virtual_stage == (2, 1)
+    assert r0.has_embedding and not r0.has_output and r1.has_output
+
+
+def test_dict_form_holds_raw_numbers(example):
+    data = explanation_to_dict(example)
+    assert data["world_size"] == 8192
+    assert data["stages"][0]["model_state_bytes"] == example.stages[0].model_state_bytes
+    assert data["flops"]["model_flops_per_iteration"] == example.flops.model_flops_per_iteration
+
+
+def test_gpu_fit_compares_model_state_with_hbm_and_peak(example):
+    fit = example.gpu
+    assert fit.hbm_capacity_bytes == 80 * 1024**3  # h100-sxm-80g preset
+    assert fit.model_state_fraction_of_hbm == example.max_model_state_bytes / (80 * 1024**3)
+    assert fit.iteration_time_at_peak_s == pytest.approx(
+        example.flops.hardware_flops_per_gpu / (fit.peak_dense_tflops * 1e12)
+    )
