@@ -1,0 +1,374 @@
+"""OpRecorder: a TorchDispatchMode that records what one rank computes and allocates.
+
+Enter it inside a FakeTensorMode (or with real CPU tensors). For every aten op it records,
+in program order and with seq numbers from a shared `trace.EventSequence`:
+- a compute event (normalized name, tensor shapes and dtypes, FLOPs, bytes read and written,
+  stream, module path, phase, micro-batch) unless the op launches no kernel (views, metadata,
+  pure allocations, collectives: see `opmap`);
+- an alloc event for every storage it has not seen (size, stream, category), and a free
+  event the moment a storage dies (a weakref callback on the untyped storage, so a `del`
+  is recorded before the next op runs).
+
+Phase: "optimizer" (or any of `trace.PHASES`) while the caller holds `recorder.phase(...)`;
+otherwise "backward" inside an autograd graph task, "recompute" when a module forward runs
+inside one (activation checkpointing), else "forward".
+Categories: declared with `tag()`; `.grad` of tagged parameters becomes "gradient" as it is
+accumulated; otherwise inferred: "communication" for collective outputs and off-stream-0
+allocations, "optimizer_state" in the optimizer phase, "temporary" in backward,
+"activation" in forward/recompute; an inferred activation or optimizer state freed before
+the phase changes is reclassified "temporary".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import weakref
+from collections.abc import Iterator
+
+import torch
+from torch._guards import active_fake_mode
+from torch.distributed._tools.mod_tracker import ModTracker
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from emulator import opmap
+from emulator.trace import ALLOC, COMPUTE, FREE, MARKER, PHASES, EventSequence, OpEvent, build_trace
+
+FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER = (
+    PHASES.index(p) for p in ("forward", "backward", "recompute", "optimizer")
+)
+_WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
+_INFERRED_PHASE_CATEGORY = {
+    FORWARD: "activation",
+    RECOMPUTE: "activation",
+    BACKWARD: "temporary",
+    OPTIMIZER: "optimizer_state",
+}
+_SHORT_LIVED = frozenset({"activation", "optimizer_state"})
+
+
+_OP_INFOS: dict = {}  # OpOverload -> opmap.OpInfo, shared by all recorders (pure function)
+
+
+def _dtensor_type():
+    from torch.distributed.tensor import DTensor
+
+    return DTensor
+
+
+def _tensors(values) -> list[torch.Tensor]:
+    found = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            found.extend(x for x in v if isinstance(x, torch.Tensor))
+    return found
+
+
+class _Storage:
+    """What the recorder knows about one live untyped storage."""
+
+    __slots__ = ("uid", "nbytes", "epoch", "declared", "ref")
+
+    def __init__(self, uid: int, nbytes: int, epoch: int, declared: bool, ref):
+        self.uid, self.nbytes, self.epoch, self.declared, self.ref = (
+            uid,
+            nbytes,
+            epoch,
+            declared,
+            ref,
+        )
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records compute ops, allocations, frees and markers (see module docstring)."""
+
+    def __init__(self, sequence=None):
+        super().__init__()
+        self.sequence = sequence if sequence is not None else EventSequence()
+        self.events: list[OpEvent] = []
+        self.categories: dict[int, str] = {}  # storage uid -> current category
+        self._dtype_names: dict[torch.dtype, str] = {}
+        self._live: dict[int, _Storage] = {}  # id(storage object) -> its record
+        self._uids = itertools.count()
+        self._stream = 0
+        self._micro_batch = -1
+        self._phase_stack: list[int] = []
+        self._last_phase = -1
+        self._epoch = 0
+        self._fw_depth = 0
+        self._params = WeakIdKeyDictionary()  # tagged parameters (keys only)
+        self._grad_hooks: list = []
+        self._mod_tracker = ModTracker()
+        self._fake_mode = None
+        self._orig_resize = None
+        self._dtensor = _dtensor_type()
+
+    # ---- caller-facing context ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def on_stream(self, stream: int) -> Iterator[None]:
+        """Ops and allocations inside the block belong to stream `stream` (0 = compute)."""
+        previous, self._stream = self._stream, stream
+        try:
+            yield
+        finally:
+            self._stream = previous
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Force the phase (e.g. "optimizer") for everything inside the block."""
+        if name not in PHASES:
+            raise ValueError(f"phase({name!r}) is not one of {PHASES}")
+        self._phase_stack.append(PHASES.index(name))
+        if name == "optimizer":
+            for p in list(self._params.keys()):
+                if p.grad is not None:
+                    self.tag(p.grad, "gradient")
+        try:
+            yield
+        finally:
+            self._phase_stack.pop()
+
+    @contextlib.contextmanager
+    def micro_batch(self, index: int) -> Iterator[None]:
+        previous, self._micro_batch = self._micro_batch, index
+        self.mark(f"micro_batch:{index}")
+        try:
+            yield
+        finally:
+            self._micro_batch = previous
+
+    def mark(self, name: str) -> None:
+        self._emit(MARKER, name)
+
+    def tag(self, obj, category: str) -> None:
+        """Declare the category of existing tensors: a tensor, an nn.Module (its parameters
+        get `category`, its buffers "buffer"), an optimizer (its state tensors), or an
+        iterable of those."""
+        if isinstance(obj, torch.Tensor):
+            self._declare(obj, category)
+        elif isinstance(obj, torch.nn.Module):
+            self.tag(obj.parameters(), category)
+            self.tag(obj.buffers(), "buffer")
+        elif isinstance(obj, torch.optim.Optimizer):
+            states = [
+                t for s in obj.state.values() for t in s.values() if isinstance(t, torch.Tensor)
+            ]
+            self.tag(states, category)
+        else:
+            for item in obj:
+                self.tag(item, category)
+
+    def trace(self, comm_events=(), groups=None):
+        """The RankTrace of everything recorded so far, merged with the backend's events."""
+        return build_trace(self.events, comm_events, groups, self.categories)
+
+    # ---- mode plumbing ---------------------------------------------------------------------
+
+    def __enter__(self):
+        self._fake_mode = active_fake_mode()
+        self._mod_tracker.register_user_hooks(pre_fw_hook=self._pre_fw, post_fw_hook=self._post_fw)
+        self._mod_tracker.__enter__()
+        for p in list(self._params.keys()):
+            self._hook_grad(p)
+        self._orig_resize = torch.UntypedStorage.resize_
+        recorder, orig = self, self._orig_resize
+
+        def resize_(storage, size):
+            result = orig(storage, size)
+            recorder._see_storage(storage, None)
+            return result
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._orig_resize
+        for handle in self._grad_hooks:
+            handle.remove()
+        self._grad_hooks.clear()
+        self._mod_tracker.__exit__(*exc)
+        self._mod_tracker.clear_user_hooks()
+        return super().__exit__(*exc)
+
+    def _pre_fw(self, module, args) -> None:
+        self._fw_depth += 1
+
+    def _post_fw(self, module, args, output) -> None:
+        self._fw_depth -= 1
+
+    def _hook_grad(self, param: torch.Tensor) -> None:
+        if param.requires_grad and param.is_leaf:
+            self._grad_hooks.append(param.register_post_accumulate_grad_hook(self._on_grad))
+
+    def _on_grad(self, param: torch.Tensor) -> None:
+        if param.grad is not None:
+            self._declare(param.grad, "gradient")
+
+    # ---- the hot path ----------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self._dtensor in types:
+            return NotImplemented  # let DTensor unwrap; its local ops come back here
+        info = _OP_INFOS.get(func)
+        if info is None:
+            info = _OP_INFOS[func] = opmap.op_info(func)
+        if func is _WAIT_TENSOR and self._fake_mode is not None:
+            out = args[0]  # the fake kernel returns a fresh tensor; on a GPU it is in place
+        else:
+            out = func(*args, **kwargs)
+        if info.ignored or active_fake_mode() is not self._fake_mode:
+            return out  # DTensor sharding propagation runs in a nested fake mode: not ours
+        phase = self._current_phase()
+        if isinstance(out, torch.Tensor):
+            outs = [out]
+        else:
+            outs = _tensors(out) if isinstance(out, (list, tuple)) else []
+        if info.is_comm or self._stream:
+            category = "communication"
+        else:
+            category = _INFERRED_PHASE_CATEGORY[phase]
+        for t in outs:  # views too: lift_fresh of a constant is a view with a fresh fake storage
+            self._see_storage(t.untyped_storage(), category)
+        if info.name:
+            self._record_compute(func, info, args, kwargs, out, outs, phase)
+        elif func is torch.ops.aten._local_scalar_dense.default:
+            self._emit(MARKER, "item")  # a device-to-host sync on a GPU
+        return out
+
+    def _record_compute(self, func, info, args, kwargs, out, outs, phase) -> None:
+        ins = _tensors(args) + (_tensors(kwargs.values()) if kwargs else [])
+        if info.mutated_args:
+            written = _tensors(
+                args[i] if i < len(args) else kwargs.get(name) for i, name in info.mutated_args
+            )
+        else:
+            written = outs
+        names = self._dtype_names
+        shapes = []
+        for ts, is_out in ((ins, False), (outs, True)):
+            for t in ts:
+                dtype = names.get(t.dtype)
+                if dtype is None:
+                    dtype = names[t.dtype] = str(t.dtype).removeprefix("torch.")
+                shapes.append((tuple(t.shape), dtype, is_out))
+        causal = False
+        if info.causal_arg >= 0:
+            pos = info.causal_arg
+            causal = bool(args[pos] if len(args) > pos else kwargs.get("is_causal", False))
+        self.events.append(
+            OpEvent(
+                self.sequence.next_seq(),
+                COMPUTE,
+                info.name,
+                info.aten,
+                self._stream,
+                self._module(),
+                phase,
+                self._micro_batch,
+                flops=int(info.flop_fn(args, kwargs, out)) if info.flop_fn else 0,
+                read_bytes=sum(t.nbytes for t in ins),
+                write_bytes=sum(t.nbytes for t in written),
+                tensors=tuple(shapes),
+                workspace_bytes=info.workspace_fn(args, kwargs) if info.workspace_fn else 0,
+                causal=causal,
+            )
+        )
+
+    def _current_phase(self) -> int:
+        if self._phase_stack:
+            phase = self._phase_stack[-1]
+        elif torch._C._current_graph_task_id() != -1:
+            phase = RECOMPUTE if self._fw_depth > 0 else BACKWARD
+        else:
+            phase = FORWARD
+        if phase != self._last_phase:
+            self._last_phase = phase
+            self._epoch += 1
+            self._emit(MARKER, f"phase:{PHASES[phase]}", phase)
+        return phase
+
+    def _module(self) -> str:
+        return max(self._mod_tracker.parents, key=len)
+
+    def _emit(
+        self,
+        kind: int,
+        name: str,
+        phase: int | None = None,
+        size: int = 0,
+        uid: int = -1,
+        category: str = "",
+    ) -> None:
+        self.events.append(
+            OpEvent(
+                self.sequence.next_seq(),
+                kind,
+                name,
+                "",
+                self._stream,
+                self._module(),
+                self._last_phase if phase is None else phase,
+                self._micro_batch,
+                size_bytes=size,
+                storage=uid,
+                category=category,
+            )
+        )
+
+    # ---- storages --------------------------------------------------------------------------
+
+    def _declare(self, tensor: torch.Tensor, category: str) -> None:
+        storage = tensor.untyped_storage()
+        known = self._live.get(id(storage))
+        if known is None:
+            self._see_storage(storage, category, declared=True)
+        else:
+            known.declared = True
+            self.categories[known.uid] = category
+        if category == "parameter" and tensor not in self._params:
+            self._params[tensor] = True
+            if self._orig_resize is not None:  # inside the mode: hook now, else at __enter__
+                self._hook_grad(tensor)
+
+    def _see_storage(self, storage, category: str | None, declared: bool = False) -> None:
+        """Record an allocation for an unseen storage, or a free + alloc when its size changed
+        (FSDP2 frees and refills unsharded parameters with `UntypedStorage.resize_`)."""
+        key = id(storage)
+        known = self._live.get(key)
+        if known is not None:
+            nbytes = storage.nbytes()
+            if nbytes != known.nbytes:
+                old_category = self.categories.get(known.uid, "other")
+                if known.nbytes:
+                    self._emit(FREE, "", size=known.nbytes, uid=known.uid, category=old_category)
+                known.uid, known.nbytes, known.epoch = next(self._uids), nbytes, self._epoch
+                self.categories[known.uid] = old_category
+                if nbytes:
+                    self._emit(ALLOC, "", size=nbytes, uid=known.uid, category=old_category)
+            return
+        nbytes = storage.nbytes()
+        if category is None:
+            inferred = _INFERRED_PHASE_CATEGORY.get(self._last_phase, "other")
+            category = "communication" if self._stream else inferred
+        uid = next(self._uids)
+        ref = weakref.ref(storage, lambda r, key=key: self._on_free(key, r))
+        self._live[key] = _Storage(uid, nbytes, self._epoch, declared, ref)
+        self.categories[uid] = category
+        if nbytes:
+            self._emit(ALLOC, "", size=nbytes, uid=uid, category=category)
+
+    def _on_free(self, key: int, ref) -> None:
+        known = self._live.get(key)
+        if known is None or known.ref is not ref:
+            return
+        del self._live[key]
+        category = self.categories[known.uid]
+        if not known.declared and known.epoch == self._epoch and category in _SHORT_LIVED:
+            category = self.categories[known.uid] = "temporary"
+        if known.nbytes:
+            self._emit(FREE, "", size=known.nbytes, uid=known.uid, category=category)

@@ -1,0 +1,299 @@
+"""What a GPU runs for each aten op captured on CPU: normalized name, FLOPs, bytes, workspace.
+
+Capture runs on device `cpu` (NOTES.md: fake `cuda` tensors do not survive backward), so a few
+ops are CPU-specific kernels. `GPU_EQUIVALENT` maps them to the op a CUDA build dispatches
+instead; `NORMALIZED` maps aten ops to the vocabulary of `emulator/costs/ops.py`
+(`OP_NAMES`). Ops not listed fall back on their tags: pointwise -> "elementwise".
+
+FLOPs: `torch.utils.flop_counter.flop_registry` where it has a formula, except that the
+attention formulas below replace its attention entries: they count a causal mask as half the
+work (FlashAttention-2 paper, Dao 2023, section 4 benchmarks; flash kernels skip masked
+tiles) and also cover the CPU flash ops that flop_counter misses. Backward is 2.5x the
+forward (5 matmuls against 2, as flop_counter and FlashAttention-2 count it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils.flop_counter import flop_registry
+
+from emulator.costs.ops import OP_NAMES
+
+_aten = torch.ops.aten
+
+# CPU-only kernel -> the aten op a CUDA build runs for the same Python call. Memory is the same
+# for the flash pair: both keep the output and a float32 logsumexp of B x H x S_q
+# (checked in tests/emulator/test_opmap.py); the CUDA op's extra philox outputs are 0-dim.
+GPU_EQUIVALENT = {
+    "aten._scaled_dot_product_flash_attention_for_cpu": "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward": "aten._scaled_dot_product_flash_attention_backward",
+}
+
+# aten overload packet name -> normalized op name of emulator/costs/ops.py.
+NORMALIZED = {
+    "aten.mm": "mm",
+    "aten.addmm": "addmm",
+    "aten.bmm": "bmm",
+    "aten.baddbmm": "bmm",
+    "aten.linear": "linear",
+    "aten._scaled_mm": "scaled_mm",
+    "aten._scaled_dot_product_flash_attention_for_cpu": "flash_attn_fwd",
+    "aten._scaled_dot_product_flash_attention": "flash_attn_fwd",
+    "aten._scaled_dot_product_efficient_attention": "flash_attn_fwd",
+    "aten._scaled_dot_product_cudnn_attention": "flash_attn_fwd",
+    "aten._flash_attention_forward": "flash_attn_fwd",
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward": "flash_attn_bwd",
+    "aten._scaled_dot_product_flash_attention_backward": "flash_attn_bwd",
+    "aten._scaled_dot_product_efficient_attention_backward": "flash_attn_bwd",
+    "aten._scaled_dot_product_cudnn_attention_backward": "flash_attn_bwd",
+    "aten._flash_attention_backward": "flash_attn_bwd",
+    "aten.native_layer_norm": "norm",
+    "aten.native_layer_norm_backward": "norm",
+    "aten._fused_rms_norm": "norm",
+    "aten._fused_rms_norm_backward": "norm",
+    "aten.native_group_norm": "norm",
+    "aten.native_group_norm_backward": "norm",
+    "aten._softmax": "softmax",
+    "aten._log_softmax": "softmax",
+    "aten._softmax_backward_data": "softmax",
+    "aten._log_softmax_backward_data": "softmax",
+    "aten.nll_loss_forward": "cross_entropy",
+    "aten.nll_loss_backward": "cross_entropy",
+    "aten.embedding": "embedding",
+    "aten.embedding_dense_backward": "embedding",
+    "aten._fused_adamw_": "optimizer_step",
+    "aten._fused_adam_": "optimizer_step",
+    "aten._fused_sgd_": "optimizer_step",
+    "aten._foreach_norm": "reduction",
+    "aten.sum": "reduction",
+    "aten.mean": "reduction",
+    "aten.amax": "reduction",
+    "aten.amin": "reduction",
+    "aten.max": "reduction",
+    "aten.min": "reduction",
+    "aten.argmax": "reduction",
+    "aten.var_mean": "reduction",
+    "aten.linalg_vector_norm": "reduction",
+    "aten.norm": "reduction",
+    "aten.cumsum": "reduction",
+    "aten.copy_": "copy",
+    "aten._to_copy": "copy",
+    "aten.clone": "copy",
+    "aten.cat": "copy",
+    "aten.stack": "copy",
+    "aten.index": "copy",
+    "aten.index_select": "copy",
+    "aten.index_put": "copy",
+    "aten.index_put_": "copy",
+    "aten.gather": "copy",
+    "aten.scatter": "copy",
+    "aten.scatter_add": "copy",
+    "aten.slice_scatter": "copy",
+    "aten.select_scatter": "copy",
+    "aten.constant_pad_nd": "copy",
+    "aten.zeros": "copy",
+    "aten.zeros_like": "copy",
+    "aten.ones": "copy",
+    "aten.ones_like": "copy",
+    "aten.full": "copy",
+    "aten.full_like": "copy",
+    "aten.fill_": "copy",
+    "aten.zero_": "copy",
+    "aten.new_zeros": "copy",
+    "aten.new_ones": "copy",
+    "aten.new_full": "copy",
+}
+
+# Ops that only allocate (no kernel), only touch metadata, or are bookkeeping: never compute.
+# Views are found from the schema (`OpOverload.is_view`); `_unsafe_view` is not flagged there.
+NO_KERNEL = frozenset(
+    {
+        "aten.empty",
+        "aten.empty_like",
+        "aten.empty_strided",
+        "aten.new_empty",
+        "aten.new_empty_strided",
+        "aten._unsafe_view",
+        "aten.resize_",
+        "aten.set_",
+        "aten.sym_size",
+        "aten.sym_stride",
+        "aten.sym_numel",
+        "aten.sym_storage_offset",
+        "aten.is_same_size",
+        "aten._local_scalar_dense",
+        "aten.record_stream",
+    }
+)
+# Namespaces of ops that are never kernels of this rank's compute stream.
+NO_KERNEL_NAMESPACES = frozenset({"prim", "profiler"})
+# Collectives reach the dispatcher as ops of these namespaces; the virtual backend records
+# them as comm events, the recorder only tracks the buffers they allocate.
+COMM_NAMESPACES = frozenset({"c10d", "_c10d_functional", "_c10d_functional_autograd"})
+
+
+def _attention_dims(query, key) -> tuple[int, int, int, int, int]:
+    b, h_q, s_q, d = query.shape
+    return b, h_q, s_q, key.shape[-2], d
+
+
+def attention_fwd_flops(query, key, value, is_causal: bool) -> int:
+    """QK^T and PV: 2 matmuls of 2*s_q*s_k*d per (batch, query head); causal keeps half."""
+    b, h_q, s_q, s_k, d = _attention_dims(query, key)
+    flops = 2 * b * h_q * s_q * s_k * (d + value.shape[-1])
+    return flops // 2 if is_causal else flops
+
+
+def attention_bwd_flops(query, key, value, is_causal: bool) -> int:
+    """Recomputed QK^T plus dV, dP, dQ, dK: 5 matmuls, 2.5x the forward."""
+    return attention_fwd_flops(query, key, value, is_causal) * 5 // 2
+
+
+def _flash_fwd_flops(args, kwargs) -> int:
+    # (query, key, value, dropout_p=0., is_causal=False, ...) for every sdpa forward variant
+    causal = kwargs.get("is_causal", args[4] if len(args) > 4 else False)
+    return attention_fwd_flops(args[0], args[1], args[2], bool(causal))
+
+
+def _flash_cpu_bwd_flops(args, kwargs) -> int:
+    # (grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, ...)
+    return attention_bwd_flops(args[1], args[2], args[3], bool(args[7]))
+
+
+def _flash_cuda_bwd_flops(args, kwargs) -> int:
+    # (grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, ...)
+    return attention_bwd_flops(args[1], args[2], args[3], bool(args[11]))
+
+
+def _efficient_bwd_flops(args, kwargs) -> int:
+    # (grad_out, q, k, v, attn_bias, out, lse, philox_seed, philox_offset, dropout_p,
+    #  grad_input_mask, is_causal=False, ...)
+    causal = kwargs.get("is_causal", args[11] if len(args) > 11 else False)
+    return attention_bwd_flops(args[1], args[2], args[3], bool(causal))
+
+
+# Formulas taking (args, kwargs); they win over flop_counter's registry.
+FLOP_FORMULAS = {
+    "aten._scaled_dot_product_flash_attention_for_cpu": _flash_fwd_flops,
+    "aten._scaled_dot_product_flash_attention": _flash_fwd_flops,
+    "aten._scaled_dot_product_efficient_attention": _flash_fwd_flops,
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward": _flash_cpu_bwd_flops,
+    "aten._scaled_dot_product_flash_attention_backward": _flash_cuda_bwd_flops,
+    "aten._scaled_dot_product_efficient_attention_backward": _efficient_bwd_flops,
+}
+
+# Causal flag position in the positional args of attention ops (for the trace's causal column).
+CAUSAL_ARG = {
+    "aten._scaled_dot_product_flash_attention_for_cpu": 4,
+    "aten._scaled_dot_product_flash_attention": 4,
+    "aten._scaled_dot_product_efficient_attention": 4,
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward": 7,
+    "aten._scaled_dot_product_flash_attention_backward": 11,
+    "aten._scaled_dot_product_efficient_attention_backward": 11,
+}
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return (x + multiple - 1) // multiple * multiple
+
+
+def flash_bwd_workspace_bytes(query, key) -> int:
+    """Float32 scratch the CUDA FlashAttention-2 backward allocates for the call's duration.
+
+    FlashAttention-2 `mha_bwd` (csrc/flash_attn/flash_api.cpp, vendored by torch under
+    aten/src/ATen/native/transformers/cuda/flash_attn/): softmax_d of B x H x S_q_rounded and
+    dq_accum of B x S_q_rounded x H x D_rounded (S rounded to 128, D to 32), float32; with
+    GQA also dK, dV expanded to the query heads in the input dtype.
+    """
+    b, h_q, s_q, s_k, d = _attention_dims(query, key)
+    s_q_rounded, d_rounded = _round_up(s_q, 128), _round_up(d, 32)
+    scratch = 4 * b * h_q * s_q_rounded * (1 + d_rounded)
+    if key.shape[1] != h_q:
+        scratch += 2 * b * s_k * h_q * d * query.element_size()
+    return scratch
+
+
+WORKSPACE_FORMULAS = {
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward": lambda args, kwargs: (
+        flash_bwd_workspace_bytes(args[1], args[2])
+    ),
+    "aten._scaled_dot_product_flash_attention_backward": lambda args, kwargs: (
+        flash_bwd_workspace_bytes(args[1], args[2])
+    ),
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpInfo:
+    """Everything the recorder needs about one OpOverload, computed once per overload."""
+
+    aten: str  # overload packet name as a GPU build spells it ("aten.mm")
+    name: str  # normalized name (costs/ops.py vocabulary), "" when no kernel runs
+    is_view: bool  # output aliases an input: never allocates
+    is_comm: bool
+    mutated_args: tuple[tuple[int, str], ...]  # (position, name) of arguments written in place
+    flop_fn: object  # callable(args, kwargs, out) -> int, or None
+    workspace_fn: object  # callable(args, kwargs) -> bytes, or None
+    causal_arg: int  # position of is_causal, -1 when not an attention op
+    ignored: bool  # bookkeeping op (prim.device, profiler): neither compute nor memory
+
+    @property
+    def is_compute(self) -> bool:
+        return bool(self.name)
+
+
+def _registry_flops(formula):
+    return lambda args, kwargs, out: formula(*args, **kwargs, out_val=out)
+
+
+def _table_flops(formula):
+    return lambda args, kwargs, out: formula(args, kwargs)
+
+
+def normalized_name(packet: str) -> str:
+    """Normalized op name, or "" when the op launches no kernel.
+
+    Ops missing from `NORMALIZED` (pointwise math, foreach updates, masks, dropout) are priced
+    as "elementwise": memory-bound, by the bytes they move.
+    """
+    namespace = packet.split(".", 1)[0]
+    if packet in NO_KERNEL or namespace in NO_KERNEL_NAMESPACES or namespace in COMM_NAMESPACES:
+        return ""
+    return NORMALIZED.get(packet, "elementwise")
+
+
+def op_info(func) -> OpInfo:
+    """Describe one OpOverload (the recorder caches the answer per overload)."""
+    cpu_packet = f"{func.namespace}.{func._opname}"
+    packet = GPU_EQUIVALENT.get(cpu_packet, cpu_packet)
+    is_view = bool(getattr(func, "is_view", False)) or cpu_packet == "aten._unsafe_view"
+    name = "" if is_view else normalized_name(cpu_packet)
+    mutated = tuple(
+        (i, arg.name)
+        for i, arg in enumerate(func._schema.arguments)
+        if arg.alias_info is not None and arg.alias_info.is_write
+    )
+    if cpu_packet in FLOP_FORMULAS:
+        flop_fn = _table_flops(FLOP_FORMULAS[cpu_packet])
+    elif func.overloadpacket in flop_registry:
+        flop_fn = _registry_flops(flop_registry[func.overloadpacket])
+    else:
+        flop_fn = None
+    return OpInfo(
+        aten=packet,
+        name=name,
+        is_view=is_view,
+        is_comm=func.namespace in COMM_NAMESPACES,
+        mutated_args=mutated,
+        flop_fn=flop_fn if name else None,
+        workspace_fn=WORKSPACE_FORMULAS.get(cpu_packet),
+        causal_arg=CAUSAL_ARG.get(cpu_packet, -1),
+        ignored=func.namespace in NO_KERNEL_NAMESPACES,
+    )
+
+
+def check_vocabulary() -> list[str]:
+    """Normalized names used here that costs/ops.py does not know (must stay empty)."""
+    return sorted({*NORMALIZED.values(), "elementwise"} - set(OP_NAMES))
