@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FAMILIES = ("gpt", "llama")
+SINGLE_STAGE_SCHEDULES = ("1f1b", "gpipe")
+MULTI_STAGE_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
 POSITIONS_BY_FAMILY = {"gpt": ("learned", "alibi"), "llama": ("rope",)}
 
 
@@ -89,3 +91,53 @@ def stage_layer_counts(layers: int, stages: int) -> tuple[int, ...]:
     for stage in order[:surplus]:
         counts[stage] -= 1
     return tuple(counts)
+
+
+def check_schedule(schedule: str, pp: int, vpp: int, num_microbatches: int) -> None:
+    """Refuse pipeline settings torch's schedules cannot run.
+
+    1f1b and gpipe run one stage per rank; interleaved-1f1b needs vpp >= 2;
+    zero-bubble (torch's ScheduleInterleavedZeroBubble) runs with any vpp.
+    Schedule1F1B refuses fewer micro-batches than stages; the multi-stage
+    schedules run max(1, m // pp) rounds and need m to be a multiple of them.
+    """
+    known = (*SINGLE_STAGE_SCHEDULES, *MULTI_STAGE_SCHEDULES)
+    if schedule not in known:
+        raise SpecError(f"parallel.schedule={schedule!r} must be one of {list(known)}")
+    if schedule in SINGLE_STAGE_SCHEDULES and vpp != 1:
+        raise SpecError(
+            f"parallel.vpp({vpp}) > 1 needs an interleaved schedule; "
+            f"schedule={schedule!r} runs one stage per rank"
+        )
+    if schedule == "interleaved-1f1b" and vpp < 2:
+        raise SpecError(f"parallel.schedule='interleaved-1f1b' needs vpp >= 2 (vpp={vpp})")
+    if pp == 1:
+        return
+    if schedule == "1f1b" and num_microbatches < pp:
+        raise SpecError(
+            f"parallel.schedule='1f1b' needs micro-batches per iteration({num_microbatches}) "
+            f">= pp({pp}): raise batch.global_batch or lower dp/micro_batch"
+        )
+    rounds = max(1, num_microbatches // pp)
+    if schedule in MULTI_STAGE_SCHEDULES and num_microbatches % rounds:
+        raise SpecError(
+            f"parallel.schedule={schedule!r}: micro-batches per iteration({num_microbatches}) "
+            f"must be a multiple of max(1, micro-batches // pp({pp}))={rounds}"
+        )
+
+
+def check_tensor_parallel(model: ModelSpec, tp: int) -> None:
+    """tp must divide heads, kv_heads and ffn_hidden.
+
+    Replicating kv heads when tp > kv_heads (one kv head serving tp/kv_heads ranks) is
+    not implemented by the workloads, so it is refused rather than emulated wrongly.
+    """
+    if model.heads % tp:
+        raise SpecError(f"parallel.tp({tp}) does not divide model.heads({model.heads})")
+    if model.kv_heads % tp:
+        raise SpecError(
+            f"parallel.tp({tp}) does not divide model.kv_heads({model.kv_heads}): "
+            "kv-head replication (tp > kv_heads) is not supported"
+        )
+    if model.ffn_hidden % tp:
+        raise SpecError(f"parallel.tp({tp}) does not divide model.ffn_hidden({model.ffn_hidden})")

@@ -1,0 +1,76 @@
+"""Launch a function on N real CPU processes (gloo, spawn, a free port) and collect results."""
+
+from __future__ import annotations
+
+import os
+import queue as queue_module
+import socket
+import time
+import traceback
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, fn, args, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        queue.put((rank, "ok", fn(*args)))
+    except BaseException:  # noqa: BLE001  (sent to the parent, which raises)
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(world_size: int, fn, *args, timeout_s: float = 120.0) -> list:
+    """fn(*args) on every rank of a fresh gloo world; its return values in rank order.
+
+    A rank that dies without reporting (a crash in C++, a kill) fails the run with its
+    exit code instead of leaving the parent waiting forever.
+    """
+    ctx = mp.get_context("spawn")
+    results_queue = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(rank, world_size, port, fn, args, results_queue))
+        for rank in range(world_size)
+    ]
+    for proc in procs:
+        proc.start()
+    results: dict[int, object] = {}
+    errors = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < world_size:
+            try:
+                rank, status, value = results_queue.get(timeout=1.0)
+            except queue_module.Empty:
+                dead = [r for r, p in enumerate(procs) if r not in results and p.exitcode not in (None, 0)]
+                if dead:
+                    codes = {r: procs[r].exitcode for r in dead}
+                    raise RuntimeError(f"ranks died without a result (exit codes {codes})") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"ranks gave no result within {timeout_s} s") from None
+                continue
+            if status == "error":
+                errors.append(f"rank {rank}:\n{value}")
+            results[rank] = value
+    finally:
+        for proc in procs:
+            proc.join(timeout=5.0)
+            if proc.is_alive():
+                proc.kill()
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    return [results[rank] for rank in range(world_size)]

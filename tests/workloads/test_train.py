@@ -1,0 +1,104 @@
+"""build_training / train_step in one process, and the vocab-parallel loss formula."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from prismbench.spec import job_spec_from_dict
+from workloads import build_training, train_step
+
+
+def make_job(model="llama-debug", **train):
+    return job_spec_from_dict(
+        {
+            "model": {"name": model},
+            "batch": {"seq_len": 16, "micro_batch": 2, "global_batch": 4},
+            "train": {"precision": "fp32", **train},
+        }
+    )
+
+
+def batch(job, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (job.batch.global_batch, job.batch.seq_len)
+    return (
+        torch.randint(job.model.vocab, shape, generator=gen),
+        torch.randint(job.model.vocab, shape, generator=gen),
+    )
+
+
+def test_train_step_lowers_the_loss_on_a_repeated_batch():
+    job = make_job()
+    state = build_training(job, None, seed=0, lr=1e-2)
+    tokens, labels = batch(job)
+    losses = [train_step(job, state, tokens, labels) for _ in range(3)]
+    assert losses[0] == pytest.approx(torch.log(torch.tensor(256.0)).item(), rel=0.02)
+    assert losses[2] < losses[0]
+
+
+def test_train_step_accumulates_microbatches_like_one_big_batch():
+    job = make_job()
+    whole = dataclasses.replace(job, batch=dataclasses.replace(job.batch, micro_batch=4))
+    tokens, labels = batch(job)
+    split = [train_step(job, build_training(job, None, seed=1, lr=1e-2), tokens, labels)]
+    one = [train_step(whole, build_training(whole, None, seed=1, lr=1e-2), tokens, labels)]
+    assert split == pytest.approx(one, rel=1e-5)
+
+
+def test_gradient_clipping_bounds_the_norm_to_one():
+    job = make_job()
+    state = build_training(job, None, seed=0)
+    train_step(job, state, *batch(job))
+    assert state.optimizer.last_grad_norm is not None
+    assert all(p.grad is None for p in state.parts[0].parameters())
+
+
+@pytest.mark.parametrize(
+    ("model", "train"),
+    [
+        ("gpt-debug", {"precision": "bf16", "recompute": "full"}),
+        ("llama-debug", {"precision": "fp8", "recompute": "selective"}),
+    ],
+)
+def test_train_step_runs_in_low_precision_with_recompute(model, train):
+    job = make_job(model, **train)
+    state = build_training(job, None, seed=0)
+    assert next(state.parts[0].parameters()).dtype == torch.bfloat16
+    assert state.optimizer.master.dtype == torch.float32
+    loss = train_step(job, state, *batch(job))
+    assert 4.0 < loss < 7.0
+
+
+def test_meta_init_builds_the_same_shapes():
+    job = make_job("gpt-debug")
+    state = build_training(job, None, device="cpu", init_device="meta", seed=0)
+    model = state.parts[0]
+    assert model.output.weight is model.tok_embeddings.weight  # to_empty keeps the tie
+    assert not any(p.is_meta for p in model.parameters())
+    assert train_step(job, state, *batch(job)) > 0
+
+
+def test_vocab_parallel_cross_entropy_matches_cross_entropy_with_one_rank():
+    import torch.distributed as dist
+
+    from tests.workloads.mp import free_port
+    from workloads.train import vocab_parallel_cross_entropy
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    try:
+        logits = torch.randn(2, 5, 11, requires_grad=True)
+        labels = torch.randint(11, (2, 5))
+        ours = vocab_parallel_cross_entropy(logits, labels, dist.group.WORLD, 11)
+        (grad_ours,) = torch.autograd.grad(ours, logits)
+        ref = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        (grad_ref,) = torch.autograd.grad(ref, logits)
+    finally:
+        dist.destroy_process_group()
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-6)
+    torch.testing.assert_close(grad_ours, grad_ref)

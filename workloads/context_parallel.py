@@ -1,0 +1,102 @@
+"""Context parallelism over the mesh's "cp" dim: Llama 3's all-gather attention.
+
+torch's `torch.distributed.tensor.experimental.context_parallel` is not used: it
+shards SDPA by intercepting the CUDA flash / efficient / cuDNN attention ops, and
+the CPU build dispatches SDPA to `_scaled_dot_product_flash_attention_for_cpu`,
+which it does not handle. Instead, as the Llama 3 paper (Dubey et al. 2024, 3.3.2)
+describes: the sequence is cut into 2 * cp chunks and cp rank i holds chunks i and
+2 * cp - 1 - i (so every rank has the same amount of causal work); each block's
+`attention.core_attention` is replaced by `AllGatherAttention`, which all-gathers K
+and V over the cp group with an autograd-aware functional collective (backward is
+a reduce-scatter of dK/dV) and attends the local queries to all keys with a mask
+built from absolute positions (causal, plus the ALiBi bias for ALiBi models).
+Rule: seq_len % (2 * cp) == 0.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed._functional_collectives import all_gather_tensor_autograd
+
+from workloads.models.common import alibi_slopes
+
+
+def chunk_positions(seq_len: int, cp_rank: int, cp: int, device=None) -> torch.Tensor:
+    """Absolute positions of the two load-balanced chunks cp rank `cp_rank` holds."""
+    if seq_len % (2 * cp):
+        raise ValueError(f"seq_len({seq_len}) must be a multiple of 2 * cp({2 * cp})")
+    chunk = seq_len // (2 * cp)
+    first = torch.arange(cp_rank * chunk, (cp_rank + 1) * chunk, device=device)
+    second_index = 2 * cp - 1 - cp_rank
+    second = torch.arange(second_index * chunk, (second_index + 1) * chunk, device=device)
+    return torch.cat((first, second))
+
+
+def shard_sequence(x: torch.Tensor, cp_rank: int, cp: int) -> torch.Tensor:
+    """The cp rank's two chunks of x [b, s, ...] along dim 1 (identity when cp == 1)."""
+    if cp == 1:
+        return x
+    chunks = x.chunk(2 * cp, dim=1)
+    return torch.cat((chunks[cp_rank], chunks[2 * cp - 1 - cp_rank]), dim=1)
+
+
+class AllGatherAttention(nn.Module):
+    """Causal attention of local queries against the K/V of every cp rank.
+
+    Called as core_attention(q, k, v, positions) with the rank's own positions;
+    key positions are those of all cp ranks in rank order (the all-gather order),
+    computed locally. `alibi`, `total_heads` and `head_offset` mirror the replaced
+    module's (tensor parallelism may set head_offset afterwards).
+    """
+
+    def __init__(self, *, group, cp: int, alibi: bool, total_heads: int, head_offset: int) -> None:
+        super().__init__()
+        self.group = group
+        self.cp = cp
+        self.alibi = alibi
+        self.total_heads = total_heads
+        self.head_offset = head_offset
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        k = all_gather_tensor_autograd(k.contiguous(), gather_dim=1, group=self.group)
+        v = all_gather_tensor_autograd(v.contiguous(), gather_dim=1, group=self.group)
+        seq_len = positions.shape[0] * self.cp
+        k_pos = torch.cat(
+            [chunk_positions(seq_len, r, self.cp, positions.device) for r in range(self.cp)]
+        )
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # -> [b, h, s, d]
+        distance = positions[:, None] - k_pos[None, :]  # [s_q, s_kv]
+        if self.alibi:
+            local_heads = q.shape[1]
+            slopes = alibi_slopes(self.total_heads)[
+                self.head_offset : self.head_offset + local_heads
+            ]
+            slope = torch.tensor(slopes, dtype=torch.float32, device=q.device)[:, None, None]
+            mask = (-slope * distance.to(torch.float32)).masked_fill(distance < 0, float("-inf"))
+            mask = mask[None].to(q.dtype)
+        else:
+            mask = distance >= 0
+        gqa = k.shape[1] != q.shape[1]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return out.transpose(1, 2)
+
+
+def apply_context_parallel(model: nn.Module, cp_mesh) -> None:
+    """Replace every block's core attention by the all-gather one (no-op when cp == 1)."""
+    cp = cp_mesh.size()
+    if cp == 1:
+        return
+    group = cp_mesh.get_group()
+    for block in model.layers.values():
+        old = block.attention.core_attention
+        block.attention.core_attention = AllGatherAttention(
+            group=group,
+            cp=cp,
+            alibi=old.alibi,
+            total_heads=old.total_heads,
+            head_offset=old.head_offset,
+        )

@@ -1,0 +1,190 @@
+"""Apply tensor/sequence parallelism, data parallelism (DDP, ZeRO-1/2/3) and precision to a stage.
+
+Order (torchtitan's): float8 linears -> tensor parallel -> context parallel ->
+activation recompute -> FSDP2 (zero 2/3) or a cast to the compute dtype (zero 0/1,
+whose fp32 master copy lives in `workloads.zero.DistributedOptimizer`).
+
+Tensor parallelism uses DTensor `parallelize_module` with torchtitan's Llama plan
+(Megatron-LM's column/row split; with sequence parallelism, Korthikanti et al.
+2022): norms run on sequence shards (SequenceParallel), the attention and MLP
+inputs are all-gathered (PrepareModuleInput), wq/wk/wv/w1/w3 are column-parallel,
+wo/w2 row-parallel with a reduce-scatter back to sequence shards. The token
+embedding is row-parallel over the vocabulary; the output layer is column-parallel
+and returns vocabulary-sharded local logits (the loss is vocab-parallel, see
+`workloads.train`). GPT's learned position embedding keeps a replicated table and
+looks up the rank's sequence shard. Tied GPT embeddings stay tied (both modules
+shard the table the same way, Shard(0)).
+
+Rule: tp divides heads and kv_heads (Megatron-LM asserts num_query_groups % tp == 0;
+replicating kv heads when tp > kv_heads is not implemented and is refused here).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from workloads.config import check_tensor_parallel
+from workloads.context_parallel import apply_context_parallel
+from workloads.float8 import convert_linears_to_float8
+from workloads.recompute import apply_recompute
+
+COMPUTE_DTYPES = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8": torch.bfloat16,  # fp8 matmuls inside the converted linears, bf16 elsewhere
+}
+
+
+def _block_plan(sequence_parallel: bool, family: str) -> dict:
+    if sequence_parallel:
+        plan = {
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(
+                input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+            ),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            ),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        }
+    else:
+        plan = {"attention.wo": RowwiseParallel(), "feed_forward.w2": RowwiseParallel()}
+    for name in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1"):
+        plan[name] = ColwiseParallel()
+    if family == "llama":
+        plan["feed_forward.w3"] = ColwiseParallel()
+    return plan
+
+
+def _replicate_params(module: nn.Module, tp_mesh) -> None:
+    """Replicate a module over tp (same input on every rank, as without sequence parallelism)."""
+
+    def partition(_name, mod, mesh):
+        for key, param in list(mod.named_parameters(recurse=False)):
+            dparam = distribute_tensor_replicated(param, mesh)
+            mod.register_parameter(key, nn.Parameter(dparam, requires_grad=param.requires_grad))
+
+    def input_fn(_mod, inputs, mesh):
+        return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False) for x in inputs)
+
+    def output_fn(_mod, output, _mesh):
+        return output.to_local()
+
+    distribute_module(module, tp_mesh, partition, input_fn, output_fn)
+
+
+def _parallelize_pos_embeddings(module: nn.Embedding, tp_mesh, sequence_parallel: bool) -> None:
+    """Replicated position table; with SP each rank looks up its own sequence shard."""
+    tp, rank = tp_mesh.size(), tp_mesh.get_local_rank()
+
+    def input_fn(_mod, inputs, mesh):
+        (positions,) = inputs
+        if sequence_parallel:
+            local = positions.chunk(tp)[rank]
+            return (DTensor.from_local(local, mesh, [Shard(0)], run_check=False),)
+        return (DTensor.from_local(positions, mesh, [Replicate()], run_check=False),)
+
+    def output_fn(_mod, output, _mesh):
+        return output.to_local()
+
+    def partition(_name, mod, mesh):
+        if mod is module:
+            dparam = distribute_tensor_replicated(mod.weight, mesh)
+            mod.register_parameter("weight", nn.Parameter(dparam))
+
+    distribute_module(module, tp_mesh, partition, input_fn, output_fn)
+
+
+def distribute_tensor_replicated(tensor: torch.Tensor, mesh) -> DTensor:
+    return DTensor.from_local(tensor.data, mesh, [Replicate()], run_check=False)
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh, *, sequence_parallel: bool) -> None:
+    """Shard one (stage) model over the tp mesh in place; no-op when tp == 1."""
+    tp = tp_mesh.size()
+    if tp == 1:
+        return
+    spec = model.spec
+    check_tensor_parallel(spec, tp)
+    seq = Shard(1) if sequence_parallel else Replicate()
+    tied = (
+        model.tok_embeddings is not None
+        and model.output is not None
+        and (model.output.weight is model.tok_embeddings.weight)
+    )
+    root_plan = {}
+    if model.tok_embeddings is not None:
+        root_plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if model.output is not None:
+        root_plan["output"] = ColwiseParallel(
+            input_layouts=seq, output_layouts=Shard(-1), use_local_output=True
+        )
+    if root_plan:
+        parallelize_module(model, tp_mesh, root_plan)
+    if tied:
+        model.output.weight = model.tok_embeddings.weight
+    if model.norm is not None:
+        if sequence_parallel:
+            parallelize_module(model.norm, tp_mesh, SequenceParallel())
+        else:
+            _replicate_params(model.norm, tp_mesh)
+    if getattr(model, "pos_embeddings", None) is not None:
+        _parallelize_pos_embeddings(model.pos_embeddings, tp_mesh, sequence_parallel)
+    local_heads = spec.heads // tp
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, _block_plan(sequence_parallel, spec.family))
+        if not sequence_parallel:
+            _replicate_params(block.attention_norm, tp_mesh)
+            _replicate_params(block.ffn_norm, tp_mesh)
+        block.attention.core_attention.head_offset = tp_mesh.get_local_rank() * local_heads
+
+
+def apply_fsdp(model: nn.Module, dp_mesh, *, zero: int, precision: str) -> None:
+    """FSDP2 per transformer block, then the root (zero=2 keeps params after forward)."""
+    mp_policy = MixedPrecisionPolicy()
+    if precision != "fp32":
+        mp_policy = MixedPrecisionPolicy(
+            param_dtype=COMPUTE_DTYPES[precision], reduce_dtype=torch.float32
+        )
+    reshard = zero == 3
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy)
+
+
+def parallelize_stage(model: nn.Module, mesh, job, dp_mesh=None) -> None:
+    """Apply everything but pipeline splitting (already done) to one stage model, in place.
+
+    `mesh` is the (dp, pp, cp, tp) DeviceMesh, or None for a single-process run
+    (then only precision and recompute apply); `dp_mesh` is `data_parallel_mesh(mesh)`,
+    needed for zero 2/3 (flatten once per mesh, not once per stage).
+    """
+    par, precision = job.parallel, job.train.precision
+    if precision == "fp8":
+        convert_linears_to_float8(model, skip=("output",))
+    if mesh is not None:
+        apply_tensor_parallel(model, mesh["tp"], sequence_parallel=par.sequence_parallel)
+        apply_context_parallel(model, mesh["cp"])
+    apply_recompute(model, job.train.recompute)
+    if mesh is not None and par.zero >= 2:
+        apply_fsdp(model, dp_mesh, zero=par.zero, precision=precision)
+    else:
+        model.to(COMPUTE_DTYPES[precision])
+
+
+def data_parallel_mesh(mesh):
+    """The flattened (dp, cp) mesh over which gradients are reduced (FSDP shards over it too)."""
+    return mesh["dp", "cp"]._flatten("dp_cp")

@@ -1,0 +1,332 @@
+"""Build a rank's training state and run one training iteration (`train_step`).
+
+`build_training` builds this rank's model parts (one per virtual pipeline stage it
+holds), applies `workloads.parallelize`, builds the pipeline schedule when pp > 1,
+and the optimizer. `train_step` runs one complete iteration: every micro-batch of
+the schedule (plain gradient accumulation when pp == 1), gradient reduction over
+dp x cp, global grad-norm clipping to 1.0, the AdamW step and zero_grad. A tied GPT
+split over pipeline stages first all-reduces its two embedding copies' gradients
+over the first and last stage (Megatron-LM's embedding group).
+
+Optimizer: AdamW, lr 3e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on every
+parameter, no schedule (GPT-3's betas/eps/decay, Brown et al. 2020 appendix B;
+torchtitan's Llama 3 defaults). zero 0/1 use `workloads.zero.DistributedOptimizer`
+(fp32 master copy), zero 2/3 torch's AdamW over FSDP2's sharded fp32 parameters.
+
+Loss: token-mean cross-entropy of each micro-batch, averaged over micro-batches.
+With tp > 1 the logits stay vocabulary-sharded and the loss is Megatron's
+vocab-parallel cross-entropy (all-reduces of max, target logit and sum of exp over
+the tp group) instead of gathering [b, s, vocab] logits.
+
+Under FakeTensorMode `train_step` returns None (a fake loss has no value).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import is_fake
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from workloads.context_parallel import chunk_positions, shard_sequence
+from workloads.models import build_model
+from workloads.parallelize import COMPUTE_DTYPES, data_parallel_mesh, parallelize_stage
+from workloads.pipeline import (
+    build_schedule,
+    check_schedule,
+    local_stage_ids,
+    split_model,
+    stage_plans,
+)
+from workloads.zero import DistributedOptimizer, clip_fsdp_grad_norm_
+
+MESH_DIMS = ("dp", "pp", "cp", "tp")
+ADAMW = {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+MAX_GRAD_NORM = 1.0
+
+
+def make_mesh(job, device_type: str = "cpu"):
+    """The (dp, pp, cp, tp) DeviceMesh of the job (needs an initialised process group)."""
+    par = job.parallel
+    return init_device_mesh(device_type, (par.dp, par.pp, par.cp, par.tp), mesh_dim_names=MESH_DIMS)
+
+
+@dataclass(kw_only=True)
+class TrainingState:
+    """What `train_step` needs: this rank's stage models, schedule and optimizer."""
+
+    parts: list[nn.Module]
+    vocab: int
+    plans: list
+    optimizer: object
+    fsdp: bool
+    schedule: object | None = None
+    stages: list = field(default_factory=list)
+    cp_rank: int = 0
+    cp: int = 1
+    tp_group: object | None = None
+    pp_group: object | None = None
+    embedding_group: object | None = None  # first + last pipeline rank, tied embeddings only
+
+    @property
+    def has_first(self) -> bool:
+        return any(plan.is_first for plan in self.plans)
+
+    @property
+    def has_last(self) -> bool:
+        return any(plan.is_last for plan in self.plans)
+
+    def loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.tp_group is None:
+            return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        return vocab_parallel_cross_entropy(logits, labels, self.tp_group, self.vocab)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Per-token loss from vocab-sharded logits [..., V/tp] (Megatron-LM's formulation)."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, group, vocab):
+        ctx.input_dtype = logits.dtype
+        logits = logits.float()
+        local_vocab = logits.shape[-1]
+        start = dist.get_rank(group) * -(-vocab // dist.get_world_size(group))  # torch.chunk
+        row_max = logits.amax(dim=-1)
+        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits - row_max.unsqueeze(-1)
+        outside = (labels < start) | (labels >= start + local_vocab)
+        local_labels = (labels - start).masked_fill(outside, 0)
+        target = shifted.gather(-1, local_labels.unsqueeze(-1)).squeeze(-1)
+        target = target.masked_fill(outside, 0.0)
+        dist.all_reduce(target, group=group)
+        exp = shifted.exp()
+        sum_exp = exp.sum(dim=-1)
+        dist.all_reduce(sum_exp, group=group)
+        softmax = exp.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(softmax, local_labels, outside)
+        return sum_exp.log() - target
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        softmax, local_labels, outside = ctx.saved_tensors
+        grad = softmax.clone()
+        hit = (~outside).to(grad.dtype).unsqueeze(-1)
+        grad.scatter_add_(-1, local_labels.unsqueeze(-1), -hit)
+        grad = grad * grad_loss.unsqueeze(-1)
+        return grad.to(ctx.input_dtype), None, None, None
+
+
+def vocab_parallel_cross_entropy(logits, labels, group, vocab: int) -> torch.Tensor:
+    """Mean cross-entropy of vocab-sharded logits (rank r holds torch.chunk's r-th vocab slice)."""
+    per_token = _VocabParallelCrossEntropy.apply(logits, labels, group, vocab)
+    return per_token.mean()
+
+
+def _positions_hook(seq_len: int, cp_rank: int, cp: int):
+    """A forward pre-hook that passes the rank's absolute positions (of the full seq_len) to the model."""
+
+    def hook(module, args, kwargs):
+        device = next(module.parameters()).device
+        if cp > 1:
+            positions = chunk_positions(seq_len, cp_rank, cp, device)
+        else:
+            positions = torch.arange(seq_len, device=device)
+        return args, {**kwargs, "positions": positions}
+
+    return hook
+
+
+def _stage_example_args(job, plan, tp: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Example tensors with one micro-batch's local input and output shapes of a virtual stage."""
+    spec, batch, par = job.model, job.batch, job.parallel
+    seq_local = batch.seq_len // par.cp
+    seq_hidden = seq_local // tp if par.sequence_parallel and tp > 1 else seq_local
+    # requires_grad marks activations and outputs as differentiable: the static stage
+    # metadata derives its gradient buffers from it
+    hidden = torch.empty(
+        batch.micro_batch, seq_hidden, spec.hidden, dtype=dtype, device=device, requires_grad=True
+    )
+    if plan.is_first:
+        inp = torch.empty(batch.micro_batch, seq_local, dtype=torch.long, device=device)
+    else:
+        inp = hidden
+    if plan.is_last:
+        vocab_local = -(-spec.vocab // tp) if tp > 1 else spec.vocab
+        out = torch.empty(
+            batch.micro_batch,
+            seq_local,
+            vocab_local,
+            dtype=dtype,
+            device=device,
+            requires_grad=True,
+        )
+    else:
+        out = hidden
+    return inp, out
+
+
+def build_training(job, mesh, *, device="cpu", init_device=None, seed: int = 0, lr=None):
+    """This rank's TrainingState for `job` on the (dp, pp, cp, tp) `mesh` (None: one process).
+
+    With init_device=None the model is built and initialised on `device` before it
+    is split and sharded (values match a single-process model of the same seed);
+    with init_device="meta" it is built on meta, parallelised, then materialised by
+    `to_empty(device=...)` and `init_weights(seed)` (the capture path).
+    """
+    par = job.parallel
+    device = torch.device(device)
+    if mesh is None and job.world_size != 1:
+        raise ValueError(f"a job of world_size({job.world_size}) needs a DeviceMesh")
+    num_stages = par.pp * par.vpp
+    plans_all = stage_plans(job.model.layers, num_stages)
+    pp_rank = mesh["pp"].get_local_rank() if mesh is not None else 0
+    plans = [plans_all[i] for i in local_stage_ids(pp_rank, par.pp, par.vpp)]
+    if num_stages > 1:
+        check_schedule(par.schedule, par.pp, par.vpp, job.num_microbatches)
+    dp_mesh = data_parallel_mesh(mesh) if mesh is not None else None
+    cp_rank = mesh["cp"].get_local_rank() if mesh is not None else 0
+    parts = []
+    for plan in plans:
+        with torch.device(init_device or device):
+            model = build_model(job.model)
+        if init_device is None:
+            model.init_weights(seed)
+        split_model(model, plan)
+        parallelize_stage(model, mesh, job, dp_mesh)
+        if init_device is not None:
+            model.to_empty(device=device)  # keeps tied parameters tied
+            model.init_weights(seed)
+        model.register_forward_pre_hook(
+            _positions_hook(job.batch.seq_len, cp_rank, par.cp), with_kwargs=True
+        )
+        if job.model.tie_embeddings and par.pp > 1 and plan.is_last:
+            model.output.weight.is_tied_copy = True  # see workloads.zero.is_tied_copy
+        parts.append(model)
+    state = TrainingState(
+        parts=parts,
+        vocab=job.model.vocab,
+        plans=plans,
+        optimizer=_build_optimizer(job, mesh, dp_mesh, parts, lr),
+        fsdp=mesh is not None and par.zero >= 2,
+        cp_rank=cp_rank,
+        cp=par.cp,
+        tp_group=mesh["tp"].get_group() if mesh is not None and par.tp > 1 else None,
+        pp_group=mesh["pp"].get_group() if mesh is not None and par.pp > 1 else None,
+    )
+    if job.model.tie_embeddings and par.pp > 1 and (state.has_first or state.has_last):
+        state.embedding_group = _embedding_group(state.pp_group)
+    if par.pp > 1:
+        dtype = COMPUTE_DTYPES[job.train.precision]
+        examples = [_stage_example_args(job, plan, par.tp, dtype, device) for plan in plans]
+        state.stages, state.schedule = build_schedule(
+            parts,
+            plans,
+            schedule=par.schedule,
+            num_microbatches=job.num_microbatches,
+            group=state.pp_group,
+            device=device,
+            input_args=[inp for inp, _ in examples],
+            output_args=[out for _, out in examples],
+            loss_fn=state.loss_fn,
+        )
+    return state
+
+
+def _embedding_group(pp_group):
+    """Megatron's embedding group: the ranks of the first and last stage of one pipeline.
+
+    A pipeline split unties tied embeddings (each end holds a copy, equal at init);
+    all-reducing their gradients keeps the copies equal, as Megatron-LM does. Only the
+    two members create it (`use_local_synchronization`), so no rank loops over the world.
+    """
+    ranks = dist.get_process_group_ranks(pp_group)
+    return dist.new_group([ranks[0], ranks[-1]], use_local_synchronization=True)
+
+
+def _tied_embedding_grads(state: TrainingState) -> list[torch.Tensor]:
+    """The local gradient shards of both copies, laid out like their (vocab-sharded) weights."""
+    params = []
+    for plan, part in zip(state.plans, state.parts, strict=True):
+        if plan.is_first:
+            params.append(part.tok_embeddings.weight)
+        if plan.is_last:
+            params.append(part.output.weight)
+    grads = []
+    for param in params:
+        if isinstance(param.grad, DTensor):
+            # the embedding's gradient leaves DTensor's backward replicated over the vocabulary
+            if param.grad.placements != param.placements:
+                param.grad = param.grad.redistribute(param.device_mesh, param.placements)
+            grads.append(param.grad.to_local())
+        else:
+            grads.append(param.grad)
+    return grads
+
+
+def _sync_tied_embeddings(state: TrainingState) -> None:
+    for grad in _tied_embedding_grads(state):
+        dist.all_reduce(grad, group=state.embedding_group)
+
+
+def _build_optimizer(job, mesh, dp_mesh, parts, lr):
+    adamw = {**ADAMW, **({"lr": lr} if lr is not None else {})}
+    params = [p for part in parts for p in part.parameters()]
+    if mesh is not None and job.parallel.zero >= 2:
+        return torch.optim.AdamW(params, **adamw, foreach=True)
+    return DistributedOptimizer(
+        params,
+        dp_group=dp_mesh.get_group() if dp_mesh is not None else None,
+        shard=job.parallel.zero == 1,
+        tp_size=job.parallel.tp,
+        norm_groups=[mesh["tp"].get_group(), mesh["pp"].get_group()] if mesh is not None else [],
+        max_norm=MAX_GRAD_NORM,
+        adamw=adamw,
+    )
+
+
+def train_step(job, state: TrainingState, tokens: torch.Tensor, labels: torch.Tensor):
+    """One iteration on this rank's local batch [num_microbatches * micro_batch, seq_len].
+
+    Returns the loss averaged over micro-batches on ranks that hold the last
+    pipeline stage (every rank when pp == 1), else None; None under FakeTensorMode.
+    """
+    tokens = shard_sequence(tokens, state.cp_rank, state.cp)
+    labels = shard_sequence(labels, state.cp_rank, state.cp)
+    if state.schedule is not None:
+        losses: list[torch.Tensor] = []
+        args = (tokens,) if state.has_first else ()
+        target = labels if state.has_last else None
+        state.schedule.step(*args, target=target, losses=losses)
+        loss = torch.stack([x.detach() for x in losses]).mean() if state.has_last else None
+    else:
+        loss = _accumulate(job, state, tokens, labels)
+    _optimizer_step(state)
+    if loss is None or is_fake(loss):
+        return None
+    return loss.item()
+
+
+def _accumulate(job, state: TrainingState, tokens, labels) -> torch.Tensor:
+    (model,) = state.parts
+    n = job.num_microbatches
+    total = torch.zeros((), device=tokens.device)
+    for tok, lbl in zip(tokens.chunk(n), labels.chunk(n), strict=True):
+        loss = state.loss_fn(model(tok), lbl)
+        (loss / n).backward()
+        total = total + loss.detach()
+    return total / n
+
+
+def _optimizer_step(state: TrainingState) -> None:
+    if state.embedding_group is not None:
+        _sync_tied_embeddings(state)
+    if state.fsdp:
+        params = [p for part in state.parts for p in part.parameters()]
+        clip_fsdp_grad_norm_(params, MAX_GRAD_NORM, state.pp_group)
+    state.optimizer.step()
+    state.optimizer.zero_grad()
