@@ -15,8 +15,8 @@ Conventions (stated once, used everywhere below):
   reruns only the attention core (QK^T, softmax, AV) forward, Korthikanti et al. 2022 Sec. 4.2.
 - Parameters per rank: tensor parallelism shards linear weights column/row-wise (row-parallel
   biases stay whole), and embedding and output by vocab (ceil(V/tp) rows); norms and learned
-  position tables are replicated; with tp > kv_heads each rank holds one kv head (Megatron
-  replicates kv heads, spec.py requires kv_heads | tp). A pipeline split unties tied embeddings:
+  position tables are replicated; tp divides kv_heads (the spec refuses kv-head replication).
+  A pipeline split unties tied embeddings:
   the last stage then holds its own output matrix. ZeRO-3/FSDP divides what is left by the
   data-parallel group, dp*cp (FSDP over dp x cp), rounding up.
 - Model-state bytes per parameter (Rajbhandari et al. 2020, ZeRO, Sec. 3.1: mixed-precision
@@ -169,7 +169,7 @@ def _norm_params(m: ModelSpec) -> int:
 def layer_params(m: ModelSpec, tp: int = 1) -> int:
     """Parameters of one transformer block held by one tensor-parallel rank."""
     h, bias = m.hidden, _has_bias(m)
-    kv_dim = max(m.kv_heads // tp, 1) * m.head_dim
+    kv_dim = m.kv_heads // tp * m.head_dim
     q_dim = h // tp
     attention = h * q_dim + 2 * h * kv_dim + q_dim * h  # wq, wk, wv (column), wo (row)
     if bias:

@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from emulator import hardware
-from workloads.config import ModelSpec, SpecError, stage_layer_counts
+from workloads.config import (
+    ModelSpec,
+    SpecError,
+    check_schedule,
+    check_tensor_parallel,
+    stage_layer_counts,
+)
 from workloads.flavors import get_flavor
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zero-bubble")
@@ -58,8 +64,7 @@ class ParallelSpec:
     pp: int = 1
     vpp: int = 1
     schedule: str = "1f1b"
-    cp: int = 1
-    cp_load_balance: bool = True  # 2*cp chunks, rank i holds i and 2cp-1-i (Llama 3 paper)
+    cp: int = 1  # causal CP is load-balanced: 2*cp chunks, rank i holds i and 2cp-1-i (Llama 3)
     dp: int = 1
     zero: int = 0
 
@@ -73,13 +78,6 @@ class ParallelSpec:
             raise SpecError(f"parallel.sequence_parallel={self.sequence_parallel!r} must be a boolean")
         if self.sequence_parallel and self.tp == 1:
             raise SpecError("parallel.sequence_parallel=true needs tp > 1 (tp=1)")
-        if self.vpp > 1 and self.schedule in ("1f1b", "gpipe"):
-            raise SpecError(
-                f"parallel.vpp({self.vpp}) > 1 needs an interleaved schedule; "
-                f"schedule={self.schedule!r} runs one stage per rank"
-            )
-        if self.schedule == "interleaved-1f1b" and self.vpp < 2:
-            raise SpecError("parallel.schedule='interleaved-1f1b' needs vpp >= 2 (vpp=1)")
         if self.schedule != "1f1b" and self.pp == 1:
             raise SpecError(f"parallel.schedule={self.schedule!r} needs pp > 1 (pp=1)")
 
@@ -144,24 +142,12 @@ class JobSpec:
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
 
     def __post_init__(self) -> None:
-        self._check_tensor_parallel()
-        stage_layer_counts(self.model.layers, self.parallel.pp * self.parallel.vpp)
+        p = self.parallel
+        check_tensor_parallel(self.model, p.tp)
+        stage_layer_counts(self.model.layers, p.pp * p.vpp)
         self._check_batch()
+        check_schedule(p.schedule, p.pp, p.vpp, self.num_microbatches)
         self._check_precision()
-
-    def _check_tensor_parallel(self) -> None:
-        tp, m = self.parallel.tp, self.model
-        if m.heads % tp:
-            raise SpecError(f"parallel.tp({tp}) does not divide model.heads({m.heads})")
-        if tp > m.kv_heads and tp % m.kv_heads:
-            raise SpecError(
-                f"parallel.tp({tp}) > model.kv_heads({m.kv_heads}): kv heads are replicated "
-                "(Megatron), which needs kv_heads to divide tp"
-            )
-        if tp <= m.kv_heads and m.kv_heads % tp:
-            raise SpecError(f"parallel.tp({tp}) does not divide model.kv_heads({m.kv_heads})")
-        if m.ffn_hidden % tp:
-            raise SpecError(f"parallel.tp({tp}) does not divide model.ffn_hidden({m.ffn_hidden})")
 
     def _check_batch(self) -> None:
         p, b = self.parallel, self.batch
@@ -170,11 +156,15 @@ class JobSpec:
                 f"batch.global_batch({b.global_batch}) is not divisible by "
                 f"parallel.dp({p.dp}) * batch.micro_batch({b.micro_batch})"
             )
-        chunks = 2 * p.cp if (p.cp > 1 and p.cp_load_balance) else p.cp
-        if b.seq_len % chunks:
-            rule = "2*cp for load-balanced causal CP" if chunks != p.cp else "cp"
+        if p.cp > 1 and b.seq_len % (2 * p.cp):
             raise SpecError(
-                f"batch.seq_len({b.seq_len}) is not divisible by {rule} ({chunks})"
+                f"batch.seq_len({b.seq_len}) is not divisible by 2*cp({2 * p.cp}) "
+                "(load-balanced causal context parallelism)"
+            )
+        if p.sequence_parallel and (b.seq_len // p.cp) % p.tp:
+            raise SpecError(
+                f"batch.seq_len({b.seq_len}) / cp({p.cp}) is not divisible by tp({p.tp}): "
+                "sequence parallelism shards each rank's sequence over the tp group"
             )
         if self.model.positions == "learned" and b.seq_len > self.model.max_seq_len:
             raise SpecError(

@@ -92,11 +92,10 @@ def test_pipeline_split_unties_tied_embeddings():
     assert sum(s.params_per_tp_rank for s in stages) == total_params(m) + m.vocab * m.hidden
 
 
-def test_kv_heads_are_replicated_when_tp_exceeds_them():
+def test_kv_projections_are_sharded_by_kv_heads():
     m = get_flavor("llama-debug")  # hidden 64, ffn 256, heads 4, kv_heads 2, head_dim 16
-    # tp=4: wq, wo 64*16 each; one kv head (16 wide) for wk, wv; ffn 3*64*64; two norms of 64.
-    assert layer_params(m, tp=4) == 2 * 64 * 16 + 2 * 64 * 16 + 3 * 64 * 64 + 2 * 64
-
+    # tp=2: wq, wo 64*32 each; one kv head (16 wide) each for wk, wv; ffn 3*64*128; two norms of 64.
+    assert layer_params(m, tp=2) == 2 * 64 * 32 + 2 * 64 * 16 + 3 * 64 * 128 + 2 * 64
 
 def test_hand_computed_stage_bytes_with_zero2():
     job = _job(parallel={"tp": 2, "dp": 2, "zero": 2})

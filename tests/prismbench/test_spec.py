@@ -66,6 +66,9 @@ def test_explicit_model_without_name():
         ("parallel", dict(zero=4), "parallel.zero=4"),
         ("parallel", dict(schedule="dualpipe"), "parallel.schedule='dualpipe'"),
         ("parallel", dict(vpp=2), "parallel.vpp(2) > 1 needs an interleaved schedule"),
+        ("parallel", dict(tp=16, dp=128), "parallel.tp(16) does not divide model.kv_heads(8)"),
+        ("parallel", dict(dp=512), "needs micro-batches per iteration(2) >= pp(4)"),
+        ("batch", dict(seq_len=8188), "is not divisible by tp(8)"),
         ("parallel", dict(schedule="interleaved-1f1b"), "needs vpp >= 2"),
         ("train", dict(precision="fp4"), "train.precision='fp4'"),
         ("train", dict(recompute="some"), "train.recompute='some'"),
@@ -88,17 +91,12 @@ def test_tp16_with_40_heads_is_refused():
         job_spec_from_dict(tables)
 
 
-def test_tp_above_kv_heads_replicates_kv_heads():
-    job = job_spec_from_dict(with_change("parallel", tp=16, dp=128) | {"model": {"name": "llama3-70b", "heads": 128, "hidden": 16384}})
-    assert job.parallel.tp > job.model.kv_heads
-
-
-def test_cp_needs_twice_cp_to_divide_seq_len_when_load_balanced():
-    tables = with_change("parallel", cp=4, dp=64)
+def test_cp_needs_twice_cp_to_divide_seq_len():
+    tables = with_change("parallel", cp=4, dp=64, tp=1, sequence_parallel=False)
     tables["batch"]["seq_len"] = 8196  # divisible by 4, not by 8
-    with pytest.raises(SpecError, match=r"2\*cp for load-balanced causal CP \(8\)"):
+    with pytest.raises(SpecError, match=r"batch.seq_len\(8196\) is not divisible by 2\*cp\(8\)"):
         job_spec_from_dict(tables)
-    tables["parallel"]["cp_load_balance"] = False
+    tables["batch"]["seq_len"] = 8200
     assert job_spec_from_dict(tables).parallel.cp == 4
 
 
