@@ -37,7 +37,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
 )
 
-from workloads.config import SpecError, check_schedule, stage_layer_counts
+from workloads.config import stage_layer_counts
 
 _SINGLE_STAGE = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
 _MULTI_STAGE = {
