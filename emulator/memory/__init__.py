@@ -1,0 +1,56 @@
+"""Peak GPU memory of a captured rank: a model of PyTorch's CUDA caching allocator.
+
+API (sizes in bytes):
+
+    result = replay_memory(trace, gpu="h100-sxm-80g", alloc_conf="expandable_segments:True")
+    result.peak_allocated_bytes, result.peak_reserved_bytes, result.peak_requested_bytes
+    result.fragmentation_at_peak_bytes          # reserved - allocated where allocated peaks
+    result.peak                                 # MemoryEvent: stage / phase / micro_batch / module
+    result.live_at_peak_by_category / _by_module
+    result.outside                              # OutsideMemory: CUDA context, NCCL buffers
+    result.device_total_estimate_bytes          # reserved peak + outside: comparable to nvidia-smi
+    result.oom                                  # None, or OomReport (where, what was live)
+    result.to_dict()                            # JSON-ready
+
+`replay_memory(trace, *, gpu=None, alloc_conf="", memory_fraction=None, stage=None,
+top_modules=10, cublas_workspace=True, outside=None)`: `gpu` is a preset name or GpuPreset
+(None: unlimited memory, no outside-allocator figures); `alloc_conf` a PYTORCH_ALLOC_CONF string
+or an AllocatorConfig; `memory_fraction` as torch.cuda.set_per_process_memory_fraction (it is
+what enables garbage_collection_threshold, as in torch); `stage` is copied into the event
+reports; `cublas_workspace` injects torch's cuBLAS workspaces (allocated through the caching
+allocator, absent from a CPU trace). An OOM is data, never an exception: after the first
+allocation that does not fit, the replay goes on as on an unlimited device so every figure is
+still given.
+
+Exports (emulator.memory.export): `plot_timeline(result, path)` (PNG) and
+`write_snapshot(trace, path, ...)` (a pickle in torch.cuda.memory._snapshot()'s format, which
+pytorch.org/memory_viz opens). The allocator itself is `CachingAllocator` (allocator.py);
+rules and their sources are listed there and in docs/MEMORY.md.
+"""
+
+from emulator.memory.allocator import CachingAllocator, allocation_size, round_size
+from emulator.memory.config import AllocatorConfig, parse_alloc_conf
+from emulator.memory.outside import OutsideMemory, nccl_buffer_bytes, outside_memory
+from emulator.memory.replay import (
+    MemoryEvent,
+    MemoryResult,
+    MemoryTimeline,
+    OomReport,
+    replay_memory,
+)
+
+__all__ = [
+    "AllocatorConfig",
+    "CachingAllocator",
+    "MemoryEvent",
+    "MemoryResult",
+    "MemoryTimeline",
+    "OomReport",
+    "OutsideMemory",
+    "allocation_size",
+    "nccl_buffer_bytes",
+    "outside_memory",
+    "parse_alloc_conf",
+    "replay_memory",
+    "round_size",
+]

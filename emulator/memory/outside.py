@@ -1,0 +1,93 @@
+"""GPU memory that torch's caching allocator does not count, with cited defaults.
+
+- CUDA context: ~300 MiB with lazy module loading (CUDA >= 11.7, the default on Linux since
+  CUDA 12.2), as measured and explained by a PyTorch maintainer in pytorch/pytorch#107667
+  (ptrblck, 2023-08-28: "the currently used ~300MB ... Before CUDA 11.7, *all* kernels were
+  loaded into the context ... which took >1000MB"). No per-generation figure was found, so the
+  same default is used for Ampere and Hopper; kernels loaded later (cuBLAS, NCCL, attention)
+  add to it. `results/fidelity/memory_gpu_check.py` measures it on a real GPU.
+- NCCL buffers, per communicator: channels x receive connections per channel x (Simple + LL +
+  LL128 buffer). NCCL src/init.cc: DEFAULT_BUFFSIZE = 4 MiB (NCCL_BUFFSIZE, documented in the
+  NCCL user guide's environment variables page), DEFAULT_LL_BUFFSIZE = 8 lines x 512 threads x
+  8 steps x 16 B = 512 KiB, DEFAULT_LL128_BUFFSIZE = 120 x 640 x 8 steps x 8 B = 4 800 KiB.
+  One receive connection per channel is a ring; trees, p2p (send/recv) connections, NVLS and
+  proxy buffers come on top: the figure is a floor. NCCL 2.19+ may also register buffers from
+  the torch allocator; that is not modelled.
+- cuBLAS workspace: aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize():
+  4096 KiB x 8 = 32 MiB on sm90 (Hopper), else 4096 KiB x 2 + 16 KiB x 8 = 8 MiB + 128 KiB;
+  one per (cuBLAS handle, stream), allocated *through the caching allocator* (getNewWorkspace),
+  so `replay` injects it into the allocation sequence instead of adding it here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from emulator.trace import COMM, RankTrace
+
+MiB = 1 << 20
+CUDA_CONTEXT_BYTES = {"ampere": 300 * MiB, "hopper": 300 * MiB}  # pytorch/pytorch#107667
+NCCL_SIMPLE_BUFFER_BYTES = 4 * MiB  # NCCL_BUFFSIZE default (src/init.cc DEFAULT_BUFFSIZE)
+NCCL_LL_BUFFER_BYTES = 8 * 512 * 8 * 16  # DEFAULT_LL_BUFFSIZE
+NCCL_LL128_BUFFER_BYTES = 120 * 640 * 8 * 8  # DEFAULT_LL128_BUFFSIZE
+NCCL_DEFAULT_CHANNELS = 16  # the intra-node link presets' `channels` default (presets.py)
+CUBLAS_WORKSPACE_BYTES = {
+    "hopper": 4096 * 1024 * 8,  # CublasHandlePool.cpp: sm90 default ":4096:8"
+    "ampere": 4096 * 1024 * 2 + 16 * 1024 * 8,  # default ":4096:2:16:8"
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutsideMemory:
+    """Bytes held outside the caching allocator (what nvidia-smi adds to `reserved`)."""
+
+    cuda_context_bytes: int
+    nccl_buffer_bytes: int
+    nccl_communicators: int
+    nccl_channels: int
+
+    def __post_init__(self) -> None:
+        for name in (
+            "cuda_context_bytes",
+            "nccl_buffer_bytes",
+            "nccl_communicators",
+            "nccl_channels",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"OutsideMemory.{name}={getattr(self, name)} must be >= 0")
+
+    @property
+    def total_bytes(self) -> int:
+        return self.cuda_context_bytes + self.nccl_buffer_bytes
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"total_bytes": self.total_bytes}
+
+
+def nccl_buffer_bytes(
+    communicators: int, channels: int = NCCL_DEFAULT_CHANNELS, recv_peers: int = 1
+) -> int:
+    """communicators x channels x recv_peers x (Simple + LL + LL128) buffer bytes."""
+    per_connection = NCCL_SIMPLE_BUFFER_BYTES + NCCL_LL_BUFFER_BYTES + NCCL_LL128_BUFFER_BYTES
+    return communicators * channels * recv_peers * per_connection
+
+
+def nccl_communicators(trace: RankTrace) -> int:
+    """Process groups of more than one rank that this rank communicated in (each one is an NCCL
+    communicator, created lazily at its first collective)."""
+    c = trace.columns
+    rows = (c["kind"] == COMM) & (c["group_size"] > 1)
+    return len(set(c["group"][rows].tolist()))
+
+
+def outside_memory(
+    trace: RankTrace, arch: str | None, *, channels: int = NCCL_DEFAULT_CHANNELS
+) -> OutsideMemory:
+    """The cited defaults for one rank: no GPU arch (None) means no CUDA context either."""
+    comms = nccl_communicators(trace)
+    return OutsideMemory(
+        cuda_context_bytes=CUDA_CONTEXT_BYTES[arch] if arch else 0,
+        nccl_buffer_bytes=nccl_buffer_bytes(comms, channels) if arch else 0,
+        nccl_communicators=comms,
+        nccl_channels=channels,
+    )
