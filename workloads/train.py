@@ -33,12 +33,12 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
+from workloads.config import check_schedule
 from workloads.context_parallel import chunk_positions, shard_sequence
 from workloads.models import build_model
 from workloads.parallelize import COMPUTE_DTYPES, data_parallel_mesh, parallelize_stage
 from workloads.pipeline import (
     build_schedule,
-    check_schedule,
     local_stage_ids,
     split_model,
     stage_plans,
