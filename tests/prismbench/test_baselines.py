@@ -1,0 +1,191 @@
+"""Baselines: every shipped file loads, the generator reproduces them, hand-checked rows map right."""
+
+import functools
+import importlib.util
+import shutil
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from prismbench.baselines import (
+    BaselineError,
+    Measured,
+    baseline_from_dict,
+    baseline_to_toml,
+    load_baseline,
+    load_baselines,
+)
+from prismbench.spec import job_spec_from_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+BASELINES = ROOT / "results" / "baselines"
+SHIPPED = sorted(BASELINES.glob("*.toml"))
+
+
+@functools.cache
+def _generator():
+    spec = importlib.util.spec_from_file_location("make_baselines", BASELINES / "make_baselines.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script loads
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tables(name: str) -> dict:
+    return tomllib.loads((BASELINES / f"{name}.toml").read_text())
+
+
+def test_baselines_are_shipped():
+    assert len(SHIPPED) > 100
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_every_shipped_baseline_loads_and_round_trips(path):
+    baseline = load_baseline(path)
+    assert baseline.name == path.stem
+    assert f"__{baseline.job.world_size}g__r{baseline.provenance.csv_row:03d}" in path.stem
+    assert job_spec_from_dict(baseline.to_dict()["job"]) == baseline.job
+    assert baseline_from_dict(path.stem, tomllib.loads(baseline_to_toml(baseline))) == baseline
+
+
+def test_load_baselines_reads_the_directory_sorted():
+    baselines = load_baselines(BASELINES)
+    assert [b.name for b in baselines] == [p.stem for p in SHIPPED]
+
+
+def test_generator_is_deterministic(tmp_path):
+    readme = tmp_path / "README.md"
+    shutil.copy(BASELINES / "README.md", readme)
+    _generator().write(tmp_path / "out", readme)
+    written = sorted((tmp_path / "out").glob("*.toml"))
+    assert [p.name for p in written] == [p.name for p in SHIPPED]
+    assert all(p.read_bytes() == (BASELINES / p.name).read_bytes() for p in written)
+    assert readme.read_bytes() == (BASELINES / "README.md").read_bytes()
+
+
+def test_narayanan_529b_row_maps_to_interleaved_job():
+    b = load_baseline(BASELINES / "narayanan2021__megatron-gpt-529.6b__2520g__r010.toml")
+    p, job = b.job.parallel, b.job
+    assert job.model.name == "megatron-gpt-529.6b" and job.model.vocab == 51200
+    assert (p.tp, p.pp, p.dp, p.cp, p.vpp, p.schedule) == (8, 35, 9, 1, 3, "interleaved-1f1b")
+    assert (p.zero, p.sequence_parallel) == (0, False)
+    assert (job.batch.seq_len, job.batch.micro_batch, job.batch.global_batch) == (2048, 1, 2520)
+    assert (job.train.precision, job.train.recompute) == ("fp16", "full")
+    assert (job.cluster.gpu, job.cluster.intra_node, job.cluster.inter_node) == (
+        "a100-sxm-80g", "nvlink3", "ib-hdr-8x200")  # fmt: skip
+    assert b.measured == Measured(tflops_per_gpu=163.0, tflops_kind="hardware", mfu=0.52,
+                                  mfu_kind="hardware")  # fmt: skip
+    assert dict(b.provenance.derived) == {}
+
+
+def test_megatron_readme_gpt3_175b_row_keeps_its_stated_figures():
+    b = load_baseline(BASELINES / "megatron-readme2022__megatron-gpt-175b__1024g__r012.toml")
+    p = b.job.parallel
+    assert (p.tp, p.pp, p.dp, p.vpp, p.schedule, p.sequence_parallel) == (
+        8,
+        16,
+        8,
+        1,
+        "1f1b",
+        False,
+    )
+    assert b.job.num_microbatches == 1536 // 8
+    assert (b.measured.iteration_time_s, b.measured.tflops_per_gpu, b.measured.mfu) == (
+        32.0,
+        138.0,
+        0.44,
+    )
+    assert b.provenance.approximate
+    assert any(a.startswith("model.vocab") for a in b.provenance.assumptions)
+
+
+def test_torchtitan_fsdp_row_maps_to_fsdp_job_with_allocator_memory():
+    b = load_baseline(BASELINES / "torchtitan2024__llama3.1-8b__8g__r033.toml")
+    job = b.job
+    assert job.model.name == "llama3.1-8b" and job.model.kv_heads == 8
+    assert (job.parallel.dp, job.parallel.tp, job.parallel.zero) == (8, 1, 3)
+    assert (job.batch.seq_len, job.batch.micro_batch, job.batch.global_batch) == (8192, 2, 16)
+    assert (job.train.precision, job.train.recompute) == ("bf16", "selective")
+    assert (job.cluster.gpu, job.cluster.inter_node) == ("h100-hbm2e-96g", "roce-8x400")
+    assert b.measured.tokens_per_s_per_gpu == 5762.0
+    assert b.measured.peak_mem_bytes == round(82.4 * 2**30)
+    assert b.measured.peak_mem_kind == "allocator_reserved"
+
+
+def test_korthikanti_selective_row_turns_sequence_parallelism_on():
+    b = load_baseline(BASELINES / "korthikanti2022__megatron-gpt-175b__64g__r016.toml")
+    full = load_baseline(BASELINES / "korthikanti2022__megatron-gpt-175b__64g__r015.toml")
+    assert (b.job.parallel.sequence_parallel, b.job.train.recompute) == (True, "selective")
+    assert (full.job.parallel.sequence_parallel, full.job.train.recompute) == (False, "full")
+    assert (b.measured.iteration_time_s, b.measured.mfu_kind) == (13.75, "model")
+
+
+def test_derived_iteration_time_is_marked_and_equals_the_arithmetic():
+    b = load_baseline(BASELINES / "llmfoundry__mpt-30b__8g__r062.toml")
+    assert b.measured.iteration_time_s == 168 * 8192 / (1384 * 8)
+    assert "168*8192 / (1384*8)" in b.provenance.derived["iteration_time_s"]
+
+
+def test_stated_iteration_time_is_not_marked_derived():
+    b = load_baseline(BASELINES / "korthikanti2022__megatron-gpt-22b__8g__r013.toml")
+    assert b.measured.iteration_time_s == 1.42 and "iteration_time_s" not in b.provenance.derived
+
+
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [("measured", "iteration_time"), ("provenance", "url"), ("job", "extra"), (None, "expected")],
+)
+def test_unknown_key_is_refused(table, key):
+    tables = _tables("llmc__gpt2-124m__8g__r228")
+    (tables[table] if table else tables)[key] = 1
+    with pytest.raises(BaselineError, match=key):
+        baseline_from_dict("x", tables)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"mfu": 44.0, "mfu_kind": "model"}, "mfu=44.0 must be a fraction"),
+        ({"tflops_per_gpu": 138.0}, "tflops_kind=None must be one of"),
+        (
+            {"peak_mem_bytes": 1.5, "peak_mem_kind": "nvidia_smi"},
+            "peak_mem_bytes=1.5 must be a positive integer",
+        ),
+        ({"iteration_time_s": -1.0}, "iteration_time_s=-1.0 must be a positive number"),
+        ({"iteration_time_s": None, "mfu_kind": "model"}, "no figure given"),
+    ],
+)
+def test_measured_rules_name_the_field(changes, message):
+    tables = _tables("llmc__gpt2-124m__8g__r228")
+    measured = {**tables["measured"], **changes}
+    tables["measured"] = {k: v for k, v in measured.items() if v is not None}
+    with pytest.raises(BaselineError, match=message):
+        baseline_from_dict("x", tables)
+
+
+def test_derived_field_must_be_given():
+    tables = _tables("llmc__gpt2-124m__8g__r228")
+    tables["provenance"]["derived"] = {"tokens_per_s_per_gpu": "made up"}
+    with pytest.raises(BaselineError, match="tokens_per_s_per_gpu"):
+        baseline_from_dict("x", tables)
+
+
+def test_invalid_job_names_the_job_field(tmp_path):
+    path = tmp_path / "bad.toml"
+    text = (BASELINES / "llmc__gpt2-124m__8g__r228.toml").read_text()
+    path.write_text(text.replace("tp = 1\n", "tp = 5\n", 1))
+    with pytest.raises(BaselineError, match=r"bad\.toml.*job: parallel\.tp\(5\) does not divide"):
+        load_baseline(path)
+
+
+def test_rows_the_spec_cannot_say_are_refused_with_reasons():
+    made, refused = _generator().convert_all(BASELINES / "published_baselines.csv")
+    reasons = {line: [key for key, _ in why] for line, _, why in refused}
+    assert reasons[34] == ["torch.compile"]
+    assert "AsyncTP" in reasons[44]
+    assert reasons[163] == [
+        "spec: parallel.schedule='1f1b' needs micro-batches per iteration(N) >= pp(N)"
+    ]
+    assert len(made) + len(refused) == 230 and len(made) == len(SHIPPED)
