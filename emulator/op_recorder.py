@@ -120,6 +120,14 @@ class OpRecorder(TorchDispatchMode):
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Force the phase (e.g. "optimizer") for everything inside the block."""
+        self.push_phase(name)
+        try:
+            yield
+        finally:
+            self.pop_phase()
+
+    def push_phase(self, name: str) -> None:
+        """Force the phase until the matching `pop_phase` (for hooks that cannot use `with`)."""
         if name not in PHASES:
             raise ValueError(f"phase({name!r}) is not one of {PHASES}")
         self._phase_stack.append(PHASES.index(name))
@@ -127,19 +135,23 @@ class OpRecorder(TorchDispatchMode):
             for p in list(self._params.keys()):
                 if p.grad is not None:
                     self.tag(p.grad, "gradient")
-        try:
-            yield
-        finally:
-            self._phase_stack.pop()
+
+    def pop_phase(self) -> None:
+        self._phase_stack.pop()
 
     @contextlib.contextmanager
     def micro_batch(self, index: int) -> Iterator[None]:
-        previous, self._micro_batch = self._micro_batch, index
-        self.mark(f"micro_batch:{index}")
+        previous = self._micro_batch
+        self.set_micro_batch(index)
         try:
             yield
         finally:
             self._micro_batch = previous
+
+    def set_micro_batch(self, index: int) -> None:
+        """Ops from now on belong to micro-batch `index` (marked in the trace)."""
+        self._micro_batch = index
+        self.mark(f"micro_batch:{index}")
 
     def mark(self, name: str) -> None:
         self._emit(MARKER, name)

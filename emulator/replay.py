@@ -361,7 +361,7 @@ def _breakdown(
         compute_s=compute,
         exposed_comm_s=exposed,
         bubble_s=bubble,
-        idle_s=float(iteration_s - compute - exposed - bubble),
+        idle_s=float(widths[rest & ~bubble_mask].sum()),  # the rest of the partition, so never < 0
         end_s=end_s,
         flops=int(g["flops"].sum()),
         comm_s_by_group=by_group,

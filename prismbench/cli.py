@@ -17,7 +17,7 @@ from rich.console import Console
 
 from prismbench import __version__, report
 from prismbench.explain import explain, explanation_to_dict, flavor_rows
-from prismbench.spec import load_job_spec
+from prismbench.spec import SpecError, load_job_spec
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -68,6 +68,59 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _cmd_capture(args: argparse.Namespace) -> int:
+    from prismbench.capture import capture_job, summarize, write_capture
+
+    job = load_job_spec(args.job)
+    capture = capture_job(job, workers=args.workers, use_cache=not args.no_cache, progress=_progress)
+    summary = summarize(capture)
+    write_capture(capture, summary, Path(args.out))
+    if args.json:
+        _print_json(summary)
+    else:
+        report.render_capture(summary, _console())
+        print(f"wrote {len(capture.traces)} trace(s) and summary.json to {args.out}")
+    return EXIT_OK
+
+
+def _parse_ranks(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(r) for r in text.split(",")]
+    except ValueError:
+        raise SpecError(f"--ranks={text!r} must be comma-separated integers") from None
+
+
+def _cmd_emulate(args: argparse.Namespace) -> int:
+    from prismbench.emulate import emulate
+
+    job = load_job_spec(args.job)
+    ranks = _parse_ranks(args.ranks)
+    for rank in ranks or ():
+        if not 0 <= rank < job.world_size:
+            raise SpecError(f"--ranks: rank {rank} is outside the world [0, {job.world_size})")
+    result = emulate(
+        job,
+        name=Path(args.job).stem,
+        use_cache=not args.no_cache,
+        workers=args.workers,
+        alloc_conf=args.alloc_conf,
+        trace_path=Path(args.trace) if args.trace else None,
+        trace_ranks=ranks,
+        progress=_progress,
+    )
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        report.render_emulation(result, _console())
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="prismbench",
@@ -86,6 +139,36 @@ def build_parser() -> argparse.ArgumentParser:
     explain_cmd.add_argument("job", metavar="JOB.toml", help="job spec (TOML)")
     explain_cmd.add_argument("--json", action="store_true", help="print one JSON object")
     explain_cmd.set_defaults(handler=_cmd_explain)
+
+    capture = commands.add_parser(
+        "capture", help="record one iteration of every class of ranks (one trace per class)"
+    )
+    capture.add_argument("job", metavar="JOB.toml", help="job spec (TOML)")
+    capture.add_argument("--out", required=True, metavar="DIR", help="where traces and summary.json go")
+    capture.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    capture.add_argument("--no-cache", action="store_true", help="capture again even if cached")
+    capture.add_argument(
+        "--workers", type=int, default=None, metavar="N", help="capture processes (default: cores)"
+    )
+    capture.set_defaults(handler=_cmd_capture)
+
+    emulate_cmd = commands.add_parser(
+        "emulate", help="predict iteration time, breakdown and peak memory of a job spec"
+    )
+    emulate_cmd.add_argument("job", metavar="JOB.toml", help="job spec (TOML)")
+    emulate_cmd.add_argument("--json", action="store_true", help="print one JSON object")
+    emulate_cmd.add_argument("--trace", metavar="FILE", help="write a Perfetto/Chrome trace (JSON)")
+    emulate_cmd.add_argument(
+        "--ranks", metavar="R,...", help="ranks in the trace (default: one per class)"
+    )
+    emulate_cmd.add_argument(
+        "--alloc-conf", default="", metavar="CONF", help="PYTORCH_ALLOC_CONF to model"
+    )
+    emulate_cmd.add_argument("--no-cache", action="store_true", help="capture again even if cached")
+    emulate_cmd.add_argument(
+        "--workers", type=int, default=None, metavar="N", help="capture processes (default: cores)"
+    )
+    emulate_cmd.set_defaults(handler=_cmd_emulate)
 
     calibrate = commands.add_parser(
         "calibrate", help="measure kernel durations on this machine's GPU (needs CUDA)"
@@ -110,6 +193,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_.code if isinstance(exit_.code, int) else EXIT_BAD_INPUT
     try:
         return args.handler(args)
-    except (ValueError, OSError) as err:  # SpecError is a ValueError
+    except (SpecError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

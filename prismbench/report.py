@@ -26,11 +26,19 @@ def format_params(count: float) -> str:
 
 
 def format_bytes(count: float) -> str:
-    return f"{count / GIB:.2f} GiB"
+    """Bytes in the largest binary unit that keeps the number >= 1: 1536 -> '1.50 KiB'."""
+    for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(count) >= size:
+            return f"{count / size:,.2f} {unit}"
+    return f"{count:,.0f} B"
 
 
 def format_flops(count: float) -> str:
-    return f"{count / PFLOP:,.2f} PFLOP"
+    """FLOPs in the largest decimal unit that keeps the number >= 1: 2.5e15 -> '2.50 PFLOP'."""
+    for unit, size in (("PFLOP", PFLOP), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if abs(count) >= size:
+            return f"{count / size:,.2f} {unit}"
+    return f"{count:,.0f} FLOP"
 
 
 def render_workloads(rows: Sequence[dict[str, Any]], console: Console) -> None:
@@ -171,3 +179,67 @@ def render_explanation(e: Explanation, console: Console) -> None:
     console.print(_zero_table(e))
     console.print(_flops_table(e))
     console.print(_gpu_table(e))
+
+
+def render_capture(summary: dict[str, Any], console: Console) -> None:
+    """One row per class: ranks, ops, FLOPs, peak live bytes, bytes moved per group kind."""
+    table = Table(title=f"Capture: {summary['world_size']:,} ranks, {len(summary['classes'])} class(es)")
+    for column in ("class", "rank", "members", "compute ops", "FLOPs", "peak live", "comm bytes by group"):
+        table.add_column(column, justify="left" if column == "comm bytes by group" else "right")
+    for class_id, c in summary["classes"].items():
+        comm = ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(c["comm_bytes_by_group_kind"].items()))
+        table.add_row(
+            str(class_id),
+            str(c["representative_rank"]),
+            f"{c['members']:,}",
+            f"{c['compute_ops']:,}",
+            format_flops(c["flops"]),
+            format_bytes(c["peak_live_bytes"]),
+            comm,
+        )
+    console.print(table)
+    source = "cache" if summary["cached"] else "captured"
+    console.print(f"wall time {summary['wall_s']:.1f} s ({source}: {summary['cache_dir']})")
+
+
+def render_emulation(r, console: Console) -> None:
+    """The headline figures, the breakdown, and one row per class."""
+    head = Table(title=f"Emulation: {r.job} on {r.world_size:,} GPUs ({r.ranks_executed} rank(s) executed)")
+    head.add_column("figure")
+    head.add_column("value", justify="right")
+    rows = [
+        ("iteration time", f"{r.iteration_time_s:.3f} s"),
+        ("throughput", f"{r.tokens_per_s:,.0f} tokens/s"),
+        ("model TFLOP/s per GPU", f"{r.tflops_per_gpu:.1f} TFLOP/s"),
+        ("hardware TFLOP/s per GPU (with recompute)", f"{r.hardware_tflops_per_gpu:.1f} TFLOP/s"),
+        ("MFU", f"{100 * r.mfu:.1f} % of {r.peak_tflops:.1f} TFLOP/s"),
+        ("compute (mean over pipeline ranks)", f"{r.breakdown['compute_s']:.3f} s"),
+        ("exposed communication", f"{r.breakdown['exposed_comm_s']:.3f} s"),
+        ("pipeline bubble", f"{r.breakdown['bubble_s']:.3f} s"),
+        ("idle", f"{r.breakdown['idle_s']:.3f} s"),
+        ("peak memory allocated (max over ranks)", format_bytes(r.peak_memory_allocated_bytes)),
+        ("peak memory reserved (max over ranks)", format_bytes(r.peak_memory_reserved_bytes)),
+        ("device total estimate (nvidia-smi)", format_bytes(r.device_total_estimate_bytes)),
+        ("GPU capacity", format_bytes(r.gpu_capacity_bytes)),
+        ("out of memory", "YES" if r.oom else "no"),
+        ("emulation wall time", f"{r.wall_s:.1f} s (capture {r.capture_wall_s:.1f} s)"),
+    ]
+    for figure, value in rows:
+        head.add_row(figure, value)
+    console.print(head)
+    table = Table(title="Per pipeline rank (class)")
+    for column in ("pp", "ranks", "compute", "exposed comm", "bubble", "idle", "allocated", "reserved", "OOM"):
+        table.add_column(column, justify="right")
+    for c in r.per_class:
+        table.add_row(
+            str(c.pp),
+            f"{c.members:,}",
+            f"{c.compute_s:.3f} s",
+            f"{c.exposed_comm_s:.3f} s",
+            f"{c.bubble_s:.3f} s",
+            f"{c.idle_s:.3f} s",
+            format_bytes(c.peak_memory_allocated_bytes),
+            format_bytes(c.peak_memory_reserved_bytes),
+            "YES" if c.oom else "no",
+        )
+    console.print(table)

@@ -4,9 +4,10 @@
 holds), applies `workloads.parallelize`, builds the pipeline schedule when pp > 1,
 and the optimizer. `train_step` runs one complete iteration: every micro-batch of
 the schedule (plain gradient accumulation when pp == 1), gradient reduction over
-dp x cp, global grad-norm clipping to 1.0, the AdamW step and zero_grad. A tied GPT
-split over pipeline stages first all-reduces its two embedding copies' gradients
-over the first and last stage (Megatron-LM's embedding group).
+dp x cp (zero 0/1: in buckets launched during the last micro-batch's backward, see
+`workloads.zero`), global grad-norm clipping to 1.0, the AdamW step and zero_grad. A
+tied GPT split over pipeline stages all-reduces its two embedding copies' gradients
+over the first and last stage (Megatron-LM's embedding group), after the dp reduction.
 
 Optimizer: AdamW, lr 3e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on every
 parameter, no schedule (GPT-3's betas/eps/decay, Brown et al. 2020 appendix B;
@@ -170,13 +171,16 @@ def _stage_example_args(job, plan, tp: int, dtype, device) -> tuple[torch.Tensor
     return inp, out
 
 
-def build_training(job, mesh, *, device="cpu", init_device=None, seed: int = 0, lr=None):
+def build_training(
+    job, mesh, *, device="cpu", init_device=None, seed: int = 0, lr=None, bucket_bytes=None
+):
     """This rank's TrainingState for `job` on the (dp, pp, cp, tp) `mesh` (None: one process).
 
     With init_device=None the model is built and initialised on `device` before it
     is split and sharded (values match a single-process model of the same seed);
     with init_device="meta" it is built on meta, parallelised, then materialised by
     `to_empty(device=...)` and `init_weights(seed)` (the capture path).
+    bucket_bytes: the gradient bucket size of zero 0/1 (None: `workloads.zero`'s default).
     """
     par = job.parallel
     device = torch.device(device)
@@ -206,12 +210,16 @@ def build_training(job, mesh, *, device="cpu", init_device=None, seed: int = 0, 
         )
         if job.model.tie_embeddings and par.pp > 1 and plan.is_last:
             model.output.weight.is_tied_copy = True  # see workloads.zero.is_tied_copy
+        if job.model.tie_embeddings and par.pp > 1:
+            for end in (model.tok_embeddings, model.output):
+                if end is not None:
+                    end.weight.is_shared_embedding = True  # see workloads.zero.plan_buckets
         parts.append(model)
     state = TrainingState(
         parts=parts,
         vocab=job.model.vocab,
         plans=plans,
-        optimizer=_build_optimizer(job, mesh, dp_mesh, parts, lr),
+        optimizer=_build_optimizer(job, mesh, dp_mesh, parts, lr, bucket_bytes),
         fsdp=mesh is not None and par.zero >= 2,
         cp_rank=cp_rank,
         cp=par.cp,
@@ -234,7 +242,26 @@ def build_training(job, mesh, *, device="cpu", init_device=None, seed: int = 0, 
             output_args=[out for _, out in examples],
             loss_fn=state.loss_fn,
         )
+        if isinstance(state.optimizer, DistributedOptimizer):
+            for stage in state.stages:
+                _hand_weight_grads_to(stage, state.optimizer)
     return state
+
+
+def _hand_weight_grads_to(stage, optimizer: DistributedOptimizer) -> None:
+    """Zero-bubble's weight backward assigns `.grad` without firing post-accumulate-grad
+    hooks (torch's `stage_backward_weight`): pass those gradients on right after it, so
+    their buckets still reduce during the pipeline's backward."""
+    params = list(stage.submod.parameters())
+
+    def backward_weight_one_chunk(*args, **kwargs):
+        # looked up at call time, so a later patch of the class method (capture's
+        # micro-batch markers) still applies
+        result = type(stage).backward_weight_one_chunk(stage, *args, **kwargs)
+        optimizer.take_pending_grads(params)
+        return result
+
+    stage.backward_weight_one_chunk = backward_weight_one_chunk
 
 
 def _embedding_group(pp_group):
@@ -248,16 +275,20 @@ def _embedding_group(pp_group):
     return dist.new_group([ranks[0], ranks[-1]], use_local_synchronization=True)
 
 
-def _tied_embedding_grads(state: TrainingState) -> list[torch.Tensor]:
-    """The local gradient shards of both copies, laid out like their (vocab-sharded) weights."""
+def _tied_embedding_params(state: TrainingState) -> list[torch.nn.Parameter]:
     params = []
     for plan, part in zip(state.plans, state.parts, strict=True):
         if plan.is_first:
             params.append(part.tok_embeddings.weight)
         if plan.is_last:
             params.append(part.output.weight)
+    return params
+
+
+def _tied_embedding_grads(state: TrainingState) -> list[torch.Tensor]:
+    """The local gradient shards of both copies, laid out like their (vocab-sharded) weights."""
     grads = []
-    for param in params:
+    for param in _tied_embedding_params(state):
         if isinstance(param.grad, DTensor):
             # the embedding's gradient leaves DTensor's backward replicated over the vocabulary
             if param.grad.placements != param.placements:
@@ -269,23 +300,34 @@ def _tied_embedding_grads(state: TrainingState) -> list[torch.Tensor]:
 
 
 def _sync_tied_embeddings(state: TrainingState) -> None:
-    for grad in _tied_embedding_grads(state):
+    if isinstance(state.optimizer, DistributedOptimizer):
+        # after the dp reduction, on the fp32 grad buffer (Megatron's finalize_model_grads order)
+        grads = [state.optimizer.main_grad(p) for p in _tied_embedding_params(state)]
+    else:
+        grads = _tied_embedding_grads(state)
+    for grad in grads:
         dist.all_reduce(grad, group=state.embedding_group)
 
 
-def _build_optimizer(job, mesh, dp_mesh, parts, lr):
+def _build_optimizer(job, mesh, dp_mesh, parts, lr, bucket_bytes):
     adamw = {**ADAMW, **({"lr": lr} if lr is not None else {})}
-    params = [p for part in parts for p in part.parameters()]
     if mesh is not None and job.parallel.zero >= 2:
+        params = [p for part in parts for p in part.parameters()]
         return torch.optim.AdamW(params, **adamw, foreach=True)
+    pp = job.parallel.pp
     return DistributedOptimizer(
-        params,
+        [list(part.parameters()) for part in parts],
         dp_group=dp_mesh.get_group() if dp_mesh is not None else None,
         shard=job.parallel.zero == 1,
         tp_size=job.parallel.tp,
+        tp_group=mesh["tp"].get_group() if mesh is not None else None,
         norm_groups=[mesh["tp"].get_group(), mesh["pp"].get_group()] if mesh is not None else [],
         max_norm=MAX_GRAD_NORM,
         adamw=adamw,
+        microbatches=job.num_microbatches,
+        # the pipeline schedule's own 1/num_microbatches (scale_grads) finds no .grad left
+        grad_scale=1.0 / job.num_microbatches if pp > 1 else 1.0,
+        bucket_bytes=bucket_bytes,
     )
 
 
@@ -323,6 +365,8 @@ def _accumulate(job, state: TrainingState, tokens, labels) -> torch.Tensor:
 
 
 def _optimizer_step(state: TrainingState) -> None:
+    if isinstance(state.optimizer, DistributedOptimizer):
+        state.optimizer.finish_grad_sync()
     if state.embedding_group is not None:
         _sync_tied_embeddings(state)
     if state.fsdp:

@@ -1,18 +1,39 @@
 """Data parallelism for zero=0 and zero=1: a Megatron-style distributed optimizer.
 
-`DistributedOptimizer` keeps every local parameter (the local shard of a DTensor
-under tensor parallelism) in one flat fp32 "master" buffer, as Megatron-LM's
-distributed optimizer does, and after backward:
-- zero=0 (DDP): all-reduces the flat gradient over the data-parallel group
-  (dp x cp) and steps AdamW on the whole fp32 master copy on every rank;
-- zero=1: reduce-scatters the flat gradient, steps AdamW on the rank's 1/D shard
-  of master params and Adam states, and all-gathers the updated shard into the
-  model parameters.
+`DistributedOptimizer` keeps the gradients of every local parameter (the local
+shard of a DTensor under tensor parallelism) in one persistent fp32 buffer, as
+Megatron-LM's `main_grad` buffer, and reduces it over the data-parallel group
+(dp x cp) in buckets, overlapped with backward, as torch DDP and Megatron's
+overlap_grad_reduce do:
+- buckets are contiguous slices of the buffer holding the parameters in reverse
+  order (the order backward makes their gradients ready), at most `bucket_bytes`
+  of fp32 gradient each (one larger parameter gets a bucket of its own); buckets
+  never span two model chunks (virtual pipeline stages), as Megatron keeps one
+  buffer per chunk, and a pipeline-split tied embedding gets a bucket of its own,
+  as Megatron does so both copies are sharded alike over dp;
+- a post-accumulate-grad hook adds each `param.grad` into the buffer and frees it
+  (`param.grad = None`); when a bucket has received every gradient of the last
+  micro-batch of the iteration it launches an async all-reduce (zero=0) or an
+  in-place reduce-scatter (zero=1, each bucket padded to a multiple of the dp size);
+  `step()` waits for the buckets in launch order;
+- zero=0 then steps AdamW on the whole fp32 master copy on every rank; zero=1 steps
+  on the rank's 1/D share of every bucket and all-gathers each updated bucket.
+Default bucket size: zero=0 uses torch DDP's 25 MiB, zero=1 Megatron-core's
+max(40M, 1M x dp) parameters (x 4 bytes of fp32 gradient).
+
+Memory (what the emulator's allocator replay sees): the fp32 grad buffer (4 bytes
+per local parameter, plus bucket padding) is allocated once and lives for the whole
+run, as Megatron's; a bf16/fp16 `.grad` lives only from its accumulation in backward
+to the hook. Step-time temporaries: the model-dtype copy of the master shard, the
+rank's reduced-gradient shards gathered into one tensor (zero=1), and one bucket's
+all-gather output at a time (zero=1; Megatron gathers into its parameter buffer).
 Gradients are reduced in fp32 (Megatron's accumulate_allreduce_grads_in_fp32).
 With bf16/fp16 model parameters the fp32 master copy is what keeps precision (the
-mixed-precision recipe of Micikevicius et al. 2018 and Megatron). Gradient
-reduction runs after the whole backward (no bucketed overlap with backward, as
-torch DDP or Megatron's overlap_grad_reduce would do).
+mixed-precision recipe of Micikevicius et al. 2018 and Megatron).
+
+Under sequence parallelism the norm weights' gradients leave backward Partial over
+tp; their local parts are accumulated as they are and summed over tp in one
+all-reduce after the dp reduction (Megatron's _allreduce_layernorm_grads).
 
 Gradient-norm clipping uses the global norm: squares of the rank's (shard of)
 reduced gradients, with parameters replicated over the tp group (norm weights,
@@ -23,9 +44,28 @@ left out, summed over dp x cp (zero=1), tp and pp.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
+
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+
+# torch DDP's default bucket_cap_mb (torch/nn/parallel/distributed.py, _DEFAULT_BUCKET_CAP_MB)
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+# Megatron-core DistributedDataParallelConfig.bucket_size default, in parameters:
+# max(40000000, 1000000 * dp_size) (megatron/core/distributed/distributed_data_parallel_config.py)
+MEGATRON_BUCKET_PARAMS = 40_000_000
+MEGATRON_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+FP32_BYTES = 4
+
+
+def default_bucket_bytes(*, shard: bool, dp_size: int) -> int:
+    """DDP's bucket for all-reduce (zero=0), Megatron's for reduce-scatter (zero=1)."""
+    if not shard:
+        return DDP_BUCKET_BYTES
+    params = max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_DP_RANK * dp_size)
+    return params * FP32_BYTES
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -65,80 +105,264 @@ def norm_weight(param: torch.Tensor, tp_size: int) -> float:
     return 1.0 / tp_size if replicated_over_tp(param) else 1.0
 
 
+def is_shared_embedding(param: torch.Tensor) -> bool:
+    """Either copy of a tied embedding split over pipeline stages (set by workloads.train)."""
+    return getattr(param, "is_shared_embedding", False)
+
+
+def _partial_over_tp(param: torch.Tensor, grad: torch.Tensor) -> bool:
+    return (
+        isinstance(grad, DTensor)
+        and all(p.is_partial() for p in grad.placements)
+        and all(p.is_replicate() for p in param.placements)
+    )
+
+
+def plan_buckets(chunks: list[list[torch.Tensor]], *, cap_numel: int) -> list[list[torch.Tensor]]:
+    """The parameters of each bucket, buckets in the order backward completes them.
+
+    Per chunk, parameters in reverse order; a bucket closes before a parameter that
+    would take it past cap_numel elements; a shared embedding is alone in its bucket.
+    """
+    buckets: list[list[torch.Tensor]] = []
+    for chunk in chunks:
+        current: list[torch.Tensor] = []
+        size = 0
+        for param in reversed(chunk):
+            numel = local_tensor(param).numel()
+            alone = is_shared_embedding(param) or (current and is_shared_embedding(current[0]))
+            if current and (alone or size + numel > cap_numel):
+                buckets.append(current)
+                current, size = [], 0
+            current.append(param)
+            size += numel
+        if current:
+            buckets.append(current)
+    return buckets
+
+
+@dataclass(kw_only=True)
+class GradBucket:
+    """Buffer slice [start, start + numel) reduced by one collective once `expected` grads arrived."""
+
+    params: list[torch.Tensor]
+    starts: list[int]  # each parameter's offset in the grad buffer
+    start: int
+    numel: int  # padded to a multiple of the dp size when sharded
+    expected: int  # len(params) * micro-batches per iteration
+    arrived: int = 0
+    launched: bool = False
+
+
 class DistributedOptimizer:
-    """AdamW over a flat fp32 master copy, optionally sharded over the data-parallel group."""
+    """AdamW over an fp32 master copy, its gradients reduced in buckets during backward."""
 
     def __init__(
         self,
-        params: list[torch.nn.Parameter],
+        chunks: list[list[torch.nn.Parameter]],
         *,
         dp_group,
         shard: bool,
         tp_size: int,
-        norm_groups: list,
         max_norm: float,
         adamw: dict,
+        norm_groups: list = (),
+        tp_group=None,
+        microbatches: int = 1,
+        grad_scale: float = 1.0,
+        bucket_bytes: int | None = None,
     ) -> None:
-        # Sorted by norm weight, so each weight covers one contiguous range of the flat buffer.
-        self.params = sorted(params, key=lambda p: norm_weight(p, tp_size))
+        """chunks: the parameters of each model chunk in registration order; microbatches:
+        backward passes per iteration (each parameter's hook fires once per pass);
+        grad_scale: multiplies the summed gradients before the dp reduction."""
+        self.params = [p for chunk in chunks for p in chunk]
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1:
             raise ValueError(f"DistributedOptimizer needs one parameter dtype, got {dtypes}")
+        if microbatches < 1:
+            raise ValueError(f"microbatches({microbatches}) must be >= 1")
         self.dtype = dtypes.pop()
         self.dp_group = dp_group
         self.dp_size = dist.get_world_size(dp_group) if dp_group is not None else 1
         self.dp_rank = dist.get_rank(dp_group) if dp_group is not None else 0
         self.shard = shard and self.dp_size > 1
-        self.tp_size = tp_size
+        self.tp_group = tp_group if tp_size > 1 else None
         self.norm_groups = [g for g in norm_groups if g is not None and dist.get_world_size(g) > 1]
         self.max_norm = max_norm
-        self.numels = [local_tensor(p).numel() for p in self.params]
-        self._norm_ranges = _weighted_ranges(
-            [norm_weight(p, tp_size) for p in self.params], self.numels
+        self.grad_scale = grad_scale
+        self.bucket_bytes = bucket_bytes or default_bucket_bytes(
+            shard=self.shard, dp_size=self.dp_size
         )
-        total = sum(self.numels)
-        parts = self.dp_size if self.shard else 1
-        self.padded = -(-total // parts) * parts
-        self.shard_numel = self.padded // parts
-        self.lo = self.dp_rank * self.shard_numel if self.shard else 0
+        if self.bucket_bytes < FP32_BYTES:
+            raise ValueError(f"bucket_bytes({self.bucket_bytes}) holds no fp32 gradient")
+        self.buckets = self._layout(chunks, tp_size, microbatches)
+        device = local_tensor(self.params[0]).device
+        total = sum(b.numel for b in self.buckets)
+        self.grad_buffer = torch.zeros(total, dtype=torch.float32, device=device)
+        self._shard_ranges = [self._shard_range(b) for b in self.buckets]
+        self._norm_ranges = self._master_norm_ranges(tp_size)
+        self._views: dict[int, torch.Tensor] = {}
+        self._hooks: dict[int, object] = {}
+        for bucket in self.buckets:
+            for param, start in zip(bucket.params, bucket.starts, strict=True):
+                local = local_tensor(param)
+                view = self.grad_buffer[start : start + local.numel()].view(local.shape)
+                hook = partial(self._accumulate, bucket, view)
+                self._views[id(param)] = view
+                self._hooks[id(param)] = hook
+                param.register_post_accumulate_grad_hook(hook)
+        self._works: list = []
+        self._synced = False
+        self.late_buckets = 0
+        self._tp_partial: dict[int, torch.Tensor] = {}
         with torch.no_grad():
-            flat = self._flatten([local_tensor(p) for p in self.params])
-            self.master = torch.nn.Parameter(flat[self.lo : self.lo + self.shard_numel].clone())
+            flat = torch.zeros(total, dtype=torch.float32, device=device)
+            for bucket in self.buckets:
+                for param, start in zip(bucket.params, bucket.starts, strict=True):
+                    local = local_tensor(param)
+                    flat[start : start + local.numel()].copy_(local.reshape(-1))
+            self.master = torch.nn.Parameter(self._gather_shards(flat))
         self.optimizer = torch.optim.AdamW([self.master], **adamw)
         self.last_grad_norm: torch.Tensor | None = None
 
-    def _flatten(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
-        device = local_tensor(self.params[0]).device
-        pieces = [
-            t.reshape(-1).to(torch.float32) if t is not None else torch.zeros(n, device=device)
-            for t, n in zip(tensors, self.numels, strict=True)
-        ]
-        pad = self.padded - sum(self.numels)
-        if pad:
-            pieces.append(torch.zeros(pad, device=device))
-        return torch.cat(pieces)
+    def _layout(self, chunks, tp_size: int, microbatches: int) -> list[GradBucket]:
+        parts = self.dp_size if self.shard else 1
+        cap_numel = self.bucket_bytes // FP32_BYTES
+        buckets, offset = [], 0
+        for params in plan_buckets(chunks, cap_numel=cap_numel):
+            # by norm weight inside a bucket: each weight covers few contiguous ranges
+            params = sorted(params, key=lambda p: norm_weight(p, tp_size))
+            starts, end = [], offset
+            for param in params:
+                starts.append(end)
+                end += local_tensor(param).numel()
+            numel = -(-(end - offset) // parts) * parts
+            buckets.append(
+                GradBucket(
+                    params=params,
+                    starts=starts,
+                    start=offset,
+                    numel=numel,
+                    expected=len(params) * microbatches,
+                )
+            )
+            offset += numel
+        return buckets
 
-    def _reduce_grads(self) -> torch.Tensor:
-        grads = [local_grad(p) for p in self.params]
-        flat = self._flatten(grads)
-        if self.dp_size == 1:
-            return flat
-        flat /= self.dp_size
+    def _shard_range(self, bucket: GradBucket) -> tuple[int, int]:
+        """This rank's part of a bucket in grad-buffer coordinates (all of it unless sharded)."""
         if not self.shard:
-            dist.all_reduce(flat, group=self.dp_group)
+            return bucket.start, bucket.start + bucket.numel
+        size = bucket.numel // self.dp_size
+        lo = bucket.start + self.dp_rank * size
+        return lo, lo + size
+
+    def _gather_shards(self, flat: torch.Tensor) -> torch.Tensor:
+        """The rank's shards of every bucket, concatenated (the master copy's layout)."""
+        if not self.shard:
             return flat
-        out = torch.empty(self.shard_numel, device=flat.device)
-        dist.reduce_scatter_tensor(out, flat, group=self.dp_group)
-        return out
+        return torch.cat([flat[lo:hi] for lo, hi in self._shard_ranges])
+
+    def _master_norm_ranges(self, tp_size: int) -> list[tuple[int, int, float]]:
+        """(start, end, weight) ranges of the master copy, equal neighbours merged."""
+        ranges: list[tuple[int, int, float]] = []
+        master_offset = 0
+        for bucket, (lo, hi) in zip(self.buckets, self._shard_ranges, strict=True):
+            for param, start in zip(bucket.params, bucket.starts, strict=True):
+                a = max(start, lo)
+                b = min(start + local_tensor(param).numel(), hi)
+                if b <= a:
+                    continue
+                weight = norm_weight(param, tp_size)
+                a, b = a - lo + master_offset, b - lo + master_offset
+                if ranges and ranges[-1][1] == a and ranges[-1][2] == weight:
+                    ranges[-1] = (ranges[-1][0], b, weight)
+                else:
+                    ranges.append((a, b, weight))
+            master_offset += hi - lo
+        return ranges
+
+    @torch.no_grad()
+    def _accumulate(self, bucket: GradBucket, view: torch.Tensor, param: torch.Tensor) -> None:
+        """Post-accumulate-grad hook: move the gradient into the buffer, launch a full bucket."""
+        grad = param.grad
+        if self.tp_group is not None and _partial_over_tp(param, grad):
+            self._tp_partial[id(param)] = view
+            grad = grad._local_tensor
+        else:
+            grad = local_grad(param)
+        view.add_(grad)
+        param.grad = None
+        bucket.arrived += 1
+        if bucket.arrived == bucket.expected and not bucket.launched:
+            self._launch(bucket)
+
+    def _launch(self, bucket: GradBucket) -> None:
+        bucket.launched = True
+        data = self.grad_buffer[bucket.start : bucket.start + bucket.numel]
+        scale = self.grad_scale / self.dp_size
+        if scale != 1.0:
+            data.mul_(scale)
+        if self.dp_size == 1:
+            return
+        if self.shard:
+            lo, hi = self._shard_range(bucket)
+            out = self.grad_buffer[lo:hi]  # in place, as Megatron's reduce-scatter
+            work = dist.reduce_scatter_tensor(out, data, group=self.dp_group, async_op=True)
+        else:
+            work = dist.all_reduce(data, group=self.dp_group, async_op=True)
+        self._works.append(work)
+
+    def take_pending_grads(self, params) -> None:
+        """Accumulate gradients written to `.grad` without the hook firing.
+
+        torch's zero-bubble weight backward (`stage_backward_weight`) computes them
+        with `autograd.grad` and assigns `.grad` itself.
+        """
+        for param in params:
+            if param.grad is not None:
+                self._hooks[id(param)](param)
+
+    def main_grad(self, param: torch.Tensor) -> torch.Tensor:
+        """The parameter's slice of the fp32 grad buffer, laid out like its local tensor."""
+        return self._views[id(param)]
+
+    @torch.no_grad()
+    def finish_grad_sync(self) -> None:
+        """Wait for every bucket's reduction (launch order), then sum Partial grads over tp.
+
+        Buckets that backward left incomplete (gradients assigned to `.grad` directly,
+        as when optimizer state is created from zero gradients) are reduced here, late;
+        `late_buckets` counts them (0 when every reduction overlapped backward).
+        """
+        if self._synced:
+            return
+        self.late_buckets = 0
+        for bucket in self.buckets:
+            if not bucket.launched:
+                self.take_pending_grads(bucket.params)
+            if not bucket.launched:
+                self._launch(bucket)
+                self.late_buckets += 1
+        for work in self._works:
+            work.wait()
+        self._works.clear()
+        if self._tp_partial:
+            views = list(self._tp_partial.values())
+            flat = torch.cat([v.reshape(-1) for v in views])
+            dist.all_reduce(flat, group=self.tp_group)
+            offset = 0
+            for view in views:
+                view.copy_(flat[offset : offset + view.numel()].view_as(view))
+                offset += view.numel()
+        self._synced = True
 
     def _grad_norm(self, shard_grad: torch.Tensor) -> torch.Tensor:
         squares = shard_grad.square()
         total = squares.new_zeros(())
         for start, end, weight in self._norm_ranges:
-            lo = min(max(start - self.lo, 0), self.shard_numel)
-            hi = min(max(end - self.lo, 0), self.shard_numel)
-            if weight and hi > lo:
-                total = total + squares[lo:hi].sum() * weight
+            if weight:
+                total = total + squares[start:end].sum() * weight
         if self.shard:
             dist.all_reduce(total, group=self.dp_group)
         for group in self.norm_groups:
@@ -147,40 +371,39 @@ class DistributedOptimizer:
 
     @torch.no_grad()
     def step(self) -> None:
-        grad = self._reduce_grads()
+        self.finish_grad_sync()
+        grad = self._gather_shards(self.grad_buffer)
         norm = self._grad_norm(grad)
         self.last_grad_norm = norm
         grad.mul_(torch.clamp(self.max_norm / (norm + 1e-6), max=1.0))
         self.master.grad = grad
         self.optimizer.step()
         self.master.grad = None
-        full = self.master.to(self.dtype)
-        if self.shard:
-            gathered = torch.empty(self.padded, dtype=self.dtype, device=full.device)
-            dist.all_gather_into_tensor(gathered, full, group=self.dp_group)
-            full = gathered
+        self._copy_to_params(self.master.to(self.dtype))
+
+    def _copy_to_params(self, master: torch.Tensor) -> None:
+        """Write the updated master copy (model dtype) into the parameters, bucket by bucket."""
         offset = 0
-        for param, numel in zip(self.params, self.numels, strict=True):
-            local = local_tensor(param)
-            local.copy_(full[offset : offset + numel].view_as(local))
-            offset += numel
+        for bucket, (lo, hi) in zip(self.buckets, self._shard_ranges, strict=True):
+            full = master[offset : offset + hi - lo]
+            offset += hi - lo
+            if self.shard:
+                gathered = torch.empty(bucket.numel, dtype=self.dtype, device=full.device)
+                dist.all_gather_into_tensor(gathered, full, group=self.dp_group)
+                full = gathered
+            for param, start in zip(bucket.params, bucket.starts, strict=True):
+                local = local_tensor(param)
+                begin = start - bucket.start
+                local.copy_(full[begin : begin + local.numel()].view_as(local))
 
     def zero_grad(self) -> None:
+        self.grad_buffer.zero_()
+        for bucket in self.buckets:
+            bucket.arrived = 0
+            bucket.launched = False
+        self._synced = False
         for param in self.params:
             param.grad = None
-
-
-def _weighted_ranges(weights: list[float], numels: list[int]) -> list[tuple[int, int, float]]:
-    """(start, end, weight) ranges of the flat buffer, one per run of equal weights."""
-    ranges: list[tuple[int, int, float]] = []
-    offset = 0
-    for weight, numel in zip(weights, numels, strict=True):
-        if ranges and ranges[-1][2] == weight:
-            ranges[-1] = (ranges[-1][0], offset + numel, weight)
-        else:
-            ranges.append((offset, offset + numel, weight))
-        offset += numel
-    return ranges
 
 
 @torch.no_grad()

@@ -6,6 +6,10 @@ loss over ranks of each iteration must equal the single-process loss of the same
 model, seed and global batch (fp32, rtol 1e-5). AdamW's update does not depend on
 the scale of the gradient, so the learning rate is large (1e-2) to make a wrong
 gradient direction show up in the later losses.
+
+Cases named in BUCKET_BYTES reduce zero 0/1 gradients in many small buckets during
+backward (several buckets per micro-batch pass; GLOBAL_BATCH / dp micro-batches are
+accumulated per iteration, with pp == 1 and pp == 2).
 """
 
 from __future__ import annotations
@@ -51,7 +55,16 @@ CASES = {
         {"name": "gpt-debug", "positions": "alibi"},
         {"cp": 2, "dp": 2, "zero": 3},
     ),
+    "dp4-zero0-llama-buckets": ({"name": "llama-debug"}, {"dp": 4, "zero": 0}),
+    "tp2-sp-dp2-zero1-gpt-tied-buckets": ({"name": "gpt-debug"}, {"tp": 2, "dp": 2, "zero": 1}),
+    "pp2-1f1b-dp2-zero1-gpt-tied-buckets": ({"name": "gpt-debug"}, {"pp": 2, "dp": 2, "zero": 1}),
+    "pp2-zero-bubble-dp2-llama-buckets": (
+        {"name": "llama-debug"},
+        {"pp": 2, "vpp": 2, "schedule": "zero-bubble", "dp": 2},
+    ),
 }
+# about 1/16 of a debug model's fp32 gradients: 10-20 buckets per rank
+BUCKET_BYTES = {name: 64 * 1024 for name in CASES if name.endswith("-buckets")}
 
 
 def make_job(model: dict, parallel: dict):
@@ -65,6 +78,13 @@ def make_job(model: dict, parallel: dict):
     )
 
 
+@dataclasses.dataclass
+class Run:
+    losses: list  # None on ranks without the last pipeline stage
+    grad_norms: list  # the global gradient norm before clipping (None under FSDP)
+    late_buckets: int = 0  # buckets reduced only after backward, over all iterations
+
+
 def global_batch(job) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1234)
     shape = (job.batch.global_batch, job.batch.seq_len)
@@ -73,24 +93,31 @@ def global_batch(job) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, labels
 
 
-def train_losses(job, mesh) -> list[float | None]:
+def train_losses(job, mesh, bucket_bytes=None) -> Run:
+    """STEPS iterations of `job`; zero 0/1 also report grad norms and late buckets."""
     from workloads import build_training, train_step
 
-    state = build_training(job, mesh, seed=7, lr=LR)
+    state = build_training(job, mesh, seed=7, lr=LR, bucket_bytes=bucket_bytes)
     tokens, labels = global_batch(job)
     if mesh is not None:
         dp, dp_rank = job.parallel.dp, mesh["dp"].get_local_rank()
         tokens, labels = tokens.chunk(dp)[dp_rank], labels.chunk(dp)[dp_rank]
-    return [train_step(job, state, tokens, labels) for _ in range(STEPS)]
+    run = Run(losses=[], grad_norms=[])
+    for _ in range(STEPS):
+        run.losses.append(train_step(job, state, tokens, labels))
+        norm = getattr(state.optimizer, "last_grad_norm", None)
+        run.grad_norms.append(None if norm is None else norm.item())
+        run.late_buckets += getattr(state.optimizer, "late_buckets", 0)
+    return run
 
 
-def _run_cases(names: list[str]) -> dict[str, list[float | None]]:
+def _run_cases(names: list[str]) -> dict[str, Run]:
     from workloads import make_mesh
 
     results = {}
     for name in names:
         job = make_job(*CASES[name])
-        results[name] = train_losses(job, make_mesh(job))
+        results[name] = train_losses(job, make_mesh(job), BUCKET_BYTES.get(name))
     return results
 
 
@@ -110,11 +137,15 @@ def reference_job(job):
 
 
 @pytest.fixture(scope="module")
-def parallel_losses() -> dict[str, list[float]]:
-    per_rank = run_ranks(WORLD, _run_cases, list(CASES))
+def per_rank_results() -> list[dict[str, Run]]:
+    return run_ranks(WORLD, _run_cases, list(CASES))
+
+
+@pytest.fixture(scope="module")
+def parallel_losses(per_rank_results) -> dict[str, list[float]]:
     merged = {}
     for name in CASES:
-        rows = [r[name] for r in per_rank if r[name][0] is not None]
+        rows = [r[name].losses for r in per_rank_results if r[name].losses[0] is not None]
         merged[name] = [sum(step) / len(rows) for step in zip(*rows, strict=True)]
     return merged
 
@@ -123,6 +154,22 @@ def parallel_losses() -> dict[str, list[float]]:
 @pytest.mark.parametrize("name", list(CASES))
 def test_parallel_loss_matches_single_process(name, parallel_losses):
     job = make_job(*CASES[name])
-    expected = train_losses(reference_job(job), None)
+    expected = train_losses(reference_job(job), None).losses
     assert parallel_losses[name] == pytest.approx(expected, rel=1e-5)
     assert expected[-1] < expected[0]  # training moved the loss: the comparison means something
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_bucket_is_reduced_during_backward(name, per_rank_results):
+    assert [r[name].late_buckets for r in per_rank_results] == [0] * WORLD
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", [n for n, (_, par) in CASES.items() if par.get("zero", 0) < 2])
+def test_grad_norm_matches_single_process(name, per_rank_results):
+    # AdamW hides a wrongly scaled gradient from the losses; the norm does not
+    job = make_job(*CASES[name])
+    expected = train_losses(reference_job(job), None).grad_norms
+    for rank in per_rank_results:
+        assert rank[name].grad_norms == pytest.approx(expected, rel=1e-5)

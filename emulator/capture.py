@@ -1,0 +1,147 @@
+"""Capture: run one rank of a virtual world under FakeTensorMode and record its RankTrace.
+
+The caller hands a program in three parts (the emulator never imports a workload):
+- `setup()` runs outside fake mode once the virtual world exists: meshes and groups
+  (DeviceMesh creation and flattening fail inside FakeTensorMode, NOTES.md);
+- `build(context)` runs inside fake mode: the model on meta, parallelised, materialised
+  with `to_empty`, the optimizer, and whatever makes the state that of a steady
+  iteration (e.g. optimizer states); it returns the state and the tensors to declare;
+- `step(state)` runs one training iteration, recorded.
+
+Everything `step` does is recorded: compute ops and allocations by the op recorder,
+collectives, p2p and waits by the virtual backend, on one shared sequence. Tensors
+alive before the step (parameters, optimizer state, ...) are declared first, so the
+trace's live bytes start from the steady-state baseline.
+
+Two adaptations make torch's real program run under fake tensors; both are generic
+torch-level patches active only during capture:
+- the pipelining warm-up "vote" calls `.item()` on a received tensor, which fake mode
+  refuses; with explicit stage input/output shapes the vote always decides STATIC
+  inference, so capture sets that mode directly (what the vote would decide);
+- micro-batch markers: `PipelineStage.forward_one_chunk` / `backward_one_chunk` /
+  `backward_weight_one_chunk` set the recorder's micro-batch; without pipelining, each
+  forward of a root module starts the next micro-batch. Optimizer steps (torch's global
+  optimizer hooks) run in the "optimizer" phase.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.pipelining import schedules as pipeline_schedules
+from torch.distributed.pipelining import stage as pipeline_stage
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+
+from emulator.comm_events import Recorder, recording
+from emulator.op_recorder import OpRecorder
+from emulator.trace import EventSequence, RankTrace
+from emulator.virtual_pg import destroy_virtual_world, init_virtual_world
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankProgram:
+    """The three parts of the program one rank runs (see the module docstring)."""
+
+    setup: Callable[[], Any]
+    build: Callable[[Any], tuple[Any, Mapping[str, Any]]]
+    step: Callable[[Any], None]
+    roots: Callable[[Any], list[torch.nn.Module]]  # modules whose forward starts a micro-batch
+
+
+@contextlib.contextmanager
+def static_pipeline_warmup() -> Iterator[None]:
+    """Replace the pipelining warm-up vote by its outcome for static shapes (STATIC mode)."""
+    original = pipeline_schedules._PipelineSchedule._warmup_p2p
+
+    def decided(self, stages, has_backward, p2p_done):
+        for stage in stages:
+            stage._inference_mode = pipeline_stage.InferenceMode.STATIC
+
+    pipeline_schedules._PipelineSchedule._warmup_p2p = decided
+    try:
+        yield
+    finally:
+        pipeline_schedules._PipelineSchedule._warmup_p2p = original
+
+
+_CHUNK_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+
+
+@contextlib.contextmanager
+def micro_batch_markers(recorder: OpRecorder, roots: list[torch.nn.Module]) -> Iterator[None]:
+    """Set the recorder's micro-batch from pipeline chunks, else from root forwards."""
+    cls = pipeline_stage._PipelineStageBase
+    originals = {name: getattr(cls, name) for name in _CHUNK_METHODS}
+    in_pipeline = [False]
+
+    def marked(method):
+        @functools.wraps(method)
+        def wrapper(self, chunk_id, *args, **kwargs):
+            in_pipeline[0] = True
+            with recorder.micro_batch(chunk_id):
+                return method(self, chunk_id, *args, **kwargs)
+
+        return wrapper
+
+    counts = {id(root): 0 for root in roots}
+
+    def next_micro_batch(module, args):
+        if not in_pipeline[0]:
+            recorder.set_micro_batch(counts[id(module)])
+            counts[id(module)] += 1
+
+    handles = [root.register_forward_pre_hook(next_micro_batch) for root in roots]
+    for name, method in originals.items():
+        setattr(cls, name, marked(method))
+    try:
+        yield
+    finally:
+        for name, method in originals.items():
+            setattr(cls, name, method)
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def optimizer_phase(recorder: OpRecorder) -> Iterator[None]:
+    """Record every torch optimizer step in the "optimizer" phase."""
+    pre = register_optimizer_step_pre_hook(lambda *_: recorder.push_phase("optimizer"))
+    post = register_optimizer_step_post_hook(lambda *_: recorder.pop_phase())
+    try:
+        yield
+    finally:
+        pre.remove()
+        post.remove()
+
+
+def capture_rank(rank: int, world_size: int, program: RankProgram) -> RankTrace:
+    """The RankTrace of one iteration of `program` as rank `rank` of `world_size`."""
+    init_virtual_world(rank, world_size)
+    try:
+        context = program.setup()
+        sequence = EventSequence()
+        comm = Recorder(_counter=sequence)
+        with static_pipeline_warmup(), recording(comm), FakeTensorMode(allow_non_fake_inputs=True):
+            state, declared = program.build(context)
+            comm.events.clear()  # only the recorded iteration's communication counts
+            recorder = OpRecorder(sequence=sequence)
+            for category, tensors in declared.items():
+                recorder.tag(tensors, category)
+            with (
+                recorder,
+                micro_batch_markers(recorder, program.roots(state)),
+                optimizer_phase(recorder),
+            ):
+                program.step(state)
+        return recorder.trace(comm.events, comm.groups)
+    finally:
+        destroy_virtual_world()

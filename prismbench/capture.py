@@ -1,0 +1,173 @@
+"""Capture a job: one RankTrace per class of ranks, from the real workload under fake tensors.
+
+`capture_job(job)` builds the world of the job spec, and for the representative rank of
+every class (one per pipeline rank) runs `workloads.train_step` through
+`emulator.capture.capture_rank`. Classes are captured by worker processes (one rank of a
+virtual world per process; the world is process-global state) and cached on disk by the
+resolved spec and a hash of the emulator's and workloads' source, so a second run of the
+same job and code costs only the load.
+
+The captured iteration is a steady-state one: before it, the optimizer state is created
+by one optimizer step on zero gradients (as after the first iteration, or a checkpoint
+load), so the trace's memory starts from parameters + optimizer state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from emulator.trace import SCHEMA_VERSION, RankTrace
+from emulator.world import World
+
+_SOURCE_PACKAGES = ("emulator", "workloads")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobCapture:
+    """The traces of one job: class id (pipeline rank) -> RankTrace, and how they were made."""
+
+    world: World
+    traces: dict[int, RankTrace]
+    wall_s: float
+    cached: bool
+    directory: Path
+
+
+def world_of(job) -> World:
+    p = job.parallel
+    return World(dp=p.dp, pp=p.pp, cp=p.cp, tp=p.tp, vpp=p.vpp, gpus_per_node=job.cluster.gpus_per_node)
+
+
+def code_version() -> str:
+    """Hash of the source that shapes a trace (the emulator and the workloads)."""
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for package in _SOURCE_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cache_key(job) -> str:
+    spec = json.dumps(job.to_dict(), sort_keys=True)
+    return hashlib.sha256(f"{spec}|{code_version()}|{SCHEMA_VERSION}".encode()).hexdigest()[:20]
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("PRISMBENCH_CACHE") or Path.home() / ".cache" / "prismbench"
+    return Path(base) / "captures"
+
+
+def _capture_class(job, class_id: int, out_path: str) -> float:
+    """Worker: capture one class and save its trace; returns the seconds it took."""
+    from emulator.capture import capture_rank
+    from prismbench.program import rank_program
+
+    started = time.perf_counter()
+    world = world_of(job)
+    trace = capture_rank(world.representative(class_id), world.world_size, rank_program(job))
+    tmp = Path(out_path).with_suffix(".tmp.npz")
+    trace.save(tmp)
+    tmp.replace(out_path)
+    return time.perf_counter() - started
+
+
+def capture_job(
+    job,
+    *,
+    cache_dir: Path | None = None,
+    workers: int | None = None,
+    use_cache: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> JobCapture:
+    """Capture (or load from the cache) one trace per class of `job`."""
+    started = time.perf_counter()
+    world = world_of(job)
+    directory = (cache_dir or default_cache_dir()) / cache_key(job)
+    paths = {c: directory / f"class_{c:04d}.npz" for c in world.classes()}
+    missing = [c for c, path in paths.items() if not (use_cache and path.exists())]
+    if missing:
+        directory.mkdir(parents=True, exist_ok=True)
+        _run_workers(job, missing, paths, workers or min(len(missing), os.cpu_count() or 1), progress)
+    traces = {c: RankTrace.load(path) for c, path in paths.items()}
+    return JobCapture(
+        world=world,
+        traces=traces,
+        wall_s=time.perf_counter() - started,
+        cached=not missing,
+        directory=directory,
+    )
+
+
+def _run_workers(job, class_ids, paths, workers, progress) -> None:
+    if workers <= 1:
+        for done, class_id in enumerate(class_ids, 1):
+            seconds = _capture_class(job, class_id, str(paths[class_id]))
+            _report(progress, done, len(class_ids), class_id, seconds)
+        return
+    # spawn: a worker becomes one rank of a virtual world; nothing may leak between them
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(workers, maxtasksperchild=1) as pool:
+        pending = {
+            class_id: pool.apply_async(_capture_class, (job, class_id, str(paths[class_id])))
+            for class_id in class_ids
+        }
+        for done, (class_id, result) in enumerate(pending.items(), 1):
+            _report(progress, done, len(class_ids), class_id, result.get())
+
+
+def _report(progress, done: int, total: int, class_id: int, seconds: float) -> None:
+    if progress is not None:
+        progress(f"captured class {class_id} ({done}/{total}) in {seconds:.1f} s")
+
+
+def summarize(capture: JobCapture) -> dict:
+    """Per-class figures of a capture: events, ops, FLOPs, peak live bytes, bytes per group kind."""
+    from emulator.world import group_axes
+
+    classes = {}
+    for class_id, trace in capture.traces.items():
+        summary = trace.summary()
+        rep = capture.world.representative(class_id)
+        by_axes: dict[str, int] = {}
+        for group, nbytes in summary.comm_bytes_by_group.items():
+            ranks = trace.groups().get(group)
+            axes = group_axes(capture.world, rep, np.asarray(ranks)) if ranks is not None else None
+            key = "+".join(axes) if axes else "other"
+            by_axes[key] = by_axes.get(key, 0) + nbytes
+        classes[class_id] = {
+            "representative_rank": rep,
+            "members": capture.world.classes()[class_id].members,
+            "events": summary.events,
+            "compute_ops": summary.compute_ops,
+            "flops": summary.flops,
+            "flops_by_phase": summary.flops_by_phase,
+            "comm_bytes_by_kind": summary.comm_bytes_by_kind,
+            "comm_bytes_by_group_kind": by_axes,
+            "peak_live_bytes": summary.peak_live_bytes,
+        }
+    return {
+        "world_size": capture.world.world_size,
+        "classes": classes,
+        "wall_s": capture.wall_s,
+        "cached": capture.cached,
+        "cache_dir": str(capture.directory),
+    }
+
+
+def write_capture(capture: JobCapture, summary: dict, out: Path) -> None:
+    """Copy the class traces into `out` (class_NNNN.npz) and write summary.json beside them."""
+    out.mkdir(parents=True, exist_ok=True)
+    for class_id, trace in capture.traces.items():
+        trace.save(out / f"class_{class_id:04d}.npz")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

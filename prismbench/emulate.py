@@ -1,0 +1,188 @@
+"""Emulate a job end to end: capture, price, replay, allocator replay -> one EmulationResult.
+
+`emulate(job)` is what `prismbench emulate` prints. The stages and where they live:
+capture (prismbench.capture -> emulator.capture), the execution graph and its replay
+(emulator.graph, emulator.replay), peak memory per class (emulator.memory). Figures are
+defined in docs/METRICS.md; the JSON keys are DESIGN.md's contract.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from emulator.costs.collectives import Topology
+from emulator.costs.kernel_table import KernelTable, load_kernel_table
+from emulator.graph import CostContext, build_graph
+from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
+from emulator.memory import replay_memory
+from emulator.replay import replay
+from emulator.timeline import write_trace
+from prismbench.capture import capture_job
+from prismbench.explain import explain
+
+KERNEL_TABLES = Path(__file__).resolve().parents[1] / "results" / "kernels"
+# The dense peak MFU is taken against: the GEMM dtype of the job (fp8 jobs against the fp8
+# peak, as MosaicML reports its FP8 rows; torchtitan quotes bf16 peak, see METRICS.md).
+CRITICAL_PATH_SHOWN = 50
+_PEAK_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp32": "tf32"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassFigures:
+    """One class of ranks (a pipeline rank): its share of the iteration and its memory."""
+
+    pp: int
+    representative_rank: int
+    members: int
+    compute_s: float
+    exposed_comm_s: float
+    bubble_s: float
+    idle_s: float
+    comm_s_by_group: dict[str, float]
+    hardware_flops: int
+    peak_memory_allocated_bytes: int
+    peak_memory_reserved_bytes: int
+    device_total_estimate_bytes: int
+    oom: bool
+    oom_detail: dict | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmulationResult:
+    """The contract of `prismbench emulate --json` (DESIGN.md)."""
+
+    job: str
+    world_size: int
+    ranks_executed: int
+    iteration_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float  # model FLOPs (no recompute) per GPU per second / 1e12
+    hardware_tflops_per_gpu: float  # FLOPs the trace executes, recompute included
+    mfu: float  # fraction of the dense peak of the job's GEMM dtype
+    peak_tflops: float
+    peak_memory_allocated_bytes: int
+    peak_memory_reserved_bytes: int
+    device_total_estimate_bytes: int
+    gpu_capacity_bytes: int
+    oom: bool
+    breakdown: dict[str, float]
+    per_class: tuple[ClassFigures, ...]
+    critical_path: tuple[dict, ...]  # the first CRITICAL_PATH_SHOWN events
+    critical_path_events: int
+    wall_s: float
+    capture_wall_s: float
+    capture_cached: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def topology_of(job) -> Topology:
+    c = job.cluster
+    return Topology(
+        gpu=gpu_preset(c.gpu),
+        gpus_per_node=c.gpus_per_node,
+        link=intra_node_link(c.intra_node),
+        network=inter_node_network(c.inter_node),
+    )
+
+
+def kernel_table_for(gpu: str) -> KernelTable | None:
+    path = KERNEL_TABLES / f"{gpu}.csv"
+    return load_kernel_table(path) if path.exists() else None
+
+
+def emulate(
+    job,
+    *,
+    name: str = "job",
+    use_cache: bool = True,
+    workers: int | None = None,
+    alloc_conf: str = "",
+    trace_path: Path | None = None,
+    trace_ranks: list[int] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> EmulationResult:
+    """Emulate one iteration of `job` (a validated JobSpec)."""
+    started = time.perf_counter()
+    say = progress or (lambda _msg: None)
+    say(f"capture: {job.parallel.pp} class(es) of {job.world_size:,} ranks")
+    capture = capture_job(job, workers=workers, use_cache=use_cache, progress=progress)
+    say(f"capture done in {capture.wall_s:.1f} s ({'cache' if capture.cached else 'captured'})")
+    cost = CostContext(topology=topology_of(job), table=kernel_table_for(job.cluster.gpu))
+    graph = build_graph(capture.traces, capture.world, cost)
+    say(f"graph: {sum(len(c) for c in graph.classes):,} nodes; replaying")
+    timing = replay(graph, ranks=trace_ranks or ())
+    if trace_path is not None:
+        write_trace(trace_path, graph, timing, ranks=trace_ranks)
+        say(f"wrote timeline {trace_path}")
+    gpu = gpu_preset(job.cluster.gpu)
+    say("memory: replaying the caching allocator per class")
+    memory = {
+        p: replay_memory(trace, gpu=gpu, alloc_conf=alloc_conf, stage=p)
+        for p, trace in capture.traces.items()
+    }
+    per_class = tuple(
+        _class_figures(capture.world, b, memory[b.pp]) for b in timing.per_class
+    )
+    return _result(job, name, capture, timing, per_class, gpu, started)
+
+
+def _class_figures(world, breakdown, mem) -> ClassFigures:
+    return ClassFigures(
+        pp=breakdown.pp,
+        representative_rank=world.representative(breakdown.pp),
+        members=world.classes()[breakdown.pp].members,
+        compute_s=breakdown.compute_s,
+        exposed_comm_s=breakdown.exposed_comm_s,
+        bubble_s=breakdown.bubble_s,
+        idle_s=breakdown.idle_s,
+        comm_s_by_group=breakdown.comm_s_by_group,
+        hardware_flops=breakdown.flops,
+        peak_memory_allocated_bytes=mem.peak_allocated_bytes,
+        peak_memory_reserved_bytes=mem.peak_reserved_bytes,
+        device_total_estimate_bytes=mem.device_total_estimate_bytes,
+        oom=mem.oom is not None,
+        oom_detail=asdict(mem.oom) if mem.oom is not None else None,
+    )
+
+
+def _result(job, name, capture, timing, per_class, gpu, started) -> EmulationResult:
+    iteration = timing.iteration_time_s
+    world = job.world_size
+    model_flops = explain(job).flops.model_flops_per_iteration
+    hardware_flops = sum(c.hardware_flops * c.members for c in per_class)
+    peak_tflops = gpu.peak_tflops(_PEAK_DTYPE[job.train.precision])
+    tflops = model_flops / iteration / world / 1e12
+    n = len(per_class)
+    return EmulationResult(
+        job=name,
+        world_size=world,
+        ranks_executed=len(capture.traces),
+        iteration_time_s=iteration,
+        tokens_per_s=job.tokens_per_iteration / iteration,
+        tflops_per_gpu=tflops,
+        hardware_tflops_per_gpu=hardware_flops / iteration / world / 1e12,
+        mfu=tflops / peak_tflops,
+        peak_tflops=peak_tflops,
+        peak_memory_allocated_bytes=max(c.peak_memory_allocated_bytes for c in per_class),
+        peak_memory_reserved_bytes=max(c.peak_memory_reserved_bytes for c in per_class),
+        device_total_estimate_bytes=max(c.device_total_estimate_bytes for c in per_class),
+        gpu_capacity_bytes=gpu.hbm_capacity_bytes,
+        oom=any(c.oom for c in per_class),
+        breakdown={
+            "compute_s": sum(c.compute_s for c in per_class) / n,
+            "exposed_comm_s": sum(c.exposed_comm_s for c in per_class) / n,
+            "bubble_s": sum(c.bubble_s for c in per_class) / n,
+            "idle_s": sum(c.idle_s for c in per_class) / n,
+        },
+        per_class=per_class,
+        critical_path=tuple(asdict(e) for e in timing.critical_path[:CRITICAL_PATH_SHOWN]),
+        critical_path_events=len(timing.critical_path),
+        wall_s=time.perf_counter() - started,
+        capture_wall_s=capture.wall_s,
+        capture_cached=capture.cached,
+    )

@@ -1,0 +1,72 @@
+"""The program one rank runs for a job: `workloads` wrapped as an `emulator.capture.RankProgram`.
+
+This is the one place that joins the workloads and the emulator: the mesh is built
+outside fake mode, the model on meta and materialised inside it, and the optimizer
+state is created by one optimizer step on zero gradients, so the recorded iteration
+is a steady-state one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from emulator.capture import RankProgram
+
+# Tensors of workloads.zero.DistributedOptimizer that hold gradients, not optimizer state:
+# Megatron's persistent fp32 main-grad buffer.
+_GRADIENT_ATTRIBUTES = ("grad_buffer",)
+
+
+def _optimizer_tensors(optimizer) -> list[torch.Tensor]:
+    """Every optimizer-state tensor an optimizer object holds: torch optimizers' states, and
+    the tensors and inner optimizers of a wrapper such as workloads.zero.DistributedOptimizer
+    (its gradient buffer excepted)."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    found = []
+    for name, value in vars(optimizer).items():
+        if isinstance(value, torch.Tensor) and name not in _GRADIENT_ATTRIBUTES:
+            found.append(value)
+        elif isinstance(value, torch.optim.Optimizer):
+            found.extend(_optimizer_tensors(value))
+    return found
+
+
+def _gradient_tensors(optimizer) -> list[torch.Tensor]:
+    return [getattr(optimizer, name) for name in _GRADIENT_ATTRIBUTES if hasattr(optimizer, name)]
+
+
+def _create_optimizer_state(state) -> None:
+    params = [p for part in state.parts for p in part.parameters()]
+    for param in params:
+        param.grad = torch.zeros_like(param)
+    state.optimizer.step()
+    state.optimizer.zero_grad()
+
+
+def rank_program(job) -> RankProgram:
+    from workloads import build_training, make_mesh, train_step
+    from workloads.parallelize import data_parallel_mesh
+
+    def setup():
+        mesh = make_mesh(job)
+        data_parallel_mesh(mesh)  # flattening fails inside fake mode: do it here, it is cached
+        return mesh
+
+    def build(mesh):
+        state = build_training(job, mesh, device="cpu", init_device="meta")
+        _create_optimizer_state(state)
+        rows = job.num_microbatches * job.batch.micro_batch
+        tokens = torch.zeros(rows, job.batch.seq_len, dtype=torch.long)
+        declared = {
+            "parameter": [p for part in state.parts for p in part.parameters()],
+            "optimizer_state": _optimizer_tensors(state.optimizer),
+            "gradient": _gradient_tensors(state.optimizer),
+        }
+        return (state, tokens), declared
+
+    def step(built):
+        state, tokens = built
+        train_step(job, state, tokens, tokens)
+
+    return RankProgram(setup=setup, build=build, step=step, roots=lambda built: built[0].parts)

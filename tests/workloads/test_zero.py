@@ -1,0 +1,230 @@
+"""workloads.zero: gradient buckets reduced during backward, on a toy model.
+
+Most tests stand a spy in for `torch.distributed` inside workloads.zero (rank 0 of a
+group of identical ranks, collectives logged and completed at once), so they run in
+one process without a process group; one test runs zero=1 on two real gloo ranks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from tests.workloads.mp import run_ranks
+from workloads import zero
+from workloads.zero import DistributedOptimizer, default_bucket_bytes, plan_buckets
+
+WIDTH = 8
+ADAMW = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+COLLECTIVES = {"all_reduce", "reduce_scatter"}
+
+
+class _Done:
+    def wait(self) -> bool:
+        return True
+
+
+class SpyDist:
+    """torch.distributed as workloads.zero sees it: rank 0 of `size` identical ranks."""
+
+    def __init__(self, size: int, events: list) -> None:
+        self.size = size
+        self.events = events
+
+    def get_world_size(self, group=None) -> int:
+        return self.size
+
+    def get_rank(self, group=None) -> int:
+        return 0
+
+    def all_reduce(self, tensor, group=None, async_op=False):
+        self.events.append(("all_reduce", tensor.numel()))
+        tensor.mul_(self.size)
+        return _Done()
+
+    def reduce_scatter_tensor(self, out, inp, group=None, async_op=False):
+        self.events.append(("reduce_scatter", inp.numel()))
+        out.copy_(inp[: out.numel()] * self.size)
+        return _Done()
+
+    def all_gather_into_tensor(self, out, inp, group=None, async_op=False):
+        self.events.append(("all_gather", out.numel()))
+        out.copy_(inp.repeat(self.size))
+        return _Done()
+
+
+@pytest.fixture
+def events(monkeypatch) -> list:
+    log: list = []
+    monkeypatch.setattr(zero, "dist", SpyDist(2, log))
+    return log
+
+
+def toy_model(layers: int = 6) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers)])
+
+
+def make_optimizer(model, *, shard=False, microbatches=1, bucket_bytes=512, dp=True):
+    return DistributedOptimizer(
+        [list(model.parameters())],
+        dp_group="dp" if dp else None,
+        shard=shard,
+        tp_size=1,
+        max_norm=1.0,
+        adamw=ADAMW,
+        microbatches=microbatches,
+        bucket_bytes=bucket_bytes,
+    )
+
+
+def backward(model, seed: int = 0) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    model(torch.randn(4, WIDTH, generator=gen)).square().mean().backward()
+
+
+def collectives(events: list) -> list:
+    return [e for e in events if isinstance(e, tuple) and e[0] in COLLECTIVES]
+
+
+def test_buckets_hold_parameters_in_reverse_order_up_to_the_cap():
+    a, b, c, d = (nn.Parameter(torch.empty(n)) for n in (4, 4, 4, 9))
+    assert plan_buckets([[a, b, c, d]], cap_numel=8) == [[d], [c, b], [a]]
+
+
+def test_buckets_never_span_two_chunks_and_a_shared_embedding_is_alone():
+    emb, w1, w2, w3 = (nn.Parameter(torch.empty(2)) for _ in range(4))
+    emb.is_shared_embedding = True
+    buckets = plan_buckets([[emb, w1, w2], [w3]], cap_numel=100)
+    assert buckets == [[w2, w1], [emb], [w3]]
+
+
+def test_default_bucket_sizes_are_ddp_and_megatron_defaults():
+    assert default_bucket_bytes(shard=False, dp_size=8) == 25 * 2**20
+    assert default_bucket_bytes(shard=True, dp_size=8) == 40_000_000 * 4
+    assert default_bucket_bytes(shard=True, dp_size=64) == 64_000_000 * 4
+
+
+def test_first_bucket_is_reduced_before_the_first_layer_runs_backward(events):
+    model = toy_model()
+    make_optimizer(model)  # 6 weights of 256 bytes, 512-byte buckets: 3 buckets
+
+    def mark_layer0_backward(_module, _inputs, out) -> None:
+        out.register_hook(lambda _grad: events.append("layer 0 backward"))
+
+    model[0].register_forward_hook(mark_layer0_backward)
+    backward(model)
+    assert events == [
+        ("all_reduce", 128),  # layers 5, 4
+        ("all_reduce", 128),  # layers 3, 2
+        "layer 0 backward",
+        ("all_reduce", 128),  # layers 1, 0
+    ]
+
+
+@pytest.mark.parametrize(("shard", "kind"), [(False, "all_reduce"), (True, "reduce_scatter")])
+def test_one_collective_per_bucket_after_the_last_microbatch(events, shard, kind):
+    model = toy_model()
+    opt = make_optimizer(model, shard=shard, microbatches=3, bucket_bytes=3 * 256)
+    for _ in range(2):
+        backward(model, seed=1)
+        backward(model, seed=2)
+        assert collectives(events) == []  # earlier micro-batches only accumulate
+        backward(model, seed=3)
+        expected = math.ceil(6 * 256 / (3 * 256))
+        assert collectives(events) == [(kind, 3 * 64)] * expected
+        opt.step()
+        opt.zero_grad()
+        assert opt.late_buckets == 0
+        events.clear()
+
+
+def test_grads_accumulate_into_one_persistent_fp32_buffer_and_are_freed():
+    model = toy_model()
+    opt = make_optimizer(model, microbatches=2, dp=False)
+    buffer_ptr = opt.grad_buffer.data_ptr()
+    expected = [torch.zeros_like(p) for p in model.parameters()]
+    for seed in (1, 2):
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(4, WIDTH, generator=gen)
+        grads = torch.autograd.grad(model(x).square().mean(), list(model.parameters()))
+        expected = [e + g for e, g in zip(expected, grads, strict=True)]
+        backward(model, seed)
+        assert all(p.grad is None for p in model.parameters())
+    for param, grad in zip(model.parameters(), expected, strict=True):
+        torch.testing.assert_close(opt.main_grad(param), grad)
+    opt.step()
+    opt.zero_grad()
+    assert opt.grad_buffer.data_ptr() == buffer_ptr
+    assert opt.grad_buffer.dtype == torch.float32
+    assert not opt.grad_buffer.any()
+
+
+def test_sharded_buckets_are_padded_to_a_multiple_of_the_dp_size(monkeypatch):
+    monkeypatch.setattr(zero, "dist", SpyDist(4, []))
+    model = nn.Sequential(nn.Linear(5, 3), nn.Linear(3, 7))  # 15, 3, 21, 7 elements
+    opt = make_optimizer(model, shard=True, bucket_bytes=4 * 24)
+    assert [len(b.params) for b in opt.buckets] == [1, 2, 1]  # [7], [21, 3], [15]
+    assert [b.numel for b in opt.buckets] == [8, 24, 16]
+    assert opt.grad_buffer.numel() == 48
+    assert opt.master.numel() == 48 // 4
+
+
+def test_runs_under_fake_tensor_mode(events):
+    with FakeTensorMode():
+        model = toy_model()
+        opt = make_optimizer(model, shard=True, microbatches=2)
+        for _ in range(2):
+            backward(model)
+            backward(model)
+            opt.step()
+            opt.zero_grad()
+    kinds = [e[0] for e in events]
+    assert kinds.count("reduce_scatter") == kinds.count("all_gather") == 2 * 3
+
+
+def _odd_model() -> nn.Sequential:
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(5, 3), nn.Tanh(), nn.Linear(3, 7))
+
+
+def _train_odd_model(dp_group, shard: bool) -> list[list[float]]:
+    """Two steps of two micro-batches; every rank sees the same data."""
+    model = _odd_model()
+    opt = DistributedOptimizer(
+        [list(model.parameters())],
+        dp_group=dp_group,
+        shard=shard,
+        tp_size=1,
+        max_norm=1.0,
+        adamw=ADAMW,
+        microbatches=2,
+        bucket_bytes=4 * 24,
+    )
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(2):
+        for _ in range(2):
+            (model(torch.randn(4, 5, generator=gen)).square().mean() / 2).backward()
+        opt.step()
+        opt.zero_grad()
+    return [
+        p.detach().reshape(-1).tolist() for p in model.parameters()
+    ]  # a queue can't hold tensors
+
+
+def _zero1_on_gloo() -> list[list[float]]:
+    import torch.distributed as dist
+
+    return _train_odd_model(dist.group.WORLD, shard=True)
+
+
+@pytest.mark.integration
+def test_padded_zero1_buckets_on_two_ranks_match_one_process():
+    expected = _train_odd_model(None, shard=False)
+    for params in run_ranks(2, _zero1_on_gloo):
+        for got, want in zip(params, expected, strict=True):
+            assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
