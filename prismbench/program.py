@@ -1,9 +1,11 @@
 """The program one rank runs for a job: `workloads` wrapped as an `emulator.capture.RankProgram`.
 
 This is the one place that joins the workloads and the emulator: the mesh is built
-outside fake mode, the model on meta and materialised inside it, and the optimizer
-state is created by one optimizer step on zero gradients, so the recorded iteration
-is a steady-state one.
+outside fake mode; the model is built, initialised, split and parallelised inside it,
+directly on fake "cpu" tensors (no memory is allocated; `to_empty` from meta is avoided
+because fake mode refuses to swap plain fake parameters in place); and the optimizer
+state is created by one optimizer step on zero gradients, so the recorded iteration is
+a steady-state one.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def rank_program(job) -> RankProgram:
         return mesh
 
     def build(mesh):
-        state = build_training(job, mesh, device="cpu", init_device="meta")
+        state = build_training(job, mesh, device="cpu")  # fake "cpu" tensors: nothing is allocated
         _create_optimizer_state(state)
         rows = job.num_microbatches * job.batch.micro_batch
         tokens = torch.zeros(rows, job.batch.seq_len, dtype=torch.long)

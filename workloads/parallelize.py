@@ -182,7 +182,26 @@ def parallelize_stage(model: nn.Module, mesh, job, dp_mesh=None) -> None:
     if mesh is not None and par.zero >= 2:
         apply_fsdp(model, dp_mesh, zero=par.zero, precision=precision)
     else:
-        model.to(COMPUTE_DTYPES[precision])
+        cast_parameters(model, COMPUTE_DTYPES[precision])
+
+
+def cast_parameters(model: nn.Module, dtype: torch.dtype) -> None:
+    """`model.to(dtype)` that keeps tied parameters tied, also under FakeTensorMode.
+
+    `Module.to` swaps parameter objects in place when they are tensor subclasses (fake
+    tensors, DTensors) and refuses a parameter shared by two modules (tied embeddings):
+    "Couldn't swap". Here each distinct parameter is cast once and the new one set on
+    every module that held it.
+    """
+    cast: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is None or param.dtype == dtype:
+                continue
+            if id(param) not in cast:
+                with torch.no_grad():
+                    cast[id(param)] = nn.Parameter(param.to(dtype), requires_grad=param.requires_grad)
+            module._parameters[name] = cast[id(param)]
 
 
 def data_parallel_mesh(mesh):

@@ -92,7 +92,12 @@ class GPT(nn.Module):
             self.output.weight = self.tok_embeddings.weight
 
     def to_empty(self, *, device, recurse: bool = True):
-        # Module.to_empty makes a new parameter per module, which unties shared weights.
+        # Module.to_empty makes a new parameter per module, which unties shared weights, and
+        # under fake tensors it swaps parameters in place, which a shared one refuses: drop
+        # the output's reference first, then tie again.
+        tied = self.output is not None and self.output.weight is getattr(self.tok_embeddings, "weight", None)
+        if tied:
+            self.output._parameters["weight"] = None
         super().to_empty(device=device, recurse=recurse)
         self._tie_embeddings()
         return self
