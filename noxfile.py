@@ -1,4 +1,4 @@
-"""Sessions: `tests` (what CI runs), `lint` (ruff), `explain` (the quick-start job)."""
+"""Sessions: `tests` (what CI runs), `lint` (ruff), `emulate` (the quick-start job), `explain`."""
 
 import nox
 
@@ -35,3 +35,10 @@ def explain(session: nox.Session) -> None:
     """Install and explain the example job (llama3-70b on 8 192 H100s)."""
     install_project(session)
     session.run("prismbench", "explain", *(session.posargs or [EXAMPLE_JOB]))
+
+
+@nox.session
+def emulate(session: nox.Session) -> None:
+    """Install and emulate the example job: iteration time, breakdown and peak memory."""
+    install_project(session)
+    session.run("prismbench", "emulate", *(session.posargs or [EXAMPLE_JOB]))

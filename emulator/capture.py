@@ -13,11 +13,14 @@ collectives, p2p and waits by the virtual backend, on one shared sequence. Tenso
 alive before the step (parameters, optimizer state, ...) are declared first, so the
 trace's live bytes start from the steady-state baseline.
 
-Two adaptations make torch's real program run under fake tensors; both are generic
+These adaptations make torch's real program run under fake tensors; all are generic
 torch-level patches active only during capture:
 - the pipelining warm-up "vote" calls `.item()` on a received tensor, which fake mode
   refuses; with explicit stage input/output shapes the vote always decides STATIC
   inference, so capture sets that mode directly (what the vote would decide);
+- a DeviceMesh made during build (FSDP2 concatenates its dp mesh with a TP parameter's
+  mesh) finds this rank's coordinates in the rank map with `nonzero`, which fake mode
+  refuses; the rank map is a real tensor, so meshes are built outside fake mode;
 - micro-batch markers: `PipelineStage.forward_one_chunk` / `backward_one_chunk` /
   `backward_weight_one_chunk` set the recorder's micro-batch; without pipelining, each
   forward of a root module starts the next micro-batch. Optimizer steps (torch's global
@@ -33,7 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import schedules as pipeline_schedules
 from torch.distributed.pipelining import stage as pipeline_stage
 from torch.optim.optimizer import (
@@ -73,6 +77,26 @@ def static_pipeline_warmup() -> Iterator[None]:
         pipeline_schedules._PipelineSchedule._warmup_p2p = original
 
 
+@contextlib.contextmanager
+def real_mesh_tensors() -> Iterator[None]:
+    """Build DeviceMeshes and compute `DeviceMesh.mesh` outside fake mode (real rank maps)."""
+    init, mesh = DeviceMesh.__init__, DeviceMesh.mesh
+
+    def unfaked(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with unset_fake_temporarily():
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    DeviceMesh.__init__, DeviceMesh.mesh = unfaked(init), property(unfaked(mesh.fget))
+    try:
+        yield
+    finally:
+        DeviceMesh.__init__, DeviceMesh.mesh = init, mesh
+
+
 _CHUNK_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
 
 
@@ -99,7 +123,9 @@ def micro_batch_markers(recorder: OpRecorder, roots: list[torch.nn.Module]) -> I
             recorder.set_micro_batch(counts[id(module)])
             counts[id(module)] += 1
 
-    handles = [root.register_forward_pre_hook(next_micro_batch) for root in roots]
+    # prepend: before FSDP2's own pre-forward hook, so the root's parameter all-gather
+    # already belongs to the micro-batch whose forward it serves
+    handles = [root.register_forward_pre_hook(next_micro_batch, prepend=True) for root in roots]
     for name, method in originals.items():
         setattr(cls, name, marked(method))
     try:
@@ -130,7 +156,12 @@ def capture_rank(rank: int, world_size: int, program: RankProgram) -> RankTrace:
         context = program.setup()
         sequence = EventSequence()
         comm = Recorder(_counter=sequence)
-        with static_pipeline_warmup(), recording(comm), FakeTensorMode(allow_non_fake_inputs=True):
+        with (
+            static_pipeline_warmup(),
+            real_mesh_tensors(),
+            recording(comm),
+            FakeTensorMode(allow_non_fake_inputs=True),
+        ):
             state, declared = program.build(context)
             comm.events.clear()  # only the recorded iteration's communication counts
             recorder = OpRecorder(sequence=sequence)

@@ -268,7 +268,7 @@ class OpRecorder(TorchDispatchMode):
                 if dtype is None:
                     dtype = names[t.dtype] = str(t.dtype).removeprefix("torch.")
                 shapes.append((tuple(t.shape), dtype, is_out))
-        causal = False
+        causal = info.causal_arg == opmap.ALWAYS_CAUSAL
         if info.causal_arg >= 0:
             pos = info.causal_arg
             causal = bool(args[pos] if len(args) > pos else kwargs.get("is_causal", False))

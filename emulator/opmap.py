@@ -49,6 +49,10 @@ NORMALIZED = {
     "aten._scaled_dot_product_efficient_attention_backward": "flash_attn_bwd",
     "aten._scaled_dot_product_cudnn_attention_backward": "flash_attn_bwd",
     "aten._flash_attention_backward": "flash_attn_bwd",
+    # workloads' position-masked attention (ALiBi, context parallelism): one flash kernel on a
+    # GPU (FlashAttention-2 takes ALiBi slopes), see workloads/models/attention_ops.py
+    "prism.masked_attention": "flash_attn_fwd",
+    "prism.masked_attention_backward": "flash_attn_bwd",
     "aten.native_layer_norm": "norm",
     "aten.native_layer_norm_backward": "norm",
     "aten._fused_rms_norm": "norm",
@@ -174,8 +178,22 @@ def _efficient_bwd_flops(args, kwargs) -> int:
     return attention_bwd_flops(args[1], args[2], args[3], bool(causal))
 
 
+def _masked_fwd_flops(args, kwargs) -> int:
+    # (q, k, v, q_positions, kv_positions, slopes): causal by position. Within one sequence that
+    # is half of s_q * s_kv; for load-balanced context parallelism (chunks i and 2cp-1-i) it is
+    # exactly half too, by construction.
+    return attention_fwd_flops(args[0], args[1], args[2], True)
+
+
+def _masked_bwd_flops(args, kwargs) -> int:
+    # (grad_out, q, k, v, q_positions, kv_positions, slopes)
+    return attention_bwd_flops(args[1], args[2], args[3], True)
+
+
 # Formulas taking (args, kwargs); they win over flop_counter's registry.
 FLOP_FORMULAS = {
+    "prism.masked_attention": _masked_fwd_flops,
+    "prism.masked_attention_backward": _masked_bwd_flops,
     "aten._scaled_dot_product_flash_attention_for_cpu": _flash_fwd_flops,
     "aten._scaled_dot_product_flash_attention": _flash_fwd_flops,
     "aten._scaled_dot_product_efficient_attention": _flash_fwd_flops,
@@ -184,8 +202,12 @@ FLOP_FORMULAS = {
     "aten._scaled_dot_product_efficient_attention_backward": _efficient_bwd_flops,
 }
 
-# Causal flag position in the positional args of attention ops (for the trace's causal column).
+# Causal flag position in the positional args of attention ops (for the trace's causal column);
+# ALWAYS_CAUSAL for ops whose mask is causal by construction.
+ALWAYS_CAUSAL = -2
 CAUSAL_ARG = {
+    "prism.masked_attention": ALWAYS_CAUSAL,
+    "prism.masked_attention_backward": ALWAYS_CAUSAL,
     "aten._scaled_dot_product_flash_attention_for_cpu": 4,
     "aten._scaled_dot_product_flash_attention": 4,
     "aten._scaled_dot_product_efficient_attention": 4,

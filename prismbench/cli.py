@@ -112,6 +112,7 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
         alloc_conf=args.alloc_conf,
         trace_path=Path(args.trace) if args.trace else None,
         trace_ranks=ranks,
+        memory_dir=Path(args.memory_out) if args.memory_out else None,
         progress=_progress,
     )
     if args.json:
@@ -163,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     emulate_cmd.add_argument(
         "--alloc-conf", default="", metavar="CONF", help="PYTORCH_ALLOC_CONF to model"
+    )
+    emulate_cmd.add_argument(
+        "--memory-out",
+        metavar="DIR",
+        help="write per-class memory timelines (PNG) and memory_viz snapshots here",
     )
     emulate_cmd.add_argument("--no-cache", action="store_true", help="capture again even if cached")
     emulate_cmd.add_argument(

@@ -18,6 +18,7 @@ from emulator.costs.kernel_table import KernelTable, load_kernel_table
 from emulator.graph import CostContext, build_graph
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
 from emulator.memory import replay_memory
+from emulator.memory.export import plot_timeline, write_snapshot
 from emulator.replay import replay
 from emulator.timeline import write_trace
 from prismbench.capture import capture_job
@@ -104,9 +105,15 @@ def emulate(
     alloc_conf: str = "",
     trace_path: Path | None = None,
     trace_ranks: list[int] | None = None,
+    memory_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> EmulationResult:
-    """Emulate one iteration of `job` (a validated JobSpec)."""
+    """Emulate one iteration of `job` (a validated JobSpec).
+
+    trace_path: write a Perfetto timeline of `trace_ranks` (default one rank per class).
+    memory_dir: write, per class, a memory timeline PNG and a snapshot that PyTorch's
+    memory visualizer (pytorch.org/memory_viz) opens.
+    """
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
     say(f"capture: {job.parallel.pp} class(es) of {job.world_size:,} ranks")
@@ -125,10 +132,20 @@ def emulate(
         p: replay_memory(trace, gpu=gpu, alloc_conf=alloc_conf, stage=p)
         for p, trace in capture.traces.items()
     }
+    if memory_dir is not None:
+        _export_memory(memory_dir, capture.traces, memory, gpu, alloc_conf)
+        say(f"wrote memory timelines and snapshots to {memory_dir}")
     per_class = tuple(
         _class_figures(capture.world, b, memory[b.pp]) for b in timing.per_class
     )
     return _result(job, name, capture, timing, per_class, gpu, started)
+
+
+def _export_memory(directory: Path, traces, memory, gpu, alloc_conf: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for p, trace in traces.items():
+        plot_timeline(memory[p], directory / f"memory_class_{p:04d}.png", title=f"pipeline rank {p}")
+        write_snapshot(trace, directory / f"snapshot_class_{p:04d}.pickle", gpu=gpu, alloc_conf=alloc_conf)
 
 
 def _class_figures(world, breakdown, mem) -> ClassFigures:

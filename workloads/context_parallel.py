@@ -16,10 +16,10 @@ Rule: seq_len % (2 * cp) == 0.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed._functional_collectives import all_gather_tensor_autograd
 
+from workloads.models.attention_ops import masked_attention
 from workloads.models.common import alibi_slopes
 
 
@@ -69,19 +69,12 @@ class AllGatherAttention(nn.Module):
             [chunk_positions(seq_len, r, self.cp, positions.device) for r in range(self.cp)]
         )
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # -> [b, h, s, d]
-        distance = positions[:, None] - k_pos[None, :]  # [s_q, s_kv]
         if self.alibi:
-            local_heads = q.shape[1]
-            slopes = alibi_slopes(self.total_heads)[
-                self.head_offset : self.head_offset + local_heads
-            ]
-            slope = torch.tensor(slopes, dtype=torch.float32, device=q.device)[:, None, None]
-            mask = (-slope * distance.to(torch.float32)).masked_fill(distance < 0, float("-inf"))
-            mask = mask[None].to(q.dtype)
+            slopes = alibi_slopes(self.total_heads)[self.head_offset : self.head_offset + q.shape[1]]
+            slopes = torch.tensor(slopes, dtype=torch.float32, device=q.device)
         else:
-            mask = distance >= 0
-        gqa = k.shape[1] != q.shape[1]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+            slopes = torch.empty(0, dtype=torch.float32, device=q.device)
+        out = masked_attention(q, k, v, positions, k_pos, slopes)
         return out.transpose(1, 2)
 
 

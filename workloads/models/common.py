@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workloads.models.attention_ops import masked_attention
+
 INIT_STD = 0.02  # GPT-2 / Megatron / torchtitan default normal init
 
 
@@ -58,9 +60,9 @@ class CausalAttention(nn.Module):
 
     The causal mask follows sequence order (`is_causal=True`, the flash path), not
     `positions`: a context-parallel attention that holds non-contiguous chunks must
-    replace this module. With `alibi=True` the mask is built from positions instead
-    (ALiBi needs an additive bias anyway): bias = -slope_h * (q_pos - k_pos), and
-    -inf where k_pos > q_pos. `head_offset` is the global index of the first local
+    replace this module. With `alibi=True` attention is `prism::masked_attention` (one
+    fused kernel on a GPU, see attention_ops.py): bias = -slope_h * (q_pos - k_pos), and
+    masked where k_pos > q_pos. `head_offset` is the global index of the first local
     head; tensor parallelism sets it to tp_rank * local_heads.
     """
 
@@ -76,29 +78,21 @@ class CausalAttention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # -> [b, h, s, d]
         gqa = k.shape[1] != q.shape[1]
         if self.alibi:
-            mask = self._alibi_bias(q.shape[1], positions, k.shape[2], q.dtype, q.device)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+            slopes = self.local_slopes(q.shape[1], q.device)
+            out = masked_attention(q, k, v, positions, positions, slopes)
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return out.transpose(1, 2)
 
-    def _alibi_bias(
-        self, local_heads: int, positions: torch.Tensor, s_kv: int, dtype, device
-    ) -> torch.Tensor:
-        all_slopes = alibi_slopes(self.total_heads)
-        slopes = all_slopes[self.head_offset : self.head_offset + local_heads]
+    def local_slopes(self, local_heads: int, device) -> torch.Tensor:
+        """ALiBi slopes of this rank's heads (float32), from `head_offset` on."""
+        slopes = alibi_slopes(self.total_heads)[self.head_offset : self.head_offset + local_heads]
         if len(slopes) != local_heads:
             raise ValueError(
                 f"head_offset({self.head_offset}) + local heads({local_heads}) exceeds "
                 f"model heads({self.total_heads})"
             )
-        q_pos = positions
-        k_pos = positions if s_kv == positions.shape[0] else torch.arange(s_kv, device=device)
-        distance = (q_pos[:, None] - k_pos[None, :]).to(torch.float32)  # [s, s_kv]
-        slope = torch.tensor(slopes, dtype=torch.float32, device=device)[:, None, None]
-        bias = -slope * distance
-        bias = bias.masked_fill(distance < 0, float("-inf"))
-        return bias[None].to(dtype)  # [1, h, s, s_kv]
+        return torch.tensor(slopes, dtype=torch.float32, device=device)
 
 
 def default_positions(x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
