@@ -6,7 +6,8 @@ The caller hands a program in three parts (the emulator never imports a workload
 - `build(context)` runs inside fake mode: the model on meta, parallelised, materialised
   with `to_empty`, the optimizer, and whatever makes the state that of a steady
   iteration (e.g. optimizer states); it returns the state and the tensors to declare;
-- `step(state)` runs one training iteration, recorded.
+- `step(state, phase)` runs one training iteration, recorded; `phase(name)` is the
+  recorder's context manager, for the program to mark e.g. its "optimizer" part.
 
 Everything `step` does is recorded: compute ops and allocations by the op recorder,
 collectives, p2p and waits by the virtual backend, on one shared sequence. Tensors
@@ -57,7 +58,7 @@ class RankProgram:
 
     setup: Callable[[], Any]
     build: Callable[[Any], tuple[Any, Mapping[str, Any]]]
-    step: Callable[[Any], None]
+    step: Callable[[Any, Callable], None]
     roots: Callable[[Any], list[torch.nn.Module]]  # modules whose forward starts a micro-batch
 
 
@@ -172,7 +173,7 @@ def capture_rank(rank: int, world_size: int, program: RankProgram) -> RankTrace:
                 micro_batch_markers(recorder, program.roots(state)),
                 optimizer_phase(recorder),
             ):
-                program.step(state)
+                program.step(state, recorder.phase)
         return recorder.trace(comm.events, comm.groups)
     finally:
         destroy_virtual_world()

@@ -28,8 +28,10 @@ from collections.abc import Iterator
 
 import torch
 from torch._guards import active_fake_mode
+from torch.autograd.graph import register_multi_grad_hook
 from torch.distributed._tools.mod_tracker import ModTracker
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from emulator import opmap
@@ -49,6 +51,33 @@ _SHORT_LIVED = frozenset({"activation", "optimizer_state"})
 
 
 _OP_INFOS: dict = {}  # OpOverload -> opmap.OpInfo, shared by all recorders (pure function)
+
+
+class _ModTracker(ModTracker):
+    """torch's ModTracker, except that backward tracking hooks only non-leaf module inputs.
+
+    ModTracker registers a multi-grad hook on every module input that requires grad; on a
+    leaf (a pipeline stage's received activation) that breaks `autograd.grad(inputs=...)`,
+    which zero-bubble schedules call ("A leaf node was passed to _will_engine_execute_node").
+    A module whose inputs are all leaves is closed at the end of backward instead, as
+    ModTracker does for modules without grad-requiring inputs.
+    """
+
+    def _fw_pre_hook(self, mod, input):
+        name = self._get_mod_name(mod)
+        w_mod = weakref.ref(mod)
+        self._get_append_fn(w_mod, name, False)()
+        if self._user_pre_fw_hook is not None:
+            self._user_pre_fw_hook(mod, input)
+        args, _ = tree_flatten(input)
+        tensors = [
+            a for a in args if isinstance(a, torch.Tensor) and a.requires_grad and a.grad_fn is not None
+        ]
+        if not self.is_bw:
+            if tensors:
+                register_multi_grad_hook(tensors, self._get_pop_fn(w_mod, name, True))
+            else:
+                self._post_bw_callbacks_to_enqueue.append(self._get_pop_fn(w_mod, name, True))
 
 
 def _dtensor_type():
@@ -101,7 +130,7 @@ class OpRecorder(TorchDispatchMode):
         self._fw_depth = 0
         self._params = WeakIdKeyDictionary()  # tagged parameters (keys only)
         self._grad_hooks: list = []
-        self._mod_tracker = ModTracker()
+        self._mod_tracker = _ModTracker()
         self._fake_mode = None
         self._orig_resize = None
         self._dtensor = _dtensor_type()

@@ -67,8 +67,8 @@ def rank_program(job) -> RankProgram:
         }
         return (state, tokens), declared
 
-    def step(built):
+    def step(built, phase):
         state, tokens = built
-        train_step(job, state, tokens, tokens)
+        train_step(job, state, tokens, tokens, phase=phase)
 
     return RankProgram(setup=setup, build=build, step=step, roots=lambda built: built[0].parts)

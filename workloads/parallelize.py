@@ -61,7 +61,18 @@ def _block_plan(sequence_parallel: bool, family: str) -> dict:
             "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
         }
     else:
-        plan = {"attention.wo": RowwiseParallel(), "feed_forward.w2": RowwiseParallel()}
+        # Megatron's f operator: the block input enters as one Replicate DTensor, so backward
+        # sums the gradients of wq/wk/wv (w1/w3) locally and all-reduces once per sub-block
+        plan = {
+            "attention": PrepareModuleInput(
+                input_layouts=(Replicate(), None), desired_input_layouts=(Replicate(), None)
+            ),
+            "attention.wo": RowwiseParallel(),
+            "feed_forward": PrepareModuleInput(
+                input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),)
+            ),
+            "feed_forward.w2": RowwiseParallel(),
+        }
     for name in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1"):
         plan[name] = ColwiseParallel()
     if family == "llama":

@@ -24,6 +24,7 @@ Under FakeTensorMode `train_step` returns None (a fake loss has no value).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -331,11 +332,13 @@ def _build_optimizer(job, mesh, dp_mesh, parts, lr, bucket_bytes):
     )
 
 
-def train_step(job, state: TrainingState, tokens: torch.Tensor, labels: torch.Tensor):
+def train_step(job, state: TrainingState, tokens: torch.Tensor, labels: torch.Tensor, *, phase=None):
     """One iteration on this rank's local batch [num_microbatches * micro_batch, seq_len].
 
     Returns the loss averaged over micro-batches on ranks that hold the last
     pipeline stage (every rank when pp == 1), else None; None under FakeTensorMode.
+    `phase(name)`, when given, is a context manager entered around the "optimizer"
+    part (gradient sync, clipping, step), so a profiler can tell it apart.
     """
     tokens = shard_sequence(tokens, state.cp_rank, state.cp)
     labels = shard_sequence(labels, state.cp_rank, state.cp)
@@ -347,7 +350,8 @@ def train_step(job, state: TrainingState, tokens: torch.Tensor, labels: torch.Te
         loss = torch.stack([x.detach() for x in losses]).mean() if state.has_last else None
     else:
         loss = _accumulate(job, state, tokens, labels)
-    _optimizer_step(state)
+    with phase("optimizer") if phase is not None else contextlib.nullcontext():
+        _optimizer_step(state)
     if loss is None or is_fake(loss):
         return None
     return loss.item()

@@ -34,7 +34,7 @@ def _program(hook_comm: bool = True) -> RankProgram:
             )
         return (model, optimizer), {"parameter": list(model.parameters())}
 
-    def step(state):
+    def step(state, phase):
         model, optimizer = state
         for _ in range(MICRO_BATCHES):
             model(torch.ones(2, 8)).sum().backward()
