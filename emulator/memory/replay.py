@@ -272,7 +272,8 @@ def _where(trace: RankTrace, t: MemoryTimeline, j: int, stage: int | None) -> Me
         event_index=j,
         seq=int(c["seq"][row]),
         stage=stage,
-        phase=PHASES[phase] if 0 <= phase < len(PHASES) else "",
+        # rows before the first op are the declared model state (parameters, optimizer state)
+        phase=PHASES[phase] if 0 <= phase < len(PHASES) else "setup",
         micro_batch=int(c["micro_batch"][row]),
         module=trace.strings[c["module"][row]],
     )

@@ -1,0 +1,107 @@
+"""`prismbench emulate` end to end on small jobs: the JSON contract, the trace file, OOM."""
+
+import json
+
+import pytest
+
+from prismbench.cli import main
+from prismbench.emulate import emulate
+from prismbench.spec import job_spec_from_dict
+
+CONTRACT_KEYS = {
+    "iteration_time_s",
+    "tokens_per_s",
+    "tflops_per_gpu",
+    "mfu",
+    "peak_memory_allocated_bytes",
+    "peak_memory_reserved_bytes",
+    "per_class",
+    "breakdown",
+    "world_size",
+    "ranks_executed",
+    "wall_s",
+    "oom",
+}
+
+
+def write_job(tmp_path, parallel: dict, model: str = "llama-debug") -> str:
+    lines = [f'[model]\nname = "{model}"', "[parallel]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in parallel.items()]
+    lines += ["[batch]\nseq_len = 64\nglobal_batch = 8", '[train]\nprecision = "bf16"']
+    path = tmp_path / "job.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.mark.integration
+def test_emulate_json_holds_the_design_contract(tmp_path, capsys):
+    job = write_job(tmp_path, {"tp": 2, "pp": 2, "dp": 2, "zero": 1})
+    assert main(["emulate", job, "--json", "--workers", "1"]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert CONTRACT_KEYS <= set(result)
+    assert result["world_size"] == 8 and result["ranks_executed"] == 2
+    assert len(result["per_class"]) == 2
+    assert set(result["breakdown"]) >= {"compute_s", "exposed_comm_s", "bubble_s"}
+    assert result["iteration_time_s"] > 0 and 0 < result["mfu"] < 1
+    assert result["tokens_per_s"] == pytest.approx(8 * 64 / result["iteration_time_s"])
+    assert result["peak_memory_reserved_bytes"] >= result["peak_memory_allocated_bytes"] > 0
+    assert result["oom"] is False
+    assert "capture" in err  # progress goes to stderr, the JSON alone to stdout
+
+
+@pytest.mark.integration
+def test_breakdown_of_each_class_sums_to_the_iteration(tmp_path):
+    job = job_spec_from_dict(
+        {
+            "model": {"name": "llama-debug"},
+            "parallel": {"pp": 2, "dp": 2},
+            "batch": {"seq_len": 64, "global_batch": 8},
+        }
+    )
+    result = emulate(job, workers=1)
+    for c in result.per_class:
+        total = c.compute_s + c.exposed_comm_s + c.bubble_s + c.idle_s
+        assert total == pytest.approx(result.iteration_time_s, rel=1e-9)
+    assert max(c.bubble_s for c in result.per_class) > 0  # a pipeline of 2 stages has a bubble
+
+
+@pytest.mark.integration
+def test_trace_file_has_a_process_per_rank(tmp_path, capsys):
+    job = write_job(tmp_path, {"pp": 2, "dp": 2})
+    trace = tmp_path / "timeline.json"
+    assert main(["emulate", job, "--trace", str(trace), "--ranks", "0,1,3", "--workers", "1"]) == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["pid"] for e in events if e.get("ph") == "X"} == {0, 1, 3}
+
+
+def test_a_rank_outside_the_world_is_refused(tmp_path, capsys):
+    job = write_job(tmp_path, {"pp": 2, "dp": 2})
+    assert main(["emulate", job, "--ranks", "0,9"]) == 2
+    assert "--ranks: rank 9 is outside the world [0, 4)" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("model", "oom"), [("gpt3-125m", False), ("gpt3-6.7b", True)])
+def test_oom_is_an_answer_not_a_crash(tmp_path, model, oom):
+    # one A100 40 GB, DDP-style zero=0: 6.7 B params need ~18 B/param of model state
+    # (bf16 weights, fp32 main grads, fp32 master + two Adam moments), far above 40 GiB
+    job = job_spec_from_dict(
+        {
+            "model": {"name": model},
+            "batch": {"seq_len": 256, "global_batch": 1},
+            "cluster": {"gpu": "a100-sxm-40g", "intra_node": "nvlink3", "inter_node": "ib-hdr-8x200"},
+        }
+    )
+    result = emulate(job, workers=1)
+    assert result.oom is oom
+    assert result.per_class[0].oom is oom
+    assert result.iteration_time_s > 0  # the timing is given either way
+    if oom:
+        where = result.per_class[0].oom_detail["at"]
+        assert where["phase"] and where["module"] is not None
