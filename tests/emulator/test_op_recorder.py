@@ -1,6 +1,5 @@
 """Tests for emulator/op_recorder.py on a small causal GPT built here (fake and real CPU)."""
 
-import time
 
 import pytest
 import torch
@@ -250,23 +249,19 @@ def test_real_cpu_tensors_are_recorded_too():
     assert rec.trace().summary().flops > 0
 
 
-def test_recorder_overhead_is_bounded():
-    """Ops per second recorded on the test model (printed; the bound is loose on purpose)."""
+@pytest.mark.slow
+def test_benchmark_recorded_step(benchmark):
+    """Speed of one recorded fwd+bwd of the test model (measured, not asserted)."""
     with FakeTensorMode():
         model = GPT()
         idx = torch.randint(0, VOCAB, (BATCH, SEQ))
-        model(idx).backward()  # warm caches
-        start = time.perf_counter()
-        model(idx).backward()
-        bare_s = time.perf_counter() - start
-        rec = OpRecorder()
-        start = time.perf_counter()
-        with rec:
-            model(idx).backward()
-        recorded_s = time.perf_counter() - start
-    ops = int(compute_rows(rec.trace()).sum())
-    print(
-        f"{ops} compute ops, {len(rec.events)} events: bare {bare_s * 1e3:.1f} ms, "
-        f"recorded {recorded_s * 1e3:.1f} ms, {len(rec.events) / recorded_s:.0f} events/s"
-    )
-    assert recorded_s < 20 * bare_s + 0.5
+        model(idx).backward()  # warm fake-mode caches
+
+        def recorded_step():
+            rec = OpRecorder()
+            with rec:
+                model(idx).backward()
+            return rec
+
+        rec = benchmark(recorded_step)
+    assert int(compute_rows(rec.trace()).sum()) > 0

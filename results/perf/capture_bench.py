@@ -1,0 +1,120 @@
+"""Capture and end-to-end emulation time of the Llama 3 paper's 405B job; writes capture.md.
+
+    python results/perf/capture_bench.py [--growth-only]
+
+1. The Llama 3.1 405B job of the Llama 3 paper (8 192 H100, tp 8, pp 16, dp 64, seq 8 192,
+   micro-batch 1, global batch 2 048, i.e. 32 micro-batches per iteration): every class
+   captured from a cold cache with both cores, then graph build, replay, and allocator
+   replay timed separately, and the whole `emulate` call once more from a warm cache.
+2. How one class's capture time grows with layers per stage and with micro-batches
+   (llama3.1-405b dims, tp 8, the first pipeline rank), each point captured cold.
+Figures are wall-clock seconds on this machine (recorded in the output with its cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+from emulator.capture import capture_rank
+from emulator.graph import CostContext, build_graph
+from emulator.memory import replay_memory
+from emulator.replay import replay
+from prismbench.capture import capture_job
+from prismbench.emulate import emulate, topology_of
+from prismbench.program import rank_program
+from prismbench.spec import job_spec_from_dict
+
+OUT = Path(__file__).resolve().parent / "capture.md"
+
+
+def llama3_405b(**parallel) -> object:
+    table = {
+        "model": {"name": "llama3.1-405b"},
+        "parallel": {"tp": 8, "pp": 16, "dp": 64, "zero": 1} | parallel,
+        "batch": {"seq_len": 8192, "micro_batch": 1, "global_batch": 2048},
+        "train": {"precision": "bf16", "recompute": "none"},
+        "cluster": {"gpu": "h100-sxm-80g", "intra_node": "nvlink4", "inter_node": "ib-ndr-8x400"},
+    }
+    return job_spec_from_dict(table)
+
+
+def timed(fn):
+    started = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - started
+
+
+def full_job(cache: Path) -> list[str]:
+    job = llama3_405b()
+    capture, capture_s = timed(lambda: capture_job(job, cache_dir=cache, use_cache=False))
+    cost = CostContext(topology=topology_of(job))
+    graph, graph_s = timed(lambda: build_graph(capture.traces, capture.world, cost))
+    result, replay_s = timed(lambda: replay(graph))
+    _, memory_s = timed(lambda: [replay_memory(t, gpu="h100-sxm-80g") for t in capture.traces.values()])
+    os.environ["PRISMBENCH_CACHE"] = str(cache.parent)
+    warm, warm_s = timed(lambda: emulate(job))
+    events = sum(len(t) for t in capture.traces.values())
+    return [
+        "## Llama 3.1 405B, 8 192 H100 (tp 8, pp 16, dp 64, 32 micro-batches)",
+        "",
+        "| stage | wall time |",
+        "|---|--:|",
+        f"| capture, 16 classes, cold, 2 workers | {capture_s:.1f} s |",
+        f"| graph build ({events:,} trace events -> {sum(len(c) for c in graph.classes):,} nodes) | {graph_s:.2f} s |",
+        f"| replay (8 192 ranks, uniform lanes) | {replay_s:.3f} s |",
+        f"| allocator replay, 16 classes | {memory_s:.2f} s |",
+        f"| capture + graph + replay + memory | {capture_s + graph_s + replay_s + memory_s:.1f} s |",
+        f"| `emulate` again, warm capture cache | {warm_s:.1f} s |",
+        "",
+        f"Predicted iteration time {result.iteration_time_s:.2f} s (warm run: {warm.iteration_time_s:.2f} s).",
+        "",
+    ]
+
+
+def growth(cache: Path) -> list[str]:
+    lines = [
+        "## One class's capture time vs layers and micro-batches",
+        "",
+        "llama3.1-405b dims, tp 8, first pipeline rank, seq 8 192, cold, one process.",
+        "",
+        "| layers on the rank | micro-batches | capture |",
+        "|--:|--:|--:|",
+    ]
+    for layers, pp, microbatches in ((2, 2, 2), (4, 2, 2), (8, 2, 2), (4, 2, 4), (4, 2, 8)):
+        job = job_spec_from_dict(
+            {
+                "model": {"name": "llama3.1-405b", "layers": layers * pp},
+                "parallel": {"tp": 8, "pp": pp, "dp": 64, "zero": 1},
+                "batch": {"seq_len": 8192, "micro_batch": 1, "global_batch": 64 * microbatches},
+            }
+        )
+        _, seconds = timed(lambda job=job: capture_rank(0, job.world_size, rank_program(job)))
+        lines.append(f"| {layers} | {microbatches} | {seconds:.1f} s |")
+    return lines + [""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--growth-only", action="store_true")
+    args = parser.parse_args()
+    header = [
+        "# Capture and emulation speed",
+        "",
+        f"Measured by `results/perf/capture_bench.py` on {platform.machine()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}.",
+        "",
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(tmp) / "captures"
+        body = growth(cache) if args.growth_only else full_job(cache) + growth(cache)
+    OUT.write_text("\n".join(header + body) + "\n")
+    print(OUT.read_text())
+
+
+if __name__ == "__main__":
+    main()
