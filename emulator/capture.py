@@ -46,6 +46,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
+from emulator import streams
 from emulator.comm_events import Recorder, recording
 from emulator.op_recorder import OpRecorder
 from emulator.trace import EventSequence, RankTrace
@@ -170,6 +171,7 @@ def capture_rank(rank: int, world_size: int, program: RankProgram) -> RankTrace:
                 recorder.tag(tensors, category)
             with (
                 recorder,
+                streams.tracking(recorder.stream_tracker()),
                 micro_batch_markers(recorder, program.roots(state)),
                 optimizer_phase(recorder),
             ):

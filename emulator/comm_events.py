@@ -60,6 +60,7 @@ class CommEvent:
     root: int | None = None  # global rank of the root of broadcast/reduce/scatter/gather
     tag: int = 0
     sizes: tuple[int, ...] | None = None  # per-tensor numels of a coalesced call
+    stream: int = 0  # the stream it was issued from (emulator/streams.py ids)
 
     def __post_init__(self) -> None:
         if self.kind not in COMM_KINDS:
@@ -74,6 +75,7 @@ class WaitEvent:
 
     seq: int
     comm_seq: int
+    stream: int = 0  # the stream that waits
 
     def __post_init__(self) -> None:
         if self.comm_seq >= self.seq:

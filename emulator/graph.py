@@ -11,13 +11,15 @@ order (which is a topological order within the class):
   communicator on its own stream). It is enqueued when issued: it starts no earlier than the
   end of the node before it on the *issuing* stream (torch records an event on the current
   stream and makes the NCCL stream wait on it) and the end of the previous call on its own
-  comm stream. The issuing stream is the stream of the last compute op before it in program
-  order (stream 0 if none): the trace does not record the current stream of comm calls.
+  comm stream. The issuing stream is the one the program was on when it made the call (the
+  trace's `stream` of the comm row, emulator/streams.py).
 - `send` / `recv`: point-to-point calls on a stream per (group, peer), as torch keeps one
   NCCL communicator per pair of p2p ranks. The k-th send from class a to class b is the k-th
   recv at b from a (NCCL matches p2p calls in order on a communicator).
 - `wait`: zero-length node on the issuing stream that makes it wait for a collective or p2p
-  (`WaitEvent`; a blocking call that has no WaitEvent gets one right after it).
+  (`WaitEvent`; a blocking call that has no WaitEvent gets one right after it), or, for a
+  stream wait (`stream.wait_event` / `wait_stream`, e.g. FSDP2's compute stream waiting for
+  its all-gather stream), for the last node of the other stream at the recorded event.
 
 Joins: a collective over mesh axes inside the class (dp, cp, tp, or combinations) joins the
 lanes along those axes; one whose group spans several pp indices (grad-norm all-reduce over
@@ -44,7 +46,7 @@ from emulator.costs.compute import op_time_s
 from emulator.costs.kernel_table import KernelTable
 from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS, OpRecord
 from emulator.costs.overlap import compute_slowdown
-from emulator.trace import COMM, COMPUTE, PHASES, WAIT, RankTrace
+from emulator.trace import COMM, COMPUTE, PHASES, RECORD, STREAM_WAIT, WAIT, RankTrace
 from emulator.world import AXES, World
 
 NODE_KINDS = ("compute", "collective", "send", "recv", "wait")
@@ -337,6 +339,7 @@ class _Builder:
         self.last_on_stream: dict[int, int] = {}
         self.open_segment: dict[int, int] = {}
         self.node_of_seq: dict[int, int] = {}
+        self.recorded: dict[int, int] = {}  # stream event id -> last node of its stream then
         self.pp_keys: list[tuple] = []  # per collective node spanning pp: its match key
         self.groups = trace.groups()
         self.group_info: dict[str, tuple] = {}
@@ -363,21 +366,23 @@ class _Builder:
     def build(self) -> ClassGraph:
         c = self.trace.columns
         kinds = c["kind"]
-        rows = np.flatnonzero((kinds == COMPUTE) | (kinds == COMM) | (kinds == WAIT))
+        rows = np.flatnonzero(
+            (kinds == COMPUTE) | (kinds == COMM) | (kinds == WAIT) | (kinds == RECORD) | (kinds == STREAM_WAIT)
+        )
         lists = {
             k: c[k][rows].tolist()
             for k in ("kind", "stream", "phase", "micro_batch", "flops", "seq")
         }
         durs, slows = self.durations[rows].tolist(), self.slowdowns[rows].tolist()
         waited = set(c["comm_seq"][kinds == WAIT].tolist())
-        issuing = self.stream(("compute", 0), "compute 0")
+        tags = c["tag"][rows].tolist()
         cols, weight = self.cols, self.slow_weight
         for j, row in enumerate(rows.tolist()):
             kind = lists["kind"][j]
+            s_trace = lists["stream"][j]
+            s = self.stream(("compute", s_trace), f"compute {s_trace}")
             if kind == COMPUTE:
-                s_trace, phase, mb = lists["stream"][j], lists["phase"][j], lists["micro_batch"][j]
-                s = self.stream(("compute", s_trace), f"compute {s_trace}")
-                issuing = s
+                phase, mb = lists["phase"][j], lists["micro_batch"][j]
                 n = self.open_segment.get(s)
                 if n is None or cols["phase"][n] != phase or cols["micro_batch"][n] != mb:
                     label = (
@@ -400,12 +405,17 @@ class _Builder:
                 cols["flops"][n] += lists["flops"][j]
                 cols["rows"][n] += 1
             elif kind == COMM:
-                n = self.comm_node(row, issuing, lists["phase"][j], lists["micro_batch"][j])
+                n = self.comm_node(row, s, lists["phase"][j], lists["micro_batch"][j])
                 self.node_of_seq[lists["seq"][j]] = n
                 if not c["async_op"][row] and lists["seq"][j] not in waited:
-                    self.wait_node(row, issuing, n)
-            else:
-                self.wait_node(row, issuing, self.node_of_seq[int(c["comm_seq"][row])])
+                    self.wait_node(row, s, n)
+            elif kind == WAIT:
+                self.wait_node(row, s, self.node_of_seq[int(c["comm_seq"][row])])
+            elif kind == RECORD:
+                self.open_segment.pop(s, None)  # later ops must not join the recorded node
+                self.recorded[tags[j]] = self.last_on_stream.get(s, -1)
+            elif self.recorded.get(tags[j], -1) >= 0:  # STREAM_WAIT on something recorded
+                self.wait_node(row, s, self.recorded[tags[j]])
         for n, w in enumerate(weight):
             if cols["kind"][n] == SEGMENT and cols["duration_s"][n] > 0:
                 cols["slowdown"][n] = w / cols["duration_s"][n]

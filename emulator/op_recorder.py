@@ -35,7 +35,23 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from emulator import opmap
-from emulator.trace import ALLOC, COMPUTE, FREE, MARKER, PHASES, EventSequence, OpEvent, build_trace
+from emulator.streams import RECORD, StreamTracker, current_stream_id
+from emulator.trace import (
+    ALLOC,
+    COMPUTE,
+    FREE,
+    MARKER,
+    PHASES,
+    EventSequence,
+    OpEvent,
+    build_trace,
+)
+from emulator.trace import (
+    RECORD as RECORD_ROW,
+)
+from emulator.trace import (
+    STREAM_WAIT as STREAM_WAIT_ROW,
+)
 
 FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER = (
     PHASES.index(p) for p in ("forward", "backward", "recompute", "optimizer")
@@ -139,7 +155,8 @@ class OpRecorder(TorchDispatchMode):
 
     @contextlib.contextmanager
     def on_stream(self, stream: int) -> Iterator[None]:
-        """Ops and allocations inside the block belong to stream `stream` (0 = compute)."""
+        """Ops and allocations inside the block belong to stream `stream` (0 = compute),
+        whatever stream the program is on (emulator.streams tracks that otherwise)."""
         previous, self._stream = self._stream, stream
         try:
             yield
@@ -181,6 +198,30 @@ class OpRecorder(TorchDispatchMode):
         """Ops from now on belong to micro-batch `index` (marked in the trace)."""
         self._micro_batch = index
         self.mark(f"micro_batch:{index}")
+
+    def stream_tracker(self) -> StreamTracker:
+        """A tracker (emulator.streams) whose records and waits become trace rows."""
+
+        def emit(kind: str, stream: int, event_id: int) -> None:
+            row = RECORD_ROW if kind == RECORD else STREAM_WAIT_ROW
+            self.events.append(
+                OpEvent(
+                    self.sequence.next_seq(),
+                    row,
+                    kind,
+                    "",
+                    stream,
+                    self._module(),
+                    self._last_phase,
+                    self._micro_batch,
+                    tag=event_id,
+                )
+            )
+
+        return StreamTracker(emit)
+
+    def _current_stream(self) -> int:
+        return self._stream or current_stream_id()
 
     def mark(self, name: str) -> None:
         self._emit(MARKER, name)
@@ -269,7 +310,7 @@ class OpRecorder(TorchDispatchMode):
             outs = [out]
         else:
             outs = _tensors(out) if isinstance(out, (list, tuple)) else []
-        if info.is_comm or self._stream:
+        if info.is_comm or self._current_stream():
             category = "communication"
         else:
             category = _INFERRED_PHASE_CATEGORY[phase]
@@ -307,7 +348,7 @@ class OpRecorder(TorchDispatchMode):
                 COMPUTE,
                 info.name,
                 info.aten,
-                self._stream,
+                self._current_stream(),
                 self._module(),
                 phase,
                 self._micro_batch,
@@ -351,7 +392,7 @@ class OpRecorder(TorchDispatchMode):
                 kind,
                 name,
                 "",
-                self._stream,
+                self._current_stream(),
                 self._module(),
                 self._last_phase if phase is None else phase,
                 self._micro_batch,
@@ -395,7 +436,7 @@ class OpRecorder(TorchDispatchMode):
         nbytes = storage.nbytes()
         if category is None:
             inferred = _INFERRED_PHASE_CATEGORY.get(self._last_phase, "other")
-            category = "communication" if self._stream else inferred
+            category = "communication" if self._current_stream() else inferred
         uid = next(self._uids)
         ref = weakref.ref(storage, lambda r, key=key: self._on_free(key, r))
         self._live[key] = _Storage(uid, nbytes, self._epoch, declared, ref)

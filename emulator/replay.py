@@ -174,7 +174,7 @@ class _Class:
                 end = clock[s] = start + d
                 ready = start
             elif k == WAIT_NODE:
-                ready = start = end = clock[s] = vmax(clock[s], self.ends.pop(deps[i]))
+                ready = start = end = clock[s] = vmax(clock[s], self.ends[deps[i]])
             else:
                 ready = (
                     clock[s] if issue_streams[i] < 0 else vmax(clock[s], clock[issue_streams[i]])
@@ -197,8 +197,8 @@ class _Class:
                     start = vmax(ready, src.send_ready.pop(joins[i]))
                 end = clock[s] = start + dur[i]
                 self.busy = vmax(self.busy, end)
-                if i in self.waited:
-                    self.ends[i] = end
+            if i in self.waited:  # any node a later wait reads: a comm, or a stream's position
+                self.ends[i] = end
             self.record(i, ready, start, end)
             i += 1
         self.cursor = i

@@ -18,9 +18,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-SCHEMA_VERSION = 1
-EVENT_KINDS = ("compute", "comm", "wait", "alloc", "free", "marker")
-COMPUTE, COMM, WAIT, ALLOC, FREE, MARKER = range(len(EVENT_KINDS))
+SCHEMA_VERSION = 2
+# record / stream_wait: a stream's position recorded as event `tag`, and a stream waiting
+# for event `tag` (emulator/streams.py); the row's `stream` is the recording/waiting one.
+EVENT_KINDS = ("compute", "comm", "wait", "alloc", "free", "marker", "record", "stream_wait")
+COMPUTE, COMM, WAIT, ALLOC, FREE, MARKER, RECORD, STREAM_WAIT = range(len(EVENT_KINDS))
 PHASES = ("forward", "backward", "recompute", "optimizer")
 CATEGORIES = (
     "parameter",
@@ -32,8 +34,6 @@ CATEGORIES = (
     "communication",
     "other",
 )
-# Stream of comm events: the process group's own communication stream (as NCCL's).
-GROUP_STREAM = -1
 
 # Column name -> dtype. String columns hold indices into `RankTrace.strings` (0 is "").
 COLUMNS = {
@@ -119,6 +119,7 @@ class OpEvent(NamedTuple):
     tensors: tuple = ()  # ((shape tuple, dtype name, is_output), ...)
     workspace_bytes: int = 0
     causal: bool = False
+    tag: int = 0  # record / stream_wait: the event id
 
 
 class _Strings:
@@ -269,12 +270,13 @@ def _comm_columns(events, intern: _Strings) -> dict[str, list]:
             "root",
             "tag",
             "comm_seq",
+            "stream",
         )
     }
     for e in events:
         is_wait = hasattr(e, "comm_seq")
         values = (
-            (WAIT, 0, 0, 0, 0, 0, 0, 0, False, -1, -1, 0, e.comm_seq)
+            (WAIT, 0, 0, 0, 0, 0, 0, 0, False, -1, -1, 0, e.comm_seq, e.stream)
             if is_wait
             else (
                 COMM,
@@ -290,6 +292,7 @@ def _comm_columns(events, intern: _Strings) -> dict[str, list]:
                 -1 if e.root is None else e.root,
                 e.tag,
                 -1,
+                e.stream,
             )
         )
         for column, value in zip(cols.values(), values, strict=True):
@@ -313,7 +316,8 @@ def build_trace(op_events=(), comm_events=(), groups=None, categories=None) -> R
     """Merge recorder events (`OpEvent`) and backend events (CommEvent / WaitEvent) by `seq`.
 
     Each source must already be in `seq` order. Comm and wait rows inherit module, phase and
-    micro-batch from the recorder event just before them; their stream is `GROUP_STREAM`.
+    micro-batch from the recorder event just before them; their stream is the one they were
+    issued (comm) or waited (wait) from; the collective itself runs on its group's stream.
     `categories` (storage id -> category) overrides the category recorded at allocation
     time (the recorder refines categories as it learns more).
     """
@@ -356,7 +360,6 @@ def build_trace(op_events=(), comm_events=(), groups=None, categories=None) -> R
         has_ctx = before >= 0
         for key in ("module", "phase", "micro_batch"):
             cols[key][comm_pos[has_ctx]] = cols[key][op_pos[before[has_ctx]]]
-        cols["stream"][comm_pos] = GROUP_STREAM
         size_counts[comm_pos] = [len(getattr(e, "sizes", None) or ()) for e in comm_events]
         for e in comm_events:
             sizes.extend(getattr(e, "sizes", None) or ())

@@ -42,6 +42,7 @@ from torch.futures import Future
 
 from emulator import comm_events
 from emulator.comm_events import CommEvent, WaitEvent
+from emulator.streams import current_stream_id
 
 BACKEND_NAME = "prism"
 # read-only defaults for callers that pass no options (torch always passes them)
@@ -69,7 +70,7 @@ class VirtualWork(dist.Work):
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         if not self._waited and self._recorder is not None and self._comm_seq is not None:
-            self._recorder.emit(WaitEvent, comm_seq=self._comm_seq)
+            self._recorder.emit(WaitEvent, comm_seq=self._comm_seq, stream=current_stream_id())
         self._waited = True
         return True
 
@@ -186,6 +187,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
             root=root,
             tag=tag,
             sizes=sizes if coalesced else None,
+            stream=current_stream_id(),
         )
         return VirtualWork(recorder, event.seq, result)
 

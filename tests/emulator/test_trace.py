@@ -54,7 +54,7 @@ def test_merge_orders_by_the_shared_sequence_and_inherits_context():
     comm = kinds.index(tr.COMM)
     assert kinds[comm + 2] == tr.WAIT and t["comm_seq"][comm + 2] == t["seq"][comm]
     assert tr.COMPUTE in kinds[:comm] and tr.COMPUTE in kinds[comm:]
-    assert t["micro_batch"][comm] == 1 and t["stream"][comm] == tr.GROUP_STREAM
+    assert t["micro_batch"][comm] == 1 and t["stream"][comm] == 0  # issued from the default stream
     coalesced = comm + 1
     off = t.ragged["sizes_offsets"]
     assert t.ragged["sizes"][off[coalesced] : off[coalesced + 1]].tolist() == [4, 8]
