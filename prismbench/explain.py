@@ -12,7 +12,10 @@ Conventions (stated once, used everywhere below):
   hardware FLOPs add it: full recompute reruns the forward of every transformer layer (not the
   logits layer), which makes hardware FLOPs equal Narayanan eq. 3,
   96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)), for a GPT with a 4h MLP and MHA; selective recompute
-  reruns only the attention core (QK^T, softmax, AV) forward, Korthikanti et al. 2022 Sec. 4.2.
+  is counted as Korthikanti et al. 2022 Sec. 4.2 define it (rerun only the attention core,
+  QK^T, softmax, AV). The workloads' "selective" is torchtitan's op-level policy instead (it
+  reruns every second matmul), so for that mode this figure is the paper's, not the
+  program's: `prismbench emulate` reports the FLOPs the captured program runs.
 - Parameters per rank: tensor parallelism shards linear weights column/row-wise (row-parallel
   biases stay whole), and embedding and output by vocab (ceil(V/tp) rows); norms and learned
   position tables are replicated; tp divides kv_heads (the spec refuses kv-head replication).

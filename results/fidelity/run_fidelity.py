@@ -1,6 +1,10 @@
 """Emulate every baseline under results/baselines/ and write the fidelity table.
 
-    python results/fidelity/run_fidelity.py [--only SUBSTRING] [--workers N]
+    python results/fidelity/run_fidelity.py [--only SUBSTRING] [--workers N] [--shard K/N]
+    python results/fidelity/run_fidelity.py --merge N
+
+Shards let N processes share the baselines (most are one class, so one core each);
+`--merge N` then combines their files into fidelity.csv and the README.
 
 Writes results/fidelity/fidelity.csv (one row per baseline emulated) and the generated
 block of results/fidelity/README.md (per-source error statistics and every row). Captures
@@ -26,10 +30,22 @@ BASELINES = HERE.parent / "baselines"
 BEGIN, END = "<!-- BEGIN GENERATED -->", "<!-- END GENERATED -->"
 
 
-def run(only: str | None, workers: int | None) -> tuple[list[FidelityRecord], list[tuple[str, str]]]:
+def capture_work(baseline) -> int:
+    """Rough capture cost: layer passes the captured ranks run (quick baselines go first)."""
+    return baseline.job.num_microbatches * baseline.job.model.layers
+
+
+def run(
+    only: str | None,
+    workers: int | None,
+    shard: tuple[int, int] = (0, 1),
+    on_record=lambda record: None,
+    on_failure=lambda name, error: None,
+) -> tuple[list[FidelityRecord], list[tuple[str, str]]]:
     baselines = [b for b in load_baselines(BASELINES) if not only or only in b.name]
     baselines = [b for b in baselines if measured_iteration_s(b) is not None]
-    baselines.sort(key=lambda b: (b.job.parallel.pp, b.job.world_size))  # quick ones first
+    baselines.sort(key=capture_work)
+    baselines = baselines[shard[0] :: shard[1]]
     records, failures = [], []
     for i, baseline in enumerate(baselines, 1):
         started = time.perf_counter()
@@ -37,10 +53,12 @@ def run(only: str | None, workers: int | None) -> tuple[list[FidelityRecord], li
             result = emulate(baseline.job, name=baseline.name, workers=workers)
         except Exception as err:  # noqa: BLE001  (reported in the table, never dropped)
             failures.append((baseline.name, f"{type(err).__name__}: {err}".splitlines()[0][:200]))
+            on_failure(*failures[-1])
             print(f"[{i}/{len(baselines)}] {baseline.name}: FAILED {failures[-1][1]}", file=sys.stderr)
             continue
         record = compare(baseline, result)
         records.append(record)
+        on_record(record)
         print(
             f"[{i}/{len(baselines)}] {baseline.name}: measured {record.measured_iteration_s:.3f} s, "
             f"predicted {record.predicted_iteration_s:.3f} s ({100 * record.error:+.1f} %) "
@@ -65,7 +83,7 @@ def markdown(records: list[FidelityRecord], failures: list[tuple[str, str]]) -> 
         "|---|--:|--:|--:|--:|--:|---|",
     ]
     for s in summarize(records):
-        goal = {True: "met", False: "NOT met", None: f"n/a (< 5 rows)"}[s.goal_met]
+        goal = {True: "met", False: "NOT met", None: "n/a (< 5 rows)"}[s.goal_met]
         lines.append(
             f"| {s.source} | {s.rows} | {100 * s.mean_error:+.1f} % | {100 * s.mean_abs_error:.1f} % "
             f"| {100 * s.median_abs_error:.1f} % | {100 * s.max_abs_error:.1f} % | {goal} |"
@@ -90,6 +108,28 @@ def markdown(records: list[FidelityRecord], failures: list[tuple[str, str]]) -> 
     return "\n".join(lines)
 
 
+def read_csv(path: Path) -> list[FidelityRecord]:
+    types = {f.name: f.type for f in FidelityRecord.__dataclass_fields__.values()}
+    records = []
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            values = {}
+            for key, text in row.items():
+                kind = str(types[key])
+                if text == "":
+                    values[key] = None
+                elif kind.startswith("bool"):
+                    values[key] = text == "True"
+                elif kind.startswith("int"):
+                    values[key] = int(text)
+                elif kind.startswith("float"):
+                    values[key] = float(text)
+                else:
+                    values[key] = text
+            records.append(FidelityRecord(**values))
+    return records
+
+
 def write_readme(block: str, path: Path) -> None:
     text = path.read_text() if path.exists() else f"# Fidelity\n\n{BEGIN}\n{END}\n"
     head, rest = text.split(BEGIN, 1)
@@ -101,10 +141,38 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="emulate only baselines whose name contains this")
     parser.add_argument("--workers", type=int, default=None, help="capture processes")
+    parser.add_argument("--shard", default="0/1", help="K/N: run every N-th baseline from K")
+    parser.add_argument("--merge", type=int, metavar="N", help="combine N shards' files")
     args = parser.parse_args()
+    if args.merge:
+        records, failures = [], []
+        for k in range(args.merge):
+            records += read_csv(HERE / f"shard-{k}.csv")
+            failures += [tuple(line.split("\t", 1)) for line in (HERE / f"shard-{k}.failures").read_text().splitlines()]
+            (HERE / f"shard-{k}.csv").unlink()
+            (HERE / f"shard-{k}.failures").unlink()
+        write_csv(records, HERE / "fidelity.csv")
+        write_readme(markdown(records, failures), HERE / "README.md")
+        print(markdown(records, failures))
+        return 0
+    k, n = (int(x) for x in args.shard.split("/"))
+    if n > 1:  # shards write as they go, so an interrupted run keeps what it measured
+        csv_path, failures_path = HERE / f"shard-{k}.csv", HERE / f"shard-{k}.failures"
+        csv_path.write_text(",".join(FidelityRecord.__dataclass_fields__) + "\n")
+        failures_path.write_text("")
+
+        def on_record(record):
+            with csv_path.open("a", newline="") as f:
+                csv.DictWriter(f, fieldnames=list(FidelityRecord.__dataclass_fields__)).writerow(record.to_dict())
+
+        def on_failure(name, error):
+            with failures_path.open("a") as f:
+                f.write(f"{name}\t{error}\n")
+
+        run(args.only, args.workers, (k, n), on_record, on_failure)
+        return 0
     records, failures = run(args.only, args.workers)
-    suffix = "" if not args.only else "-partial"
-    write_csv(records, HERE / f"fidelity{suffix}.csv")
+    write_csv(records, HERE / ("fidelity.csv" if not args.only else "fidelity-partial.csv"))
     if not args.only:
         write_readme(markdown(records, failures), HERE / "README.md")
     print(markdown(records, failures))
