@@ -22,12 +22,17 @@ so RNG state is not saved for the recomputation.
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 
 import torch
 from torch import nn
 from torch.distributed._composable import checkpoint
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import (
+    SAC_IGNORED_OPS,
+    CheckpointPolicy,
+    create_selective_checkpoint_contexts,
+)
 
 MODES = ("none", "selective", "full")
 SELECTIVE_GRANULARITIES = ("op", "attention")
@@ -62,8 +67,29 @@ def _op_policy():
     return policy
 
 
+# Bookkeeping ops that FSDP2's hooks run inside a block's recompute but outside its first
+# forward (its pre-forward hook runs before the checkpoint region is entered): they launch no
+# kernel, and SAC must not count them or recompute finds no stored entry for them.
+_BOOKKEEPING_OPS = {
+    torch.ops.profiler._record_function_enter_new.default,
+    torch.ops.profiler._record_function_exit._RecordFunction,
+}
+
+
+@contextlib.contextmanager
+def _ignoring_bookkeeping(context):
+    added = _BOOKKEEPING_OPS - SAC_IGNORED_OPS
+    SAC_IGNORED_OPS.update(added)
+    try:
+        with context:
+            yield
+    finally:
+        SAC_IGNORED_OPS.difference_update(added)
+
+
 def _op_context():
-    return create_selective_checkpoint_contexts(_op_policy())
+    forward, recompute = create_selective_checkpoint_contexts(_op_policy())
+    return _ignoring_bookkeeping(forward), _ignoring_bookkeeping(recompute)
 
 
 def apply_recompute(model: nn.Module, mode: str, *, selective: str = "op") -> nn.Module:

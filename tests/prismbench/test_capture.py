@@ -310,6 +310,8 @@ COVERAGE = {
     "recompute-none": ({}, {"recompute": "none"}, "llama-debug"),
     "recompute-selective": ({}, {"recompute": "selective"}, "llama-debug"),
     "recompute-full": ({}, {"recompute": "full"}, "llama-debug"),
+    # FSDP2's hooks run record_function inside the block's recompute only: SAC must ignore it
+    "recompute-selective-fsdp": ({"dp": 2, "zero": 3}, {"recompute": "selective"}, "llama-debug"),
     "fp16": ({}, {"precision": "fp16"}, "llama-debug"),
     "fp8": ({}, {"precision": "fp8"}, "llama-debug"),
     "gpt-learned-tp-pp": ({"tp": 2, "pp": 2}, {}, "gpt-debug"),
