@@ -405,7 +405,10 @@ class OpRecorder(TorchDispatchMode):
     # ---- storages --------------------------------------------------------------------------
 
     def _declare(self, tensor: torch.Tensor, category: str) -> None:
-        storage = tensor.untyped_storage()
+        # a DTensor (TP- or FSDP-sharded parameter, its grad, its optimizer state) owns no
+        # memory of its own: its local shard does
+        local = tensor._local_tensor if isinstance(tensor, self._dtensor) else tensor
+        storage = local.untyped_storage()
         known = self._live.get(id(storage))
         if known is None:
             self._see_storage(storage, category, declared=True)

@@ -35,6 +35,12 @@ def capture_work(baseline) -> int:
     return baseline.job.num_microbatches * baseline.job.model.layers
 
 
+def comparable_baselines() -> list:
+    """Baselines with a measured iteration time to compare with, quickest capture first."""
+    baselines = [b for b in load_baselines(BASELINES) if measured_iteration_s(b) is not None]
+    return sorted(baselines, key=capture_work)
+
+
 def run(
     only: str | None,
     workers: int | None,
@@ -42,9 +48,7 @@ def run(
     on_record=lambda record: None,
     on_failure=lambda name, error: None,
 ) -> tuple[list[FidelityRecord], list[tuple[str, str]]]:
-    baselines = [b for b in load_baselines(BASELINES) if not only or only in b.name]
-    baselines = [b for b in baselines if measured_iteration_s(b) is not None]
-    baselines.sort(key=capture_work)
+    baselines = [b for b in comparable_baselines() if not only or only in b.name]
     baselines = baselines[shard[0] :: shard[1]]
     records, failures = [], []
     for i, baseline in enumerate(baselines, 1):
@@ -105,6 +109,11 @@ def markdown(records: list[FidelityRecord], failures: list[tuple[str, str]]) -> 
     if failures:
         lines += ["", "Baselines that failed to emulate:", ""]
         lines += [f"- `{name}`: {error}" for name, error in failures]
+    done = {r.baseline for r in records} | {name for name, _ in failures}
+    pending = [b for b in comparable_baselines() if b.name not in done]
+    if pending:
+        lines += ["", "Baselines not run (the run was stopped before them; capture work in layer passes):", ""]
+        lines += [f"- `{b.name}`: {capture_work(b):,}" for b in pending]
     return "\n".join(lines)
 
 

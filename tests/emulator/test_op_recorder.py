@@ -265,3 +265,22 @@ def test_benchmark_recorded_step(benchmark):
 
         rec = benchmark(recorded_step)
     assert int(compute_rows(rec.trace()).sum()) > 0
+
+
+def test_a_declared_dtensor_counts_its_local_shard_only():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from emulator.virtual_pg import destroy_virtual_world, init_virtual_world
+
+    init_virtual_world(0, 4)
+    try:
+        mesh = init_device_mesh("cpu", (4,))
+        sharded = distribute_tensor(torch.zeros(8, 4), mesh, [Shard(0)])  # local 2 x 4 fp32
+        rec = OpRecorder()
+        rec.tag(sharded, "parameter")
+        trace = rec.trace()
+        allocs = trace["size_bytes"][trace["kind"] == ALLOC]
+        assert allocs.tolist() == [2 * 4 * 4]
+    finally:
+        destroy_virtual_world()
