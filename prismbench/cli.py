@@ -68,6 +68,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    return value
+
+
 def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -149,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     capture.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     capture.add_argument("--no-cache", action="store_true", help="capture again even if cached")
     capture.add_argument(
-        "--workers", type=int, default=None, metavar="N", help="capture processes (default: cores)"
+        "--workers", type=_positive_int, default=None, metavar="N", help="capture processes (default: cores)"
     )
     capture.set_defaults(handler=_cmd_capture)
 
@@ -172,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     emulate_cmd.add_argument("--no-cache", action="store_true", help="capture again even if cached")
     emulate_cmd.add_argument(
-        "--workers", type=int, default=None, metavar="N", help="capture processes (default: cores)"
+        "--workers", type=_positive_int, default=None, metavar="N", help="capture processes (default: cores)"
     )
     emulate_cmd.set_defaults(handler=_cmd_emulate)
 

@@ -137,3 +137,10 @@ def test_python_dash_m_prismbench_explain_json():
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["world_size"] == 8192
+
+
+@pytest.mark.parametrize("command", ["emulate", "capture"])
+def test_workers_must_be_positive(command, capsys):
+    extra = ["--out", "unused"] if command == "capture" else []
+    assert main([command, "examples/jobspec.example.toml", "--workers", "0", *extra]) == 2
+    assert "--workers: '0' must be a positive integer" in capsys.readouterr().err
