@@ -107,9 +107,14 @@ def _parse_ranks(text: str | None) -> list[int] | None:
 
 
 def _cmd_emulate(args: argparse.Namespace) -> int:
+    from emulator.memory import parse_alloc_conf
     from prismbench.emulate import emulate
 
     job = load_job_spec(args.job)
+    try:
+        parse_alloc_conf(args.alloc_conf)
+    except ValueError as err:  # checked before anything runs, like the job spec
+        raise SpecError(f"--alloc-conf: {err}") from None
     ranks = _parse_ranks(args.ranks)
     for rank in ranks or ():
         if not 0 <= rank < job.world_size:

@@ -71,12 +71,36 @@ class AllocatorConfig:
         return self.roundup_power2_divisions[min(index, _ROUNDUP_INTERVALS - 1)]
 
 
+_MODELLED_OPTIONS = {
+    "max_split_size_mb",
+    "max_non_split_rounding_mb",
+    "large_segment_size_mb",
+    "garbage_collection_threshold",
+    "expandable_segments",
+    "roundup_power2_divisions",
+}
+# torch's AllocatorConfig options for pinned host memory: no effect on device memory
+_HOST_ONLY_OPTIONS = {
+    "pinned_use_cuda_host_register",
+    "pinned_num_register_threads",
+    "pinned_use_background_threads",
+}
+
+
 def parse_alloc_conf(text: str) -> AllocatorConfig:
     """An `AllocatorConfig` from a `PYTORCH_ALLOC_CONF` string, e.g.
     "expandable_segments:True,max_split_size_mb:512,roundup_power2_divisions:[256:1,>:4]".
-    Unknown keys are skipped, as torch skips options of other backends."""
+    Options that only concern host (pinned) memory are accepted and have no effect here; any
+    other option the model does not implement (e.g. backend:cudaMallocAsync, a typo) is
+    refused rather than silently ignored."""
     kwargs: dict = {}
     for key, value in _items(text):
+        if key in _HOST_ONLY_OPTIONS:
+            continue
+        if key not in _MODELLED_OPTIONS:
+            raise ValueError(
+                f"allocator option {key!r} is not modelled; known: {sorted(_MODELLED_OPTIONS)}"
+            )
         if key == "max_split_size_mb":
             kwargs["max_split_size_bytes"] = _mb(key, value)
         elif key == "max_non_split_rounding_mb":

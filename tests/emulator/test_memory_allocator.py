@@ -208,3 +208,11 @@ def test_alloc_conf_parses_every_option():
     assert conf.roundup_power2_divisions == (1,) * 9 + (2,) + (8,) * 6
     assert conf.divisions_for(300 * MiB) == 1 and conf.divisions_for(600 * MiB) == 2
     assert conf.divisions_for(5 << 30) == 8
+
+
+def test_an_option_the_model_does_not_implement_is_refused():
+    with pytest.raises(ValueError, match="allocator option 'backend' is not modelled"):
+        parse_alloc_conf("backend:cudaMallocAsync")
+    with pytest.raises(ValueError, match="allocator option 'bogus' is not modelled"):
+        parse_alloc_conf("expandable_segments:True,bogus:1")
+    assert parse_alloc_conf("pinned_use_cuda_host_register:True") == parse_alloc_conf("")

@@ -144,3 +144,8 @@ def test_workers_must_be_positive(command, capsys):
     extra = ["--out", "unused"] if command == "capture" else []
     assert main([command, "examples/jobspec.example.toml", "--workers", "0", *extra]) == 2
     assert "--workers: '0' must be a positive integer" in capsys.readouterr().err
+
+
+def test_an_allocator_option_the_model_lacks_is_refused_before_anything_runs(capsys):
+    assert main(["emulate", "examples/jobspec.example.toml", "--alloc-conf", "backend:cudaMallocAsync"]) == 2
+    assert "--alloc-conf: allocator option 'backend' is not modelled" in capsys.readouterr().err
