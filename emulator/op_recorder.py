@@ -375,7 +375,10 @@ class OpRecorder(TorchDispatchMode):
         return phase
 
     def _module(self) -> str:
-        return max(self._mod_tracker.parents, key=len)
+        # the deepest active module; ModTracker's parents is a set, and in backward sibling
+        # modules can be active together (wk and wv share an input), so ties are broken by
+        # name: set order follows string hashes, which change with every process
+        return max(self._mod_tracker.parents, key=lambda name: (len(name), name))
 
     def _emit(
         self,
