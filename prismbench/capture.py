@@ -2,8 +2,9 @@
 
 `capture_job(job)` builds the world of the job spec, and for the representative rank of
 every class (one per pipeline rank) runs `workloads.train_step` through
-`emulator.capture.capture_rank`. Classes are captured by worker processes (one rank of a
-virtual world per process; the world is process-global state) and cached on disk by the
+`emulator.capture.capture_rank`. Classes are captured by worker processes (a worker is one
+rank of a virtual world at a time: the world is process-global state, created and destroyed
+around each class) and cached on disk by the
 resolved spec and a hash of the emulator's and workloads' source, so a second run of the
 same job and code costs only the load.
 
@@ -115,9 +116,12 @@ def _run_workers(job, class_ids, paths, workers, progress) -> None:
             seconds = _capture_class(job, class_id, str(paths[class_id]))
             _report(progress, done, len(class_ids), class_id, seconds)
         return
-    # spawn: a worker becomes one rank of a virtual world; nothing may leak between them
+    # spawn, not fork: the parent may hold torch state a child must not inherit. A worker
+    # captures several classes in turn, each in a virtual world it creates and destroys
+    # (emulator.capture.capture_rank), so the interpreter and torch import (~4 s) are paid
+    # once per worker, not once per class.
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, maxtasksperchild=1) as pool:
+    with context.Pool(workers) as pool:
         pending = {
             class_id: pool.apply_async(_capture_class, (job, class_id, str(paths[class_id])))
             for class_id in class_ids

@@ -17,7 +17,7 @@ import pytest
 import workloads.zero
 from emulator.capture import capture_rank
 from emulator.trace import COMPUTE, RankTrace
-from prismbench.capture import world_of
+from prismbench.capture import capture_job, world_of
 from prismbench.cli import main
 from prismbench.explain import explain
 from prismbench.program import rank_program
@@ -430,3 +430,18 @@ def test_capture_command_writes_traces_and_summary_then_hits_the_cache(
     again = json.loads(capsys.readouterr().out)
     assert again["cached"] is True
     assert again["classes"] == summary["classes"]
+
+
+@pytest.mark.integration
+def test_workers_that_capture_several_classes_in_turn_give_the_same_traces(tmp_path):
+    # pp 4 -> 4 classes over 2 worker processes: each worker captures classes one after the
+    # other in one interpreter, which must leave nothing behind that changes the next trace
+    job = debug_job({"pp": 4}, global_batch=4)
+    alone = capture_job(job, workers=1, cache_dir=tmp_path / "one")
+    pooled = capture_job(job, workers=2, cache_dir=tmp_path / "two")
+    world = alone.world
+    for class_id in world.classes():
+        rep = world.representative(class_id)
+        a = normalised(alone.traces[class_id], world, rep)
+        b = normalised(pooled.traces[class_id], world, rep)
+        assert first_difference(a, b) is None, class_id
