@@ -22,6 +22,8 @@ torch-level patches active only during capture:
 - a DeviceMesh made during build (FSDP2 concatenates its dp mesh with a TP parameter's
   mesh) finds this rank's coordinates in the rank map with `nonzero`, which fake mode
   refuses; the rank map is a real tensor, so meshes are built outside fake mode;
+- ops a CUDA build runs fused where the CPU path decomposes (`torch.rms_norm`) are routed
+  to the fused op pair (`emulator.fused_ops`);
 - micro-batch markers: `PipelineStage.forward_one_chunk` / `backward_one_chunk` /
   `backward_weight_one_chunk` set the recorder's micro-batch; without pipelining, each
   forward of a root module starts the next micro-batch. Optimizer steps (torch's global
@@ -47,6 +49,7 @@ from torch.optim.optimizer import (
 )
 
 from emulator import streams
+from emulator.fused_ops import gpu_fused_ops
 from emulator.comm_events import Recorder, recording
 from emulator.op_recorder import OpRecorder
 from emulator.trace import EventSequence, RankTrace
@@ -162,6 +165,7 @@ def capture_rank(rank: int, world_size: int, program: RankProgram) -> RankTrace:
             static_pipeline_warmup(),
             real_mesh_tensors(),
             recording(comm),
+            gpu_fused_ops(),
             FakeTensorMode(allow_non_fake_inputs=True),
         ):
             state, declared = program.build(context)
