@@ -53,6 +53,9 @@ NORMALIZED = {
     # GPU (FlashAttention-2 takes ALiBi slopes), see workloads/models/attention_ops.py
     "prism.masked_attention": "flash_attn_fwd",
     "prism.masked_attention_backward": "flash_attn_bwd",
+    # workloads' RoPE: one fused elementwise kernel each way (Megatron-core's fused RoPE),
+    # see workloads/models/rope_ops.py
+    "prism.rope": "elementwise",
     "aten.native_layer_norm": "norm",
     "aten.native_layer_norm_backward": "norm",
     "aten._fused_rms_norm": "norm",

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workloads.models.attention_ops import masked_attention
+from workloads.models.rope_ops import rope
 
 INIT_STD = 0.02  # GPT-2 / Megatron / torchtitan default normal init
 
@@ -23,19 +24,10 @@ def rope_rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch
     """Rotate pairs (2i, 2i+1) of the last dim of x [b, s, h, d] by positions * theta^(-2i/d).
 
     Meta's Llama layout (interleaved pairs, as its complex-number view does), computed
-    in float32 from `positions` so context-parallel chunks get their absolute angles.
+    in float32 from `positions` so context-parallel chunks get their absolute angles; one
+    fused op (`prism::rope`, see rope_ops.py), as Megatron-core's fused RoPE kernel runs it.
     """
-    head_dim = x.shape[-1]
-    freqs = theta ** (
-        -torch.arange(0, head_dim, 2, device=x.device, dtype=torch.float32) / head_dim
-    )
-    angles = positions.to(torch.float32)[:, None] * freqs[None, :]  # [s, d/2]
-    cos = angles.cos()[None, :, None, :]
-    sin = angles.sin()[None, :, None, :]
-    pairs = x.float().unflatten(-1, (-1, 2))
-    even, odd = pairs[..., 0], pairs[..., 1]
-    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
-    return rotated.flatten(-2).type_as(x)
+    return rope(x, positions, float(theta), False)
 
 
 def alibi_slopes(heads: int) -> list[float]:
