@@ -49,8 +49,8 @@ from torch.optim.optimizer import (
 )
 
 from emulator import streams
-from emulator.fused_ops import gpu_fused_ops
 from emulator.comm_events import Recorder, recording
+from emulator.fused_ops import gpu_fused_ops
 from emulator.op_recorder import OpRecorder
 from emulator.trace import EventSequence, RankTrace
 from emulator.virtual_pg import destroy_virtual_world, init_virtual_world
