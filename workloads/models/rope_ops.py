@@ -1,7 +1,7 @@
 """Rotary position embedding as one custom op, as the fused RoPE kernels of training stacks run it.
 
-Megatron-core applies RoPE with one fused kernel by default (`apply_rope_fusion`, the
-Transformer Engine / apex `fused_rope` kernels), forward and backward each reading the
+Megatron-LM applies RoPE with one fused kernel unless told `--no-rope-fusion`
+(`apply_rope_fusion`: Transformer Engine's or apex's `fused_rope`), forward and backward each reading the
 tensor once and writing it once, with the angles computed in float32 inside the kernel.
 Written with plain torch ops the rotation is ~17 forward and ~13 backward kernels per
 tensor (angles, float32 upcast, four products, stack, downcast) that also keep float32
