@@ -437,7 +437,7 @@ def test_workers_that_capture_several_classes_in_turn_give_the_same_traces(tmp_p
     # pp 4 -> 4 classes over 2 worker processes: each worker captures classes one after the
     # other in one interpreter, which must leave nothing behind that changes the next trace
     job = debug_job({"pp": 4}, global_batch=4)
-    alone = capture_job(job, workers=1, cache_dir=tmp_path / "one")
+    alone = capture(job, tmp_path / "one")
     pooled = capture_job(job, workers=2, cache_dir=tmp_path / "two")
     world = alone.world
     for class_id in world.classes():
