@@ -24,6 +24,9 @@ torch-level patches active only during capture:
   refuses; the rank map is a real tensor, so meshes are built outside fake mode;
 - ops a CUDA build runs fused where the CPU path decomposes (`torch.rms_norm`) are routed
   to the fused op pair (`emulator.fused_ops`);
+- DTensor learns an op's output shape by running it on fake tensors (once per sharding, in
+  an lru_cache) in the active fake mode, i.e. ours; those runs are paused in the recorder,
+  else the first micro-batch (and the first capture in a worker) would carry phantom kernels;
 - micro-batch markers: `PipelineStage.forward_one_chunk` / `backward_one_chunk` /
   `backward_weight_one_chunk` set the recorder's micro-batch; without pipelining, each
   forward of a root module starts the next micro-batch. Optimizer steps (torch's global
@@ -43,6 +46,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import schedules as pipeline_schedules
 from torch.distributed.pipelining import stage as pipeline_stage
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
@@ -100,6 +104,23 @@ def real_mesh_tensors() -> Iterator[None]:
         yield
     finally:
         DeviceMesh.__init__, DeviceMesh.mesh = init, mesh
+
+
+@contextlib.contextmanager
+def dtensor_shape_propagation_unrecorded(recorder: OpRecorder) -> Iterator[None]:
+    """Run DTensor's fake shape propagation with the recorder paused (module docstring)."""
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    @functools.wraps(original)
+    def paused(self, op_schema):
+        with recorder.paused():
+            return original(self, op_schema)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = paused
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original
 
 
 _CHUNK_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
@@ -175,6 +196,7 @@ def capture_rank(rank: int, world_size: int, program: RankProgram) -> RankTrace:
                 recorder.tag(tensors, category)
             with (
                 recorder,
+                dtensor_shape_propagation_unrecorded(recorder),
                 streams.tracking(recorder.stream_tracker()),
                 micro_batch_markers(recorder, program.roots(state)),
                 optimizer_phase(recorder),

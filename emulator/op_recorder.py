@@ -147,6 +147,7 @@ class OpRecorder(TorchDispatchMode):
         self._last_phase = -1
         self._epoch = 0
         self._fw_depth = 0
+        self._paused = 0
         self._params = WeakIdKeyDictionary()  # tagged parameters (keys only)
         self._grad_hooks: list = []
         self._mod_tracker = _ModTracker()
@@ -196,6 +197,16 @@ class OpRecorder(TorchDispatchMode):
             yield
         finally:
             self._micro_batch = previous
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Ops inside the block run unrecorded (work the program does not do on a GPU, such as
+        DTensor running an op on fake tensors to learn its output's shape)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
 
     def set_micro_batch(self, index: int) -> None:
         """Ops from now on belong to micro-batch `index` (marked in the trace)."""
@@ -302,6 +313,8 @@ class OpRecorder(TorchDispatchMode):
             tensor = args[0]
             return _META if tensor.fake_mode.in_kernel_invocation else tensor.fake_device
         kwargs = kwargs or {}
+        if self._paused:
+            return func(*args, **kwargs)
         if self._dtensor in types:
             return NotImplemented  # let DTensor unwrap; its local ops come back here
         info = _OP_INFOS.get(func)
@@ -312,7 +325,7 @@ class OpRecorder(TorchDispatchMode):
         else:
             out = func(*args, **kwargs)
         if info.ignored or active_fake_mode() is not self._fake_mode:
-            return out  # DTensor sharding propagation runs in a nested fake mode: not ours
+            return out  # ops of another fake mode nested in ours are not this rank's work
         phase = self._current_phase()
         if isinstance(out, torch.Tensor):
             outs = [out]

@@ -137,6 +137,22 @@ def test_tp_with_sequence_parallel_matches_megatron_per_layer(tmp_path, model):
     assert count(rows, kind="all_reduce", phase="optimizer") == 2
 
 
+def test_dtensor_shape_propagation_adds_no_kernels_to_the_first_micro_batch(tmp_path):
+    # DTensor runs each new sharding once on fake tensors to learn the output's shape; on a
+    # GPU that costs no kernel, so micro-batch 0's layers compute exactly what micro-batch
+    # 1's do (outside the layers the loss bookkeeping differs between micro-batches)
+    trace = capture(debug_job({"tp": 2}, global_batch=2), tmp_path).traces[0]
+    c = trace.columns
+    forward = (c["kind"] == COMPUTE) & (trace["phase"] == 0)
+
+    def ops(micro_batch):
+        rows = np.flatnonzero(forward & (c["micro_batch"] == micro_batch))
+        named = [(trace.strings[c["module"][i]], trace.strings[c["name"][i]], c["flops"][i]) for i in rows]
+        return [(name, int(flops)) for module, name, flops in named if ".layers." in module]
+
+    assert ops(0) and ops(0) == ops(1)
+
+
 @pytest.fixture(scope="module")
 def tp_no_sp(tmp_path_factory):
     job = debug_job({"tp": 2, "sequence_parallel": False}, global_batch=1)
