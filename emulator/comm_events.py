@@ -43,6 +43,25 @@ COMM_KINDS = frozenset(
 )
 
 
+_backend_fill_depth = 0
+
+
+@contextlib.contextmanager
+def backend_fills() -> Iterator[None]:
+    """Ops inside the block are the backend writing a collective's outputs: on a GPU the
+    collective kernel does that, so they are not the rank's compute (the op recorder skips them)."""
+    global _backend_fill_depth
+    _backend_fill_depth += 1
+    try:
+        yield
+    finally:
+        _backend_fill_depth -= 1
+
+
+def in_backend_fills() -> bool:
+    return _backend_fill_depth > 0
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommEvent:
     """One collective or p2p call as this rank issued it."""

@@ -36,6 +36,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from emulator import opmap
+from emulator.comm_events import in_backend_fills
 from emulator.streams import RECORD, StreamTracker, current_stream_id
 from emulator.trace import (
     ALLOC,
@@ -313,7 +314,7 @@ class OpRecorder(TorchDispatchMode):
             tensor = args[0]
             return _META if tensor.fake_mode.in_kernel_invocation else tensor.fake_device
         kwargs = kwargs or {}
-        if self._paused:
+        if self._paused or in_backend_fills():
             return func(*args, **kwargs)
         if self._dtensor in types:
             return NotImplemented  # let DTensor unwrap; its local ops come back here

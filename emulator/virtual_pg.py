@@ -15,13 +15,16 @@ control flow (grad clipping, NaN checks, loss scaling) runs and never sees garba
 - all_gather / gather copy the local input into every slot; reduce_scatter takes this
   rank's chunk; all_to_all copies chunk i to chunk i (prefix copy, zero tail, when uneven);
 - broadcast / scatter on a non-root rank and recv fill with zeros.
-Fills run under no_grad, as a real backend writes behind autograd's back.
-Works on real CPU tensors and on FakeTensorMode tensors (the fills are ordinary ops).
+Fills run under no_grad, as a real backend writes behind autograd's back, and inside
+`comm_events.backend_fills()`, so the op recorder does not take them for compute kernels
+(on a GPU the collective's own kernel writes the output). Works on real CPU tensors and
+on FakeTensorMode tensors (the fills are ordinary ops).
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 
 import numpy as np
 import torch
@@ -95,6 +98,17 @@ def _op_name(opts) -> str:
 
 def _async(opts) -> bool:
     return bool(getattr(opts, "asyncOp", True))
+
+
+def _fills_outputs(method):
+    """A collective method that fills outputs (module docstring): no_grad, not rank compute."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with torch.no_grad(), comm_events.backend_fills():
+            return method(*args, **kwargs)
+
+    return wrapper
 
 
 def _fill_gathered(out: torch.Tensor, inp: torch.Tensor, n: int) -> None:
@@ -221,14 +235,14 @@ class VirtualProcessGroup(dist.ProcessGroup):
         )
 
     # -- all_gather ---------------------------------------------------------------------
-    @torch.no_grad()
+    @_fills_outputs
     def all_gather_single(self, output, input, opts=_ALLGATHER_OPTIONS):
         _fill_gathered(output, input, self.size())
         return self.record("all_gather", [output], async_op=_async(opts), result=[output])
 
     _allgather_base = all_gather_single
 
-    @torch.no_grad()
+    @_fills_outputs
     def allgather(self, output_tensors, input_tensors, opts=_ALLGATHER_OPTIONS):
         for outs, inp in zip(output_tensors, input_tensors, strict=True):
             for out in outs:
@@ -236,7 +250,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
         flat = [o for outs in output_tensors for o in outs]
         return self.record("all_gather", flat, async_op=_async(opts), result=output_tensors)
 
-    @torch.no_grad()
+    @_fills_outputs
     def _allgather_many(self, outputs, inputs, opts):
         for out, inp in zip(outputs, inputs, strict=True):
             _fill_gathered(out, inp, self.size())
@@ -250,7 +264,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
     def all_gather_single_coalesced(self, outputs, inputs, opts=_ALLGATHER_OPTIONS):
         return self._allgather_many(outputs, inputs, opts)
 
-    @torch.no_grad()
+    @_fills_outputs
     def allgather_coalesced(self, output_lists, input_list, opts=_ALLGATHER_OPTIONS):
         for outs, inp in zip(output_lists, input_list, strict=True):
             for out in outs:
@@ -261,7 +275,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
         )
 
     # -- reduce_scatter -------------------------------------------------------------------
-    @torch.no_grad()
+    @_fills_outputs
     def reduce_scatter_single(self, output, input, opts=_REDUCE_SCATTER_OPTIONS):
         output.copy_(input.reshape(self.size(), -1)[self.rank()].reshape(output.shape))
         return self.record(
@@ -270,7 +284,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
-    @torch.no_grad()
+    @_fills_outputs
     def reduce_scatter(self, output_tensors, input_tensors, opts=_REDUCE_SCATTER_OPTIONS):
         for out, chunks in zip(output_tensors, input_tensors, strict=True):
             out.copy_(chunks[self.rank()])
@@ -279,7 +293,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
             "reduce_scatter", flat, op=_op_name(opts), async_op=_async(opts), result=output_tensors
         )
 
-    @torch.no_grad()
+    @_fills_outputs
     def _reduce_scatter_many(self, outputs, inputs, opts):
         for out, inp in zip(outputs, inputs, strict=True):
             out.copy_(inp.reshape(self.size(), -1)[self.rank()].reshape(out.shape))
@@ -299,7 +313,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
         return self._reduce_scatter_many(outputs, inputs, opts)
 
     # -- all_to_all -------------------------------------------------------------------------
-    @torch.no_grad()
+    @_fills_outputs
     def all_to_all_single(
         self, output, input, output_split_sizes, input_split_sizes, opts=_ALL_TO_ALL_OPTIONS
     ):
@@ -308,7 +322,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
 
     alltoall_base = all_to_all_single
 
-    @torch.no_grad()
+    @_fills_outputs
     def alltoall(self, output_tensors, input_tensors, opts=_ALL_TO_ALL_OPTIONS):
         for out, inp in zip(output_tensors, input_tensors, strict=True):
             _copy_prefix(out, inp)
@@ -317,7 +331,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
         )
 
     # -- rooted collectives ---------------------------------------------------------------------
-    @torch.no_grad()
+    @_fills_outputs
     def broadcast(self, tensors, opts=_BROADCAST_OPTIONS):
         if opts.rootRank != self.rank():
             for t in tensors:
@@ -330,7 +344,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
             result=tensors,
         )
 
-    @torch.no_grad()
+    @_fills_outputs
     def scatter(self, output_tensors, input_tensors, opts=_SCATTER_OPTIONS):
         for i, out in enumerate(output_tensors):
             if input_tensors:
@@ -347,7 +361,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
             result=output_tensors,
         )
 
-    @torch.no_grad()
+    @_fills_outputs
     def gather(self, output_tensors, input_tensors, opts=_GATHER_OPTIONS):
         for outs, inp in zip(output_tensors, input_tensors, strict=False):  # [] off root
             for out in outs:
@@ -366,7 +380,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
     def send(self, tensors, dstRank, tag=0):
         return self.record("send", tensors, peer=self.global_rank(dstRank), tag=tag, result=tensors)
 
-    @torch.no_grad()
+    @_fills_outputs
     def recv(self, tensors, srcRank, tag=0):
         for t in tensors:
             t.zero_()

@@ -284,3 +284,24 @@ def test_a_declared_dtensor_counts_its_local_shard_only():
         assert allocs.tolist() == [2 * 4 * 4]
     finally:
         destroy_virtual_world()
+
+
+def test_a_collective_filling_its_outputs_records_no_compute_kernel():
+    # the backend fills outputs so value-reading code runs; on a GPU the NCCL kernel writes
+    # them, so the recorder sees the collective but no copy kernel next to it
+    import torch.distributed as dist
+
+    from emulator.virtual_pg import destroy_virtual_world, init_virtual_world
+
+    init_virtual_world(0, 4)
+    try:
+        with FakeTensorMode():
+            shard, gathered = torch.ones(8), torch.empty(32)
+            with OpRecorder() as rec:
+                dist.all_gather_into_tensor(gathered, shard)
+                dist.reduce_scatter_tensor(shard, gathered)
+                dist.recv(shard, src=1)
+                shard * 2
+        assert [e.name for e in rec.events if e.kind == COMPUTE] == ["elementwise"]
+    finally:
+        destroy_virtual_world()
