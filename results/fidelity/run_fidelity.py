@@ -1,6 +1,7 @@
 """Emulate every baseline under results/baselines/ and write the fidelity table.
 
     python results/fidelity/run_fidelity.py [--only SUBSTRING] [--workers N] [--shard K/N]
+                                            [--max-work LAYER_PASSES]
     python results/fidelity/run_fidelity.py --merge N
 
 Shards let N processes share the baselines (most are one class, so one core each);
@@ -45,10 +46,12 @@ def run(
     only: str | None,
     workers: int | None,
     shard: tuple[int, int] = (0, 1),
+    max_work: int | None = None,
     on_record=lambda record: None,
     on_failure=lambda name, error: None,
 ) -> tuple[list[FidelityRecord], list[tuple[str, str]]]:
     baselines = [b for b in comparable_baselines() if not only or only in b.name]
+    baselines = [b for b in baselines if max_work is None or capture_work(b) <= max_work]
     baselines = baselines[shard[0] :: shard[1]]
     records, failures = [], []
     for i, baseline in enumerate(baselines, 1):
@@ -112,7 +115,12 @@ def markdown(records: list[FidelityRecord], failures: list[tuple[str, str]]) -> 
     done = {r.baseline for r in records} | {name for name, _ in failures}
     pending = [b for b in comparable_baselines() if b.name not in done]
     if pending:
-        lines += ["", "Baselines not run (the run was stopped before them; capture work in layer passes):", ""]
+        lines += [
+            "",
+            "Baselines not run (capture work in layer passes over the run's `--max-work`, or the"
+            " run was stopped before them):",
+            "",
+        ]
         lines += [f"- `{b.name}`: {capture_work(b):,}" for b in pending]
     return "\n".join(lines)
 
@@ -152,6 +160,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=None, help="capture processes")
     parser.add_argument("--shard", default="0/1", help="K/N: run every N-th baseline from K")
     parser.add_argument("--merge", type=int, metavar="N", help="combine N shards' files")
+    parser.add_argument(
+        "--max-work", type=int, help="skip baselines whose capture work (layer passes) is larger"
+    )
     args = parser.parse_args()
     if args.merge:
         records, failures = [], []
@@ -178,9 +189,9 @@ def main() -> int:
             with failures_path.open("a") as f:
                 f.write(f"{name}\t{error}\n")
 
-        run(args.only, args.workers, (k, n), on_record, on_failure)
+        run(args.only, args.workers, (k, n), args.max_work, on_record, on_failure)
         return 0
-    records, failures = run(args.only, args.workers)
+    records, failures = run(args.only, args.workers, max_work=args.max_work)
     write_csv(records, HERE / ("fidelity.csv" if not args.only else "fidelity-partial.csv"))
     if not args.only:
         write_readme(markdown(records, failures), HERE / "README.md")
