@@ -53,6 +53,7 @@ from torch.optim.optimizer import (
 )
 
 from emulator import streams
+from emulator.chunk_reuse import reused_chunks
 from emulator.comm_events import Recorder, recording
 from emulator.fused_ops import gpu_fused_ops
 from emulator.op_recorder import OpRecorder
@@ -175,8 +176,14 @@ def optimizer_phase(recorder: OpRecorder) -> Iterator[None]:
         post.remove()
 
 
-def capture_rank(rank: int, world_size: int, program: RankProgram) -> RankTrace:
-    """The RankTrace of one iteration of `program` as rank `rank` of `world_size`."""
+def capture_rank(
+    rank: int, world_size: int, program: RankProgram, *, reuse_chunks: bool = True
+) -> RankTrace:
+    """The RankTrace of one iteration of `program` as rank `rank` of `world_size`.
+
+    `reuse_chunks`: record a pipeline stage's first forward and backward and reuse them for
+    its other micro-batches (emulator.chunk_reuse); raises ChunkReuseError when that turns
+    out not to hold for this program (capture again with False)."""
     init_virtual_world(rank, world_size)
     try:
         context = program.setup()
@@ -199,6 +206,7 @@ def capture_rank(rank: int, world_size: int, program: RankProgram) -> RankTrace:
                 dtensor_shape_propagation_unrecorded(recorder),
                 streams.tracking(recorder.stream_tracker()),
                 micro_batch_markers(recorder, program.roots(state)),
+                reused_chunks(recorder, comm, enabled=reuse_chunks),
                 optimizer_phase(recorder),
             ):
                 program.step(state, recorder.phase)

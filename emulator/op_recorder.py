@@ -22,6 +22,7 @@ the phase changes is reclassified "temporary".
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import weakref
 from collections.abc import Iterator
@@ -91,7 +92,9 @@ class _ModTracker(ModTracker):
             self._user_pre_fw_hook(mod, input)
         args, _ = tree_flatten(input)
         tensors = [
-            a for a in args if isinstance(a, torch.Tensor) and a.requires_grad and a.grad_fn is not None
+            a
+            for a in args
+            if isinstance(a, torch.Tensor) and a.requires_grad and a.grad_fn is not None
         ]
         if not self.is_bw:
             if tensors:
@@ -149,6 +152,9 @@ class OpRecorder(TorchDispatchMode):
         self._epoch = 0
         self._fw_depth = 0
         self._paused = 0
+        self._copies: dict[int, list[int]] = {}  # storage uid -> uids of its injected copies
+        self._held_frees: list[tuple[int, int]] | None = None
+        self._first_dispatch: int | None = -1  # -1: not watched; None: watched, not seen
         self._params = WeakIdKeyDictionary()  # tagged parameters (keys only)
         self._grad_hooks: list = []
         self._mod_tracker = _ModTracker()
@@ -209,10 +215,120 @@ class OpRecorder(TorchDispatchMode):
         finally:
             self._paused -= 1
 
+    @contextlib.contextmanager
+    def holding_frees(self) -> Iterator[list[tuple[int, int]]]:
+        """While paused inside the block, storages that die are not recorded as freed but
+        listed (uid, bytes), for the caller to record their frees itself (`inject`)."""
+        self._held_frees = held = []
+        try:
+            yield held
+        finally:
+            self._held_frees = None
+
     def set_micro_batch(self, index: int) -> None:
         """Ops from now on belong to micro-batch `index` (marked in the trace)."""
         self._micro_batch = index
         self.mark(f"micro_batch:{index}")
+
+    @property
+    def current_micro_batch(self) -> int:
+        return self._micro_batch
+
+    def watch_first_dispatch(self) -> None:
+        """Remember where the next op that sets the phase starts (`first_dispatch`)."""
+        self._first_dispatch = None
+
+    def first_dispatch(self) -> int | None:
+        """Index in `events` of the first phase-setting op since `watch_first_dispatch`."""
+        index, self._first_dispatch = self._first_dispatch, -1
+        return index
+
+    def storage_uid(self, tensor: torch.Tensor) -> int | None:
+        """The id this recorder gave the storage of `tensor`, None if it has not seen it."""
+        known = self._live.get(id(tensor.untyped_storage()))
+        return None if known is None else known.uid
+
+    def adopt(self, tensor: torch.Tensor, uid: int) -> None:
+        """Track the storage of `tensor` (made while paused) as the already recorded
+        allocation `uid`: its free is recorded when it dies, like any other."""
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        ref = weakref.ref(storage, lambda r, key=key: self._on_free(key, r))
+        self._live[key] = _Storage(uid, storage.nbytes(), self._epoch, False, ref)
+
+    def inject(
+        self,
+        op_events,
+        comm_events,
+        comm_sink,
+        micro_batch: int,
+        uids: dict,
+        seqs: dict,
+        first_dispatch: int | None,
+    ) -> None:
+        """Record copies of earlier events as if they ran now (emulator.chunk_reuse).
+
+        `op_events` (OpEvent) and `comm_events` (CommEvent / WaitEvent, appended to
+        `comm_sink`) are merged by seq and get new seqs (old -> new added to `seqs`); their
+        micro-batch becomes `micro_batch`; storages allocated get new uids (old -> new added
+        to `uids`, frees are mapped through it). Phases follow the recorder's own rules:
+        events before `first_dispatch` (index into `op_events` of the first op that set the
+        phase) inherit the current phase; from there on, phase markers are emitted where the
+        phase changes from the current one. Raises KeyError for a free or wait of something
+        not allocated or issued in `uids` / `seqs`.
+        """
+        merged = sorted([*op_events, *comm_events], key=lambda e: e.seq)
+        op_index, dispatched = -1, False
+        for e in merged:
+            if not isinstance(e, OpEvent):
+                new_seq = self.sequence.next_seq()
+                seqs[e.seq] = new_seq
+                if hasattr(e, "comm_seq"):
+                    comm_sink.append(dataclasses.replace(e, seq=new_seq, comm_seq=seqs[e.comm_seq]))
+                else:
+                    comm_sink.append(dataclasses.replace(e, seq=new_seq))
+                continue
+            op_index += 1
+            is_phase_marker = e.kind == MARKER and e.name.startswith("phase:")
+            if op_index == first_dispatch:
+                dispatched = True
+                if not is_phase_marker and e.phase != self._last_phase:
+                    self._transition(e.phase, e.stream, e.module, micro_batch)
+            if is_phase_marker:
+                if e.phase != self._last_phase:
+                    self._transition(e.phase, e.stream, e.module, micro_batch)
+                continue
+            storage = e.storage
+            if e.kind == ALLOC:
+                storage = uids[e.storage] = next(self._uids)
+                self.categories[storage] = self.categories.get(e.storage, e.category)
+                self._copies.setdefault(e.storage, []).append(storage)
+            elif e.kind == FREE:
+                storage = uids[e.storage]
+            self.events.append(
+                e._replace(
+                    seq=self.sequence.next_seq(),
+                    micro_batch=micro_batch,
+                    storage=storage,
+                    phase=e.phase if dispatched else self._last_phase,
+                )
+            )
+
+    def _transition(self, phase: int, stream: int, module: str, micro_batch: int) -> None:
+        self._last_phase = phase
+        self._epoch += 1
+        self.events.append(
+            OpEvent(
+                self.sequence.next_seq(),
+                MARKER,
+                f"phase:{PHASES[phase]}",
+                "",
+                stream,
+                module,
+                phase,
+                micro_batch,
+            )
+        )
 
     def stream_tracker(self) -> StreamTracker:
         """A tracker (emulator.streams) whose records and waits become trace rows."""
@@ -261,7 +377,11 @@ class OpRecorder(TorchDispatchMode):
 
     def trace(self, comm_events=(), groups=None):
         """The RankTrace of everything recorded so far, merged with the backend's events."""
-        return build_trace(self.events, comm_events, groups, self.categories)
+        categories = dict(self.categories)
+        for uid, copies in self._copies.items():  # copies end as their original did
+            for copy in copies:
+                categories[copy] = categories[uid]
+        return build_trace(self.events, comm_events, groups, categories)
 
     # ---- mode plumbing ---------------------------------------------------------------------
 
@@ -276,7 +396,8 @@ class OpRecorder(TorchDispatchMode):
 
         def resize_(storage, size):
             result = orig(storage, size)
-            recorder._see_storage(storage, None)
+            if not recorder._paused:
+                recorder._see_storage(storage, None)
             return result
 
         torch.UntypedStorage.resize_ = resize_
@@ -302,7 +423,7 @@ class OpRecorder(TorchDispatchMode):
             self._grad_hooks.append(param.register_post_accumulate_grad_hook(self._on_grad))
 
     def _on_grad(self, param: torch.Tensor) -> None:
-        if param.grad is not None:
+        if param.grad is not None and not self._paused:
             self._declare(param.grad, "gradient")
 
     # ---- the hot path ----------------------------------------------------------------------
@@ -384,6 +505,8 @@ class OpRecorder(TorchDispatchMode):
         )
 
     def _current_phase(self) -> int:
+        if self._first_dispatch is None:
+            self._first_dispatch = len(self.events)
         if self._phase_stack:
             phase = self._phase_stack[-1]
         elif torch._C._current_graph_task_id() != -1:
@@ -477,6 +600,9 @@ class OpRecorder(TorchDispatchMode):
         if known is None or known.ref is not ref:
             return
         del self._live[key]
+        if self._paused and self._held_frees is not None:
+            self._held_frees.append((known.uid, known.nbytes))
+            return
         category = self.categories[known.uid]
         if not known.declared and known.epoch == self._epoch and category in _SHORT_LIVED:
             category = self.categories[known.uid] = "temporary"

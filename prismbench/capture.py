@@ -45,7 +45,9 @@ class JobCapture:
 
 def world_of(job) -> World:
     p = job.parallel
-    return World(dp=p.dp, pp=p.pp, cp=p.cp, tp=p.tp, vpp=p.vpp, gpus_per_node=job.cluster.gpus_per_node)
+    return World(
+        dp=p.dp, pp=p.pp, cp=p.cp, tp=p.tp, vpp=p.vpp, gpus_per_node=job.cluster.gpus_per_node
+    )
 
 
 def code_version() -> str:
@@ -69,18 +71,28 @@ def default_cache_dir() -> Path:
     return Path(base) / "captures"
 
 
-def _capture_class(job, class_id: int, out_path: str) -> float:
-    """Worker: capture one class and save its trace; returns the seconds it took."""
+def _capture_class(job, class_id: int, out_path: str) -> tuple[float, str]:
+    """Worker: capture one class and save its trace; returns the seconds it took and a note.
+
+    Pipeline chunks are reused (emulator.chunk_reuse); where a chunk cannot stand for the
+    others (ChunkReuseError), the class is captured again with every chunk run."""
     from emulator.capture import capture_rank
+    from emulator.chunk_reuse import ChunkReuseError
     from prismbench.program import rank_program
 
     started = time.perf_counter()
     world = world_of(job)
-    trace = capture_rank(world.representative(class_id), world.world_size, rank_program(job))
+    rank = world.representative(class_id)
+    note = ""
+    try:
+        trace = capture_rank(rank, world.world_size, rank_program(job))
+    except ChunkReuseError as why:
+        note = f"every chunk run: {why}"
+        trace = capture_rank(rank, world.world_size, rank_program(job), reuse_chunks=False)
     tmp = Path(out_path).with_suffix(".tmp.npz")
     trace.save(tmp)
     tmp.replace(out_path)
-    return time.perf_counter() - started
+    return time.perf_counter() - started, note
 
 
 def capture_job(
@@ -99,7 +111,9 @@ def capture_job(
     missing = [c for c, path in paths.items() if not (use_cache and path.exists())]
     if missing:
         directory.mkdir(parents=True, exist_ok=True)
-        _run_workers(job, missing, paths, workers or min(len(missing), os.cpu_count() or 1), progress)
+        _run_workers(
+            job, missing, paths, workers or min(len(missing), os.cpu_count() or 1), progress
+        )
     traces = {c: RankTrace.load(path) for c, path in paths.items()}
     return JobCapture(
         world=world,
@@ -113,8 +127,8 @@ def capture_job(
 def _run_workers(job, class_ids, paths, workers, progress) -> None:
     if workers <= 1:
         for done, class_id in enumerate(class_ids, 1):
-            seconds = _capture_class(job, class_id, str(paths[class_id]))
-            _report(progress, done, len(class_ids), class_id, seconds)
+            seconds, note = _capture_class(job, class_id, str(paths[class_id]))
+            _report(progress, done, len(class_ids), class_id, seconds, note)
         return
     # spawn, not fork: the parent may hold torch state a child must not inherit. A worker
     # captures several classes in turn, each in a virtual world it creates and destroys
@@ -127,12 +141,13 @@ def _run_workers(job, class_ids, paths, workers, progress) -> None:
             for class_id in class_ids
         }
         for done, (class_id, result) in enumerate(pending.items(), 1):
-            _report(progress, done, len(class_ids), class_id, result.get())
+            _report(progress, done, len(class_ids), class_id, *result.get())
 
 
-def _report(progress, done: int, total: int, class_id: int, seconds: float) -> None:
+def _report(progress, done: int, total: int, class_id: int, seconds: float, note: str) -> None:
     if progress is not None:
-        progress(f"captured class {class_id} ({done}/{total}) in {seconds:.1f} s")
+        extra = f" ({note})" if note else ""
+        progress(f"captured class {class_id} ({done}/{total}) in {seconds:.1f} s{extra}")
 
 
 def summarize(capture: JobCapture) -> dict:

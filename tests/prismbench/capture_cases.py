@@ -109,8 +109,9 @@ def normalised(trace: RankTrace, world: World, rank: int) -> dict[str, np.ndarra
 
     group id -> the axes it spans ("tp", "dp+cp"; "" for none); p2p peer -> its mesh offset
     from `rank` ("0,1,0,0": next pipeline stage); root -> its index in the group; a wait's
-    comm_seq -> how many events back its collective was. Storage ids are left out (they
-    are allocation counters, not ranks). Ragged tensor shapes and sizes are kept."""
+    comm_seq -> how many events back its collective was; a storage id -> the order of its
+    first appearance (which free ends which allocation is kept, not the counter's values).
+    Ragged tensor shapes and sizes are kept."""
     c = trace.columns
     strings = np.asarray(trace.strings, dtype=object)
     out = {k: c[k] for k in _PLAIN}
@@ -128,6 +129,13 @@ def normalised(trace: RankTrace, world: World, rank: int) -> dict[str, np.ndarra
         root[i] = int(np.flatnonzero(groups[trace.strings[c["group"][i]]] == c["root"][i])[0])
     out["root"] = root
     out["comm_seq"] = np.where(c["comm_seq"] >= 0, c["seq"] - c["comm_seq"], -1)
+    storage = c["storage"]
+    used = storage >= 0
+    first_seen = np.unique(storage[used], return_index=True)
+    order = np.empty(len(first_seen[0]), np.int64)
+    order[np.argsort(first_seen[1])] = np.arange(len(order))
+    out["storage"] = np.full(len(storage), -1)
+    out["storage"][used] = order[np.searchsorted(first_seen[0], storage[used])]
     out |= {f"ragged_{k}": v for k, v in trace.ragged.items() if not k.startswith("group")}
     out["ragged_tensor_dtype"] = strings[trace.ragged["tensor_dtype"]]
     return out

@@ -147,7 +147,10 @@ def test_dtensor_shape_propagation_adds_no_kernels_to_the_first_micro_batch(tmp_
 
     def ops(micro_batch):
         rows = np.flatnonzero(forward & (c["micro_batch"] == micro_batch))
-        named = [(trace.strings[c["module"][i]], trace.strings[c["name"][i]], c["flops"][i]) for i in rows]
+        named = [
+            (trace.strings[c["module"][i]], trace.strings[c["name"][i]], c["flops"][i])
+            for i in rows
+        ]
         return [(name, int(flops)) for module, name, flops in named if ".layers." in module]
 
     assert ops(0) and ops(0) == ops(1)
@@ -338,6 +341,8 @@ COVERAGE = {
         "llama-debug",
     ),
 }
+
+
 @pytest.mark.parametrize(
     "case",
     list(COVERAGE),
@@ -461,3 +466,66 @@ def test_workers_that_capture_several_classes_in_turn_give_the_same_traces(tmp_p
         a = normalised(alone.traces[class_id], world, rep)
         b = normalised(pooled.traces[class_id], world, rep)
         assert first_difference(a, b) is None, class_id
+
+
+# ---- chunk reuse (emulator/chunk_reuse.py) -----------------------------------------------
+
+REUSE_CASES = {
+    "1f1b-tp-dp-zero1": ({"pp": 4, "tp": 2, "dp": 2, "zero": 1}, {}, "llama-debug"),
+    "gpipe": ({"pp": 4, "schedule": "gpipe"}, {}, "llama-debug"),
+    "interleaved-vpp2-cp": (
+        {"pp": 2, "vpp": 2, "cp": 2, "schedule": "interleaved-1f1b"},
+        {},
+        "llama-debug",
+    ),
+    "1f1b-full-recompute-gpt": ({"pp": 4, "dp": 2, "zero": 1}, {"recompute": "full"}, "gpt-debug"),
+}
+
+
+@pytest.fixture
+def stub_count(monkeypatch):
+    """How many chunks were stubbed (reused) since the test began."""
+    from emulator.chunk_reuse import ChunkReuse
+
+    calls = {"n": 0}
+    original = ChunkReuse._stub
+
+    def counted(self, *args):
+        calls["n"] += 1
+        return original(self, *args)
+
+    monkeypatch.setattr(ChunkReuse, "_stub", counted)
+    return calls
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", list(REUSE_CASES))
+def test_reused_chunks_give_the_trace_every_chunk_gives(case, stub_count):
+    # 8 micro-batches per stage: a stage's first forward and backward are recorded and
+    # stand for micro-batches 1..6 (the last runs for real); event for event, storage
+    # pairing and phases included, the trace is the one running every chunk records
+    parallel, train, model = REUSE_CASES[case]
+    job = debug_job(parallel, model=model, train=train, global_batch=parallel.get("dp", 1) * 8)
+    world = world_of(job)
+    for class_id in world.classes():
+        rank = world.representative(class_id)
+        reused = capture_rank(rank, world.world_size, rank_program(job))
+        full = capture_rank(rank, world.world_size, rank_program(job), reuse_chunks=False)
+        assert (
+            first_difference(normalised(reused, world, rank), normalised(full, world, rank)) is None
+        )
+    assert stub_count["n"] >= len(world.classes()) * 6
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        {"pp": 2, "schedule": "zero-bubble"},  # the backward is split (input, weight)
+        {"pp": 2, "dp": 2, "zero": 3},  # FSDP2 records stream events a copy cannot replay
+    ],
+)
+def test_chunks_a_stub_cannot_stand_for_all_run(parallel, stub_count):
+    job = debug_job(parallel, global_batch=parallel.get("dp", 1) * 8)
+    world = world_of(job)
+    capture_rank(world.representative(0), world.world_size, rank_program(job))
+    assert stub_count["n"] == 0
