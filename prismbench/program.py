@@ -56,7 +56,8 @@ def rank_program(job) -> RankProgram:
         return mesh
 
     def build(mesh):
-        state = build_training(job, mesh, device="cpu")  # fake "cpu" tensors: nothing is allocated
+        # fake "cpu" tensors: nothing is allocated, and values do not exist to initialise
+        state = build_training(job, mesh, device="cpu", initialize=False)
         _create_optimizer_state(state)
         rows = job.num_microbatches * job.batch.micro_batch
         tokens = torch.zeros(rows, job.batch.seq_len, dtype=torch.long)

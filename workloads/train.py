@@ -173,14 +173,23 @@ def _stage_example_args(job, plan, tp: int, dtype, device) -> tuple[torch.Tensor
 
 
 def build_training(
-    job, mesh, *, device="cpu", init_device=None, seed: int = 0, lr=None, bucket_bytes=None
+    job,
+    mesh,
+    *,
+    device="cpu",
+    init_device=None,
+    seed: int = 0,
+    lr=None,
+    bucket_bytes=None,
+    initialize: bool = True,
 ):
     """This rank's TrainingState for `job` on the (dp, pp, cp, tp) `mesh` (None: one process).
 
     With init_device=None the model is built and initialised on `device` before it
     is split and sharded (values match a single-process model of the same seed);
     with init_device="meta" it is built on meta, parallelised, then materialised by
-    `to_empty(device=...)` and `init_weights(seed)` (the capture path).
+    `to_empty(device=...)` and `init_weights(seed)`.
+    initialize=False skips `init_weights` (fake tensors under capture have no values).
     bucket_bytes: the gradient bucket size of zero 0/1 (None: `workloads.zero`'s default).
     """
     par = job.parallel
@@ -199,13 +208,14 @@ def build_training(
     for plan in plans:
         with torch.device(init_device or device):
             model = build_model(job.model)
-        if init_device is None:
+        if init_device is None and initialize:
             model.init_weights(seed)
         split_model(model, plan)
         parallelize_stage(model, mesh, job, dp_mesh)
         if init_device is not None:
             model.to_empty(device=device)  # keeps tied parameters tied
-            model.init_weights(seed)
+            if initialize:
+                model.init_weights(seed)
         model.register_forward_pre_hook(
             _positions_hook(job.batch.seq_len, cp_rank, par.cp), with_kwargs=True
         )
