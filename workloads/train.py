@@ -207,7 +207,7 @@ def build_training(
     parts = []
     for plan in plans:
         with torch.device(init_device or device):
-            model = build_model(job.model)
+            model = build_model(job.model, layer_ids=plan.layers)
         if init_device is None and initialize:
             model.init_weights(seed)
         split_model(model, plan)

@@ -18,6 +18,8 @@ no_bias=True; the biases here add < 0.1 % of its parameters), dropout.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -73,7 +75,8 @@ class TransformerBlock(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, layer_ids: Iterable[int] | None = None) -> None:
+        # layer_ids: build only these blocks (a pipeline stage's), keyed by their global index
         super().__init__()
         if spec.family != "gpt":
             raise ValueError(f"GPT needs model.family='gpt', got {spec.family!r} ({spec.name})")
@@ -82,7 +85,8 @@ class GPT(nn.Module):
         self.pos_embeddings: nn.Embedding | None = (
             nn.Embedding(spec.max_seq_len, spec.hidden) if spec.positions == "learned" else None
         )
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in range(spec.layers)})
+        ids = range(spec.layers) if layer_ids is None else layer_ids
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in ids})
         self.norm: nn.LayerNorm | None = nn.LayerNorm(spec.hidden, eps=spec.norm_eps)
         self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
         self._tie_embeddings()
@@ -95,7 +99,9 @@ class GPT(nn.Module):
         # Module.to_empty makes a new parameter per module, which unties shared weights, and
         # under fake tensors it swaps parameters in place, which a shared one refuses: drop
         # the output's reference first, then tie again.
-        tied = self.output is not None and self.output.weight is getattr(self.tok_embeddings, "weight", None)
+        tied = self.output is not None and self.output.weight is getattr(
+            self.tok_embeddings, "weight", None
+        )
         if tied:
             self.output._parameters["weight"] = None
         super().to_empty(device=device, recurse=recurse)

@@ -9,6 +9,8 @@ scaling for long context (it changes no shape and no cost).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -70,13 +72,15 @@ class TransformerBlock(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, layer_ids: Iterable[int] | None = None) -> None:
+        # layer_ids: build only these blocks (a pipeline stage's), keyed by their global index
         super().__init__()
         if spec.family != "llama":
             raise ValueError(f"Llama needs model.family='llama', got {spec.family!r} ({spec.name})")
         self.spec = spec
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab, spec.hidden)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in range(spec.layers)})
+        ids = range(spec.layers) if layer_ids is None else layer_ids
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in ids})
         self.norm: nn.RMSNorm | None = nn.RMSNorm(spec.hidden, eps=spec.norm_eps)
         self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
         self._tie_embeddings()
