@@ -18,7 +18,8 @@ control flow (grad clipping, NaN checks, loss scaling) runs and never sees garba
 Fills run under no_grad, as a real backend writes behind autograd's back, and inside
 `comm_events.backend_fills()`, so the op recorder does not take them for compute kernels
 (on a GPU the collective's own kernel writes the output). Works on real CPU tensors and
-on FakeTensorMode tensors (the fills are ordinary ops).
+on FakeTensorMode tensors; fake tensors hold no values, so their fills are skipped (each
+would cost a fake dispatch and change nothing).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from torch._C._distributed_c10d import (
     ReduceScatterOptions,
     ScatterOptions,
 )
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.futures import Future
 
 from emulator import comm_events
@@ -109,6 +111,11 @@ def _fills_outputs(method):
             return method(*args, **kwargs)
 
     return wrapper
+
+
+def _holds_values(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` has values to fill (a fake tensor has none: the fill is skipped)."""
+    return not isinstance(tensor, FakeTensor)
 
 
 def _fill_gathered(out: torch.Tensor, inp: torch.Tensor, n: int) -> None:
@@ -237,7 +244,8 @@ class VirtualProcessGroup(dist.ProcessGroup):
     # -- all_gather ---------------------------------------------------------------------
     @_fills_outputs
     def all_gather_single(self, output, input, opts=_ALLGATHER_OPTIONS):
-        _fill_gathered(output, input, self.size())
+        if _holds_values(output):
+            _fill_gathered(output, input, self.size())
         return self.record("all_gather", [output], async_op=_async(opts), result=[output])
 
     _allgather_base = all_gather_single
@@ -245,7 +253,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
     @_fills_outputs
     def allgather(self, output_tensors, input_tensors, opts=_ALLGATHER_OPTIONS):
         for outs, inp in zip(output_tensors, input_tensors, strict=True):
-            for out in outs:
+            for out in filter(_holds_values, outs):
                 out.copy_(inp)
         flat = [o for outs in output_tensors for o in outs]
         return self.record("all_gather", flat, async_op=_async(opts), result=output_tensors)
@@ -253,7 +261,8 @@ class VirtualProcessGroup(dist.ProcessGroup):
     @_fills_outputs
     def _allgather_many(self, outputs, inputs, opts):
         for out, inp in zip(outputs, inputs, strict=True):
-            _fill_gathered(out, inp, self.size())
+            if _holds_values(out):
+                _fill_gathered(out, inp, self.size())
         return self.record(
             "all_gather_coalesced", outputs, async_op=_async(opts), coalesced=True, result=outputs
         )
@@ -267,7 +276,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
     @_fills_outputs
     def allgather_coalesced(self, output_lists, input_list, opts=_ALLGATHER_OPTIONS):
         for outs, inp in zip(output_lists, input_list, strict=True):
-            for out in outs:
+            for out in filter(_holds_values, outs):
                 out.copy_(inp)
         flat = [torch.cat([o.reshape(-1) for o in outs]) for outs in output_lists]
         return self.record(
@@ -277,7 +286,8 @@ class VirtualProcessGroup(dist.ProcessGroup):
     # -- reduce_scatter -------------------------------------------------------------------
     @_fills_outputs
     def reduce_scatter_single(self, output, input, opts=_REDUCE_SCATTER_OPTIONS):
-        output.copy_(input.reshape(self.size(), -1)[self.rank()].reshape(output.shape))
+        if _holds_values(output):
+            output.copy_(input.reshape(self.size(), -1)[self.rank()].reshape(output.shape))
         return self.record(
             "reduce_scatter", [input], op=_op_name(opts), async_op=_async(opts), result=[output]
         )
@@ -287,7 +297,8 @@ class VirtualProcessGroup(dist.ProcessGroup):
     @_fills_outputs
     def reduce_scatter(self, output_tensors, input_tensors, opts=_REDUCE_SCATTER_OPTIONS):
         for out, chunks in zip(output_tensors, input_tensors, strict=True):
-            out.copy_(chunks[self.rank()])
+            if _holds_values(out):
+                out.copy_(chunks[self.rank()])
         flat = [c for chunks in input_tensors for c in chunks]
         return self.record(
             "reduce_scatter", flat, op=_op_name(opts), async_op=_async(opts), result=output_tensors
@@ -296,7 +307,8 @@ class VirtualProcessGroup(dist.ProcessGroup):
     @_fills_outputs
     def _reduce_scatter_many(self, outputs, inputs, opts):
         for out, inp in zip(outputs, inputs, strict=True):
-            out.copy_(inp.reshape(self.size(), -1)[self.rank()].reshape(out.shape))
+            if _holds_values(out):
+                out.copy_(inp.reshape(self.size(), -1)[self.rank()].reshape(out.shape))
         return self.record(
             "reduce_scatter_coalesced",
             inputs,
@@ -317,7 +329,8 @@ class VirtualProcessGroup(dist.ProcessGroup):
     def all_to_all_single(
         self, output, input, output_split_sizes, input_split_sizes, opts=_ALL_TO_ALL_OPTIONS
     ):
-        _copy_prefix(output, input)
+        if _holds_values(output):
+            _copy_prefix(output, input)
         return self.record("all_to_all", [input], async_op=_async(opts), result=[output])
 
     alltoall_base = all_to_all_single
@@ -325,7 +338,8 @@ class VirtualProcessGroup(dist.ProcessGroup):
     @_fills_outputs
     def alltoall(self, output_tensors, input_tensors, opts=_ALL_TO_ALL_OPTIONS):
         for out, inp in zip(output_tensors, input_tensors, strict=True):
-            _copy_prefix(out, inp)
+            if _holds_values(out):
+                _copy_prefix(out, inp)
         return self.record(
             "all_to_all", input_tensors, async_op=_async(opts), result=output_tensors
         )
@@ -334,7 +348,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
     @_fills_outputs
     def broadcast(self, tensors, opts=_BROADCAST_OPTIONS):
         if opts.rootRank != self.rank():
-            for t in tensors:
+            for t in filter(_holds_values, tensors):
                 t.zero_()
         return self.record(
             "broadcast",
@@ -347,6 +361,8 @@ class VirtualProcessGroup(dist.ProcessGroup):
     @_fills_outputs
     def scatter(self, output_tensors, input_tensors, opts=_SCATTER_OPTIONS):
         for i, out in enumerate(output_tensors):
+            if not _holds_values(out):
+                continue
             if input_tensors:
                 out.copy_(input_tensors[i][self.rank()])
             else:
@@ -364,7 +380,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
     @_fills_outputs
     def gather(self, output_tensors, input_tensors, opts=_GATHER_OPTIONS):
         for outs, inp in zip(output_tensors, input_tensors, strict=False):  # [] off root
-            for out in outs:
+            for out in filter(_holds_values, outs):
                 out.copy_(inp)
         n = self.size() * sum(_numel(input_tensors))
         return self.record(
@@ -382,7 +398,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
 
     @_fills_outputs
     def recv(self, tensors, srcRank, tag=0):
-        for t in tensors:
+        for t in filter(_holds_values, tensors):
             t.zero_()
         return self.record("recv", tensors, peer=self.global_rank(srcRank), tag=tag, result=tensors)
 

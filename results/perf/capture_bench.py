@@ -7,7 +7,8 @@
    captured from a cold cache with both cores, then graph build, replay, and allocator
    replay timed separately, and the whole `emulate` call once more from a warm cache.
 2. How one class's capture time grows with layers per stage and with micro-batches
-   (llama3.1-405b dims, tp 8, the first pipeline rank), each point captured cold.
+   (llama3.1-405b dims, tp 8, the first pipeline rank), each point captured cold, with
+   chunks reused (the default) and with every chunk run.
 Figures are wall-clock seconds on this machine (recorded in the output with its cores).
 """
 
@@ -55,7 +56,9 @@ def full_job(cache: Path) -> list[str]:
     cost = CostContext(topology=topology_of(job))
     graph, graph_s = timed(lambda: build_graph(capture.traces, capture.world, cost))
     result, replay_s = timed(lambda: replay(graph))
-    _, memory_s = timed(lambda: [replay_memory(t, gpu="h100-sxm-80g") for t in capture.traces.values()])
+    _, memory_s = timed(
+        lambda: [replay_memory(t, gpu="h100-sxm-80g") for t in capture.traces.values()]
+    )
     os.environ["PRISMBENCH_CACHE"] = str(cache.parent)
     warm, warm_s = timed(lambda: emulate(job))
     events = sum(len(t) for t in capture.traces.values())
@@ -80,21 +83,31 @@ def growth(cache: Path) -> list[str]:
     lines = [
         "## One class's capture time vs layers and micro-batches",
         "",
-        "llama3.1-405b dims, tp 8, first pipeline rank, seq 8 192, cold, one process.",
+        "llama3.1-405b dims, tp 8, first pipeline rank of pp 2, seq 8 192, cold, one process;",
+        "with a stage's first forward and backward reused for its other micro-batches (the",
+        "default, `emulator/chunk_reuse.py`) and with every chunk run.",
         "",
-        "| layers on the rank | micro-batches | capture |",
-        "|--:|--:|--:|",
+        "| layers on the rank | micro-batches | capture, chunks reused | capture, every chunk run |",
+        "|--:|--:|--:|--:|",
     ]
-    for layers, pp, microbatches in ((2, 2, 2), (4, 2, 2), (8, 2, 2), (4, 2, 4), (4, 2, 8)):
+    points = ((2, 2), (4, 2), (8, 2), (4, 4), (4, 8), (4, 16), (4, 32), (8, 32))
+    for layers, microbatches in points:
         job = job_spec_from_dict(
             {
-                "model": {"name": "llama3.1-405b", "layers": layers * pp},
-                "parallel": {"tp": 8, "pp": pp, "dp": 64, "zero": 1},
+                "model": {"name": "llama3.1-405b", "layers": layers * 2},
+                "parallel": {"tp": 8, "pp": 2, "dp": 64, "zero": 1},
                 "batch": {"seq_len": 8192, "micro_batch": 1, "global_batch": 64 * microbatches},
             }
         )
-        _, seconds = timed(lambda job=job: capture_rank(0, job.world_size, rank_program(job)))
-        lines.append(f"| {layers} | {microbatches} | {seconds:.1f} s |")
+        seconds = [
+            timed(
+                lambda job=job, reuse=reuse: capture_rank(
+                    0, job.world_size, rank_program(job), reuse_chunks=reuse
+                )
+            )[1]
+            for reuse in (True, False)
+        ]
+        lines.append(f"| {layers} | {microbatches} | {seconds[0]:.1f} s | {seconds[1]:.1f} s |")
     return lines + [""]
 
 
