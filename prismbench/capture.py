@@ -15,10 +15,12 @@ load), so the trace's memory starts from parameters + optimizer state.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,23 +127,79 @@ def capture_job(
 
 
 def _run_workers(job, class_ids, paths, workers, progress) -> None:
+    reported = _Reporter(progress, len(class_ids))
+    queue = collections.deque(_longest_first(world_of(job), class_ids))
     if workers <= 1:
-        for done, class_id in enumerate(class_ids, 1):
-            seconds, note = _capture_class(job, class_id, str(paths[class_id]))
-            _report(progress, done, len(class_ids), class_id, seconds, note)
+        while queue:
+            class_id = queue.popleft()
+            reported(class_id, *_capture_class(job, class_id, str(paths[class_id])))
         return
-    # spawn, not fork: the parent may hold torch state a child must not inherit. A worker
-    # captures several classes in turn, each in a virtual world it creates and destroys
-    # (emulator.capture.capture_rank), so the interpreter and torch import (~4 s) are paid
-    # once per worker, not once per class.
+    # The parent is one of the lanes: it has torch imported already and starts at once,
+    # while the workers-1 spawned processes import it (~4 s). Spawn, not fork: the parent
+    # may hold torch state a child must not inherit. A worker captures several classes in
+    # turn, each in a virtual world it creates and destroys (emulator.capture.capture_rank).
+    lock, idle, failures = threading.Lock(), threading.Semaphore(0), []
+
+    def next_class():
+        with lock:
+            return queue.popleft() if queue else None
+
+    def submit(pool):
+        class_id = next_class()
+        if class_id is None:
+            idle.release()
+            return
+
+        def done(result):
+            reported(class_id, *result)
+            submit(pool)
+
+        def failed(error):
+            failures.append(error)
+            idle.release()
+
+        pool.apply_async(
+            _capture_class,
+            (job, class_id, str(paths[class_id])),
+            callback=done,
+            error_callback=failed,
+        )
+
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers) as pool:
-        pending = {
-            class_id: pool.apply_async(_capture_class, (job, class_id, str(paths[class_id])))
-            for class_id in class_ids
-        }
-        for done, (class_id, result) in enumerate(pending.items(), 1):
-            _report(progress, done, len(class_ids), class_id, *result.get())
+    with context.Pool(workers - 1) as pool:
+        for _ in range(workers - 1):
+            submit(pool)
+        while not failures and (class_id := next_class()) is not None:
+            reported(class_id, *_capture_class(job, class_id, str(paths[class_id])))
+        for _ in range(workers - 1):
+            idle.acquire()
+    if failures:
+        raise failures[0]
+
+
+def _longest_first(world: World, class_ids: list[int]) -> list[int]:
+    """The pipeline's last stage (output layer and loss), then its first (embedding), then
+    the rest: the longest captures start first, so no lane is left alone at the end."""
+    stages, classes = world.pp * world.vpp, world.classes()
+
+    def rank(class_id: int) -> int:
+        held = classes[class_id].virtual_stages
+        return 0 if stages - 1 in held else 1 if 0 in held else 2
+
+    return sorted(class_ids, key=rank)
+
+
+class _Reporter:
+    """Progress lines "captured class N (k/total) in S s", from any thread."""
+
+    def __init__(self, progress, total: int):
+        self.progress, self.total, self.done = progress, total, 0
+        self.lock = threading.Lock()
+
+    def __call__(self, class_id: int, seconds: float, note: str) -> None:
+        with self.lock:
+            self.done += 1
+            _report(self.progress, self.done, self.total, class_id, seconds, note)
 
 
 def _report(progress, done: int, total: int, class_id: int, seconds: float, note: str) -> None:
