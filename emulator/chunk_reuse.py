@@ -159,9 +159,9 @@ class ChunkReuse:
     def _segment(self, start_op: int, start_comm: int) -> _Template:
         ops = self.recorder.events[start_op:]
         comms = self.comm.events[start_comm:]
+        first = self.recorder.first_dispatch()
         if any(e.kind in (RECORD, STREAM_WAIT) for e in ops):
             raise _Unsupported("it records stream events (e.g. FSDP2's), which are not copied")
-        first = self.recorder.first_dispatch()
         return _Template(
             op_events=list(ops),
             comm_events=list(comms),
