@@ -356,7 +356,9 @@ def train_step(job, state: TrainingState, tokens: torch.Tensor, labels: torch.Te
         losses: list[torch.Tensor] = []
         args = (tokens,) if state.has_first else ()
         target = labels if state.has_last else None
-        state.schedule.step(*args, target=target, losses=losses)
+        # the losses are all this step needs: return_outputs (torch's default) would keep
+        # every micro-batch's logits on the last stage and concatenate them at the end
+        state.schedule.step(*args, target=target, losses=losses, return_outputs=False)
         loss = torch.stack([x.detach() for x in losses]).mean() if state.has_last else None
     else:
         loss = _accumulate(job, state, tokens, labels)

@@ -529,3 +529,19 @@ def test_chunks_a_stub_cannot_stand_for_all_run(parallel, stub_count):
     world = world_of(job)
     capture_rank(world.representative(0), world.world_size, rank_program(job))
     assert stub_count["n"] == 0
+
+
+def test_the_last_stage_keeps_no_logits_across_micro_batches():
+    # 1F1B bounds the micro-batches in flight; a last stage that kept every micro-batch's
+    # logits (torch's return_outputs=True) would grow by them per micro-batch. What may grow
+    # is small: torch preallocates one receive buffer per micro-batch, and the losses
+    def peak(micro_batches):
+        job = debug_job({"pp": 2}, global_batch=micro_batches, vocab=4096)
+        world = world_of(job)
+        trace = capture_rank(world.representative(1), world.world_size, rank_program(job))
+        return job, trace.summary().peak_live_bytes
+
+    job, peak_4 = peak(4)
+    _, peak_8 = peak(8)
+    logits_bytes = job.batch.seq_len * job.model.vocab * 2  # one micro-batch's, bf16
+    assert 0 <= peak_8 - peak_4 < logits_bytes
