@@ -2,11 +2,11 @@
 
 `capture_job(job)` builds the world of the job spec, and for the representative rank of
 every class (one per pipeline rank) runs `workloads.train_step` through
-`emulator.capture.capture_rank`. Classes are captured by worker processes (a worker is one
-rank of a virtual world at a time: the world is process-global state, created and destroyed
-around each class) and cached on disk by the
-resolved spec and a hash of the emulator's and workloads' source, so a second run of the
-same job and code costs only the load.
+`emulator.capture.capture_rank`. Classes are captured by this process and spawned worker
+processes, one class at a time each (a process is one rank of a virtual world at a time: the
+world is process-global state, created and destroyed around each class), and cached on disk
+by the resolved spec and a hash of the emulator's and workloads' source, so a second run of
+the same job and code costs only the load.
 
 The captured iteration is a steady-state one: before it, the optimizer state is created
 by one optimizer step on zero gradients (as after the first iteration, or a checkpoint
