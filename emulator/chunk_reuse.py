@@ -70,14 +70,24 @@ class _StageTemplates:
     # per micro-batch: template storage id -> this micro-batch's, template seq -> copy's
     uids: dict[int, dict[int, int]] = field(default_factory=dict)
     seqs: dict[int, dict[int, int]] = field(default_factory=dict)
+    zero_grads: dict[int, torch.Tensor] = field(default_factory=dict)  # id(param) -> zeros
+    anchor: torch.Tensor | None = None  # see _StubChunk
 
 
 class _StubChunk(torch.autograd.Function):
-    """Outputs of given metadata, differentiable w.r.t. the inputs; zero gradients."""
+    """Outputs of given metadata, differentiable w.r.t. the inputs; zero gradients.
+
+    The stage's parameters are not inputs: the backward accumulates into them itself
+    (`_accumulate_zero`), with one zero gradient per parameter made once, where autograd
+    would make, detach and hand over a new one per parameter and micro-batch (for DTensor
+    parameters ~0.5 ms each, most of a stubbed backward's time). Returning None for them
+    as inputs would not do: autograd runs their hooks with no gradient. `anchor` is an
+    empty tensor that requires grad, so the backward runs where no other input does (the
+    first stage's token ids)."""
 
     @staticmethod
-    def forward(ctx, metas, *inputs):
-        ctx.inputs = inputs
+    def forward(ctx, metas, params, zero_grads, anchor, *inputs):
+        ctx.inputs, ctx.params, ctx.zero_grads = inputs, params, zero_grads
         return tuple(
             torch.empty_strided(shape, stride, dtype=dtype, device=device)
             for shape, stride, dtype, device in metas
@@ -85,14 +95,32 @@ class _StubChunk(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        needs = ctx.needs_input_grad[1:]
+        for param in ctx.params:
+            zero = ctx.zero_grads.get(id(param))
+            if zero is None:
+                zero = ctx.zero_grads[id(param)] = torch.zeros_like(param)
+            _accumulate_zero(param, zero)
+        needs = ctx.needs_input_grad[4:]
         return (
+            None,
+            None,
+            None,
             None,
             *(
                 torch.zeros_like(t) if need else None
                 for t, need in zip(ctx.inputs, needs, strict=True)
             ),
         )
+
+
+def _accumulate_zero(param: torch.Tensor, zero: torch.Tensor) -> None:
+    """What autograd's AccumulateGrad does with a zero gradient: set `.grad` where there is
+    none (adding zero to one there changes nothing), then run the post-accumulate hooks
+    (torch keeps them in `_post_accumulate_grad_hooks`, in registration order)."""
+    if param.grad is None:
+        param.grad = zero
+    for hook in (param._post_accumulate_grad_hooks or {}).values():
+        hook(param)
 
 
 def _meta(t: torch.Tensor):
@@ -253,9 +281,14 @@ class ChunkReuse:
 
     def _stub(self, metas, args, stage) -> tuple[torch.Tensor, ...]:
         inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-        params = [p for p in stage.submod.parameters() if p.requires_grad]
+        params = tuple(p for p in stage.submod.parameters() if p.requires_grad)
+        templates = self.stages[id(stage)]
         with self._paused_and_silent("a stubbed forward"):
-            return _StubChunk.apply(metas, *inputs, *params)
+            if templates.anchor is None:
+                templates.anchor = torch.empty(0, requires_grad=True)
+            return _StubChunk.apply(
+                metas, params, templates.zero_grads, templates.anchor, *inputs
+            )
 
     @staticmethod
     def _match_outside_frees(templates, frees, micro_batch: int) -> None:
