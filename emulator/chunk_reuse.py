@@ -286,9 +286,7 @@ class ChunkReuse:
         with self._paused_and_silent("a stubbed forward"):
             if templates.anchor is None:
                 templates.anchor = torch.empty(0, requires_grad=True)
-            return _StubChunk.apply(
-                metas, params, templates.zero_grads, templates.anchor, *inputs
-            )
+            return _StubChunk.apply(metas, params, templates.zero_grads, templates.anchor, *inputs)
 
     @staticmethod
     def _match_outside_frees(templates, frees, micro_batch: int) -> None:
