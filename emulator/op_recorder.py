@@ -62,6 +62,7 @@ FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER = (
 _WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
 _PRIM_DEVICE = torch.ops.prim.device.default
 _META = torch.device("meta")
+_ADD_ = torch.ops.aten.add_.Tensor
 _INFERRED_PHASE_CATEGORY = {
     FORWARD: "activation",
     RECOMPUTE: "activation",
@@ -436,6 +437,8 @@ class OpRecorder(TorchDispatchMode):
             return _META if tensor.fake_mode.in_kernel_invocation else tensor.fake_device
         kwargs = kwargs or {}
         if self._paused or in_backend_fills():
+            if func is _ADD_ and not kwargs and _same_fake_floats(*args):
+                return args[0]  # what the fake kernel returns; a stubbed chunk's grad hooks
             return func(*args, **kwargs)
         if self._dtensor in types:
             return NotImplemented  # let DTensor unwrap; its local ops come back here
@@ -608,3 +611,15 @@ class OpRecorder(TorchDispatchMode):
             category = self.categories[known.uid] = "temporary"
         if known.nbytes:
             self._emit(FREE, "", size=known.nbytes, uid=known.uid, category=category)
+
+
+def _same_fake_floats(a, b) -> bool:
+    """Two fake floating-point tensors of one shape on one device: `a.add_(b)` checks nothing."""
+    return (
+        type(a) is FakeTensor
+        and type(b) is FakeTensor
+        and a.shape == b.shape
+        and a.fake_device == b.fake_device
+        and a.dtype.is_floating_point
+        and b.dtype.is_floating_point
+    )

@@ -1,6 +1,5 @@
 """Tests for emulator/op_recorder.py on a small causal GPT built here (fake and real CPU)."""
 
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -305,3 +304,17 @@ def test_a_collective_filling_its_outputs_records_no_compute_kernel():
         assert [e.name for e in rec.events if e.kind == COMPUTE] == ["elementwise"]
     finally:
         destroy_virtual_world()
+
+
+def test_paused_ops_run_unrecorded_and_in_place_adds_keep_their_checks():
+    rec = OpRecorder()
+    with FakeTensorMode():
+        buffer, grad, other = torch.zeros(16), torch.ones(16, dtype=torch.bfloat16), torch.ones(3)
+    with rec:
+        with rec.paused():
+            assert buffer.add_(grad) is buffer  # the fake kernel's answer, without the kernel
+            with pytest.raises(RuntimeError):
+                buffer.add_(other)  # a shape that does not broadcast still fails
+            scaled = buffer * 2
+        scaled + 1
+    assert [e.name for e in rec.events if e.kind == COMPUTE] == ["elementwise"]
