@@ -438,7 +438,7 @@ class OpRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if self._paused or in_backend_fills():
             if func is _ADD_ and not kwargs and _same_fake_floats(*args):
-                return args[0]  # what the fake kernel returns; a stubbed chunk's grad hooks
+                return args[0]  # the fake kernel's answer, minus its cache hashing (grad hooks)
             return func(*args, **kwargs)
         if self._dtensor in types:
             return NotImplemented  # let DTensor unwrap; its local ops come back here
