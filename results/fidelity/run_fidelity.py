@@ -1,11 +1,14 @@
 """Emulate every baseline under results/baselines/ and write the fidelity table.
 
     python results/fidelity/run_fidelity.py [--only SUBSTRING] [--workers N] [--shard K/N]
-                                            [--max-work LAYER_PASSES]
-    python results/fidelity/run_fidelity.py --merge N
+                                            [--min-work LAYER_PASSES] [--max-work LAYER_PASSES]
+                                            [--update]
+    python results/fidelity/run_fidelity.py --merge N [--update]
 
 Shards let N processes share the baselines (most are one class, so one core each);
-`--merge N` then combines their files into fidelity.csv and the README.
+`--merge N` then combines their files into fidelity.csv and the README. With `--update`,
+the rows run replace those of the same baselines in the existing fidelity.csv and the
+others are kept (to add the baselines a run skipped without running the rest again).
 
 Writes results/fidelity/fidelity.csv (one row per baseline emulated) and the generated
 block of results/fidelity/README.md (per-source error statistics and every row). Captures
@@ -47,11 +50,13 @@ def run(
     workers: int | None,
     shard: tuple[int, int] = (0, 1),
     max_work: int | None = None,
+    min_work: int = 0,
     on_record=lambda record: None,
     on_failure=lambda name, error: None,
 ) -> tuple[list[FidelityRecord], list[tuple[str, str]]]:
     baselines = [b for b in comparable_baselines() if not only or only in b.name]
     baselines = [b for b in baselines if max_work is None or capture_work(b) <= max_work]
+    baselines = [b for b in baselines if capture_work(b) >= min_work]
     baselines = baselines[shard[0] :: shard[1]]
     records, failures = [], []
     for i, baseline in enumerate(baselines, 1):
@@ -147,6 +152,14 @@ def read_csv(path: Path) -> list[FidelityRecord]:
     return records
 
 
+def updated(records: list[FidelityRecord], update: bool) -> list[FidelityRecord]:
+    """`records`, plus (with `update`) the table's rows of the baselines they do not cover."""
+    if not update:
+        return records
+    fresh = {r.baseline for r in records}
+    return [r for r in read_csv(HERE / "fidelity.csv") if r.baseline not in fresh] + records
+
+
 def write_readme(block: str, path: Path) -> None:
     text = path.read_text() if path.exists() else f"# Fidelity\n\n{BEGIN}\n{END}\n"
     head, rest = text.split(BEGIN, 1)
@@ -163,6 +176,12 @@ def main() -> int:
     parser.add_argument(
         "--max-work", type=int, help="skip baselines whose capture work (layer passes) is larger"
     )
+    parser.add_argument(
+        "--min-work", type=int, default=0, help="skip baselines whose capture work is smaller"
+    )
+    parser.add_argument(
+        "--update", action="store_true", help="keep fidelity.csv's rows of baselines not run"
+    )
     args = parser.parse_args()
     if args.merge:
         records, failures = [], []
@@ -171,6 +190,7 @@ def main() -> int:
             failures += [tuple(line.split("\t", 1)) for line in (HERE / f"shard-{k}.failures").read_text().splitlines()]
             (HERE / f"shard-{k}.csv").unlink()
             (HERE / f"shard-{k}.failures").unlink()
+        records = updated(records, args.update)
         write_csv(records, HERE / "fidelity.csv")
         write_readme(markdown(records, failures), HERE / "README.md")
         print(markdown(records, failures))
@@ -189,11 +209,13 @@ def main() -> int:
             with failures_path.open("a") as f:
                 f.write(f"{name}\t{error}\n")
 
-        run(args.only, args.workers, (k, n), args.max_work, on_record, on_failure)
+        run(args.only, args.workers, (k, n), args.max_work, args.min_work, on_record, on_failure)
         return 0
-    records, failures = run(args.only, args.workers, max_work=args.max_work)
-    write_csv(records, HERE / ("fidelity.csv" if not args.only else "fidelity-partial.csv"))
-    if not args.only:
+    records, failures = run(args.only, args.workers, max_work=args.max_work, min_work=args.min_work)
+    whole_table = args.update or not args.only
+    records = updated(records, args.update)
+    write_csv(records, HERE / ("fidelity.csv" if whole_table else "fidelity-partial.csv"))
+    if whole_table:
         write_readme(markdown(records, failures), HERE / "README.md")
     print(markdown(records, failures))
     return 0
