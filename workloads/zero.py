@@ -222,7 +222,10 @@ class DistributedOptimizer:
                     local = local_tensor(param)
                     flat[start : start + local.numel()].copy_(local.reshape(-1))
             self.master = torch.nn.Parameter(self._gather_shards(flat))
-        self.optimizer = torch.optim.AdamW([self.master], **adamw)
+        # foreach, as torch picks on a GPU: its default checks type(param) in (Tensor,
+        # Parameter), so a FakeTensor master got the per-tensor loop and its two extra
+        # full-size temporaries (sqrt, div), ~8 bytes per parameter at the step's peak
+        self.optimizer = torch.optim.AdamW([self.master], **adamw, foreach=True)
         self.last_grad_norm: torch.Tensor | None = None
 
     def _layout(self, chunks, tp_size: int, microbatches: int) -> list[GradBucket]:
@@ -358,11 +361,14 @@ class DistributedOptimizer:
         self._synced = True
 
     def _grad_norm(self, shard_grad: torch.Tensor) -> torch.Tensor:
-        squares = shard_grad.square()
-        total = squares.new_zeros(())
-        for start, end, weight in self._norm_ranges:
-            if weight:
-                total = total + squares[start:end].sum() * weight
+        # one multi-tensor norm over the weighted ranges, as Megatron's multi_tensor_l2norm:
+        # no temporary of the gradient's size
+        ranges = [(start, end, weight) for start, end, weight in self._norm_ranges if weight]
+        total = shard_grad.new_zeros(())
+        if ranges:
+            norms = torch._foreach_norm([shard_grad[start:end] for start, end, _ in ranges])
+            weighted = torch._foreach_mul(torch._foreach_mul(norms, norms), [w for *_, w in ranges])
+            total = total + torch.stack(weighted).sum()
         if self.shard:
             dist.all_reduce(total, group=self.dp_group)
         for group in self.norm_groups:
@@ -379,17 +385,20 @@ class DistributedOptimizer:
         self.master.grad = grad
         self.optimizer.step()
         self.master.grad = None
-        self._copy_to_params(self.master.to(self.dtype))
+        self._copy_to_params(self.master)
 
     def _copy_to_params(self, master: torch.Tensor) -> None:
-        """Write the updated master copy (model dtype) into the parameters, bucket by bucket."""
+        """Write the updated fp32 master copy into the parameters, bucket by bucket.
+
+        Each parameter's copy converts to the model dtype, as Megatron's does: no model-dtype
+        copy of the whole master (sharded, only a bucket's shard to all-gather)."""
         offset = 0
         for bucket, (lo, hi) in zip(self.buckets, self._shard_ranges, strict=True):
             full = master[offset : offset + hi - lo]
             offset += hi - lo
             if self.shard:
                 gathered = torch.empty(bucket.numel, dtype=self.dtype, device=full.device)
-                dist.all_gather_into_tensor(gathered, full, group=self.dp_group)
+                dist.all_gather_into_tensor(gathered, full.to(self.dtype), group=self.dp_group)
                 full = gathered
             for param, start in zip(bucket.params, bucket.starts, strict=True):
                 local = local_tensor(param)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.workloads.mp import run_ranks
 from workloads import zero
@@ -228,3 +229,51 @@ def test_padded_zero1_buckets_on_two_ranks_match_one_process():
     for params in run_ranks(2, _zero1_on_gloo):
         for got, want in zip(params, expected, strict=True):
             assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+class _OpLog(TorchDispatchMode):
+    """Each op's name, and the element counts of the tensors it returns (views aside)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+        self.outputs: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        self.names.append(name)
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        if not func.is_view:
+            self.outputs += [(name, t.numel()) for t in outs if isinstance(t, torch.Tensor)]
+        return out
+
+
+def test_adamw_steps_the_foreach_way_a_gpu_does_on_fake_tensors_too(events):
+    # torch's default is foreach on a GPU, but only for plain tensors: a FakeTensor master
+    # copy would get the per-tensor loop, with two more temporaries of its full size
+    with FakeTensorMode():
+        model = toy_model()
+        opt = make_optimizer(model)
+        backward(model)
+        with _OpLog() as ops:
+            opt.step()
+    assert "_foreach_addcdiv_" in ops.names and "addcdiv_" not in ops.names
+
+
+def test_the_step_makes_one_temporary_the_size_of_the_master_copy(events):
+    # foreach AdamW's sqrt of the second moment; the grad norm and the copy back into the
+    # parameters work range by range, as Megatron's multi-tensor kernels do
+    model = toy_model()
+    opt = make_optimizer(model)
+    backward(model)
+    opt.step()  # the first step makes AdamW's state
+    opt.zero_grad()
+    backward(model)
+    with _OpLog() as ops:
+        opt.step()
+    total = opt.master.numel()
+    new_full_size = [
+        name for name, numel in ops.outputs if numel == total and not name.endswith("_")
+    ]
+    assert new_full_size == ["_foreach_sqrt"]
