@@ -1,6 +1,6 @@
 """Emulate every baseline under results/baselines/ and write the fidelity table.
 
-    python results/fidelity/run_fidelity.py [--only SUBSTRING] [--workers N] [--shard K/N]
+    python results/fidelity/run_fidelity.py [--only SUBSTRING ...] [--workers N] [--shard K/N]
                                             [--min-work LAYER_PASSES] [--max-work LAYER_PASSES]
                                             [--update]
     python results/fidelity/run_fidelity.py --merge N [--update]
@@ -46,7 +46,7 @@ def comparable_baselines() -> list:
 
 
 def run(
-    only: str | None,
+    only: list[str] | None,
     workers: int | None,
     shard: tuple[int, int] = (0, 1),
     max_work: int | None = None,
@@ -54,7 +54,7 @@ def run(
     on_record=lambda record: None,
     on_failure=lambda name, error: None,
 ) -> tuple[list[FidelityRecord], list[tuple[str, str]]]:
-    baselines = [b for b in comparable_baselines() if not only or only in b.name]
+    baselines = [b for b in comparable_baselines() if not only or any(o in b.name for o in only)]
     baselines = [b for b in baselines if max_work is None or capture_work(b) <= max_work]
     baselines = [b for b in baselines if capture_work(b) >= min_work]
     baselines = baselines[shard[0] :: shard[1]]
@@ -169,7 +169,9 @@ def write_readme(block: str, path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="emulate only baselines whose name contains this")
+    parser.add_argument(
+        "--only", action="append", help="emulate only baselines whose name contains this (repeatable)"
+    )
     parser.add_argument("--workers", type=int, default=None, help="capture processes")
     parser.add_argument("--shard", default="0/1", help="K/N: run every N-th baseline from K")
     parser.add_argument("--merge", type=int, metavar="N", help="combine N shards' files")
