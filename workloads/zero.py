@@ -24,9 +24,12 @@ max(40M, 1M x dp) parameters (x 4 bytes of fp32 gradient).
 Memory (what the emulator's allocator replay sees): the fp32 grad buffer (4 bytes
 per local parameter, plus bucket padding) is allocated once and lives for the whole
 run, as Megatron's; a bf16/fp16 `.grad` lives only from its accumulation in backward
-to the hook. Step-time temporaries: the model-dtype copy of the master shard, the
-rank's reduced-gradient shards gathered into one tensor (zero=1), and one bucket's
-all-gather output at a time (zero=1; Megatron gathers into its parameter buffer).
+to the hook. Step-time temporaries: foreach AdamW's square root of the second
+moment (the size of the master copy; Megatron's fused Adam has none), the rank's
+reduced-gradient shards gathered into one tensor (zero=1), and one bucket's
+model-dtype shard and all-gather output at a time (zero=1; Megatron gathers into its
+parameter buffer). The grad norm (one multi-tensor norm over ranges) and the copy
+back into the parameters (per parameter, converting) make none of the master's size.
 Gradients are reduced in fp32 (Megatron's accumulate_allreduce_grads_in_fp32).
 With bf16/fp16 model parameters the fp32 master copy is what keeps precision (the
 mixed-precision recipe of Micikevicius et al. 2018 and Megatron).
@@ -35,7 +38,7 @@ Under sequence parallelism the norm weights' gradients leave backward Partial ov
 tp; their local parts are accumulated as they are and summed over tp in one
 all-reduce after the dp reduction (Megatron's _allreduce_layernorm_grads).
 
-Gradient-norm clipping uses the global norm: squares of the rank's (shard of)
+Gradient-norm clipping uses the global norm: squared norms of the rank's (shard of)
 reduced gradients, with parameters replicated over the tp group (norm weights,
 row-parallel biases) counted once and the last stage's copy of a tied embedding
 left out, summed over dp x cp (zero=1), tp and pp.
