@@ -394,7 +394,11 @@ class VirtualProcessGroup(dist.ProcessGroup):
 
     # -- p2p and barrier --------------------------------------------------------------------------
     def send(self, tensors, dstRank, tag=0):
-        return self.record("send", tensors, peer=self.global_rank(dstRank), tag=tag, result=tensors)
+        # The work keeps no reference to what it sends. On NCCL, batch_isend_irecv (torch's
+        # pipelining sends through it) returns one coalesced work that lets go of the sent
+        # tensors once the send completes; pipelining waits its sends at the end of the step,
+        # so a work holding them would keep every sent activation until then.
+        return self.record("send", tensors, peer=self.global_rank(dstRank), tag=tag, result=[])
 
     @_fills_outputs
     def recv(self, tensors, srcRank, tag=0):

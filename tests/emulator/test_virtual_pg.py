@@ -1,6 +1,5 @@
 """Tests for the "prism" virtual-world backend (emulator/virtual_pg.py, fake_collectives.py)."""
 
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -211,3 +210,18 @@ def test_real_tensor_tp_loss_is_finite(world):
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(mlp.parameters(), 1.0)
     assert torch.isfinite(loss) and torch.isfinite(grad_norm.full_tensor())
+
+
+@pytest.mark.parametrize("world", [(0, 2)], indirect=True)
+def test_a_send_work_does_not_keep_the_sent_tensor_alive(world):
+    # as NCCL's coalesced batch_isend_irecv work, which lets go once the send completes:
+    # the storage is freed when the program drops the tensor, not when it drops the work
+    import weakref
+
+    activation = torch.ones(4)
+    alive = weakref.ref(activation)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, activation, 1)])
+    del activation
+    assert alive() is None
+    for work in works:
+        work.wait()
