@@ -199,13 +199,11 @@ class _Reporter:
     def __call__(self, class_id: int, seconds: float, note: str) -> None:
         with self.lock:
             self.done += 1
-            _report(self.progress, self.done, self.total, class_id, seconds, note)
-
-
-def _report(progress, done: int, total: int, class_id: int, seconds: float, note: str) -> None:
-    if progress is not None:
-        extra = f" ({note})" if note else ""
-        progress(f"captured class {class_id} ({done}/{total}) in {seconds:.1f} s{extra}")
+            if self.progress is not None:
+                extra = f" ({note})" if note else ""
+                self.progress(
+                    f"captured class {class_id} ({self.done}/{self.total}) in {seconds:.1f} s{extra}"
+                )
 
 
 def summarize(capture: JobCapture) -> dict:
