@@ -8,6 +8,12 @@ consulted before the Meta kernel) for ops whose group is virtual: it lets fake m
 the outputs through the Meta kernel, records the call on the group, and remembers the
 output tensors so that `wait_tensor` on them records the wait, as the C++ work registry
 does on real tensors.
+
+The wait is what puts a tensor-parallel collective on the critical path: DTensor returns an
+`AsyncCollectiveTensor` and calls `wait_tensor` at the first use of the result (the residual
+add after a row-parallel reduce-scatter, the GEMM after a sequence-parallel all-gather), and
+the execution graph makes the waiting stream wait there. A dispatch mode above fake mode that
+answers `wait_tensor` itself (the op recorder) must call `record_wait`.
 """
 
 from __future__ import annotations
@@ -89,14 +95,20 @@ def _handles(func) -> bool:
     return func.namespace == _NAMESPACE and not getattr(_state, "inside", False)
 
 
+def record_wait(tensor: torch.Tensor) -> bool:
+    """Record the first wait on the functional collective that produced `tensor` (as the C++
+    work registry's `wait_tensor` does); False when no pending collective produced it."""
+    work = _pending.pop(tensor, None)
+    if work is None:
+        return False
+    work.wait()
+    return True
+
+
 def _fake_impl(fake_mode, func, *args, **kwargs):
     name = func._opname
     if name == "wait_tensor":
-        work = _pending.pop(args[0], None)
-        if work is None:
-            return NotImplemented
-        work.wait()
-        return args[0]
+        return args[0] if record_wait(args[0]) else NotImplemented
     if name not in _GROUP_ARG:
         return NotImplemented
     pg = _resolve(args[_GROUP_ARG[name]])

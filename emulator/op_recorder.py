@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from emulator import opmap
+from emulator import fake_collectives, opmap
 from emulator.comm_events import in_backend_fills
 from emulator.streams import RECORD, StreamTracker, current_stream_id
 from emulator.trace import (
@@ -446,6 +446,8 @@ class OpRecorder(TorchDispatchMode):
         if info is None:
             info = _OP_INFOS[func] = opmap.op_info(func)
         if func is _WAIT_TENSOR and self._fake_mode is not None:
+            # answered here, so the fake impl never sees it: record the wait it would record
+            fake_collectives.record_wait(args[0])
             out = args[0]  # the fake kernel returns a fresh tensor; on a GPU it is in place
         else:
             out = func(*args, **kwargs)

@@ -3,8 +3,9 @@
 `VirtualProcessGroup` subclasses `dist.ProcessGroup` (the C++ `Backend` has no Python
 constructor) and implements the Python methods torch 2.13 calls. Each call is recorded
 into the active `comm_events.Recorder` (if any) and completes at once; the `VirtualWork`
-it returns records a `WaitEvent` when it is first waited on (`async_op=False` calls are
-waited on by torch itself, right after the call).
+it returns records a `WaitEvent` when it is first waited on, through `wait()` or its
+future's `wait()` (`async_op=False` calls are waited on by torch itself, right after the
+call); functional collectives record theirs at `wait_tensor` (emulator/fake_collectives.py).
 
 Outputs are filled as if every rank held the same data as this one, so value-reading
 control flow (grad clipping, NaN checks, loss scaling) runs and never sees garbage:
@@ -89,9 +90,23 @@ class VirtualWork(dist.Work):
         return self._result
 
     def get_future(self) -> Future:
-        fut: Future = Future()
+        fut = _WaitRecordingFuture(self)
         fut.set_result(self._result)
         return fut
+
+
+class _WaitRecordingFuture(Future):
+    """A completed future whose `wait()` is the work's wait: on CUDA, waiting a collective's
+    future makes the current stream wait for the NCCL stream, as `Work.wait()` does (DDP comm
+    hooks do). A future chained with `then` is torch's own and records nothing."""
+
+    def __init__(self, work: VirtualWork):
+        super().__init__()
+        self._work = work
+
+    def wait(self):
+        self._work.wait()
+        return super().wait()
 
 
 def _op_name(opts) -> str:
