@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+from torch.utils.weak import WeakIdKeyDictionary
 
 COMM_KINDS = frozenset(
     {
@@ -99,6 +100,26 @@ class WaitEvent:
     def __post_init__(self) -> None:
         if self.comm_seq >= self.seq:
             raise ValueError(f"comm_seq({self.comm_seq}) must precede seq({self.seq})")
+
+
+# storage of a waited functional-collective output nothing has read yet -> its work
+# (emulator/fake_collectives.py: the wait is recorded at the first read)
+_unread: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def mark_unread(tensor, work) -> None:
+    """`work` (it produced `tensor`) is waited at the first read of `tensor`'s storage."""
+    _unread[tensor.untyped_storage()] = work
+
+
+def wait_for_reads(tensors) -> None:
+    """Record the wait of every collective whose unread output one of `tensors` reads."""
+    if not _unread:
+        return
+    for tensor in tensors:
+        work = _unread.pop(tensor.untyped_storage(), None)
+        if work is not None:
+            work.wait()
 
 
 @dataclass(eq=False)

@@ -9,11 +9,16 @@ the outputs through the Meta kernel, records the call on the group, and remember
 output tensors so that `wait_tensor` on them records the wait, as the C++ work registry
 does on real tensors.
 
-The wait is what puts a tensor-parallel collective on the critical path: DTensor returns an
-`AsyncCollectiveTensor` and calls `wait_tensor` at the first use of the result (the residual
-add after a row-parallel reduce-scatter, the GEMM after a sequence-parallel all-gather), and
-the execution graph makes the waiting stream wait there. A dispatch mode above fake mode that
-answers `wait_tensor` itself (the op recorder) must call `record_wait`.
+Where the wait lands decides what overlaps: on a GPU a functional collective returns an
+`AsyncCollectiveTensor` that waits at the first kernel reading it (the residual add after a
+row-parallel reduce-scatter, the GEMM after a sequence-parallel all-gather), and the
+execution graph makes the reading stream wait there. Under fake mode torch assumes graph
+tracing (`_functional_collectives._are_we_tracing`) and calls `wait_tensor` right after the
+collective, and its `_wrap_tensor_autograd` fake kernel would drop the wrapper anyway. So
+the op recorder, which sees every kernel, answers `wait_tensor` with `defer_wait`: the output
+is marked unread, and the wait is recorded when a kernel or a collective first reads its
+storage (`comm_events.wait_for_reads`), never when nothing reads it. Without a recorder to
+see the reads (or while it is paused) `wait_tensor` records the wait where it is called.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch.distributed as dist
 from torch._subclasses import fake_impls
 from torch.utils.weak import WeakIdKeyDictionary
 
+from emulator import comm_events
 from emulator.virtual_pg import VirtualProcessGroup, VirtualWork
 
 _NAMESPACE = "_c10d_functional"
@@ -95,9 +101,7 @@ def _handles(func) -> bool:
     return func.namespace == _NAMESPACE and not getattr(_state, "inside", False)
 
 
-def record_wait(tensor: torch.Tensor) -> bool:
-    """Record the first wait on the functional collective that produced `tensor` (as the C++
-    work registry's `wait_tensor` does); False when no pending collective produced it."""
+def _record_wait(tensor: torch.Tensor) -> bool:
     work = _pending.pop(tensor, None)
     if work is None:
         return False
@@ -105,10 +109,20 @@ def record_wait(tensor: torch.Tensor) -> bool:
     return True
 
 
+def defer_wait(tensor: torch.Tensor) -> bool:
+    """`wait_tensor(tensor)`: the wait is recorded at the first read of its storage (module
+    docstring); False when no pending functional collective produced `tensor`."""
+    work = _pending.pop(tensor, None)
+    if work is None:
+        return False
+    comm_events.mark_unread(tensor, work)
+    return True
+
+
 def _fake_impl(fake_mode, func, *args, **kwargs):
     name = func._opname
     if name == "wait_tensor":
-        return args[0] if record_wait(args[0]) else NotImplemented
+        return args[0] if _record_wait(args[0]) else NotImplemented
     if name not in _GROUP_ARG:
         return NotImplemented
     pg = _resolve(args[_GROUP_ARG[name]])

@@ -37,7 +37,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from emulator import fake_collectives, opmap
-from emulator.comm_events import in_backend_fills
+from emulator.comm_events import in_backend_fills, wait_for_reads
 from emulator.streams import RECORD, StreamTracker, current_stream_id
 from emulator.trace import (
     ALLOC,
@@ -446,8 +446,8 @@ class OpRecorder(TorchDispatchMode):
         if info is None:
             info = _OP_INFOS[func] = opmap.op_info(func)
         if func is _WAIT_TENSOR and self._fake_mode is not None:
-            # answered here, so the fake impl never sees it: record the wait it would record
-            fake_collectives.record_wait(args[0])
+            # answered here, so the fake impl never sees it: defer the wait as it would
+            fake_collectives.defer_wait(args[0])
             out = args[0]  # the fake kernel returns a fresh tensor; on a GPU it is in place
         else:
             out = func(*args, **kwargs)
@@ -472,6 +472,7 @@ class OpRecorder(TorchDispatchMode):
 
     def _record_compute(self, func, info, args, kwargs, out, outs, phase) -> None:
         ins = _tensors(args) + (_tensors(kwargs.values()) if kwargs else [])
+        wait_for_reads(ins)  # a collective's output is waited at its first read
         if info.mutated_args:
             written = _tensors(
                 args[i] if i < len(args) else kwargs.get(name) for i, name in info.mutated_args

@@ -203,6 +203,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
         if recorder is None:
             return VirtualWork(None, None, result)
         recorder.add_group(self._group_name, self.global_ranks)
+        comm_events.wait_for_reads(tensors)  # sending or reducing it reads it
         if coalesced and len(tensors) == 1:  # torch routes single tensors through *_coalesced
             kind, coalesced = kind.removesuffix("_coalesced"), False
         sizes = _numel(tensors)

@@ -318,3 +318,32 @@ def test_paused_ops_run_unrecorded_and_in_place_adds_keep_their_checks():
             scaled = buffer * 2
         scaled + 1
     assert [e.name for e in rec.events if e.kind == COMPUTE] == ["elementwise"]
+
+
+def test_a_functional_collective_is_waited_where_its_output_is_first_used():
+    # DTensor returns an AsyncCollectiveTensor and waits at the first use of the result; the
+    # recorder answers that wait_tensor itself under fake mode, and must still record the wait
+    import torch.distributed._functional_collectives as funcol
+
+    from emulator.comm_events import CommEvent, Recorder, WaitEvent, recording
+    from emulator.trace import EventSequence
+    from emulator.virtual_pg import destroy_virtual_world, init_virtual_world
+
+    group = init_virtual_world(0, 4)
+    try:
+        sequence = EventSequence()
+        comm = Recorder(_counter=sequence)
+        with recording(comm), FakeTensorMode():
+            x, w = torch.ones(8, 8), torch.ones(8, 8)
+            with OpRecorder(sequence=sequence) as rec:
+                reduced = funcol.all_reduce(x, "sum", group)
+                independent = w @ w  # does not read the collective's output
+                reduced + independent  # the first use
+        (collective,), (wait,) = (
+            [e for e in comm.events if isinstance(e, kind)] for kind in (CommEvent, WaitEvent)
+        )
+        matmul, add = (e for e in rec.events if e.kind == COMPUTE)
+        assert wait.comm_seq == collective.seq
+        assert collective.seq < matmul.seq < wait.seq < add.seq
+    finally:
+        destroy_virtual_world()

@@ -91,6 +91,17 @@ def test_async_wait_is_recorded_when_waited(world):
     assert [type(e) for e in rec.events] == [CommEvent, WaitEvent]
 
 
+@pytest.mark.parametrize("world", [(3, 8)], indirect=True)
+def test_waiting_the_future_of_a_work_is_waiting_the_work(world):
+    rec = Recorder()
+    with recording(rec):
+        future = dist.all_reduce(torch.ones(4), async_op=True).get_future()
+        assert len(rec.events) == 1
+        assert future.wait()[0].tolist() == [1.0] * 4
+    assert [type(e) for e in rec.events] == [CommEvent, WaitEvent]
+    assert rec.events[1].comm_seq == rec.events[0].seq
+
+
 @pytest.mark.parametrize("world", [(13, 16)], indirect=True)
 def test_p2p_records_global_peer(world):
     group = dist.new_group([1, 5, 9, 13])
