@@ -15,7 +15,7 @@ row-parallel reduce-scatter, the GEMM after a sequence-parallel all-gather), and
 execution graph makes the reading stream wait there. Under fake mode torch assumes graph
 tracing (`_functional_collectives._are_we_tracing`) and calls `wait_tensor` right after the
 collective, and its `_wrap_tensor_autograd` fake kernel would drop the wrapper anyway. So
-the op recorder, which sees every kernel, answers `wait_tensor` with `defer_wait`: the output
+the op recorder, which sees every kernel, answers `wait_tensor` with `take_wait(at_first_read=True)`: the output
 is marked unread, and the wait is recorded when a kernel or a collective first reads its
 storage (`comm_events.wait_for_reads`), never when nothing reads it. Without a recorder to
 see the reads (or while it is paused) `wait_tensor` records the wait where it is called.
@@ -101,28 +101,24 @@ def _handles(func) -> bool:
     return func.namespace == _NAMESPACE and not getattr(_state, "inside", False)
 
 
-def _record_wait(tensor: torch.Tensor) -> bool:
+def take_wait(tensor: torch.Tensor, *, at_first_read: bool) -> bool:
+    """`wait_tensor(tensor)`: record the wait of the functional collective that produced
+    `tensor` now, or at the first read of its storage (module docstring); False when no
+    pending collective produced it."""
     work = _pending.pop(tensor, None)
     if work is None:
         return False
-    work.wait()
-    return True
-
-
-def defer_wait(tensor: torch.Tensor) -> bool:
-    """`wait_tensor(tensor)`: the wait is recorded at the first read of its storage (module
-    docstring); False when no pending functional collective produced `tensor`."""
-    work = _pending.pop(tensor, None)
-    if work is None:
-        return False
-    comm_events.mark_unread(tensor, work)
+    if at_first_read:
+        comm_events.mark_unread(tensor, work)
+    else:
+        work.wait()
     return True
 
 
 def _fake_impl(fake_mode, func, *args, **kwargs):
     name = func._opname
     if name == "wait_tensor":
-        return args[0] if _record_wait(args[0]) else NotImplemented
+        return args[0] if take_wait(args[0], at_first_read=False) else NotImplemented
     if name not in _GROUP_ARG:
         return NotImplemented
     pg = _resolve(args[_GROUP_ARG[name]])

@@ -446,8 +446,8 @@ class OpRecorder(TorchDispatchMode):
         if info is None:
             info = _OP_INFOS[func] = opmap.op_info(func)
         if func is _WAIT_TENSOR and self._fake_mode is not None:
-            # answered here, so the fake impl never sees it: defer the wait as it would
-            fake_collectives.defer_wait(args[0])
+            # answered here (the fake impl never sees it), and this recorder sees the reads
+            fake_collectives.take_wait(args[0], at_first_read=True)
             out = args[0]  # the fake kernel returns a fresh tensor; on a GPU it is in place
         else:
             out = func(*args, **kwargs)

@@ -5,7 +5,8 @@ constructor) and implements the Python methods torch 2.13 calls. Each call is re
 into the active `comm_events.Recorder` (if any) and completes at once; the `VirtualWork`
 it returns records a `WaitEvent` when it is first waited on, through `wait()` or its
 future's `wait()` (`async_op=False` calls are waited on by torch itself, right after the
-call); functional collectives record theirs at `wait_tensor` (emulator/fake_collectives.py).
+call); a functional collective's wait is recorded at the first read of its output
+(emulator/fake_collectives.py).
 
 Outputs are filled as if every rank held the same data as this one, so value-reading
 control flow (grad clipping, NaN checks, loss scaling) runs and never sees garbage:

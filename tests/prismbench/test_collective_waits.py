@@ -37,13 +37,13 @@ def _replayed(job, traces):
 
 def _comm_times_s(job, trace) -> list[float]:
     """Each collective of the trace priced on its own, from its row alone."""
-    c, groups = trace.columns, trace.groups()
+    c, groups, topology = trace.columns, trace.groups(), topology_of(job)
     return [
         collective_time_s(
             trace.strings[c["name"][row]],
             float(c["size_bytes"][row]),
             groups[trace.strings[c["group"][row]]],
-            topology_of(job),
+            topology,
         )
         for row in np.flatnonzero(c["kind"] == COMM)
     ]
