@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -135,11 +136,16 @@ def micro_batch_markers(recorder: OpRecorder, roots: list[torch.nn.Module]) -> I
     in_pipeline = [False]
 
     def marked(method):
+        # forward actions leave little cyclic garbage; backward ones drop the saved state
+        generation = 0 if method.__name__ == "forward_one_chunk" else 2
+
         @functools.wraps(method)
         def wrapper(self, chunk_id, *args, **kwargs):
             in_pipeline[0] = True
             with recorder.micro_batch(chunk_id):
-                return method(self, chunk_id, *args, **kwargs)
+                result = method(self, chunk_id, *args, **kwargs)
+                gc.collect(generation)
+                return result
 
         return wrapper
 
@@ -147,6 +153,7 @@ def micro_batch_markers(recorder: OpRecorder, roots: list[torch.nn.Module]) -> I
 
     def next_micro_batch(module, args):
         if not in_pipeline[0]:
+            gc.collect()
             recorder.set_micro_batch(counts[id(module)])
             counts[id(module)] += 1
 
@@ -162,6 +169,30 @@ def micro_batch_markers(recorder: OpRecorder, roots: list[torch.nn.Module]) -> I
             setattr(cls, name, method)
         for handle in handles:
             handle.remove()
+
+
+@contextlib.contextmanager
+def garbage_collected_at_micro_batches() -> Iterator[None]:
+    """Collect reference cycles only where `micro_batch_markers` calls gc.collect().
+
+    Some programs free tensors through reference cycles (torch's zero-bubble pipelining
+    keeps backward temporaries in one until its weight step): left to Python's collector,
+    whether and where those frees land in the trace varied from run to run. Collecting at
+    fixed points (after each backward pipeline action, a young-generation pass after each
+    forward one, before each root forward) makes the trace deterministic, and stands for a
+    collector that runs at least that often, as it does in training. What exists before
+    the iteration is frozen out of the collections, which keeps them cheap.
+    """
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    gc.freeze()  # what exists now outlives the capture: keep it out of every collection
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
 
 
 @contextlib.contextmanager
@@ -205,6 +236,7 @@ def capture_rank(
                 recorder,
                 dtensor_shape_propagation_unrecorded(recorder),
                 streams.tracking(recorder.stream_tracker()),
+                garbage_collected_at_micro_batches(),
                 micro_batch_markers(recorder, program.roots(state)),
                 reused_chunks(recorder, comm, enabled=reuse_chunks),
                 optimizer_phase(recorder),
