@@ -30,9 +30,7 @@ TWO_PER_NODE = {"gpus_per_node": 2}
 
 GOLDEN_JOBS = {
     "gpt_ddp_dp2": _job(GPT, {"dp": 2}, global_batch=4),
-    "gpt_tp2_sp_pp2_two_nodes": _job(
-        GPT, {"tp": 2, "pp": 2}, global_batch=4, cluster=TWO_PER_NODE
-    ),
+    "gpt_tp2_sp_pp2_two_nodes": _job(GPT, {"tp": 2, "pp": 2}, global_batch=4, cluster=TWO_PER_NODE),
     "gpt_alibi_zero1_selective": _job(
         GPT_ALIBI, {"dp": 2, "zero": 1}, global_batch=2, train={"recompute": "selective"}
     ),
@@ -56,7 +54,10 @@ GOLDEN_JOBS = {
         cluster=TWO_PER_NODE,
     ),
     "gpt_fp16_a100": _job(
-        GPT, {"dp": 2, "tp": 2}, global_batch=2, train={"precision": "fp16"},
+        GPT,
+        {"dp": 2, "tp": 2},
+        global_batch=2,
+        train={"precision": "fp16"},
         cluster={"gpu": "a100-sxm-80g", "intra_node": "nvlink3", "inter_node": "ib-hdr-8x200"},
     ),
 }

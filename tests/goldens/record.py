@@ -77,7 +77,13 @@ def differences(golden: dict[str, np.ndarray], now: dict[str, np.ndarray]) -> li
 def _figure_differences(golden: dict, now: dict, prefix: str = "") -> list[str]:
     if isinstance(golden, dict) and isinstance(now, dict):
         keys = sorted(golden.keys() | now.keys())
-        return [p for k in keys for p in _figure_differences(golden.get(k), now.get(k), f"{prefix}{k}.")]
+        return [
+            p for k in keys for p in _figure_differences(golden.get(k), now.get(k), f"{prefix}{k}.")
+        ]
     if isinstance(golden, list) and isinstance(now, list) and len(golden) == len(now):
-        return [p for i, (g, n) in enumerate(zip(golden, now)) for p in _figure_differences(g, n, f"{prefix}{i}.")]
+        return [
+            p
+            for i, (g, n) in enumerate(zip(golden, now, strict=True))
+            for p in _figure_differences(g, n, f"{prefix}{i}.")
+        ]
     return [] if golden == now else [f"figures.{prefix.rstrip('.')}: {golden!r} != {now!r}"]

@@ -1,4 +1,4 @@
-"""Tests for emulator/op_recorder.py on a small causal GPT built here (fake and real CPU)."""
+"""Tests for emulator/capture/op_recorder.py on a small causal GPT built here (fake and real CPU)."""
 
 import pytest
 import torch
@@ -9,8 +9,8 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from emulator.op_recorder import OpRecorder
-from emulator.trace import ALLOC, COMPUTE, FREE, PHASES
+from emulator.capture.op_recorder import OpRecorder
+from emulator.capture.trace import ALLOC, COMPUTE, FREE, PHASES
 
 VOCAB, DIM, HEADS, LAYERS, BATCH, SEQ = 64, 32, 4, 2, 2, 16
 
@@ -270,7 +270,7 @@ def test_a_declared_dtensor_counts_its_local_shard_only():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from emulator.virtual_pg import destroy_virtual_world, init_virtual_world
+    from emulator.world.virtual_pg import destroy_virtual_world, init_virtual_world
 
     init_virtual_world(0, 4)
     try:
@@ -290,7 +290,7 @@ def test_a_collective_filling_its_outputs_records_no_compute_kernel():
     # them, so the recorder sees the collective but no copy kernel next to it
     import torch.distributed as dist
 
-    from emulator.virtual_pg import destroy_virtual_world, init_virtual_world
+    from emulator.world.virtual_pg import destroy_virtual_world, init_virtual_world
 
     init_virtual_world(0, 4)
     try:
@@ -325,9 +325,9 @@ def test_a_functional_collective_is_waited_where_its_output_is_first_used():
     # recorder answers that wait_tensor itself under fake mode, and must still record the wait
     import torch.distributed._functional_collectives as funcol
 
-    from emulator.comm_events import CommEvent, Recorder, WaitEvent, recording
-    from emulator.trace import EventSequence
-    from emulator.virtual_pg import destroy_virtual_world, init_virtual_world
+    from emulator.capture.trace import EventSequence
+    from emulator.world.comm_events import CommEvent, Recorder, WaitEvent, recording
+    from emulator.world.virtual_pg import destroy_virtual_world, init_virtual_world
 
     group = init_virtual_world(0, 4)
     try:

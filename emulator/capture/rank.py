@@ -23,7 +23,7 @@ torch-level patches active only during capture:
   mesh) finds this rank's coordinates in the rank map with `nonzero`, which fake mode
   refuses; the rank map is a real tensor, so meshes are built outside fake mode;
 - ops a CUDA build runs fused where the CPU path decomposes (`torch.rms_norm`) are routed
-  to the fused op pair (`emulator.fused_ops`);
+  to the fused op pair (`emulator.capture.fused_ops`);
 - DTensor learns an op's output shape by running it on fake tensors (once per sharding, in
   an lru_cache) in the active fake mode, i.e. ours; those runs are paused in the recorder,
   else the first micro-batch (and the first capture in a worker) would carry phantom kernels;
@@ -53,13 +53,13 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from emulator import streams
-from emulator.chunk_reuse import reused_chunks
-from emulator.comm_events import Recorder, recording
-from emulator.fused_ops import gpu_fused_ops
-from emulator.op_recorder import OpRecorder
-from emulator.trace import EventSequence, RankTrace
-from emulator.virtual_pg import destroy_virtual_world, init_virtual_world
+from emulator.capture import streams
+from emulator.capture.chunk_reuse import reused_chunks
+from emulator.capture.fused_ops import gpu_fused_ops
+from emulator.capture.op_recorder import OpRecorder
+from emulator.capture.trace import EventSequence, RankTrace
+from emulator.world.comm_events import Recorder, recording
+from emulator.world.virtual_pg import destroy_virtual_world, init_virtual_world
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,7 +213,7 @@ def capture_rank(
     """The RankTrace of one iteration of `program` as rank `rank` of `world_size`.
 
     `reuse_chunks`: record a pipeline stage's first forward and backward and reuse them for
-    its other micro-batches (emulator.chunk_reuse); raises ChunkReuseError when that turns
+    its other micro-batches (emulator.capture.chunk_reuse); raises ChunkReuseError when that turns
     out not to hold for this program (capture again with False)."""
     init_virtual_world(rank, world_size)
     try:

@@ -1,4 +1,4 @@
-"""Tests for the "prism" virtual-world backend (emulator/virtual_pg.py, fake_collectives.py)."""
+"""Tests for the "prism" virtual-world backend (emulator/world/virtual_pg.py, fake_collectives.py)."""
 
 import pytest
 import torch
@@ -11,8 +11,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from emulator.comm_events import CommEvent, Recorder, WaitEvent, recording
-from emulator.virtual_pg import destroy_virtual_world, init_virtual_world, register_backend
+from emulator.world.comm_events import CommEvent, Recorder, WaitEvent, recording
+from emulator.world.virtual_pg import destroy_virtual_world, init_virtual_world, register_backend
 
 
 @pytest.fixture

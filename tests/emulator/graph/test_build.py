@@ -1,4 +1,4 @@
-"""Tests for emulator.graph: segment merging, streams, joins, p2p matching, costs, save/load."""
+"""Tests for emulator.graph.build: segment merging, streams, joins, p2p matching, costs, save/load."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from emulator.costs.collectives import Topology
 from emulator.costs.compute import op_time_s
 from emulator.costs.ops import gemm_op
-from emulator.graph import (
+from emulator.graph.build import (
     COLLECTIVE,
     RECV,
     SEGMENT,
@@ -19,7 +19,7 @@ from emulator.graph import (
     op_record,
 )
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
-from emulator.world import World
+from emulator.world.mesh import World
 from tests.emulator.synthetic_traces import Stage, build, pipeline
 
 TOPO = Topology(
@@ -72,9 +72,9 @@ def test_micro_batch_change_splits_segments_and_streams_do_not_merge():
 
 
 def test_blocking_collective_without_wait_event_gets_one():
-    from emulator.comm_events import CommEvent
-    from emulator.graph import build_graph
-    from emulator.trace import build_trace
+    from emulator.capture.trace import build_trace
+    from emulator.graph.build import build_graph
+    from emulator.world.comm_events import CommEvent
 
     world = World(dp=2, pp=1, cp=1, tp=1)
     event = CommEvent(

@@ -1,11 +1,11 @@
-"""Tests for emulator/opmap.py: CPU->GPU op mapping, normalized names, FLOP formulas."""
+"""Tests for emulator/capture/opmap.py: CPU->GPU op mapping, normalized names, FLOP formulas."""
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
-from emulator import opmap
+from emulator.capture import opmap
 
 aten = torch.ops.aten
 

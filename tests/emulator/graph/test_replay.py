@@ -1,13 +1,13 @@
-"""Closed-form checks of emulator.replay on synthetic stage programs (tests/emulator/synthetic_traces.py)."""
+"""Closed-form checks of emulator.graph.replay on synthetic stage programs (tests/emulator/synthetic_traces.py)."""
 
 import numpy as np
 import pytest
 
 from emulator.costs.collectives import Topology
-from emulator.graph import CostContext
+from emulator.graph.build import CostContext
+from emulator.graph.replay import replay
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
-from emulator.replay import replay
-from emulator.world import World
+from emulator.world.mesh import World
 from tests.emulator.synthetic_traces import Stage, build, node_of, pipeline
 
 

@@ -12,7 +12,7 @@ order (which is a topological order within the class):
   end of the node before it on the *issuing* stream (torch records an event on the current
   stream and makes the NCCL stream wait on it) and the end of the previous call on its own
   comm stream. The issuing stream is the one the program was on when it made the call (the
-  trace's `stream` of the comm row, emulator/streams.py).
+  trace's `stream` of the comm row, emulator/capture/streams.py).
 - `send` / `recv`: point-to-point calls on a stream per (group, peer), as torch keeps one
   NCCL communicator per pair of p2p ranks. The k-th send from class a to class b is the k-th
   recv at b from a (NCCL matches p2p calls in order on a communicator).
@@ -41,13 +41,13 @@ from pathlib import Path
 
 import numpy as np
 
+from emulator.capture.trace import COMM, COMPUTE, PHASES, RECORD, STREAM_WAIT, WAIT, RankTrace
 from emulator.costs.collectives import Topology, collective_time_s
 from emulator.costs.compute import op_time_s
 from emulator.costs.kernel_table import KernelTable
 from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS, OpRecord
 from emulator.costs.overlap import compute_slowdown
-from emulator.trace import COMM, COMPUTE, PHASES, RECORD, STREAM_WAIT, WAIT, RankTrace
-from emulator.world import AXES, World
+from emulator.world.mesh import AXES, World
 
 NODE_KINDS = ("compute", "collective", "send", "recv", "wait")
 SEGMENT, COLLECTIVE, SEND, RECV, WAIT_NODE = range(len(NODE_KINDS))

@@ -1,4 +1,4 @@
-"""Tests for emulator/capture.py: capture_rank and its torch-level adaptations, on a tiny program."""
+"""Tests for emulator/capture/rank.py: capture_rank and its torch-level adaptations, on a tiny program."""
 
 from __future__ import annotations
 
@@ -10,9 +10,14 @@ from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTenso
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.pipelining import schedules
 
-from emulator.capture import RankProgram, capture_rank, real_mesh_tensors, static_pipeline_warmup
-from emulator.trace import COMM, COMPUTE, PHASES
-from emulator.virtual_pg import destroy_virtual_world, init_virtual_world
+from emulator.capture.rank import (
+    RankProgram,
+    capture_rank,
+    real_mesh_tensors,
+    static_pipeline_warmup,
+)
+from emulator.capture.trace import COMM, COMPUTE, PHASES
+from emulator.world.virtual_pg import destroy_virtual_world, init_virtual_world
 
 MICRO_BATCHES = 3
 

@@ -20,7 +20,7 @@ import numpy as np
 
 SCHEMA_VERSION = 2
 # record / stream_wait: a stream's position recorded as event `tag`, and a stream waiting
-# for event `tag` (emulator/streams.py); the row's `stream` is the recording/waiting one.
+# for event `tag` (emulator/capture/streams.py); the row's `stream` is the recording/waiting one.
 EVENT_KINDS = ("compute", "comm", "wait", "alloc", "free", "marker", "record", "stream_wait")
 COMPUTE, COMM, WAIT, ALLOC, FREE, MARKER, RECORD, STREAM_WAIT = range(len(EVENT_KINDS))
 PHASES = ("forward", "backward", "recompute", "optimizer")

@@ -36,10 +36,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from emulator import fake_collectives, opmap
-from emulator.comm_events import in_backend_fills, wait_for_reads
-from emulator.streams import RECORD, StreamTracker, current_stream_id
-from emulator.trace import (
+from emulator.capture import opmap
+from emulator.capture.streams import RECORD, StreamTracker, current_stream_id
+from emulator.capture.trace import (
     ALLOC,
     COMPUTE,
     FREE,
@@ -49,12 +48,14 @@ from emulator.trace import (
     OpEvent,
     build_trace,
 )
-from emulator.trace import (
+from emulator.capture.trace import (
     RECORD as RECORD_ROW,
 )
-from emulator.trace import (
+from emulator.capture.trace import (
     STREAM_WAIT as STREAM_WAIT_ROW,
 )
+from emulator.world import fake_collectives
+from emulator.world.comm_events import in_backend_fills, wait_for_reads
 
 FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER = (
     PHASES.index(p) for p in ("forward", "backward", "recompute", "optimizer")
@@ -168,7 +169,7 @@ class OpRecorder(TorchDispatchMode):
     @contextlib.contextmanager
     def on_stream(self, stream: int) -> Iterator[None]:
         """Ops and allocations inside the block belong to stream `stream` (0 = compute),
-        whatever stream the program is on (emulator.streams tracks that otherwise)."""
+        whatever stream the program is on (emulator.capture.streams tracks that otherwise)."""
         previous, self._stream = self._stream, stream
         try:
             yield
@@ -267,7 +268,7 @@ class OpRecorder(TorchDispatchMode):
         seqs: dict,
         first_dispatch: int | None,
     ) -> None:
-        """Record copies of earlier events as if they ran now (emulator.chunk_reuse).
+        """Record copies of earlier events as if they ran now (emulator.capture.chunk_reuse).
 
         `op_events` (OpEvent) and `comm_events` (CommEvent / WaitEvent, appended to
         `comm_sink`) are merged by seq and get new seqs (old -> new added to `seqs`); their
@@ -332,7 +333,7 @@ class OpRecorder(TorchDispatchMode):
         )
 
     def stream_tracker(self) -> StreamTracker:
-        """A tracker (emulator.streams) whose records and waits become trace rows."""
+        """A tracker (emulator.capture.streams) whose records and waits become trace rows."""
 
         def emit(kind: str, stream: int, event_id: int) -> None:
             row = RECORD_ROW if kind == RECORD else STREAM_WAIT_ROW

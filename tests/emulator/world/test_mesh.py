@@ -1,4 +1,4 @@
-"""Tests for emulator/world.py: mesh coordinates, groups, classes and the class claim."""
+"""Tests for emulator/world/mesh.py: mesh coordinates, groups, classes and the class claim."""
 
 import numpy as np
 import pytest
@@ -10,9 +10,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from emulator.comm_events import Recorder, recording
-from emulator.virtual_pg import destroy_virtual_world, init_virtual_world
-from emulator.world import World, normalise_trace
+from emulator.world.comm_events import Recorder, recording
+from emulator.world.mesh import World, normalise_trace
+from emulator.world.virtual_pg import destroy_virtual_world, init_virtual_world
 
 BIG = World(dp=128, pp=16, cp=8, tp=8)
 

@@ -14,7 +14,7 @@ from emulator.hardware import gpu_preset
 from emulator.memory import replay_memory
 from emulator.memory.outside import OutsideMemory
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "results" / "perf"))
+sys.path.insert(0, str(Path(__file__).parents[3] / "results" / "perf"))
 from memory_replay_bench import synthetic_trace  # noqa: E402
 
 CONFS = ["", "expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4"]

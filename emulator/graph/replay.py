@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from emulator.graph import (
+from emulator.graph.build import (
     COLLECTIVE,
     NODE_KINDS,
     RECV,
@@ -83,7 +83,7 @@ class ReplayResult:
     uniform: bool  # True when all lanes were replayed as one
 
     def to_dict(self) -> dict:
-        """Figures as plain JSON-able values (timelines left out: see emulator.timeline)."""
+        """Figures as plain JSON-able values (timelines left out: see emulator.graph.timeline)."""
         return {
             "iteration_time_s": self.iteration_time_s,
             "uniform": self.uniform,

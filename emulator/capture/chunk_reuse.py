@@ -36,7 +36,7 @@ from torch.distributed.pipelining import schedules as pipeline_schedules
 from torch.distributed.pipelining import stage as pipeline_stage
 from torch.distributed.tensor import DTensor
 
-from emulator.trace import ALLOC, FREE, RECORD, STREAM_WAIT, OpEvent
+from emulator.capture.trace import ALLOC, FREE, RECORD, STREAM_WAIT, OpEvent
 
 _FULL_BACKWARD_SCHEDULES = (
     pipeline_schedules.Schedule1F1B,

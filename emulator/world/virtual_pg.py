@@ -6,7 +6,7 @@ into the active `comm_events.Recorder` (if any) and completes at once; the `Virt
 it returns records a `WaitEvent` when it is first waited on, through `wait()` or its
 future's `wait()` (`async_op=False` calls are waited on by torch itself, right after the
 call); a functional collective's wait is recorded at the first read of its output
-(emulator/fake_collectives.py).
+(emulator/world/fake_collectives.py).
 
 Outputs are filled as if every rank held the same data as this one, so value-reading
 control flow (grad clipping, NaN checks, loss scaling) runs and never sees garbage:
@@ -47,9 +47,9 @@ from torch._C._distributed_c10d import (
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.futures import Future
 
-from emulator import comm_events
-from emulator.comm_events import CommEvent, WaitEvent
-from emulator.streams import current_stream_id
+from emulator.capture.streams import current_stream_id
+from emulator.world import comm_events
+from emulator.world.comm_events import CommEvent, WaitEvent
 
 BACKEND_NAME = "prism"
 # read-only defaults for callers that pass no options (torch always passes them)
@@ -443,7 +443,7 @@ def _create_virtual_pg(common_opts, backend_opts) -> VirtualProcessGroup:
 
 def register_backend() -> None:
     """Register "prism" with torch.distributed (and hook fake mode); idempotent."""
-    from emulator import fake_collectives  # it imports this module
+    from emulator.world import fake_collectives  # it imports this module
 
     fake_collectives.install()
     if BACKEND_NAME.upper() in dist.Backend._plugins:

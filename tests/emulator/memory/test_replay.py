@@ -6,17 +6,17 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from tests.emulator.capture.test_op_recorder import BATCH, GPT, SEQ, VOCAB, run_step
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.cuda import _memory_viz
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
 
+from emulator.capture.op_recorder import OpRecorder
+from emulator.capture.trace import ALLOC, FREE
 from emulator.hardware import gpu_preset
 from emulator.memory import CachingAllocator, parse_alloc_conf, replay_memory
 from emulator.memory.export import _segments, plot_timeline, write_snapshot
 from emulator.memory.outside import CUBLAS_WORKSPACE_BYTES
-from emulator.op_recorder import OpRecorder
-from emulator.trace import ALLOC, FREE
-from tests.emulator.test_op_recorder import BATCH, GPT, SEQ, VOCAB, run_step
 
 MiB = 1 << 20
 

@@ -80,7 +80,7 @@ class CommEvent:
     root: int | None = None  # global rank of the root of broadcast/reduce/scatter/gather
     tag: int = 0
     sizes: tuple[int, ...] | None = None  # per-tensor numels of a coalesced call
-    stream: int = 0  # the stream it was issued from (emulator/streams.py ids)
+    stream: int = 0  # the stream it was issued from (emulator/capture/streams.py ids)
 
     def __post_init__(self) -> None:
         if self.kind not in COMM_KINDS:
@@ -103,7 +103,7 @@ class WaitEvent:
 
 
 # storage of a waited functional-collective output nothing has read yet -> its work
-# (emulator/fake_collectives.py: the wait is recorded at the first read)
+# (emulator/world/fake_collectives.py: the wait is recorded at the first read)
 _unread: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 

@@ -1,4 +1,4 @@
-"""Tests for emulator/fused_ops.py: nn.RMSNorm captured as the fused op pair a CUDA build runs."""
+"""Tests for emulator/capture/fused_ops.py: nn.RMSNorm captured as the fused op pair a CUDA build runs."""
 
 import contextlib
 
@@ -6,9 +6,9 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from emulator.fused_ops import gpu_fused_ops
-from emulator.op_recorder import OpRecorder
-from emulator.trace import COMPUTE, PHASES
+from emulator.capture.fused_ops import gpu_fused_ops
+from emulator.capture.op_recorder import OpRecorder
+from emulator.capture.trace import COMPUTE, PHASES
 
 HIDDEN = 64
 

@@ -4,12 +4,12 @@ and the execution graph makes a stream wait where the program made it wait."""
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from emulator import streams
-from emulator.graph import WAIT_NODE, build_graph
-from emulator.op_recorder import OpRecorder
-from emulator.replay import replay
-from emulator.trace import COMPUTE, RECORD, STREAM_WAIT
-from emulator.world import World
+from emulator.capture import streams
+from emulator.capture.op_recorder import OpRecorder
+from emulator.capture.trace import COMPUTE, RECORD, STREAM_WAIT
+from emulator.graph.build import WAIT_NODE, build_graph
+from emulator.graph.replay import replay
+from emulator.world.mesh import World
 
 
 def record_two_streams(wait: bool):

@@ -1,13 +1,13 @@
-"""Tests for emulator/trace.py: the columnar RankTrace, its merge, save/load and summary."""
+"""Tests for emulator/capture/trace.py: the columnar RankTrace, its merge, save/load and summary."""
 
 import numpy as np
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from emulator import trace as tr
-from emulator.comm_events import CommEvent, Recorder, WaitEvent
-from emulator.op_recorder import OpRecorder
+from emulator.capture import trace as tr
+from emulator.capture.op_recorder import OpRecorder
+from emulator.world.comm_events import CommEvent, Recorder, WaitEvent
 
 
 def recorded_with_comms():

@@ -30,8 +30,8 @@ import torch.distributed as dist
 from torch._subclasses import fake_impls
 from torch.utils.weak import WeakIdKeyDictionary
 
-from emulator import comm_events
-from emulator.virtual_pg import VirtualProcessGroup, VirtualWork
+from emulator.world import comm_events
+from emulator.world.virtual_pg import VirtualProcessGroup, VirtualWork
 
 _NAMESPACE = "_c10d_functional"
 _state = threading.local()

@@ -1,13 +1,13 @@
-"""Tests for emulator.timeline: the Trace Event Format structure of a replay export."""
+"""Tests for emulator.graph.timeline: the Trace Event Format structure of a replay export."""
 
 import json
 
 import numpy as np
 import pytest
 
-from emulator.replay import replay
-from emulator.timeline import trace_events, write_trace
-from emulator.world import World
+from emulator.graph.replay import replay
+from emulator.graph.timeline import trace_events, write_trace
+from emulator.world.mesh import World
 from tests.emulator.synthetic_traces import build, pipeline
 
 
