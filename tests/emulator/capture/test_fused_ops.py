@@ -2,6 +2,7 @@
 
 import contextlib
 
+import pytest
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -54,6 +55,7 @@ def test_fused_gradients_have_the_shapes_and_dtypes_of_their_inputs():
     assert grad_w.shape == (HIDDEN,) and grad_w.dtype == torch.bfloat16
 
 
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # the path tested
 def test_weight_of_another_dtype_takes_the_composite_path_as_cuda_does():
     rows, _, grad_w = _record_norm(weight_dtype=torch.float32)
     assert "aten._fused_rms_norm" not in {op for op, _ in rows}
