@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from emulator.trace import SCHEMA_VERSION, RankTrace
-from emulator.world import World
+from emulator.capture.trace import SCHEMA_VERSION, RankTrace
+from emulator.world.mesh import World
 
 _SOURCE_PACKAGES = ("emulator", "workloads")
 
@@ -76,10 +76,10 @@ def default_cache_dir() -> Path:
 def _capture_class(job, class_id: int, out_path: str) -> tuple[float, str]:
     """Worker: capture one class and save its trace; returns the seconds it took and a note.
 
-    Pipeline chunks are reused (emulator.chunk_reuse); where a chunk cannot stand for the
+    Pipeline chunks are reused (emulator.capture.chunk_reuse); where a chunk cannot stand for the
     others (ChunkReuseError), the class is captured again with every chunk run."""
-    from emulator.capture import capture_rank
-    from emulator.chunk_reuse import ChunkReuseError
+    from emulator.capture.chunk_reuse import ChunkReuseError
+    from emulator.capture.rank import capture_rank
     from prismbench.program import rank_program
 
     started = time.perf_counter()
@@ -208,7 +208,7 @@ class _Reporter:
 
 def summarize(capture: JobCapture) -> dict:
     """Per-class figures of a capture: events, ops, FLOPs, peak live bytes, bytes per group kind."""
-    from emulator.world import group_axes
+    from emulator.world.mesh import group_axes
 
     classes = {}
     for class_id, trace in capture.traces.items():

@@ -144,11 +144,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add_command in (_add_workloads, _add_explain, _add_capture, _add_emulate, _add_calibrate):
+        add_command(commands)
+    return parser
 
+
+def _add_workloads(commands) -> None:
     workloads = commands.add_parser("workloads", help="list the registered model flavors")
     workloads.add_argument("--json", action="store_true", help="print one JSON array")
     workloads.set_defaults(handler=_cmd_workloads)
 
+
+def _add_explain(commands) -> None:
     explain_cmd = commands.add_parser(
         "explain", help="world layout, parameters, FLOPs and model-state memory of a job spec"
     )
@@ -156,18 +163,33 @@ def build_parser() -> argparse.ArgumentParser:
     explain_cmd.add_argument("--json", action="store_true", help="print one JSON object")
     explain_cmd.set_defaults(handler=_cmd_explain)
 
+
+def _add_capture_options(command) -> None:
+    """What capture and emulate share: the cache and the worker processes."""
+    command.add_argument("--no-cache", action="store_true", help="capture again even if cached")
+    command.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="capture processes (default: cores)",
+    )
+
+
+def _add_capture(commands) -> None:
     capture = commands.add_parser(
         "capture", help="record one iteration of every class of ranks (one trace per class)"
     )
     capture.add_argument("job", metavar="JOB.toml", help="job spec (TOML)")
-    capture.add_argument("--out", required=True, metavar="DIR", help="where traces and summary.json go")
-    capture.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    capture.add_argument("--no-cache", action="store_true", help="capture again even if cached")
     capture.add_argument(
-        "--workers", type=_positive_int, default=None, metavar="N", help="capture processes (default: cores)"
+        "--out", required=True, metavar="DIR", help="where traces and summary.json go"
     )
+    capture.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    _add_capture_options(capture)
     capture.set_defaults(handler=_cmd_capture)
 
+
+def _add_emulate(commands) -> None:
     emulate_cmd = commands.add_parser(
         "emulate", help="predict iteration time, breakdown and peak memory of a job spec"
     )
@@ -185,12 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="write per-class memory timelines (PNG) and memory_viz snapshots here",
     )
-    emulate_cmd.add_argument("--no-cache", action="store_true", help="capture again even if cached")
-    emulate_cmd.add_argument(
-        "--workers", type=_positive_int, default=None, metavar="N", help="capture processes (default: cores)"
-    )
+    _add_capture_options(emulate_cmd)
     emulate_cmd.set_defaults(handler=_cmd_emulate)
 
+
+def _add_calibrate(commands) -> None:
     calibrate = commands.add_parser(
         "calibrate", help="measure kernel durations on this machine's GPU (needs CUDA)"
     )
@@ -202,7 +223,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument("--quick", action="store_true", help="a small sweep, for smoke tests")
     calibrate.set_defaults(handler=_cmd_calibrate)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,8 +1,8 @@
 """Emulate a job end to end: capture, price, replay, allocator replay -> one EmulationResult.
 
 `emulate(job)` is what `prismbench emulate` prints. The stages and where they live:
-capture (prismbench.capture -> emulator.capture), the execution graph and its replay
-(emulator.graph, emulator.replay), peak memory per class (emulator.memory). Figures are
+capture (prismbench.capture -> emulator.capture.rank), the execution graph and its replay
+(emulator.graph.build, emulator.graph.replay), peak memory per class (emulator.memory). Figures are
 defined in docs/METRICS.md; the JSON keys are DESIGN.md's contract.
 """
 
@@ -15,12 +15,12 @@ from pathlib import Path
 
 from emulator.costs.collectives import Topology
 from emulator.costs.kernel_table import KernelTable, load_kernel_table
-from emulator.graph import CostContext, build_graph
+from emulator.graph.build import CostContext, build_graph
+from emulator.graph.replay import replay
+from emulator.graph.timeline import write_trace
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
 from emulator.memory import replay_memory
 from emulator.memory.export import plot_timeline, write_snapshot
-from emulator.replay import replay
-from emulator.timeline import write_trace
 from prismbench.capture import capture_job
 from prismbench.explain import explain
 

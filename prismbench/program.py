@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from emulator.capture import RankProgram
+from emulator.capture.rank import RankProgram
 
 # Tensors of workloads.zero.DistributedOptimizer that hold gradients, not optimizer state:
 # Megatron's persistent fp32 main-grad buffer.

@@ -2,21 +2,30 @@
 
 `build_training(job, mesh)` and `train_step(job, state, tokens, labels)` run a job
 spec's real program on one rank; `make_mesh(job)` builds its (dp, pp, cp, tp) mesh.
+
+The training names load on first use (PEP 562), so what needs only the specs and flavors
+(`prismbench explain`, `--help`) does not import torch.
 """
+
+import importlib
 
 from workloads.config import ModelSpec, SpecError, stage_layer_counts
 from workloads.flavors import find_flavors, get_flavor, parameter_count
-from workloads.train import TrainingState, build_training, make_mesh, train_step
+
+_TRAINING_NAMES = ("TrainingState", "build_training", "make_mesh", "train_step")
 
 __all__ = [
     "ModelSpec",
     "SpecError",
-    "TrainingState",
-    "build_training",
     "find_flavors",
     "get_flavor",
-    "make_mesh",
     "parameter_count",
     "stage_layer_counts",
-    "train_step",
+    *_TRAINING_NAMES,
 ]
+
+
+def __getattr__(name: str):
+    if name in _TRAINING_NAMES:
+        return getattr(importlib.import_module("workloads.train"), name)
+    raise AttributeError(f"module 'workloads' has no attribute {name!r}")

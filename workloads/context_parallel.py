@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed._functional_collectives import all_gather_tensor_autograd
+from torch.distributed import _functional_collectives as funcol
 
 from workloads.models.attention_ops import masked_attention
 from workloads.models.common import alibi_slopes
+
+# torch 2.13 renamed it (the old name warns); torch 2.11 has only the old one.
+_all_gather_autograd = getattr(funcol, "all_gather_single_autograd", None) or (
+    funcol.all_gather_tensor_autograd
+)
 
 
 def chunk_positions(seq_len: int, cp_rank: int, cp: int, device=None) -> torch.Tensor:
@@ -62,15 +67,17 @@ class AllGatherAttention(nn.Module):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor:
-        k = all_gather_tensor_autograd(k.contiguous(), gather_dim=1, group=self.group)
-        v = all_gather_tensor_autograd(v.contiguous(), gather_dim=1, group=self.group)
+        k = _all_gather_autograd(k.contiguous(), gather_dim=1, group=self.group)
+        v = _all_gather_autograd(v.contiguous(), gather_dim=1, group=self.group)
         seq_len = positions.shape[0] * self.cp
         k_pos = torch.cat(
             [chunk_positions(seq_len, r, self.cp, positions.device) for r in range(self.cp)]
         )
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # -> [b, h, s, d]
         if self.alibi:
-            slopes = alibi_slopes(self.total_heads)[self.head_offset : self.head_offset + q.shape[1]]
+            slopes = alibi_slopes(self.total_heads)[
+                self.head_offset : self.head_offset + q.shape[1]
+            ]
             slopes = torch.tensor(slopes, dtype=torch.float32, device=q.device)
         else:
             slopes = torch.empty(0, dtype=torch.float32, device=q.device)

@@ -21,6 +21,8 @@ replicating kv heads when tp > kv_heads is not implemented and is refused here).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -37,6 +39,15 @@ from workloads.config import check_tensor_parallel
 from workloads.context_parallel import apply_context_parallel
 from workloads.float8 import convert_linears_to_float8
 from workloads.recompute import apply_recompute
+
+# FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip the
+# pre-backward all-gather). Ours do under tensor parallelism (DTensor.to_local returns an
+# alias), and no code here writes in place to a module's output.
+warnings.filterwarnings(
+    "ignore",
+    message=r"FSDP2-wrapped module \(\w+\) returned a view tensor",
+    category=UserWarning,
+)
 
 COMPUTE_DTYPES = {
     "fp32": torch.float32,

@@ -314,7 +314,9 @@ class DistributedOptimizer:
         if self.shard:
             lo, hi = self._shard_range(bucket)
             out = self.grad_buffer[lo:hi]  # in place, as Megatron's reduce-scatter
-            work = dist.reduce_scatter_tensor(out, data, group=self.dp_group, async_op=True)
+            work = _renamed("reduce_scatter_single", "reduce_scatter_tensor")(
+                out, data, group=self.dp_group, async_op=True
+            )
         else:
             work = dist.all_reduce(data, group=self.dp_group, async_op=True)
         self._works.append(work)
@@ -401,7 +403,9 @@ class DistributedOptimizer:
             offset += hi - lo
             if self.shard:
                 gathered = torch.empty(bucket.numel, dtype=self.dtype, device=full.device)
-                dist.all_gather_into_tensor(gathered, full.to(self.dtype), group=self.dp_group)
+                _renamed("all_gather_single", "all_gather_into_tensor")(
+                    gathered, full.to(self.dtype), group=self.dp_group
+                )
                 full = gathered
             for param, start in zip(bucket.params, bucket.starts, strict=True):
                 local = local_tensor(param)
@@ -437,3 +441,8 @@ def clip_fsdp_grad_norm_(
         norm = squared.sqrt()
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
     return norm
+
+
+def _renamed(new: str, old: str):
+    """torch 2.13 renamed these c10d calls (the old names warn); torch 2.11 has only the old."""
+    return getattr(dist, new, None) or getattr(dist, old)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from emulator.capture.trace import RankTrace
 from emulator.memory.replay import MemoryResult, _replay
-from emulator.trace import RankTrace
 
 _MAX_POINTS = 4000  # timeline points plotted (events are binned beyond this)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from emulator.trace import COMM, RankTrace
+from emulator.capture.trace import COMM, RankTrace
 
 MiB = 1 << 20
 CUDA_CONTEXT_BYTES = {"ampere": 300 * MiB, "hopper": 300 * MiB}  # pytorch/pytorch#107667

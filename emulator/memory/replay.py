@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from emulator.capture.trace import ALLOC, COMPUTE, FREE, PHASES, RankTrace
 from emulator.hardware import GpuPreset, gpu_preset
 from emulator.memory.allocator import CachingAllocator
 from emulator.memory.config import AllocatorConfig, parse_alloc_conf
 from emulator.memory.outside import CUBLAS_WORKSPACE_BYTES, OutsideMemory, outside_memory
-from emulator.trace import ALLOC, COMPUTE, FREE, PHASES, RankTrace
 
 WORKSPACE_CATEGORY = "cublas_workspace"
 _MATMULS = ("mm", "addmm", "bmm", "linear", "scaled_mm")

@@ -123,8 +123,8 @@ def measure(case) -> dict:
 def predict(case, gpu: str) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from emulator.capture.op_recorder import OpRecorder
     from emulator.memory import replay_memory
-    from emulator.op_recorder import OpRecorder
 
     rec = OpRecorder()
     with FakeTensorMode():

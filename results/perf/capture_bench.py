@@ -22,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from emulator.capture import capture_rank
-from emulator.graph import CostContext, build_graph
+from emulator.capture.rank import capture_rank
+from emulator.graph.build import CostContext, build_graph
+from emulator.graph.replay import replay
 from emulator.memory import replay_memory
-from emulator.replay import replay
 from prismbench.capture import capture_job
 from prismbench.emulate import emulate, topology_of
 from prismbench.program import rank_program
@@ -86,7 +86,7 @@ def growth(cache: Path) -> list[str]:
         "",
         "llama3.1-405b dims, tp 8, first pipeline rank of pp 2, seq 8 192, cold, one process;",
         "with a stage's first forward and backward reused for its other micro-batches (the",
-        "default, `emulator/chunk_reuse.py`) and with every chunk run.",
+        "default, `emulator/capture/chunk_reuse.py`) and with every chunk run.",
         "",
         "| layers on the rank | micro-batches | capture, chunks reused | capture, every chunk run |",
         "|--:|--:|--:|--:|",

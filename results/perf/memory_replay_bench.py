@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 
+from emulator.capture.trace import ALLOC, COLUMNS, FREE, RAGGED, RankTrace
 from emulator.memory import replay_memory
-from emulator.trace import ALLOC, COLUMNS, FREE, RAGGED, RankTrace
 
 
 def synthetic_trace(n_events: int, seed: int = 0) -> RankTrace:

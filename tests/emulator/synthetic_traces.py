@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from emulator.comm_events import CommEvent, WaitEvent
-from emulator.graph import COLLECTIVE, build_graph
-from emulator.trace import COMPUTE, PHASES, OpEvent, build_trace
+from emulator.capture.trace import COMPUTE, PHASES, OpEvent, build_trace
+from emulator.graph.build import COLLECTIVE, build_graph
+from emulator.world.comm_events import CommEvent, WaitEvent
 
 
 class Stage:

@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from emulator.trace import COMM, PHASES, RankTrace
-from emulator.world import AXES, World, group_axes
+from emulator.capture.trace import COMM, PHASES, RankTrace
+from emulator.world.mesh import AXES, World, group_axes
 from prismbench.capture import capture_job
 from prismbench.spec import job_spec_from_dict
 

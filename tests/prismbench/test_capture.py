@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import workloads.zero
-from emulator.capture import capture_rank
-from emulator.trace import COMPUTE, RankTrace
+from emulator.capture.rank import capture_rank
+from emulator.capture.trace import COMPUTE, RankTrace
 from prismbench.capture import capture_job, world_of
 from prismbench.cli import main
 from prismbench.explain import explain
@@ -468,7 +468,7 @@ def test_workers_that_capture_several_classes_in_turn_give_the_same_traces(tmp_p
         assert first_difference(a, b) is None, class_id
 
 
-# ---- chunk reuse (emulator/chunk_reuse.py) -----------------------------------------------
+# ---- chunk reuse (emulator/capture/chunk_reuse.py) -----------------------------------------------
 
 REUSE_CASES = {
     "1f1b-tp-dp-zero1": ({"pp": 4, "tp": 2, "dp": 2, "zero": 1}, {}, "llama-debug"),
@@ -485,7 +485,7 @@ REUSE_CASES = {
 @pytest.fixture
 def stub_count(monkeypatch):
     """How many chunks were stubbed (reused) since the test began."""
-    from emulator.chunk_reuse import ChunkReuse
+    from emulator.capture.chunk_reuse import ChunkReuse
 
     calls = {"n": 0}
     original = ChunkReuse._stub

@@ -149,3 +149,15 @@ def test_workers_must_be_positive(command, capsys):
 def test_an_allocator_option_the_model_lacks_is_refused_before_anything_runs(capsys):
     assert main(["emulate", "examples/jobspec.example.toml", "--alloc-conf", "backend:cudaMallocAsync"]) == 2
     assert "--alloc-conf: allocator option 'backend' is not modelled" in capsys.readouterr().err
+
+
+def test_help_and_explain_do_not_import_torch():
+    """`prismbench --help` answers at once: torch (seconds to import) loads only where needed."""
+    code = (
+        "import sys; from prismbench.cli import main\n"
+        "try:\n    main(['explain', 'examples/jobspec.example.toml'])\n"
+        "except SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

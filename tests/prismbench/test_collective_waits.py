@@ -17,12 +17,12 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from emulator.capture import capture_rank
-from emulator.comm_events import CommEvent, current_recorder
+from emulator.capture.rank import capture_rank
+from emulator.capture.trace import COMM, COMPUTE
 from emulator.costs.collectives import collective_time_s
-from emulator.graph import COLLECTIVE, SEGMENT, CostContext, build_graph
-from emulator.replay import replay
-from emulator.trace import COMM, COMPUTE
+from emulator.graph.build import COLLECTIVE, SEGMENT, CostContext, build_graph
+from emulator.graph.replay import replay
+from emulator.world.comm_events import CommEvent, current_recorder
 from prismbench.capture import capture_job, world_of
 from prismbench.emulate import kernel_table_for, topology_of
 from prismbench.program import rank_program

@@ -1,0 +1,629 @@
+"""OpRecorder: a TorchDispatchMode that records what one rank computes and allocates.
+
+Enter it inside a FakeTensorMode (or with real CPU tensors). For every aten op it records,
+in program order and with seq numbers from a shared `trace.EventSequence`:
+- a compute event (normalized name, tensor shapes and dtypes, FLOPs, bytes read and written,
+  stream, module path, phase, micro-batch) unless the op launches no kernel (views, metadata,
+  pure allocations, collectives: see `opmap`);
+- an alloc event for every storage it has not seen (size, stream, category), and a free
+  event the moment a storage dies (a weakref callback on the untyped storage, so a `del`
+  is recorded before the next op runs).
+
+Phase: "optimizer" (or any of `trace.PHASES`) while the caller holds `recorder.phase(...)`;
+otherwise "backward" inside an autograd graph task, "recompute" when a module forward runs
+inside one (activation checkpointing), else "forward".
+Categories: declared with `tag()`; `.grad` of tagged parameters becomes "gradient" as it is
+accumulated; otherwise inferred: "communication" for collective outputs and off-stream-0
+allocations, "optimizer_state" in the optimizer phase, "temporary" in backward,
+"activation" in forward/recompute; an inferred activation or optimizer state freed before
+the phase changes is reclassified "temporary".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import weakref
+from collections.abc import Iterator
+
+import torch
+from torch._guards import active_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.autograd.graph import register_multi_grad_hook
+from torch.distributed._tools.mod_tracker import ModTracker
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+from emulator.capture import opmap
+from emulator.capture.streams import RECORD, StreamTracker, current_stream_id
+from emulator.capture.trace import (
+    ALLOC,
+    COMPUTE,
+    FREE,
+    MARKER,
+    PHASES,
+    EventSequence,
+    OpEvent,
+    build_trace,
+)
+from emulator.capture.trace import (
+    RECORD as RECORD_ROW,
+)
+from emulator.capture.trace import (
+    STREAM_WAIT as STREAM_WAIT_ROW,
+)
+from emulator.world import fake_collectives
+from emulator.world.comm_events import in_backend_fills, wait_for_reads
+
+FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER = (
+    PHASES.index(p) for p in ("forward", "backward", "recompute", "optimizer")
+)
+_WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
+_PRIM_DEVICE = torch.ops.prim.device.default
+_META = torch.device("meta")
+_ADD_ = torch.ops.aten.add_.Tensor
+_INFERRED_PHASE_CATEGORY = {
+    FORWARD: "activation",
+    RECOMPUTE: "activation",
+    BACKWARD: "temporary",
+    OPTIMIZER: "optimizer_state",
+}
+_SHORT_LIVED = frozenset({"activation", "optimizer_state"})
+
+
+_OP_INFOS: dict = {}  # OpOverload -> opmap.OpInfo, shared by all recorders (pure function)
+
+
+class _ModTracker(ModTracker):
+    """torch's ModTracker, except that backward tracking hooks only non-leaf module inputs.
+
+    ModTracker registers a multi-grad hook on every module input that requires grad; on a
+    leaf (a pipeline stage's received activation) that breaks `autograd.grad(inputs=...)`,
+    which zero-bubble schedules call ("A leaf node was passed to _will_engine_execute_node").
+    A module whose inputs are all leaves is closed at the end of backward instead, as
+    ModTracker does for modules without grad-requiring inputs.
+    """
+
+    def _fw_pre_hook(self, mod, input):
+        name = self._get_mod_name(mod)
+        w_mod = weakref.ref(mod)
+        self._get_append_fn(w_mod, name, False)()
+        if self._user_pre_fw_hook is not None:
+            self._user_pre_fw_hook(mod, input)
+        args, _ = tree_flatten(input)
+        tensors = [
+            a
+            for a in args
+            if isinstance(a, torch.Tensor) and a.requires_grad and a.grad_fn is not None
+        ]
+        if not self.is_bw:
+            if tensors:
+                register_multi_grad_hook(tensors, self._get_pop_fn(w_mod, name, True))
+            else:
+                self._post_bw_callbacks_to_enqueue.append(self._get_pop_fn(w_mod, name, True))
+
+
+def _dtensor_type():
+    from torch.distributed.tensor import DTensor
+
+    return DTensor
+
+
+def _tensors(values) -> list[torch.Tensor]:
+    found = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            found.extend(x for x in v if isinstance(x, torch.Tensor))
+    return found
+
+
+class _Storage:
+    """What the recorder knows about one live untyped storage."""
+
+    __slots__ = ("uid", "nbytes", "epoch", "declared", "ref")
+
+    def __init__(self, uid: int, nbytes: int, epoch: int, declared: bool, ref):
+        self.uid, self.nbytes, self.epoch, self.declared, self.ref = (
+            uid,
+            nbytes,
+            epoch,
+            declared,
+            ref,
+        )
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records compute ops, allocations, frees and markers (see module docstring)."""
+
+    def __init__(self, sequence=None):
+        super().__init__()
+        self.sequence = sequence if sequence is not None else EventSequence()
+        self.events: list[OpEvent] = []
+        self.categories: dict[int, str] = {}  # storage uid -> current category
+        self._dtype_names: dict[torch.dtype, str] = {}
+        self._live: dict[int, _Storage] = {}  # id(storage object) -> its record
+        self._uids = itertools.count()
+        self._stream = 0
+        self._micro_batch = -1
+        self._phase_stack: list[int] = []
+        self._last_phase = -1
+        self._epoch = 0
+        self._fw_depth = 0
+        self._paused = 0
+        self._copies: dict[int, list[int]] = {}  # storage uid -> uids of its injected copies
+        self._held_frees: list[tuple[int, int]] | None = None
+        self._first_dispatch: int | None = -1  # -1: not watched; None: watched, not seen
+        self._params = WeakIdKeyDictionary()  # tagged parameters (keys only)
+        self._grad_hooks: list = []
+        self._mod_tracker = _ModTracker()
+        self._fake_mode = None
+        self._orig_resize = None
+        self._dtensor = _dtensor_type()
+
+    # ---- caller-facing context ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def on_stream(self, stream: int) -> Iterator[None]:
+        """Ops and allocations inside the block belong to stream `stream` (0 = compute),
+        whatever stream the program is on (emulator.capture.streams tracks that otherwise)."""
+        previous, self._stream = self._stream, stream
+        try:
+            yield
+        finally:
+            self._stream = previous
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Force the phase (e.g. "optimizer") for everything inside the block."""
+        self.push_phase(name)
+        try:
+            yield
+        finally:
+            self.pop_phase()
+
+    def push_phase(self, name: str) -> None:
+        """Force the phase until the matching `pop_phase` (for hooks that cannot use `with`)."""
+        if name not in PHASES:
+            raise ValueError(f"phase({name!r}) is not one of {PHASES}")
+        self._phase_stack.append(PHASES.index(name))
+        if name == "optimizer":
+            for p in list(self._params.keys()):
+                if p.grad is not None:
+                    self.tag(p.grad, "gradient")
+
+    def pop_phase(self) -> None:
+        self._phase_stack.pop()
+
+    @contextlib.contextmanager
+    def micro_batch(self, index: int) -> Iterator[None]:
+        previous = self._micro_batch
+        self.set_micro_batch(index)
+        try:
+            yield
+        finally:
+            self._micro_batch = previous
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Ops inside the block run unrecorded (work the program does not do on a GPU, such as
+        DTensor running an op on fake tensors to learn its output's shape)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    @contextlib.contextmanager
+    def holding_frees(self) -> Iterator[list[tuple[int, int]]]:
+        """While paused inside the block, storages that die are not recorded as freed but
+        listed (uid, bytes), for the caller to record their frees itself (`inject`)."""
+        self._held_frees = held = []
+        try:
+            yield held
+        finally:
+            self._held_frees = None
+
+    def set_micro_batch(self, index: int) -> None:
+        """Ops from now on belong to micro-batch `index` (marked in the trace)."""
+        self._micro_batch = index
+        self.mark(f"micro_batch:{index}")
+
+    @property
+    def current_micro_batch(self) -> int:
+        return self._micro_batch
+
+    def watch_first_dispatch(self) -> None:
+        """Remember where the next op that sets the phase starts (`first_dispatch`)."""
+        self._first_dispatch = None
+
+    def first_dispatch(self) -> int | None:
+        """Index in `events` of the first phase-setting op since `watch_first_dispatch`."""
+        index, self._first_dispatch = self._first_dispatch, -1
+        return index
+
+    def storage_uid(self, tensor: torch.Tensor) -> int | None:
+        """The id this recorder gave the storage of `tensor`, None if it has not seen it."""
+        known = self._live.get(id(tensor.untyped_storage()))
+        return None if known is None else known.uid
+
+    def adopt(self, tensor: torch.Tensor, uid: int) -> None:
+        """Track the storage of `tensor` (made while paused) as the already recorded
+        allocation `uid`: its free is recorded when it dies, like any other."""
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        ref = weakref.ref(storage, lambda r, key=key: self._on_free(key, r))
+        self._live[key] = _Storage(uid, storage.nbytes(), self._epoch, False, ref)
+
+    def inject(
+        self,
+        op_events,
+        comm_events,
+        comm_sink,
+        micro_batch: int,
+        uids: dict,
+        seqs: dict,
+        first_dispatch: int | None,
+    ) -> None:
+        """Record copies of earlier events as if they ran now (emulator.capture.chunk_reuse).
+
+        `op_events` (OpEvent) and `comm_events` (CommEvent / WaitEvent, appended to
+        `comm_sink`) are merged by seq and get new seqs (old -> new added to `seqs`); their
+        micro-batch becomes `micro_batch`; storages allocated get new uids (old -> new added
+        to `uids`, frees are mapped through it). Phases follow the recorder's own rules:
+        events before `first_dispatch` (index into `op_events` of the first op that set the
+        phase) inherit the current phase; from there on, phase markers are emitted where the
+        phase changes from the current one. Raises KeyError for a free or wait of something
+        not allocated or issued in `uids` / `seqs`.
+        """
+        merged = sorted([*op_events, *comm_events], key=lambda e: e.seq)
+        op_index, dispatched = -1, False
+        for e in merged:
+            if not isinstance(e, OpEvent):
+                new_seq = self.sequence.next_seq()
+                seqs[e.seq] = new_seq
+                if hasattr(e, "comm_seq"):
+                    comm_sink.append(dataclasses.replace(e, seq=new_seq, comm_seq=seqs[e.comm_seq]))
+                else:
+                    comm_sink.append(dataclasses.replace(e, seq=new_seq))
+                continue
+            op_index += 1
+            is_phase_marker = e.kind == MARKER and e.name.startswith("phase:")
+            if op_index == first_dispatch:
+                dispatched = True
+                if not is_phase_marker and e.phase != self._last_phase:
+                    self._transition(e.phase, e.stream, e.module, micro_batch)
+            if is_phase_marker:
+                if e.phase != self._last_phase:
+                    self._transition(e.phase, e.stream, e.module, micro_batch)
+                continue
+            storage = e.storage
+            if e.kind == ALLOC:
+                storage = uids[e.storage] = next(self._uids)
+                self.categories[storage] = self.categories.get(e.storage, e.category)
+                self._copies.setdefault(e.storage, []).append(storage)
+            elif e.kind == FREE:
+                storage = uids[e.storage]
+            self.events.append(
+                e._replace(
+                    seq=self.sequence.next_seq(),
+                    micro_batch=micro_batch,
+                    storage=storage,
+                    phase=e.phase if dispatched else self._last_phase,
+                )
+            )
+
+    def _transition(self, phase: int, stream: int, module: str, micro_batch: int) -> None:
+        self._last_phase = phase
+        self._epoch += 1
+        self.events.append(
+            OpEvent(
+                self.sequence.next_seq(),
+                MARKER,
+                f"phase:{PHASES[phase]}",
+                "",
+                stream,
+                module,
+                phase,
+                micro_batch,
+            )
+        )
+
+    def stream_tracker(self) -> StreamTracker:
+        """A tracker (emulator.capture.streams) whose records and waits become trace rows."""
+
+        def emit(kind: str, stream: int, event_id: int) -> None:
+            row = RECORD_ROW if kind == RECORD else STREAM_WAIT_ROW
+            self.events.append(
+                OpEvent(
+                    self.sequence.next_seq(),
+                    row,
+                    kind,
+                    "",
+                    stream,
+                    self._module(),
+                    self._last_phase,
+                    self._micro_batch,
+                    tag=event_id,
+                )
+            )
+
+        return StreamTracker(emit)
+
+    def _current_stream(self) -> int:
+        return self._stream or current_stream_id()
+
+    def mark(self, name: str) -> None:
+        self._emit(MARKER, name)
+
+    def tag(self, obj, category: str) -> None:
+        """Declare the category of existing tensors: a tensor, an nn.Module (its parameters
+        get `category`, its buffers "buffer"), an optimizer (its state tensors), or an
+        iterable of those."""
+        if isinstance(obj, torch.Tensor):
+            self._declare(obj, category)
+        elif isinstance(obj, torch.nn.Module):
+            self.tag(obj.parameters(), category)
+            self.tag(obj.buffers(), "buffer")
+        elif isinstance(obj, torch.optim.Optimizer):
+            states = [
+                t for s in obj.state.values() for t in s.values() if isinstance(t, torch.Tensor)
+            ]
+            self.tag(states, category)
+        else:
+            for item in obj:
+                self.tag(item, category)
+
+    def trace(self, comm_events=(), groups=None):
+        """The RankTrace of everything recorded so far, merged with the backend's events."""
+        categories = dict(self.categories)
+        for uid, copies in self._copies.items():  # copies end as their original did
+            for copy in copies:
+                categories[copy] = categories[uid]
+        return build_trace(self.events, comm_events, groups, categories)
+
+    # ---- mode plumbing ---------------------------------------------------------------------
+
+    def __enter__(self):
+        self._fake_mode = active_fake_mode()
+        self._mod_tracker.register_user_hooks(pre_fw_hook=self._pre_fw, post_fw_hook=self._post_fw)
+        self._mod_tracker.__enter__()
+        for p in list(self._params.keys()):
+            self._hook_grad(p)
+        self._orig_resize = torch.UntypedStorage.resize_
+        recorder, orig = self, self._orig_resize
+
+        def resize_(storage, size):
+            result = orig(storage, size)
+            if not recorder._paused:
+                recorder._see_storage(storage, None)
+            return result
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._orig_resize
+        for handle in self._grad_hooks:
+            handle.remove()
+        self._grad_hooks.clear()
+        self._mod_tracker.__exit__(*exc)
+        self._mod_tracker.clear_user_hooks()
+        return super().__exit__(*exc)
+
+    def _pre_fw(self, module, args) -> None:
+        self._fw_depth += 1
+
+    def _post_fw(self, module, args, output) -> None:
+        self._fw_depth -= 1
+
+    def _hook_grad(self, param: torch.Tensor) -> None:
+        if param.requires_grad and param.is_leaf:
+            self._grad_hooks.append(param.register_post_accumulate_grad_hook(self._on_grad))
+
+    def _on_grad(self, param: torch.Tensor) -> None:
+        if param.grad is not None and not self._paused:
+            self._declare(param.grad, "gradient")
+
+    # ---- the hot path ----------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _PRIM_DEVICE and type(args[0]) is FakeTensor:
+            # half of all dispatches (C++ code asking a fake tensor for its device): answered
+            # here exactly as FakeTensor.__torch_dispatch__ does, saving ~45 us of mode stack
+            tensor = args[0]
+            return _META if tensor.fake_mode.in_kernel_invocation else tensor.fake_device
+        kwargs = kwargs or {}
+        if self._paused or in_backend_fills():
+            if func is _ADD_ and not kwargs and _same_fake_floats(*args):
+                return args[0]  # the fake kernel's answer, minus its cache hashing (grad hooks)
+            return func(*args, **kwargs)
+        if self._dtensor in types:
+            return NotImplemented  # let DTensor unwrap; its local ops come back here
+        info = _OP_INFOS.get(func)
+        if info is None:
+            info = _OP_INFOS[func] = opmap.op_info(func)
+        if func is _WAIT_TENSOR and self._fake_mode is not None:
+            # answered here (the fake impl never sees it), and this recorder sees the reads
+            fake_collectives.take_wait(args[0], at_first_read=True)
+            out = args[0]  # the fake kernel returns a fresh tensor; on a GPU it is in place
+        else:
+            out = func(*args, **kwargs)
+        if info.ignored or active_fake_mode() is not self._fake_mode:
+            return out  # ops of another fake mode nested in ours are not this rank's work
+        phase = self._current_phase()
+        if isinstance(out, torch.Tensor):
+            outs = [out]
+        else:
+            outs = _tensors(out) if isinstance(out, (list, tuple)) else []
+        if info.is_comm or self._current_stream():
+            category = "communication"
+        else:
+            category = _INFERRED_PHASE_CATEGORY[phase]
+        for t in outs:  # views too: lift_fresh of a constant is a view with a fresh fake storage
+            self._see_storage(t.untyped_storage(), category)
+        if info.name:
+            self._record_compute(func, info, args, kwargs, out, outs, phase)
+        elif func is torch.ops.aten._local_scalar_dense.default:
+            self._emit(MARKER, "item")  # a device-to-host sync on a GPU
+        return out
+
+    def _record_compute(self, func, info, args, kwargs, out, outs, phase) -> None:
+        ins = _tensors(args) + (_tensors(kwargs.values()) if kwargs else [])
+        wait_for_reads(ins)  # a collective's output is waited at its first read
+        if info.mutated_args:
+            written = _tensors(
+                args[i] if i < len(args) else kwargs.get(name) for i, name in info.mutated_args
+            )
+        else:
+            written = outs
+        names = self._dtype_names
+        shapes = []
+        for ts, is_out in ((ins, False), (outs, True)):
+            for t in ts:
+                dtype = names.get(t.dtype)
+                if dtype is None:
+                    dtype = names[t.dtype] = str(t.dtype).removeprefix("torch.")
+                shapes.append((tuple(t.shape), dtype, is_out))
+        causal = info.causal_arg == opmap.ALWAYS_CAUSAL
+        if info.causal_arg >= 0:
+            pos = info.causal_arg
+            causal = bool(args[pos] if len(args) > pos else kwargs.get("is_causal", False))
+        self.events.append(
+            OpEvent(
+                self.sequence.next_seq(),
+                COMPUTE,
+                info.name,
+                info.aten,
+                self._current_stream(),
+                self._module(),
+                phase,
+                self._micro_batch,
+                flops=int(info.flop_fn(args, kwargs, out)) if info.flop_fn else 0,
+                read_bytes=sum(t.nbytes for t in ins),
+                write_bytes=sum(t.nbytes for t in written),
+                tensors=tuple(shapes),
+                workspace_bytes=info.workspace_fn(args, kwargs) if info.workspace_fn else 0,
+                causal=causal,
+            )
+        )
+
+    def _current_phase(self) -> int:
+        if self._first_dispatch is None:
+            self._first_dispatch = len(self.events)
+        if self._phase_stack:
+            phase = self._phase_stack[-1]
+        elif torch._C._current_graph_task_id() != -1:
+            phase = RECOMPUTE if self._fw_depth > 0 else BACKWARD
+        else:
+            phase = FORWARD
+        if phase != self._last_phase:
+            self._last_phase = phase
+            self._epoch += 1
+            self._emit(MARKER, f"phase:{PHASES[phase]}", phase)
+        return phase
+
+    def _module(self) -> str:
+        # the deepest active module; ModTracker's parents is a set, and in backward sibling
+        # modules can be active together (wk and wv share an input), so ties are broken by
+        # name: set order follows string hashes, which change with every process
+        return max(self._mod_tracker.parents, key=lambda name: (len(name), name))
+
+    def _emit(
+        self,
+        kind: int,
+        name: str,
+        phase: int | None = None,
+        size: int = 0,
+        uid: int = -1,
+        category: str = "",
+    ) -> None:
+        self.events.append(
+            OpEvent(
+                self.sequence.next_seq(),
+                kind,
+                name,
+                "",
+                self._current_stream(),
+                self._module(),
+                self._last_phase if phase is None else phase,
+                self._micro_batch,
+                size_bytes=size,
+                storage=uid,
+                category=category,
+            )
+        )
+
+    # ---- storages --------------------------------------------------------------------------
+
+    def _declare(self, tensor: torch.Tensor, category: str) -> None:
+        # a DTensor (TP- or FSDP-sharded parameter, its grad, its optimizer state) owns no
+        # memory of its own: its local shard does
+        local = tensor._local_tensor if isinstance(tensor, self._dtensor) else tensor
+        storage = local.untyped_storage()
+        known = self._live.get(id(storage))
+        if known is None:
+            self._see_storage(storage, category, declared=True)
+        else:
+            known.declared = True
+            self.categories[known.uid] = category
+        if category == "parameter" and tensor not in self._params:
+            self._params[tensor] = True
+            if self._orig_resize is not None:  # inside the mode: hook now, else at __enter__
+                self._hook_grad(tensor)
+
+    def _see_storage(self, storage, category: str | None, declared: bool = False) -> None:
+        """Record an allocation for an unseen storage, or a free + alloc when its size changed
+        (FSDP2 frees and refills unsharded parameters with `UntypedStorage.resize_`)."""
+        key = id(storage)
+        known = self._live.get(key)
+        if known is not None:
+            nbytes = storage.nbytes()
+            if nbytes != known.nbytes:
+                old_category = self.categories.get(known.uid, "other")
+                if known.nbytes:
+                    self._emit(FREE, "", size=known.nbytes, uid=known.uid, category=old_category)
+                known.uid, known.nbytes, known.epoch = next(self._uids), nbytes, self._epoch
+                self.categories[known.uid] = old_category
+                if nbytes:
+                    self._emit(ALLOC, "", size=nbytes, uid=known.uid, category=old_category)
+            return
+        nbytes = storage.nbytes()
+        if category is None:
+            inferred = _INFERRED_PHASE_CATEGORY.get(self._last_phase, "other")
+            category = "communication" if self._current_stream() else inferred
+        uid = next(self._uids)
+        ref = weakref.ref(storage, lambda r, key=key: self._on_free(key, r))
+        self._live[key] = _Storage(uid, nbytes, self._epoch, declared, ref)
+        self.categories[uid] = category
+        if nbytes:
+            self._emit(ALLOC, "", size=nbytes, uid=uid, category=category)
+
+    def _on_free(self, key: int, ref) -> None:
+        known = self._live.get(key)
+        if known is None or known.ref is not ref:
+            return
+        del self._live[key]
+        if self._paused and self._held_frees is not None:
+            self._held_frees.append((known.uid, known.nbytes))
+            return
+        category = self.categories[known.uid]
+        if not known.declared and known.epoch == self._epoch and category in _SHORT_LIVED:
+            category = self.categories[known.uid] = "temporary"
+        if known.nbytes:
+            self._emit(FREE, "", size=known.nbytes, uid=known.uid, category=category)
+
+
+def _same_fake_floats(a, b) -> bool:
+    """Two fake floating-point tensors of one shape on one device: `a.add_(b)` checks nothing."""
+    return (
+        type(a) is FakeTensor
+        and type(b) is FakeTensor
+        and a.shape == b.shape
+        and a.fake_device == b.fake_device
+        and a.dtype.is_floating_point
+        and b.dtype.is_floating_point
+    )

@@ -1,0 +1,247 @@
+"""Capture: run one rank of a virtual world under FakeTensorMode and record its RankTrace.
+
+The caller hands a program in three parts (the emulator never imports a workload):
+- `setup()` runs outside fake mode once the virtual world exists: meshes and groups
+  (DeviceMesh creation and flattening fail inside FakeTensorMode, NOTES.md);
+- `build(context)` runs inside fake mode: the model on meta, parallelised, materialised
+  with `to_empty`, the optimizer, and whatever makes the state that of a steady
+  iteration (e.g. optimizer states); it returns the state and the tensors to declare;
+- `step(state, phase)` runs one training iteration, recorded; `phase(name)` is the
+  recorder's context manager, for the program to mark e.g. its "optimizer" part.
+
+Everything `step` does is recorded: compute ops and allocations by the op recorder,
+collectives, p2p and waits by the virtual backend, on one shared sequence. Tensors
+alive before the step (parameters, optimizer state, ...) are declared first, so the
+trace's live bytes start from the steady-state baseline.
+
+These adaptations make torch's real program run under fake tensors; all are generic
+torch-level patches active only during capture:
+- the pipelining warm-up "vote" calls `.item()` on a received tensor, which fake mode
+  refuses; with explicit stage input/output shapes the vote always decides STATIC
+  inference, so capture sets that mode directly (what the vote would decide);
+- a DeviceMesh made during build (FSDP2 concatenates its dp mesh with a TP parameter's
+  mesh) finds this rank's coordinates in the rank map with `nonzero`, which fake mode
+  refuses; the rank map is a real tensor, so meshes are built outside fake mode;
+- ops a CUDA build runs fused where the CPU path decomposes (`torch.rms_norm`) are routed
+  to the fused op pair (`emulator.capture.fused_ops`);
+- DTensor learns an op's output shape by running it on fake tensors (once per sharding, in
+  an lru_cache) in the active fake mode, i.e. ours; those runs are paused in the recorder,
+  else the first micro-batch (and the first capture in a worker) would carry phantom kernels;
+- micro-batch markers: `PipelineStage.forward_one_chunk` / `backward_one_chunk` /
+  `backward_weight_one_chunk` set the recorder's micro-batch; without pipelining, each
+  forward of a root module starts the next micro-batch. Optimizer steps (torch's global
+  optimizer hooks) run in the "optimizer" phase.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import schedules as pipeline_schedules
+from torch.distributed.pipelining import stage as pipeline_stage
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+
+from emulator.capture import streams
+from emulator.capture.chunk_reuse import reused_chunks
+from emulator.capture.fused_ops import gpu_fused_ops
+from emulator.capture.op_recorder import OpRecorder
+from emulator.capture.trace import EventSequence, RankTrace
+from emulator.world.comm_events import Recorder, recording
+from emulator.world.virtual_pg import destroy_virtual_world, init_virtual_world
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankProgram:
+    """The three parts of the program one rank runs (see the module docstring)."""
+
+    setup: Callable[[], Any]
+    build: Callable[[Any], tuple[Any, Mapping[str, Any]]]
+    step: Callable[[Any, Callable], None]
+    roots: Callable[[Any], list[torch.nn.Module]]  # modules whose forward starts a micro-batch
+
+
+@contextlib.contextmanager
+def static_pipeline_warmup() -> Iterator[None]:
+    """Replace the pipelining warm-up vote by its outcome for static shapes (STATIC mode)."""
+    original = pipeline_schedules._PipelineSchedule._warmup_p2p
+
+    def decided(self, stages, has_backward, p2p_done):
+        for stage in stages:
+            stage._inference_mode = pipeline_stage.InferenceMode.STATIC
+
+    pipeline_schedules._PipelineSchedule._warmup_p2p = decided
+    try:
+        yield
+    finally:
+        pipeline_schedules._PipelineSchedule._warmup_p2p = original
+
+
+@contextlib.contextmanager
+def real_mesh_tensors() -> Iterator[None]:
+    """Build DeviceMeshes and compute `DeviceMesh.mesh` outside fake mode (real rank maps)."""
+    init, mesh = DeviceMesh.__init__, DeviceMesh.mesh
+
+    def unfaked(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with unset_fake_temporarily():
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    DeviceMesh.__init__, DeviceMesh.mesh = unfaked(init), property(unfaked(mesh.fget))
+    try:
+        yield
+    finally:
+        DeviceMesh.__init__, DeviceMesh.mesh = init, mesh
+
+
+@contextlib.contextmanager
+def dtensor_shape_propagation_unrecorded(recorder: OpRecorder) -> Iterator[None]:
+    """Run DTensor's fake shape propagation with the recorder paused (module docstring)."""
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    @functools.wraps(original)
+    def paused(self, op_schema):
+        with recorder.paused():
+            return original(self, op_schema)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = paused
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original
+
+
+_CHUNK_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+
+
+@contextlib.contextmanager
+def micro_batch_markers(recorder: OpRecorder, roots: list[torch.nn.Module]) -> Iterator[None]:
+    """Set the recorder's micro-batch from pipeline chunks, else from root forwards."""
+    cls = pipeline_stage._PipelineStageBase
+    originals = {name: getattr(cls, name) for name in _CHUNK_METHODS}
+    in_pipeline = [False]
+
+    def marked(method):
+        # forward actions leave little cyclic garbage; backward ones drop the saved state
+        generation = 0 if method.__name__ == "forward_one_chunk" else 2
+
+        @functools.wraps(method)
+        def wrapper(self, chunk_id, *args, **kwargs):
+            in_pipeline[0] = True
+            with recorder.micro_batch(chunk_id):
+                result = method(self, chunk_id, *args, **kwargs)
+                gc.collect(generation)
+                return result
+
+        return wrapper
+
+    counts = {id(root): 0 for root in roots}
+
+    def next_micro_batch(module, args):
+        if not in_pipeline[0]:
+            gc.collect()
+            recorder.set_micro_batch(counts[id(module)])
+            counts[id(module)] += 1
+
+    # prepend: before FSDP2's own pre-forward hook, so the root's parameter all-gather
+    # already belongs to the micro-batch whose forward it serves
+    handles = [root.register_forward_pre_hook(next_micro_batch, prepend=True) for root in roots]
+    for name, method in originals.items():
+        setattr(cls, name, marked(method))
+    try:
+        yield
+    finally:
+        for name, method in originals.items():
+            setattr(cls, name, method)
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def garbage_collected_at_micro_batches() -> Iterator[None]:
+    """Collect reference cycles only where `micro_batch_markers` calls gc.collect().
+
+    Some programs free tensors through reference cycles (torch's zero-bubble pipelining
+    keeps backward temporaries in one until its weight step): left to Python's collector,
+    whether and where those frees land in the trace varied from run to run. Collecting at
+    fixed points (after each backward pipeline action, a young-generation pass after each
+    forward one, before each root forward) makes the trace deterministic, and stands for a
+    collector that runs at least that often, as it does in training. What exists before
+    the iteration is frozen out of the collections, which keeps them cheap.
+    """
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    gc.freeze()  # what exists now outlives the capture: keep it out of every collection
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def optimizer_phase(recorder: OpRecorder) -> Iterator[None]:
+    """Record every torch optimizer step in the "optimizer" phase."""
+    pre = register_optimizer_step_pre_hook(lambda *_: recorder.push_phase("optimizer"))
+    post = register_optimizer_step_post_hook(lambda *_: recorder.pop_phase())
+    try:
+        yield
+    finally:
+        pre.remove()
+        post.remove()
+
+
+def capture_rank(
+    rank: int, world_size: int, program: RankProgram, *, reuse_chunks: bool = True
+) -> RankTrace:
+    """The RankTrace of one iteration of `program` as rank `rank` of `world_size`.
+
+    `reuse_chunks`: record a pipeline stage's first forward and backward and reuse them for
+    its other micro-batches (emulator.capture.chunk_reuse); raises ChunkReuseError when that turns
+    out not to hold for this program (capture again with False)."""
+    init_virtual_world(rank, world_size)
+    try:
+        context = program.setup()
+        sequence = EventSequence()
+        comm = Recorder(_counter=sequence)
+        with (
+            static_pipeline_warmup(),
+            real_mesh_tensors(),
+            recording(comm),
+            gpu_fused_ops(),
+            FakeTensorMode(allow_non_fake_inputs=True),
+        ):
+            state, declared = program.build(context)
+            comm.events.clear()  # only the recorded iteration's communication counts
+            recorder = OpRecorder(sequence=sequence)
+            for category, tensors in declared.items():
+                recorder.tag(tensors, category)
+            with (
+                recorder,
+                dtensor_shape_propagation_unrecorded(recorder),
+                streams.tracking(recorder.stream_tracker()),
+                garbage_collected_at_micro_batches(),
+                micro_batch_markers(recorder, program.roots(state)),
+                reused_chunks(recorder, comm, enabled=reuse_chunks),
+                optimizer_phase(recorder),
+            ):
+                program.step(state, recorder.phase)
+        return recorder.trace(comm.events, comm.groups)
+    finally:
+        destroy_virtual_world()

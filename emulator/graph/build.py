@@ -1,0 +1,598 @@
+"""ExecutionGraph: the whole job as one compact event table per class, built from class traces.
+
+A class is a pipeline rank (world.py); its graph is built once from the representative's
+RankTrace and its *lanes* are the class's member ranks, shaped (dp, cp, tp). Nodes, in program
+order (which is a topological order within the class):
+
+- `compute`: a *segment*, consecutive compute ops of one stream with nothing in between that
+  the stream has to wait for or that waits for the stream (a collective issued from it, a wait
+  on it), and the same phase and micro-batch; its duration is the sum of the ops'.
+- `collective`: one collective call, on the comm stream of its process group (NCCL runs each
+  communicator on its own stream). It is enqueued when issued: it starts no earlier than the
+  end of the node before it on the *issuing* stream (torch records an event on the current
+  stream and makes the NCCL stream wait on it) and the end of the previous call on its own
+  comm stream. The issuing stream is the one the program was on when it made the call (the
+  trace's `stream` of the comm row, emulator/capture/streams.py).
+- `send` / `recv`: point-to-point calls on a stream per (group, peer), as torch keeps one
+  NCCL communicator per pair of p2p ranks. The k-th send from class a to class b is the k-th
+  recv at b from a (NCCL matches p2p calls in order on a communicator).
+- `wait`: zero-length node on the issuing stream that makes it wait for a collective or p2p
+  (`WaitEvent`; a blocking call that has no WaitEvent gets one right after it), or, for a
+  stream wait (`stream.wait_event` / `wait_stream`, e.g. FSDP2's compute stream waiting for
+  its all-gather stream), for the last node of the other stream at the recorded event.
+
+Joins: a collective over mesh axes inside the class (dp, cp, tp, or combinations) joins the
+lanes along those axes; one whose group spans several pp indices (grad-norm all-reduce over
+pp, tied embeddings between the first and last stage) joins the matching node of each member
+class: the k-th collective with the same (kind, in-class axes, pp indices) in each of them.
+The optimizer step is ordinary compute (phase "optimizer").
+
+Durations: compute from `costs.compute.op_time_s` on the topology's GPU (or given per trace
+row, e.g. measured), collectives from `costs.collectives.collective_time_s` over the
+representative's group ranks. Each compute node carries an overlap `slowdown` factor
+(`costs.overlap.compute_slowdown`, duration-weighted over the segment's compute-bound and
+memory-bound ops); replay applies it to the part of a segment that overlaps running comm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from emulator.capture.trace import COMM, COMPUTE, PHASES, RECORD, STREAM_WAIT, WAIT, RankTrace
+from emulator.costs.collectives import Topology, collective_time_s
+from emulator.costs.compute import op_time_s
+from emulator.costs.kernel_table import KernelTable
+from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS, OpRecord
+from emulator.costs.overlap import compute_slowdown
+from emulator.world.mesh import AXES, World
+
+NODE_KINDS = ("compute", "collective", "send", "recv", "wait")
+SEGMENT, COLLECTIVE, SEND, RECV, WAIT_NODE = range(len(NODE_KINDS))
+# Lane axes of a class: the mesh axes other than pp. A node's `axes` is a bit mask over them.
+LANE_AXES = ("dp", "cp", "tp")
+NODE_COLUMNS = {
+    "kind": np.int8,
+    "stream": np.int16,
+    "name": np.int32,  # index into ClassGraph.strings
+    "group": np.int32,  # group label ("tp", "dp+cp", "pp"), index into strings
+    "duration_s": np.float64,
+    "slowdown": np.float64,
+    "flops": np.int64,
+    "first_row": np.int64,  # trace row of the node's first event
+    "rows": np.int64,  # trace rows merged into the node
+    "phase": np.int8,
+    "micro_batch": np.int32,
+    "prev": np.int64,  # previous node on the same stream, -1
+    "issue": np.int64,  # comm: last node on the issuing stream before it, -1
+    "issue_stream": np.int16,  # comm: the issuing stream, -1 when `issue` is -1
+    "dep": np.int64,  # wait: the comm node waited on, -1
+    "axes": np.int8,  # collective: bit mask over LANE_AXES joined inside the class
+    "join": np.int64,  # pp-spanning collective: join id; recv: matching send node; else -1
+    "peer_class": np.int32,  # send/recv: the other class; -1
+}
+_TORCH_DTYPES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "float32": "fp32",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "float8_e4m3fnuz": "fp8",
+    "float8_e5m2fnuz": "fp8",
+}
+# Trace comm kind -> cost-model kind. scatter/gather move the same bytes as all_gather's
+# (each rank's S/N shard crosses the group once); approximation, no NCCL kernel of their own.
+_COMM_COST_KIND = {
+    "send": "send_recv",
+    "recv": "send_recv",
+    "scatter": "all_gather",
+    "gather": "all_gather",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostContext:
+    """What durations are priced on: the cluster, an optional kernel table, overlap on/off."""
+
+    topology: Topology
+    table: KernelTable | None = None
+    overlap: bool = True
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ClassGraph:
+    """One class's nodes (columns of NODE_COLUMNS, one entry per node) and its streams."""
+
+    pp: int
+    nodes: dict[str, np.ndarray]
+    streams: tuple[str, ...]
+    strings: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        missing = set(NODE_COLUMNS) - set(self.nodes)
+        if missing:
+            raise ValueError(f"class {self.pp}: node columns {sorted(missing)} are missing")
+        n = len(self.nodes["kind"])
+        wrong = {k: len(v) for k, v in self.nodes.items() if len(v) != n}
+        if wrong:
+            raise ValueError(f"class {self.pp}: columns {wrong} do not have {n} entries")
+
+    def __len__(self) -> int:
+        return len(self.nodes["kind"])
+
+    def __getitem__(self, column: str) -> np.ndarray:
+        return self.nodes[column]
+
+    def text(self, column: str) -> list[str]:
+        return [self.strings[i] for i in self.nodes[column]]
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """In-class predecessors as CSR (offsets, indices): stream order, issue, wait edges."""
+        preds = np.stack([self.nodes["prev"], self.nodes["issue"], self.nodes["dep"]], axis=1)
+        keep = preds >= 0
+        return np.concatenate([[0], np.cumsum(keep.sum(axis=1))]), preds[keep]
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ExecutionGraph:
+    """The job: one ClassGraph per pp index, and the members of every pp-spanning join."""
+
+    world: World
+    classes: tuple[ClassGraph, ...]
+    join_offsets: np.ndarray  # join id -> slice of join_class / join_node
+    join_class: np.ndarray
+    join_node: np.ndarray
+    lanes: tuple[int, int, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if len(self.classes) != self.world.pp:
+            raise ValueError(f"{len(self.classes)} class graphs for pp({self.world.pp}) classes")
+        object.__setattr__(self, "lanes", (self.world.dp, self.world.cp, self.world.tp))
+
+    def join_members(self, join: int) -> list[tuple[int, int]]:
+        lo, hi = self.join_offsets[join], self.join_offsets[join + 1]
+        return list(
+            zip(self.join_class[lo:hi].tolist(), self.join_node[lo:hi].tolist(), strict=True)
+        )
+
+    @property
+    def nodes(self) -> int:
+        return sum(len(c) for c in self.classes)
+
+    def save(self, path: str | Path) -> None:
+        w = self.world
+        arrays = {
+            "world": np.array([w.dp, w.pp, w.cp, w.tp, w.vpp, w.gpus_per_node]),
+            "join_offsets": self.join_offsets,
+            "join_class": self.join_class,
+            "join_node": self.join_node,
+        }
+        for c in self.classes:
+            arrays |= {f"c{c.pp}_{k}": v for k, v in c.nodes.items()}
+            arrays[f"c{c.pp}_streams"] = np.array(c.streams, dtype=str)
+            arrays[f"c{c.pp}_strings"] = np.array(c.strings, dtype=str)
+        np.savez_compressed(path, **arrays)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ExecutionGraph:
+        with np.load(path, allow_pickle=False) as z:
+            dp, pp, cp, tp, vpp, gpn = (int(x) for x in z["world"])
+            world = World(dp=dp, pp=pp, cp=cp, tp=tp, vpp=vpp, gpus_per_node=gpn)
+            classes = tuple(
+                ClassGraph(
+                    pp=p,
+                    nodes={k: z[f"c{p}_{k}"] for k in NODE_COLUMNS},
+                    streams=tuple(str(s) for s in z[f"c{p}_streams"]),
+                    strings=tuple(str(s) for s in z[f"c{p}_strings"]),
+                )
+                for p in range(pp)
+            )
+            return cls(
+                world=world,
+                classes=classes,
+                join_offsets=z["join_offsets"],
+                join_class=z["join_class"],
+                join_node=z["join_node"],
+            )
+
+
+# ---- durations of trace rows ---------------------------------------------------------------
+
+
+def op_record(trace: RankTrace, row: int) -> OpRecord:
+    """The cost-model record of compute row `row`: name, dtype, flops, bytes, GEMM/attention dims.
+
+    Shapes come from the row's tensors: GEMMs take the last two inputs of rank >= 2 as A, B
+    (linear: x[..., k] and W[n, k]); attention takes query and key (the backward's come after
+    grad_out). The dtype is the first floating input's."""
+    c = trace.columns
+    name = trace.strings[c["name"][row]]
+    tensors = trace.tensors(row)
+    inputs = [(shape, dtype) for shape, dtype, is_out in tensors if not is_out]
+    floats = [_TORCH_DTYPES[d] for _, d in inputs if d in _TORCH_DTYPES]
+    dtype = floats[0] if floats else "fp32"
+    common = dict(
+        name=name,
+        dtype=dtype,
+        flops=float(c["flops"][row]),
+        bytes_read=float(c["read_bytes"][row]),
+        bytes_written=float(c["write_bytes"][row]),
+    )
+    if name in GEMM_OPS:
+        mats = [s for s, _ in inputs if len(s) >= 2]
+        if len(mats) < 2:
+            raise ValueError(f"trace row {row} ({name}): needs two matrix inputs, has {inputs}")
+        if name == "linear":
+            a, w = mats[0], mats[1]
+            m, k, n, batch = int(np.prod(a[:-1])), a[-1], w[0], 1
+        else:
+            a, b = mats[-2], mats[-1]
+            m, k, n = a[-2], a[-1], b[-1]
+            batch = int(np.prod(a[:-2])) if len(a) > 2 else 1
+        if name == "scaled_mm":
+            common["dtype"] = "fp8"
+        return OpRecord(**common, m=m, n=n, k=k, batch=max(batch, 1))
+    if name in ATTENTION_OPS:
+        four_d = [s for s, _ in inputs if len(s) == 4]
+        offset = 1 if name == "flash_attn_bwd" else 0
+        if len(four_d) < offset + 2:
+            raise ValueError(f"trace row {row} ({name}): needs query and key inputs, has {inputs}")
+        q, k = four_d[offset], four_d[offset + 1]
+        return OpRecord(
+            **common,
+            batch=q[0],
+            heads_q=q[1],
+            heads_kv=k[1],
+            seq_q=q[2],
+            seq_kv=k[2],
+            head_dim=q[3],
+            causal=bool(c["causal"][row]),
+        )
+    return OpRecord(**common)
+
+
+def compute_durations_s(trace: RankTrace, cost: CostContext) -> np.ndarray:
+    """Modelled duration of every compute row (0 elsewhere), priced once per distinct op.
+
+    Rows are the same op when name, aten op, flops, bytes and causal flag agree (two GEMMs of
+    different shapes with equal flops and bytes would share a price: shapes are not compared)."""
+    c = trace.columns
+    rows = np.flatnonzero(c["kind"] == COMPUTE)
+    out = np.zeros(len(trace))
+    if not len(rows):
+        return out
+    keys = np.stack(
+        [
+            c[k][rows].astype(np.int64)
+            for k in ("name", "aten", "flops", "read_bytes", "write_bytes", "causal")
+        ],
+        axis=1,
+    )
+    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    gpu, table = cost.topology.gpu, cost.table
+    prices = np.array([op_time_s(op_record(trace, int(rows[i])), gpu, table=table) for i in first])
+    out[rows] = prices[inverse.reshape(-1)]
+    return out
+
+
+def _row_slowdowns(trace: RankTrace, cost: CostContext) -> np.ndarray:
+    """Overlap slowdown of each row if it ran beside a collective (1 with overlap off).
+
+    Channels = the link's NCCL channel count; the memory-bound factor takes the intra-node
+    link rate as the collective's HBM traffic (the worst case: inter-node comm moves less)."""
+    if not cost.overlap:
+        return np.ones(len(trace))
+    topo = cost.topology
+    args = dict(comm_channels=topo.link.channels, comm_GBps=topo.link.bandwidth_GBps)
+    s_compute = compute_slowdown(topo.gpu, memory_bound=False, **args)
+    s_memory = compute_slowdown(topo.gpu, memory_bound=True, **args)
+    bound = {trace.strings.index(n) for n in (*GEMM_OPS, *ATTENTION_OPS) if n in trace.strings}
+    is_compute_bound = np.isin(trace.columns["name"], list(bound))
+    return np.where(is_compute_bound, s_compute, s_memory)
+
+
+# ---- groups ----------------------------------------------------------------------------------
+
+
+def axes_of_group(world: World, ranks: np.ndarray) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(lane axes the group spans, pp indices it holds) for a group given by global ranks.
+
+    The group must be a full mesh group along its lane axes at every pp index it holds (what
+    DeviceMesh builds, and the tied-embedding group {first, last stage}); anything else is
+    refused rather than guessed."""
+    coords = world.coords(ranks)
+    pps = tuple(sorted(set(coords[:, 1].tolist())))
+    varies = (coords != coords[0]).any(axis=0)
+    axes = tuple(a for a, v in zip(AXES, varies, strict=True) if v and a != "pp")
+    size = int(np.prod([world.shape[AXES.index(a)] for a in axes])) * len(pps)
+    if size != len(np.unique(ranks)):
+        raise ValueError(
+            f"group of {len(ranks)} ranks spans axes {axes} at pp {pps} but is not a full mesh group "
+            f"(expected {size} ranks); such groups are not supported by the replay"
+        )
+    return axes, pps
+
+
+def _group_label(axes: tuple[str, ...], pps: tuple[int, ...]) -> str:
+    named = [a for a in AXES if a in axes or (a == "pp" and len(pps) > 1)]
+    return "+".join(named) if named else "self"
+
+
+# ---- building --------------------------------------------------------------------------------
+
+
+class _Builder:
+    """Walks one class trace in program order and emits nodes (see module docstring)."""
+
+    def __init__(self, trace: RankTrace, world: World, pp: int, durations_s, slowdowns, topology):
+        self.trace, self.world, self.pp, self.topology = trace, world, pp, topology
+        self.comm_cache: dict[tuple, float] = {}
+        self.rep = world.representative(pp)
+        self.durations, self.slowdowns = durations_s, slowdowns
+        self.cols = {k: [] for k in NODE_COLUMNS}
+        self.slow_weight: list[float] = []
+        self.streams: dict[object, int] = {}
+        self.labels: list[str] = []
+        self.strings: dict[str, int] = {"": 0}
+        self.last_on_stream: dict[int, int] = {}
+        self.open_segment: dict[int, int] = {}
+        self.node_of_seq: dict[int, int] = {}
+        self.recorded: dict[int, int] = {}  # stream event id -> last node of its stream then
+        self.pp_keys: list[tuple] = []  # per collective node spanning pp: its match key
+        self.groups = trace.groups()
+        self.group_info: dict[str, tuple] = {}
+
+    def intern(self, s: str) -> int:
+        return self.strings.setdefault(s, len(self.strings))
+
+    def stream(self, key, label: str) -> int:
+        if key not in self.streams:
+            self.streams[key] = len(self.streams)
+            self.labels.append(label)
+        return self.streams[key]
+
+    def add(self, **values) -> int:
+        i = len(self.cols["kind"])
+        s = values["stream"]
+        values.setdefault("prev", self.last_on_stream.get(s, -1))
+        self.last_on_stream[s] = i
+        for k in NODE_COLUMNS:
+            self.cols[k].append(values.get(k, -1 if k in _MINUS_ONE else 0))
+        self.slow_weight.append(0.0)
+        return i
+
+    def build(self) -> ClassGraph:
+        c = self.trace.columns
+        kinds = c["kind"]
+        rows = np.flatnonzero(
+            (kinds == COMPUTE) | (kinds == COMM) | (kinds == WAIT) | (kinds == RECORD) | (kinds == STREAM_WAIT)
+        )
+        lists = {
+            k: c[k][rows].tolist()
+            for k in ("kind", "stream", "phase", "micro_batch", "flops", "seq")
+        }
+        durs, slows = self.durations[rows].tolist(), self.slowdowns[rows].tolist()
+        waited = set(c["comm_seq"][kinds == WAIT].tolist())
+        tags = c["tag"][rows].tolist()
+        cols, weight = self.cols, self.slow_weight
+        for j, row in enumerate(rows.tolist()):
+            kind = lists["kind"][j]
+            s_trace = lists["stream"][j]
+            s = self.stream(("compute", s_trace), f"compute {s_trace}")
+            if kind == COMPUTE:
+                phase, mb = lists["phase"][j], lists["micro_batch"][j]
+                n = self.open_segment.get(s)
+                if n is None or cols["phase"][n] != phase or cols["micro_batch"][n] != mb:
+                    label = (
+                        f"{PHASES[phase] if phase >= 0 else 'compute'} mb{mb}"
+                        if mb >= 0
+                        else (PHASES[phase] if phase >= 0 else "compute")
+                    )
+                    n = self.add(
+                        kind=SEGMENT,
+                        stream=s,
+                        name=self.intern(label),
+                        first_row=row,
+                        phase=phase,
+                        micro_batch=mb,
+                        slowdown=1.0,
+                    )
+                    self.open_segment[s] = n
+                cols["duration_s"][n] += durs[j]
+                weight[n] += durs[j] * slows[j]
+                cols["flops"][n] += lists["flops"][j]
+                cols["rows"][n] += 1
+            elif kind == COMM:
+                n = self.comm_node(row, s, lists["phase"][j], lists["micro_batch"][j])
+                self.node_of_seq[lists["seq"][j]] = n
+                if not c["async_op"][row] and lists["seq"][j] not in waited:
+                    self.wait_node(row, s, n)
+            elif kind == WAIT:
+                self.wait_node(row, s, self.node_of_seq[int(c["comm_seq"][row])])
+            elif kind == RECORD:
+                self.open_segment.pop(s, None)  # later ops must not join the recorded node
+                self.recorded[tags[j]] = self.last_on_stream.get(s, -1)
+            elif self.recorded.get(tags[j], -1) >= 0:  # STREAM_WAIT on something recorded
+                self.wait_node(row, s, self.recorded[tags[j]])
+        for n, w in enumerate(weight):
+            if cols["kind"][n] == SEGMENT and cols["duration_s"][n] > 0:
+                cols["slowdown"][n] = w / cols["duration_s"][n]
+        nodes = {k: np.asarray(v, dtype=NODE_COLUMNS[k]) for k, v in cols.items()}
+        return ClassGraph(
+            pp=self.pp, nodes=nodes, streams=tuple(self.labels), strings=tuple(self.strings)
+        )
+
+    def wait_node(self, row: int, issuing: int, target: int) -> None:
+        self.open_segment.pop(issuing, None)
+        self.add(
+            kind=WAIT_NODE,
+            stream=issuing,
+            name=self.intern("wait"),
+            first_row=row,
+            rows=1,
+            dep=target,
+            slowdown=1.0,
+            phase=self.cols["phase"][target],
+            micro_batch=self.cols["micro_batch"][target],
+        )
+
+    def comm_node(self, row: int, issuing: int, phase: int, mb: int) -> int:
+        c, strings = self.trace.columns, self.trace.strings
+        kind = strings[c["name"][row]]
+        gid = strings[c["group"][row]]
+        ranks = self.groups[gid]
+        self.open_segment.pop(issuing, None)
+        base = dict(
+            first_row=row,
+            rows=1,
+            phase=phase,
+            micro_batch=mb,
+            slowdown=1.0,
+            issue=self.last_on_stream.get(issuing, -1),
+        )
+        base["issue_stream"] = issuing if base["issue"] >= 0 else -1
+        nbytes = float(c["size_bytes"][row])
+        if kind in ("send", "recv"):
+            peer = int(c["peer"][row])
+            offset = self.world.coords(peer)[0] - self.world.coords(self.rep)[0]
+            if offset[[0, 2, 3]].any():
+                raise ValueError(
+                    f"class {self.pp}: {kind} to rank {peer} is not along pp (offset {offset})"
+                )
+            peer_class = self.world.class_of(peer)
+            s = self.stream(("p2p", gid, peer_class), f"p2p {gid} <-> pp{peer_class}")
+            duration = self.duration(kind, nbytes, np.array([self.rep, peer]))
+            return self.add(
+                kind=SEND if kind == "send" else RECV,
+                stream=s,
+                name=self.intern(kind),
+                group=self.intern("pp"),
+                duration_s=duration,
+                peer_class=peer_class,
+                **base,
+            )
+        axes, pps = self.group_info.get(gid) or self.group_info.setdefault(
+            gid, axes_of_group(self.world, ranks)
+        )
+        label = _group_label(axes, pps)
+        s = self.stream(("group", gid), f"comm {gid} ({label})")
+        mask = sum(1 << LANE_AXES.index(a) for a in axes)
+        duration = self.duration(kind.removesuffix("_coalesced"), nbytes, ranks)
+        n = self.add(
+            kind=COLLECTIVE,
+            stream=s,
+            name=self.intern(kind),
+            group=self.intern(label),
+            duration_s=duration,
+            axes=mask,
+            **base,
+        )
+        if len(pps) > 1:
+            self.pp_keys.append((n, (kind, axes, pps)))
+        return n
+
+    def duration(self, kind: str, nbytes: float, ranks: np.ndarray) -> float:
+        topo = self.topology
+        if topo is None:
+            return 0.0
+        kind = _COMM_COST_KIND.get(kind, kind)
+        key = (kind, nbytes, ranks.tobytes())
+        cache = self.comm_cache
+        if key not in cache:
+            cache[key] = collective_time_s(kind, nbytes, ranks, topo)
+        return cache[key]
+
+
+_MINUS_ONE = {"prev", "issue", "issue_stream", "dep", "join", "peer_class"}
+
+
+def build_graph(
+    traces_by_class: dict[int, RankTrace],
+    world: World,
+    cost: CostContext | None,
+    *,
+    durations_s: dict[int, np.ndarray] | None = None,
+    comm_durations: bool = True,
+) -> ExecutionGraph:
+    """The ExecutionGraph of the job from one trace per class (pp index).
+
+    `durations_s[p]` (optional, one entry per trace row) replaces the modelled compute
+    durations of class p (measured kernels, or tests); `cost` may then be None, and comm is
+    free unless `cost` is given. `comm_durations=False` makes every comm free (tests)."""
+    missing = set(range(world.pp)) - set(traces_by_class)
+    if missing:
+        raise ValueError(f"traces_by_class lacks classes {sorted(missing)} of pp({world.pp})")
+    classes, pp_keys = [], []
+    for p in range(world.pp):
+        trace = traces_by_class[p]
+        if durations_s is not None and p in durations_s:
+            durs = np.asarray(durations_s[p], dtype=float)
+            if durs.shape != (len(trace),):
+                raise ValueError(
+                    f"durations_s[{p}] has shape {durs.shape}, trace has {len(trace)} rows"
+                )
+        elif cost is not None:
+            durs = compute_durations_s(trace, cost)
+        else:
+            raise ValueError(f"class {p}: neither durations_s nor a cost context to price compute")
+        slows = _row_slowdowns(trace, cost) if cost is not None else np.ones(len(trace))
+        topology = cost.topology if (cost is not None and comm_durations) else None
+        b = _Builder(trace, world, p, durs, slows, topology)
+        classes.append(b.build())
+        pp_keys.append(b.pp_keys)
+    _match_p2p(classes)
+    offsets, join_class, join_node = _match_pp_collectives(classes, pp_keys)
+    return ExecutionGraph(
+        world=world,
+        classes=tuple(classes),
+        join_offsets=offsets,
+        join_class=join_class,
+        join_node=join_node,
+    )
+
+
+def _match_p2p(classes: list[ClassGraph]) -> None:
+    """recv.join := index of the matching send in the peer class (k-th to k-th per direction)."""
+    sends: dict[tuple[int, int], np.ndarray] = {}
+    for g in classes:
+        for b in np.unique(g["peer_class"][g["kind"] == SEND]).tolist():
+            sends[(g.pp, b)] = np.flatnonzero((g["kind"] == SEND) & (g["peer_class"] == b))
+    for g in classes:
+        for a in np.unique(g["peer_class"][g["kind"] == RECV]).tolist():
+            recvs = np.flatnonzero((g["kind"] == RECV) & (g["peer_class"] == a))
+            matched = sends.get((a, g.pp), np.array([], np.int64))
+            if len(matched) != len(recvs):
+                raise ValueError(
+                    f"class {a} sends {len(matched)} messages to class {g.pp}, which receives {len(recvs)}"
+                )
+            g["join"][recvs] = matched
+
+
+def _match_pp_collectives(classes, pp_keys):
+    """Join table of collectives spanning pp: the k-th with the same key in every member class."""
+    by_key: dict[tuple, dict[int, list[int]]] = {}
+    for p, keys in enumerate(pp_keys):
+        for n, key in keys:
+            by_key.setdefault(key, {}).setdefault(p, []).append(n)
+    offsets, members_c, members_n = [0], [], []
+    for key, per_class in by_key.items():
+        pps = key[2]
+        counts = {p: len(per_class.get(p, [])) for p in pps}
+        if len(set(counts.values())) != 1:
+            raise ValueError(
+                f"{key[0]} over {key[1]} at pp {pps}: member classes issue {counts} calls"
+            )
+        for k in range(counts[pps[0]]):
+            for p in pps:
+                node = per_class[p][k]
+                classes[p]["join"][node] = len(offsets) - 1
+                members_c.append(p)
+                members_n.append(node)
+            offsets.append(len(members_c))
+    return (
+        np.asarray(offsets, np.int64),
+        np.asarray(members_c, np.int64),
+        np.asarray(members_n, np.int64),
+    )

@@ -1,0 +1,122 @@
+"""Tests for emulator/capture/trace.py: the columnar RankTrace, its merge, save/load and summary."""
+
+import numpy as np
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from emulator.capture import trace as tr
+from emulator.capture.op_recorder import OpRecorder
+from emulator.world.comm_events import CommEvent, Recorder, WaitEvent
+
+
+def recorded_with_comms():
+    """Compute ops from the recorder interleaved with backend events on one EventSequence."""
+    sequence = tr.EventSequence()
+    backend = Recorder(_counter=sequence)
+    backend.add_group("tp0", np.arange(4))
+    rec = OpRecorder(sequence=sequence)
+    with FakeTensorMode(), rec, rec.micro_batch(1):
+        x = torch.ones(8, 16)
+        y = x @ torch.ones(16, 4)
+        ar = backend.emit(
+            CommEvent,
+            kind="all_reduce",
+            group_id="tp0",
+            group_size=4,
+            op="SUM",
+            dtype="float32",
+            numel=32,
+            nbytes=128,
+            async_op=True,
+        )
+        backend.emit(
+            CommEvent,
+            kind="all_gather_coalesced",
+            group_id="tp0",
+            group_size=4,
+            op=None,
+            dtype="float32",
+            numel=12,
+            nbytes=48,
+            async_op=False,
+            sizes=(4, 8),
+        )
+        backend.emit(WaitEvent, comm_seq=ar.seq)
+        _ = y + 1
+    return rec.trace(backend.events, backend.groups)
+
+
+def test_merge_orders_by_the_shared_sequence_and_inherits_context():
+    t = recorded_with_comms()
+    kinds = t["kind"].tolist()
+    assert np.all(np.diff(t["seq"]) > 0)
+    comm = kinds.index(tr.COMM)
+    assert kinds[comm + 2] == tr.WAIT and t["comm_seq"][comm + 2] == t["seq"][comm]
+    assert tr.COMPUTE in kinds[:comm] and tr.COMPUTE in kinds[comm:]
+    assert t["micro_batch"][comm] == 1 and t["stream"][comm] == 0  # issued from the default stream
+    coalesced = comm + 1
+    off = t.ragged["sizes_offsets"]
+    assert t.ragged["sizes"][off[coalesced] : off[coalesced + 1]].tolist() == [4, 8]
+
+
+def test_tensor_shapes_are_kept_per_event():
+    t = recorded_with_comms()
+    mm = t.text("name").index("mm")
+    assert t.tensors(mm) == [
+        ((8, 16), "float32", False),
+        ((16, 4), "float32", False),
+        ((8, 4), "float32", True),
+    ]
+
+
+def test_summary_counts_flops_comm_bytes_and_peak():
+    s = recorded_with_comms().summary()
+    assert s.flops == 2 * 8 * 16 * 4
+    assert s.comm_bytes_by_kind == {"all_reduce": 128, "all_gather_coalesced": 48}
+    assert s.comm_bytes_by_group == {"tp0": 176}
+    x, w, y = 8 * 16 * 4, 16 * 4 * 4, 8 * 4 * 4
+    assert s.peak_live_bytes == x + w + y  # w is a temporary, freed before y + 1 runs
+    assert s.final_live_bytes == x + y + y
+
+
+def test_save_load_round_trip(tmp_path):
+    t = recorded_with_comms()
+    t.save(tmp_path / "rank.npz")
+    back = tr.RankTrace.load(tmp_path / "rank.npz")
+    assert back.strings == t.strings
+    for name in tr.COLUMNS:
+        np.testing.assert_array_equal(back[name], t[name], err_msg=name)
+    for name in tr.RAGGED:
+        np.testing.assert_array_equal(back.ragged[name], t.ragged[name], err_msg=name)
+    assert back.groups()["tp0"].tolist() == [0, 1, 2, 3]
+    assert back.summary() == t.summary()
+
+
+def test_load_refuses_another_schema_version(tmp_path):
+    t = recorded_with_comms()
+    t.save(tmp_path / "rank.npz")
+    with np.load(tmp_path / "rank.npz") as z:
+        arrays = dict(z)
+    arrays["schema_version"] = np.array(tr.SCHEMA_VERSION + 1)
+    np.savez(tmp_path / "old.npz", **arrays)
+    with pytest.raises(ValueError, match="schema_version"):
+        tr.RankTrace.load(tmp_path / "old.npz")
+
+
+def test_columns_of_unequal_length_are_refused():
+    t = recorded_with_comms()
+    columns = dict(t.columns, flops=t["flops"][:-1])
+    with pytest.raises(ValueError, match="flops"):
+        tr.RankTrace(columns=columns, ragged=t.ragged, strings=t.strings)
+
+
+def test_event_sequence_is_shared_as_an_iterator():
+    sequence = tr.EventSequence(start=5)
+    backend = Recorder(_counter=sequence)
+    assert [sequence.next_seq(), backend.next_seq(), next(sequence)] == [5, 6, 7]
+
+
+def test_empty_trace_builds_and_summarizes():
+    s = tr.build_trace().summary()
+    assert (s.events, s.flops, s.peak_live_bytes) == (0, 0, 0)

@@ -1,0 +1,221 @@
+"""Tests for emulator.graph.build: segment merging, streams, joins, p2p matching, costs, save/load."""
+
+import numpy as np
+import pytest
+
+from emulator.costs.collectives import Topology
+from emulator.costs.compute import op_time_s
+from emulator.costs.ops import gemm_op
+from emulator.graph.build import (
+    COLLECTIVE,
+    RECV,
+    SEGMENT,
+    SEND,
+    WAIT_NODE,
+    CostContext,
+    ExecutionGraph,
+    axes_of_group,
+    compute_durations_s,
+    op_record,
+)
+from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
+from emulator.world.mesh import World
+from tests.emulator.synthetic_traces import Stage, build, pipeline
+
+TOPO = Topology(
+    gpu=gpu_preset("h100-sxm-80g"),
+    gpus_per_node=8,
+    link=intra_node_link("nvlink4"),
+    network=inter_node_network("ib-ndr-8x400"),
+)
+
+
+def _kinds(graph, pp=0):
+    return graph.classes[pp]["kind"].tolist()
+
+
+def test_consecutive_compute_merges_into_one_segment():
+    world = World(dp=2, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    for d in (1.0, 2.0, 3.0):
+        s.compute(d, flops=10)
+    g = build(world, [s]).classes[0]
+    assert _kinds(build(world, [s])) == [SEGMENT]
+    assert (g["duration_s"][0], g["flops"][0], g["rows"][0]) == (6.0, 30, 3)
+
+
+def test_collective_and_wait_split_segments():
+    world = World(dp=2, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    s.compute(1.0)
+    h = s.collective("all_reduce", "dp", async_op=True)
+    s.compute(1.0)
+    s.wait(h)
+    s.compute(1.0)
+    g = build(world, [s]).classes[0]
+    assert g["kind"].tolist() == [SEGMENT, COLLECTIVE, SEGMENT, WAIT_NODE, SEGMENT]
+    assert g["issue"][1] == 0  # enqueued after the compute before it
+    assert g["dep"][3] == 1
+    assert g["stream"][1] != g["stream"][0]
+
+
+def test_micro_batch_change_splits_segments_and_streams_do_not_merge():
+    world = World(dp=1, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    s.compute(1.0, mb=0)
+    s.compute(1.0, mb=1)
+    s.compute(1.0, mb=1, stream=1)
+    s.compute(1.0, mb=1)
+    g = build(world, [s]).classes[0]
+    assert g["duration_s"].tolist() == [1.0, 2.0, 1.0]
+    assert len(g.streams) == 2
+
+
+def test_blocking_collective_without_wait_event_gets_one():
+    from emulator.capture.trace import build_trace
+    from emulator.graph.build import build_graph
+    from emulator.world.comm_events import CommEvent
+
+    world = World(dp=2, pp=1, cp=1, tp=1)
+    event = CommEvent(
+        seq=1,
+        kind="all_reduce",
+        group_id="g",
+        group_size=2,
+        op="SUM",
+        dtype="bfloat16",
+        numel=4,
+        nbytes=8,
+        async_op=False,
+    )
+    trace = build_trace(comm_events=[event], groups={"g": np.array([0, 1])})
+    g = build_graph({0: trace}, world, None, durations_s={0: np.zeros(1)}).classes[0]
+    assert g["kind"].tolist() == [COLLECTIVE, WAIT_NODE]
+
+
+def test_one_comm_stream_per_group():
+    world = World(dp=2, pp=1, cp=1, tp=2)
+    s = Stage(world, 0)
+    s.collective("all_reduce", "tp")
+    s.collective("all_reduce", "dp")
+    s.collective("all_reduce", "tp")
+    g = build(world, [s]).classes[0]
+    comm = g["kind"] == COLLECTIVE
+    streams = g["stream"][comm].tolist()
+    assert streams[0] == streams[2] != streams[1]
+    assert [g.strings[i] for i in g["group"][comm]] == ["tp", "dp", "tp"]
+
+
+def test_kth_send_matches_kth_recv():
+    world = World(dp=1, pp=2, cp=1, tp=1)
+    graph = build(world, pipeline(world, 3, 1.0, 1.0, "gpipe"))
+    g0, g1 = graph.classes
+    sends = np.flatnonzero((g0["kind"] == SEND) & (g0["peer_class"] == 1))
+    recvs = np.flatnonzero((g1["kind"] == RECV) & (g1["peer_class"] == 0))
+    assert g1["join"][recvs].tolist() == sends.tolist()
+
+
+def test_unmatched_recv_is_refused():
+    world = World(dp=1, pp=2, cp=1, tp=1)
+    a, b = Stage(world, 0), Stage(world, 1)
+    b.recv(0)
+    with pytest.raises(ValueError, match="sends 0 messages"):
+        build(world, [a, b])
+
+
+def test_pp_collectives_join_by_order():
+    world = World(dp=2, pp=3, cp=1, tp=1)
+    stages = [Stage(world, p) for p in range(3)]
+    for s in stages:
+        s.collective("all_reduce", "pp")
+        s.collective("all_reduce", ("dp", "pp"))
+        s.collective("all_reduce", "pp")
+    graph = build(world, stages)
+    assert len(graph.join_offsets) - 1 == 3
+    j = graph.classes[1]["join"][graph.classes[1]["kind"] == COLLECTIVE]
+    assert sorted(graph.join_members(int(j[2]))) == [
+        (p, int(np.flatnonzero(graph.classes[p]["kind"] == COLLECTIVE)[2])) for p in range(3)
+    ]
+
+
+def test_axes_of_group():
+    world = World(dp=2, pp=4, cp=2, tp=4)
+    assert axes_of_group(world, world.group_of(0, "tp")) == (("tp",), (0,))
+    assert axes_of_group(world, world.group_of(0, ("dp", "cp"))) == (("dp", "cp"), (0,))
+    assert axes_of_group(world, world.rank_of(pp=np.array([0, 3]))) == ((), (0, 3))
+    with pytest.raises(ValueError, match="not a full mesh group"):
+        axes_of_group(world, np.array([0, 1]))
+
+
+def test_save_load_round_trip(tmp_path):
+    world = World(dp=2, pp=2, cp=1, tp=2)
+    graph = build(world, pipeline(world, 2, 1.0, 1.0, "1f1b"))
+    graph.save(tmp_path / "g.npz")
+    loaded = ExecutionGraph.load(tmp_path / "g.npz")
+    assert loaded.world == world
+    for a, b in zip(graph.classes, loaded.classes, strict=True):
+        assert a.streams == b.streams and a.strings == b.strings
+        for k, v in a.nodes.items():
+            np.testing.assert_array_equal(v, b[k])
+
+
+def test_edges_are_csr_of_predecessors():
+    world = World(dp=2, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    s.compute(1.0)
+    s.collective("all_reduce", "dp")
+    s.compute(1.0)
+    offsets, preds = build(world, [s]).classes[0].edges()
+    assert offsets.tolist() == [0, 0, 1, 3, 4]
+    assert preds.tolist() == [0, 0, 1, 2]
+
+
+def _mm_stage(world):
+    s = Stage(world, 0)
+    s.compute(
+        0.0,
+        name="mm",
+        flops=2 * 64 * 128 * 256,
+        tensors=(
+            ((64, 256), "bfloat16", False),
+            ((256, 128), "bfloat16", False),
+            ((64, 128), "bfloat16", True),
+        ),
+    )
+    return s
+
+
+def test_op_record_reads_gemm_dims_from_tensors():
+    world = World(dp=1, pp=1, cp=1, tp=1)
+    trace, _ = _mm_stage(world).trace()
+    op = op_record(trace, 0)
+    assert (op.name, op.dtype, op.m, op.n, op.k) == ("mm", "bf16", 64, 128, 256)
+
+
+def test_op_record_reads_attention_backward_query_and_key():
+    world = World(dp=1, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    q, k = (2, 16, 1024, 128), (2, 4, 1024, 128)
+    s.compute(
+        0.0,
+        name="flash_attn_bwd",
+        tensors=((q, "bfloat16", False), (q, "bfloat16", False), (k, "bfloat16", False)),
+    )
+    op = op_record(s.trace()[0], 0)
+    assert (op.batch, op.heads_q, op.heads_kv, op.seq_q, op.head_dim) == (2, 16, 4, 1024, 128)
+
+
+def test_modelled_compute_durations_use_the_cost_model():
+    world = World(dp=1, pp=1, cp=1, tp=1)
+    trace, _ = _mm_stage(world).trace()
+    expected = op_time_s(gemm_op("mm", 64, 128, 256), TOPO.gpu)
+    c = compute_durations_s(trace, CostContext(topology=TOPO))
+    assert c[0] == pytest.approx(expected, rel=0.05)  # compute-bound: bytes barely matter
+
+
+def test_collectives_are_priced_on_the_topology():
+    world = World(dp=1, pp=1, cp=1, tp=8)
+    s = Stage(world, 0)
+    s.collective("all_reduce", "tp", nbytes=1 << 28)
+    g = build(world, [s], CostContext(topology=TOPO)).classes[0]
+    assert g["duration_s"][0] > 1e-4

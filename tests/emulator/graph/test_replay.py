@@ -1,0 +1,215 @@
+"""Closed-form checks of emulator.graph.replay on synthetic stage programs (tests/emulator/synthetic_traces.py)."""
+
+import numpy as np
+import pytest
+
+from emulator.costs.collectives import Topology
+from emulator.graph.build import CostContext
+from emulator.graph.replay import replay
+from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
+from emulator.world.mesh import World
+from tests.emulator.synthetic_traces import Stage, build, node_of, pipeline
+
+
+def _dp_program(world, compute_s, allreduce_s):
+    s = Stage(world, 0)
+    s.compute(compute_s, phase="backward")
+    s.collective("all_reduce", "dp", duration_s=allreduce_s)
+    s.compute(0.0, phase="optimizer")
+    return s
+
+
+def test_pure_dp_without_overlap_is_compute_plus_allreduce():
+    world = World(dp=8, pp=1, cp=1, tp=1)
+    result = replay(build(world, [_dp_program(world, 3.0, 0.5)]))
+    assert result.iteration_time_s == pytest.approx(3.5)
+    c = result.per_class[0]
+    assert (c.compute_s, c.exposed_comm_s, c.bubble_s, c.idle_s) == pytest.approx(
+        (3.0, 0.5, 0.0, 0.0)
+    )
+    assert c.comm_s_by_group == {"dp": pytest.approx(0.5)}
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (8, 16)])
+def test_uniform_pipeline_iteration_and_bubble(schedule, p, m):
+    world = World(dp=1, pp=p, cp=1, tp=1)
+    f, b = 1.0, 2.0
+    result = replay(build(world, pipeline(world, m, f, b, schedule)))
+    assert result.iteration_time_s == pytest.approx((m + p - 1) * (f + b))
+    for c in result.per_class:
+        assert c.compute_s == pytest.approx(m * (f + b))
+        assert (c.bubble_s + c.idle_s) / result.iteration_time_s == pytest.approx(
+            (p - 1) / (m + p - 1)
+        )
+
+
+@pytest.mark.parametrize("v", [2, 4])
+@pytest.mark.parametrize(("p", "m"), [(4, 8), (8, 16)])
+def test_interleaving_shrinks_the_bubble_by_vpp(v, p, m):
+    # Megatron's interleaved 1F1B with chunks of f/v and b/v: bubble (p-1)(f+b)/v exactly.
+    world = World(dp=1, pp=p, cp=1, tp=1, vpp=v)
+    f, b = 1.0, 2.0
+    result = replay(build(world, pipeline(world, m, f, b, "interleaved")))
+    assert result.iteration_time_s == pytest.approx(m * (f + b) + (p - 1) * (f + b) / v)
+    for c in result.per_class:
+        assert c.bubble_s + c.idle_s == pytest.approx((p - 1) * (f + b) / v)
+
+
+def _async_dp(world, before_s, after_s, allreduce_s):
+    s = Stage(world, 0)
+    s.compute(before_s, phase="backward")
+    h = s.collective("all_reduce", "dp", duration_s=allreduce_s, async_op=True)
+    s.compute(after_s, phase="backward")
+    s.wait(h)
+    s.compute(0.25, phase="optimizer")
+    return s
+
+
+def test_async_allreduce_hidden_behind_long_enough_backward():
+    world = World(dp=4, pp=1, cp=1, tp=1)
+    result = replay(build(world, [_async_dp(world, 1.0, 2.0, 1.5)]))
+    assert result.iteration_time_s == pytest.approx(1.0 + 2.0 + 0.25)
+    assert result.per_class[0].exposed_comm_s == pytest.approx(0.0)
+
+
+def test_async_allreduce_partly_exposed_behind_short_backward():
+    world = World(dp=4, pp=1, cp=1, tp=1)
+    result = replay(build(world, [_async_dp(world, 1.0, 0.5, 1.5)]))
+    assert result.iteration_time_s == pytest.approx(1.0 + 1.5 + 0.25)
+    assert result.per_class[0].exposed_comm_s == pytest.approx(1.0)
+
+
+def _tp_then_dp(world):
+    s = Stage(world, 0)
+    s.compute(1.0)
+    tp = s.collective("all_reduce", "tp")
+    s.compute(1.0)
+    dp = s.collective("all_reduce", "dp")
+    return s, tp, dp
+
+
+def test_slowed_rank_delays_exactly_the_collectives_it_joins():
+    world = World(dp=2, pp=1, cp=1, tp=2)
+    stage, tp_seq, dp_seq = _tp_then_dp(world)
+    graph = build(world, [stage])
+    factors = np.ones(world.shape)
+    factors[0, 0, 0, 0] = 2.0  # rank 0 computes at half speed
+    result = replay(graph, speed_factors=factors, ranks=[1, 2, 3])
+    tp_node, dp_node = node_of(graph, 0, stage, tp_seq), node_of(graph, 0, stage, dp_seq)
+    start = {r: result.timelines[r].start_s for r in range(4)}
+    assert start[1][tp_node] == pytest.approx(2.0)  # rank 0's tp partner waits for it
+    assert start[2][tp_node] == pytest.approx(1.0)  # the other tp group is not delayed
+    assert start[2][dp_node] == pytest.approx(4.0)  # until a dp collective joins it with rank 0
+    assert start[3][dp_node] == pytest.approx(3.0)  # rank 3 joins rank 1 (delayed once, by tp)
+    assert result.iteration_time_s == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("case", ["dp", "pipeline"])
+def test_unit_factors_match_uniform_replay(case):
+    if case == "dp":
+        world = World(dp=2, pp=1, cp=1, tp=2)
+        graph = build(world, [_async_dp(world, 1.0, 0.5, 1.5)])
+    else:
+        world = World(dp=2, pp=4, cp=1, tp=2)
+        graph = build(world, pipeline(world, 8, 1.0, 2.0, "1f1b"))
+    uniform = replay(graph)
+    lanes = replay(graph, speed_factors=np.ones(world.shape))
+    assert uniform.uniform and not lanes.uniform
+    assert lanes.iteration_time_s == uniform.iteration_time_s
+    assert lanes.per_class == uniform.per_class
+    for rank, t in uniform.timelines.items():
+        np.testing.assert_array_equal(lanes.timelines[rank].end_s, t.end_s)
+
+
+def test_override_replaces_one_node_duration():
+    world = World(dp=2, pp=1, cp=1, tp=1)
+    stage = _dp_program(world, 3.0, 0.5)
+    graph = build(world, [stage])
+    result = replay(graph, overrides={0: {0: 1.0}})
+    assert result.iteration_time_s == pytest.approx(1.5)
+
+
+def test_per_lane_override_takes_the_slowest_member():
+    world = World(dp=2, pp=1, cp=1, tp=1)
+    graph = build(world, [_dp_program(world, 3.0, 0.5)])
+    result = replay(graph, overrides={0: {0: np.array([1.0, 2.0]).reshape(2, 1, 1)}})
+    assert not result.uniform
+    assert result.iteration_time_s == pytest.approx(2.5)
+
+
+def test_pp_spanning_allreduce_joins_all_stages():
+    world = World(dp=1, pp=3, cp=1, tp=1)
+    stages = []
+    for p, compute_s in enumerate([1.0, 3.0, 2.0]):
+        s = Stage(world, p)
+        s.compute(compute_s)
+        s.collective("all_reduce", "pp", duration_s=0.5)
+        stages.append(s)
+    result = replay(build(world, stages))
+    assert [c.end_s for c in result.per_class] == pytest.approx([3.5, 3.5, 3.5])
+
+
+def test_tied_embedding_allreduce_joins_only_first_and_last_stage():
+    world = World(dp=1, pp=3, cp=1, tp=1)
+    stages = []
+    for p, compute_s in enumerate([1.0, 3.0, 2.0]):
+        s = Stage(world, p)
+        s.compute(compute_s)
+        if p in (0, 2):
+            s.collective("all_reduce", "pp", duration_s=0.5, ranks=[0, 2])
+        stages.append(s)
+    result = replay(build(world, stages))
+    assert [c.end_s for c in result.per_class] == pytest.approx([2.5, 3.0, 2.5])
+
+
+def test_receive_before_send_on_both_sides_is_a_deadlock():
+    world = World(dp=1, pp=2, cp=1, tp=1)
+    stages = []
+    for p in range(2):
+        s = Stage(world, p)
+        s.recv(1 - p)
+        s.send(1 - p)
+        stages.append(s)
+    with pytest.raises(RuntimeError, match="deadlock"):
+        replay(build(world, stages))
+
+
+def test_critical_path_is_contiguous_and_spans_the_iteration():
+    world = World(dp=1, pp=4, cp=1, tp=1)
+    result = replay(build(world, pipeline(world, 8, 1.0, 2.0, "1f1b")))
+    path = result.critical_path
+    assert path[0].start_s == pytest.approx(0.0)
+    assert path[-1].start_s + path[-1].duration_s == pytest.approx(result.iteration_time_s)
+    for a, b in zip(path, path[1:], strict=False):
+        assert b.start_s == pytest.approx(a.start_s + a.duration_s)
+    assert sum(e.duration_s for e in path) == pytest.approx(result.iteration_time_s)
+
+
+def test_compute_overlapping_a_collective_is_slowed():
+    topo = Topology(
+        gpu=gpu_preset("h100-sxm-80g"),
+        gpus_per_node=8,
+        link=intra_node_link("nvlink4"),
+        network=inter_node_network("ib-ndr-8x400"),
+    )
+    world = World(dp=1, pp=1, cp=1, tp=8)
+    s = Stage(world, 0)
+    h = s.collective("all_reduce", "tp", nbytes=1 << 30, async_op=True)
+    s.compute(1e-3, name="mm")
+    s.wait(h)
+    graph = build(world, [s], CostContext(topology=topo))
+    comm_s = float(graph.classes[0]["duration_s"][0])
+    slow = topo.gpu.sm_count / (topo.gpu.sm_count - topo.link.channels)
+    expected = min(1e-3 * slow, 1e-3 + comm_s * (1 - 1 / slow))
+    t = replay(graph).timelines[0]
+    seg = int(np.flatnonzero(graph.classes[0]["kind"] == 0)[0])
+    assert t.end_s[seg] - t.start_s[seg] == pytest.approx(expected)
+    assert expected > 1e-3
+
+
+def test_to_dict_has_the_figures():
+    world = World(dp=2, pp=1, cp=1, tp=1)
+    d = replay(build(world, [_dp_program(world, 3.0, 0.5)])).to_dict()
+    assert d["iteration_time_s"] == pytest.approx(3.5)
+    assert {"compute_s", "exposed_comm_s", "bubble_s", "idle_s"} <= set(d["per_class"][0])

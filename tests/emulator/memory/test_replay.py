@@ -1,0 +1,155 @@
+"""replay_memory on captured programs: MemTracker agreement, peaks, OOM, exports."""
+
+import dataclasses
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from tests.emulator.capture.test_op_recorder import BATCH, GPT, SEQ, VOCAB, run_step
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.cuda import _memory_viz
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
+
+from emulator.capture.op_recorder import OpRecorder
+from emulator.capture.trace import ALLOC, FREE
+from emulator.hardware import gpu_preset
+from emulator.memory import CachingAllocator, parse_alloc_conf, replay_memory
+from emulator.memory.export import _segments, plot_timeline, write_snapshot
+from emulator.memory.outside import CUBLAS_WORKSPACE_BYTES
+
+MiB = 1 << 20
+
+
+def capture(recompute=False, tracker=None):
+    """A fake-mode GPT step recorded by the op recorder (and MemTracker when given): the trace
+    and, with a tracker, its total after every ADD/DEL/SIZE update from the tracked start."""
+    totals, recording = [], [True]
+    with FakeTensorMode():
+        model = GPT(recompute=recompute)
+        opt = torch.optim.AdamW(model.parameters(), foreach=True)
+        idx = torch.randint(0, VOCAB, (BATCH, SEQ))
+        rec = OpRecorder()
+        modes = []
+        if tracker is not None:
+            tracker.track_external(model, opt, idx)
+            totals.append(sum(s[_TOTAL_KEY] for s in tracker._curr_mem_snap.values()))
+            update = tracker._update_snap
+
+            def spy(u_type, *args, **kwargs):
+                update(u_type, *args, **kwargs)
+                if recording[0] and u_type is not _UpdateType.REF:  # REF: a category change
+                    totals.append(sum(s[_TOTAL_KEY] for s in tracker._curr_mem_snap.values()))
+
+            tracker._update_snap = spy
+            modes = [tracker]
+        rec.tag(model, "parameter")
+        rec.tag(idx, "other")
+        run_step(model, opt, idx, rec, extra_modes=modes)
+        recording[0] = False  # the recorder has exited: later frees are not in its trace
+    return rec.trace(), totals
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return capture()[0]
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_live_bytes_equal_memtracker_at_every_update(recompute):
+    trace, totals = capture(recompute, MemTracker())
+    live = trace.live_bytes()[np.isin(trace["kind"], (ALLOC, FREE))].tolist()
+    start = live.index(totals[0])  # the recorder tags the same tensors first, in its own order
+    assert live[start:] == totals
+
+
+def test_categories_at_the_peak_sum_to_peak_allocated(trace):
+    result = replay_memory(trace, gpu="h100-sxm-80g")
+    assert sum(result.live_at_peak_by_category.values()) == result.peak_allocated_bytes
+    assert (
+        result.live_at_peak_by_category["cublas_workspace"] == 2 * CUBLAS_WORKSPACE_BYTES["hopper"]
+    )
+    assert result.peak_requested_bytes <= result.peak_allocated_bytes <= result.peak_reserved_bytes
+
+
+def test_without_workspaces_allocated_is_live_bytes_rounded_to_512(trace):
+    result = replay_memory(trace, cublas_workspace=False)
+    sizes = np.where(trace["kind"] == ALLOC, -(-trace["size_bytes"] // 512) * 512, 0)
+    sizes -= np.where(trace["kind"] == FREE, -(-trace["size_bytes"] // 512) * 512, 0)
+    # Every tensor here is small (<= 1 MiB): small-pool blocks are exactly the rounded size.
+    assert result.peak_allocated_bytes == np.cumsum(sizes).max()
+    assert result.peak_requested_bytes == trace.summary().peak_live_bytes
+    assert (
+        result.fragmentation_at_peak_bytes
+        == result.timeline.reserved[result.peak.event_index] - result.peak_allocated_bytes
+    )
+
+
+def test_peak_event_names_phase_and_module(trace):
+    result = replay_memory(trace)
+    assert result.peak.phase in ("forward", "backward", "optimizer")
+    assert result.to_dict()["peak"]["seq"] == result.peak.seq
+    assert result.oom is None and result.to_dict()["is_oom"] is False
+
+
+def test_device_total_adds_context_and_nccl_to_reserved(trace):
+    result = replay_memory(trace, gpu="a100-sxm-80g")
+    assert (
+        result.device_total_estimate_bytes
+        == result.peak_reserved_bytes + result.outside.total_bytes
+    )
+    assert result.outside.cuda_context_bytes == 300 * MiB and result.outside.nccl_communicators == 0
+
+
+def _gpu_with(capacity):
+    return dataclasses.replace(gpu_preset("h100-sxm-80g"), hbm_capacity_bytes=capacity)
+
+
+def test_oom_on_both_sides_of_the_capacity_line(trace):
+    free_run = replay_memory(trace, gpu="h100-sxm-80g")
+    need = free_run.peak_reserved_bytes + free_run.outside.total_bytes
+    fits = replay_memory(trace, gpu=_gpu_with(need))
+    assert fits.oom is None and fits.peak_reserved_bytes == free_run.peak_reserved_bytes
+    short = replay_memory(trace, gpu=_gpu_with(need - 1))
+    assert short.oom is not None
+    report = short.oom
+    assert report.reserved_bytes + report.request_bytes > report.allocator_capacity_bytes
+    assert (
+        report.at.phase
+        and report.at.module
+        and sum(report.live_by_category.values()) == report.allocated_bytes
+    )
+    # The figures are still given, as on an unlimited device.
+    assert short.peak_allocated_bytes == free_run.peak_allocated_bytes
+    assert short.to_dict()["is_oom"] is True
+
+
+def test_timeline_plot_is_written(trace, tmp_path):
+    path = plot_timeline(replay_memory(trace, gpu="h100-sxm-80g"), tmp_path / "memory.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_snapshot_is_read_by_torch_memory_viz(trace, tmp_path):
+    snap = pickle.loads(
+        write_snapshot(trace, tmp_path / "snap.pickle", gpu="h100-sxm-80g").read_bytes()
+    )
+    result = replay_memory(trace, gpu="h100-sxm-80g")
+    assert "total_reserved" in _memory_viz.segsum(snap)
+    assert "cudaMalloc" in _memory_viz.trace(snap)
+    assert "add_local_files" in _memory_viz.trace_plot(snap) and _memory_viz.segment_plot(snap)
+    assert _memory_viz.memory(snap, format_flamegraph=lambda lines: lines).count("active_allocated")
+    actions = [e["action"] for e in snap["device_traces"][0]]
+    assert actions.count("alloc") == np.sum(trace["kind"] == ALLOC) + 2  # + 2 cuBLAS workspaces
+    assert actions.count("segment_alloc") == len(snap["segments"])  # nothing released here
+    final = result.timeline
+    assert sum(s["total_size"] for s in snap["segments"]) == final.reserved[-1]
+    assert sum(s["allocated_size"] for s in snap["segments"]) == final.allocated[-1]
+
+
+def test_snapshot_splits_expandable_segments_into_mapped_runs():
+    a = CachingAllocator(parse_alloc_conf("expandable_segments:True"))
+    a.malloc(5 * MiB)
+    (seg,) = _segments(a.blocks(), [])
+    assert (
+        seg["is_expandable"] and seg["total_size"] == 20 * MiB and seg["allocated_size"] == 5 * MiB
+    )
