@@ -20,9 +20,10 @@ from emulator.graph.replay import replay
 from emulator.graph.timeline import write_trace
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
 from emulator.memory import replay_memory
-from emulator.memory.export import plot_timeline, write_snapshot
+from emulator.memory.export import write_snapshot
 from prismbench.capture import capture_job
 from prismbench.explain import explain
+from prismbench.plots import plot_memory_timeline
 
 KERNEL_TABLES = Path(__file__).resolve().parents[1] / "results" / "kernels"
 # The dense peak MFU is taken against: the GEMM dtype of the job (fp8 jobs against the fp8
@@ -144,7 +145,7 @@ def emulate(
 def _export_memory(directory: Path, traces, memory, gpu, alloc_conf: str) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for p, trace in traces.items():
-        plot_timeline(memory[p], directory / f"memory_class_{p:04d}.png", title=f"pipeline rank {p}")
+        plot_memory_timeline(memory[p], directory / f"memory_class_{p:04d}.png", title=f"pipeline rank {p}")
         write_snapshot(trace, directory / f"snapshot_class_{p:04d}.pickle", gpu=gpu, alloc_conf=alloc_conf)
 
 

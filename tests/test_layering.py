@@ -1,7 +1,7 @@
 """The dependency direction of STYLE.md, checked by parsing imports.
 
 workloads/ imports only torch, numpy and the standard library; emulator/ imports
-neither prismbench nor workloads; prismbench/ may import both.
+neither prismbench nor workloads, nor matplotlib; prismbench/ may import both.
 """
 
 import ast
@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FORBIDDEN = {"emulator": {"prismbench", "workloads"}, "workloads": {"prismbench", "emulator"}}
+# matplotlib: the core does not draw; figures live with the harness (prismbench.plots)
+FORBIDDEN = {
+    "emulator": {"prismbench", "workloads", "matplotlib"},
+    "workloads": {"prismbench", "emulator"},
+}
 WORKLOADS_ALLOWED = {"torch", "numpy", "workloads"} | set(sys.stdlib_module_names)
 
 

@@ -22,7 +22,7 @@ allocator, absent from a CPU trace). An OOM is data, never an exception: after t
 allocation that does not fit, the replay goes on as on an unlimited device so every figure is
 still given.
 
-Exports (emulator.memory.export): `plot_timeline(result, path)` (PNG) and
+Exports: `prismbench.plots.plot_memory_timeline(result, path)` (PNG, with the harness) and
 `write_snapshot(trace, path, ...)` (a pickle in torch.cuda.memory._snapshot()'s format, which
 pytorch.org/memory_viz opens). The allocator itself is `CachingAllocator` (allocator.py);
 rules and their sources are listed there and in docs/MEMORY.md.

@@ -6,7 +6,6 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from tests.emulator.capture.test_op_recorder import BATCH, GPT, SEQ, VOCAB, run_step
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.cuda import _memory_viz
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
@@ -15,8 +14,9 @@ from emulator.capture.op_recorder import OpRecorder
 from emulator.capture.trace import ALLOC, FREE
 from emulator.hardware import gpu_preset
 from emulator.memory import CachingAllocator, parse_alloc_conf, replay_memory
-from emulator.memory.export import _segments, plot_timeline, write_snapshot
+from emulator.memory.export import _segments, write_snapshot
 from emulator.memory.outside import CUBLAS_WORKSPACE_BYTES
+from tests.emulator.capture.test_op_recorder import BATCH, GPT, SEQ, VOCAB, run_step
 
 MiB = 1 << 20
 
@@ -122,11 +122,6 @@ def test_oom_on_both_sides_of_the_capacity_line(trace):
     # The figures are still given, as on an unlimited device.
     assert short.peak_allocated_bytes == free_run.peak_allocated_bytes
     assert short.to_dict()["is_oom"] is True
-
-
-def test_timeline_plot_is_written(trace, tmp_path):
-    path = plot_timeline(replay_memory(trace, gpu="h100-sxm-80g"), tmp_path / "memory.png")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_snapshot_is_read_by_torch_memory_viz(trace, tmp_path):
