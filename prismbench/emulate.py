@@ -15,7 +15,8 @@ from pathlib import Path
 
 from emulator.costs.collectives import Topology
 from emulator.costs.kernel_table import KernelTable, load_kernel_table
-from emulator.graph.build import CostContext, build_graph
+from emulator.costs.pricing import CostContext
+from emulator.graph.build import build_graph
 from emulator.graph.replay import replay
 from emulator.graph.timeline import write_trace
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link

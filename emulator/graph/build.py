@@ -27,271 +27,30 @@ pp, tied embeddings between the first and last stage) joins the matching node of
 class: the k-th collective with the same (kind, in-class axes, pp indices) in each of them.
 The optimizer step is ordinary compute (phase "optimizer").
 
-Durations: compute from `costs.compute.op_time_s` on the topology's GPU (or given per trace
-row, e.g. measured), collectives from `costs.collectives.collective_time_s` over the
-representative's group ranks. Each compute node carries an overlap `slowdown` factor
-(`costs.overlap.compute_slowdown`, duration-weighted over the segment's compute-bound and
-memory-bound ops); replay applies it to the part of a segment that overlaps running comm.
+Durations are not this module's business: it asks emulator.costs.pricing for every compute
+row's duration and overlap slowdown (or takes durations given per trace row, e.g. measured)
+and for each collective's duration over the representative's group ranks; replay applies a
+segment's slowdown to the part of it that overlaps running comm.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-
 import numpy as np
 
 from emulator.capture.trace import COMM, COMPUTE, PHASES, RECORD, STREAM_WAIT, WAIT, RankTrace
-from emulator.costs.collectives import Topology, collective_time_s
-from emulator.costs.compute import op_time_s
-from emulator.costs.kernel_table import KernelTable
-from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS, OpRecord
-from emulator.costs.overlap import compute_slowdown
+from emulator.costs.pricing import CommPricer, CostContext, compute_durations_s, row_slowdowns
+from emulator.graph.execution_graph import (
+    COLLECTIVE,
+    LANE_AXES,
+    NODE_COLUMNS,
+    RECV,
+    SEGMENT,
+    SEND,
+    WAIT_NODE,
+    ClassGraph,
+    ExecutionGraph,
+)
 from emulator.world.mesh import AXES, World
-
-NODE_KINDS = ("compute", "collective", "send", "recv", "wait")
-SEGMENT, COLLECTIVE, SEND, RECV, WAIT_NODE = range(len(NODE_KINDS))
-# Lane axes of a class: the mesh axes other than pp. A node's `axes` is a bit mask over them.
-LANE_AXES = ("dp", "cp", "tp")
-NODE_COLUMNS = {
-    "kind": np.int8,
-    "stream": np.int16,
-    "name": np.int32,  # index into ClassGraph.strings
-    "group": np.int32,  # group label ("tp", "dp+cp", "pp"), index into strings
-    "duration_s": np.float64,
-    "slowdown": np.float64,
-    "flops": np.int64,
-    "first_row": np.int64,  # trace row of the node's first event
-    "rows": np.int64,  # trace rows merged into the node
-    "phase": np.int8,
-    "micro_batch": np.int32,
-    "prev": np.int64,  # previous node on the same stream, -1
-    "issue": np.int64,  # comm: last node on the issuing stream before it, -1
-    "issue_stream": np.int16,  # comm: the issuing stream, -1 when `issue` is -1
-    "dep": np.int64,  # wait: the comm node waited on, -1
-    "axes": np.int8,  # collective: bit mask over LANE_AXES joined inside the class
-    "join": np.int64,  # pp-spanning collective: join id; recv: matching send node; else -1
-    "peer_class": np.int32,  # send/recv: the other class; -1
-}
-_TORCH_DTYPES = {
-    "bfloat16": "bf16",
-    "float16": "fp16",
-    "float32": "fp32",
-    "float8_e4m3fn": "fp8",
-    "float8_e5m2": "fp8",
-    "float8_e4m3fnuz": "fp8",
-    "float8_e5m2fnuz": "fp8",
-}
-# Trace comm kind -> cost-model kind. scatter/gather move the same bytes as all_gather's
-# (each rank's S/N shard crosses the group once); approximation, no NCCL kernel of their own.
-_COMM_COST_KIND = {
-    "send": "send_recv",
-    "recv": "send_recv",
-    "scatter": "all_gather",
-    "gather": "all_gather",
-}
-
-
-@dataclass(frozen=True, kw_only=True)
-class CostContext:
-    """What durations are priced on: the cluster, an optional kernel table, overlap on/off."""
-
-    topology: Topology
-    table: KernelTable | None = None
-    overlap: bool = True
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class ClassGraph:
-    """One class's nodes (columns of NODE_COLUMNS, one entry per node) and its streams."""
-
-    pp: int
-    nodes: dict[str, np.ndarray]
-    streams: tuple[str, ...]
-    strings: tuple[str, ...]
-
-    def __post_init__(self) -> None:
-        missing = set(NODE_COLUMNS) - set(self.nodes)
-        if missing:
-            raise ValueError(f"class {self.pp}: node columns {sorted(missing)} are missing")
-        n = len(self.nodes["kind"])
-        wrong = {k: len(v) for k, v in self.nodes.items() if len(v) != n}
-        if wrong:
-            raise ValueError(f"class {self.pp}: columns {wrong} do not have {n} entries")
-
-    def __len__(self) -> int:
-        return len(self.nodes["kind"])
-
-    def __getitem__(self, column: str) -> np.ndarray:
-        return self.nodes[column]
-
-    def text(self, column: str) -> list[str]:
-        return [self.strings[i] for i in self.nodes[column]]
-
-    def edges(self) -> tuple[np.ndarray, np.ndarray]:
-        """In-class predecessors as CSR (offsets, indices): stream order, issue, wait edges."""
-        preds = np.stack([self.nodes["prev"], self.nodes["issue"], self.nodes["dep"]], axis=1)
-        keep = preds >= 0
-        return np.concatenate([[0], np.cumsum(keep.sum(axis=1))]), preds[keep]
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class ExecutionGraph:
-    """The job: one ClassGraph per pp index, and the members of every pp-spanning join."""
-
-    world: World
-    classes: tuple[ClassGraph, ...]
-    join_offsets: np.ndarray  # join id -> slice of join_class / join_node
-    join_class: np.ndarray
-    join_node: np.ndarray
-    lanes: tuple[int, int, int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        if len(self.classes) != self.world.pp:
-            raise ValueError(f"{len(self.classes)} class graphs for pp({self.world.pp}) classes")
-        object.__setattr__(self, "lanes", (self.world.dp, self.world.cp, self.world.tp))
-
-    def join_members(self, join: int) -> list[tuple[int, int]]:
-        lo, hi = self.join_offsets[join], self.join_offsets[join + 1]
-        return list(
-            zip(self.join_class[lo:hi].tolist(), self.join_node[lo:hi].tolist(), strict=True)
-        )
-
-    @property
-    def nodes(self) -> int:
-        return sum(len(c) for c in self.classes)
-
-    def save(self, path: str | Path) -> None:
-        w = self.world
-        arrays = {
-            "world": np.array([w.dp, w.pp, w.cp, w.tp, w.vpp, w.gpus_per_node]),
-            "join_offsets": self.join_offsets,
-            "join_class": self.join_class,
-            "join_node": self.join_node,
-        }
-        for c in self.classes:
-            arrays |= {f"c{c.pp}_{k}": v for k, v in c.nodes.items()}
-            arrays[f"c{c.pp}_streams"] = np.array(c.streams, dtype=str)
-            arrays[f"c{c.pp}_strings"] = np.array(c.strings, dtype=str)
-        np.savez_compressed(path, **arrays)
-
-    @classmethod
-    def load(cls, path: str | Path) -> ExecutionGraph:
-        with np.load(path, allow_pickle=False) as z:
-            dp, pp, cp, tp, vpp, gpn = (int(x) for x in z["world"])
-            world = World(dp=dp, pp=pp, cp=cp, tp=tp, vpp=vpp, gpus_per_node=gpn)
-            classes = tuple(
-                ClassGraph(
-                    pp=p,
-                    nodes={k: z[f"c{p}_{k}"] for k in NODE_COLUMNS},
-                    streams=tuple(str(s) for s in z[f"c{p}_streams"]),
-                    strings=tuple(str(s) for s in z[f"c{p}_strings"]),
-                )
-                for p in range(pp)
-            )
-            return cls(
-                world=world,
-                classes=classes,
-                join_offsets=z["join_offsets"],
-                join_class=z["join_class"],
-                join_node=z["join_node"],
-            )
-
-
-# ---- durations of trace rows ---------------------------------------------------------------
-
-
-def op_record(trace: RankTrace, row: int) -> OpRecord:
-    """The cost-model record of compute row `row`: name, dtype, flops, bytes, GEMM/attention dims.
-
-    Shapes come from the row's tensors: GEMMs take the last two inputs of rank >= 2 as A, B
-    (linear: x[..., k] and W[n, k]); attention takes query and key (the backward's come after
-    grad_out). The dtype is the first floating input's."""
-    c = trace.columns
-    name = trace.strings[c["name"][row]]
-    tensors = trace.tensors(row)
-    inputs = [(shape, dtype) for shape, dtype, is_out in tensors if not is_out]
-    floats = [_TORCH_DTYPES[d] for _, d in inputs if d in _TORCH_DTYPES]
-    dtype = floats[0] if floats else "fp32"
-    common = dict(
-        name=name,
-        dtype=dtype,
-        flops=float(c["flops"][row]),
-        bytes_read=float(c["read_bytes"][row]),
-        bytes_written=float(c["write_bytes"][row]),
-    )
-    if name in GEMM_OPS:
-        mats = [s for s, _ in inputs if len(s) >= 2]
-        if len(mats) < 2:
-            raise ValueError(f"trace row {row} ({name}): needs two matrix inputs, has {inputs}")
-        if name == "linear":
-            a, w = mats[0], mats[1]
-            m, k, n, batch = int(np.prod(a[:-1])), a[-1], w[0], 1
-        else:
-            a, b = mats[-2], mats[-1]
-            m, k, n = a[-2], a[-1], b[-1]
-            batch = int(np.prod(a[:-2])) if len(a) > 2 else 1
-        if name == "scaled_mm":
-            common["dtype"] = "fp8"
-        return OpRecord(**common, m=m, n=n, k=k, batch=max(batch, 1))
-    if name in ATTENTION_OPS:
-        four_d = [s for s, _ in inputs if len(s) == 4]
-        offset = 1 if name == "flash_attn_bwd" else 0
-        if len(four_d) < offset + 2:
-            raise ValueError(f"trace row {row} ({name}): needs query and key inputs, has {inputs}")
-        q, k = four_d[offset], four_d[offset + 1]
-        return OpRecord(
-            **common,
-            batch=q[0],
-            heads_q=q[1],
-            heads_kv=k[1],
-            seq_q=q[2],
-            seq_kv=k[2],
-            head_dim=q[3],
-            causal=bool(c["causal"][row]),
-        )
-    return OpRecord(**common)
-
-
-def compute_durations_s(trace: RankTrace, cost: CostContext) -> np.ndarray:
-    """Modelled duration of every compute row (0 elsewhere), priced once per distinct op.
-
-    Rows are the same op when name, aten op, flops, bytes and causal flag agree (two GEMMs of
-    different shapes with equal flops and bytes would share a price: shapes are not compared)."""
-    c = trace.columns
-    rows = np.flatnonzero(c["kind"] == COMPUTE)
-    out = np.zeros(len(trace))
-    if not len(rows):
-        return out
-    keys = np.stack(
-        [
-            c[k][rows].astype(np.int64)
-            for k in ("name", "aten", "flops", "read_bytes", "write_bytes", "causal")
-        ],
-        axis=1,
-    )
-    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-    gpu, table = cost.topology.gpu, cost.table
-    prices = np.array([op_time_s(op_record(trace, int(rows[i])), gpu, table=table) for i in first])
-    out[rows] = prices[inverse.reshape(-1)]
-    return out
-
-
-def _row_slowdowns(trace: RankTrace, cost: CostContext) -> np.ndarray:
-    """Overlap slowdown of each row if it ran beside a collective (1 with overlap off).
-
-    Channels = the link's NCCL channel count; the memory-bound factor takes the intra-node
-    link rate as the collective's HBM traffic (the worst case: inter-node comm moves less)."""
-    if not cost.overlap:
-        return np.ones(len(trace))
-    topo = cost.topology
-    args = dict(comm_channels=topo.link.channels, comm_GBps=topo.link.bandwidth_GBps)
-    s_compute = compute_slowdown(topo.gpu, memory_bound=False, **args)
-    s_memory = compute_slowdown(topo.gpu, memory_bound=True, **args)
-    bound = {trace.strings.index(n) for n in (*GEMM_OPS, *ATTENTION_OPS) if n in trace.strings}
-    is_compute_bound = np.isin(trace.columns["name"], list(bound))
-    return np.where(is_compute_bound, s_compute, s_memory)
-
 
 # ---- groups ----------------------------------------------------------------------------------
 
@@ -326,9 +85,8 @@ def _group_label(axes: tuple[str, ...], pps: tuple[int, ...]) -> str:
 class _Builder:
     """Walks one class trace in program order and emits nodes (see module docstring)."""
 
-    def __init__(self, trace: RankTrace, world: World, pp: int, durations_s, slowdowns, topology):
-        self.trace, self.world, self.pp, self.topology = trace, world, pp, topology
-        self.comm_cache: dict[tuple, float] = {}
+    def __init__(self, trace: RankTrace, world: World, pp: int, durations_s, slowdowns, comm):
+        self.trace, self.world, self.pp, self.comm = trace, world, pp, comm
         self.rep = world.representative(pp)
         self.durations, self.slowdowns = durations_s, slowdowns
         self.cols = {k: [] for k in NODE_COLUMNS}
@@ -367,7 +125,11 @@ class _Builder:
         c = self.trace.columns
         kinds = c["kind"]
         rows = np.flatnonzero(
-            (kinds == COMPUTE) | (kinds == COMM) | (kinds == WAIT) | (kinds == RECORD) | (kinds == STREAM_WAIT)
+            (kinds == COMPUTE)
+            | (kinds == COMM)
+            | (kinds == WAIT)
+            | (kinds == RECORD)
+            | (kinds == STREAM_WAIT)
         )
         lists = {
             k: c[k][rows].tolist()
@@ -463,7 +225,7 @@ class _Builder:
                 )
             peer_class = self.world.class_of(peer)
             s = self.stream(("p2p", gid, peer_class), f"p2p {gid} <-> pp{peer_class}")
-            duration = self.duration(kind, nbytes, np.array([self.rep, peer]))
+            duration = self.comm.duration_s(kind, nbytes, np.array([self.rep, peer]))
             return self.add(
                 kind=SEND if kind == "send" else RECV,
                 stream=s,
@@ -479,7 +241,7 @@ class _Builder:
         label = _group_label(axes, pps)
         s = self.stream(("group", gid), f"comm {gid} ({label})")
         mask = sum(1 << LANE_AXES.index(a) for a in axes)
-        duration = self.duration(kind.removesuffix("_coalesced"), nbytes, ranks)
+        duration = self.comm.duration_s(kind.removesuffix("_coalesced"), nbytes, ranks)
         n = self.add(
             kind=COLLECTIVE,
             stream=s,
@@ -492,17 +254,6 @@ class _Builder:
         if len(pps) > 1:
             self.pp_keys.append((n, (kind, axes, pps)))
         return n
-
-    def duration(self, kind: str, nbytes: float, ranks: np.ndarray) -> float:
-        topo = self.topology
-        if topo is None:
-            return 0.0
-        kind = _COMM_COST_KIND.get(kind, kind)
-        key = (kind, nbytes, ranks.tobytes())
-        cache = self.comm_cache
-        if key not in cache:
-            cache[key] = collective_time_s(kind, nbytes, ranks, topo)
-        return cache[key]
 
 
 _MINUS_ONE = {"prev", "issue", "issue_stream", "dep", "join", "peer_class"}
@@ -537,9 +288,9 @@ def build_graph(
             durs = compute_durations_s(trace, cost)
         else:
             raise ValueError(f"class {p}: neither durations_s nor a cost context to price compute")
-        slows = _row_slowdowns(trace, cost) if cost is not None else np.ones(len(trace))
+        slows = row_slowdowns(trace, cost) if cost is not None else np.ones(len(trace))
         topology = cost.topology if (cost is not None and comm_durations) else None
-        b = _Builder(trace, world, p, durs, slows, topology)
+        b = _Builder(trace, world, p, durs, slows, CommPricer(topology))
         classes.append(b.build())
         pp_keys.append(b.pp_keys)
     _match_p2p(classes)

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from emulator.graph.build import (
+from emulator.graph.execution_graph import (
     COLLECTIVE,
     NODE_KINDS,
     RECV,

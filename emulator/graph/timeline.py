@@ -15,7 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from emulator.graph.build import COLLECTIVE, NODE_KINDS, RECV, SEND, WAIT_NODE, ExecutionGraph
+from emulator.graph.execution_graph import (
+    COLLECTIVE,
+    NODE_KINDS,
+    RECV,
+    SEND,
+    WAIT_NODE,
+    ExecutionGraph,
+)
 from emulator.graph.replay import ReplayResult
 
 _US = 1e6

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 from emulator.capture.rank import capture_rank
-from emulator.graph.build import CostContext, build_graph
+from emulator.costs.pricing import CostContext
+from emulator.graph.build import build_graph
 from emulator.graph.replay import replay
 from emulator.memory import replay_memory
 from prismbench.capture import capture_job

@@ -18,7 +18,8 @@ import numpy as np
 
 from emulator.capture.trace import COMPUTE, OpEvent, build_trace
 from emulator.costs.collectives import Topology
-from emulator.graph.build import CostContext, build_graph
+from emulator.costs.pricing import CostContext
+from emulator.graph.build import build_graph
 from emulator.graph.replay import replay
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
 from emulator.world.comm_events import CommEvent, WaitEvent

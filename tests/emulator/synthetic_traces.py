@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from emulator.capture.trace import COMPUTE, PHASES, OpEvent, build_trace
-from emulator.graph.build import COLLECTIVE, build_graph
+from emulator.graph.build import build_graph
+from emulator.graph.execution_graph import COLLECTIVE
 from emulator.world.comm_events import CommEvent, WaitEvent
 
 

@@ -20,7 +20,9 @@ from torch.utils._pytree import tree_leaves
 from emulator.capture.rank import capture_rank
 from emulator.capture.trace import COMM, COMPUTE
 from emulator.costs.collectives import collective_time_s
-from emulator.graph.build import COLLECTIVE, SEGMENT, CostContext, build_graph
+from emulator.costs.pricing import CostContext
+from emulator.graph.build import build_graph
+from emulator.graph.execution_graph import COLLECTIVE, SEGMENT
 from emulator.graph.replay import replay
 from emulator.world.comm_events import CommEvent, current_recorder
 from prismbench.capture import capture_job, world_of

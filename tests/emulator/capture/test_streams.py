@@ -7,7 +7,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from emulator.capture import streams
 from emulator.capture.op_recorder import OpRecorder
 from emulator.capture.trace import COMPUTE, RECORD, STREAM_WAIT
-from emulator.graph.build import WAIT_NODE, build_graph
+from emulator.graph.build import build_graph
+from emulator.graph.execution_graph import WAIT_NODE
 from emulator.graph.replay import replay
 from emulator.world.mesh import World
 

@@ -1,22 +1,19 @@
-"""Tests for emulator.graph.build: segment merging, streams, joins, p2p matching, costs, save/load."""
+"""Tests for emulator.graph.build: segment merging, streams, joins, p2p matching, save/load,
+and that the graph asks the cost models for its durations."""
 
 import numpy as np
 import pytest
 
 from emulator.costs.collectives import Topology
-from emulator.costs.compute import op_time_s
-from emulator.costs.ops import gemm_op
-from emulator.graph.build import (
+from emulator.costs.pricing import CostContext
+from emulator.graph.build import axes_of_group
+from emulator.graph.execution_graph import (
     COLLECTIVE,
     RECV,
     SEGMENT,
     SEND,
     WAIT_NODE,
-    CostContext,
     ExecutionGraph,
-    axes_of_group,
-    compute_durations_s,
-    op_record,
 )
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
 from emulator.world.mesh import World
@@ -168,49 +165,6 @@ def test_edges_are_csr_of_predecessors():
     offsets, preds = build(world, [s]).classes[0].edges()
     assert offsets.tolist() == [0, 0, 1, 3, 4]
     assert preds.tolist() == [0, 0, 1, 2]
-
-
-def _mm_stage(world):
-    s = Stage(world, 0)
-    s.compute(
-        0.0,
-        name="mm",
-        flops=2 * 64 * 128 * 256,
-        tensors=(
-            ((64, 256), "bfloat16", False),
-            ((256, 128), "bfloat16", False),
-            ((64, 128), "bfloat16", True),
-        ),
-    )
-    return s
-
-
-def test_op_record_reads_gemm_dims_from_tensors():
-    world = World(dp=1, pp=1, cp=1, tp=1)
-    trace, _ = _mm_stage(world).trace()
-    op = op_record(trace, 0)
-    assert (op.name, op.dtype, op.m, op.n, op.k) == ("mm", "bf16", 64, 128, 256)
-
-
-def test_op_record_reads_attention_backward_query_and_key():
-    world = World(dp=1, pp=1, cp=1, tp=1)
-    s = Stage(world, 0)
-    q, k = (2, 16, 1024, 128), (2, 4, 1024, 128)
-    s.compute(
-        0.0,
-        name="flash_attn_bwd",
-        tensors=((q, "bfloat16", False), (q, "bfloat16", False), (k, "bfloat16", False)),
-    )
-    op = op_record(s.trace()[0], 0)
-    assert (op.batch, op.heads_q, op.heads_kv, op.seq_q, op.head_dim) == (2, 16, 4, 1024, 128)
-
-
-def test_modelled_compute_durations_use_the_cost_model():
-    world = World(dp=1, pp=1, cp=1, tp=1)
-    trace, _ = _mm_stage(world).trace()
-    expected = op_time_s(gemm_op("mm", 64, 128, 256), TOPO.gpu)
-    c = compute_durations_s(trace, CostContext(topology=TOPO))
-    assert c[0] == pytest.approx(expected, rel=0.05)  # compute-bound: bytes barely matter
 
 
 def test_collectives_are_priced_on_the_topology():

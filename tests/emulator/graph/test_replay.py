@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from emulator.costs.collectives import Topology
-from emulator.graph.build import CostContext
+from emulator.costs.pricing import CostContext
 from emulator.graph.replay import replay
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
 from emulator.world.mesh import World

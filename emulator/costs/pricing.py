@@ -1,0 +1,158 @@
+"""Prices of a trace's rows: compute durations, overlap slowdowns, collective durations.
+
+What the execution graph asks of the cost models, in one place: `compute_durations_s`
+(every compute row, through `costs.compute.op_time_s` and an optional kernel table),
+`row_slowdowns` (how much a row slows beside running communication, `costs.overlap`) and
+`CommPricer` (a collective's or p2p call's duration over its group's ranks,
+`costs.collectives`). `op_record` reads the cost-model record of one row from its tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from emulator.capture.trace import COMPUTE, RankTrace
+from emulator.costs.collectives import Topology, collective_time_s
+from emulator.costs.compute import op_time_s
+from emulator.costs.kernel_table import KernelTable
+from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS, OpRecord
+from emulator.costs.overlap import compute_slowdown
+
+_TORCH_DTYPES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "float32": "fp32",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "float8_e4m3fnuz": "fp8",
+    "float8_e5m2fnuz": "fp8",
+}
+# Trace comm kind -> cost-model kind. scatter/gather move the same bytes as all_gather's
+# (each rank's S/N shard crosses the group once); approximation, no NCCL kernel of their own.
+_COMM_COST_KIND = {
+    "send": "send_recv",
+    "recv": "send_recv",
+    "scatter": "all_gather",
+    "gather": "all_gather",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostContext:
+    """What durations are priced on: the cluster, an optional kernel table, overlap on/off."""
+
+    topology: Topology
+    table: KernelTable | None = None
+    overlap: bool = True
+
+
+def op_record(trace: RankTrace, row: int) -> OpRecord:
+    """The cost-model record of compute row `row`: name, dtype, flops, bytes, GEMM/attention dims.
+
+    Shapes come from the row's tensors: GEMMs take the last two inputs of rank >= 2 as A, B
+    (linear: x[..., k] and W[n, k]); attention takes query and key (the backward's come after
+    grad_out). The dtype is the first floating input's."""
+    c = trace.columns
+    name = trace.strings[c["name"][row]]
+    tensors = trace.tensors(row)
+    inputs = [(shape, dtype) for shape, dtype, is_out in tensors if not is_out]
+    floats = [_TORCH_DTYPES[d] for _, d in inputs if d in _TORCH_DTYPES]
+    dtype = floats[0] if floats else "fp32"
+    common = dict(
+        name=name,
+        dtype=dtype,
+        flops=float(c["flops"][row]),
+        bytes_read=float(c["read_bytes"][row]),
+        bytes_written=float(c["write_bytes"][row]),
+    )
+    if name in GEMM_OPS:
+        mats = [s for s, _ in inputs if len(s) >= 2]
+        if len(mats) < 2:
+            raise ValueError(f"trace row {row} ({name}): needs two matrix inputs, has {inputs}")
+        if name == "linear":
+            a, w = mats[0], mats[1]
+            m, k, n, batch = int(np.prod(a[:-1])), a[-1], w[0], 1
+        else:
+            a, b = mats[-2], mats[-1]
+            m, k, n = a[-2], a[-1], b[-1]
+            batch = int(np.prod(a[:-2])) if len(a) > 2 else 1
+        if name == "scaled_mm":
+            common["dtype"] = "fp8"
+        return OpRecord(**common, m=m, n=n, k=k, batch=max(batch, 1))
+    if name in ATTENTION_OPS:
+        four_d = [s for s, _ in inputs if len(s) == 4]
+        offset = 1 if name == "flash_attn_bwd" else 0
+        if len(four_d) < offset + 2:
+            raise ValueError(f"trace row {row} ({name}): needs query and key inputs, has {inputs}")
+        q, k = four_d[offset], four_d[offset + 1]
+        return OpRecord(
+            **common,
+            batch=q[0],
+            heads_q=q[1],
+            heads_kv=k[1],
+            seq_q=q[2],
+            seq_kv=k[2],
+            head_dim=q[3],
+            causal=bool(c["causal"][row]),
+        )
+    return OpRecord(**common)
+
+
+def compute_durations_s(trace: RankTrace, cost: CostContext) -> np.ndarray:
+    """Modelled duration of every compute row (0 elsewhere), priced once per distinct op.
+
+    Rows are the same op when name, aten op, flops, bytes and causal flag agree (two GEMMs of
+    different shapes with equal flops and bytes would share a price: shapes are not compared)."""
+    c = trace.columns
+    rows = np.flatnonzero(c["kind"] == COMPUTE)
+    out = np.zeros(len(trace))
+    if not len(rows):
+        return out
+    keys = np.stack(
+        [
+            c[k][rows].astype(np.int64)
+            for k in ("name", "aten", "flops", "read_bytes", "write_bytes", "causal")
+        ],
+        axis=1,
+    )
+    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    gpu, table = cost.topology.gpu, cost.table
+    prices = np.array([op_time_s(op_record(trace, int(rows[i])), gpu, table=table) for i in first])
+    out[rows] = prices[inverse.reshape(-1)]
+    return out
+
+
+def row_slowdowns(trace: RankTrace, cost: CostContext) -> np.ndarray:
+    """Overlap slowdown of each row if it ran beside a collective (1 with overlap off).
+
+    Channels = the link's NCCL channel count; the memory-bound factor takes the intra-node
+    link rate as the collective's HBM traffic (the worst case: inter-node comm moves less)."""
+    if not cost.overlap:
+        return np.ones(len(trace))
+    topo = cost.topology
+    args = dict(comm_channels=topo.link.channels, comm_GBps=topo.link.bandwidth_GBps)
+    s_compute = compute_slowdown(topo.gpu, memory_bound=False, **args)
+    s_memory = compute_slowdown(topo.gpu, memory_bound=True, **args)
+    bound = {trace.strings.index(n) for n in (*GEMM_OPS, *ATTENTION_OPS) if n in trace.strings}
+    is_compute_bound = np.isin(trace.columns["name"], list(bound))
+    return np.where(is_compute_bound, s_compute, s_memory)
+
+
+class CommPricer:
+    """Durations of communication calls over one topology, memoised by (kind, bytes, ranks);
+    every call is free when `topology` is None (tests that price compute only)."""
+
+    def __init__(self, topology: Topology | None) -> None:
+        self.topology = topology
+        self._cache: dict[tuple, float] = {}
+
+    def duration_s(self, kind: str, nbytes: float, ranks: np.ndarray) -> float:
+        if self.topology is None:
+            return 0.0
+        kind = _COMM_COST_KIND.get(kind, kind)
+        key = (kind, nbytes, ranks.tobytes())
+        if key not in self._cache:
+            self._cache[key] = collective_time_s(kind, nbytes, ranks, self.topology)
+        return self._cache[key]

@@ -1,0 +1,135 @@
+"""ExecutionGraph: the whole job as one compact node table per class (the data; graph.build
+makes it, graph.replay runs it, graph.timeline draws it). Node kinds and columns are described
+in graph.build's docstring; an ExecutionGraph saves to and loads from one .npz.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from emulator.world.mesh import World
+
+NODE_KINDS = ("compute", "collective", "send", "recv", "wait")
+SEGMENT, COLLECTIVE, SEND, RECV, WAIT_NODE = range(len(NODE_KINDS))
+# Lane axes of a class: the mesh axes other than pp. A node's `axes` is a bit mask over them.
+LANE_AXES = ("dp", "cp", "tp")
+NODE_COLUMNS = {
+    "kind": np.int8,
+    "stream": np.int16,
+    "name": np.int32,  # index into ClassGraph.strings
+    "group": np.int32,  # group label ("tp", "dp+cp", "pp"), index into strings
+    "duration_s": np.float64,
+    "slowdown": np.float64,
+    "flops": np.int64,
+    "first_row": np.int64,  # trace row of the node's first event
+    "rows": np.int64,  # trace rows merged into the node
+    "phase": np.int8,
+    "micro_batch": np.int32,
+    "prev": np.int64,  # previous node on the same stream, -1
+    "issue": np.int64,  # comm: last node on the issuing stream before it, -1
+    "issue_stream": np.int16,  # comm: the issuing stream, -1 when `issue` is -1
+    "dep": np.int64,  # wait: the comm node waited on, -1
+    "axes": np.int8,  # collective: bit mask over LANE_AXES joined inside the class
+    "join": np.int64,  # pp-spanning collective: join id; recv: matching send node; else -1
+    "peer_class": np.int32,  # send/recv: the other class; -1
+}
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ClassGraph:
+    """One class's nodes (columns of NODE_COLUMNS, one entry per node) and its streams."""
+
+    pp: int
+    nodes: dict[str, np.ndarray]
+    streams: tuple[str, ...]
+    strings: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        missing = set(NODE_COLUMNS) - set(self.nodes)
+        if missing:
+            raise ValueError(f"class {self.pp}: node columns {sorted(missing)} are missing")
+        n = len(self.nodes["kind"])
+        wrong = {k: len(v) for k, v in self.nodes.items() if len(v) != n}
+        if wrong:
+            raise ValueError(f"class {self.pp}: columns {wrong} do not have {n} entries")
+
+    def __len__(self) -> int:
+        return len(self.nodes["kind"])
+
+    def __getitem__(self, column: str) -> np.ndarray:
+        return self.nodes[column]
+
+    def text(self, column: str) -> list[str]:
+        return [self.strings[i] for i in self.nodes[column]]
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """In-class predecessors as CSR (offsets, indices): stream order, issue, wait edges."""
+        preds = np.stack([self.nodes["prev"], self.nodes["issue"], self.nodes["dep"]], axis=1)
+        keep = preds >= 0
+        return np.concatenate([[0], np.cumsum(keep.sum(axis=1))]), preds[keep]
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ExecutionGraph:
+    """The job: one ClassGraph per pp index, and the members of every pp-spanning join."""
+
+    world: World
+    classes: tuple[ClassGraph, ...]
+    join_offsets: np.ndarray  # join id -> slice of join_class / join_node
+    join_class: np.ndarray
+    join_node: np.ndarray
+    lanes: tuple[int, int, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if len(self.classes) != self.world.pp:
+            raise ValueError(f"{len(self.classes)} class graphs for pp({self.world.pp}) classes")
+        object.__setattr__(self, "lanes", (self.world.dp, self.world.cp, self.world.tp))
+
+    def join_members(self, join: int) -> list[tuple[int, int]]:
+        lo, hi = self.join_offsets[join], self.join_offsets[join + 1]
+        return list(
+            zip(self.join_class[lo:hi].tolist(), self.join_node[lo:hi].tolist(), strict=True)
+        )
+
+    @property
+    def nodes(self) -> int:
+        return sum(len(c) for c in self.classes)
+
+    def save(self, path: str | Path) -> None:
+        w = self.world
+        arrays = {
+            "world": np.array([w.dp, w.pp, w.cp, w.tp, w.vpp, w.gpus_per_node]),
+            "join_offsets": self.join_offsets,
+            "join_class": self.join_class,
+            "join_node": self.join_node,
+        }
+        for c in self.classes:
+            arrays |= {f"c{c.pp}_{k}": v for k, v in c.nodes.items()}
+            arrays[f"c{c.pp}_streams"] = np.array(c.streams, dtype=str)
+            arrays[f"c{c.pp}_strings"] = np.array(c.strings, dtype=str)
+        np.savez_compressed(path, **arrays)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ExecutionGraph:
+        with np.load(path, allow_pickle=False) as z:
+            dp, pp, cp, tp, vpp, gpn = (int(x) for x in z["world"])
+            world = World(dp=dp, pp=pp, cp=cp, tp=tp, vpp=vpp, gpus_per_node=gpn)
+            classes = tuple(
+                ClassGraph(
+                    pp=p,
+                    nodes={k: z[f"c{p}_{k}"] for k in NODE_COLUMNS},
+                    streams=tuple(str(s) for s in z[f"c{p}_streams"]),
+                    strings=tuple(str(s) for s in z[f"c{p}_strings"]),
+                )
+                for p in range(pp)
+            )
+            return cls(
+                world=world,
+                classes=classes,
+                join_offsets=z["join_offsets"],
+                join_class=z["join_class"],
+                join_node=z["join_node"],
+            )

@@ -1,0 +1,74 @@
+"""Tests for emulator.costs.pricing: what a trace row is priced as, and what it costs."""
+
+import numpy as np
+import pytest
+
+from emulator.costs.collectives import Topology
+from emulator.costs.compute import op_time_s
+from emulator.costs.ops import gemm_op
+from emulator.costs.pricing import CommPricer, CostContext, compute_durations_s, op_record
+from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
+from emulator.world.mesh import World
+from tests.emulator.synthetic_traces import Stage
+
+TOPO = Topology(
+    gpu=gpu_preset("h100-sxm-80g"),
+    gpus_per_node=8,
+    link=intra_node_link("nvlink4"),
+    network=inter_node_network("ib-ndr-8x400"),
+)
+
+
+def _mm_stage(world):
+    s = Stage(world, 0)
+    s.compute(
+        0.0,
+        name="mm",
+        flops=2 * 64 * 128 * 256,
+        tensors=(
+            ((64, 256), "bfloat16", False),
+            ((256, 128), "bfloat16", False),
+            ((64, 128), "bfloat16", True),
+        ),
+    )
+    return s
+
+
+def test_op_record_reads_gemm_dims_from_tensors():
+    world = World(dp=1, pp=1, cp=1, tp=1)
+    trace, _ = _mm_stage(world).trace()
+    op = op_record(trace, 0)
+    assert (op.name, op.dtype, op.m, op.n, op.k) == ("mm", "bf16", 64, 128, 256)
+
+
+def test_op_record_reads_attention_backward_query_and_key():
+    world = World(dp=1, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    q, k = (2, 16, 1024, 128), (2, 4, 1024, 128)
+    s.compute(
+        0.0,
+        name="flash_attn_bwd",
+        tensors=((q, "bfloat16", False), (q, "bfloat16", False), (k, "bfloat16", False)),
+    )
+    op = op_record(s.trace()[0], 0)
+    assert (op.batch, op.heads_q, op.heads_kv, op.seq_q, op.head_dim) == (2, 16, 4, 1024, 128)
+
+
+def test_modelled_compute_durations_use_the_cost_model():
+    world = World(dp=1, pp=1, cp=1, tp=1)
+    trace, _ = _mm_stage(world).trace()
+    expected = op_time_s(gemm_op("mm", 64, 128, 256), TOPO.gpu)
+    c = compute_durations_s(trace, CostContext(topology=TOPO))
+    assert c[0] == pytest.approx(expected, rel=0.05)  # compute-bound: bytes barely matter
+
+
+def test_comm_pricer_is_free_without_a_topology_and_names_p2p_as_send_recv():
+    ranks = np.arange(8)
+    assert CommPricer(None).duration_s("all_reduce", 1 << 20, ranks) == 0.0
+    priced = CommPricer(TOPO)
+    pair = np.array([0, 1])
+    assert (
+        priced.duration_s("send", 1 << 20, pair)
+        == priced.duration_s("send_recv", 1 << 20, pair)
+        > 0
+    )
