@@ -19,21 +19,9 @@ import numpy as np
 
 from emulator.costs.nccl_tuning import GroupGeometry, candidate_times_us
 from emulator.hardware import GpuPreset, LinkPreset, NetworkPreset
+from emulator.world.collectives import COST_KINDS, TUNED_KINDS, collective
 
-COLLECTIVES = (
-    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "send_recv", "barrier",
-)
-_TUNED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
-# nccl-tests doc/PERFORMANCE.md: busbw = algbw * factor(n)
-_BUS_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "send_recv": lambda n: 1.0,
-}
+COLLECTIVES = COST_KINDS  # the kinds priced here (emulator.world.collectives)
 _BARRIER_BYTES = 4  # torch's NCCL barrier all-reduces one small tensor
 
 
@@ -53,9 +41,11 @@ class Topology:
 
 def bus_bandwidth_factor(kind: str, n: int) -> float:
     """nccl-tests' algbw -> busbw factor for a collective over n ranks."""
-    if kind not in _BUS_FACTOR:
-        raise ValueError(f"collective kind={kind!r} has no bus-bandwidth factor; known: {tuple(_BUS_FACTOR)}")
-    return _BUS_FACTOR[kind](n)
+    factor = collective(kind).bus_factor
+    if factor is None:
+        known = tuple(k for k in COST_KINDS if collective(k).bus_factor is not None)
+        raise ValueError(f"collective kind={kind!r} has no bus-bandwidth factor; known: {known}")
+    return factor(n)
 
 
 def _per_node_counts(ranks: np.ndarray, topo: Topology) -> np.ndarray:
@@ -125,9 +115,10 @@ def collective_times_s(kind: str, nbytes, group_ranks: np.ndarray, topo: Topolog
         raise ValueError("nbytes must be >= 0")
     if np.asarray(group_ranks).size == 1:
         return np.zeros(sizes.shape)
-    if kind in ("all_to_all", "send_recv"):
+    nccl = collective(kind).nccl
+    if nccl == "point_to_point":
         return _p2p_times_s(kind, sizes, group_ranks, topo)
-    if kind == "barrier":
+    if nccl == "barrier":
         kind, sizes = "all_reduce", np.full(sizes.shape, float(_BARRIER_BYTES))
     candidates = candidate_times_us(kind, sizes, group_geometry(group_ranks, topo))
     return np.min(np.stack(list(candidates.values())), axis=0) * 1e-6
@@ -141,8 +132,10 @@ def collective_time_s(kind: str, nbytes: float, group_ranks: np.ndarray, topo: T
 def choose_algorithm(kind: str, nbytes: float, group_ranks: np.ndarray, topo: Topology) -> tuple[str, str, float]:
     """(algorithm, protocol, seconds) NCCL's tuner would pick for a tuned collective."""
     _check(kind)
-    if kind not in _TUNED:
-        raise ValueError(f"collective kind={kind!r} is not chosen by NCCL's tuner; tuned: {_TUNED}")
+    if kind not in TUNED_KINDS:
+        raise ValueError(
+            f"collective kind={kind!r} is not chosen by NCCL's tuner; tuned: {TUNED_KINDS}"
+        )
     if np.asarray(group_ranks).size == 1:
         return ("none", "none", 0.0)
     candidates = candidate_times_us(kind, np.array([float(nbytes)]), group_geometry(group_ranks, topo))

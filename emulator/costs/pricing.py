@@ -19,6 +19,7 @@ from emulator.costs.compute import op_time_s
 from emulator.costs.kernel_table import KernelTable
 from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS, OpRecord
 from emulator.costs.overlap import compute_slowdown
+from emulator.world.collectives import collective
 
 _TORCH_DTYPES = {
     "bfloat16": "bf16",
@@ -28,14 +29,6 @@ _TORCH_DTYPES = {
     "float8_e5m2": "fp8",
     "float8_e4m3fnuz": "fp8",
     "float8_e5m2fnuz": "fp8",
-}
-# Trace comm kind -> cost-model kind. scatter/gather move the same bytes as all_gather's
-# (each rank's S/N shard crosses the group once); approximation, no NCCL kernel of their own.
-_COMM_COST_KIND = {
-    "send": "send_recv",
-    "recv": "send_recv",
-    "scatter": "all_gather",
-    "gather": "all_gather",
 }
 
 
@@ -151,7 +144,7 @@ class CommPricer:
     def duration_s(self, kind: str, nbytes: float, ranks: np.ndarray) -> float:
         if self.topology is None:
             return 0.0
-        kind = _COMM_COST_KIND.get(kind, kind)
+        kind = collective(kind).cost_kind
         key = (kind, nbytes, ranks.tobytes())
         if key not in self._cache:
             self._cache[key] = collective_time_s(kind, nbytes, ranks, self.topology)

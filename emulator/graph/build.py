@@ -50,6 +50,7 @@ from emulator.graph.execution_graph import (
     ClassGraph,
     ExecutionGraph,
 )
+from emulator.world.collectives import collective
 from emulator.world.mesh import AXES, World
 
 # ---- groups ----------------------------------------------------------------------------------
@@ -216,7 +217,7 @@ class _Builder:
         )
         base["issue_stream"] = issuing if base["issue"] >= 0 else -1
         nbytes = float(c["size_bytes"][row])
-        if kind in ("send", "recv"):
+        if collective(kind).joins == "peer":
             peer = int(c["peer"][row])
             offset = self.world.coords(peer)[0] - self.world.coords(self.rep)[0]
             if offset[[0, 2, 3]].any():
@@ -241,7 +242,7 @@ class _Builder:
         label = _group_label(axes, pps)
         s = self.stream(("group", gid), f"comm {gid} ({label})")
         mask = sum(1 << LANE_AXES.index(a) for a in axes)
-        duration = self.comm.duration_s(kind.removesuffix("_coalesced"), nbytes, ranks)
+        duration = self.comm.duration_s(kind, nbytes, ranks)
         n = self.add(
             kind=COLLECTIVE,
             stream=s,

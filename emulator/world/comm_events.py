@@ -24,25 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from torch.utils.weak import WeakIdKeyDictionary
 
-COMM_KINDS = frozenset(
-    {
-        "all_reduce",
-        "all_gather",
-        "reduce_scatter",
-        "broadcast",
-        "reduce",
-        "all_to_all",
-        "scatter",
-        "gather",
-        "send",
-        "recv",
-        "barrier",
-        "all_reduce_coalesced",
-        "all_gather_coalesced",
-        "reduce_scatter_coalesced",
-    }
-)
-
+from emulator.world.collectives import RECORDED_KINDS
 
 _backend_fill_depth = 0
 
@@ -83,8 +65,8 @@ class CommEvent:
     stream: int = 0  # the stream it was issued from (emulator/capture/streams.py ids)
 
     def __post_init__(self) -> None:
-        if self.kind not in COMM_KINDS:
-            raise ValueError(f"kind({self.kind!r}) is not one of {sorted(COMM_KINDS)}")
+        if self.kind not in RECORDED_KINDS:
+            raise ValueError(f"kind({self.kind!r}) is not one of {sorted(RECORDED_KINDS)}")
         if self.numel < 0 or self.nbytes < 0:
             raise ValueError(f"numel({self.numel}) and nbytes({self.nbytes}) must be >= 0")
 
