@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from emulator.capture.rank import RankProgram
+from prismbench.workload_ops import register_workload_ops
 
 # Tensors of workloads.zero.DistributedOptimizer that hold gradients, not optimizer state:
 # Megatron's persistent fp32 main-grad buffer.
@@ -49,6 +50,8 @@ def _create_optimizer_state(state) -> None:
 def rank_program(job) -> RankProgram:
     from workloads import build_training, make_mesh, train_step
     from workloads.parallelize import data_parallel_mesh
+
+    register_workload_ops()
 
     def setup():
         mesh = make_mesh(job)

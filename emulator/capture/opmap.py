@@ -3,7 +3,9 @@
 Capture runs on device `cpu` (NOTES.md: fake `cuda` tensors do not survive backward), so a few
 ops are CPU-specific kernels. `GPU_EQUIVALENT` maps them to the op a CUDA build dispatches
 instead; `NORMALIZED` maps aten ops to the vocabulary of `emulator/costs/ops.py`
-(`OP_NAMES`). Ops not listed fall back on their tags: pointwise -> "elementwise".
+(`OP_NAMES`). Ops not listed fall back on their tags: pointwise -> "elementwise". A program's
+own custom ops (torch.library) are described by whoever hands the program over, with
+`register_op(CustomOp(...))`: the core names no workload's ops.
 
 FLOPs: `torch.utils.flop_counter.flop_registry` where it has a formula, except that the
 attention formulas below replace its attention entries: they count a causal mask as half the
@@ -49,13 +51,6 @@ NORMALIZED = {
     "aten._scaled_dot_product_efficient_attention_backward": "flash_attn_bwd",
     "aten._scaled_dot_product_cudnn_attention_backward": "flash_attn_bwd",
     "aten._flash_attention_backward": "flash_attn_bwd",
-    # workloads' position-masked attention (ALiBi, context parallelism): one flash kernel on a
-    # GPU (FlashAttention-2 takes ALiBi slopes), see workloads/models/attention_ops.py
-    "prism.masked_attention": "flash_attn_fwd",
-    "prism.masked_attention_backward": "flash_attn_bwd",
-    # workloads' RoPE: one fused elementwise kernel each way (Megatron-core's fused RoPE),
-    # see workloads/models/rope_ops.py
-    "prism.rope": "elementwise",
     "aten.native_layer_norm": "norm",
     "aten.native_layer_norm_backward": "norm",
     "aten._fused_rms_norm": "norm",
@@ -181,22 +176,8 @@ def _efficient_bwd_flops(args, kwargs) -> int:
     return attention_bwd_flops(args[1], args[2], args[3], bool(causal))
 
 
-def _masked_fwd_flops(args, kwargs) -> int:
-    # (q, k, v, q_positions, kv_positions, slopes): causal by position. Within one sequence that
-    # is half of s_q * s_kv; for load-balanced context parallelism (chunks i and 2cp-1-i) it is
-    # exactly half too, by construction.
-    return attention_fwd_flops(args[0], args[1], args[2], True)
-
-
-def _masked_bwd_flops(args, kwargs) -> int:
-    # (grad_out, q, k, v, q_positions, kv_positions, slopes)
-    return attention_bwd_flops(args[1], args[2], args[3], True)
-
-
 # Formulas taking (args, kwargs); they win over flop_counter's registry.
 FLOP_FORMULAS = {
-    "prism.masked_attention": _masked_fwd_flops,
-    "prism.masked_attention_backward": _masked_bwd_flops,
     "aten._scaled_dot_product_flash_attention_for_cpu": _flash_fwd_flops,
     "aten._scaled_dot_product_flash_attention": _flash_fwd_flops,
     "aten._scaled_dot_product_efficient_attention": _flash_fwd_flops,
@@ -209,8 +190,6 @@ FLOP_FORMULAS = {
 # ALWAYS_CAUSAL for ops whose mask is causal by construction.
 ALWAYS_CAUSAL = -2
 CAUSAL_ARG = {
-    "prism.masked_attention": ALWAYS_CAUSAL,
-    "prism.masked_attention_backward": ALWAYS_CAUSAL,
     "aten._scaled_dot_product_flash_attention_for_cpu": 4,
     "aten._scaled_dot_product_flash_attention": 4,
     "aten._scaled_dot_product_efficient_attention": 4,
@@ -250,6 +229,42 @@ WORKSPACE_FORMULAS = {
 }
 
 
+@dataclass(frozen=True, kw_only=True)
+class CustomOp:
+    """How a program's own custom op is priced: what a GPU runs for it (`name`, a costs/ops.py
+    op), its FLOPs (args, kwargs) -> int, where its causal flag is (or ALWAYS_CAUSAL), and the
+    scratch it allocates while it runs (args, kwargs) -> bytes."""
+
+    packet: str  # "namespace.op", as torch.library names it ("prism.rope")
+    name: str
+    flops: object = None
+    causal_arg: int = -1
+    workspace: object = None
+
+
+_CUSTOM_OPS: dict[str, CustomOp] = {}
+
+
+def register_op(op: CustomOp) -> None:
+    """Tell the capture what `op.packet` is; a second registration of a name is refused.
+
+    Registered before capture: the recorder describes each op once (`op_info`)."""
+    if op.packet in _CUSTOM_OPS or op.packet in NORMALIZED or op.packet in FLOP_FORMULAS:
+        raise ValueError(f"op {op.packet!r} is already described; register it once")
+    if op.name not in OP_NAMES:
+        raise ValueError(f"op {op.packet!r}: name={op.name!r} is not one of {sorted(OP_NAMES)}")
+    _CUSTOM_OPS[op.packet] = op
+
+
+def registered_op(packet: str) -> CustomOp | None:
+    return _CUSTOM_OPS.get(packet)
+
+
+def unregister_op(packet: str) -> None:
+    """Forget a registration (tests)."""
+    _CUSTOM_OPS.pop(packet, None)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OpInfo:
     """Everything the recorder needs about one OpOverload, computed once per overload."""
@@ -286,6 +301,8 @@ def normalized_name(packet: str) -> str:
     namespace = packet.split(".", 1)[0]
     if packet in NO_KERNEL or namespace in NO_KERNEL_NAMESPACES or namespace in COMM_NAMESPACES:
         return ""
+    if packet in _CUSTOM_OPS:
+        return _CUSTOM_OPS[packet].name
     return NORMALIZED.get(packet, "elementwise")
 
 
@@ -300,7 +317,10 @@ def op_info(func) -> OpInfo:
         for i, arg in enumerate(func._schema.arguments)
         if arg.alias_info is not None and arg.alias_info.is_write
     )
-    if cpu_packet in FLOP_FORMULAS:
+    custom = _CUSTOM_OPS.get(cpu_packet)
+    if custom is not None and custom.flops is not None:
+        flop_fn = _table_flops(custom.flops)
+    elif cpu_packet in FLOP_FORMULAS:
         flop_fn = _table_flops(FLOP_FORMULAS[cpu_packet])
     elif func.overloadpacket in flop_registry:
         flop_fn = _registry_flops(flop_registry[func.overloadpacket])
@@ -313,8 +333,8 @@ def op_info(func) -> OpInfo:
         is_comm=func.namespace in COMM_NAMESPACES,
         mutated_args=mutated,
         flop_fn=flop_fn if name else None,
-        workspace_fn=WORKSPACE_FORMULAS.get(cpu_packet),
-        causal_arg=CAUSAL_ARG.get(cpu_packet, -1),
+        workspace_fn=custom.workspace if custom else WORKSPACE_FORMULAS.get(cpu_packet),
+        causal_arg=custom.causal_arg if custom else CAUSAL_ARG.get(cpu_packet, -1),
         ignored=func.namespace in NO_KERNEL_NAMESPACES,
     )
 

@@ -92,3 +92,35 @@ def test_flash_backward_workspace_rounds_sequence_and_head_dim():
         opmap.flash_bwd_workspace_bytes(q, k) - opmap.flash_bwd_workspace_bytes(q, q)
         == 2 * 2 * 100 * 4 * 40 * 2
     )
+
+
+@torch.library.custom_op("prismtest::scaled_copy", mutates_args=())
+def _scaled_copy(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def test_a_custom_op_is_priced_as_registered_and_unregistered_falls_back_to_elementwise():
+    func = torch.ops.prismtest.scaled_copy.default
+    assert opmap.op_info(func).name == "elementwise"  # the documented fallback
+    op = opmap.CustomOp(
+        packet="prismtest.scaled_copy",
+        name="norm",
+        flops=lambda args, kwargs: 7 * args[0].numel(),
+        causal_arg=opmap.ALWAYS_CAUSAL,
+    )
+    opmap.register_op(op)
+    try:
+        info = opmap.op_info(func)
+        assert (info.name, info.causal_arg) == ("norm", opmap.ALWAYS_CAUSAL)
+        assert info.flop_fn((torch.ones(3),), {}, None) == 21
+        with pytest.raises(ValueError, match="already described"):
+            opmap.register_op(op)
+    finally:
+        opmap.unregister_op("prismtest.scaled_copy")
+
+
+def test_registration_refuses_an_unknown_kernel_name_and_a_builtin_op():
+    with pytest.raises(ValueError, match="is not one of"):
+        opmap.register_op(opmap.CustomOp(packet="prismtest.other", name="magic"))
+    with pytest.raises(ValueError, match="already described"):
+        opmap.register_op(opmap.CustomOp(packet="aten.mm", name="mm"))
