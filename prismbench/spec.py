@@ -1,9 +1,11 @@
-"""The job spec: frozen dataclasses for one training job, loaded from TOML and validated.
+"""The job spec: a training job (workloads.job) on a cluster, loaded from TOML and validated.
 
 A job spec names a model (a registry flavor and/or explicit dims), its parallel layout,
-batch, training settings and cluster. Every rule is checked where the dataclass is built;
-a broken rule raises `SpecError` with the field and the numbers in the message, before
-anything runs. `../shared/data/jobspec.example.toml` (copied to `examples/`) is the contract.
+batch, training settings and cluster. The first four sections are the workloads' own types
+(`workloads.job`); the cluster, the rules that need its hardware, and TOML loading are here.
+Every rule is checked where the dataclass is built; a broken rule raises `SpecError` with the
+field and the numbers in the message, before anything runs.
+`../shared/data/jobspec.example.toml` (copied to `examples/`) is the contract.
 """
 
 from __future__ import annotations
@@ -15,101 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from emulator import hardware
-from workloads.config import (
-    ModelSpec,
-    SpecError,
-    check_schedule,
-    check_tensor_parallel,
-    stage_layer_counts,
-)
+from workloads.config import ModelSpec, SpecError
 from workloads.flavors import get_flavor
-
-SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zero-bubble")
-PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
-RECOMPUTE_MODES = ("none", "selective", "full")
-OPTIMIZERS = ("adamw",)
-ZERO_STAGES = (0, 1, 2, 3)
+from workloads.job import BatchSpec, ParallelSpec, TrainingJob, TrainSpec, check_positive_ints
 
 __all__ = [
-    "BatchSpec",
     "ClusterSpec",
     "JobSpec",
-    "ModelSpec",
-    "ParallelSpec",
     "SpecError",
-    "TrainSpec",
     "job_spec_from_dict",
     "load_job_spec",
 ]
-
-
-def _check_positive_ints(section: str, obj: Any, names: tuple[str, ...]) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise SpecError(f"{section}.{name}={value!r} must be a positive integer")
-
-
-def _check_choice(section: str, name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        raise SpecError(f"{section}.{name}={value!r} must be one of {list(choices)}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ParallelSpec:
-    """How the job is split: degrees of tensor, pipeline, context and data parallelism."""
-
-    tp: int = 1
-    sequence_parallel: bool | None = None  # default: on whenever tp > 1 (Megatron's advice)
-    pp: int = 1
-    vpp: int = 1
-    schedule: str = "1f1b"
-    cp: int = 1  # causal CP is load-balanced: 2*cp chunks, rank i holds i and 2cp-1-i (Llama 3)
-    dp: int = 1
-    zero: int = 0
-
-    def __post_init__(self) -> None:
-        _check_positive_ints("parallel", self, ("tp", "pp", "vpp", "cp", "dp"))
-        _check_choice("parallel", "schedule", self.schedule, SCHEDULES)
-        _check_choice("parallel", "zero", self.zero, ZERO_STAGES)
-        if self.sequence_parallel is None:
-            object.__setattr__(self, "sequence_parallel", self.tp > 1)
-        if not isinstance(self.sequence_parallel, bool):
-            raise SpecError(f"parallel.sequence_parallel={self.sequence_parallel!r} must be a boolean")
-        if self.sequence_parallel and self.tp == 1:
-            raise SpecError("parallel.sequence_parallel=true needs tp > 1 (tp=1)")
-        if self.schedule != "1f1b" and self.pp == 1:
-            raise SpecError(f"parallel.schedule={self.schedule!r} needs pp > 1 (pp=1)")
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.pp * self.cp * self.tp
-
-
-@dataclass(frozen=True, kw_only=True)
-class BatchSpec:
-    """Sequence length and batch sizes (global_batch in sequences, micro_batch per rank)."""
-
-    seq_len: int
-    micro_batch: int = 1
-    global_batch: int
-
-    def __post_init__(self) -> None:
-        _check_positive_ints("batch", self, ("seq_len", "micro_batch", "global_batch"))
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainSpec:
-    """Numerics and memory-saving choices of the training step."""
-
-    precision: str = "bf16"  # fp8 = fp8 GEMMs in linear layers, bf16 elsewhere (torchtitan float8)
-    recompute: str = "none"
-    optimizer: str = "adamw"
-
-    def __post_init__(self) -> None:
-        _check_choice("train", "precision", self.precision, PRECISIONS)
-        _check_choice("train", "recompute", self.recompute, RECOMPUTE_MODES)
-        _check_choice("train", "optimizer", self.optimizer, OPTIMIZERS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,7 +40,7 @@ class ClusterSpec:
     inter_node: str | dict = "ib-ndr-8x400"
 
     def __post_init__(self) -> None:
-        _check_positive_ints("cluster", self, ("gpus_per_node",))
+        check_positive_ints("cluster", self, ("gpus_per_node",))
         try:
             hardware.gpu_preset(self.gpu)
             hardware.intra_node_link(self.intra_node)
@@ -132,45 +50,14 @@ class ClusterSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
-class JobSpec:
-    """One training job; cross-section rules are checked here."""
+class JobSpec(TrainingJob):
+    """One training job on a cluster; the rules that need the cluster's hardware are here."""
 
-    model: ModelSpec
-    parallel: ParallelSpec = field(default_factory=ParallelSpec)
-    batch: BatchSpec
-    train: TrainSpec = field(default_factory=TrainSpec)
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
 
     def __post_init__(self) -> None:
-        p = self.parallel
-        check_tensor_parallel(self.model, p.tp)
-        stage_layer_counts(self.model.layers, p.pp * p.vpp)
-        self._check_batch()
-        check_schedule(p.schedule, p.pp, p.vpp, self.num_microbatches)
+        super().__post_init__()
         self._check_precision()
-
-    def _check_batch(self) -> None:
-        p, b = self.parallel, self.batch
-        if b.global_batch % (p.dp * b.micro_batch):
-            raise SpecError(
-                f"batch.global_batch({b.global_batch}) is not divisible by "
-                f"parallel.dp({p.dp}) * batch.micro_batch({b.micro_batch})"
-            )
-        if p.cp > 1 and b.seq_len % (2 * p.cp):
-            raise SpecError(
-                f"batch.seq_len({b.seq_len}) is not divisible by 2*cp({2 * p.cp}) "
-                "(load-balanced causal context parallelism)"
-            )
-        if p.sequence_parallel and (b.seq_len // p.cp) % p.tp:
-            raise SpecError(
-                f"batch.seq_len({b.seq_len}) / cp({p.cp}) is not divisible by tp({p.tp}): "
-                "sequence parallelism shards each rank's sequence over the tp group"
-            )
-        if self.model.positions == "learned" and b.seq_len > self.model.max_seq_len:
-            raise SpecError(
-                f"batch.seq_len({b.seq_len}) exceeds model.max_seq_len({self.model.max_seq_len}) "
-                "of the learned position table"
-            )
 
     def _check_precision(self) -> None:
         if self.train.precision != "fp8":
@@ -180,23 +67,6 @@ class JobSpec:
             raise SpecError(
                 f"train.precision='fp8' needs fp8 tensor cores; cluster.gpu={self.cluster.gpu!r} has none"
             )
-
-    @property
-    def world_size(self) -> int:
-        return self.parallel.world_size
-
-    @property
-    def num_microbatches(self) -> int:
-        return self.batch.global_batch // (self.parallel.dp * self.batch.micro_batch)
-
-    @property
-    def tokens_per_iteration(self) -> int:
-        return self.batch.global_batch * self.batch.seq_len
-
-    @property
-    def stage_layers(self) -> tuple[int, ...]:
-        """Layers per virtual pipeline stage (pp * vpp entries), by the rule in workloads.config."""
-        return stage_layer_counts(self.model.layers, self.parallel.pp * self.parallel.vpp)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The fully resolved spec as plain TOML-compatible tables (round-trips through from_dict)."""
@@ -219,9 +89,7 @@ def _field_names(cls: type) -> set[str]:
 def _refuse_unknown(section: str, table: dict, known: set[str]) -> None:
     unknown = sorted(set(table) - known)
     if unknown:
-        raise SpecError(
-            f"{section}: unknown key(s) {unknown}; known keys are {sorted(known)}"
-        )
+        raise SpecError(f"{section}: unknown key(s) {unknown}; known keys are {sorted(known)}")
 
 
 def _build_model(table: dict) -> ModelSpec:
@@ -263,7 +131,9 @@ def job_spec_from_dict(tables: dict[str, Any]) -> JobSpec:
         raise SpecError("job spec: sections [model] and [batch] are required")
     if not isinstance(tables["model"], dict):
         raise SpecError("[model] must be a table")
-    sections = {name: _build_section(name, tables[name]) for name in _SECTION_TYPES if name in tables}
+    sections = {
+        name: _build_section(name, tables[name]) for name in _SECTION_TYPES if name in tables
+    }
     return JobSpec(model=_build_model(tables["model"]), **sections)
 
 

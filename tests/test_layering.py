@@ -1,10 +1,14 @@
 """The dependency direction of STYLE.md, checked by parsing imports.
 
 workloads/ imports only torch, numpy and the standard library; emulator/ imports
-neither prismbench nor workloads, nor matplotlib; prismbench/ may import both.
+neither prismbench nor workloads, nor matplotlib; prismbench/ may import both. And at the
+level of attributes: the workloads read nothing of the job that only the harness's JobSpec
+has (its cluster), and the emulator reads no attribute of the workloads' job types that it
+does not define on its own types (it is handed traces and worlds, never a job).
 """
 
 import ast
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -44,3 +48,56 @@ def test_workloads_import_only_torch_numpy_and_stdlib():
         for path in (ROOT / "workloads").rglob("*.py")
     }
     assert {path: names for path, names in offenders.items() if names} == {}
+
+
+def _attributes_read(package: str) -> dict[str, set[str]]:
+    """Attribute name -> files of `package` that read it (`x.name`)."""
+    found: dict[str, set[str]] = {}
+    for path in (ROOT / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Attribute):
+                found.setdefault(node.attr, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def _names_defined_by_classes(package: str) -> set[str]:
+    """Field, property and method names of the classes `package` defines itself."""
+    names = set()
+    for path in (ROOT / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        names.add(item.target.id)
+                    elif isinstance(item, ast.FunctionDef):
+                        names.add(item.name)
+    return names
+
+
+def _job_names(*classes) -> set[str]:
+    return {
+        name
+        for cls in classes
+        for name in {f.name for f in dataclasses.fields(cls)}
+        | {n for n, v in vars(cls).items() if isinstance(v, property)}
+    }
+
+
+def test_workloads_read_no_attribute_only_the_harness_job_has():
+    from prismbench.spec import JobSpec
+    from workloads.job import TrainingJob
+
+    harness_only = _job_names(JobSpec) - _job_names(TrainingJob)
+    assert harness_only, "JobSpec adds nothing to TrainingJob: update this test"
+    read = _attributes_read("workloads")
+    assert {name: sorted(read[name]) for name in harness_only & read.keys()} == {}
+
+
+def test_emulator_reads_no_attribute_of_the_workloads_job():
+    from workloads.config import ModelSpec
+    from workloads.job import BatchSpec, ParallelSpec, TrainingJob, TrainSpec
+
+    job_names = _job_names(TrainingJob, ModelSpec, ParallelSpec, BatchSpec, TrainSpec)
+    foreign = job_names - _names_defined_by_classes("emulator")
+    read = _attributes_read("emulator")
+    assert {name: sorted(read[name]) for name in foreign & read.keys()} == {}

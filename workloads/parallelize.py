@@ -38,6 +38,7 @@ from torch.distributed.tensor.parallel import (
 from workloads.config import check_tensor_parallel
 from workloads.context_parallel import apply_context_parallel
 from workloads.float8 import convert_linears_to_float8
+from workloads.job import TrainingJob
 from workloads.recompute import apply_recompute
 
 # FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip the
@@ -187,7 +188,7 @@ def apply_fsdp(model: nn.Module, dp_mesh, *, zero: int, precision: str) -> None:
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy)
 
 
-def parallelize_stage(model: nn.Module, mesh, job, dp_mesh=None) -> None:
+def parallelize_stage(model: nn.Module, mesh, job: TrainingJob, dp_mesh=None) -> None:
     """Apply everything but pipeline splitting (already done) to one stage model, in place.
 
     `mesh` is the (dp, pp, cp, tp) DeviceMesh, or None for a single-process run

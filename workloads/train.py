@@ -37,6 +37,7 @@ from torch.distributed.tensor import DTensor
 
 from workloads.config import check_schedule
 from workloads.context_parallel import chunk_positions, shard_sequence
+from workloads.job import TrainingJob
 from workloads.models import build_model
 from workloads.parallelize import COMPUTE_DTYPES, data_parallel_mesh, parallelize_stage
 from workloads.pipeline import (
@@ -52,7 +53,7 @@ ADAMW = {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 MAX_GRAD_NORM = 1.0
 
 
-def make_mesh(job, device_type: str = "cpu"):
+def make_mesh(job: TrainingJob, device_type: str = "cpu"):
     """The (dp, pp, cp, tp) DeviceMesh of the job (needs an initialised process group)."""
     par = job.parallel
     return init_device_mesh(device_type, (par.dp, par.pp, par.cp, par.tp), mesh_dim_names=MESH_DIMS)
@@ -143,7 +144,9 @@ def _positions_hook(seq_len: int, cp_rank: int, cp: int):
     return hook
 
 
-def _stage_example_args(job, plan, tp: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _stage_example_args(
+    job: TrainingJob, plan, tp: int, dtype, device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Example tensors with one micro-batch's local input and output shapes of a virtual stage."""
     spec, batch, par = job.model, job.batch, job.parallel
     seq_local = batch.seq_len // par.cp
@@ -173,7 +176,7 @@ def _stage_example_args(job, plan, tp: int, dtype, device) -> tuple[torch.Tensor
 
 
 def build_training(
-    job,
+    job: TrainingJob,
     mesh,
     *,
     device="cpu",
@@ -320,7 +323,7 @@ def _sync_tied_embeddings(state: TrainingState) -> None:
         dist.all_reduce(grad, group=state.embedding_group)
 
 
-def _build_optimizer(job, mesh, dp_mesh, parts, lr, bucket_bytes):
+def _build_optimizer(job: TrainingJob, mesh, dp_mesh, parts, lr, bucket_bytes):
     adamw = {**ADAMW, **({"lr": lr} if lr is not None else {})}
     if mesh is not None and job.parallel.zero >= 2:
         params = [p for part in parts for p in part.parameters()]
@@ -342,7 +345,14 @@ def _build_optimizer(job, mesh, dp_mesh, parts, lr, bucket_bytes):
     )
 
 
-def train_step(job, state: TrainingState, tokens: torch.Tensor, labels: torch.Tensor, *, phase=None):
+def train_step(
+    job: TrainingJob,
+    state: TrainingState,
+    tokens: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    phase=None,
+):
     """One iteration on this rank's local batch [num_microbatches * micro_batch, seq_len].
 
     Returns the loss averaged over micro-batches on ranks that hold the last
@@ -369,7 +379,7 @@ def train_step(job, state: TrainingState, tokens: torch.Tensor, labels: torch.Te
     return loss.item()
 
 
-def _accumulate(job, state: TrainingState, tokens, labels) -> torch.Tensor:
+def _accumulate(job: TrainingJob, state: TrainingState, tokens, labels) -> torch.Tensor:
     (model,) = state.parts
     n = job.num_microbatches
     total = torch.zeros((), device=tokens.device)

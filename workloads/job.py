@@ -1,0 +1,159 @@
+"""The training job the workloads run, as typed, validated sections.
+
+`TrainingJob` holds the model (`ModelSpec`), the parallel layout, the batch and the training
+settings, each a frozen dataclass checked where it is built; a broken rule raises `SpecError`
+naming the field and the numbers. The cluster the job runs on, and TOML loading, live in
+`prismbench.spec`, whose `JobSpec` is a TrainingJob with a cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from workloads.config import (
+    MULTI_STAGE_SCHEDULES,
+    SINGLE_STAGE_SCHEDULES,
+    ModelSpec,
+    SpecError,
+    check_schedule,
+    check_tensor_parallel,
+    stage_layer_counts,
+)
+
+SCHEDULES = (*SINGLE_STAGE_SCHEDULES, *MULTI_STAGE_SCHEDULES)
+PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+RECOMPUTE_MODES = ("none", "selective", "full")
+OPTIMIZERS = ("adamw",)
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def check_positive_ints(section: str, obj: Any, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise SpecError(f"{section}.{name}={value!r} must be a positive integer")
+
+
+def check_choice(section: str, name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise SpecError(f"{section}.{name}={value!r} must be one of {list(choices)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelSpec:
+    """How the job is split: degrees of tensor, pipeline, context and data parallelism."""
+
+    tp: int = 1
+    sequence_parallel: bool | None = None  # default: on whenever tp > 1 (Megatron's advice)
+    pp: int = 1
+    vpp: int = 1
+    schedule: str = "1f1b"
+    cp: int = 1  # causal CP is load-balanced: 2*cp chunks, rank i holds i and 2cp-1-i (Llama 3)
+    dp: int = 1
+    zero: int = 0
+
+    def __post_init__(self) -> None:
+        check_positive_ints("parallel", self, ("tp", "pp", "vpp", "cp", "dp"))
+        check_choice("parallel", "schedule", self.schedule, SCHEDULES)
+        check_choice("parallel", "zero", self.zero, ZERO_STAGES)
+        if self.sequence_parallel is None:
+            object.__setattr__(self, "sequence_parallel", self.tp > 1)
+        if not isinstance(self.sequence_parallel, bool):
+            raise SpecError(
+                f"parallel.sequence_parallel={self.sequence_parallel!r} must be a boolean"
+            )
+        if self.sequence_parallel and self.tp == 1:
+            raise SpecError("parallel.sequence_parallel=true needs tp > 1 (tp=1)")
+        if self.schedule != "1f1b" and self.pp == 1:
+            raise SpecError(f"parallel.schedule={self.schedule!r} needs pp > 1 (pp=1)")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp * self.cp * self.tp
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchSpec:
+    """Sequence length and batch sizes (global_batch in sequences, micro_batch per rank)."""
+
+    seq_len: int
+    micro_batch: int = 1
+    global_batch: int
+
+    def __post_init__(self) -> None:
+        check_positive_ints("batch", self, ("seq_len", "micro_batch", "global_batch"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSpec:
+    """Numerics and memory-saving choices of the training step."""
+
+    precision: str = "bf16"  # fp8 = fp8 GEMMs in linear layers, bf16 elsewhere (torchtitan float8)
+    recompute: str = "none"
+    optimizer: str = "adamw"
+
+    def __post_init__(self) -> None:
+        check_choice("train", "precision", self.precision, PRECISIONS)
+        check_choice("train", "recompute", self.recompute, RECOMPUTE_MODES)
+        check_choice("train", "optimizer", self.optimizer, OPTIMIZERS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingJob:
+    """What the workloads run: the model, its parallel layout, batch and training settings.
+
+    Cross-section rules that need no hardware are checked here; the cluster and what it
+    allows (prismbench.spec.JobSpec) sit one floor up."""
+
+    model: ModelSpec
+    parallel: ParallelSpec = field(default_factory=ParallelSpec)
+    batch: BatchSpec
+    train: TrainSpec = field(default_factory=TrainSpec)
+
+    def __post_init__(self) -> None:
+        p = self.parallel
+        check_tensor_parallel(self.model, p.tp)
+        stage_layer_counts(self.model.layers, p.pp * p.vpp)
+        self._check_batch()
+        check_schedule(p.schedule, p.pp, p.vpp, self.num_microbatches)
+
+    def _check_batch(self) -> None:
+        p, b = self.parallel, self.batch
+        if b.global_batch % (p.dp * b.micro_batch):
+            raise SpecError(
+                f"batch.global_batch({b.global_batch}) is not divisible by "
+                f"parallel.dp({p.dp}) * batch.micro_batch({b.micro_batch})"
+            )
+        if p.cp > 1 and b.seq_len % (2 * p.cp):
+            raise SpecError(
+                f"batch.seq_len({b.seq_len}) is not divisible by 2*cp({2 * p.cp}) "
+                "(load-balanced causal context parallelism)"
+            )
+        if p.sequence_parallel and (b.seq_len // p.cp) % p.tp:
+            raise SpecError(
+                f"batch.seq_len({b.seq_len}) / cp({p.cp}) is not divisible by tp({p.tp}): "
+                "sequence parallelism shards each rank's sequence over the tp group"
+            )
+        if self.model.positions == "learned" and b.seq_len > self.model.max_seq_len:
+            raise SpecError(
+                f"batch.seq_len({b.seq_len}) exceeds model.max_seq_len({self.model.max_seq_len}) "
+                "of the learned position table"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.batch.global_batch // (self.parallel.dp * self.batch.micro_batch)
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        return self.batch.global_batch * self.batch.seq_len
+
+    @property
+    def stage_layers(self) -> tuple[int, ...]:
+        """Layers per virtual pipeline stage (pp * vpp entries), by the rule in workloads.config."""
+        return stage_layer_counts(self.model.layers, self.parallel.pp * self.parallel.vpp)
