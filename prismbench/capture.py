@@ -232,6 +232,7 @@ def summarize(capture: JobCapture) -> dict:
             "peak_live_bytes": summary.peak_live_bytes,
         }
     return {
+        "trace_schema_version": SCHEMA_VERSION,
         "world_size": capture.world.world_size,
         "classes": classes,
         "wall_s": capture.wall_s,

@@ -30,6 +30,9 @@ KERNEL_TABLES = Path(__file__).resolve().parents[1] / "results" / "kernels"
 # The dense peak MFU is taken against: the GEMM dtype of the job (fp8 jobs against the fp8
 # peak, as MosaicML reports its FP8 rows; torchtitan quotes bf16 peak, see METRICS.md).
 CRITICAL_PATH_SHOWN = 50
+# Version of the emulate JSON (EmulationResult.to_dict): raised when a key changes meaning or
+# goes away, so stored results (DuckDB, MLflow) can tell which contract they hold.
+RESULT_SCHEMA_VERSION = 1
 _PEAK_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp32": "tf32"}
 
 
@@ -80,7 +83,7 @@ class EmulationResult:
     capture_cached: bool
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"schema_version": RESULT_SCHEMA_VERSION, **asdict(self)}
 
 
 def topology_of(job) -> Topology:
@@ -137,17 +140,19 @@ def emulate(
     if memory_dir is not None:
         _export_memory(memory_dir, capture.traces, memory, gpu, alloc_conf)
         say(f"wrote memory timelines and snapshots to {memory_dir}")
-    per_class = tuple(
-        _class_figures(capture.world, b, memory[b.pp]) for b in timing.per_class
-    )
+    per_class = tuple(_class_figures(capture.world, b, memory[b.pp]) for b in timing.per_class)
     return _result(job, name, capture, timing, per_class, gpu, started)
 
 
 def _export_memory(directory: Path, traces, memory, gpu, alloc_conf: str) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for p, trace in traces.items():
-        plot_memory_timeline(memory[p], directory / f"memory_class_{p:04d}.png", title=f"pipeline rank {p}")
-        write_snapshot(trace, directory / f"snapshot_class_{p:04d}.pickle", gpu=gpu, alloc_conf=alloc_conf)
+        plot_memory_timeline(
+            memory[p], directory / f"memory_class_{p:04d}.png", title=f"pipeline rank {p}"
+        )
+        write_snapshot(
+            trace, directory / f"snapshot_class_{p:04d}.pickle", gpu=gpu, alloc_conf=alloc_conf
+        )
 
 
 def _class_figures(world, breakdown, mem) -> ClassFigures:

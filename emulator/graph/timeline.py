@@ -27,6 +27,9 @@ from emulator.graph.replay import ReplayResult
 
 _US = 1e6
 
+# Version of this file's layout (pids, tids, args, flows); Perfetto ignores otherData.
+TIMELINE_SCHEMA_VERSION = 1
+
 
 def trace_events(graph: ExecutionGraph, result: ReplayResult, ranks=None) -> dict:
     """The trace-event JSON object for `ranks` (default: one representative per class).
@@ -73,7 +76,11 @@ def trace_events(graph: ExecutionGraph, result: ReplayResult, ranks=None) -> dic
             if key is not None:
                 members.setdefault(key, []).append((ts, rank, tid, g.strings[g["name"][i]]))
     events += _flows(members)
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"prismbench_timeline_schema_version": TIMELINE_SCHEMA_VERSION},
+    }
 
 
 def write_trace(path: str | Path, graph: ExecutionGraph, result: ReplayResult, ranks=None) -> None:

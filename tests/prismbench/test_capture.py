@@ -16,7 +16,7 @@ import pytest
 
 import workloads.zero
 from emulator.capture.rank import capture_rank
-from emulator.capture.trace import COMPUTE, RankTrace
+from emulator.capture.trace import COMPUTE, SCHEMA_VERSION, RankTrace
 from prismbench.capture import capture_job, world_of
 from prismbench.cli import main
 from prismbench.explain import explain
@@ -443,6 +443,7 @@ def test_capture_command_writes_traces_and_summary_then_hits_the_cache(
     assert (tmp_path / "cache" / "captures").is_dir()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["cached"] is False and summary["world_size"] == 2
+    assert summary["trace_schema_version"] == SCHEMA_VERSION
     for class_id in (0, 1):
         trace = RankTrace.load(out / f"class_{class_id:04d}.npz")
         assert len(trace) == summary["classes"][str(class_id)]["events"] > 0

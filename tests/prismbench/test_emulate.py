@@ -5,7 +5,7 @@ import json
 import pytest
 
 from prismbench.cli import main
-from prismbench.emulate import emulate
+from prismbench.emulate import RESULT_SCHEMA_VERSION, emulate
 from prismbench.spec import job_spec_from_dict
 
 CONTRACT_KEYS = {
@@ -45,6 +45,7 @@ def test_emulate_json_holds_the_design_contract(tmp_path, capsys):
     out, err = capsys.readouterr()
     result = json.loads(out)
     assert CONTRACT_KEYS <= set(result)
+    assert result["schema_version"] == RESULT_SCHEMA_VERSION
     assert result["world_size"] == 8 and result["ranks_executed"] == 2
     assert len(result["per_class"]) == 2
     assert set(result["breakdown"]) >= {"compute_s", "exposed_comm_s", "bubble_s"}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from emulator.graph.replay import replay
-from emulator.graph.timeline import trace_events, write_trace
+from emulator.graph.timeline import TIMELINE_SCHEMA_VERSION, trace_events, write_trace
 from emulator.world.mesh import World
 from tests.emulator.synthetic_traces import build, pipeline
 
@@ -25,6 +25,7 @@ def exported():
 
 def test_required_keys_and_types(exported):
     *_, doc = exported
+    assert doc["otherData"]["prismbench_timeline_schema_version"] == TIMELINE_SCHEMA_VERSION
     for e in doc["traceEvents"]:
         assert isinstance(e["ph"], str) and isinstance(e["pid"], int) and isinstance(e["tid"], int)
         assert isinstance(e["name"], str)
