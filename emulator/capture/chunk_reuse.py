@@ -33,11 +33,13 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.distributed.pipelining import schedules as pipeline_schedules
-from torch.distributed.pipelining import stage as pipeline_stage
 from torch.distributed.tensor import DTensor
 
+from emulator import torch_compat
 from emulator.capture.trace import ALLOC, FREE, RECORD, STREAM_WAIT, OpEvent
 
+_STAGE = "torch.distributed.pipelining.stage._PipelineStageBase"
+_SCHEDULES = "torch.distributed.pipelining.schedules"
 _FULL_BACKWARD_SCHEDULES = (
     pipeline_schedules.Schedule1F1B,
     pipeline_schedules.ScheduleGPipe,
@@ -119,7 +121,7 @@ def _accumulate_zero(param: torch.Tensor, zero: torch.Tensor) -> None:
     (torch keeps them in `_post_accumulate_grad_hooks`, in registration order)."""
     if param.grad is None:
         param.grad = zero
-    for hook in (param._post_accumulate_grad_hooks or {}).values():
+    for hook in torch_compat.post_accumulate_grad_hooks(param):
         hook(param)
 
 
@@ -329,15 +331,6 @@ class _Unsupported(Exception):
 def reused_chunks(recorder, comm, enabled: bool = True) -> Iterator[ChunkReuse]:
     """Reuse pipeline chunks (module docstring) while the block runs."""
     reuse = ChunkReuse(recorder, comm, enabled)
-    cls = pipeline_stage._PipelineStageBase
-    forward, backward = cls.forward_maybe_with_nosync, cls.backward_maybe_with_nosync
-    steps = {
-        klass: klass.step
-        for klass in (
-            pipeline_schedules.PipelineScheduleSingle,
-            pipeline_schedules.PipelineScheduleMulti,
-        )
-    }
 
     def checked_step(original):
         @functools.wraps(original)
@@ -348,17 +341,20 @@ def reused_chunks(recorder, comm, enabled: bool = True) -> Iterator[ChunkReuse]:
 
         return step
 
-    cls.forward_maybe_with_nosync = functools.wraps(forward)(
-        lambda stage, *args, **kwargs: reuse.forward(forward, stage, *args, **kwargs)
-    )
-    cls.backward_maybe_with_nosync = functools.wraps(backward)(
-        lambda stage, *args, **kwargs: reuse.backward(backward, stage, *args, **kwargs)
-    )
-    for klass, original in steps.items():
-        klass.step = checked_step(original)
-    try:
+    def forwarding(forward):
+        return functools.wraps(forward)(
+            lambda stage, *args, **kwargs: reuse.forward(forward, stage, *args, **kwargs)
+        )
+
+    def backwarding(backward):
+        return functools.wraps(backward)(
+            lambda stage, *args, **kwargs: reuse.backward(backward, stage, *args, **kwargs)
+        )
+
+    with (
+        torch_compat.patched(f"{_STAGE}.forward_maybe_with_nosync", forwarding),
+        torch_compat.patched(f"{_STAGE}.backward_maybe_with_nosync", backwarding),
+        torch_compat.patched(f"{_SCHEDULES}.PipelineScheduleSingle.step", checked_step),
+        torch_compat.patched(f"{_SCHEDULES}.PipelineScheduleMulti.step", checked_step),
+    ):
         yield reuse
-    finally:
-        cls.forward_maybe_with_nosync, cls.backward_maybe_with_nosync = forward, backward
-        for klass, original in steps.items():
-            klass.step = original

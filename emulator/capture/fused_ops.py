@@ -21,7 +21,8 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-import torch.nn.functional as F
+
+from emulator import torch_compat
 
 _aten = torch.ops.aten
 
@@ -31,7 +32,7 @@ class _FusedRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, normalized_shape, weight, eps):
-        with torch._C._AutoDispatchBelowAutograd():
+        with torch_compat.below_autograd():
             out, rstd = _aten._fused_rms_norm(x, normalized_shape, weight, eps)
         ctx.normalized_shape = normalized_shape
         ctx.save_for_backward(x, rstd, weight)
@@ -41,7 +42,7 @@ class _FusedRMSNorm(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, rstd, weight = ctx.saved_tensors
         mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[2]]
-        with torch._C._AutoDispatchBelowAutograd():
+        with torch_compat.below_autograd():
             grad_x, grad_weight = _aten._fused_rms_norm_backward(
                 grad_out, x, ctx.normalized_shape, rstd, weight, mask
             )
@@ -56,15 +57,14 @@ def _takes_fused_path(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
 @contextlib.contextmanager
 def gpu_fused_ops() -> Iterator[None]:
     """Route `F.rms_norm` to the fused op pair a CUDA build runs (see module docstring)."""
-    composite = F.rms_norm
 
-    def rms_norm(x, normalized_shape, weight=None, eps=None):
-        if not _takes_fused_path(x, weight):
-            return composite(x, normalized_shape, weight, eps)
-        return _FusedRMSNorm.apply(x, list(normalized_shape), weight, eps)
+    def fused(composite):
+        def rms_norm(x, normalized_shape, weight=None, eps=None):
+            if not _takes_fused_path(x, weight):
+                return composite(x, normalized_shape, weight, eps)
+            return _FusedRMSNorm.apply(x, list(normalized_shape), weight, eps)
 
-    F.rms_norm = rms_norm
-    try:
+        return rms_norm
+
+    with torch_compat.patched("torch.nn.functional.rms_norm", fused):
         yield
-    finally:
-        F.rms_norm = composite

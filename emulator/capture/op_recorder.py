@@ -28,14 +28,11 @@ import weakref
 from collections.abc import Iterator
 
 import torch
-from torch._guards import active_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.autograd.graph import register_multi_grad_hook
-from torch.distributed._tools.mod_tracker import ModTracker
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from emulator import torch_compat
 from emulator.capture import opmap
 from emulator.capture.streams import RECORD, StreamTracker, current_stream_id
 from emulator.capture.trace import (
@@ -74,35 +71,6 @@ _SHORT_LIVED = frozenset({"activation", "optimizer_state"})
 
 
 _OP_INFOS: dict = {}  # OpOverload -> opmap.OpInfo, shared by all recorders (pure function)
-
-
-class _ModTracker(ModTracker):
-    """torch's ModTracker, except that backward tracking hooks only non-leaf module inputs.
-
-    ModTracker registers a multi-grad hook on every module input that requires grad; on a
-    leaf (a pipeline stage's received activation) that breaks `autograd.grad(inputs=...)`,
-    which zero-bubble schedules call ("A leaf node was passed to _will_engine_execute_node").
-    A module whose inputs are all leaves is closed at the end of backward instead, as
-    ModTracker does for modules without grad-requiring inputs.
-    """
-
-    def _fw_pre_hook(self, mod, input):
-        name = self._get_mod_name(mod)
-        w_mod = weakref.ref(mod)
-        self._get_append_fn(w_mod, name, False)()
-        if self._user_pre_fw_hook is not None:
-            self._user_pre_fw_hook(mod, input)
-        args, _ = tree_flatten(input)
-        tensors = [
-            a
-            for a in args
-            if isinstance(a, torch.Tensor) and a.requires_grad and a.grad_fn is not None
-        ]
-        if not self.is_bw:
-            if tensors:
-                register_multi_grad_hook(tensors, self._get_pop_fn(w_mod, name, True))
-            else:
-                self._post_bw_callbacks_to_enqueue.append(self._get_pop_fn(w_mod, name, True))
 
 
 def _dtensor_type():
@@ -159,9 +127,9 @@ class OpRecorder(TorchDispatchMode):
         self._first_dispatch: int | None = -1  # -1: not watched; None: watched, not seen
         self._params = WeakIdKeyDictionary()  # tagged parameters (keys only)
         self._grad_hooks: list = []
-        self._mod_tracker = _ModTracker()
+        self._mod_tracker = torch_compat.LeafSafeModTracker()
         self._fake_mode = None
-        self._orig_resize = None
+        self._resize_patch = None
         self._dtensor = _dtensor_type()
 
     # ---- caller-facing context ------------------------------------------------------------
@@ -388,25 +356,29 @@ class OpRecorder(TorchDispatchMode):
     # ---- mode plumbing ---------------------------------------------------------------------
 
     def __enter__(self):
-        self._fake_mode = active_fake_mode()
+        self._fake_mode = torch_compat.active_fake_mode()
         self._mod_tracker.register_user_hooks(pre_fw_hook=self._pre_fw, post_fw_hook=self._post_fw)
         self._mod_tracker.__enter__()
         for p in list(self._params.keys()):
             self._hook_grad(p)
-        self._orig_resize = torch.UntypedStorage.resize_
-        recorder, orig = self, self._orig_resize
+        recorder = self
 
-        def resize_(storage, size):
-            result = orig(storage, size)
-            if not recorder._paused:
-                recorder._see_storage(storage, None)
-            return result
+        def seeing_resizes(original):
+            def resize_(storage, size):
+                result = original(storage, size)
+                if not recorder._paused:
+                    recorder._see_storage(storage, None)
+                return result
 
-        torch.UntypedStorage.resize_ = resize_
+            return resize_
+
+        self._resize_patch = torch_compat.patched("torch.UntypedStorage.resize_", seeing_resizes)
+        self._resize_patch.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc):
-        torch.UntypedStorage.resize_ = self._orig_resize
+        self._resize_patch.__exit__(None, None, None)
+        self._resize_patch = None
         for handle in self._grad_hooks:
             handle.remove()
         self._grad_hooks.clear()
@@ -452,7 +424,7 @@ class OpRecorder(TorchDispatchMode):
             out = args[0]  # the fake kernel returns a fresh tensor; on a GPU it is in place
         else:
             out = func(*args, **kwargs)
-        if info.ignored or active_fake_mode() is not self._fake_mode:
+        if info.ignored or torch_compat.active_fake_mode() is not self._fake_mode:
             return out  # ops of another fake mode nested in ours are not this rank's work
         phase = self._current_phase()
         if isinstance(out, torch.Tensor):
@@ -516,7 +488,7 @@ class OpRecorder(TorchDispatchMode):
             self._first_dispatch = len(self.events)
         if self._phase_stack:
             phase = self._phase_stack[-1]
-        elif torch._C._current_graph_task_id() != -1:
+        elif torch_compat.in_backward():
             phase = RECOMPUTE if self._fw_depth > 0 else BACKWARD
         else:
             phase = FORWARD
@@ -572,7 +544,7 @@ class OpRecorder(TorchDispatchMode):
             self.categories[known.uid] = category
         if category == "parameter" and tensor not in self._params:
             self._params[tensor] = True
-            if self._orig_resize is not None:  # inside the mode: hook now, else at __enter__
+            if self._resize_patch is not None:  # inside the mode: hook now, else at __enter__
                 self._hook_grad(tensor)
 
     def _see_storage(self, storage, category: str | None, declared: bool = False) -> None:

@@ -43,16 +43,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import schedules as pipeline_schedules
-from torch.distributed.pipelining import stage as pipeline_stage
-from torch.distributed.tensor._sharding_prop import ShardingPropagator
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
 
+from emulator import torch_compat
 from emulator.capture import streams
 from emulator.capture.chunk_reuse import reused_chunks
 from emulator.capture.fused_ops import gpu_fused_ops
@@ -75,64 +72,70 @@ class RankProgram:
 @contextlib.contextmanager
 def static_pipeline_warmup() -> Iterator[None]:
     """Replace the pipelining warm-up vote by its outcome for static shapes (STATIC mode)."""
-    original = pipeline_schedules._PipelineSchedule._warmup_p2p
+    vote = f"{_SCHEDULES}._PipelineSchedule._warmup_p2p"
+    if not torch_compat.present(torch_compat.seam(vote)):
+        yield  # an older torch: no vote to replace
+        return
+    static = torch_compat.resolve("torch.distributed.pipelining.stage.InferenceMode.STATIC")
 
-    def decided(self, stages, has_backward, p2p_done):
-        for stage in stages:
-            stage._inference_mode = pipeline_stage.InferenceMode.STATIC
+    def decided(original):
+        def warmup(self, stages, has_backward, p2p_done):
+            for stage in stages:
+                stage._inference_mode = static
 
-    pipeline_schedules._PipelineSchedule._warmup_p2p = decided
-    try:
+        return warmup
+
+    with torch_compat.patched(vote, decided):
         yield
-    finally:
-        pipeline_schedules._PipelineSchedule._warmup_p2p = original
 
 
 @contextlib.contextmanager
 def real_mesh_tensors() -> Iterator[None]:
     """Build DeviceMeshes and compute `DeviceMesh.mesh` outside fake mode (real rank maps)."""
-    init, mesh = DeviceMesh.__init__, DeviceMesh.mesh
 
     def unfaked(fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with unset_fake_temporarily():
+            with torch_compat.unset_fake_temporarily():
                 return fn(*args, **kwargs)
 
         return wrapper
 
-    DeviceMesh.__init__, DeviceMesh.mesh = unfaked(init), property(unfaked(mesh.fget))
-    try:
+    mesh = "torch.distributed.device_mesh.DeviceMesh"
+    with (
+        torch_compat.patched(f"{mesh}.__init__", unfaked),
+        torch_compat.patched(f"{mesh}.mesh", lambda prop: property(unfaked(prop.fget))),
+    ):
         yield
-    finally:
-        DeviceMesh.__init__, DeviceMesh.mesh = init, mesh
 
 
 @contextlib.contextmanager
 def dtensor_shape_propagation_unrecorded(recorder: OpRecorder) -> Iterator[None]:
     """Run DTensor's fake shape propagation with the recorder paused (module docstring)."""
-    original = ShardingPropagator._propagate_tensor_meta_non_cached
 
-    @functools.wraps(original)
-    def paused(self, op_schema):
-        with recorder.paused():
-            return original(self, op_schema)
+    def paused(original):
+        @functools.wraps(original)
+        def propagate(self, op_schema):
+            with recorder.paused():
+                return original(self, op_schema)
 
-    ShardingPropagator._propagate_tensor_meta_non_cached = paused
-    try:
+        return propagate
+
+    with torch_compat.patched(_SHAPE_PROPAGATION, paused):
         yield
-    finally:
-        ShardingPropagator._propagate_tensor_meta_non_cached = original
 
 
+_SCHEDULES = "torch.distributed.pipelining.schedules"
+_STAGE = "torch.distributed.pipelining.stage._PipelineStageBase"
+_SHAPE_PROPAGATION = (
+    "torch.distributed.tensor._sharding_prop.ShardingPropagator._propagate_tensor_meta_non_cached"
+)
 _CHUNK_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
 
 
 @contextlib.contextmanager
 def micro_batch_markers(recorder: OpRecorder, roots: list[torch.nn.Module]) -> Iterator[None]:
     """Set the recorder's micro-batch from pipeline chunks, else from root forwards."""
-    cls = pipeline_stage._PipelineStageBase
-    originals = {name: getattr(cls, name) for name in _CHUNK_METHODS}
     in_pipeline = [False]
 
     def marked(method):
@@ -160,13 +163,12 @@ def micro_batch_markers(recorder: OpRecorder, roots: list[torch.nn.Module]) -> I
     # prepend: before FSDP2's own pre-forward hook, so the root's parameter all-gather
     # already belongs to the micro-batch whose forward it serves
     handles = [root.register_forward_pre_hook(next_micro_batch, prepend=True) for root in roots]
-    for name, method in originals.items():
-        setattr(cls, name, marked(method))
     try:
-        yield
+        with contextlib.ExitStack() as patches:
+            for name in _CHUNK_METHODS:
+                patches.enter_context(torch_compat.patched(f"{_STAGE}.{name}", marked))
+            yield
     finally:
-        for name, method in originals.items():
-            setattr(cls, name, method)
         for handle in handles:
             handle.remove()
 

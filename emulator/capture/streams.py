@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from emulator import torch_compat
+
 RECORD, STREAM_WAIT = "record", "stream_wait"
 
 _active: StreamTracker | None = None
@@ -49,7 +51,9 @@ class StreamTracker:
 
     def record(self, event, stream) -> None:
         event.prism_event_id = next(self._event_ids)
-        self.emit(RECORD, self.stream_id(stream or torch.cpu.current_stream()), event.prism_event_id)
+        self.emit(
+            RECORD, self.stream_id(stream or torch.cpu.current_stream()), event.prism_event_id
+        )
 
     def wait(self, stream, event) -> None:
         event_id = getattr(event, "prism_event_id", None)
@@ -61,35 +65,43 @@ class StreamTracker:
 def tracking(tracker: StreamTracker) -> Iterator[StreamTracker]:
     """Record stream use inside the block (see the module docstring)."""
     global _active
-    stream_cls, event_cls = torch.cpu.Stream, torch.cpu.Event
-    saved = {
-        (stream_cls, "record_event"): stream_cls.record_event,
-        (stream_cls, "wait_event"): stream_cls.wait_event,
-        (stream_cls, "wait_stream"): stream_cls.wait_stream,
-        (event_cls, "record"): event_cls.record,
-    }
+    event_cls = torch.cpu.Event
 
-    def record_event(self, event=None):
-        event = event if event is not None else event_cls()
-        tracker.record(event, self)
-        return event  # as torch.cuda.Stream.record_event does
+    def record_event(original):
+        def record_event(self, event=None):
+            event = event if event is not None else event_cls()
+            tracker.record(event, self)
+            return event  # as torch.cuda.Stream.record_event does
 
-    def wait_event(self, event) -> None:
-        if event is not None:
-            tracker.wait(self, event)
+        return record_event
 
-    def wait_stream(self, stream) -> None:
-        self.wait_event(stream.record_event())
+    def wait_event(original):
+        def wait_event(self, event) -> None:
+            if event is not None:
+                tracker.wait(self, event)
 
-    def record(self, stream=None) -> None:
-        tracker.record(self, stream)
+        return wait_event
 
-    stream_cls.record_event, stream_cls.wait_event = record_event, wait_event
-    stream_cls.wait_stream, event_cls.record = wait_stream, record
+    def wait_stream(original):
+        def wait_stream(self, stream) -> None:
+            self.wait_event(stream.record_event())
+
+        return wait_stream
+
+    def record(original):
+        def record(self, stream=None) -> None:
+            tracker.record(self, stream)
+
+        return record
+
     previous, _active = _active, tracker
     try:
-        yield tracker
+        with (
+            torch_compat.patched("torch.cpu.Stream.record_event", record_event),
+            torch_compat.patched("torch.cpu.Stream.wait_event", wait_event),
+            torch_compat.patched("torch.cpu.Stream.wait_stream", wait_stream),
+            torch_compat.patched("torch.cpu.Event.record", record),
+        ):
+            yield tracker
     finally:
         _active = previous
-        for (cls, name), method in saved.items():
-            setattr(cls, name, method)

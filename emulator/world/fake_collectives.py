@@ -26,21 +26,20 @@ from __future__ import annotations
 import threading
 
 import torch
-import torch.distributed as dist
-from torch._subclasses import fake_impls
 from torch.utils.weak import WeakIdKeyDictionary
 
+from emulator import torch_compat
 from emulator.world import comm_events
 from emulator.world.virtual_pg import VirtualProcessGroup, VirtualWork
 
 _NAMESPACE = "_c10d_functional"
 _state = threading.local()
 _pending: WeakIdKeyDictionary = WeakIdKeyDictionary()  # output tensor -> VirtualWork
-_installed = False
+_hook = None  # fake mode's (check, impl) entry while installed
 
 
 def _resolve(group) -> VirtualProcessGroup | None:
-    pg = dist.distributed_c10d._resolve_process_group(group) if isinstance(group, str) else group
+    pg = torch_compat.resolve_process_group(group) if isinstance(group, str) else group
     return pg if isinstance(pg, VirtualProcessGroup) else None
 
 
@@ -138,8 +137,15 @@ def _fake_impl(fake_mode, func, *args, **kwargs):
 
 
 def install() -> None:
-    """Hook fake mode once per process; further calls do nothing."""
-    global _installed
-    if not _installed:
-        fake_impls.register_op_impl(_handles)(_fake_impl)
-        _installed = True
+    """Hook fake mode (module docstring); further calls do nothing until `uninstall`."""
+    global _hook
+    if _hook is None:
+        _hook = torch_compat.add_fake_op_impl(_handles, _fake_impl)
+
+
+def uninstall() -> None:
+    """Take the hook out of fake mode (a destroyed virtual world leaves torch as it found it)."""
+    global _hook
+    if _hook is not None:
+        torch_compat.remove_fake_op_impl(_hook)
+        _hook = None

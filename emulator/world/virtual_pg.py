@@ -47,6 +47,7 @@ from torch._C._distributed_c10d import (
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.futures import Future
 
+from emulator import torch_compat
 from emulator.capture.streams import current_stream_id
 from emulator.world import comm_events
 from emulator.world.comm_events import CommEvent, WaitEvent
@@ -443,14 +444,22 @@ def _create_virtual_pg(common_opts, backend_opts) -> VirtualProcessGroup:
 
 def register_backend() -> None:
     """Register "prism" with torch.distributed (and hook fake mode); idempotent."""
-    from emulator.world import fake_collectives  # it imports this module
-
-    fake_collectives.install()
+    fake_collectives_hook(installed=True)
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(
         BACKEND_NAME, _create_virtual_pg, extended_api=True, devices=["cpu", "cuda"]
     )
+
+
+def fake_collectives_hook(*, installed: bool) -> None:
+    """Hook fake mode for functional collectives (emulator.world.fake_collectives), or unhook."""
+    from emulator.world import fake_collectives  # it imports this module
+
+    if installed:
+        fake_collectives.install()
+    else:
+        fake_collectives.uninstall()
 
 
 def init_virtual_world(rank: int, world_size: int) -> VirtualProcessGroup:
@@ -459,7 +468,7 @@ def init_virtual_world(rank: int, world_size: int) -> VirtualProcessGroup:
         raise ValueError(f"rank({rank}) must be in [0, world_size({world_size}))")
     register_backend()
     dist.init_process_group(BACKEND_NAME, rank=rank, world_size=world_size, store=dist.HashStore())
-    return dist.distributed_c10d._get_default_group()
+    return torch_compat.default_process_group()
 
 
 def destroy_virtual_world() -> None:
@@ -470,12 +479,6 @@ def destroy_virtual_world() -> None:
     group names), so cached specs would hand back the old mesh and its dead groups
     ("Could not resolve the process group"): clear those caches (torch 2.13 names).
     """
-    from torch.distributed.tensor import DTensor, _collective_utils, _redistribute
-
-    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch fast path's
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    propagator.propagate_op_sharding.cache_clear()
-    propagator._propagate_tensor_meta_cached.cache_clear()
-    _redistribute._gen_transform_infos.cache_clear()
-    _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear()
+    torch_compat.clear_dtensor_caches()
+    fake_collectives_hook(installed=False)
     dist.destroy_process_group()

@@ -1,0 +1,274 @@
+"""Every torch internal the emulator leans on, in one place: what capture patches, what it reads.
+
+`SEAMS` lists each torch attribute that capture replaces for the length of a capture
+(`patched`), and each private member it calls or reads, with the torch source it mirrors.
+Everything else in the emulator reaches those members through this module, so a torch
+upgrade that moves one fails `tests/emulator/test_torch_compat.py` (which checks that every
+seam exists, with the parameters we call or wrap it with) in one place, naming the seam.
+Checked against torch 2.13 and 2.11.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch._guards import active_fake_mode  # noqa: F401  (re-exported: the seams' one name)
+from torch._subclasses.fake_tensor import unset_fake_temporarily  # noqa: F401  (re-exported)
+from torch.distributed._tools.mod_tracker import ModTracker
+from torch.utils._pytree import tree_flatten
+
+
+@dataclass(frozen=True)
+class Seam:
+    path: str  # dotted: module, then attributes
+    parameters: tuple[str, ...] | None  # leading parameters we wrap or call it with (None:
+    # not checked: an attribute, or a builtin without a signature)
+    mirrors: str  # the torch source, and why we touch it
+    since: str = ""  # the torch release that brought it; before, capture needs no patch there
+
+
+_PIPE = "torch.distributed.pipelining"
+_STAGE = f"{_PIPE}.stage._PipelineStageBase"
+SEAMS = (
+    # patched for the length of a capture
+    Seam(
+        f"{_PIPE}.schedules._PipelineSchedule._warmup_p2p",
+        ("self", "stages", "has_backward"),
+        "pipelining/schedules.py: the shape-inference vote, replaced by its STATIC outcome",
+        since="2.13",  # torch 2.11 stages with example args infer no shapes at run time
+    ),
+    Seam(f"{_PIPE}.stage.InferenceMode.STATIC", None, "pipelining/stage.py", since="2.13"),
+    Seam(
+        "torch.distributed.device_mesh.DeviceMesh.__init__",
+        ("self", "device_type"),
+        "device_mesh.py: rank maps built from real tensors, outside fake mode",
+    ),
+    Seam("torch.distributed.device_mesh.DeviceMesh.mesh", None, "device_mesh.py: property"),
+    Seam(
+        "torch.distributed.tensor._sharding_prop.ShardingPropagator."
+        "_propagate_tensor_meta_non_cached",
+        ("self", "op_schema"),
+        "tensor/_sharding_prop.py: DTensor's fake shape propagation, run unrecorded",
+    ),
+    Seam(
+        f"{_STAGE}.forward_one_chunk",
+        ("self", "fwd_chunk_id"),
+        "pipelining/stage.py: one pipeline action per micro-batch (micro-batch markers)",
+    ),
+    Seam(f"{_STAGE}.backward_one_chunk", ("self", "bwd_chunk_id"), "pipelining/stage.py"),
+    Seam(f"{_STAGE}.backward_weight_one_chunk", ("self", "bwd_chunk_id"), "pipelining/stage.py"),
+    Seam(
+        f"{_STAGE}.forward_maybe_with_nosync",
+        ("self",),
+        "pipelining/stage.py: where chunk reuse stands in for a stage's forward",
+    ),
+    Seam(
+        f"{_STAGE}.backward_maybe_with_nosync",
+        ("self", "backward_type", "bwd_kwargs"),
+        "pipelining/stage.py: where chunk reuse stands in for a stage's backward",
+    ),
+    Seam(f"{_PIPE}.schedules.PipelineScheduleSingle.step", ("self",), "pipelining/schedules.py"),
+    Seam(f"{_PIPE}.schedules.PipelineScheduleMulti.step", ("self",), "pipelining/schedules.py"),
+    Seam("torch.cpu.Stream.record_event", None, "cpu/__init__.py: stream events, tracked"),
+    Seam("torch.cpu.Stream.wait_event", None, "cpu/__init__.py"),
+    Seam("torch.cpu.Stream.wait_stream", None, "cpu/__init__.py"),
+    Seam("torch.cpu.Event.record", None, "cpu/__init__.py"),
+    Seam(
+        "torch.nn.functional.rms_norm",
+        ("input", "normalized_shape", "weight", "eps"),
+        "nn/functional.py: routed to the fused op pair a CUDA build runs",
+    ),
+    Seam(
+        "torch.UntypedStorage.resize_",
+        None,
+        "storage.py: FSDP2 frees and refills unsharded parameters by resizing storage",
+    ),
+    # private members read or called
+    Seam("torch.ops.aten._fused_rms_norm", None, "native_functions.yaml: CUDA's fused RMSNorm"),
+    Seam("torch.ops.aten._fused_rms_norm_backward", None, "derivatives.yaml: its backward"),
+    Seam("torch._C._AutoDispatchBelowAutograd", None, "autograd: run an op below autograd"),
+    Seam("torch._C._current_graph_task_id", None, "autograd engine: -1 outside backward"),
+    Seam("torch._guards.active_fake_mode", (), "_guards.py: the fake mode in force"),
+    Seam("torch._subclasses.fake_tensor.unset_fake_temporarily", (), "fake_tensor.py"),
+    Seam(
+        "torch._subclasses.fake_impls.op_implementations_checks",
+        None,
+        "fake_impls.py register_op_impl: (check, impl) pairs fake mode consults",
+    ),
+    Seam(
+        "torch.distributed.distributed_c10d._resolve_process_group",
+        None,
+        "distributed_c10d.py: a functional collective's group name -> process group",
+    ),
+    Seam("torch.distributed.distributed_c10d._get_default_group", (), "distributed_c10d.py"),
+    Seam(
+        "torch._C._clear_DTensor_sharding_propagator_cache",
+        None,
+        "DTensor's C++ dispatch fast-path cache (keyed by mesh: stale across ranks)",
+    ),
+    Seam(
+        "torch.distributed.tensor.DTensor._op_dispatcher",
+        None,
+        "tensor/_dispatch.py: sharding_propagator with its lru caches",
+    ),
+    Seam(
+        "torch.distributed.tensor._redistribute._gen_transform_infos",
+        None,
+        "tensor/_redistribute.py: lru-cached redistribution plans",
+    ),
+    Seam(
+        "torch.distributed.tensor._collective_utils.MeshTopoInfo.build_from_mesh",
+        None,
+        "tensor/_collective_utils.py: lru-cached mesh topology",
+    ),
+    Seam(
+        "torch.distributed._tools.mod_tracker.ModTracker._fw_pre_hook",
+        ("self", "mod", "input"),
+        "_tools/mod_tracker.py: overridden by LeafSafeModTracker",
+    ),
+    Seam(
+        "torch.Tensor._post_accumulate_grad_hooks",
+        None,
+        "_tensor.py register_post_accumulate_grad_hook: the hooks dict, in order",
+    ),
+)
+_PATCHABLE = frozenset(seam.path for seam in SEAMS)
+
+
+def present(seam: Seam) -> bool:
+    """Whether this torch has the seam (False only for one newer than this torch)."""
+    return not seam.since or torch.__version__ >= seam.since
+
+
+def seam(path: str) -> Seam:
+    return next(s for s in SEAMS if s.path == path)
+
+
+def resolve(path: str):
+    """The object at a dotted path: the longest importable module prefix, then attributes."""
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(f"torch seam {path!r}: no importable module in the path")
+
+
+@contextlib.contextmanager
+def patched(path: str, make_replacement: Callable) -> Iterator[object]:
+    """Replace the seam at `path` by `make_replacement(original)` inside the block.
+
+    Class attributes are read from the class __dict__ (a property stays a property)."""
+    if path not in _PATCHABLE:
+        raise ValueError(f"{path!r} is not a declared torch seam (emulator.torch_compat.SEAMS)")
+    owner_path, name = path.rsplit(".", 1)
+    owner = resolve(owner_path)
+    inherited = isinstance(owner, type) and name not in owner.__dict__
+    original = (
+        owner.__dict__[name] if isinstance(owner, type) and not inherited else getattr(owner, name)
+    )
+    setattr(owner, name, make_replacement(original))
+    try:
+        yield original
+    finally:
+        if inherited:
+            delattr(owner, name)  # the base class's again
+        else:
+            setattr(owner, name, original)
+
+
+# ---- private members, read or called ------------------------------------------------------
+
+
+def below_autograd():
+    """Context that dispatches below the autograd key (an op's own kernel, no graph)."""
+    return torch._C._AutoDispatchBelowAutograd()
+
+
+def in_backward() -> bool:
+    """True while the autograd engine runs a backward graph task on this thread."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def post_accumulate_grad_hooks(param: torch.Tensor) -> list[Callable]:
+    """The post-accumulate-grad hooks of a parameter, in registration order."""
+    return list((param._post_accumulate_grad_hooks or {}).values())
+
+
+def resolve_process_group(name: str):
+    return torch.distributed.distributed_c10d._resolve_process_group(name)
+
+
+def default_process_group():
+    return torch.distributed.distributed_c10d._get_default_group()
+
+
+def clear_dtensor_caches() -> None:
+    """Forget DTensor's sharding and redistribution plans: they are keyed by DeviceMesh, and a
+    new rank's mesh compares equal to the old one (DeviceMesh.__eq__ ignores the rank)."""
+    from torch.distributed.tensor import DTensor, _collective_utils, _redistribute
+
+    torch._C._clear_DTensor_sharding_propagator_cache()
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+    _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear()
+
+
+def add_fake_op_impl(check: Callable, impl: Callable) -> tuple[Callable, Callable]:
+    """Make fake mode run `impl` for the ops `check` accepts (as fake_impls.register_op_impl
+    does); returns the entry for `remove_fake_op_impl`."""
+    from torch._subclasses import fake_impls
+
+    entry = (check, impl)
+    fake_impls.op_implementations_checks.append(entry)
+    return entry
+
+
+def remove_fake_op_impl(entry: tuple[Callable, Callable]) -> None:
+    from torch._subclasses import fake_impls
+
+    if entry in fake_impls.op_implementations_checks:
+        fake_impls.op_implementations_checks.remove(entry)
+
+
+class LeafSafeModTracker(ModTracker):
+    """torch's ModTracker, except that backward tracking hooks only non-leaf module inputs.
+
+    ModTracker registers a multi-grad hook on every module input that requires grad; on a
+    leaf (a pipeline stage's received activation) that breaks `autograd.grad(inputs=...)`,
+    which zero-bubble schedules call ("A leaf node was passed to _will_engine_execute_node").
+    A module whose inputs are all leaves is closed at the end of backward instead, as
+    ModTracker does for modules without grad-requiring inputs. Mirrors ModTracker._fw_pre_hook
+    (torch/distributed/_tools/mod_tracker.py) but for that condition.
+    """
+
+    def _fw_pre_hook(self, mod, input):
+        name = self._get_mod_name(mod)
+        w_mod = weakref.ref(mod)
+        self._get_append_fn(w_mod, name, False)()
+        if self._user_pre_fw_hook is not None:
+            self._user_pre_fw_hook(mod, input)
+        args, _ = tree_flatten(input)
+        tensors = [
+            a
+            for a in args
+            if isinstance(a, torch.Tensor) and a.requires_grad and a.grad_fn is not None
+        ]
+        if not self.is_bw:
+            if tensors:
+                torch.autograd.graph.register_multi_grad_hook(
+                    tensors, self._get_pop_fn(w_mod, name, True)
+                )
+            else:
+                self._post_bw_callbacks_to_enqueue.append(self._get_pop_fn(w_mod, name, True))
