@@ -3,7 +3,7 @@
 `emulate(job)` is what `prismbench emulate` prints. The stages and where they live:
 capture (prismbench.capture -> emulator.capture.rank), the execution graph and its replay
 (emulator.graph.build, emulator.graph.replay), peak memory per class (emulator.memory). Figures are
-defined in docs/METRICS.md; the JSON keys are DESIGN.md's contract.
+defined in docs/METRICS.md; the stages in docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class ClassFigures:
 
 @dataclass(frozen=True, kw_only=True)
 class EmulationResult:
-    """The contract of `prismbench emulate --json` (DESIGN.md)."""
+    """The contract of `prismbench emulate --json` (its version: RESULT_SCHEMA_VERSION)."""
 
     job: str
     world_size: int
