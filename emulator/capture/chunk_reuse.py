@@ -36,6 +36,7 @@ from torch.distributed.pipelining import schedules as pipeline_schedules
 from torch.distributed.tensor import DTensor
 
 from emulator import torch_compat
+from emulator.capture.injection import ReuseSink
 from emulator.capture.trace import ALLOC, FREE, RECORD, STREAM_WAIT, OpEvent
 
 _STAGE = "torch.distributed.pipelining.stage._PipelineStageBase"
@@ -133,7 +134,7 @@ class ChunkReuse:
     """State of one capture's reuse (see the module docstring)."""
 
     def __init__(self, recorder, comm, enabled: bool = True):
-        self.recorder, self.comm, self.enabled = recorder, comm, enabled
+        self.recorder, self.comm, self.enabled = ReuseSink(recorder), comm, enabled
         self.stages: dict[int, _StageTemplates] = {}
         self.reused = 0  # chunks stubbed
 
@@ -151,7 +152,7 @@ class ChunkReuse:
         # the last micro-batch runs for real: its backward completes the gradient buckets
         last = stage.chunks is not None and micro_batch == stage.chunks - 1
         if not self.enabled or templates.forward is None or last:
-            start_op, start_comm = len(self.recorder.events), len(self.comm.events)
+            start_op, start_comm = self.recorder.event_count, len(self.comm.events)
             self.recorder.watch_first_dispatch()  # read only when this becomes the template
             output = original(stage, *args, **kwargs)
             if self.enabled and templates.forward is None:
@@ -170,7 +171,7 @@ class ChunkReuse:
         micro_batch = self.recorder.current_micro_batch
         reusable = self.enabled and templates is not None and templates.backward is not None
         if not reusable or last_backward or micro_batch not in templates.uids:
-            start_op, start_comm = len(self.recorder.events), len(self.comm.events)
+            start_op, start_comm = self.recorder.event_count, len(self.comm.events)
             self.recorder.watch_first_dispatch()  # read only when this becomes the template
             result = original(stage, backward_type, bwd_kwargs, last_backward=last_backward)
             if self.enabled and templates and templates.forward and templates.backward is None:
@@ -187,7 +188,7 @@ class ChunkReuse:
     # ---- templates -------------------------------------------------------------------------------
 
     def _segment(self, start_op: int, start_comm: int) -> _Template:
-        ops = self.recorder.events[start_op:]
+        ops = self.recorder.events_since(start_op)
         comms = self.comm.events[start_comm:]
         first = self.recorder.first_dispatch()
         if any(e.kind in (RECORD, STREAM_WAIT) for e in ops):
@@ -275,10 +276,10 @@ class ChunkReuse:
 
     @contextlib.contextmanager
     def _paused_and_silent(self, what: str) -> Iterator[None]:
-        n_op, n_comm = len(self.recorder.events), len(self.comm.events)
+        n_op, n_comm = self.recorder.event_count, len(self.comm.events)
         with self.recorder.paused():
             yield
-        if len(self.recorder.events) != n_op or len(self.comm.events) != n_comm:
+        if self.recorder.event_count != n_op or len(self.comm.events) != n_comm:
             raise ChunkReuseError(f"{what} recorded events of its own")
 
     def _stub(self, metas, args, stage) -> tuple[torch.Tensor, ...]:

@@ -22,7 +22,6 @@ the phase changes is reclassified "temporary".
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import weakref
 from collections.abc import Iterator
@@ -89,7 +88,7 @@ def _tensors(values) -> list[torch.Tensor]:
     return found
 
 
-class _Storage:
+class StorageRecord:
     """What the recorder knows about one live untyped storage."""
 
     __slots__ = ("uid", "nbytes", "epoch", "declared", "ref")
@@ -113,7 +112,7 @@ class OpRecorder(TorchDispatchMode):
         self.events: list[OpEvent] = []
         self.categories: dict[int, str] = {}  # storage uid -> current category
         self._dtype_names: dict[torch.dtype, str] = {}
-        self._live: dict[int, _Storage] = {}  # id(storage object) -> its record
+        self._live: dict[int, StorageRecord] = {}  # id(storage object) -> its record
         self._uids = itertools.count()
         self._stream = 0
         self._micro_batch = -1
@@ -185,16 +184,6 @@ class OpRecorder(TorchDispatchMode):
         finally:
             self._paused -= 1
 
-    @contextlib.contextmanager
-    def holding_frees(self) -> Iterator[list[tuple[int, int]]]:
-        """While paused inside the block, storages that die are not recorded as freed but
-        listed (uid, bytes), for the caller to record their frees itself (`inject`)."""
-        self._held_frees = held = []
-        try:
-            yield held
-        finally:
-            self._held_frees = None
-
     def set_micro_batch(self, index: int) -> None:
         """Ops from now on belong to micro-batch `index` (marked in the trace)."""
         self._micro_batch = index
@@ -203,86 +192,6 @@ class OpRecorder(TorchDispatchMode):
     @property
     def current_micro_batch(self) -> int:
         return self._micro_batch
-
-    def watch_first_dispatch(self) -> None:
-        """Remember where the next op that sets the phase starts (`first_dispatch`)."""
-        self._first_dispatch = None
-
-    def first_dispatch(self) -> int | None:
-        """Index in `events` of the first phase-setting op since `watch_first_dispatch`."""
-        index, self._first_dispatch = self._first_dispatch, -1
-        return index
-
-    def storage_uid(self, tensor: torch.Tensor) -> int | None:
-        """The id this recorder gave the storage of `tensor`, None if it has not seen it."""
-        known = self._live.get(id(tensor.untyped_storage()))
-        return None if known is None else known.uid
-
-    def adopt(self, tensor: torch.Tensor, uid: int) -> None:
-        """Track the storage of `tensor` (made while paused) as the already recorded
-        allocation `uid`: its free is recorded when it dies, like any other."""
-        storage = tensor.untyped_storage()
-        key = id(storage)
-        ref = weakref.ref(storage, lambda r, key=key: self._on_free(key, r))
-        self._live[key] = _Storage(uid, storage.nbytes(), self._epoch, False, ref)
-
-    def inject(
-        self,
-        op_events,
-        comm_events,
-        comm_sink,
-        micro_batch: int,
-        uids: dict,
-        seqs: dict,
-        first_dispatch: int | None,
-    ) -> None:
-        """Record copies of earlier events as if they ran now (emulator.capture.chunk_reuse).
-
-        `op_events` (OpEvent) and `comm_events` (CommEvent / WaitEvent, appended to
-        `comm_sink`) are merged by seq and get new seqs (old -> new added to `seqs`); their
-        micro-batch becomes `micro_batch`; storages allocated get new uids (old -> new added
-        to `uids`, frees are mapped through it). Phases follow the recorder's own rules:
-        events before `first_dispatch` (index into `op_events` of the first op that set the
-        phase) inherit the current phase; from there on, phase markers are emitted where the
-        phase changes from the current one. Raises KeyError for a free or wait of something
-        not allocated or issued in `uids` / `seqs`.
-        """
-        merged = sorted([*op_events, *comm_events], key=lambda e: e.seq)
-        op_index, dispatched = -1, False
-        for e in merged:
-            if not isinstance(e, OpEvent):
-                new_seq = self.sequence.next_seq()
-                seqs[e.seq] = new_seq
-                if hasattr(e, "comm_seq"):
-                    comm_sink.append(dataclasses.replace(e, seq=new_seq, comm_seq=seqs[e.comm_seq]))
-                else:
-                    comm_sink.append(dataclasses.replace(e, seq=new_seq))
-                continue
-            op_index += 1
-            is_phase_marker = e.kind == MARKER and e.name.startswith("phase:")
-            if op_index == first_dispatch:
-                dispatched = True
-                if not is_phase_marker and e.phase != self._last_phase:
-                    self._transition(e.phase, e.stream, e.module, micro_batch)
-            if is_phase_marker:
-                if e.phase != self._last_phase:
-                    self._transition(e.phase, e.stream, e.module, micro_batch)
-                continue
-            storage = e.storage
-            if e.kind == ALLOC:
-                storage = uids[e.storage] = next(self._uids)
-                self.categories[storage] = self.categories.get(e.storage, e.category)
-                self._copies.setdefault(e.storage, []).append(storage)
-            elif e.kind == FREE:
-                storage = uids[e.storage]
-            self.events.append(
-                e._replace(
-                    seq=self.sequence.next_seq(),
-                    micro_batch=micro_batch,
-                    storage=storage,
-                    phase=e.phase if dispatched else self._last_phase,
-                )
-            )
 
     def _transition(self, phase: int, stream: int, module: str, micro_batch: int) -> None:
         self._last_phase = phase
@@ -569,7 +478,7 @@ class OpRecorder(TorchDispatchMode):
             category = "communication" if self._current_stream() else inferred
         uid = next(self._uids)
         ref = weakref.ref(storage, lambda r, key=key: self._on_free(key, r))
-        self._live[key] = _Storage(uid, nbytes, self._epoch, declared, ref)
+        self._live[key] = StorageRecord(uid, nbytes, self._epoch, declared, ref)
         self.categories[uid] = category
         if nbytes:
             self._emit(ALLOC, "", size=nbytes, uid=uid, category=category)

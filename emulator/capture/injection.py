@@ -1,0 +1,134 @@
+"""What pipeline chunk reuse may do to a recording: a narrow sink over the op recorder.
+
+Chunk reuse (emulator.capture.chunk_reuse) records one pipeline chunk and injects copies of
+it for the other micro-batches. `ReuseSink(recorder)` is all of the recorder it touches:
+how many events there are and the ones since a point, the micro-batch, pausing, where the
+first phase-setting op of a stretch starts, which storage a tensor is, adopting a storage
+made while paused, holding the frees a stubbed backward causes, and injecting copies of
+recorded events as if they ran now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import weakref
+from collections.abc import Iterator
+
+import torch
+
+from emulator.capture.op_recorder import OpRecorder, StorageRecord
+from emulator.capture.trace import ALLOC, FREE, MARKER, OpEvent
+
+
+class ReuseSink:
+    def __init__(self, recorder: OpRecorder) -> None:
+        self._recorder = recorder
+
+    @property
+    def event_count(self) -> int:
+        return len(self._recorder.events)
+
+    def events_since(self, start: int) -> list[OpEvent]:
+        return self._recorder.events[start:]
+
+    @property
+    def current_micro_batch(self) -> int:
+        return self._recorder.current_micro_batch
+
+    def paused(self):
+        return self._recorder.paused()
+
+    @contextlib.contextmanager
+    def holding_frees(self) -> Iterator[list[tuple[int, int]]]:
+        """While paused inside the block, storages that die are not recorded as freed but
+        listed (uid, bytes), for the caller to record their frees itself (`inject`)."""
+        self._recorder._held_frees = held = []
+        try:
+            yield held
+        finally:
+            self._recorder._held_frees = None
+
+    def watch_first_dispatch(self) -> None:
+        """Remember where the next op that sets the phase starts (`first_dispatch`)."""
+        self._recorder._first_dispatch = None
+
+    def first_dispatch(self) -> int | None:
+        """Index in `events` of the first phase-setting op since `watch_first_dispatch`."""
+        index, self._recorder._first_dispatch = self._recorder._first_dispatch, -1
+        return index
+
+    def storage_uid(self, tensor: torch.Tensor) -> int | None:
+        """The id this recorder gave the storage of `tensor`, None if it has not seen it."""
+        known = self._recorder._live.get(id(tensor.untyped_storage()))
+        return None if known is None else known.uid
+
+    def adopt(self, tensor: torch.Tensor, uid: int) -> None:
+        """Track the storage of `tensor` (made while paused) as the already recorded
+        allocation `uid`: its free is recorded when it dies, like any other."""
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        ref = weakref.ref(storage, lambda r, key=key: self._recorder._on_free(key, r))
+        self._recorder._live[key] = StorageRecord(
+            uid, storage.nbytes(), self._recorder._epoch, False, ref
+        )
+
+    def inject(
+        self,
+        op_events,
+        comm_events,
+        comm_sink,
+        micro_batch: int,
+        uids: dict,
+        seqs: dict,
+        first_dispatch: int | None,
+    ) -> None:
+        """Record copies of earlier events as if they ran now (emulator.capture.chunk_reuse).
+
+        `op_events` (OpEvent) and `comm_events` (CommEvent / WaitEvent, appended to
+        `comm_sink`) are merged by seq and get new seqs (old -> new added to `seqs`); their
+        micro-batch becomes `micro_batch`; storages allocated get new uids (old -> new added
+        to `uids`, frees are mapped through it). Phases follow the recorder's own rules:
+        events before `first_dispatch` (index into `op_events` of the first op that set the
+        phase) inherit the current phase; from there on, phase markers are emitted where the
+        phase changes from the current one. Raises KeyError for a free or wait of something
+        not allocated or issued in `uids` / `seqs`.
+        """
+        merged = sorted([*op_events, *comm_events], key=lambda e: e.seq)
+        op_index, dispatched = -1, False
+        for e in merged:
+            if not isinstance(e, OpEvent):
+                new_seq = self._recorder.sequence.next_seq()
+                seqs[e.seq] = new_seq
+                if hasattr(e, "comm_seq"):
+                    comm_sink.append(dataclasses.replace(e, seq=new_seq, comm_seq=seqs[e.comm_seq]))
+                else:
+                    comm_sink.append(dataclasses.replace(e, seq=new_seq))
+                continue
+            op_index += 1
+            is_phase_marker = e.kind == MARKER and e.name.startswith("phase:")
+            if op_index == first_dispatch:
+                dispatched = True
+                if not is_phase_marker and e.phase != self._recorder._last_phase:
+                    self._recorder._transition(e.phase, e.stream, e.module, micro_batch)
+            if is_phase_marker:
+                if e.phase != self._recorder._last_phase:
+                    self._recorder._transition(e.phase, e.stream, e.module, micro_batch)
+                continue
+            storage = e.storage
+            if e.kind == ALLOC:
+                storage = uids[e.storage] = next(self._recorder._uids)
+                self._recorder.categories[storage] = self._recorder.categories.get(
+                    e.storage, e.category
+                )
+                self._recorder._copies.setdefault(e.storage, []).append(storage)
+            elif e.kind == FREE:
+                storage = uids[e.storage]
+            self._recorder.events.append(
+                e._replace(
+                    seq=self._recorder.sequence.next_seq(),
+                    micro_batch=micro_batch,
+                    storage=storage,
+                    phase=e.phase if dispatched else self._recorder._last_phase,
+                )
+            )
