@@ -17,7 +17,8 @@ from collections.abc import Iterator
 
 import torch
 
-from emulator.capture.op_recorder import OpRecorder, StorageRecord
+from emulator.capture.op_recorder import OpRecorder
+from emulator.capture.storages import StorageRecord
 from emulator.capture.trace import ALLOC, FREE, MARKER, OpEvent
 
 
@@ -43,11 +44,11 @@ class ReuseSink:
     def holding_frees(self) -> Iterator[list[tuple[int, int]]]:
         """While paused inside the block, storages that die are not recorded as freed but
         listed (uid, bytes), for the caller to record their frees itself (`inject`)."""
-        self._recorder._held_frees = held = []
+        self._recorder.storages.held_frees = held = []
         try:
             yield held
         finally:
-            self._recorder._held_frees = None
+            self._recorder.storages.held_frees = None
 
     def watch_first_dispatch(self) -> None:
         """Remember where the next op that sets the phase starts (`first_dispatch`)."""
@@ -60,7 +61,7 @@ class ReuseSink:
 
     def storage_uid(self, tensor: torch.Tensor) -> int | None:
         """The id this recorder gave the storage of `tensor`, None if it has not seen it."""
-        known = self._recorder._live.get(id(tensor.untyped_storage()))
+        known = self._recorder.storages.live.get(id(tensor.untyped_storage()))
         return None if known is None else known.uid
 
     def adopt(self, tensor: torch.Tensor, uid: int) -> None:
@@ -68,8 +69,8 @@ class ReuseSink:
         allocation `uid`: its free is recorded when it dies, like any other."""
         storage = tensor.untyped_storage()
         key = id(storage)
-        ref = weakref.ref(storage, lambda r, key=key: self._recorder._on_free(key, r))
-        self._recorder._live[key] = StorageRecord(
+        ref = weakref.ref(storage, lambda r, key=key: self._recorder.storages.on_free(key, r))
+        self._recorder.storages.live[key] = StorageRecord(
             uid, storage.nbytes(), self._recorder._epoch, False, ref
         )
 
@@ -117,11 +118,11 @@ class ReuseSink:
                 continue
             storage = e.storage
             if e.kind == ALLOC:
-                storage = uids[e.storage] = next(self._recorder._uids)
-                self._recorder.categories[storage] = self._recorder.categories.get(
-                    e.storage, e.category
+                storage = uids[e.storage] = next(self._recorder.storages.uids)
+                self._recorder.storages.categories[storage] = (
+                    self._recorder.storages.categories.get(e.storage, e.category)
                 )
-                self._recorder._copies.setdefault(e.storage, []).append(storage)
+                self._recorder.storages.copies.setdefault(e.storage, []).append(storage)
             elif e.kind == FREE:
                 storage = uids[e.storage]
             self._recorder.events.append(

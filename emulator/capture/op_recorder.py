@@ -22,8 +22,6 @@ the phase changes is reclassified "temporary".
 from __future__ import annotations
 
 import contextlib
-import itertools
-import weakref
 from collections.abc import Iterator
 
 import torch
@@ -33,11 +31,16 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from emulator import torch_compat
 from emulator.capture import opmap
+from emulator.capture.storages import (
+    BACKWARD,
+    FORWARD,
+    INFERRED_PHASE_CATEGORY,
+    RECOMPUTE,
+    StorageLedger,
+)
 from emulator.capture.streams import RECORD, StreamTracker, current_stream_id
 from emulator.capture.trace import (
-    ALLOC,
     COMPUTE,
-    FREE,
     MARKER,
     PHASES,
     EventSequence,
@@ -53,20 +56,10 @@ from emulator.capture.trace import (
 from emulator.world import fake_collectives
 from emulator.world.comm_events import in_backend_fills, wait_for_reads
 
-FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER = (
-    PHASES.index(p) for p in ("forward", "backward", "recompute", "optimizer")
-)
 _WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
 _PRIM_DEVICE = torch.ops.prim.device.default
 _META = torch.device("meta")
 _ADD_ = torch.ops.aten.add_.Tensor
-_INFERRED_PHASE_CATEGORY = {
-    FORWARD: "activation",
-    RECOMPUTE: "activation",
-    BACKWARD: "temporary",
-    OPTIMIZER: "optimizer_state",
-}
-_SHORT_LIVED = frozenset({"activation", "optimizer_state"})
 
 
 _OP_INFOS: dict = {}  # OpOverload -> opmap.OpInfo, shared by all recorders (pure function)
@@ -88,21 +81,6 @@ def _tensors(values) -> list[torch.Tensor]:
     return found
 
 
-class StorageRecord:
-    """What the recorder knows about one live untyped storage."""
-
-    __slots__ = ("uid", "nbytes", "epoch", "declared", "ref")
-
-    def __init__(self, uid: int, nbytes: int, epoch: int, declared: bool, ref):
-        self.uid, self.nbytes, self.epoch, self.declared, self.ref = (
-            uid,
-            nbytes,
-            epoch,
-            declared,
-            ref,
-        )
-
-
 class OpRecorder(TorchDispatchMode):
     """Records compute ops, allocations, frees and markers (see module docstring)."""
 
@@ -110,10 +88,8 @@ class OpRecorder(TorchDispatchMode):
         super().__init__()
         self.sequence = sequence if sequence is not None else EventSequence()
         self.events: list[OpEvent] = []
-        self.categories: dict[int, str] = {}  # storage uid -> current category
+        self.storages = StorageLedger(self)
         self._dtype_names: dict[torch.dtype, str] = {}
-        self._live: dict[int, StorageRecord] = {}  # id(storage object) -> its record
-        self._uids = itertools.count()
         self._stream = 0
         self._micro_batch = -1
         self._phase_stack: list[int] = []
@@ -121,8 +97,6 @@ class OpRecorder(TorchDispatchMode):
         self._epoch = 0
         self._fw_depth = 0
         self._paused = 0
-        self._copies: dict[int, list[int]] = {}  # storage uid -> uids of its injected copies
-        self._held_frees: list[tuple[int, int]] | None = None
         self._first_dispatch: int | None = -1  # -1: not watched; None: watched, not seen
         self._params = WeakIdKeyDictionary()  # tagged parameters (keys only)
         self._grad_hooks: list = []
@@ -193,6 +167,31 @@ class OpRecorder(TorchDispatchMode):
     def current_micro_batch(self) -> int:
         return self._micro_batch
 
+    @property
+    def categories(self) -> dict[int, str]:
+        """Storage uid -> its current memory category."""
+        return self.storages.categories
+
+    @property
+    def is_paused(self) -> bool:
+        return bool(self._paused)
+
+    @property
+    def epoch(self) -> int:
+        """Advances at every phase change: a storage that dies in the epoch it was born in and
+        was never declared is a temporary."""
+        return self._epoch
+
+    @property
+    def last_phase(self) -> int:
+        return self._last_phase
+
+    def current_stream(self) -> int:
+        return self._current_stream()
+
+    def emit_storage_event(self, kind: int, size: int, uid: int, category: str) -> None:
+        self._emit(kind, "", size=size, uid=uid, category=category)
+
     def _transition(self, phase: int, stream: int, module: str, micro_batch: int) -> None:
         self._last_phase = phase
         self._epoch += 1
@@ -256,11 +255,7 @@ class OpRecorder(TorchDispatchMode):
 
     def trace(self, comm_events=(), groups=None):
         """The RankTrace of everything recorded so far, merged with the backend's events."""
-        categories = dict(self.categories)
-        for uid, copies in self._copies.items():  # copies end as their original did
-            for copy in copies:
-                categories[copy] = categories[uid]
-        return build_trace(self.events, comm_events, groups, categories)
+        return build_trace(self.events, comm_events, groups, self.storages.final_categories())
 
     # ---- mode plumbing ---------------------------------------------------------------------
 
@@ -276,7 +271,7 @@ class OpRecorder(TorchDispatchMode):
             def resize_(storage, size):
                 result = original(storage, size)
                 if not recorder._paused:
-                    recorder._see_storage(storage, None)
+                    recorder.storages.see(storage, None)
                 return result
 
             return resize_
@@ -343,9 +338,9 @@ class OpRecorder(TorchDispatchMode):
         if info.is_comm or self._current_stream():
             category = "communication"
         else:
-            category = _INFERRED_PHASE_CATEGORY[phase]
+            category = INFERRED_PHASE_CATEGORY[phase]
         for t in outs:  # views too: lift_fresh of a constant is a view with a fresh fake storage
-            self._see_storage(t.untyped_storage(), category)
+            self.storages.see(t.untyped_storage(), category)
         if info.name:
             self._record_compute(func, info, args, kwargs, out, outs, phase)
         elif func is torch.ops.aten._local_scalar_dense.default:
@@ -445,57 +440,16 @@ class OpRecorder(TorchDispatchMode):
         # memory of its own: its local shard does
         local = tensor._local_tensor if isinstance(tensor, self._dtensor) else tensor
         storage = local.untyped_storage()
-        known = self._live.get(id(storage))
+        known = self.storages.live.get(id(storage))
         if known is None:
-            self._see_storage(storage, category, declared=True)
+            self.storages.see(storage, category, declared=True)
         else:
             known.declared = True
-            self.categories[known.uid] = category
+            self.storages.categories[known.uid] = category
         if category == "parameter" and tensor not in self._params:
             self._params[tensor] = True
             if self._resize_patch is not None:  # inside the mode: hook now, else at __enter__
                 self._hook_grad(tensor)
-
-    def _see_storage(self, storage, category: str | None, declared: bool = False) -> None:
-        """Record an allocation for an unseen storage, or a free + alloc when its size changed
-        (FSDP2 frees and refills unsharded parameters with `UntypedStorage.resize_`)."""
-        key = id(storage)
-        known = self._live.get(key)
-        if known is not None:
-            nbytes = storage.nbytes()
-            if nbytes != known.nbytes:
-                old_category = self.categories.get(known.uid, "other")
-                if known.nbytes:
-                    self._emit(FREE, "", size=known.nbytes, uid=known.uid, category=old_category)
-                known.uid, known.nbytes, known.epoch = next(self._uids), nbytes, self._epoch
-                self.categories[known.uid] = old_category
-                if nbytes:
-                    self._emit(ALLOC, "", size=nbytes, uid=known.uid, category=old_category)
-            return
-        nbytes = storage.nbytes()
-        if category is None:
-            inferred = _INFERRED_PHASE_CATEGORY.get(self._last_phase, "other")
-            category = "communication" if self._current_stream() else inferred
-        uid = next(self._uids)
-        ref = weakref.ref(storage, lambda r, key=key: self._on_free(key, r))
-        self._live[key] = StorageRecord(uid, nbytes, self._epoch, declared, ref)
-        self.categories[uid] = category
-        if nbytes:
-            self._emit(ALLOC, "", size=nbytes, uid=uid, category=category)
-
-    def _on_free(self, key: int, ref) -> None:
-        known = self._live.get(key)
-        if known is None or known.ref is not ref:
-            return
-        del self._live[key]
-        if self._paused and self._held_frees is not None:
-            self._held_frees.append((known.uid, known.nbytes))
-            return
-        category = self.categories[known.uid]
-        if not known.declared and known.epoch == self._epoch and category in _SHORT_LIVED:
-            category = self.categories[known.uid] = "temporary"
-        if known.nbytes:
-            self._emit(FREE, "", size=known.nbytes, uid=known.uid, category=category)
 
 
 def _same_fake_floats(a, b) -> bool:
