@@ -56,7 +56,7 @@ from emulator.capture.fused_ops import gpu_fused_ops
 from emulator.capture.op_recorder import OpRecorder
 from emulator.capture.trace import EventSequence, RankTrace
 from emulator.world.comm_events import Recorder, recording
-from emulator.world.virtual_pg import destroy_virtual_world, init_virtual_world
+from emulator.world.virtual_world import destroy_virtual_world, init_virtual_world
 
 
 @dataclass(frozen=True, kw_only=True)

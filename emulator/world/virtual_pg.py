@@ -47,7 +47,6 @@ from torch._C._distributed_c10d import (
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.futures import Future
 
-from emulator import torch_compat
 from emulator.capture.streams import current_stream_id
 from emulator.world import comm_events
 from emulator.world.comm_events import CommEvent, WaitEvent
@@ -429,56 +428,3 @@ class VirtualProcessGroup(dist.ProcessGroup):
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         self.record("barrier", [], async_op=False).wait()
-
-
-def _create_virtual_pg(common_opts, backend_opts) -> VirtualProcessGroup:
-    ranks = common_opts.global_ranks_in_group
-    if len(ranks) == 0:  # the default group: every rank of the world
-        global_ranks = np.arange(common_opts.group_size, dtype=np.int64)
-    else:
-        global_ranks = np.asarray(ranks, dtype=np.int64)
-    return VirtualProcessGroup(
-        common_opts.group_rank, common_opts.group_size, global_ranks, str(common_opts.group_id)
-    )
-
-
-def register_backend() -> None:
-    """Register "prism" with torch.distributed (and hook fake mode); idempotent."""
-    fake_collectives_hook(installed=True)
-    if BACKEND_NAME.upper() in dist.Backend._plugins:
-        return
-    dist.Backend.register_backend(
-        BACKEND_NAME, _create_virtual_pg, extended_api=True, devices=["cpu", "cuda"]
-    )
-
-
-def fake_collectives_hook(*, installed: bool) -> None:
-    """Hook fake mode for functional collectives (emulator.world.fake_collectives), or unhook."""
-    from emulator.world import fake_collectives  # it imports this module
-
-    if installed:
-        fake_collectives.install()
-    else:
-        fake_collectives.uninstall()
-
-
-def init_virtual_world(rank: int, world_size: int) -> VirtualProcessGroup:
-    """Make this process rank `rank` of a virtual world of `world_size` ranks."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank({rank}) must be in [0, world_size({world_size}))")
-    register_backend()
-    dist.init_process_group(BACKEND_NAME, rank=rank, world_size=world_size, store=dist.HashStore())
-    return torch_compat.default_process_group()
-
-
-def destroy_virtual_world() -> None:
-    """Tear the world down so that this process can become another rank.
-
-    DTensor caches sharding and redistribution plans keyed by DeviceMesh, and a new
-    rank's mesh compares equal to the old one (DeviceMesh.__eq__ ignores the rank and the
-    group names), so cached specs would hand back the old mesh and its dead groups
-    ("Could not resolve the process group"): clear those caches (torch 2.13 names).
-    """
-    torch_compat.clear_dtensor_caches()
-    fake_collectives_hook(installed=False)
-    dist.destroy_process_group()

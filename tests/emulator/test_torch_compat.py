@@ -51,7 +51,7 @@ def test_only_declared_seams_are_patched():
 def test_the_fake_mode_hook_is_taken_out_with_the_virtual_world():
     from torch._subclasses import fake_impls
 
-    from emulator.world.virtual_pg import destroy_virtual_world, init_virtual_world
+    from emulator.world.virtual_world import destroy_virtual_world, init_virtual_world
 
     before = list(fake_impls.op_implementations_checks)
     init_virtual_world(0, 4)

@@ -270,7 +270,7 @@ def test_a_declared_dtensor_counts_its_local_shard_only():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from emulator.world.virtual_pg import destroy_virtual_world, init_virtual_world
+    from emulator.world.virtual_world import destroy_virtual_world, init_virtual_world
 
     init_virtual_world(0, 4)
     try:
@@ -291,7 +291,7 @@ def test_a_collective_filling_its_outputs_records_no_compute_kernel():
     # them, so the recorder sees the collective but no copy kernel next to it
     import torch.distributed as dist
 
-    from emulator.world.virtual_pg import destroy_virtual_world, init_virtual_world
+    from emulator.world.virtual_world import destroy_virtual_world, init_virtual_world
 
     init_virtual_world(0, 4)
     try:
@@ -328,7 +328,7 @@ def test_a_functional_collective_is_waited_where_its_output_is_first_used():
 
     from emulator.capture.trace import EventSequence
     from emulator.world.comm_events import CommEvent, Recorder, WaitEvent, recording
-    from emulator.world.virtual_pg import destroy_virtual_world, init_virtual_world
+    from emulator.world.virtual_world import destroy_virtual_world, init_virtual_world
 
     group = init_virtual_world(0, 4)
     try:

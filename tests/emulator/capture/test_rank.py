@@ -17,7 +17,7 @@ from emulator.capture.rank import (
     static_pipeline_warmup,
 )
 from emulator.capture.trace import COMM, COMPUTE, PHASES
-from emulator.world.virtual_pg import destroy_virtual_world, init_virtual_world
+from emulator.world.virtual_world import destroy_virtual_world, init_virtual_world
 
 MICRO_BATCHES = 3
 

@@ -12,7 +12,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from emulator.world.comm_events import Recorder, recording
 from emulator.world.mesh import World, normalise_trace
-from emulator.world.virtual_pg import destroy_virtual_world, init_virtual_world
+from emulator.world.virtual_world import destroy_virtual_world, init_virtual_world
 
 BIG = World(dp=128, pp=16, cp=8, tp=8)
 

@@ -12,7 +12,7 @@ from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from emulator.world.comm_events import CommEvent, Recorder, WaitEvent, recording
-from emulator.world.virtual_pg import destroy_virtual_world, init_virtual_world, register_backend
+from emulator.world.virtual_world import destroy_virtual_world, init_virtual_world, register_backend
 
 
 @pytest.fixture
