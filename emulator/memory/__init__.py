@@ -28,7 +28,8 @@ pytorch.org/memory_viz opens). The allocator itself is `CachingAllocator` (alloc
 rules and their sources are listed there and in docs/MEMORY.md.
 """
 
-from emulator.memory.allocator import CachingAllocator, allocation_size, round_size
+from emulator.memory.allocator import CachingAllocator
+from emulator.memory.blocks import allocation_size, round_size
 from emulator.memory.config import AllocatorConfig, parse_alloc_conf
 from emulator.memory.outside import OutsideMemory, nccl_buffer_bytes, outside_memory
 from emulator.memory.replay import (

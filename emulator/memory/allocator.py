@@ -22,11 +22,18 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
+from emulator.memory.blocks import (
+    Block,
+    ExpandableSegment,
+    allocatable,
+    allocation_size,
+    expandable_size,
+    has_space,
+    round_size,
+)
 from emulator.memory.config import (
     K_LARGE_BUFFER,
     K_MIN_BLOCK_SIZE,
-    K_MIN_LARGE_ALLOC,
-    K_ROUND_LARGE,
     K_SMALL_BUFFER,
     K_SMALL_SIZE,
     NO_MAX_SPLIT,
@@ -34,71 +41,6 @@ from emulator.memory.config import (
 )
 
 _SEGMENT_ALIGN = K_SMALL_BUFFER  # bump-pointer alignment of new segments (virtual addresses)
-
-
-class Block:
-    """One block of a segment (CUDACachingAllocator's Block)."""
-
-    __slots__ = (
-        "addr", "size", "requested", "stream", "small", "prev", "next",
-        "allocated", "mapped", "segment", "gc_base", "uses", "events",
-    )  # fmt: skip
-
-    def __init__(self, addr, size, stream, small, segment=None, mapped=True):
-        self.addr, self.size, self.stream, self.small = addr, size, stream, small
-        self.segment, self.mapped = segment, mapped
-        self.requested, self.allocated, self.gc_base, self.events = 0, False, 0, 0
-        self.prev = self.next = None
-        self.uses: set[int] = set()
-
-    def splice(self, before, after) -> None:
-        if before is not None:
-            before.next = self
-        self.prev = before
-        if after is not None:
-            after.prev = self
-        self.next = after
-
-    @property
-    def is_split(self) -> bool:
-        return self.prev is not None or self.next is not None
-
-
-class _ExpandableSegment:
-    __slots__ = ("base", "page", "size")
-
-    def __init__(self, base: int, page: int, size: int):
-        self.base, self.page, self.size = base, page, size
-
-
-def round_size(size: int, config: AllocatorConfig) -> int:
-    """DeviceCachingAllocator::round_size."""
-    if size < K_MIN_BLOCK_SIZE:
-        return K_MIN_BLOCK_SIZE
-    divisions = config.divisions_for(size)
-    if divisions > 1 and size > K_MIN_BLOCK_SIZE * divisions:
-        return _roundup_power2_next_division(size, divisions)
-    return -(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
-
-
-def _roundup_power2_next_division(size: int, divisions: int) -> int:
-    if size & (size - 1) == 0:
-        return size
-    floor = 1 << (size.bit_length() - 1)
-    step = floor >> (divisions.bit_length() - 1)
-    if step == 0:
-        return floor << 1
-    rounded = size & ~(step - 1)
-    return size if rounded == size else rounded + step
-
-
-def allocation_size(size: int, config: AllocatorConfig) -> int:
-    """get_allocation_size: the segment a rounded request gets when nothing cached fits."""
-    if size <= K_SMALL_SIZE:
-        return K_SMALL_BUFFER
-    if size < K_MIN_LARGE_ALLOC:
-        return config.large_segment_size_bytes
-    return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
 
 
 class CachingAllocator:
@@ -230,7 +172,7 @@ class CachingAllocator:
             # Best fit counts the unmapped space right after a block as part of it.
             while i + 1 < len(entries):
                 nxt = self._free_blocks[entries[i + 1][1]]
-                if _expandable_size(nxt) >= _expandable_size(block):
+                if expandable_size(nxt) >= expandable_size(block):
                     break
                 i, block = i + 1, nxt
         max_split = self.config.max_split_size_bytes
@@ -403,14 +345,14 @@ class CachingAllocator:
     def _find_expandable_block(self, size: int, small: bool, stream: int) -> Block:
         for addr in self._unmapped.get((small, stream), []):
             c = self._unmapped_blocks[addr]
-            if _allocatable(c.prev):
+            if allocatable(c.prev):
                 c = c.prev
-            if _has_space(c, size):
+            if has_space(c, size):
                 return c
         page = K_SMALL_BUFFER if small else K_LARGE_BUFFER
         # Virtual space for 1 1/8 of the device memory (ExpandableSegment's address reservation).
         pages = -(-(self._device_total + self._device_total // 8) // page)
-        segment = _ExpandableSegment(self._bump(pages * page), page, pages * page)
+        segment = ExpandableSegment(self._bump(pages * page), page, pages * page)
         block = Block(segment.base, segment.size, stream, small, segment, mapped=False)
         self._insert_unmapped(block)
         return block
@@ -476,20 +418,3 @@ class CachingAllocator:
     def _record(self, action: str, addr: int, size: int, stream: int) -> None:
         if self.history is not None:
             self.history.append({"action": action, "addr": addr, "size": size, "stream": stream})
-
-
-def _expandable_size(b: Block) -> int:
-    nxt = b.next
-    return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
-
-
-def _allocatable(b: Block | None) -> bool:
-    return b is not None and not b.allocated and not b.events and not b.uses
-
-
-def _has_space(b: Block | None, size: int) -> bool:
-    total = 0
-    while total < size and _allocatable(b):
-        total += b.size
-        b = b.next
-    return total >= size
