@@ -131,10 +131,26 @@ def _replay(
     conf_text = alloc_conf if isinstance(alloc_conf, str) else repr(alloc_conf)
     arch = preset.arch if preset else None
     outside = outside or outside_memory(trace, arch)
+    allocator = _allocator(config, preset, outside, memory_fraction, history)
+    ev = _events(
+        trace,
+        CUBLAS_WORKSPACE_BYTES.get(arch, CUBLAS_WORKSPACE_BYTES["ampere"])
+        if cublas_workspace
+        else 0,
+    )
+    timeline, oom, unmatched = _run(allocator, ev)
+    result = _result(
+        trace, timeline, allocator, outside, preset, conf_text, stage, top_modules, oom, unmatched
+    )
+    return result, allocator
+
+
+def _allocator(config, preset, outside, memory_fraction, history) -> CachingAllocator:
+    """The allocator of one device: what the GPU has, less what lives outside the allocator."""
     total = preset.hbm_capacity_bytes if preset else None
     if memory_fraction is not None and not 0 < memory_fraction <= 1:
         raise ValueError(f"memory_fraction={memory_fraction} must be in (0, 1]")
-    allocator = CachingAllocator(
+    return CachingAllocator(
         config,
         capacity_bytes=None if total is None else max(total - outside.total_bytes, 0),
         allowed_bytes=None
@@ -143,12 +159,11 @@ def _replay(
         device_total_bytes=total or 1 << 40,
         record_history=history,
     )
-    ev = _events(
-        trace,
-        CUBLAS_WORKSPACE_BYTES.get(arch, CUBLAS_WORKSPACE_BYTES["ampere"])
-        if cublas_workspace
-        else 0,
-    )
+
+
+def _run(allocator: CachingAllocator, ev: dict) -> tuple[MemoryTimeline, tuple | None, int]:
+    """Replay the alloc/free events: the timeline, the first OOM (or None) and the number of
+    frees of storages never allocated."""
     n = len(ev["rows"])
     alloc_t, res_t, req_t = [0] * n, [0] * n, [0] * n
     free_event = np.full(n, n, np.int64)
@@ -156,14 +171,9 @@ def _replay(
     live: dict[int, tuple] = {}
     unmatched, oom = 0, None
     malloc, free = allocator.malloc, allocator.free
+    columns = (ev["is_free"], ev["size"], ev["uid"], ev["stream"])
     for j, (is_free, size, uid, stream) in enumerate(
-        zip(
-            ev["is_free"].tolist(),
-            ev["size"].tolist(),
-            ev["uid"].tolist(),
-            ev["stream"].tolist(),
-            strict=True,
-        )
+        zip(*(c.tolist() for c in columns), strict=True)
     ):
         if is_free:
             entry = live.pop(uid, None)
@@ -191,21 +201,19 @@ def _replay(
             allocator.reserved,
             allocator.requested,
         )
+    allocs = ~ev["is_free"]
     timeline = MemoryTimeline(
         rows=ev["rows"],
         allocated=np.asarray(alloc_t, np.int64),
         reserved=np.asarray(res_t, np.int64),
         requested=np.asarray(req_t, np.int64),
-        alloc_event=np.flatnonzero(~ev["is_free"]),
-        free_event=free_event[~ev["is_free"]],
-        block_bytes=block_bytes[~ev["is_free"]],
-        category=ev["category"][~ev["is_free"]],
+        alloc_event=np.flatnonzero(allocs),
+        free_event=free_event[allocs],
+        block_bytes=block_bytes[allocs],
+        category=ev["category"][allocs],
         categories=ev["categories"],
     )
-    result = _result(
-        trace, timeline, allocator, outside, preset, conf_text, stage, top_modules, oom, unmatched
-    )
-    return result, allocator
+    return timeline, oom, unmatched
 
 
 def _events(trace: RankTrace, workspace_bytes: int) -> dict:
