@@ -330,27 +330,7 @@ def build_trace(op_events=(), comm_events=(), groups=None, categories=None) -> R
     pos[np.argsort(np.concatenate([op_seq, comm_seq]), kind="stable")] = np.arange(n)
     op_pos, comm_pos = pos[:n_op], pos[n_op:]
     cols = {k: np.full(n, _DEFAULTS.get(k, 0), dtype=dt) for k, dt in COLUMNS.items()}
-    tensor_counts = np.zeros(n, np.int64)
-    dims, dim_counts, t_dtype, t_out = [], [], [], []
-    if op_events:
-        fields = dict(zip(OpEvent._fields, zip(*op_events, strict=True), strict=True))
-        for key, values in fields.items():
-            if key in _STRING_FIELDS:
-                cols[key][op_pos] = [intern(v) for v in values]
-            elif key == "category":
-                cols[key][op_pos] = [
-                    intern(categories.get(s, c))
-                    for s, c in zip(fields["storage"], values, strict=True)
-                ]
-            elif key != "tensors":
-                cols[key][op_pos] = values
-        tensor_counts[op_pos] = [len(ts) for ts in fields["tensors"]]
-        for ts in fields["tensors"]:
-            for shape, dtype, is_out in ts:
-                dims.extend(shape)
-                dim_counts.append(len(shape))
-                t_dtype.append(intern(dtype))
-                t_out.append(is_out)
+    tensor_counts, tensors = _fill_op_rows(cols, op_events, op_pos, intern, categories, n)
     size_counts = np.zeros(n, np.int64)
     sizes = []
     if comm_events:
@@ -367,10 +347,10 @@ def build_trace(op_events=(), comm_events=(), groups=None, categories=None) -> R
     group_items = list((groups or {}).items())
     ragged = {
         "tensor_offsets": _offsets(tensor_counts),
-        "tensor_dim_offsets": _offsets(dim_counts),
-        "tensor_dims": dims,
-        "tensor_dtype": t_dtype,
-        "tensor_is_output": t_out,
+        "tensor_dim_offsets": _offsets(tensors["dim_counts"]),
+        "tensor_dims": tensors["dims"],
+        "tensor_dtype": tensors["dtype"],
+        "tensor_is_output": tensors["is_output"],
         "sizes_offsets": _offsets(size_counts),
         "sizes": sizes,
         "group_names": [intern(g) for g, _ in group_items],
@@ -381,6 +361,32 @@ def build_trace(op_events=(), comm_events=(), groups=None, categories=None) -> R
     }
     ragged = {k: np.asarray(v, dtype=RAGGED[k]) for k, v in ragged.items()}
     return RankTrace(columns=cols, ragged=ragged, strings=tuple(intern.index))
+
+
+def _fill_op_rows(cols, op_events, op_pos, intern, categories, n) -> tuple[np.ndarray, dict]:
+    """Write the recorder events' columns at their rows; their tensors as ragged lists."""
+    tensor_counts = np.zeros(n, np.int64)
+    tensors = {"dims": [], "dim_counts": [], "dtype": [], "is_output": []}
+    if not op_events:
+        return tensor_counts, tensors
+    fields = dict(zip(OpEvent._fields, zip(*op_events, strict=True), strict=True))
+    for key, values in fields.items():
+        if key in _STRING_FIELDS:
+            cols[key][op_pos] = [intern(v) for v in values]
+        elif key == "category":
+            cols[key][op_pos] = [
+                intern(categories.get(s, c)) for s, c in zip(fields["storage"], values, strict=True)
+            ]
+        elif key != "tensors":
+            cols[key][op_pos] = values
+    tensor_counts[op_pos] = [len(ts) for ts in fields["tensors"]]
+    for ts in fields["tensors"]:
+        for shape, dtype, is_out in ts:
+            tensors["dims"].extend(shape)
+            tensors["dim_counts"].append(len(shape))
+            tensors["dtype"].append(intern(dtype))
+            tensors["is_output"].append(is_out)
+    return tensor_counts, tensors
 
 
 def _offsets(counts) -> np.ndarray:
