@@ -145,24 +145,7 @@ class _Builder:
             s_trace = lists["stream"][j]
             s = self.stream(("compute", s_trace), f"compute {s_trace}")
             if kind == COMPUTE:
-                phase, mb = lists["phase"][j], lists["micro_batch"][j]
-                n = self.open_segment.get(s)
-                if n is None or cols["phase"][n] != phase or cols["micro_batch"][n] != mb:
-                    label = (
-                        f"{PHASES[phase] if phase >= 0 else 'compute'} mb{mb}"
-                        if mb >= 0
-                        else (PHASES[phase] if phase >= 0 else "compute")
-                    )
-                    n = self.add(
-                        kind=SEGMENT,
-                        stream=s,
-                        name=self.intern(label),
-                        first_row=row,
-                        phase=phase,
-                        micro_batch=mb,
-                        slowdown=1.0,
-                    )
-                    self.open_segment[s] = n
+                n = self.segment_for(row, s, lists["phase"][j], lists["micro_batch"][j])
                 cols["duration_s"][n] += durs[j]
                 weight[n] += durs[j] * slows[j]
                 cols["flops"][n] += lists["flops"][j]
@@ -186,6 +169,29 @@ class _Builder:
         return ClassGraph(
             pp=self.pp, nodes=nodes, streams=tuple(self.labels), strings=tuple(self.strings)
         )
+
+    def segment_for(self, row: int, stream: int, phase: int, mb: int) -> int:
+        """The open compute segment of `stream`, or a new one where the phase or micro-batch
+        changes."""
+        cols = self.cols
+        n = self.open_segment.get(stream)
+        if n is None or cols["phase"][n] != phase or cols["micro_batch"][n] != mb:
+            label = (
+                f"{PHASES[phase] if phase >= 0 else 'compute'} mb{mb}"
+                if mb >= 0
+                else (PHASES[phase] if phase >= 0 else "compute")
+            )
+            n = self.add(
+                kind=SEGMENT,
+                stream=stream,
+                name=self.intern(label),
+                first_row=row,
+                phase=phase,
+                micro_batch=mb,
+                slowdown=1.0,
+            )
+            self.open_segment[stream] = n
+        return n
 
     def wait_node(self, row: int, issuing: int, target: int) -> None:
         self.open_segment.pop(issuing, None)
