@@ -2,5 +2,6 @@
 
 Modules: `build` (class traces -> ExecutionGraph: per-rank streams, waits, collectives joined
 across ranks), `replay` (mesh-vectorised discrete-event replay: iteration time, breakdown,
-critical path), `timeline` (Perfetto trace of replayed ranks).
+critical path), `results` (what a replay gives: timelines, breakdown, critical path),
+`timeline` (Perfetto trace of replayed ranks).
 """

@@ -23,7 +23,7 @@ from emulator.graph.execution_graph import (
     WAIT_NODE,
     ExecutionGraph,
 )
-from emulator.graph.replay import ReplayResult
+from emulator.graph.results import ReplayResult
 
 _US = 1e6
 

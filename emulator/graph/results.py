@@ -1,0 +1,181 @@
+"""What a replay gives: per-rank timelines, the per-class breakdown of the iteration, the
+critical path (definitions: docs/METRICS.md), and the functions that derive the last two from
+the timelines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from emulator.graph.execution_graph import (
+    COLLECTIVE,
+    NODE_KINDS,
+    RECV,
+    SEGMENT,
+    SEND,
+    WAIT_NODE,
+    ExecutionGraph,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CriticalEvent:
+    pp: int
+    node: int
+    name: str
+    kind: str
+    start_s: float
+    duration_s: float
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Timeline:
+    """Per node of the class of `rank`: when it was ready, started and ended (seconds)."""
+
+    rank: int
+    pp: int
+    ready_s: np.ndarray
+    start_s: np.ndarray
+    end_s: np.ndarray
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassBreakdown:
+    """One class (its representative rank); the four times sum to the iteration time."""
+
+    pp: int
+    compute_s: float
+    exposed_comm_s: float
+    bubble_s: float
+    idle_s: float
+    end_s: float  # latest end over the class's ranks
+    flops: int  # FLOPs of one rank of the class in the step
+    comm_s_by_group: dict[str, float]
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ReplayResult:
+    iteration_time_s: float
+    per_class: tuple[ClassBreakdown, ...]
+    critical_path: tuple[CriticalEvent, ...]
+    timelines: dict[int, Timeline]  # rank -> timeline (representatives and requested ranks)
+    uniform: bool  # True when all lanes were replayed as one
+
+    def to_dict(self) -> dict:
+        """Figures as plain JSON-able values (timelines left out: see emulator.graph.timeline)."""
+        return {
+            "iteration_time_s": self.iteration_time_s,
+            "uniform": self.uniform,
+            "per_class": [asdict(c) for c in self.per_class],
+            "critical_path": [asdict(e) for e in self.critical_path],
+        }
+
+
+def _coverage(bounds: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """For each elementary interval [bounds[k], bounds[k+1]): is it inside some [lo, hi)?"""
+    keep = hi > lo
+    delta = np.zeros(len(bounds) + 1)
+    np.add.at(delta, np.searchsorted(bounds, lo[keep]), 1)
+    np.add.at(delta, np.searchsorted(bounds, hi[keep]), -1)
+    return np.cumsum(delta)[: len(bounds) - 1] > 0
+
+
+def breakdown(
+    graph: ExecutionGraph, t: Timeline, iteration_s: float, end_s: float
+) -> ClassBreakdown:
+    """Partition [0, iteration] for the representative rank (docs/METRICS.md, "Breakdown")."""
+    g = graph.classes[t.pp]
+    kind = g["kind"]
+    seg, coll = kind == SEGMENT, kind == COLLECTIVE
+    p2p = (kind == SEND) | (kind == RECV)
+    recv = kind == RECV
+    lo_comm = np.where(coll, t.ready_s, t.start_s)
+    comm = coll | p2p
+    nodes = kind != WAIT_NODE
+    ends = [t.ready_s, t.start_s, t.end_s, np.array([0.0, iteration_s])]
+    bounds = np.unique(np.clip(np.concatenate(ends), 0.0, iteration_s))
+    widths = np.diff(bounds)
+    in_compute = _coverage(bounds, t.start_s[seg], t.end_s[seg])
+    in_comm = _coverage(bounds, lo_comm[comm], t.end_s[comm])
+    in_wait = _coverage(bounds, t.ready_s[recv], t.start_s[recv])
+    if nodes.any():
+        span = (np.min(t.ready_s[nodes]), np.max(t.end_s[nodes]))
+        in_span = _coverage(bounds, np.array([span[0]]), np.array([span[1]]))
+    else:
+        in_span = np.zeros(len(widths), bool)
+    compute = float(widths[in_compute].sum())
+    exposed = float(widths[~in_compute & in_comm].sum())
+    rest = ~in_compute & ~in_comm
+    bubble_mask = rest & (in_wait | (~in_span if graph.world.pp > 1 else False))
+    bubble = float(widths[bubble_mask].sum())
+    by_group: dict[str, float] = {}
+    for label, busy in zip(g.text("group"), t.end_s - t.start_s, strict=True):
+        if label:
+            by_group[label] = by_group.get(label, 0.0) + float(busy)
+    return ClassBreakdown(
+        pp=t.pp,
+        compute_s=compute,
+        exposed_comm_s=exposed,
+        bubble_s=bubble,
+        idle_s=float(widths[rest & ~bubble_mask].sum()),  # the rest of the partition, so never < 0
+        end_s=end_s,
+        flops=int(g["flops"].sum()),
+        comm_s_by_group=by_group,
+    )
+
+
+def critical_path(graph: ExecutionGraph, reps: list[Timeline]) -> list[CriticalEvent]:
+    """The chain of events that sets the iteration time, first event first.
+
+    Walked back on the representative ranks from the latest end: each step goes to the
+    predecessor (same stream, issuing stream, waited comm, matching send, the latest member of
+    a pp-spanning join) whose end is the node's start. With per-rank factors a join may be set
+    by another lane of the class; the path then continues from the representative's own
+    predecessors."""
+    t = {x.pp: x for x in reps}
+    total = max((float(x.end_s.max()) for x in reps if len(x.end_s)), default=0.0)
+    eps = 1e-9 * max(total, 1e-9)
+    cur = max(
+        ((x.pp, int(np.argmax(x.end_s))) for x in reps if len(x.end_s)),
+        key=lambda pi: t[pi[0]].end_s[pi[1]],
+        default=None,
+    )
+    path = []
+    while cur is not None:
+        p, i = cur
+        g, tl = graph.classes[p], t[p]
+        kind = int(g["kind"][i])
+        if kind != WAIT_NODE:
+            path.append(_event(g, p, i, tl))
+        at, source = float(tl.start_s[i]), (p, i)
+        if kind in (COLLECTIVE, RECV) and tl.ready_s[i] < at - eps:
+            join = int(g["join"][i])
+            if kind == RECV:
+                source = (int(g["peer_class"][i]), join)
+                path.append(_event(graph.classes[source[0]], *source, t[source[0]]))
+            elif join >= 0:
+                source = max(graph.join_members(join), key=lambda m: t[m[0]].ready_s[m[1]])
+            at = float(t[source[0]].ready_s[source[1]])
+        cur = _binding(graph, t, source, at, eps)
+    return path[::-1]
+
+
+def _binding(graph, t, node, at, eps):
+    p, i = node
+    g, tl = graph.classes[p], t[p]
+    preds = [int(g[col][i]) for col in ("prev", "issue", "dep")]
+    found = [(float(tl.end_s[j]), j) for j in preds if j >= 0 and abs(tl.end_s[j] - at) <= eps]
+    return (p, max(found)[1]) if found and at > eps else None
+
+
+def _event(g, p, i, tl) -> CriticalEvent:
+    return CriticalEvent(
+        pp=p,
+        node=i,
+        name=g.strings[g["name"][i]],
+        kind=NODE_KINDS[g["kind"][i]],
+        start_s=float(tl.start_s[i]),
+        duration_s=float(tl.end_s[i] - tl.start_s[i]),
+    )
