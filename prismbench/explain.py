@@ -36,10 +36,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from emulator.hardware import gpu_preset
+from emulator.world.mesh import AXES
 from workloads.config import ModelSpec
 from workloads.flavors import FLAVORS, parameter_count
 
-MESH_DIM_NAMES = ("dp", "pp", "cp", "tp")
 # (weights, grads, optimizer) bytes per parameter; Rajbhandari et al. 2020 (ZeRO) Sec. 3.1.
 STATE_BYTES_PER_PARAM = {
     "bf16": (2, 2, 12),
@@ -268,7 +268,7 @@ def axis_placements(mesh_shape: tuple[int, ...], gpus_per_node: int) -> tuple[Ax
     """Where each mesh axis lands, for the row-major (dp, pp, cp, tp) rank order of the contract."""
     placements = []
     stride = 1
-    for name, size in reversed(list(zip(MESH_DIM_NAMES, mesh_shape, strict=True))):
+    for name, size in reversed(list(zip(AXES, mesh_shape, strict=True))):
         span = stride * size
         nodes = len({(k * stride) // gpus_per_node for k in range(size)})
         intra = size == 1 or gpus_per_node % span == 0
@@ -334,7 +334,7 @@ def explain(job: Any) -> Explanation:
         model=m.name,
         world_size=job.world_size,
         mesh_shape=mesh,
-        mesh_dim_names=MESH_DIM_NAMES,
+        mesh_dim_names=AXES,
         gpus_per_node=gpn,
         nodes=_ceil_div(job.world_size, gpn),
         axes=axis_placements(mesh, gpn),

@@ -101,3 +101,11 @@ def test_emulator_reads_no_attribute_of_the_workloads_job():
     foreign = job_names - _names_defined_by_classes("emulator")
     read = _attributes_read("emulator")
     assert {name: sorted(read[name]) for name in foreign & read.keys()} == {}
+
+
+def test_the_workloads_mesh_has_the_emulators_axes_in_its_order():
+    """workloads may not import the emulator, so its mesh names its dims itself: the same."""
+    from emulator.world.mesh import AXES
+    from workloads.train import MESH_DIMS
+
+    assert MESH_DIMS == AXES

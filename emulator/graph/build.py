@@ -41,7 +41,6 @@ from emulator.capture.trace import COMM, COMPUTE, PHASES, RECORD, STREAM_WAIT, W
 from emulator.costs.pricing import CommPricer, CostContext, compute_durations_s, row_slowdowns
 from emulator.graph.execution_graph import (
     COLLECTIVE,
-    LANE_AXES,
     NODE_COLUMNS,
     RECV,
     SEGMENT,
@@ -51,7 +50,7 @@ from emulator.graph.execution_graph import (
     ExecutionGraph,
 )
 from emulator.world.collectives import collective
-from emulator.world.mesh import AXES, World
+from emulator.world.mesh import AXES, LANE_AXES, LANE_POSITIONS, PIPELINE_AXIS, World
 
 # ---- groups ----------------------------------------------------------------------------------
 
@@ -65,7 +64,7 @@ def axes_of_group(world: World, ranks: np.ndarray) -> tuple[tuple[str, ...], tup
     coords = world.coords(ranks)
     pps = tuple(sorted(set(coords[:, 1].tolist())))
     varies = (coords != coords[0]).any(axis=0)
-    axes = tuple(a for a, v in zip(AXES, varies, strict=True) if v and a != "pp")
+    axes = tuple(a for a, v in zip(AXES, varies, strict=True) if v and a != PIPELINE_AXIS)
     size = int(np.prod([world.shape[AXES.index(a)] for a in axes])) * len(pps)
     if size != len(np.unique(ranks)):
         raise ValueError(
@@ -76,7 +75,7 @@ def axes_of_group(world: World, ranks: np.ndarray) -> tuple[tuple[str, ...], tup
 
 
 def _group_label(axes: tuple[str, ...], pps: tuple[int, ...]) -> str:
-    named = [a for a in AXES if a in axes or (a == "pp" and len(pps) > 1)]
+    named = [a for a in AXES if a in axes or (a == PIPELINE_AXIS and len(pps) > 1)]
     return "+".join(named) if named else "self"
 
 
@@ -226,9 +225,10 @@ class _Builder:
         if collective(kind).joins == "peer":
             peer = int(c["peer"][row])
             offset = self.world.coords(peer)[0] - self.world.coords(self.rep)[0]
-            if offset[[0, 2, 3]].any():
+            if offset[list(LANE_POSITIONS)].any():
                 raise ValueError(
-                    f"class {self.pp}: {kind} to rank {peer} is not along pp (offset {offset})"
+                    f"class {self.pp}: {kind} to rank {peer} is not along {PIPELINE_AXIS} "
+                    f"(offset {offset})"
                 )
             peer_class = self.world.class_of(peer)
             s = self.stream(("p2p", gid, peer_class), f"p2p {gid} <-> pp{peer_class}")

@@ -14,8 +14,6 @@ from emulator.world.mesh import World
 
 NODE_KINDS = ("compute", "collective", "send", "recv", "wait")
 SEGMENT, COLLECTIVE, SEND, RECV, WAIT_NODE = range(len(NODE_KINDS))
-# Lane axes of a class: the mesh axes other than pp. A node's `axes` is a bit mask over them.
-LANE_AXES = ("dp", "cp", "tp")
 NODE_COLUMNS = {
     "kind": np.int8,
     "stream": np.int16,
@@ -32,7 +30,7 @@ NODE_COLUMNS = {
     "issue": np.int64,  # comm: last node on the issuing stream before it, -1
     "issue_stream": np.int16,  # comm: the issuing stream, -1 when `issue` is -1
     "dep": np.int64,  # wait: the comm node waited on, -1
-    "axes": np.int8,  # collective: bit mask over LANE_AXES joined inside the class
+    "axes": np.int8,  # collective: bit mask over mesh.LANE_AXES joined inside the class
     "join": np.int64,  # pp-spanning collective: join id; recv: matching send node; else -1
     "peer_class": np.int32,  # send/recv: the other class; -1
 }

@@ -39,6 +39,7 @@ from emulator.graph.results import (
     breakdown,
     critical_path,
 )
+from emulator.world.mesh import AXES, LANE_AXES, PIPELINE_AXIS
 
 # ---- lane arithmetic -------------------------------------------------------------------------
 
@@ -84,7 +85,9 @@ class _Class:
         self.cols = {
             k: g[k].tolist() for k in ("kind", "stream", "slowdown", "issue_stream", "dep", "join")
         }
-        self.axes = [tuple(a for a in range(3) if m >> a & 1) for m in g["axes"].tolist()]
+        self.axes = [
+            tuple(a for a in range(len(LANE_AXES)) if m >> a & 1) for m in g["axes"].tolist()
+        ]
         self.peer = g["peer_class"].tolist()
         self.deposited: set[int] = set()
 
@@ -206,16 +209,15 @@ def replay(
     if speed_factors is not None:
         speed_factors = _checked_speed_factors(speed_factors, world.shape)
     ops = _scalar_ops() if uniform else _array_ops(lanes)
-    tracked = {p: {world.representative(p): (0, 0, 0)} for p in range(world.pp)}
+    tracked = {p: {world.representative(p): (0,) * len(LANE_AXES)} for p in range(world.pp)}
     for r in np.atleast_1d(np.asarray(ranks, dtype=np.int64)).tolist():
-        dp, pp, cp, tp = world.coords(r)[0].tolist()
-        tracked[pp][r] = (dp, cp, tp)
+        tracked[world.pipeline_index(r)][r] = world.lane_of(r)
     classes = [
         _Class(
             graph,
             p,
             ops,
-            None if speed_factors is None else speed_factors[:, p, :, :],
+            None if speed_factors is None else np.take(speed_factors, p, axis=_PIPELINE),
             overrides.get(p),
             tracked[p],
         )
@@ -241,12 +243,13 @@ def replay(
     )
 
 
+_PIPELINE = AXES.index(PIPELINE_AXIS)
+
+
 def _checked_speed_factors(speed_factors, shape) -> np.ndarray:
     speed_factors = np.asarray(speed_factors, dtype=float)
     if speed_factors.shape != shape:
-        raise ValueError(
-            f"speed_factors shape {speed_factors.shape} != mesh (dp, pp, cp, tp) {shape}"
-        )
+        raise ValueError(f"speed_factors shape {speed_factors.shape} != mesh {AXES} {shape}")
     if (speed_factors <= 0).any():
         raise ValueError("speed_factors must be > 0")
     return speed_factors

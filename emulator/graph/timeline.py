@@ -48,7 +48,7 @@ def trace_events(graph: ExecutionGraph, result: ReplayResult, ranks=None) -> dic
     for rank in ranks:
         tl = result.timelines[rank]
         g = graph.classes[tl.pp]
-        lane = world.coords(rank)[0][[0, 2, 3]]
+        lane = np.array(world.lane_of(rank))
         events.append(_meta("process_name", rank, 0, f"rank {rank} (pp {tl.pp})"))
         events += [_meta("thread_name", rank, tid, label) for tid, label in enumerate(g.streams)]
         kind, stream, joins = g["kind"], g["stream"], g["join"]

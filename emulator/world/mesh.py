@@ -27,7 +27,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-AXES = ("dp", "pp", "cp", "tp")
+AXES = ("dp", "pp", "cp", "tp")  # mesh order, row-major (the job contract)
+PIPELINE_AXIS = "pp"  # classes of ranks are cut along it: one class per index
+# The axes a class's member ranks span: a class's lanes are shaped like them, in this order.
+LANE_AXES = tuple(a for a in AXES if a != PIPELINE_AXIS)
+LANE_POSITIONS = tuple(AXES.index(a) for a in LANE_AXES)  # their positions among AXES
 
 
 class RankClass(NamedTuple):
@@ -64,6 +68,13 @@ class World:
         return self.dp * self.pp * self.cp * self.tp
 
     # -- ranks <-> coordinates ---------------------------------------------------------
+    def lane_of(self, rank: int) -> tuple[int, ...]:
+        """The lane of `rank` within its class: its coordinates along LANE_AXES."""
+        return tuple(self.coords(rank)[0][list(LANE_POSITIONS)].tolist())
+
+    def pipeline_index(self, rank: int) -> int:
+        return int(self.coords(rank)[0][AXES.index(PIPELINE_AXIS)])
+
     def coords(self, ranks) -> np.ndarray:
         """Coordinates (dp, pp, cp, tp) of `ranks`: int array [n, 4]."""
         r = self._check_ranks(ranks)

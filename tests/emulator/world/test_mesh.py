@@ -111,3 +111,13 @@ def test_ranks_of_different_classes_record_different_traces():
     a = SMALL.rank_of(dp=1, pp=0, cp=0, tp=1)
     b = SMALL.rank_of(dp=1, pp=1, cp=0, tp=1)
     assert stage_program_trace(a) != stage_program_trace(b)
+
+
+def test_lanes_and_pipeline_index_come_from_the_named_axes():
+    from emulator.world.mesh import AXES, LANE_AXES, PIPELINE_AXIS
+
+    assert LANE_AXES == tuple(a for a in AXES if a != PIPELINE_AXIS)
+    world = World(dp=2, pp=3, cp=2, tp=4)
+    rank = world.rank_of(dp=1, pp=2, cp=0, tp=3)
+    assert world.pipeline_index(rank) == 2
+    assert world.lane_of(rank) == (1, 0, 3)  # (dp, cp, tp): the class's lane shape order
