@@ -109,3 +109,17 @@ def test_the_workloads_mesh_has_the_emulators_axes_in_its_order():
     from workloads.train import MESH_DIMS
 
     assert MESH_DIMS == AXES
+
+
+def test_the_world_stage_imports_no_later_stage():
+    """The virtual world is the emulator's first stage: capture, costs, graph and memory build
+    on it, never the other way round."""
+    later = {"capture", "costs", "graph", "memory"}
+    offenders = {}
+    for path in (ROOT / "emulator" / "world").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("emulator."):
+                stage = node.module.split(".")[1]
+                if stage in later:
+                    offenders.setdefault(str(path.relative_to(ROOT)), []).append(node.module)
+    assert offenders == {}

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from emulator import torch_compat
+from emulator.world import comm_events
 
 RECORD, STREAM_WAIT = "record", "stream_wait"
 
@@ -97,6 +98,7 @@ def tracking(tracker: StreamTracker) -> Iterator[StreamTracker]:
     previous, _active = _active, tracker
     try:
         with (
+            comm_events.stream_source(current_stream_id),
             torch_compat.patched("torch.cpu.Stream.record_event", record_event),
             torch_compat.patched("torch.cpu.Stream.wait_event", wait_event),
             torch_compat.patched("torch.cpu.Stream.wait_stream", wait_stream),

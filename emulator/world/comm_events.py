@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -130,6 +130,24 @@ class Recorder:
 
 
 _current: Recorder | None = None
+_stream_source: Callable[[], int] | None = None
+
+
+@contextlib.contextmanager
+def stream_source(source: Callable[[], int]) -> Iterator[None]:
+    """While the block runs, `current_stream()` asks `source` which stream the program is on
+    (capture's stream tracking supplies it; the world does not track streams itself)."""
+    global _stream_source
+    previous, _stream_source = _stream_source, source
+    try:
+        yield
+    finally:
+        _stream_source = previous
+
+
+def current_stream() -> int:
+    """Id of the stream a collective is issued or waited from (0: the default stream)."""
+    return _stream_source() if _stream_source is not None else 0
 
 
 def current_recorder() -> Recorder | None:

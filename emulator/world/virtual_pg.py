@@ -47,7 +47,6 @@ from torch._C._distributed_c10d import (
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.futures import Future
 
-from emulator.capture.streams import current_stream_id
 from emulator.world import comm_events
 from emulator.world.comm_events import CommEvent, WaitEvent
 
@@ -77,7 +76,9 @@ class VirtualWork(dist.Work):
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         if not self._waited and self._recorder is not None and self._comm_seq is not None:
-            self._recorder.emit(WaitEvent, comm_seq=self._comm_seq, stream=current_stream_id())
+            self._recorder.emit(
+                WaitEvent, comm_seq=self._comm_seq, stream=comm_events.current_stream()
+            )
         self._waited = True
         return True
 
@@ -225,7 +226,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
             root=root,
             tag=tag,
             sizes=sizes if coalesced else None,
-            stream=current_stream_id(),
+            stream=comm_events.current_stream(),
         )
         return VirtualWork(recorder, event.seq, result)
 
