@@ -30,7 +30,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from emulator import torch_compat
 from emulator.world import comm_events
-from emulator.world.virtual_pg import VirtualProcessGroup, VirtualWork
+from emulator.world.virtual_pg import VirtualProcessGroup
+from emulator.world.work import VirtualWork
 
 _NAMESPACE = "_c10d_functional"
 _state = threading.local()

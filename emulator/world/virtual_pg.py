@@ -26,7 +26,6 @@ would cost a fake dispatch and change nothing).
 
 from __future__ import annotations
 
-import datetime
 import functools
 
 import numpy as np
@@ -45,10 +44,10 @@ from torch._C._distributed_c10d import (
     ScatterOptions,
 )
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.futures import Future
 
 from emulator.world import comm_events
-from emulator.world.comm_events import CommEvent, WaitEvent
+from emulator.world.comm_events import CommEvent
+from emulator.world.work import VirtualWork
 
 BACKEND_NAME = "prism"
 # read-only defaults for callers that pass no options (torch always passes them)
@@ -62,53 +61,6 @@ _GATHER_OPTIONS = GatherOptions()
 _REDUCE_OPTIONS = ReduceOptions()
 _REDUCE_SCATTER_OPTIONS = ReduceScatterOptions()
 _SCATTER_OPTIONS = ScatterOptions()
-
-
-class VirtualWork(dist.Work):
-    """Already-completed work; records its first wait."""
-
-    def __init__(self, recorder: comm_events.Recorder | None, comm_seq: int | None, result):
-        super().__init__()
-        self._recorder = recorder
-        self._comm_seq = comm_seq
-        self._result = result
-        self._waited = False
-
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        if not self._waited and self._recorder is not None and self._comm_seq is not None:
-            self._recorder.emit(
-                WaitEvent, comm_seq=self._comm_seq, stream=comm_events.current_stream()
-            )
-        self._waited = True
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def is_success(self) -> bool:
-        return True
-
-    def result(self):
-        return self._result
-
-    def get_future(self) -> Future:
-        fut = _WaitRecordingFuture(self)
-        fut.set_result(self._result)
-        return fut
-
-
-class _WaitRecordingFuture(Future):
-    """A completed future whose `wait()` is the work's wait: on CUDA, waiting a collective's
-    future makes the current stream wait for the NCCL stream, as `Work.wait()` does (DDP comm
-    hooks do). A future chained with `then` is torch's own and records nothing."""
-
-    def __init__(self, work: VirtualWork):
-        super().__init__()
-        self._work = work
-
-    def wait(self):
-        self._work.wait()
-        return super().wait()
 
 
 def _op_name(opts) -> str:
