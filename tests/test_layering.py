@@ -4,12 +4,14 @@ workloads/ imports only torch, numpy and the standard library; emulator/ imports
 neither prismbench nor workloads, nor matplotlib; prismbench/ may import both. And at the
 level of attributes: the workloads read nothing of the job that only the harness's JobSpec
 has (its cluster), and the emulator reads no attribute of the workloads' job types that it
-does not define on its own types (it is handed traces and worlds, never a job).
+does not define on its own types, nor any `section.field` path of the job (it is handed
+traces and worlds, never a job).
 """
 
 import ast
 import dataclasses
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -101,6 +103,32 @@ def test_emulator_reads_no_attribute_of_the_workloads_job():
     foreign = job_names - _names_defined_by_classes("emulator")
     read = _attributes_read("emulator")
     assert {name: sorted(read[name]) for name in foreign & read.keys()} == {}
+
+
+def _attribute_paths_read(package: str) -> dict[tuple[str, str], set[str]]:
+    """(outer, inner) attribute pair -> files of `package` that read `x.outer.inner`."""
+    found: dict[tuple[str, str], set[str]] = {}
+    for path in (ROOT / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+                pair = (node.value.attr, node.attr)
+                found.setdefault(pair, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_emulator_reads_no_section_field_path_of_the_workloads_job():
+    """Names the emulator's own classes also define (batch, micro_batch, tp) pass the test
+    above; `job.batch.micro_batch` is still caught by the section it is read through."""
+    from workloads.job import TrainingJob
+
+    sections = typing.get_type_hints(TrainingJob)
+    job_paths = {
+        (section, name)
+        for section in (f.name for f in dataclasses.fields(TrainingJob))
+        for name in _job_names(sections[section])
+    }
+    read = _attribute_paths_read("emulator")
+    assert {".".join(pair): sorted(read[pair]) for pair in job_paths & read.keys()} == {}
 
 
 def test_the_workloads_mesh_has_the_emulators_axes_in_its_order():
