@@ -25,7 +25,9 @@ def _optimizer_tensors(optimizer) -> list[torch.Tensor]:
     the tensors and inner optimizers of a wrapper such as workloads.zero.DistributedOptimizer
     (its gradient buffer excepted)."""
     if isinstance(optimizer, torch.optim.Optimizer):
-        return [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        return [
+            t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)
+        ]
     found = []
     for name, value in vars(optimizer).items():
         if isinstance(value, torch.Tensor) and name not in _GRADIENT_ATTRIBUTES:
