@@ -47,7 +47,7 @@ class JobCapture:
 
 def world_of(job) -> World:
     p = job.parallel
-    return World(
+    return World.grid(
         dp=p.dp, pp=p.pp, cp=p.cp, tp=p.tp, vpp=p.vpp, gpus_per_node=job.cluster.gpus_per_node
     )
 

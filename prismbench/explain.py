@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from emulator.hardware import gpu_preset
-from emulator.world.mesh import AXES
+from emulator.world.mesh import World
 from workloads.config import ModelSpec
 from workloads.flavors import FLAVORS, parameter_count
 
@@ -264,11 +264,12 @@ def flops(m: ModelSpec, *, seq_len: int, tokens: int, recompute: str, world_size
 # ---- layout -------------------------------------------------------------------------------
 
 
-def axis_placements(mesh_shape: tuple[int, ...], gpus_per_node: int) -> tuple[AxisPlacement, ...]:
-    """Where each mesh axis lands, for the row-major (dp, pp, cp, tp) rank order of the contract."""
+def axis_placements(world: World) -> tuple[AxisPlacement, ...]:
+    """Where each mesh axis lands, for the row-major rank order of the world's axes."""
+    gpus_per_node = world.gpus_per_node
     placements = []
     stride = 1
-    for name, size in reversed(list(zip(AXES, mesh_shape, strict=True))):
+    for name, size in reversed(world.axes):
         span = stride * size
         nodes = len({(k * stride) // gpus_per_node for k in range(size)})
         intra = size == 1 or gpus_per_node % span == 0
@@ -319,8 +320,8 @@ def _stages(job: Any) -> tuple[StageInfo, ...]:
 def explain(job: Any) -> Explanation:
     """Layout, parameters, FLOPs and model-state memory implied by a validated JobSpec."""
     m, p = job.model, job.parallel
-    mesh = (p.dp, p.pp, p.cp, p.tp)
     gpn = job.cluster.gpus_per_node
+    world = World.grid(dp=p.dp, pp=p.pp, cp=p.cp, tp=p.tp, vpp=p.vpp, gpus_per_node=gpn)
     stages = _stages(job)
     flops_info = flops(
         m,
@@ -333,11 +334,11 @@ def explain(job: Any) -> Explanation:
     return Explanation(
         model=m.name,
         world_size=job.world_size,
-        mesh_shape=mesh,
-        mesh_dim_names=AXES,
+        mesh_shape=world.shape,
+        mesh_dim_names=world.names,
         gpus_per_node=gpn,
         nodes=_ceil_div(job.world_size, gpn),
-        axes=axis_placements(mesh, gpn),
+        axes=axis_placements(world),
         virtual_stages_per_rank=p.vpp,
         microbatches_per_iteration=job.num_microbatches,
         tokens_per_iteration=job.tokens_per_iteration,

@@ -133,10 +133,10 @@ def test_emulator_reads_no_section_field_path_of_the_workloads_job():
 
 def test_the_workloads_mesh_has_the_emulators_axes_in_its_order():
     """workloads may not import the emulator, so its mesh names its dims itself: the same."""
-    from emulator.world.mesh import AXES
+    from emulator.world.mesh import JOB_AXES
     from workloads.train import MESH_DIMS
 
-    assert MESH_DIMS == AXES
+    assert MESH_DIMS == JOB_AXES
 
 
 def test_the_world_stage_imports_no_later_stage():

@@ -48,7 +48,7 @@ from workloads.pipeline import (
 )
 from workloads.zero import DistributedOptimizer, clip_fsdp_grad_norm_
 
-MESH_DIMS = ("dp", "pp", "cp", "tp")
+MESH_DIMS = ("dp", "pp", "cp", "tp")  # the job contract's mesh: emulator.world.mesh.JOB_AXES
 ADAMW = {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 MAX_GRAD_NORM = 1.0
 

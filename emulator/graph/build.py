@@ -1,7 +1,8 @@
 """ExecutionGraph: the whole job as one compact event table per class, built from class traces.
 
 A class is a pipeline rank (world.py); its graph is built once from the representative's
-RankTrace and its *lanes* are the class's member ranks, shaped (dp, cp, tp). Nodes, in program
+RankTrace and its *lanes* are the class's member ranks, shaped like the world's lane axes (the
+mesh without pp: (dp, cp, tp) for the job contract). Nodes, in program
 order (which is a topological order within the class):
 
 - `compute`: a *segment*, consecutive compute ops of one stream with nothing in between that
@@ -21,7 +22,7 @@ order (which is a topological order within the class):
   stream wait (`stream.wait_event` / `wait_stream`, e.g. FSDP2's compute stream waiting for
   its all-gather stream), for the last node of the other stream at the recorded event.
 
-Joins: a collective over mesh axes inside the class (dp, cp, tp, or combinations) joins the
+Joins: a collective over lane axes inside the class (dp, cp, tp, or combinations) joins the
 lanes along those axes; one whose group spans several pp indices (grad-norm all-reduce over
 pp, tied embeddings between the first and last stage) joins the matching node of each member
 class: the k-th collective with the same (kind, in-class axes, pp indices) in each of them.
@@ -50,7 +51,7 @@ from emulator.graph.execution_graph import (
     ExecutionGraph,
 )
 from emulator.world.collectives import collective
-from emulator.world.mesh import AXES, LANE_AXES, LANE_POSITIONS, PIPELINE_AXIS, World
+from emulator.world.mesh import PIPELINE_AXIS, World
 
 # ---- groups ----------------------------------------------------------------------------------
 
@@ -62,10 +63,10 @@ def axes_of_group(world: World, ranks: np.ndarray) -> tuple[tuple[str, ...], tup
     DeviceMesh builds, and the tied-embedding group {first, last stage}); anything else is
     refused rather than guessed."""
     coords = world.coords(ranks)
-    pps = tuple(sorted(set(coords[:, 1].tolist())))
+    pps = tuple(sorted(set(world.class_of(ranks).tolist())))
     varies = (coords != coords[0]).any(axis=0)
-    axes = tuple(a for a, v in zip(AXES, varies, strict=True) if v and a != PIPELINE_AXIS)
-    size = int(np.prod([world.shape[AXES.index(a)] for a in axes])) * len(pps)
+    axes = tuple(a for a, v in zip(world.names, varies, strict=True) if v and a != PIPELINE_AXIS)
+    size = int(np.prod([world.size(a) for a in axes])) * len(pps)
     if size != len(np.unique(ranks)):
         raise ValueError(
             f"group of {len(ranks)} ranks spans axes {axes} at pp {pps} but is not a full mesh group "
@@ -74,8 +75,8 @@ def axes_of_group(world: World, ranks: np.ndarray) -> tuple[tuple[str, ...], tup
     return axes, pps
 
 
-def _group_label(axes: tuple[str, ...], pps: tuple[int, ...]) -> str:
-    named = [a for a in AXES if a in axes or (a == PIPELINE_AXIS and len(pps) > 1)]
+def _group_label(world: World, axes: tuple[str, ...], pps: tuple[int, ...]) -> str:
+    named = [a for a in world.names if a in axes or (a == PIPELINE_AXIS and len(pps) > 1)]
     return "+".join(named) if named else "self"
 
 
@@ -224,8 +225,8 @@ class _Builder:
         nbytes = float(c["size_bytes"][row])
         if collective(kind).joins == "peer":
             peer = int(c["peer"][row])
-            offset = self.world.coords(peer)[0] - self.world.coords(self.rep)[0]
-            if offset[list(LANE_POSITIONS)].any():
+            if self.world.lane_of(peer) != self.world.lane_of(self.rep):
+                offset = self.world.coords(peer)[0] - self.world.coords(self.rep)[0]
                 raise ValueError(
                     f"class {self.pp}: {kind} to rank {peer} is not along {PIPELINE_AXIS} "
                     f"(offset {offset})"
@@ -245,9 +246,9 @@ class _Builder:
         axes, pps = self.group_info.get(gid) or self.group_info.setdefault(
             gid, axes_of_group(self.world, ranks)
         )
-        label = _group_label(axes, pps)
+        label = _group_label(self.world, axes, pps)
         s = self.stream(("group", gid), f"comm {gid} ({label})")
-        mask = sum(1 << LANE_AXES.index(a) for a in axes)
+        mask = sum(1 << self.world.lane_axes.index(a) for a in axes)
         duration = self.comm.duration_s(kind, nbytes, ranks)
         n = self.add(
             kind=COLLECTIVE,
@@ -279,6 +280,10 @@ def build_graph(
     `durations_s[p]` (optional, one entry per trace row) replaces the modelled compute
     durations of class p (measured kernels, or tests); `cost` may then be None, and comm is
     free unless `cost` is given. `comm_durations=False` makes every comm free (tests)."""
+    if len(world.lane_axes) > 7:
+        raise ValueError(
+            f"world has {len(world.lane_axes)} lane axes; the graph's int8 mask holds 7"
+        )
     missing = set(range(world.pp)) - set(traces_by_class)
     if missing:
         raise ValueError(f"traces_by_class lacks classes {sorted(missing)} of pp({world.pp})")

@@ -30,7 +30,7 @@ NODE_COLUMNS = {
     "issue": np.int64,  # comm: last node on the issuing stream before it, -1
     "issue_stream": np.int16,  # comm: the issuing stream, -1 when `issue` is -1
     "dep": np.int64,  # wait: the comm node waited on, -1
-    "axes": np.int8,  # collective: bit mask over mesh.LANE_AXES joined inside the class
+    "axes": np.int8,  # collective: bit mask over the world's lane axes joined inside the class
     "join": np.int64,  # pp-spanning collective: join id; recv: matching send node; else -1
     "peer_class": np.int32,  # send/recv: the other class; -1
 }
@@ -79,12 +79,12 @@ class ExecutionGraph:
     join_offsets: np.ndarray  # join id -> slice of join_class / join_node
     join_class: np.ndarray
     join_node: np.ndarray
-    lanes: tuple[int, int, int] = field(init=False)
+    lanes: tuple[int, ...] = field(init=False)  # the world's lane shape
 
     def __post_init__(self) -> None:
         if len(self.classes) != self.world.pp:
             raise ValueError(f"{len(self.classes)} class graphs for pp({self.world.pp}) classes")
-        object.__setattr__(self, "lanes", (self.world.dp, self.world.cp, self.world.tp))
+        object.__setattr__(self, "lanes", self.world.lane_shape)
 
     def join_members(self, join: int) -> list[tuple[int, int]]:
         lo, hi = self.join_offsets[join], self.join_offsets[join + 1]
@@ -99,7 +99,9 @@ class ExecutionGraph:
     def save(self, path: str | Path) -> None:
         w = self.world
         arrays = {
-            "world": np.array([w.dp, w.pp, w.cp, w.tp, w.vpp, w.gpus_per_node]),
+            "world_axes": np.array(w.names, dtype=str),
+            "world_shape": np.array(w.shape),
+            "world": np.array([w.vpp, w.gpus_per_node]),
             "join_offsets": self.join_offsets,
             "join_class": self.join_class,
             "join_node": self.join_node,
@@ -113,8 +115,11 @@ class ExecutionGraph:
     @classmethod
     def load(cls, path: str | Path) -> ExecutionGraph:
         with np.load(path, allow_pickle=False) as z:
-            dp, pp, cp, tp, vpp, gpn = (int(x) for x in z["world"])
-            world = World(dp=dp, pp=pp, cp=cp, tp=tp, vpp=vpp, gpus_per_node=gpn)
+            vpp, gpn = (int(x) for x in z["world"])
+            axes = zip(
+                (str(a) for a in z["world_axes"]), (int(s) for s in z["world_shape"]), strict=True
+            )
+            world = World(axes=tuple(axes), vpp=vpp, gpus_per_node=gpn)
             classes = tuple(
                 ClassGraph(
                     pp=p,
@@ -122,7 +127,7 @@ class ExecutionGraph:
                     streams=tuple(str(s) for s in z[f"c{p}_streams"]),
                     strings=tuple(str(s) for s in z[f"c{p}_strings"]),
                 )
-                for p in range(pp)
+                for p in range(world.pp)
             )
             return cls(
                 world=world,

@@ -1,8 +1,8 @@
 """Mesh-vectorized replay of an ExecutionGraph: per-rank timelines, iteration time, breakdown.
 
 Each class's nodes are walked once, in program order, advancing one clock per stream. A clock
-is a *lane value*: the times of all the class's member ranks as an array shaped (dp, cp, tp)
-(the mesh without pp), or a plain float when every member is identical (no per-rank speed
+is a *lane value*: the times of all the class's member ranks as an array shaped like the lane
+axes (the mesh without pp: (dp, cp, tp) for the job contract), or a plain float when every member is identical (no per-rank speed
 factors, no per-lane overrides), which is then the time of every lane: the cost of a uniform
 replay does not depend on the world size. Rules (per node, for all lanes at once):
 
@@ -39,7 +39,7 @@ from emulator.graph.results import (
     breakdown,
     critical_path,
 )
-from emulator.world.mesh import AXES, LANE_AXES, PIPELINE_AXIS
+from emulator.world.mesh import World
 
 # ---- lane arithmetic -------------------------------------------------------------------------
 
@@ -75,7 +75,7 @@ class _Class:
         self.ends: dict[int, object] = {}  # end of comm nodes a wait will read
         self.send_ready: dict[int, object] = {}  # ready of sends a recv will read
         self.factor = factor
-        self.tracked = lanes_of_rank  # rank -> lane (dp, cp, tp)
+        self.tracked = lanes_of_rank  # rank -> lane (coordinates along the lane axes)
         self.times = {r: np.zeros((3, len(g))) for r in lanes_of_rank}
         self.waited = set(g["dep"][g["dep"] >= 0].tolist())
         dur = g["duration_s"].tolist()
@@ -86,7 +86,7 @@ class _Class:
             k: g[k].tolist() for k in ("kind", "stream", "slowdown", "issue_stream", "dep", "join")
         }
         self.axes = [
-            tuple(a for a in range(len(LANE_AXES)) if m >> a & 1) for m in g["axes"].tolist()
+            tuple(a for a in range(len(graph.lanes)) if m >> a & 1) for m in g["axes"].tolist()
         ]
         self.peer = g["peer_class"].tolist()
         self.deposited: set[int] = set()
@@ -196,8 +196,8 @@ def replay(
 ) -> ReplayResult:
     """Replay `graph` once.
 
-    speed_factors: array shaped like the mesh (dp, pp, cp, tp); compute durations of each rank
-    are multiplied by its factor. overrides: {pp: {node: duration_s or lane array (dp, cp, tp)}}
+    speed_factors: array shaped like the mesh (world.shape); compute durations of each rank
+    are multiplied by its factor. overrides: {pp: {node: duration_s or lane array}}
     replacing a node's base duration (the speed factor still applies to compute nodes).
     ranks: global ranks whose timelines to keep besides the class representatives."""
     world = graph.world
@@ -207,9 +207,9 @@ def replay(
         np.ndim(v) for per in overrides.values() for v in per.values()
     )
     if speed_factors is not None:
-        speed_factors = _checked_speed_factors(speed_factors, world.shape)
+        speed_factors = _checked_speed_factors(speed_factors, world)
     ops = _scalar_ops() if uniform else _array_ops(lanes)
-    tracked = {p: {world.representative(p): (0,) * len(LANE_AXES)} for p in range(world.pp)}
+    tracked = {p: {world.representative(p): (0,) * len(lanes)} for p in range(world.pp)}
     for r in np.atleast_1d(np.asarray(ranks, dtype=np.int64)).tolist():
         tracked[world.pipeline_index(r)][r] = world.lane_of(r)
     classes = [
@@ -217,7 +217,7 @@ def replay(
             graph,
             p,
             ops,
-            None if speed_factors is None else np.take(speed_factors, p, axis=_PIPELINE),
+            _class_factors(speed_factors, world, p),
             overrides.get(p),
             tracked[p],
         )
@@ -243,16 +243,22 @@ def replay(
     )
 
 
-_PIPELINE = AXES.index(PIPELINE_AXIS)
-
-
-def _checked_speed_factors(speed_factors, shape) -> np.ndarray:
+def _checked_speed_factors(speed_factors, world: World) -> np.ndarray:
     speed_factors = np.asarray(speed_factors, dtype=float)
-    if speed_factors.shape != shape:
-        raise ValueError(f"speed_factors shape {speed_factors.shape} != mesh {AXES} {shape}")
+    if speed_factors.shape != world.shape:
+        raise ValueError(
+            f"speed_factors shape {speed_factors.shape} != mesh {world.names} {world.shape}"
+        )
     if (speed_factors <= 0).any():
         raise ValueError("speed_factors must be > 0")
     return speed_factors
+
+
+def _class_factors(speed_factors, world: World, p: int):
+    """Class p's slice of the speed factors: shaped like its lanes."""
+    if speed_factors is None or world.pipeline_position is None:
+        return speed_factors
+    return np.take(speed_factors, p, axis=world.pipeline_position)
 
 
 def _run(job: _Job) -> None:

@@ -79,7 +79,7 @@ class _Program:
 
 def _stage_trace(world: World, pp: int, m: int):
     p = _Program(world, pp)
-    stride = world.cp * world.tp
+    stride = world.size("cp") * world.size("tp")
     act = 2 * 4096 * 16384
 
     def fwd(mb):
@@ -150,7 +150,7 @@ def main() -> None:
         "## 405B-like job: 16 classes, dp=64, tp=8 (8 192 GPUs), 1F1B, 32 micro-batches",
         "",
     ]
-    world = World(dp=64, pp=PP, cp=1, tp=TP)
+    world = World.grid(dp=64, pp=PP, cp=1, tp=TP)
     t0 = time.perf_counter()
     traces = {p: _stage_trace(world, p, 32) for p in range(PP)}
     t_trace = time.perf_counter() - t0
@@ -172,7 +172,7 @@ def main() -> None:
     ]
     for ws in (1024, 4096, 16384, 65536, 131072):
         dp = ws // (PP * TP)
-        world = World(dp=dp, pp=PP, cp=1, tp=TP)
+        world = World.grid(dp=dp, pp=PP, cp=1, tp=TP)
         graph = build_graph(
             {p: _stage_trace(world, p, 8) for p in range(PP)}, world, CostContext(topology=TOPO)
         )

@@ -85,7 +85,7 @@ class Stage:
         self.comms.append(WaitEvent(seq=self._next(), comm_seq=comm_seq))
 
     def _p2p(self, kind: str, other_pp: int, nbytes: int, wait: bool) -> int:
-        peer = self.rep + (other_pp - self.pp) * self.world.cp * self.world.tp
+        peer = self.world.representative(other_pp)
         gid = f"p2p:{min(self.pp, other_pp)}-{max(self.pp, other_pp)}"
         self.groups[gid] = np.array(sorted((self.rep, peer)))
         seq = self._next()

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from emulator.capture.trace import COMM, PHASES, RankTrace
-from emulator.world.mesh import AXES, World, group_axes
+from emulator.world.mesh import World, group_axes
 from prismbench.capture import capture_job
 from prismbench.spec import job_spec_from_dict
 
@@ -120,7 +120,7 @@ def normalised(trace: RankTrace, world: World, rank: int) -> dict[str, np.ndarra
     axes = {g: _axes_text(group_axes(world, rank, np.asarray(r))) for g, r in groups.items()}
     out["group"] = np.array([axes.get(g, "") for g in strings[c["group"]]], dtype=object)
     peer = c["peer"]
-    offsets = np.zeros((len(peer), len(AXES)), np.int64)
+    offsets = np.zeros((len(peer), len(world.shape)), np.int64)
     has_peer = peer >= 0
     offsets[has_peer] = world.coords(peer[has_peer]) - world.coords(rank)[0]
     out["peer"] = np.where(has_peer[:, None], offsets, -(10**9))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from emulator.world.mesh import World
 from prismbench.explain import (
     axis_placements,
     explain,
@@ -179,7 +180,7 @@ def test_gqa_reduces_forward_flops_by_the_smaller_kv_projections():
 
 
 def test_axis_placement_marks_groups_that_leave_the_node():
-    dp, pp, cp, tp = axis_placements((4, 1, 4, 4), gpus_per_node=8)
+    dp, pp, cp, tp = axis_placements(World.grid(dp=4, pp=1, cp=4, tp=4, gpus_per_node=8))
     assert tp.intra_node and tp.stride == 1
     assert not cp.intra_node and cp.stride == 4 and cp.nodes_per_group == 2
     assert pp.intra_node  # size 1

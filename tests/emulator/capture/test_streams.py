@@ -56,7 +56,7 @@ def replayed(wait: bool, durations: dict[str, float]):
     trace = record_two_streams(wait)
     names = [trace.strings[i] for i in trace["name"]]
     per_row = [durations.get(n, 0.0) if k == COMPUTE else 0.0 for n, k in zip(names, trace["kind"].tolist(), strict=True)]
-    world = World(dp=1, pp=1, cp=1, tp=1)
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
     graph = build_graph({0: trace}, world, None, durations_s={0: per_row})
     return graph, replay(graph)
 

@@ -35,14 +35,14 @@ def _mm_stage(world):
 
 
 def test_op_record_reads_gemm_dims_from_tensors():
-    world = World(dp=1, pp=1, cp=1, tp=1)
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
     trace, _ = _mm_stage(world).trace()
     op = op_record(trace, 0)
     assert (op.name, op.dtype, op.m, op.n, op.k) == ("mm", "bf16", 64, 128, 256)
 
 
 def test_op_record_reads_attention_backward_query_and_key():
-    world = World(dp=1, pp=1, cp=1, tp=1)
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
     s = Stage(world, 0)
     q, k = (2, 16, 1024, 128), (2, 4, 1024, 128)
     s.compute(
@@ -55,7 +55,7 @@ def test_op_record_reads_attention_backward_query_and_key():
 
 
 def test_modelled_compute_durations_use_the_cost_model():
-    world = World(dp=1, pp=1, cp=1, tp=1)
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
     trace, _ = _mm_stage(world).trace()
     expected = op_time_s(gemm_op("mm", 64, 128, 256), TOPO.gpu)
     c = compute_durations_s(trace, CostContext(topology=TOPO))

@@ -32,7 +32,7 @@ def _kinds(graph, pp=0):
 
 
 def test_consecutive_compute_merges_into_one_segment():
-    world = World(dp=2, pp=1, cp=1, tp=1)
+    world = World.grid(dp=2, pp=1, cp=1, tp=1)
     s = Stage(world, 0)
     for d in (1.0, 2.0, 3.0):
         s.compute(d, flops=10)
@@ -42,7 +42,7 @@ def test_consecutive_compute_merges_into_one_segment():
 
 
 def test_collective_and_wait_split_segments():
-    world = World(dp=2, pp=1, cp=1, tp=1)
+    world = World.grid(dp=2, pp=1, cp=1, tp=1)
     s = Stage(world, 0)
     s.compute(1.0)
     h = s.collective("all_reduce", "dp", async_op=True)
@@ -57,7 +57,7 @@ def test_collective_and_wait_split_segments():
 
 
 def test_micro_batch_change_splits_segments_and_streams_do_not_merge():
-    world = World(dp=1, pp=1, cp=1, tp=1)
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
     s = Stage(world, 0)
     s.compute(1.0, mb=0)
     s.compute(1.0, mb=1)
@@ -73,7 +73,7 @@ def test_blocking_collective_without_wait_event_gets_one():
     from emulator.graph.build import build_graph
     from emulator.world.comm_events import CommEvent
 
-    world = World(dp=2, pp=1, cp=1, tp=1)
+    world = World.grid(dp=2, pp=1, cp=1, tp=1)
     event = CommEvent(
         seq=1,
         kind="all_reduce",
@@ -91,7 +91,7 @@ def test_blocking_collective_without_wait_event_gets_one():
 
 
 def test_one_comm_stream_per_group():
-    world = World(dp=2, pp=1, cp=1, tp=2)
+    world = World.grid(dp=2, pp=1, cp=1, tp=2)
     s = Stage(world, 0)
     s.collective("all_reduce", "tp")
     s.collective("all_reduce", "dp")
@@ -104,7 +104,7 @@ def test_one_comm_stream_per_group():
 
 
 def test_kth_send_matches_kth_recv():
-    world = World(dp=1, pp=2, cp=1, tp=1)
+    world = World.grid(dp=1, pp=2, cp=1, tp=1)
     graph = build(world, pipeline(world, 3, 1.0, 1.0, "gpipe"))
     g0, g1 = graph.classes
     sends = np.flatnonzero((g0["kind"] == SEND) & (g0["peer_class"] == 1))
@@ -113,7 +113,7 @@ def test_kth_send_matches_kth_recv():
 
 
 def test_unmatched_recv_is_refused():
-    world = World(dp=1, pp=2, cp=1, tp=1)
+    world = World.grid(dp=1, pp=2, cp=1, tp=1)
     a, b = Stage(world, 0), Stage(world, 1)
     b.recv(0)
     with pytest.raises(ValueError, match="sends 0 messages"):
@@ -121,7 +121,7 @@ def test_unmatched_recv_is_refused():
 
 
 def test_pp_collectives_join_by_order():
-    world = World(dp=2, pp=3, cp=1, tp=1)
+    world = World.grid(dp=2, pp=3, cp=1, tp=1)
     stages = [Stage(world, p) for p in range(3)]
     for s in stages:
         s.collective("all_reduce", "pp")
@@ -136,7 +136,7 @@ def test_pp_collectives_join_by_order():
 
 
 def test_axes_of_group():
-    world = World(dp=2, pp=4, cp=2, tp=4)
+    world = World.grid(dp=2, pp=4, cp=2, tp=4)
     assert axes_of_group(world, world.group_of(0, "tp")) == (("tp",), (0,))
     assert axes_of_group(world, world.group_of(0, ("dp", "cp"))) == (("dp", "cp"), (0,))
     assert axes_of_group(world, world.rank_of(pp=np.array([0, 3]))) == ((), (0, 3))
@@ -144,8 +144,14 @@ def test_axes_of_group():
         axes_of_group(world, np.array([0, 1]))
 
 
-def test_save_load_round_trip(tmp_path):
-    world = World(dp=2, pp=2, cp=1, tp=2)
+@pytest.mark.parametrize(
+    "world",
+    [
+        World.grid(dp=2, pp=2, cp=1, tp=2),
+        World(axes=(("pp", 2), ("dp_replicate", 2), ("dp_shard", 2), ("tp", 2)), vpp=2),
+    ],
+)
+def test_save_load_round_trip(tmp_path, world):
     graph = build(world, pipeline(world, 2, 1.0, 1.0, "1f1b"))
     graph.save(tmp_path / "g.npz")
     loaded = ExecutionGraph.load(tmp_path / "g.npz")
@@ -157,7 +163,7 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_edges_are_csr_of_predecessors():
-    world = World(dp=2, pp=1, cp=1, tp=1)
+    world = World.grid(dp=2, pp=1, cp=1, tp=1)
     s = Stage(world, 0)
     s.compute(1.0)
     s.collective("all_reduce", "dp")
@@ -168,7 +174,7 @@ def test_edges_are_csr_of_predecessors():
 
 
 def test_collectives_are_priced_on_the_topology():
-    world = World(dp=1, pp=1, cp=1, tp=8)
+    world = World.grid(dp=1, pp=1, cp=1, tp=8)
     s = Stage(world, 0)
     s.collective("all_reduce", "tp", nbytes=1 << 28)
     g = build(world, [s], CostContext(topology=TOPO)).classes[0]

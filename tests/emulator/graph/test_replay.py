@@ -20,7 +20,7 @@ def _dp_program(world, compute_s, allreduce_s):
 
 
 def test_pure_dp_without_overlap_is_compute_plus_allreduce():
-    world = World(dp=8, pp=1, cp=1, tp=1)
+    world = World.grid(dp=8, pp=1, cp=1, tp=1)
     result = replay(build(world, [_dp_program(world, 3.0, 0.5)]))
     assert result.iteration_time_s == pytest.approx(3.5)
     c = result.per_class[0]
@@ -33,7 +33,7 @@ def test_pure_dp_without_overlap_is_compute_plus_allreduce():
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (8, 16)])
 def test_uniform_pipeline_iteration_and_bubble(schedule, p, m):
-    world = World(dp=1, pp=p, cp=1, tp=1)
+    world = World.grid(dp=1, pp=p, cp=1, tp=1)
     f, b = 1.0, 2.0
     result = replay(build(world, pipeline(world, m, f, b, schedule)))
     assert result.iteration_time_s == pytest.approx((m + p - 1) * (f + b))
@@ -48,7 +48,7 @@ def test_uniform_pipeline_iteration_and_bubble(schedule, p, m):
 @pytest.mark.parametrize(("p", "m"), [(4, 8), (8, 16)])
 def test_interleaving_shrinks_the_bubble_by_vpp(v, p, m):
     # Megatron's interleaved 1F1B with chunks of f/v and b/v: bubble (p-1)(f+b)/v exactly.
-    world = World(dp=1, pp=p, cp=1, tp=1, vpp=v)
+    world = World.grid(dp=1, pp=p, cp=1, tp=1, vpp=v)
     f, b = 1.0, 2.0
     result = replay(build(world, pipeline(world, m, f, b, "interleaved")))
     assert result.iteration_time_s == pytest.approx(m * (f + b) + (p - 1) * (f + b) / v)
@@ -67,14 +67,14 @@ def _async_dp(world, before_s, after_s, allreduce_s):
 
 
 def test_async_allreduce_hidden_behind_long_enough_backward():
-    world = World(dp=4, pp=1, cp=1, tp=1)
+    world = World.grid(dp=4, pp=1, cp=1, tp=1)
     result = replay(build(world, [_async_dp(world, 1.0, 2.0, 1.5)]))
     assert result.iteration_time_s == pytest.approx(1.0 + 2.0 + 0.25)
     assert result.per_class[0].exposed_comm_s == pytest.approx(0.0)
 
 
 def test_async_allreduce_partly_exposed_behind_short_backward():
-    world = World(dp=4, pp=1, cp=1, tp=1)
+    world = World.grid(dp=4, pp=1, cp=1, tp=1)
     result = replay(build(world, [_async_dp(world, 1.0, 0.5, 1.5)]))
     assert result.iteration_time_s == pytest.approx(1.0 + 1.5 + 0.25)
     assert result.per_class[0].exposed_comm_s == pytest.approx(1.0)
@@ -90,7 +90,7 @@ def _tp_then_dp(world):
 
 
 def test_slowed_rank_delays_exactly_the_collectives_it_joins():
-    world = World(dp=2, pp=1, cp=1, tp=2)
+    world = World.grid(dp=2, pp=1, cp=1, tp=2)
     stage, tp_seq, dp_seq = _tp_then_dp(world)
     graph = build(world, [stage])
     factors = np.ones(world.shape)
@@ -105,13 +105,37 @@ def test_slowed_rank_delays_exactly_the_collectives_it_joins():
     assert result.iteration_time_s == pytest.approx(4.0)
 
 
+def test_an_expert_all_to_all_on_a_factored_torchtitan_mesh_joins_its_block_only():
+    """torchtitan's MoE mesh: EP = dp_shard_in_ep x cp, carved out of dp_shard x cp. A slow
+    rank delays its EP block and, through the dp_shard x cp reduce-scatter, every rank of it."""
+    world = World(axes=(("dp_shard_mod_ep", 2), ("dp_shard_in_ep", 2), ("cp", 2), ("tp", 2)))
+    s = Stage(world, 0)
+    s.compute(1.0)
+    ep = s.collective("all_to_all", ("dp_shard_in_ep", "cp"))
+    s.compute(1.0)
+    fsdp = s.collective("reduce_scatter", ("dp_shard_mod_ep", "dp_shard_in_ep", "cp"))
+    graph = build(world, [s])
+    assert graph.lanes == world.shape  # no pipeline axis: one class, every axis a lane axis
+    factors = np.ones(world.shape)
+    factors[0, 0, 0, 0] = 3.0  # rank 0 computes at a third of the speed
+    others = world.group_of(0, "tp")[1:].tolist() + [world.rank_of(dp_shard_mod_ep=1)]
+    ep_mate = world.rank_of(dp_shard_in_ep=1)
+    result = replay(graph, speed_factors=factors, ranks=[ep_mate, *others])
+    start = {r: t.start_s for r, t in result.timelines.items()}
+    ep_node, fsdp_node = node_of(graph, 0, s, ep), node_of(graph, 0, s, fsdp)
+    assert start[ep_mate][ep_node] == pytest.approx(3.0)  # same EP block as rank 0
+    assert start[others[1]][ep_node] == pytest.approx(1.0)  # other EP block
+    assert start[others[1]][fsdp_node] == pytest.approx(6.0)  # joined by the reduce-scatter
+    assert start[others[0]][fsdp_node] == pytest.approx(2.0)  # tp peer: not in the group
+
+
 @pytest.mark.parametrize("case", ["dp", "pipeline"])
 def test_unit_factors_match_uniform_replay(case):
     if case == "dp":
-        world = World(dp=2, pp=1, cp=1, tp=2)
+        world = World.grid(dp=2, pp=1, cp=1, tp=2)
         graph = build(world, [_async_dp(world, 1.0, 0.5, 1.5)])
     else:
-        world = World(dp=2, pp=4, cp=1, tp=2)
+        world = World.grid(dp=2, pp=4, cp=1, tp=2)
         graph = build(world, pipeline(world, 8, 1.0, 2.0, "1f1b"))
     uniform = replay(graph)
     lanes = replay(graph, speed_factors=np.ones(world.shape))
@@ -123,7 +147,7 @@ def test_unit_factors_match_uniform_replay(case):
 
 
 def test_override_replaces_one_node_duration():
-    world = World(dp=2, pp=1, cp=1, tp=1)
+    world = World.grid(dp=2, pp=1, cp=1, tp=1)
     stage = _dp_program(world, 3.0, 0.5)
     graph = build(world, [stage])
     result = replay(graph, overrides={0: {0: 1.0}})
@@ -131,7 +155,7 @@ def test_override_replaces_one_node_duration():
 
 
 def test_per_lane_override_takes_the_slowest_member():
-    world = World(dp=2, pp=1, cp=1, tp=1)
+    world = World.grid(dp=2, pp=1, cp=1, tp=1)
     graph = build(world, [_dp_program(world, 3.0, 0.5)])
     result = replay(graph, overrides={0: {0: np.array([1.0, 2.0]).reshape(2, 1, 1)}})
     assert not result.uniform
@@ -139,7 +163,7 @@ def test_per_lane_override_takes_the_slowest_member():
 
 
 def test_pp_spanning_allreduce_joins_all_stages():
-    world = World(dp=1, pp=3, cp=1, tp=1)
+    world = World.grid(dp=1, pp=3, cp=1, tp=1)
     stages = []
     for p, compute_s in enumerate([1.0, 3.0, 2.0]):
         s = Stage(world, p)
@@ -151,7 +175,7 @@ def test_pp_spanning_allreduce_joins_all_stages():
 
 
 def test_tied_embedding_allreduce_joins_only_first_and_last_stage():
-    world = World(dp=1, pp=3, cp=1, tp=1)
+    world = World.grid(dp=1, pp=3, cp=1, tp=1)
     stages = []
     for p, compute_s in enumerate([1.0, 3.0, 2.0]):
         s = Stage(world, p)
@@ -164,7 +188,7 @@ def test_tied_embedding_allreduce_joins_only_first_and_last_stage():
 
 
 def test_receive_before_send_on_both_sides_is_a_deadlock():
-    world = World(dp=1, pp=2, cp=1, tp=1)
+    world = World.grid(dp=1, pp=2, cp=1, tp=1)
     stages = []
     for p in range(2):
         s = Stage(world, p)
@@ -176,7 +200,7 @@ def test_receive_before_send_on_both_sides_is_a_deadlock():
 
 
 def test_critical_path_is_contiguous_and_spans_the_iteration():
-    world = World(dp=1, pp=4, cp=1, tp=1)
+    world = World.grid(dp=1, pp=4, cp=1, tp=1)
     result = replay(build(world, pipeline(world, 8, 1.0, 2.0, "1f1b")))
     path = result.critical_path
     assert path[0].start_s == pytest.approx(0.0)
@@ -193,7 +217,7 @@ def test_compute_overlapping_a_collective_is_slowed():
         link=intra_node_link("nvlink4"),
         network=inter_node_network("ib-ndr-8x400"),
     )
-    world = World(dp=1, pp=1, cp=1, tp=8)
+    world = World.grid(dp=1, pp=1, cp=1, tp=8)
     s = Stage(world, 0)
     h = s.collective("all_reduce", "tp", nbytes=1 << 30, async_op=True)
     s.compute(1e-3, name="mm")
@@ -209,7 +233,7 @@ def test_compute_overlapping_a_collective_is_slowed():
 
 
 def test_to_dict_has_the_figures():
-    world = World(dp=2, pp=1, cp=1, tp=1)
+    world = World.grid(dp=2, pp=1, cp=1, tp=1)
     d = replay(build(world, [_dp_program(world, 3.0, 0.5)])).to_dict()
     assert d["iteration_time_s"] == pytest.approx(3.5)
     assert {"compute_s", "exposed_comm_s", "bubble_s", "idle_s"} <= set(d["per_class"][0])

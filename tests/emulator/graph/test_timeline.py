@@ -13,7 +13,7 @@ from tests.emulator.synthetic_traces import build, pipeline
 
 @pytest.fixture(scope="module")
 def exported():
-    world = World(dp=2, pp=2, cp=1, tp=2)
+    world = World.grid(dp=2, pp=2, cp=1, tp=2)
     stages = pipeline(world, 4, 1.0, 2.0, "1f1b")
     for s in stages:
         s.collective("all_reduce", "dp", duration_s=0.5)

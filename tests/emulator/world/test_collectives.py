@@ -47,7 +47,7 @@ def test_every_kind_the_virtual_world_records_has_a_row(module):
 def test_every_group_collective_is_priced_and_joined_by_the_graph(kind):
     ranks = np.arange(8)
     assert collective_time_s(collective(kind).cost_kind, 1 << 20, ranks, TOPO) > 0
-    world = World(dp=1, pp=1, cp=1, tp=8)
+    world = World.grid(dp=1, pp=1, cp=1, tp=8)
     stage = Stage(world, 0)
     stage.collective(kind, "tp", nbytes=1 << 20)
     graph = build(world, [stage], CostContext(topology=TOPO)).classes[0]
@@ -56,7 +56,7 @@ def test_every_group_collective_is_priced_and_joined_by_the_graph(kind):
 
 
 def test_peer_kinds_become_send_and_recv_nodes_priced_as_send_recv():
-    world = World(dp=1, pp=2, cp=1, tp=1)
+    world = World.grid(dp=1, pp=2, cp=1, tp=1)
     first, second = Stage(world, 0), Stage(world, 1)
     first.send(1)
     second.recv(0)

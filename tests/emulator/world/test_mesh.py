@@ -11,10 +11,10 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from emulator.world.comm_events import Recorder, recording
-from emulator.world.mesh import World, normalise_trace
+from emulator.world.mesh import JOB_AXES, World, group_axes, normalise_trace
 from emulator.world.virtual_world import destroy_virtual_world, init_virtual_world
 
-BIG = World(dp=128, pp=16, cp=8, tp=8)
+BIG = World.grid(dp=128, pp=16, cp=8, tp=8)
 
 
 def test_rank_formula_matches_contract():
@@ -39,7 +39,7 @@ def test_nodes_and_validation():
     assert BIG.node_of(70_001) == 8750
     assert BIG.node_of([7, 8]).tolist() == [0, 1]
     with pytest.raises(ValueError, match=r"tp\(0\) must be an int >= 1"):
-        World(dp=1, pp=1, cp=1, tp=0)
+        World.grid(dp=1, pp=1, cp=1, tp=0)
     with pytest.raises(ValueError, match="ranks must be in"):
         BIG.coords([131_072])
     with pytest.raises(ValueError, match="axis"):
@@ -47,7 +47,7 @@ def test_nodes_and_validation():
 
 
 def test_classes_are_pipeline_ranks_with_their_virtual_stages():
-    w = World(dp=2, pp=4, cp=1, tp=2, vpp=2)
+    w = World.grid(dp=2, pp=4, cp=1, tp=2, vpp=2)
     classes = w.classes()
     assert list(classes) == [0, 1, 2, 3]
     assert classes[1] == (2, 4, (1, 5))
@@ -55,7 +55,7 @@ def test_classes_are_pipeline_ranks_with_their_virtual_stages():
     assert w.representative(3) == 6
 
 
-SMALL = World(dp=4, pp=2, cp=2, tp=2)
+SMALL = World.grid(dp=4, pp=2, cp=2, tp=2)
 
 
 class Block(nn.Module):
@@ -114,10 +114,54 @@ def test_ranks_of_different_classes_record_different_traces():
 
 
 def test_lanes_and_pipeline_index_come_from_the_named_axes():
-    from emulator.world.mesh import AXES, LANE_AXES, PIPELINE_AXIS
-
-    assert LANE_AXES == tuple(a for a in AXES if a != PIPELINE_AXIS)
-    world = World(dp=2, pp=3, cp=2, tp=4)
+    world = World.grid(dp=2, pp=3, cp=2, tp=4)
+    assert world.names == JOB_AXES and world.lane_axes == ("dp", "cp", "tp")
     rank = world.rank_of(dp=1, pp=2, cp=0, tp=3)
     assert world.pipeline_index(rank) == 2
     assert world.lane_of(rank) == (1, 0, 3)  # (dp, cp, tp): the class's lane shape order
+    assert world.lane_shape == (2, 2, 4)
+
+
+# torchtitan's mesh: pp outermost, data parallel split into replicate x shard.
+TITAN = World(axes=(("pp", 2), ("dp_replicate", 2), ("dp_shard", 4), ("cp", 2), ("tp", 2)))
+
+
+def test_a_mesh_we_do_not_choose_has_its_own_names_order_and_classes():
+    assert TITAN.world_size == 64 and TITAN.pp == 2
+    assert TITAN.lane_axes == ("dp_replicate", "dp_shard", "cp", "tp")
+    assert TITAN.representative(1) == 32  # pp is outermost here
+    assert TITAN.class_of(np.arange(64)).tolist() == [0] * 32 + [1] * 32
+    # torchtitan's flattened dp_shard_cp: one group over two named axes
+    dp_shard_cp = TITAN.group_of(37, ("dp_shard", "cp"))
+    assert len(dp_shard_cp) == 8 and set(TITAN.coords(dp_shard_cp)[:, 1]) == {0}
+    assert group_axes(TITAN, 37, dp_shard_cp) == ("dp_shard", "cp")
+
+
+def test_an_expert_group_carved_out_of_dp_x_cp_is_a_sub_grid_of_the_factored_world():
+    """EP = 4 out of dp_shard x cp = 4 x 2: consecutive halves of the flattened dimension, no
+    sub-grid of the named axes; factoring dp_shard (as torchtitan does) makes it one."""
+    flat = TITAN.group_of(0, ("dp_shard", "cp"))
+    ep_group = flat[:4]  # ranks 0, 2, 4, 6 -> dp_shard 0..1, cp 0..1
+    assert group_axes(TITAN, 0, ep_group) is None
+    moe = TITAN.factor("dp_shard", (("dp_shard_mod_ep", 2), ("dp_shard_in_ep", 2)))
+    assert moe.world_size == TITAN.world_size
+    assert np.array_equal(
+        moe.coords(np.arange(64))[:, [0, 1, 4, 5]], TITAN.coords(np.arange(64))[:, [0, 1, 3, 4]]
+    )
+    assert group_axes(moe, 0, ep_group) == ("dp_shard_in_ep", "cp")
+    assert np.array_equal(moe.group_of(0, ("dp_shard_in_ep", "cp")), ep_group)
+    # every EP group is such a block, and together they partition the world
+    ep = moe.groups(("dp_shard_in_ep", "cp"))
+    assert ep.shape == (16, 4) and np.array_equal(np.sort(ep.ravel()), np.arange(64))
+    with pytest.raises(ValueError, match="multiply to 4"):
+        TITAN.factor("dp_shard", (("a", 3), ("b", 2)))
+
+
+def test_a_world_without_a_pipeline_axis_is_one_class():
+    world = World(axes=(("dp", 4), ("tp", 2)))
+    assert world.pp == 1 and world.classes()[0] == (0, 8, (0,))
+    assert world.class_of(np.arange(8)).tolist() == [0] * 8
+    with pytest.raises(ValueError, match="distinct identifiers"):
+        World(axes=(("dp", 4), ("dp", 2)))
+    with pytest.raises(ValueError, match=r"not among the world's axes"):
+        world.rank_of(pp=1)
