@@ -52,12 +52,11 @@ class ReuseSink:
 
     def watch_first_dispatch(self) -> None:
         """Remember where the next op that sets the phase starts (`first_dispatch`)."""
-        self._recorder._first_dispatch = None
+        self._recorder.state.watch_first_dispatch()
 
     def first_dispatch(self) -> int | None:
         """Index in `events` of the first phase-setting op since `watch_first_dispatch`."""
-        index, self._recorder._first_dispatch = self._recorder._first_dispatch, -1
-        return index
+        return self._recorder.state.take_first_dispatch()
 
     def storage_uid(self, tensor: torch.Tensor) -> int | None:
         """The id this recorder gave the storage of `tensor`, None if it has not seen it."""
@@ -71,7 +70,7 @@ class ReuseSink:
         key = id(storage)
         ref = weakref.ref(storage, lambda r, key=key: self._recorder.storages.on_free(key, r))
         self._recorder.storages.live[key] = StorageRecord(
-            uid, storage.nbytes(), self._recorder._epoch, False, ref
+            uid, storage.nbytes(), self._recorder.state.epoch, False, ref
         )
 
     def inject(
@@ -110,11 +109,11 @@ class ReuseSink:
             is_phase_marker = e.kind == MARKER and e.name.startswith("phase:")
             if op_index == first_dispatch:
                 dispatched = True
-                if not is_phase_marker and e.phase != self._recorder._last_phase:
-                    self._recorder._transition(e.phase, e.stream, e.module, micro_batch)
+                if not is_phase_marker and e.phase != self._recorder.state.last_phase:
+                    self._recorder.transition(e.phase, e.stream, e.module, micro_batch)
             if is_phase_marker:
-                if e.phase != self._recorder._last_phase:
-                    self._recorder._transition(e.phase, e.stream, e.module, micro_batch)
+                if e.phase != self._recorder.state.last_phase:
+                    self._recorder.transition(e.phase, e.stream, e.module, micro_batch)
                 continue
             storage = e.storage
             if e.kind == ALLOC:
@@ -130,6 +129,6 @@ class ReuseSink:
                     seq=self._recorder.sequence.next_seq(),
                     micro_batch=micro_batch,
                     storage=storage,
-                    phase=e.phase if dispatched else self._recorder._last_phase,
+                    phase=e.phase if dispatched else self._recorder.state.last_phase,
                 )
             )

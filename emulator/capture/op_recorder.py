@@ -9,9 +9,8 @@ in program order and with seq numbers from a shared `trace.EventSequence`:
   event the moment a storage dies (a weakref callback on the untyped storage, so a `del`
   is recorded before the next op runs).
 
-Phase: "optimizer" (or any of `trace.PHASES`) while the caller holds `recorder.phase(...)`;
-otherwise "backward" inside an autograd graph task, "recompute" when a module forward runs
-inside one (activation checkpointing), else "forward".
+Phase, micro-batch and stream of each op: emulator.capture.phase_state (the caller forces
+"optimizer" with `recorder.phase(...)`).
 Categories: declared with `tag()`; `.grad` of tagged parameters becomes "gradient" as it is
 accumulated; otherwise inferred: "communication" for collective outputs and off-stream-0
 allocations, "optimizer_state" in the optimizer phase, "temporary" in backward,
@@ -27,17 +26,12 @@ from collections.abc import Iterator
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.weak import WeakIdKeyDictionary
 
 from emulator import torch_compat
 from emulator.capture import opmap
-from emulator.capture.storages import (
-    BACKWARD,
-    FORWARD,
-    INFERRED_PHASE_CATEGORY,
-    RECOMPUTE,
-    StorageLedger,
-)
+from emulator.capture.declared import Declarations
+from emulator.capture.phase_state import PhaseState
+from emulator.capture.storages import INFERRED_PHASE_CATEGORY, OPTIMIZER, StorageLedger
 from emulator.capture.streams import RECORD, StreamTracker, current_stream_id
 from emulator.capture.trace import (
     COMPUTE,
@@ -65,12 +59,6 @@ _ADD_ = torch.ops.aten.add_.Tensor
 _OP_INFOS: dict = {}  # OpOverload -> opmap.OpInfo, shared by all recorders (pure function)
 
 
-def _dtensor_type():
-    from torch.distributed.tensor import DTensor
-
-    return DTensor
-
-
 def _tensors(values) -> list[torch.Tensor]:
     found = []
     for v in values:
@@ -90,32 +78,19 @@ class OpRecorder(TorchDispatchMode):
         self.events: list[OpEvent] = []
         self.storages = StorageLedger(self)
         self._dtype_names: dict[torch.dtype, str] = {}
-        self._stream = 0
-        self._micro_batch = -1
-        self._phase_stack: list[int] = []
-        self._last_phase = -1
-        self._epoch = 0
-        self._fw_depth = 0
-        self._paused = 0
-        self._first_dispatch: int | None = -1  # -1: not watched; None: watched, not seen
-        self._params = WeakIdKeyDictionary()  # tagged parameters (keys only)
-        self._grad_hooks: list = []
+        self.state = PhaseState()
+        self.declarations = Declarations(self.storages, lambda: self.state.is_paused)
         self._mod_tracker = torch_compat.LeafSafeModTracker()
         self._fake_mode = None
         self._resize_patch = None
-        self._dtensor = _dtensor_type()
+        self._dtensor = self.declarations.dtensor
 
     # ---- caller-facing context ------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def on_stream(self, stream: int) -> Iterator[None]:
+    def on_stream(self, stream: int):
         """Ops and allocations inside the block belong to stream `stream` (0 = compute),
         whatever stream the program is on (emulator.capture.streams tracks that otherwise)."""
-        previous, self._stream = self._stream, stream
-        try:
-            yield
-        finally:
-            self._stream = previous
+        return self.state.on_stream(stream)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -128,130 +103,89 @@ class OpRecorder(TorchDispatchMode):
 
     def push_phase(self, name: str) -> None:
         """Force the phase until the matching `pop_phase` (for hooks that cannot use `with`)."""
-        if name not in PHASES:
-            raise ValueError(f"phase({name!r}) is not one of {PHASES}")
-        self._phase_stack.append(PHASES.index(name))
-        if name == "optimizer":
-            for p in list(self._params.keys()):
-                if p.grad is not None:
-                    self.tag(p.grad, "gradient")
+        if self.state.push_phase(name) == OPTIMIZER:
+            self.declarations.tag_gradients()
 
     def pop_phase(self) -> None:
-        self._phase_stack.pop()
+        self.state.pop_phase()
 
     @contextlib.contextmanager
     def micro_batch(self, index: int) -> Iterator[None]:
-        previous = self._micro_batch
+        previous = self.state.micro_batch
         self.set_micro_batch(index)
         try:
             yield
         finally:
-            self._micro_batch = previous
+            self.state.micro_batch = previous
 
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
+    def paused(self):
         """Ops inside the block run unrecorded (work the program does not do on a GPU, such as
         DTensor running an op on fake tensors to learn its output's shape)."""
-        self._paused += 1
-        try:
-            yield
-        finally:
-            self._paused -= 1
+        return self.state.paused()
 
     def set_micro_batch(self, index: int) -> None:
         """Ops from now on belong to micro-batch `index` (marked in the trace)."""
-        self._micro_batch = index
+        self.state.micro_batch = index
         self.mark(f"micro_batch:{index}")
 
     @property
     def current_micro_batch(self) -> int:
-        return self._micro_batch
+        return self.state.micro_batch
 
     @property
     def categories(self) -> dict[int, str]:
         """Storage uid -> its current memory category."""
         return self.storages.categories
 
+    # what the storage ledger asks of its owner (emulator.capture.storages)
     @property
     def is_paused(self) -> bool:
-        return bool(self._paused)
+        return self.state.is_paused
 
     @property
     def epoch(self) -> int:
         """Advances at every phase change: a storage that dies in the epoch it was born in and
         was never declared is a temporary."""
-        return self._epoch
+        return self.state.epoch
 
     @property
     def last_phase(self) -> int:
-        return self._last_phase
+        return self.state.last_phase
 
     def current_stream(self) -> int:
-        return self._current_stream()
+        return self.state.stream or current_stream_id()
 
     def emit_storage_event(self, kind: int, size: int, uid: int, category: str) -> None:
-        self._emit(kind, "", size=size, uid=uid, category=category)
+        self._emit(kind, "", size_bytes=size, storage=uid, category=category)
 
-    def _transition(self, phase: int, stream: int, module: str, micro_batch: int) -> None:
-        self._last_phase = phase
-        self._epoch += 1
-        self.events.append(
-            OpEvent(
-                self.sequence.next_seq(),
-                MARKER,
-                f"phase:{PHASES[phase]}",
-                "",
-                stream,
-                module,
-                phase,
-                micro_batch,
-            )
+    def transition(self, phase: int, stream: int, module: str, micro_batch: int) -> None:
+        """Enter `phase` and record its marker as if an op of (stream, module) set it."""
+        self.state.enter(phase)
+        self._emit(
+            MARKER,
+            f"phase:{PHASES[phase]}",
+            phase=phase,
+            stream=stream,
+            module=module,
+            micro_batch=micro_batch,
         )
 
     def stream_tracker(self) -> StreamTracker:
         """A tracker (emulator.capture.streams) whose records and waits become trace rows."""
 
         def emit(kind: str, stream: int, event_id: int) -> None:
-            row = RECORD_ROW if kind == RECORD else STREAM_WAIT_ROW
-            self.events.append(
-                OpEvent(
-                    self.sequence.next_seq(),
-                    row,
-                    kind,
-                    "",
-                    stream,
-                    self._module(),
-                    self._last_phase,
-                    self._micro_batch,
-                    tag=event_id,
-                )
+            self._emit(
+                RECORD_ROW if kind == RECORD else STREAM_WAIT_ROW, kind, stream=stream, tag=event_id
             )
 
         return StreamTracker(emit)
-
-    def _current_stream(self) -> int:
-        return self._stream or current_stream_id()
 
     def mark(self, name: str) -> None:
         self._emit(MARKER, name)
 
     def tag(self, obj, category: str) -> None:
-        """Declare the category of existing tensors: a tensor, an nn.Module (its parameters
-        get `category`, its buffers "buffer"), an optimizer (its state tensors), or an
-        iterable of those."""
-        if isinstance(obj, torch.Tensor):
-            self._declare(obj, category)
-        elif isinstance(obj, torch.nn.Module):
-            self.tag(obj.parameters(), category)
-            self.tag(obj.buffers(), "buffer")
-        elif isinstance(obj, torch.optim.Optimizer):
-            states = [
-                t for s in obj.state.values() for t in s.values() if isinstance(t, torch.Tensor)
-            ]
-            self.tag(states, category)
-        else:
-            for item in obj:
-                self.tag(item, category)
+        """Declare the memory category of tensors (emulator.capture.declared)."""
+        self.declarations.tag(obj, category)
 
     def trace(self, comm_events=(), groups=None):
         """The RankTrace of everything recorded so far, merged with the backend's events."""
@@ -263,14 +197,13 @@ class OpRecorder(TorchDispatchMode):
         self._fake_mode = torch_compat.active_fake_mode()
         self._mod_tracker.register_user_hooks(pre_fw_hook=self._pre_fw, post_fw_hook=self._post_fw)
         self._mod_tracker.__enter__()
-        for p in list(self._params.keys()):
-            self._hook_grad(p)
+        self.declarations.watch_gradients()
         recorder = self
 
         def seeing_resizes(original):
             def resize_(storage, size):
                 result = original(storage, size)
-                if not recorder._paused:
+                if not recorder.state.pause_depth:
                     recorder.storages.see(storage, None)
                 return result
 
@@ -283,26 +216,16 @@ class OpRecorder(TorchDispatchMode):
     def __exit__(self, *exc):
         self._resize_patch.__exit__(None, None, None)
         self._resize_patch = None
-        for handle in self._grad_hooks:
-            handle.remove()
-        self._grad_hooks.clear()
+        self.declarations.unwatch_gradients()
         self._mod_tracker.__exit__(*exc)
         self._mod_tracker.clear_user_hooks()
         return super().__exit__(*exc)
 
     def _pre_fw(self, module, args) -> None:
-        self._fw_depth += 1
+        self.state.forward_depth += 1
 
     def _post_fw(self, module, args, output) -> None:
-        self._fw_depth -= 1
-
-    def _hook_grad(self, param: torch.Tensor) -> None:
-        if param.requires_grad and param.is_leaf:
-            self._grad_hooks.append(param.register_post_accumulate_grad_hook(self._on_grad))
-
-    def _on_grad(self, param: torch.Tensor) -> None:
-        if param.grad is not None and not self._paused:
-            self._declare(param.grad, "gradient")
+        self.state.forward_depth -= 1
 
     # ---- the hot path ----------------------------------------------------------------------
 
@@ -313,7 +236,7 @@ class OpRecorder(TorchDispatchMode):
             tensor = args[0]
             return _META if tensor.fake_mode.in_kernel_invocation else tensor.fake_device
         kwargs = kwargs or {}
-        if self._paused or in_backend_fills():
+        if self.state.pause_depth or in_backend_fills():
             if func is _ADD_ and not kwargs and _same_fake_floats(*args):
                 return args[0]  # the fake kernel's answer, minus its cache hashing (grad hooks)
             return func(*args, **kwargs)
@@ -335,7 +258,7 @@ class OpRecorder(TorchDispatchMode):
             outs = [out]
         else:
             outs = _tensors(out) if isinstance(out, (list, tuple)) else []
-        if info.is_comm or self._current_stream():
+        if info.is_comm or self.current_stream():
             category = "communication"
         else:
             category = INFERRED_PHASE_CATEGORY[phase]
@@ -374,10 +297,10 @@ class OpRecorder(TorchDispatchMode):
                 COMPUTE,
                 info.name,
                 info.aten,
-                self._current_stream(),
+                self.current_stream(),
                 self._module(),
                 phase,
-                self._micro_batch,
+                self.state.micro_batch,
                 flops=int(info.flop_fn(args, kwargs, out)) if info.flop_fn else 0,
                 read_bytes=sum(t.nbytes for t in ins),
                 write_bytes=sum(t.nbytes for t in written),
@@ -388,18 +311,9 @@ class OpRecorder(TorchDispatchMode):
         )
 
     def _current_phase(self) -> int:
-        if self._first_dispatch is None:
-            self._first_dispatch = len(self.events)
-        if self._phase_stack:
-            phase = self._phase_stack[-1]
-        elif torch_compat.in_backward():
-            phase = RECOMPUTE if self._fw_depth > 0 else BACKWARD
-        else:
-            phase = FORWARD
-        if phase != self._last_phase:
-            self._last_phase = phase
-            self._epoch += 1
-            self._emit(MARKER, f"phase:{PHASES[phase]}", phase)
+        phase, changed = self.state.resolve(torch_compat.in_backward(), len(self.events))
+        if changed:
+            self._emit(MARKER, f"phase:{PHASES[phase]}", phase=phase)
         return phase
 
     def _module(self) -> str:
@@ -412,44 +326,27 @@ class OpRecorder(TorchDispatchMode):
         self,
         kind: int,
         name: str,
-        phase: int | None = None,
-        size: int = 0,
-        uid: int = -1,
-        category: str = "",
+        *,
+        phase=None,
+        stream=None,
+        module=None,
+        micro_batch=None,
+        **fields,
     ) -> None:
+        """A non-compute row; where it happened defaults to the current state."""
         self.events.append(
             OpEvent(
                 self.sequence.next_seq(),
                 kind,
                 name,
                 "",
-                self._current_stream(),
-                self._module(),
-                self._last_phase if phase is None else phase,
-                self._micro_batch,
-                size_bytes=size,
-                storage=uid,
-                category=category,
+                self.current_stream() if stream is None else stream,
+                self._module() if module is None else module,
+                self.state.last_phase if phase is None else phase,
+                self.state.micro_batch if micro_batch is None else micro_batch,
+                **fields,
             )
         )
-
-    # ---- storages --------------------------------------------------------------------------
-
-    def _declare(self, tensor: torch.Tensor, category: str) -> None:
-        # a DTensor (TP- or FSDP-sharded parameter, its grad, its optimizer state) owns no
-        # memory of its own: its local shard does
-        local = tensor._local_tensor if isinstance(tensor, self._dtensor) else tensor
-        storage = local.untyped_storage()
-        known = self.storages.live.get(id(storage))
-        if known is None:
-            self.storages.see(storage, category, declared=True)
-        else:
-            known.declared = True
-            self.storages.categories[known.uid] = category
-        if category == "parameter" and tensor not in self._params:
-            self._params[tensor] = True
-            if self._resize_patch is not None:  # inside the mode: hook now, else at __enter__
-                self._hook_grad(tensor)
 
 
 def _same_fake_floats(a, b) -> bool:
