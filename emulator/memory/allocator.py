@@ -16,6 +16,9 @@ c10/core/CachingDeviceAllocator.h (torch 2.13); the function names in comments a
 
 Addresses are virtual: segments are handed out by a bump pointer, so best-fit ties between
 equal sizes break by segment age (cudaMalloc's real addresses are not modelled).
+
+One class over 400 lines on purpose: it mirrors DeviceCachingAllocator method for method, so
+that a torch upgrade can be checked against the C++ side by side.
 """
 
 from __future__ import annotations
