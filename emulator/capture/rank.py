@@ -139,15 +139,23 @@ def micro_batch_markers(recorder: OpRecorder, roots: list[torch.nn.Module]) -> I
     in_pipeline = [False]
 
     def marked(method):
-        # forward actions leave little cyclic garbage; backward ones drop the saved state
-        generation = 0 if method.__name__ == "forward_one_chunk" else 2
+        # forward actions leave little cyclic garbage; a full backward drops the saved state
+        # (young: a collection or two old); zero-bubble's split backward keeps temporaries in
+        # a cycle until the weight step, by then in the oldest generation
+        def generation(kwargs) -> int:
+            if method.__name__ == "forward_one_chunk":
+                return 0
+            split = method.__name__ == "backward_weight_one_chunk" or not kwargs.get(
+                "full_backward", True
+            )
+            return 2 if split else 1
 
         @functools.wraps(method)
         def wrapper(self, chunk_id, *args, **kwargs):
             in_pipeline[0] = True
             with recorder.micro_batch(chunk_id):
                 result = method(self, chunk_id, *args, **kwargs)
-                gc.collect(generation)
+                gc.collect(generation(kwargs))
                 return result
 
         return wrapper
