@@ -32,7 +32,7 @@ KERNEL_TABLES = Path(__file__).resolve().parents[1] / "results" / "kernels"
 CRITICAL_PATH_SHOWN = 50
 # Version of the emulate JSON (EmulationResult.to_dict): raised when a key changes meaning or
 # goes away, so stored results (DuckDB, MLflow) can tell which contract they hold.
-RESULT_SCHEMA_VERSION = 1
+RESULT_SCHEMA_VERSION = 2  # 2: steady-state peaks, first-iteration peaks beside them
 _PEAK_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp32": "tf32"}
 
 
@@ -49,8 +49,10 @@ class ClassFigures:
     idle_s: float
     comm_s_by_group: dict[str, float]
     hardware_flops: int
-    peak_memory_allocated_bytes: int
+    peak_memory_allocated_bytes: int  # steady-state iteration (emulator.memory.iterations)
     peak_memory_reserved_bytes: int
+    first_iteration_peak_memory_allocated_bytes: int
+    first_iteration_peak_memory_reserved_bytes: int
     device_total_estimate_bytes: int
     oom: bool
     oom_detail: dict | None
@@ -69,8 +71,9 @@ class EmulationResult:
     hardware_tflops_per_gpu: float  # FLOPs the trace executes, recompute included
     mfu: float  # fraction of the dense peak of the job's GEMM dtype
     peak_tflops: float
-    peak_memory_allocated_bytes: int
+    peak_memory_allocated_bytes: int  # steady-state iteration, the largest class
     peak_memory_reserved_bytes: int
+    first_iteration_peak_memory_reserved_bytes: int
     device_total_estimate_bytes: int
     gpu_capacity_bytes: int
     oom: bool
@@ -168,6 +171,8 @@ def _class_figures(world, breakdown, mem) -> ClassFigures:
         hardware_flops=breakdown.flops,
         peak_memory_allocated_bytes=mem.peak_allocated_bytes,
         peak_memory_reserved_bytes=mem.peak_reserved_bytes,
+        first_iteration_peak_memory_allocated_bytes=mem.first_iteration_peak_allocated_bytes,
+        first_iteration_peak_memory_reserved_bytes=mem.first_iteration_peak_reserved_bytes,
         device_total_estimate_bytes=mem.device_total_estimate_bytes,
         oom=mem.oom is not None,
         oom_detail=asdict(mem.oom) if mem.oom is not None else None,
@@ -194,6 +199,9 @@ def _result(job, name, capture, timing, per_class, gpu, started) -> EmulationRes
         peak_tflops=peak_tflops,
         peak_memory_allocated_bytes=max(c.peak_memory_allocated_bytes for c in per_class),
         peak_memory_reserved_bytes=max(c.peak_memory_reserved_bytes for c in per_class),
+        first_iteration_peak_memory_reserved_bytes=max(
+            c.first_iteration_peak_memory_reserved_bytes for c in per_class
+        ),
         device_total_estimate_bytes=max(c.device_total_estimate_bytes for c in per_class),
         gpu_capacity_bytes=gpu.hbm_capacity_bytes,
         oom=any(c.oom for c in per_class),

@@ -5,7 +5,8 @@ outside fake mode; the model is built, initialised, split and parallelised insid
 directly on fake "cpu" tensors (no memory is allocated; `to_empty` from meta is avoided
 because fake mode refuses to swap plain fake parameters in place); and the optimizer
 state is created by one optimizer step on zero gradients, so the recorded iteration is
-a steady-state one.
+a steady-state one; what that step created is declared apart from what the optimizer held
+before it, so the memory replay can create it where a real first iteration does.
 """
 
 from __future__ import annotations
@@ -41,12 +42,21 @@ def _gradient_tensors(optimizer) -> list[torch.Tensor]:
     return [getattr(optimizer, name) for name in _GRADIENT_ATTRIBUTES if hasattr(optimizer, name)]
 
 
-def _create_optimizer_state(state) -> None:
+def _create_optimizer_state(state) -> dict[str, list[torch.Tensor]]:
+    """Run one step on zero gradients; the optimizer's tensors by when a real run has them:
+    "master_weights" from construction (fp32 copies), "optimizer_state" from the first step
+    (AdamW's moments and step counts; emulator.memory.iterations replays them there)."""
+    before = {id(t) for t in _optimizer_tensors(state.optimizer)}
     params = [p for part in state.parts for p in part.parameters()]
     for param in params:
         param.grad = torch.zeros_like(param)
     state.optimizer.step()
     state.optimizer.zero_grad()
+    tensors = _optimizer_tensors(state.optimizer)
+    return {
+        "master_weights": [t for t in tensors if id(t) in before],
+        "optimizer_state": [t for t in tensors if id(t) not in before],
+    }
 
 
 def rank_program(job) -> RankProgram:
@@ -63,12 +73,12 @@ def rank_program(job) -> RankProgram:
     def build(mesh):
         # fake "cpu" tensors: nothing is allocated, and values do not exist to initialise
         state = build_training(job, mesh, device="cpu", initialize=False)
-        _create_optimizer_state(state)
+        optimizer_tensors = _create_optimizer_state(state)
         rows = job.num_microbatches * job.batch.micro_batch
         tokens = torch.zeros(rows, job.batch.seq_len, dtype=torch.long)
         declared = {
             "parameter": [p for part in state.parts for p in part.parameters()],
-            "optimizer_state": _optimizer_tensors(state.optimizer),
+            **optimizer_tensors,
             "gradient": _gradient_tensors(state.optimizer),
         }
         return (state, tokens), declared

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: the master_weights category
 # record / stream_wait: a stream's position recorded as event `tag`, and a stream waiting
 # for event `tag` (emulator/capture/streams.py); the row's `stream` is the recording/waiting one.
 EVENT_KINDS = ("compute", "comm", "wait", "alloc", "free", "marker", "record", "stream_wait")
@@ -28,7 +28,8 @@ CATEGORIES = (
     "parameter",
     "buffer",
     "gradient",
-    "optimizer_state",
+    "master_weights",  # fp32 copies an optimizer holds from construction
+    "optimizer_state",  # what the optimizer's first step creates (moments, step counts)
     "activation",
     "temporary",
     "communication",

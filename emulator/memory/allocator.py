@@ -130,6 +130,11 @@ class CachingAllocator:
                 still.append(block)
         self._pending = still
 
+    def reset_peak_stats(self) -> None:
+        """torch.cuda.reset_peak_memory_stats (resetPeakStats): peaks restart from now."""
+        self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
+        self.peak_requested = self.requested
+
     def empty_cache(self) -> None:
         """torch.cuda.empty_cache (emptyCache -> release_cached_blocks)."""
         self._release_cached_blocks()

@@ -1,5 +1,10 @@
 """replay_memory: a RankTrace's alloc/free sequence through the caching-allocator model.
 
+The trace is replayed as a training process runs it (emulator.memory.iterations): a first
+iteration from an empty allocator, then steady iterations with the allocator's state carried
+over until its blocks stop changing; the steady iteration's peaks are the headline figures,
+the first iteration's are reported beside them, and an OOM in either is reported.
+
 Metrics (defined once here): `allocated` = sum of the sizes of blocks handed out (what
 torch.cuda.max_memory_allocated reports: rounded, including unsplit remainders); `reserved` =
 bytes of segments held from CUDA (max_memory_reserved); `requested` = the unrounded sizes asked
@@ -18,10 +23,12 @@ from emulator.capture.trace import ALLOC, COMPUTE, FREE, PHASES, RankTrace
 from emulator.hardware import GpuPreset, gpu_preset
 from emulator.memory.allocator import CachingAllocator
 from emulator.memory.config import AllocatorConfig, parse_alloc_conf
+from emulator.memory.iterations import iteration_events
 from emulator.memory.outside import CUBLAS_WORKSPACE_BYTES, OutsideMemory, outside_memory
 
 WORKSPACE_CATEGORY = "cublas_workspace"
 _MATMULS = ("mm", "addmm", "bmm", "linear", "scaled_mm")
+MAX_STEADY_ITERATIONS = 8
 _BACKWARD_PHASES = (PHASES.index("backward"), PHASES.index("recompute"))
 
 
@@ -41,6 +48,7 @@ class MemoryEvent:
 class OomReport:
     """The first allocation that did not fit, after torch's cache-release retries."""
 
+    iteration: str  # "first" or "steady"
     at: MemoryEvent
     request_bytes: int
     allocated_bytes: int
@@ -52,14 +60,17 @@ class OomReport:
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryTimeline:
-    """Per replayed event: the trace row and the totals after it; per allocation: its event,
-    the event that freed it (n if never), its block size and category."""
+    """Per replayed event: the trace row and the totals after it; per allocation: its event
+    (0 for one live before the replayed iteration), its trace row, the event that freed it
+    (n if never), its block size and category."""
 
     rows: np.ndarray
     allocated: np.ndarray
     reserved: np.ndarray
     requested: np.ndarray
     alloc_event: np.ndarray
+    alloc_row: np.ndarray
+    carried_allocations: int  # the first this many were live before the replayed iteration
     free_event: np.ndarray
     block_bytes: np.ndarray
     category: np.ndarray
@@ -68,9 +79,17 @@ class MemoryTimeline:
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryResult:
+    """Peaks of the steady iteration (the headline) and of the first; `peak`, the live
+    breakdowns and `timeline` are the steady iteration's."""
+
     peak_allocated_bytes: int
     peak_reserved_bytes: int
     peak_requested_bytes: int
+    first_iteration_peak_allocated_bytes: int
+    first_iteration_peak_reserved_bytes: int
+    first_iteration_peak_requested_bytes: int
+    steady_iterations: int  # steady iterations replayed until the allocator's blocks repeat
+    steady_converged: bool  # False: they still changed after MAX_STEADY_ITERATIONS
     fragmentation_at_peak_bytes: int
     peak: MemoryEvent | None
     live_at_peak_by_category: dict[str, int]
@@ -138,11 +157,45 @@ def _replay(
         if cublas_workspace
         else 0,
     )
-    timeline, oom, unmatched = _run(allocator, ev)
-    result = _result(
-        trace, timeline, allocator, outside, preset, conf_text, stage, top_modules, oom, unmatched
-    )
+    runs = _iterations(allocator, *iteration_events(trace, ev))
+    result = _result(trace, runs, allocator, outside, preset, conf_text, stage, top_modules)
     return result, allocator
+
+
+def _iterations(allocator: CachingAllocator, first_ev: dict, steady_ev: dict) -> dict:
+    """Replay the first iteration, then steady ones until the allocator's blocks repeat."""
+    live: dict[int, tuple] = {}
+    first, oom, unmatched = _run(allocator, first_ev, live)
+    runs = {
+        "first_peaks": (
+            allocator.peak_allocated,
+            allocator.peak_reserved,
+            allocator.peak_requested,
+        ),
+        "oom": None if oom is None else ("first", first, oom),
+        "unmatched": unmatched,
+        "converged": False,
+    }
+    state = _blocks_state(allocator)
+    for count in range(1, MAX_STEADY_ITERATIONS + 1):
+        allocator.reset_peak_stats()
+        if allocator.history is not None:  # a snapshot records the last iteration only
+            allocator.history.clear()
+        steady, oom, unmatched = _run(allocator, steady_ev, live)
+        runs["oom"] = runs["oom"] or (None if oom is None else ("steady", steady, oom))
+        runs["unmatched"] = max(runs["unmatched"], unmatched)
+        state, previous = _blocks_state(allocator), state
+        runs |= {"steady": steady, "count": count}
+        if state == previous:
+            runs["converged"] = True
+            break
+    return runs
+
+
+def _blocks_state(allocator: CachingAllocator) -> tuple:
+    """What decides how the next iteration's requests are served: every block's place and
+    whether it is in use (same state, same iteration)."""
+    return tuple(sorted((b.addr, b.size, b.allocated, b.stream) for b in allocator.blocks()))
 
 
 def _allocator(config, preset, outside, memory_fraction, history) -> CachingAllocator:
@@ -161,15 +214,21 @@ def _allocator(config, preset, outside, memory_fraction, history) -> CachingAllo
     )
 
 
-def _run(allocator: CachingAllocator, ev: dict) -> tuple[MemoryTimeline, tuple | None, int]:
+def _run(
+    allocator: CachingAllocator, ev: dict, live: dict
+) -> tuple[MemoryTimeline, tuple | None, int]:
     """Replay the alloc/free events: the timeline, the first OOM (or None) and the number of
-    frees of storages never allocated."""
+    frees of storages never allocated. `live` (uid -> [block, allocation index, row,
+    category]) carries the live storages from one call to the next; the timeline lists those
+    carried in as allocations at event 0."""
     n = len(ev["rows"])
-    alloc_t, res_t, req_t = [0] * n, [0] * n, [0] * n
-    free_event = np.full(n, n, np.int64)
-    block_bytes = np.zeros(n, np.int64)
-    live: dict[int, tuple] = {}
-    unmatched, oom = 0, None
+    totals = np.zeros((3, n), np.int64)  # allocated, reserved, requested after each event
+    carried = list(live.values())
+    alloc_rows, categories, sizes = _allocation_columns(ev, carried)
+    free_event = np.full(len(alloc_rows), n, np.int64)
+    for k, entry in enumerate(carried):
+        entry[1] = k
+    unmatched, oom, next_allocation = 0, None, len(carried)
     malloc, free = allocator.malloc, allocator.free
     columns = (ev["is_free"], ev["size"], ev["uid"], ev["stream"])
     for j, (is_free, size, uid, stream) in enumerate(
@@ -194,26 +253,40 @@ def _run(allocator: CachingAllocator, ev: dict) -> tuple[MemoryTimeline, tuple |
                 )
                 allocator.capacity_bytes = None  # the figures go on as on an unlimited device
                 block = malloc(size, stream)
-            live[uid] = (block, j)
-            block_bytes[j] = block.size
-        alloc_t[j], res_t[j], req_t[j] = (
-            allocator.allocated,
-            allocator.reserved,
-            allocator.requested,
-        )
-    allocs = ~ev["is_free"]
+            row, category = int(ev["rows"][j]), int(ev["category"][j])
+            live[uid] = [block, next_allocation, row, category]
+            sizes[next_allocation] = block.size
+            next_allocation += 1
+        totals[:, j] = allocator.allocated, allocator.reserved, allocator.requested
+    allocs = np.flatnonzero(~ev["is_free"])
     timeline = MemoryTimeline(
         rows=ev["rows"],
-        allocated=np.asarray(alloc_t, np.int64),
-        reserved=np.asarray(res_t, np.int64),
-        requested=np.asarray(req_t, np.int64),
-        alloc_event=np.flatnonzero(allocs),
-        free_event=free_event[allocs],
-        block_bytes=block_bytes[allocs],
-        category=ev["category"][allocs],
+        allocated=totals[0],
+        reserved=totals[1],
+        requested=totals[2],
+        alloc_event=np.concatenate([np.zeros(len(carried), np.int64), allocs]),
+        alloc_row=alloc_rows,
+        carried_allocations=len(carried),
+        free_event=free_event,
+        block_bytes=sizes,
+        category=categories,
         categories=ev["categories"],
     )
     return timeline, oom, unmatched
+
+
+def _allocation_columns(ev: dict, carried: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(trace row, category, block bytes) per allocation: the carried ones, then this run's
+    (whose block sizes are filled in as they are served)."""
+    allocs = ~ev["is_free"]
+    rows = np.array([e[2] for e in carried], np.int64)
+    categories = np.array([e[3] for e in carried], ev["category"].dtype)
+    sizes = np.array([e[0].size for e in carried], np.int64)
+    return (
+        np.concatenate([rows, ev["rows"][allocs]]),
+        np.concatenate([categories, ev["category"][allocs]]),
+        np.concatenate([sizes, np.zeros(int(allocs.sum()), np.int64)]),
+    )
 
 
 def _events(trace: RankTrace, workspace_bytes: int) -> dict:
@@ -267,7 +340,7 @@ def _by_category(t: MemoryTimeline, j: int) -> dict[str, int]:
 
 def _by_module(trace: RankTrace, t: MemoryTimeline, j: int, top: int) -> dict[str, int]:
     live = _live_at(t, j)
-    modules = trace.columns["module"][t.rows[t.alloc_event]]
+    modules = trace.columns["module"][t.alloc_row]
     sums = np.bincount(modules[live], weights=t.block_bytes[live], minlength=len(trace.strings))
     order = np.argsort(-sums, kind="stable")[:top]
     return {trace.strings[i] or "<top>": int(sums[i]) for i in order if sums[i]}
@@ -287,39 +360,49 @@ def _where(trace: RankTrace, t: MemoryTimeline, j: int, stage: int | None) -> Me
     )
 
 
-def _result(
-    trace, t, allocator, outside, preset, conf_text, stage, top, oom, unmatched
-) -> MemoryResult:
+def _result(trace, runs, allocator, outside, preset, conf_text, stage, top) -> MemoryResult:
+    t = runs["steady"]
     n = len(t.rows)
     j = int(np.argmax(t.allocated)) if n else -1
-    report = None
-    if oom is not None:
-        at, size, allocated, reserved, capacity = oom
-        report = OomReport(
-            at=_where(trace, t, at, stage),
-            request_bytes=size,
-            allocated_bytes=allocated,
-            reserved_bytes=reserved,
-            allocator_capacity_bytes=capacity,
-            gpu_capacity_bytes=preset.hbm_capacity_bytes,
-            live_by_category=_by_category(t, at - 1) if at else {},
-        )
+    first_allocated, first_reserved, first_requested = runs["first_peaks"]
     return MemoryResult(
         peak_allocated_bytes=allocator.peak_allocated,
         peak_reserved_bytes=allocator.peak_reserved,
         peak_requested_bytes=allocator.peak_requested,
+        first_iteration_peak_allocated_bytes=first_allocated,
+        first_iteration_peak_reserved_bytes=first_reserved,
+        first_iteration_peak_requested_bytes=first_requested,
+        steady_iterations=runs["count"],
+        steady_converged=runs["converged"],
         fragmentation_at_peak_bytes=int(t.reserved[j] - t.allocated[j]) if n else 0,
         peak=_where(trace, t, j, stage) if n else None,
         live_at_peak_by_category=_by_category(t, j) if n else {},
         live_at_peak_by_module=_by_module(trace, t, j, top) if n else {},
         outside=outside,
-        device_total_estimate_bytes=allocator.peak_reserved + outside.total_bytes,
+        device_total_estimate_bytes=max(allocator.peak_reserved, first_reserved)
+        + outside.total_bytes,
         gpu=preset.name if preset else None,
         gpu_capacity_bytes=preset.hbm_capacity_bytes if preset else None,
-        oom=report,
+        oom=_oom_report(trace, runs["oom"], preset, stage),
         alloc_conf=conf_text,
         events=n,
         alloc_retries=allocator.num_alloc_retries,
-        unmatched_frees=unmatched,
+        unmatched_frees=runs["unmatched"],
         timeline=t,
+    )
+
+
+def _oom_report(trace, oom, preset, stage) -> OomReport | None:
+    if oom is None:
+        return None
+    iteration, t, (at, size, allocated, reserved, capacity) = oom
+    return OomReport(
+        iteration=iteration,
+        at=_where(trace, t, at, stage),
+        request_bytes=size,
+        allocated_bytes=allocated,
+        reserved_bytes=reserved,
+        allocator_capacity_bytes=capacity,
+        gpu_capacity_bytes=preset.hbm_capacity_bytes,
+        live_by_category=_by_category(t, at - 1) if at else {},
     )
