@@ -203,7 +203,7 @@ def _result(job, name, capture, timing, per_class, gpu, started) -> EmulationRes
             c.first_iteration_peak_memory_reserved_bytes for c in per_class
         ),
         device_total_estimate_bytes=max(c.device_total_estimate_bytes for c in per_class),
-        gpu_capacity_bytes=gpu.hbm_capacity_bytes,
+        gpu_capacity_bytes=gpu.usable_capacity_bytes,
         oom=any(c.oom for c in per_class),
         breakdown={
             "compute_s": sum(c.compute_s for c in per_class) / n,

@@ -221,7 +221,7 @@ def render_emulation(r, console: Console) -> None:
         ("peak reserved, steady (max over ranks)", format_bytes(r.peak_memory_reserved_bytes)),
         ("peak reserved, first iteration", format_bytes(r.first_iteration_peak_memory_reserved_bytes)),
         ("device total estimate (nvidia-smi)", format_bytes(r.device_total_estimate_bytes)),
-        ("GPU capacity", format_bytes(r.gpu_capacity_bytes)),
+        ("GPU capacity (what CUDA offers)", format_bytes(r.gpu_capacity_bytes)),
         ("out of memory", "YES" if r.oom else "no"),
         ("emulation wall time", f"{r.wall_s:.1f} s (capture {r.capture_wall_s:.1f} s)"),
     ]

@@ -43,7 +43,8 @@ class GpuPreset:
     arch: str
     sm_count: int
     hbm_bandwidth_GBps: float
-    hbm_capacity_bytes: int
+    hbm_capacity_bytes: int  # DRAM, as the datasheet counts it
+    usable_capacity_bytes: int  # what CUDA offers a process (cudaMemGetInfo's total), cited per preset
     power_W: float
     peak_dense_tflops: Mapping[str, float]
     gemm_efficiency: float
@@ -58,6 +59,11 @@ class GpuPreset:
             raise ValueError(f"{owner}.arch={self.arch!r} must be one of {ARCHS}")
         for name in ("sm_count", "hbm_bandwidth_GBps", "hbm_capacity_bytes", "power_W", "attention_head_dim"):
             _check_positive(owner, name, getattr(self, name))
+        if not 0 < self.usable_capacity_bytes <= self.hbm_capacity_bytes:
+            raise ValueError(
+                f"{owner}.usable_capacity_bytes={self.usable_capacity_bytes} must be in "
+                f"(0, hbm_capacity_bytes={self.hbm_capacity_bytes}]"
+            )
         for name in ("gemm_efficiency", "hbm_efficiency", "attention_efficiency"):
             _check_fraction(owner, name, getattr(self, name))
         for dtype, tflops in self.peak_dense_tflops.items():

@@ -1,11 +1,14 @@
 """GPU memory that torch's caching allocator does not count, with cited defaults.
 
-- CUDA context: ~300 MiB with lazy module loading (CUDA >= 11.7, the default on Linux since
-  CUDA 12.2), as measured and explained by a PyTorch maintainer in pytorch/pytorch#107667
-  (ptrblck, 2023-08-28: "the currently used ~300MB ... Before CUDA 11.7, *all* kernels were
-  loaded into the context ... which took >1000MB"). No per-generation figure was found, so the
-  same default is used for Ampere and Hopper; kernels loaded later (cuBLAS, NCCL, attention)
-  add to it. `results/fidelity/memory_gpu_check.py` measures it on a real GPU.
+- CUDA context and what a training process loads into it (kernel modules, library handles):
+  Hopper: 804 061 184 B, measured on the shared H100 80GB HBM3 (torch 2.11, CUDA 13, one GPU,
+  after GEMMs and attention ran: `../shared/data/gpu/h100-sxm-80g/memory_gpu_check.txt`,
+  cudaMemGetInfo's used minus the allocator's reserved; the same in all four of its cases).
+  Ampere: not measured; ~300 MiB with lazy module loading (CUDA >= 11.7), as measured and
+  explained by a PyTorch maintainer in pytorch/pytorch#107667 (ptrblck, 2023-08-28: "the
+  currently used ~300MB ... Before CUDA 11.7, *all* kernels were loaded into the context ...
+  which took >1000MB"): the context alone, a floor (the H100 figure is 2.6 x that).
+  `results/fidelity/memory_gpu_check.py` measures it on a real GPU.
 - NCCL buffers, per communicator: channels x receive connections per channel x (Simple + LL +
   LL128 buffer). NCCL src/init.cc: DEFAULT_BUFFSIZE = 4 MiB (NCCL_BUFFSIZE, documented in the
   NCCL user guide's environment variables page), DEFAULT_LL_BUFFSIZE = 8 lines x 512 threads x
@@ -26,7 +29,7 @@ from dataclasses import asdict, dataclass
 from emulator.capture.trace import COMM, RankTrace
 
 MiB = 1 << 20
-CUDA_CONTEXT_BYTES = {"ampere": 300 * MiB, "hopper": 300 * MiB}  # pytorch/pytorch#107667
+CUDA_CONTEXT_BYTES = {"ampere": 300 * MiB, "hopper": 804_061_184}  # see the docstring
 NCCL_SIMPLE_BUFFER_BYTES = 4 * MiB  # NCCL_BUFFSIZE default (src/init.cc DEFAULT_BUFFSIZE)
 NCCL_LL_BUFFER_BYTES = 8 * 512 * 8 * 16  # DEFAULT_LL_BUFFSIZE
 NCCL_LL128_BUFFER_BYTES = 120 * 640 * 8 * 8  # DEFAULT_LL128_BUFFSIZE

@@ -200,7 +200,7 @@ def _blocks_state(allocator: CachingAllocator) -> tuple:
 
 def _allocator(config, preset, outside, memory_fraction, history) -> CachingAllocator:
     """The allocator of one device: what the GPU has, less what lives outside the allocator."""
-    total = preset.hbm_capacity_bytes if preset else None
+    total = preset.usable_capacity_bytes if preset else None
     if memory_fraction is not None and not 0 < memory_fraction <= 1:
         raise ValueError(f"memory_fraction={memory_fraction} must be in (0, 1]")
     return CachingAllocator(
@@ -382,7 +382,7 @@ def _result(trace, runs, allocator, outside, preset, conf_text, stage, top) -> M
         device_total_estimate_bytes=max(allocator.peak_reserved, first_reserved)
         + outside.total_bytes,
         gpu=preset.name if preset else None,
-        gpu_capacity_bytes=preset.hbm_capacity_bytes if preset else None,
+        gpu_capacity_bytes=preset.usable_capacity_bytes if preset else None,
         oom=_oom_report(trace, runs["oom"], preset, stage),
         alloc_conf=conf_text,
         events=n,
@@ -403,6 +403,6 @@ def _oom_report(trace, oom, preset, stage) -> OomReport | None:
         allocated_bytes=allocated,
         reserved_bytes=reserved,
         allocator_capacity_bytes=capacity,
-        gpu_capacity_bytes=preset.hbm_capacity_bytes,
+        gpu_capacity_bytes=preset.usable_capacity_bytes,
         live_by_category=_by_category(t, at - 1) if at else {},
     )

@@ -75,7 +75,7 @@ def test_a100_refuses_fp8_pricing():
 
 
 def test_gpu_efficiency_above_one_is_refused():
-    fields = dict(name="x", arch="hopper", sm_count=132, hbm_bandwidth_GBps=1.0, hbm_capacity_bytes=1,
+    fields = dict(name="x", arch="hopper", sm_count=132, hbm_bandwidth_GBps=1.0, hbm_capacity_bytes=1, usable_capacity_bytes=1,
                   power_W=1.0, peak_dense_tflops={"fp32": 1.0, "bf16": 2.0, "fp16": 2.0},
                   gemm_efficiency=1.2, hbm_efficiency=0.5, attention_efficiency=0.5, attention_head_dim=128)
     with pytest.raises(ValueError, match=r"gemm_efficiency=1.2 must be a fraction"):

@@ -34,12 +34,12 @@ def test_a_capacity_40MiB_below_the_unlimited_reserved_peak_retries_then_reports
     none_outside = OutsideMemory(
         cuda_context_bytes=0, nccl_buffer_bytes=0, nccl_communicators=0, nccl_channels=0
     )
-    tight = replace(gpu_preset("h100-sxm-80g"), hbm_capacity_bytes=need - (40 << 20))
+    tight = replace(gpu_preset("h100-sxm-80g"), usable_capacity_bytes=need - (40 << 20))
     result = replay_memory(trace, gpu=tight, cublas_workspace=False, outside=none_outside)
     # Split segments cannot be released (release_cached_blocks frees unsplit ones only): the
     # retry after emptying the cache still fails.
     assert result.alloc_retries >= 1 and result.oom is not None
-    assert result.oom.reserved_bytes + result.oom.request_bytes > tight.hbm_capacity_bytes
+    assert result.oom.reserved_bytes + result.oom.request_bytes > tight.usable_capacity_bytes
 
 
 @pytest.mark.slow

@@ -102,12 +102,13 @@ def test_device_total_adds_context_and_nccl_to_reserved(trace):
 
 
 def _gpu_with(capacity):
-    return dataclasses.replace(gpu_preset("h100-sxm-80g"), hbm_capacity_bytes=capacity)
+    return dataclasses.replace(gpu_preset("h100-sxm-80g"), usable_capacity_bytes=capacity)
 
 
 def test_oom_on_both_sides_of_the_capacity_line(trace):
     free_run = replay_memory(trace, gpu="h100-sxm-80g")
-    need = free_run.peak_reserved_bytes + free_run.outside.total_bytes
+    reserved = max(free_run.peak_reserved_bytes, free_run.first_iteration_peak_reserved_bytes)
+    need = reserved + free_run.outside.total_bytes  # what cudaMemGetInfo must offer
     fits = replay_memory(trace, gpu=_gpu_with(need))
     assert fits.oom is None and fits.peak_reserved_bytes == free_run.peak_reserved_bytes
     short = replay_memory(trace, gpu=_gpu_with(need - 1))
