@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from emulator.capture.trace import COMPUTE, PHASES, RankTrace
+from emulator.capture.trace import CATEGORIES, COMPUTE, PHASES, RankTrace
 from emulator.graph.execution_graph import COLLECTIVE, RECV, SEGMENT, SEND, ClassGraph
 from emulator.graph.results import Timeline
 from emulator.memory.replay import MemoryResult
@@ -171,10 +171,11 @@ def _draw_curves(ax, result: MemoryResult, picks, x, to_x, scale: int) -> dict[s
         np.add.at(delta, t.alloc_event[mine], t.block_bytes[mine])
         np.add.at(delta, t.free_event[mine], -t.block_bytes[mine])
         stacks.append(np.cumsum(delta[:n])[picks] / scale)
-    colours = {}
-    if stacks:
-        polys = ax.stackplot(x, *stacks, alpha=0.85)  # the table names the colours
-        colours = {lab: p.get_facecolor()[0] for lab, p in zip(labels, polys, strict=True)}
+    known = (*CATEGORIES, "cublas_workspace")  # one colour per category in every figure
+    order = [known.index(lab) if lab in known else len(known) + i for i, lab in enumerate(labels)]
+    colours = {lab: f"C{k % 10}" for lab, k in zip(labels, order, strict=True)}
+    if stacks:  # the table under the plot names the colours
+        ax.stackplot(x, *stacks, colors=[colours[lab] for lab in labels], alpha=0.85)
     ax.plot(x, t.reserved[picks] / scale, color="black", lw=1.2, label="reserved")
     if result.peak is not None:
         at = to_x(result.peak.event_index)
