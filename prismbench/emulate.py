@@ -24,7 +24,7 @@ from emulator.memory import replay_memory
 from emulator.memory.export import write_snapshot
 from prismbench.capture import capture_job
 from prismbench.explain import explain
-from prismbench.plots import plot_memory_timeline
+from prismbench.plots import memory_event_times_s, plot_memory_timeline
 
 KERNEL_TABLES = Path(__file__).resolve().parents[1] / "results" / "kernels"
 # The dense peak MFU is taken against: the GEMM dtype of the job (fp8 jobs against the fp8
@@ -141,21 +141,52 @@ def emulate(
         for p, trace in capture.traces.items()
     }
     if memory_dir is not None:
-        _export_memory(memory_dir, capture.traces, memory, gpu, alloc_conf)
+        label = f"{name} ({job.model.name}): {job.world_size:,} x {gpu.name}, {_layout(job)}"
+        _export_memory(
+            memory_dir,
+            capture.traces,
+            memory,
+            gpu,
+            alloc_conf,
+            graph=graph,
+            timing=timing,
+            job=label,
+        )
         say(f"wrote memory timelines and snapshots to {memory_dir}")
     per_class = tuple(_class_figures(capture.world, b, memory[b.pp]) for b in timing.per_class)
     return _result(job, name, capture, timing, per_class, gpu, started)
 
 
-def _export_memory(directory: Path, traces, memory, gpu, alloc_conf: str) -> None:
+def _export_memory(
+    directory: Path, traces, memory, gpu, alloc_conf: str, *, graph, timing, job: str
+) -> None:
+    """Per class: the memory timeline PNG over the representative rank's replayed time, and
+    the allocator snapshot."""
     directory.mkdir(parents=True, exist_ok=True)
+    world = graph.world
     for p, trace in traces.items():
+        rank = world.representative(p)
+        times = memory_event_times_s(
+            trace, graph.classes[p], timing.timelines[rank], memory[p].timeline.rows
+        )
         plot_memory_timeline(
-            memory[p], directory / f"memory_class_{p:04d}.png", title=f"pipeline rank {p}"
+            memory[p],
+            directory / f"memory_class_{p:04d}.png",
+            title=f"{job}\npipeline rank {p} of {world.pp} (rank {rank}): memory",
+            trace=trace,
+            event_times_s=times,
         )
         write_snapshot(
             trace, directory / f"snapshot_class_{p:04d}.pickle", gpu=gpu, alloc_conf=alloc_conf
         )
+
+
+def _layout(job) -> str:
+    """The job's layout in a few words: "tp2 pp2 dp2 zero1, micro-batch 1 x 64 tokens"."""
+    par = job.parallel
+    sizes = [(a, getattr(par, a)) for a in ("tp", "cp", "pp", "vpp", "dp", "zero")]
+    axes = " ".join(f"{a}{n}" for a, n in sizes if n > 1 or (a == "zero" and n)) or "one rank"
+    return f"{axes}, micro-batch {job.batch.micro_batch} x {job.batch.seq_len} tokens"
 
 
 def _class_figures(world, breakdown, mem) -> ClassFigures:
