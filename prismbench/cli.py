@@ -137,6 +137,23 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_fit(args: argparse.Namespace) -> int:
+    from emulator.memory import parse_alloc_conf
+    from prismbench.fit import fit
+
+    job = load_job_spec(args.job)
+    try:
+        parse_alloc_conf(args.alloc_conf)
+    except ValueError as err:
+        raise SpecError(f"--alloc-conf: {err}") from None
+    result = fit(job, args.vary, step=args.step, alloc_conf=args.alloc_conf, progress=_progress)
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        report.render_fit(result, _console())
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="prismbench",
@@ -144,7 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add_command in (_add_workloads, _add_explain, _add_capture, _add_emulate, _add_calibrate):
+    for add_command in (
+        _add_workloads,
+        _add_explain,
+        _add_capture,
+        _add_emulate,
+        _add_fit,
+        _add_calibrate,
+    ):
         add_command(commands)
     return parser
 
@@ -209,6 +233,24 @@ def _add_emulate(commands) -> None:
     )
     _add_capture_options(emulate_cmd)
     emulate_cmd.set_defaults(handler=_cmd_emulate)
+
+
+def _add_fit(commands) -> None:
+    from prismbench.fit import VARIABLES
+
+    fit_cmd = commands.add_parser(
+        "fit", help="the largest micro-batch, sequence length or layer count that fits in memory"
+    )
+    fit_cmd.add_argument("job", metavar="JOB.toml", help="job spec (TOML)")
+    fit_cmd.add_argument("--vary", required=True, choices=VARIABLES, help="the setting to search")
+    fit_cmd.add_argument(
+        "--step", type=int, help="values step by this (default: what the job's parallelism needs)"
+    )
+    fit_cmd.add_argument(
+        "--alloc-conf", default="", metavar="CONF", help="PYTORCH_ALLOC_CONF to model"
+    )
+    fit_cmd.add_argument("--json", action="store_true", help="print one JSON object")
+    fit_cmd.set_defaults(handler=_cmd_fit)
 
 
 def _add_calibrate(commands) -> None:

@@ -244,3 +244,29 @@ def render_emulation(r, console: Console) -> None:
             "YES" if c.oom else "no",
         )
     console.print(table)
+
+
+def render_fit(result, console: Console) -> None:
+    """Each emulated value (in the order tried), then the answer."""
+    table = Table(title=f"What fits on {result.gpu}: {result.vary} (step {result.step})")
+    for column in ("value", "fits", "peak reserved", "outside allocator", "headroom", "OOM at"):
+        table.add_column(column, justify="left" if column == "OOM at" else "right")
+    for p in result.probes:
+        m = p.memory
+        table.add_row(
+            f"{p.value:,}",
+            "yes" if m.fits else "NO",
+            format_bytes(m.peak_reserved_bytes),
+            format_bytes(m.outside_bytes),
+            format_bytes(m.headroom_bytes),
+            m.oom_at or "",
+        )
+    console.print(table)
+    if result.largest_fitting is None:
+        console.print(f"Not even {result.vary} = {result.step} fits.")
+    else:
+        console.print(
+            f"Largest {result.vary} that fits: {result.largest_fitting:,} "
+            f"(headroom {format_bytes(result.headroom_bytes)})"
+        )
+

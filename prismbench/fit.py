@@ -1,0 +1,177 @@
+"""What fits: the largest micro-batch, sequence length or layer count a job can take.
+
+`fit(job, vary)` bisects over one setting, each probe a capture (cached, so a repeated or
+earlier-captured value costs a cache read) and a memory replay of every class on the job's
+GPU preset (emulator.memory: first and steady iterations, usable capacity minus memory
+outside the allocator). A value fits when no class runs out of memory in either iteration.
+Memory grows with each of the three settings, so the values that fit are a prefix; the
+search first doubles from the job's own value (or halves, when that does not fit) to bracket
+the line, then bisects. Values step by `step` (default: 1 micro-batch, the sequence-length
+unit the job's parallelism needs, one layer per pipeline stage), and the job's other
+settings follow the rules in `_varied`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from prismbench.spec import JobSpec, SpecError, job_spec_from_dict
+
+VARIABLES = ("micro_batch", "seq_len", "layers")
+MAX_PROBES = 24
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryCheck:
+    """Whether a job fits on its GPU and by how much (negative headroom: short by)."""
+
+    fits: bool
+    peak_reserved_bytes: int  # the larger of the first and steady iteration, max over classes
+    outside_bytes: int
+    capacity_bytes: int  # what CUDA offers the process (the preset's usable capacity)
+    headroom_bytes: int  # capacity - outside - peak reserved
+    oom_at: str | None  # where the first OOM happened, as "class p, iteration, phase, module"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitProbe:
+    value: int
+    memory: MemoryCheck
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitResult:
+    vary: str
+    step: int
+    largest_fitting: int | None  # None: not even the smallest value fits
+    headroom_bytes: int | None  # at largest_fitting
+    gpu: str
+    probes: tuple[FitProbe, ...]  # in the order emulated
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def fit(
+    job: JobSpec,
+    vary: str,
+    *,
+    step: int | None = None,
+    alloc_conf: str = "",
+    progress: Callable[[str], None] | None = None,
+) -> FitResult:
+    """The largest value of `vary` (one of VARIABLES) at which `job` fits (module docstring)."""
+    if vary not in VARIABLES:
+        raise SpecError(f"vary({vary!r}) must be one of {VARIABLES}")
+    step = step or _default_step(job, vary)
+    if step < 1:
+        raise SpecError(f"step({step}) must be >= 1")
+    say = progress or (lambda _message: None)
+    probes: dict[int, FitProbe] = {}
+
+    def probe(value: int) -> MemoryCheck:
+        if value not in probes:
+            say(f"{vary} = {value}: capturing and replaying memory")
+            check = check_memory(_varied(job, vary, value), alloc_conf=alloc_conf)
+            probes[value] = FitProbe(value=value, memory=check)
+            verdict = "fits" if check.fits else "does not fit"
+            say(f"{vary} = {value}: {verdict}, headroom {check.headroom_bytes / 2**30:.2f} GiB")
+        return probes[value].memory
+
+    largest = _search(probe, _current(job, vary), step)
+    return FitResult(
+        vary=vary,
+        step=step,
+        largest_fitting=largest,
+        headroom_bytes=None if largest is None else probes[largest].memory.headroom_bytes,
+        gpu=job.cluster.gpu,
+        probes=tuple(probes.values()),
+    )
+
+
+def check_memory(job: JobSpec, *, alloc_conf: str = "") -> MemoryCheck:
+    """Capture `job` (cached) and replay its memory: does it fit on its GPU, by how much."""
+    from emulator.hardware import gpu_preset
+    from emulator.memory import replay_memory
+    from prismbench.capture import capture_job
+
+    gpu = gpu_preset(job.cluster.gpu)
+    capture = capture_job(job)
+    worst, oom_at = None, None
+    for p, trace in capture.traces.items():
+        m = replay_memory(trace, gpu=gpu, alloc_conf=alloc_conf, stage=p)
+        reserved = max(m.peak_reserved_bytes, m.first_iteration_peak_reserved_bytes)
+        headroom = gpu.usable_capacity_bytes - m.outside.total_bytes - reserved
+        if worst is None or headroom < worst[0]:
+            worst = (headroom, reserved, m.outside.total_bytes)
+        if m.oom is not None and oom_at is None:
+            at = m.oom.at
+            oom_at = f"class {p}, {m.oom.iteration} iteration, {at.phase}, {at.module or '<top>'}"
+    headroom, reserved, outside = worst
+    return MemoryCheck(
+        fits=oom_at is None,
+        peak_reserved_bytes=reserved,
+        outside_bytes=outside,
+        capacity_bytes=gpu.usable_capacity_bytes,
+        headroom_bytes=headroom,
+        oom_at=oom_at,
+    )
+
+
+def _search(probe: Callable[[int], MemoryCheck], start: int, step: int) -> int | None:
+    """The largest multiple of `step` that fits, given that fitting values are a prefix."""
+    low, high = None, None  # largest known fit, smallest known miss
+    value = max(step, start - start % step)
+    for _ in range(MAX_PROBES):
+        try:
+            fits = probe(value).fits
+        except SpecError:  # the job refuses the value (e.g. beyond a learned position table)
+            fits = False
+        if fits:
+            low = value
+        else:
+            high = value
+        if high is None:
+            value *= 2
+        elif low is None:
+            if value == step:
+                return None
+            value = max(step, (value // 2) - (value // 2) % step)
+        else:
+            if high - low <= step:
+                return low
+            value = low + math.ceil((high - low) / step / 2) * step
+    raise RuntimeError(f"no answer after {MAX_PROBES} probes (low {low}, high {high})")
+
+
+def _current(job: JobSpec, vary: str) -> int:
+    return {
+        "micro_batch": job.batch.micro_batch,
+        "seq_len": job.batch.seq_len,
+        "layers": job.model.layers,
+    }[vary]
+
+
+def _default_step(job: JobSpec, vary: str) -> int:
+    p = job.parallel
+    if vary == "seq_len":  # what the parallelism needs: 2*cp chunks, each split over tp with SP
+        return math.lcm(2 * p.cp if p.cp > 1 else 1, p.cp * p.tp if p.sequence_parallel else 1)
+    if vary == "layers":
+        return p.pp * p.vpp
+    return 1
+
+
+def _varied(job: JobSpec, vary: str, value: int) -> JobSpec:
+    """`job` with `vary` set to `value`. A new micro-batch keeps the number of micro-batches
+    (the global batch follows); a new sequence length or layer count changes nothing else."""
+    tables = job.to_dict()
+    if vary == "micro_batch":
+        tables["batch"]["micro_batch"] = value
+        tables["batch"]["global_batch"] = value * job.parallel.dp * job.num_microbatches
+    elif vary == "seq_len":
+        tables["batch"]["seq_len"] = value
+    else:
+        tables["model"]["layers"] = value
+    return job_spec_from_dict(tables)

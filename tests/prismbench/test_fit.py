@@ -1,0 +1,62 @@
+"""prismbench.fit: the largest value that fits, exact on both sides of the capacity line."""
+
+import dataclasses
+
+import pytest
+
+import emulator.hardware
+from prismbench.fit import _search, check_memory, fit
+from prismbench.spec import SpecError, job_spec_from_dict
+
+
+def _probe_below(line: int, tried: list[int]):
+    def probe(value):
+        tried.append(value)
+        return type("Check", (), {"fits": value <= line})()
+
+    return probe
+
+
+@pytest.mark.parametrize(
+    ("line", "start", "step", "answer"),
+    [(37, 1, 1, 37), (37, 64, 1, 37), (37, 8, 4, 36), (3, 3, 1, 3), (1, 5, 1, 1), (0, 4, 1, None)],
+)
+def test_search_finds_the_last_fitting_multiple_of_the_step(line, start, step, answer):
+    tried = []
+    assert _search(_probe_below(line, tried), start, step) == answer
+    assert len(tried) == len(set(tried)) <= 14  # doubling/halving, then bisection
+
+
+def _job(micro_batch: int = 1):
+    return job_spec_from_dict(
+        {
+            "model": {"name": "gpt-debug"},
+            "batch": {"seq_len": 64, "micro_batch": micro_batch, "global_batch": 2 * micro_batch},
+        }
+    )
+
+
+def test_fit_on_a_gpu_whose_capacity_is_exactly_what_two_sequences_need(monkeypatch, tmp_path):
+    monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path))
+    need, need_one = check_memory(_job(2)), check_memory(_job(1))
+    real = emulator.hardware.gpu_preset("h100-sxm-80g")
+    exact = need.outside_bytes + need.peak_reserved_bytes
+    tiny = dataclasses.replace(real, usable_capacity_bytes=exact)
+    monkeypatch.setattr(emulator.hardware, "gpu_preset", lambda name: tiny)
+    result = fit(_job(1), "micro_batch")
+    assert result.largest_fitting == 2 and result.headroom_bytes == 0
+    by_value = {p.value: p.memory for p in result.probes}
+    assert by_value[2].fits and not by_value[3].fits and "iteration" in by_value[3].oom_at
+    # one byte less and two sequences no longer fit (nor one, if it needs as many segments)
+    monkeypatch.setattr(
+        emulator.hardware,
+        "gpu_preset",
+        lambda name: dataclasses.replace(real, usable_capacity_bytes=exact - 1),
+    )
+    one_fits = need_one.peak_reserved_bytes < need.peak_reserved_bytes
+    assert fit(_job(1), "micro_batch").largest_fitting == (1 if one_fits else None)
+
+
+def test_varying_an_unknown_setting_is_refused():
+    with pytest.raises(SpecError, match=r"vary\('heads'\) must be one of"):
+        fit(_job(), "heads")
