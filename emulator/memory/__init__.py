@@ -3,13 +3,14 @@
 API (sizes in bytes):
 
     result = replay_memory(trace, gpu="h100-sxm-80g", alloc_conf="expandable_segments:True")
-    result.peak_allocated_bytes, result.peak_reserved_bytes, result.peak_requested_bytes
+    result.peak_allocated_bytes, result.peak_reserved_bytes, result.peak_requested_bytes  # steady
+    result.first_iteration_peak_reserved_bytes  # (and _allocated, _requested): the first one
     result.fragmentation_at_peak_bytes          # reserved - allocated where allocated peaks
     result.peak                                 # MemoryEvent: stage / phase / micro_batch / module
     result.live_at_peak_by_category / _by_module
     result.outside                              # OutsideMemory: CUDA context, NCCL buffers
     result.device_total_estimate_bytes          # reserved peak + outside: comparable to nvidia-smi
-    result.oom                                  # None, or OomReport (where, what was live)
+    result.oom                                  # None, or OomReport (iteration, where, what was live)
     result.to_dict()                            # JSON-ready
 
 `replay_memory(trace, *, gpu=None, alloc_conf="", memory_fraction=None, stage=None,
@@ -22,7 +23,9 @@ allocator, absent from a CPU trace). An OOM is data, never an exception: after t
 allocation that does not fit, the replay goes on as on an unlimited device so every figure is
 still given.
 
-Exports: `prismbench.plots.plot_memory_timeline(result, path)` (PNG, with the harness) and
+The replay runs a first iteration and then steady ones (iterations.py). Exports:
+`prismbench.plots.plot_memory_timeline(result, path, title, trace=, event_times_s=)` (PNG, with
+the harness) and
 `write_snapshot(trace, path, ...)` (a pickle in torch.cuda.memory._snapshot()'s format, which
 pytorch.org/memory_viz opens). The allocator itself is `CachingAllocator` (allocator.py);
 rules and their sources are listed there and in docs/MEMORY.md.
