@@ -3,7 +3,12 @@
 This is the one place that joins the workloads and the emulator: the mesh is built
 outside fake mode; the model is built, initialised, split and parallelised inside it,
 directly on fake "cpu" tensors (no memory is allocated; `to_empty` from meta is avoided
-because fake mode refuses to swap plain fake parameters in place); and the optimizer
+because fake mode refuses to swap plain fake parameters in place). A one-GPU job's build is
+recorded: its real program (as the shared H100 measurements ran it, `build_training(job,
+None, device="cuda")`) builds the model in fp32 on the device and casts it, leaving freed
+fp32 segments cached before its first iteration; a job of several ranks is taken to build
+on meta and materialise its shards in place (what a large job must do), which leaves nothing
+behind, so its build is not recorded. The optimizer
 state is created by one optimizer step on zero gradients, so the recorded iteration is
 a steady-state one; what that step created is declared apart from what the optimizer held
 before it, so the memory replay can create it where a real first iteration does.
@@ -73,18 +78,28 @@ def rank_program(job) -> RankProgram:
     def build(mesh):
         # fake "cpu" tensors: nothing is allocated, and values do not exist to initialise
         state = build_training(job, mesh, device="cpu", initialize=False)
-        optimizer_tensors = _create_optimizer_state(state)
         rows = job.num_microbatches * job.batch.micro_batch
         tokens = torch.zeros(rows, job.batch.seq_len, dtype=torch.long)
-        declared = {
+        return state, tokens
+
+    def declare(built):
+        state, _ = built
+        optimizer_tensors = _create_optimizer_state(state)
+        return {
             "parameter": [p for part in state.parts for p in part.parameters()],
             **optimizer_tensors,
             "gradient": _gradient_tensors(state.optimizer),
         }
-        return (state, tokens), declared
 
     def step(built, phase):
         state, tokens = built
         train_step(job, state, tokens, tokens, phase=phase)
 
-    return RankProgram(setup=setup, build=build, step=step, roots=lambda built: built[0].parts)
+    return RankProgram(
+        setup=setup,
+        build=build,
+        declare=declare,
+        step=step,
+        roots=lambda built: built[0].parts,
+        record_build=job.world_size == 1,
+    )

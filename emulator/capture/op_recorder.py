@@ -118,6 +118,17 @@ class OpRecorder(TorchDispatchMode):
         finally:
             self.state.micro_batch = previous
 
+    @contextlib.contextmanager
+    def recording_build(self) -> Iterator[None]:
+        """Inside the block (with the recorder entered) only storages are recorded, as rows
+        before the iteration: building the model and optimizer is not the iteration's work,
+        but what it leaves cached is the allocator's state when the first iteration starts."""
+        self.state.building = True
+        try:
+            yield
+        finally:
+            self.state.building = False
+
     def paused(self):
         """Ops inside the block run unrecorded (work the program does not do on a GPU, such as
         DTensor running an op on fake tensors to learn its output's shape)."""
@@ -253,11 +264,15 @@ class OpRecorder(TorchDispatchMode):
             out = func(*args, **kwargs)
         if info.ignored or torch_compat.active_fake_mode() is not self._fake_mode:
             return out  # ops of another fake mode nested in ours are not this rank's work
-        phase = self._current_phase()
         if isinstance(out, torch.Tensor):
             outs = [out]
         else:
             outs = _tensors(out) if isinstance(out, (list, tuple)) else []
+        if self.state.building:
+            for t in outs:
+                self.storages.see(t.untyped_storage(), "other")
+            return out
+        phase = self._current_phase()
         if info.is_comm or self.current_stream():
             category = "communication"
         else:

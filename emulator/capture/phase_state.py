@@ -28,6 +28,7 @@ class PhaseState:
         self.epoch = 0
         self.forward_depth = 0  # module forwards running (maintained by module hooks)
         self.pause_depth = 0
+        self.building = False  # recording the program's build: storages only (op_recorder)
         self._first_dispatch: int | None = _NOT_WATCHED  # None: watched, not seen yet
 
     @property

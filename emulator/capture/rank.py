@@ -3,9 +3,12 @@
 The caller hands a program in three parts (the emulator never imports a workload):
 - `setup()` runs outside fake mode once the virtual world exists: meshes and groups
   (DeviceMesh creation and flattening fail inside FakeTensorMode, NOTES.md);
-- `build(context)` runs inside fake mode: the model on meta, parallelised, materialised
-  with `to_empty`, the optimizer, and whatever makes the state that of a steady
-  iteration (e.g. optimizer states); it returns the state and the tensors to declare;
+- `build(context)` runs inside fake mode: the model, parallelised, and the optimizer; it
+  returns the state. With `record_build`, its allocations and frees are recorded (rows
+  before the first op, phase -1: what the process holds and caches before its first
+  iteration); its compute is not;
+- `declare(state)` runs inside fake mode, unrecorded: whatever makes the state that of a
+  steady iteration (e.g. optimizer states); it returns the tensors to declare, by category;
 - `step(state, phase)` runs one training iteration, recorded; `phase(name)` is the
   recorder's context manager, for the program to mark e.g. its "optimizer" part.
 
@@ -61,12 +64,14 @@ from emulator.world.virtual_world import destroy_virtual_world, init_virtual_wor
 
 @dataclass(frozen=True, kw_only=True)
 class RankProgram:
-    """The three parts of the program one rank runs (see the module docstring)."""
+    """The parts of the program one rank runs (see the module docstring)."""
 
     setup: Callable[[], Any]
-    build: Callable[[Any], tuple[Any, Mapping[str, Any]]]
+    build: Callable[[Any], Any]
+    declare: Callable[[Any], Mapping[str, Any]]
     step: Callable[[Any, Callable], None]
     roots: Callable[[Any], list[torch.nn.Module]]  # modules whose forward starts a micro-batch
+    record_build: bool = False
 
 
 @contextlib.contextmanager
@@ -237,9 +242,14 @@ def capture_rank(
             gpu_fused_ops(),
             FakeTensorMode(allow_non_fake_inputs=True),
         ):
-            state, declared = program.build(context)
-            comm.events.clear()  # only the recorded iteration's communication counts
             recorder = OpRecorder(sequence=sequence)
+            if program.record_build:
+                with recorder, recorder.recording_build():
+                    state = program.build(context)
+            else:
+                state = program.build(context)
+            declared = program.declare(state)
+            comm.events.clear()  # only the recorded iteration's communication counts
             for category, tensors in declared.items():
                 recorder.tag(tensors, category)
             with (

@@ -190,9 +190,9 @@ def _capture_with_buckets(job, monkeypatch, bucket_bytes):
     seen = {}
 
     def build(context):
-        built, declared = program.build(context)
+        built = program.build(context)
         seen["buckets"] = len(built[0].optimizer.buckets)
-        return built, declared
+        return built
 
     trace = capture_rank(0, job.world_size, dataclasses.replace(program, build=build))
     return trace, seen["buckets"]
@@ -546,3 +546,24 @@ def test_the_last_stage_keeps_no_logits_across_micro_batches():
     _, peak_8 = peak(8)
     logits_bytes = job.batch.seq_len * job.model.vocab * 2  # one micro-batch's, bf16
     assert 0 <= peak_8 - peak_4 < logits_bytes
+
+
+def _setup_rows(trace: RankTrace, kind: int) -> np.ndarray:
+    c = trace.columns
+    return np.flatnonzero((c["phase"] < 0) & (c["kind"] == kind))
+
+
+def test_a_one_gpu_build_leaves_its_freed_fp32_parameters_before_the_iteration(tmp_path):
+    """The program builds in fp32 and casts to bf16 (workloads.parallelize): one 4-byte copy of
+    every parameter is allocated and freed before the first op, beside the 2-byte parameters."""
+    from emulator.capture.trace import ALLOC, FREE
+
+    one = capture(debug_job(train={"precision": "bf16"}), tmp_path).traces[0]
+    c = one.columns
+    allocs, frees = _setup_rows(one, ALLOC), _setup_rows(one, FREE)
+    is_param = np.array([one.strings[i] == "parameter" for i in c["category"][allocs]])
+    param_bytes = int(c["size_bytes"][allocs[is_param]].sum())
+    assert int(c["size_bytes"][frees].sum()) == 2 * param_bytes
+    # several ranks build on meta (module docstring of prismbench.program): nothing freed
+    two = capture(debug_job({"dp": 2}, train={"precision": "bf16"}), tmp_path).traces[0]
+    assert len(_setup_rows(two, FREE)) == 0

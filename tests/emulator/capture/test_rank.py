@@ -37,7 +37,7 @@ def _program(hook_comm: bool = True) -> RankProgram:
             model.register_forward_pre_hook(
                 lambda module, args: dist.all_reduce(torch.zeros(2), group=group), prepend=True
             )
-        return (model, optimizer), {"parameter": list(model.parameters())}
+        return model, optimizer
 
     def step(state, phase):
         model, optimizer = state
@@ -45,7 +45,13 @@ def _program(hook_comm: bool = True) -> RankProgram:
             model(torch.ones(2, 8)).sum().backward()
         optimizer.step()
 
-    return RankProgram(setup=setup, build=build, step=step, roots=lambda state: [state[0]])
+    return RankProgram(
+        setup=setup,
+        build=build,
+        declare=lambda state: {"parameter": list(state[0].parameters())},
+        step=step,
+        roots=lambda state: [state[0]],
+    )
 
 
 @pytest.fixture(scope="module")
