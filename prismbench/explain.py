@@ -22,12 +22,19 @@ Conventions (stated once, used everywhere below):
   A pipeline split unties tied embeddings:
   the last stage then holds its own output matrix. ZeRO-3/FSDP divides what is left by the
   data-parallel group, dp*cp (FSDP over dp x cp), rounding up.
-- Model-state bytes per parameter (Rajbhandari et al. 2020, ZeRO, Sec. 3.1: mixed-precision
-  Adam is 2 + 2 + 12 = 16 B/param): bf16/fp16/fp8 jobs keep 2 B weights, 2 B grads (in the
-  param dtype, as the ZeRO paper counts; Megatron's fp32 main grads would be 4) and 12 B of
-  AdamW state (fp32 master copy + two fp32 moments); fp32 jobs keep 4 + 4 + 8. fp8 keeps bf16
-  weights (fp8 is only the GEMM input format, torchtitan float8). ZeRO-1 shards the optimizer
-  state over dp*cp, ZeRO-2 also the grads, ZeRO-3 also the weights.
+- Model-state bytes per parameter: what the workloads hold (the ZeRO paper's scheme,
+  Rajbhandari et al. 2020 Sec. 3.1, counts 2 + 2 + 12 for mixed-precision Adam; the program
+  differs), as (weights, gradients, master weights, moments):
+  * zero 0/1, and any job of one rank: `workloads.zero.DistributedOptimizer` (Megatron's
+    distributed optimizer): weights in the model dtype (2 B; fp8 jobs keep bf16 weights, fp8 is
+    only the GEMM input format; fp32 4 B, `parallelize.cast_parameters`), a persistent fp32
+    main-grad buffer (4 B, plus bucket padding), an fp32 master copy (4 B, even for fp32 jobs)
+    and AdamW's two fp32 moments (8 B); zero 1 shards master and moments over dp*cp.
+  * zero 2/3 on several ranks: FSDP2 (`parallelize.apply_fsdp`): parameters stay fp32 and
+    sharded over dp*cp (4 B / D), with fp32 sharded gradients (4 B / D) and AdamW's moments
+    (8 B / D), no master copy; bf16 copies are gathered for compute (zero 2 keeps them from
+    forward to backward: activation-like memory, not counted here).
+  Buffers: the workloads register none.
 """
 
 from __future__ import annotations
@@ -40,13 +47,9 @@ from emulator.world.mesh import World
 from workloads.config import ModelSpec
 from workloads.flavors import FLAVORS, parameter_count
 
-# (weights, grads, optimizer) bytes per parameter; Rajbhandari et al. 2020 (ZeRO) Sec. 3.1.
-STATE_BYTES_PER_PARAM = {
-    "bf16": (2, 2, 12),
-    "fp16": (2, 2, 12),
-    "fp8": (2, 2, 12),
-    "fp32": (4, 4, 8),
-}
+# Bytes per parameter of the model's own weights, by precision (see the module docstring).
+WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "fp32": 4}
+FP32 = 4
 NARAYANAN_EQ3 = "96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h))  [Narayanan et al. 2021, SC21, eq. 3]"
 
 
@@ -79,7 +82,8 @@ class StageInfo:
     params_per_rank: int  # what one GPU holds under the job's ZeRO stage
     weights_bytes: int
     grads_bytes: int
-    optimizer_bytes: int
+    master_weights_bytes: int
+    optimizer_bytes: int  # AdamW's moments
     model_state_bytes: int
     model_state_bytes_by_zero: tuple[int, int, int, int]  # ZeRO stage 0, 1, 2, 3
 
@@ -131,7 +135,7 @@ class Explanation:
     dp_shard_group: int
     zero_stage: int
     precision: str
-    state_bytes_per_param: tuple[int, int, int]
+    state_bytes_per_param: tuple[int, int, int, int]  # weights, grads, master, moments (unsharded)
     stages: tuple[StageInfo, ...]
     flops: FlopsInfo
     max_model_state_bytes: int
@@ -214,15 +218,27 @@ def _stage_params(m: ModelSpec, tp: int, layers: int, first: bool, last: bool) -
 # ---- model-state bytes --------------------------------------------------------------------
 
 
-def model_state_bytes(params: int, precision: str, zero: int, shard: int) -> tuple[int, int, int]:
-    """(weights, grads, optimizer) bytes on one rank holding `params` before ZeRO sharding."""
-    w, g, o = STATE_BYTES_PER_PARAM[precision]
+def model_state_bytes(
+    params: int, precision: str, zero: int, shard: int, *, fsdp: bool | None = None
+) -> tuple[int, int, int, int]:
+    """(weights, grads, master weights, moments) bytes on one rank holding `params` before
+    data-parallel sharding over `shard` = dp*cp ranks (module docstring). `fsdp`: whether
+    the program shards with FSDP2 (default: zero >= 2 on more than one rank)."""
+    fsdp = zero >= 2 and shard > 1 if fsdp is None else fsdp
     sharded = _ceil_div(params, shard)
+    if fsdp:
+        return FP32 * sharded, FP32 * sharded, 0, 2 * FP32 * sharded
+    optimizer_params = sharded if zero >= 1 else params
     return (
-        w * (sharded if zero >= 3 else params),
-        g * (sharded if zero >= 2 else params),
-        o * (sharded if zero >= 1 else params),
+        WEIGHT_BYTES[precision] * params,
+        FP32 * params,
+        FP32 * optimizer_params,
+        2 * FP32 * optimizer_params,
     )
+
+
+def state_bytes_per_param(precision: str, zero: int, world_size: int) -> tuple[int, ...]:
+    return model_state_bytes(1, precision, zero, 1, fsdp=zero >= 2 and world_size > 1)
 
 
 # ---- FLOPs --------------------------------------------------------------------------------
@@ -293,9 +309,13 @@ def _stages(job: Any) -> tuple[StageInfo, ...]:
         first, last = 0 in virtual, total_stages - 1 in virtual
         layers = tuple(counts[v] for v in virtual)
         params_tp = _stage_params(m, p.tp, sum(layers), first, last)
-        w, g, o = model_state_bytes(params_tp, job.train.precision, p.zero, shard)
+        fsdp = job.world_size > 1
+        w, g, mw, o = model_state_bytes(
+            params_tp, job.train.precision, p.zero, shard, fsdp=fsdp and p.zero >= 2
+        )
         by_zero = tuple(
-            sum(model_state_bytes(params_tp, job.train.precision, z, shard)) for z in range(4)
+            sum(model_state_bytes(params_tp, job.train.precision, z, shard, fsdp=fsdp and z >= 2))
+            for z in range(4)
         )
         stages.append(
             StageInfo(
@@ -306,11 +326,12 @@ def _stages(job: Any) -> tuple[StageInfo, ...]:
                 has_embedding=first,
                 has_output=last,
                 params_per_tp_rank=params_tp,
-                params_per_rank=_ceil_div(params_tp, shard) if p.zero == 3 else params_tp,
+                params_per_rank=_ceil_div(params_tp, shard) if fsdp and p.zero >= 2 else params_tp,
                 weights_bytes=w,
                 grads_bytes=g,
+                master_weights_bytes=mw,
                 optimizer_bytes=o,
-                model_state_bytes=w + g + o,
+                model_state_bytes=w + g + mw + o,
                 model_state_bytes_by_zero=by_zero,
             )
         )
@@ -346,7 +367,7 @@ def explain(job: Any) -> Explanation:
         dp_shard_group=p.dp * p.cp,
         zero_stage=p.zero,
         precision=job.train.precision,
-        state_bytes_per_param=STATE_BYTES_PER_PARAM[job.train.precision],
+        state_bytes_per_param=state_bytes_per_param(job.train.precision, p.zero, job.world_size),
         stages=stages,
         flops=flops_info,
         max_model_state_bytes=max_state,
@@ -373,7 +394,8 @@ def explanation_to_dict(explanation: Explanation) -> dict[str, Any]:
         "flops": "2 per MAC; backward = 2 x forward; attention 4*s*h per layer per token, "
         "not halved for the causal mask",
         "narayanan_eq3": NARAYANAN_EQ3,
-        "state_bytes": "weights + grads + AdamW state per param (ZeRO paper, 2+2+12 mixed "
-        "precision, 4+4+8 fp32); ZeRO shards over dp*cp",
+        "state_bytes": "weights + fp32 grads + fp32 master + two fp32 AdamW moments per param, "
+        "as the workloads hold them (distributed optimizer: 2+4+4+8 mixed precision; FSDP: "
+        "4+4+0+8 sharded over dp*cp); see prismbench.explain",
     }
     return data

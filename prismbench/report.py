@@ -81,11 +81,12 @@ def _layout_table(e: Explanation) -> Table:
 
 
 def _stage_table(e: Explanation) -> Table:
-    w, g, o = e.state_bytes_per_param
+    w, g, m, o = e.state_bytes_per_param
     table = Table(
         title=(
-            f"Per-GPU parameters and model state ({e.precision}: {w}+{g}+{o} B/param, "
-            f"ZeRO-{e.zero_stage} over dp*cp={e.dp_shard_group})"
+            f"Per-GPU parameters and model state ({e.precision}: weights {w} + grads {g} + "
+            f"master {m} + moments {o} B/param, ZeRO-{e.zero_stage} over "
+            f"dp*cp={e.dp_shard_group})"
         )
     )
     for header in (
@@ -95,7 +96,8 @@ def _stage_table(e: Explanation) -> Table:
         "params/GPU",
         "weights",
         "grads",
-        "optimizer",
+        "master",
+        "moments",
         "model state",
     ):
         table.add_column(header, justify="right")
@@ -110,6 +112,7 @@ def _stage_table(e: Explanation) -> Table:
             format_params(s.params_per_rank),
             format_bytes(s.weights_bytes),
             format_bytes(s.grads_bytes),
+            format_bytes(s.master_weights_bytes),
             format_bytes(s.optimizer_bytes),
             format_bytes(s.model_state_bytes),
         )
@@ -183,11 +186,23 @@ def render_explanation(e: Explanation, console: Console) -> None:
 
 def render_capture(summary: dict[str, Any], console: Console) -> None:
     """One row per class: ranks, ops, FLOPs, peak live bytes, bytes moved per group kind."""
-    table = Table(title=f"Capture: {summary['world_size']:,} ranks, {len(summary['classes'])} class(es)")
-    for column in ("class", "rank", "members", "compute ops", "FLOPs", "peak live", "comm bytes by group"):
+    table = Table(
+        title=f"Capture: {summary['world_size']:,} ranks, {len(summary['classes'])} class(es)"
+    )
+    for column in (
+        "class",
+        "rank",
+        "members",
+        "compute ops",
+        "FLOPs",
+        "peak live",
+        "comm bytes by group",
+    ):
         table.add_column(column, justify="left" if column == "comm bytes by group" else "right")
     for class_id, c in summary["classes"].items():
-        comm = ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(c["comm_bytes_by_group_kind"].items()))
+        comm = ", ".join(
+            f"{k} {format_bytes(v)}" for k, v in sorted(c["comm_bytes_by_group_kind"].items())
+        )
         table.add_row(
             str(class_id),
             str(c["representative_rank"]),
@@ -204,7 +219,9 @@ def render_capture(summary: dict[str, Any], console: Console) -> None:
 
 def render_emulation(r, console: Console) -> None:
     """The headline figures, the breakdown, and one row per class."""
-    head = Table(title=f"Emulation: {r.job} on {r.world_size:,} GPUs ({r.ranks_executed} rank(s) executed)")
+    head = Table(
+        title=f"Emulation: {r.job} on {r.world_size:,} GPUs ({r.ranks_executed} rank(s) executed)"
+    )
     head.add_column("figure")
     head.add_column("value", justify="right")
     rows = [
@@ -219,7 +236,10 @@ def render_emulation(r, console: Console) -> None:
         ("idle", f"{r.breakdown['idle_s']:.3f} s"),
         ("peak allocated, steady (max over ranks)", format_bytes(r.peak_memory_allocated_bytes)),
         ("peak reserved, steady (max over ranks)", format_bytes(r.peak_memory_reserved_bytes)),
-        ("peak reserved, first iteration", format_bytes(r.first_iteration_peak_memory_reserved_bytes)),
+        (
+            "peak reserved, first iteration",
+            format_bytes(r.first_iteration_peak_memory_reserved_bytes),
+        ),
         ("device total estimate (nvidia-smi)", format_bytes(r.device_total_estimate_bytes)),
         ("GPU capacity (what CUDA offers)", format_bytes(r.gpu_capacity_bytes)),
         ("out of memory", "YES" if r.oom else "no"),
@@ -229,7 +249,17 @@ def render_emulation(r, console: Console) -> None:
         head.add_row(figure, value)
     console.print(head)
     table = Table(title="Per pipeline rank (class)")
-    for column in ("pp", "ranks", "compute", "exposed comm", "bubble", "idle", "allocated", "reserved", "OOM"):
+    for column in (
+        "pp",
+        "ranks",
+        "compute",
+        "exposed comm",
+        "bubble",
+        "idle",
+        "allocated",
+        "reserved",
+        "OOM",
+    ):
         table.add_column(column, justify="right")
     for c in r.per_class:
         table.add_row(
@@ -269,4 +299,3 @@ def render_fit(result, console: Console) -> None:
             f"Largest {result.vary} that fits: {result.largest_fitting:,} "
             f"(headroom {format_bytes(result.headroom_bytes)})"
         )
-

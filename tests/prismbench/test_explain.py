@@ -5,6 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from emulator.world.mesh import World
@@ -98,34 +99,74 @@ def test_kv_projections_are_sharded_by_kv_heads():
     # tp=2: wq, wo 64*32 each; one kv head (16 wide) each for wk, wv; ffn 3*64*128; two norms of 64.
     assert layer_params(m, tp=2) == 2 * 64 * 32 + 2 * 64 * 16 + 3 * 64 * 128 + 2 * 64
 
+
 def test_hand_computed_stage_bytes_with_zero2():
     job = _job(parallel={"tp": 2, "dp": 2, "zero": 2})
     (stage,) = explain(job).stages
     # llama-debug per tp rank: layer = wq 2048 + wk 1024 + wv 1024 + wo 2048 + ffn 24576
     # + norms 128 = 30848; 4 layers = 123392; embedding 128*64 + output 128*64 + norm 64.
     assert stage.params_per_tp_rank == 139840
-    assert stage.weights_bytes == 2 * 139840
-    assert stage.grads_bytes == 2 * 69920
-    assert stage.optimizer_bytes == 12 * 69920
+    # FSDP2 keeps fp32 parameters, gradients and moments sharded over dp: no master copy
+    assert stage.weights_bytes == 4 * 69920 and stage.grads_bytes == 4 * 69920
+    assert stage.master_weights_bytes == 0 and stage.optimizer_bytes == 8 * 69920
 
 
 @pytest.mark.parametrize(
     ("precision", "zero", "expected"),
-    [
-        ("bf16", 0, (2000, 2000, 12000)),
-        ("bf16", 1, (2000, 2000, 3000)),
-        ("bf16", 2, (2000, 500, 3000)),
-        ("bf16", 3, (500, 500, 3000)),
-        ("fp32", 1, (4000, 4000, 2000)),
-        ("fp32", 3, (1000, 1000, 2000)),
+    [  # (weights, grads, master, moments) of 1000 parameters over dp*cp = 4
+        ("bf16", 0, (2000, 4000, 4000, 8000)),  # distributed optimizer, fp32 main grads
+        ("bf16", 1, (2000, 4000, 1000, 2000)),  # master and moments sharded
+        ("bf16", 2, (1000, 1000, 0, 2000)),  # FSDP2: fp32 shards, no master copy
+        ("bf16", 3, (1000, 1000, 0, 2000)),
+        ("fp32", 0, (4000, 4000, 4000, 8000)),  # the master is a copy even for fp32
+        ("fp32", 3, (1000, 1000, 0, 2000)),
     ],
 )
 def test_model_state_bytes_by_zero_stage(precision, zero, expected):
     assert model_state_bytes(1000, precision, zero, shard=4) == expected
 
 
-def test_zero_sharding_rounds_up():
-    assert model_state_bytes(1001, "bf16", 3, shard=4) == (2 * 251, 2 * 251, 12 * 251)
+def test_zero_sharding_rounds_up_and_one_rank_never_uses_fsdp():
+    assert model_state_bytes(1001, "bf16", 3, shard=4) == (4 * 251, 4 * 251, 0, 8 * 251)
+    assert model_state_bytes(1001, "bf16", 3, shard=1) == (2 * 1001, 4 * 1001, 4004, 8008)
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        {"parallel": {}, "train": {"precision": "bf16"}},
+        {"parallel": {}, "train": {"precision": "fp32"}},
+        {"parallel": {"dp": 2, "zero": 1}, "train": {"precision": "bf16"}},
+        {"parallel": {"dp": 2, "zero": 3}, "train": {"precision": "bf16"}},
+        {"parallel": {"tp": 2, "zero": 0}, "train": {"precision": "bf16"}},
+        {"parallel": {"pp": 2}, "train": {"precision": "bf16"}},
+    ],
+    ids=["one-rank-bf16", "one-rank-fp32", "dp2-zero1", "dp2-fsdp", "tp2", "pp2"],
+)
+def test_explain_counts_what_the_capture_declares(job, tmp_path):
+    """explain's model state per pipeline rank against the bytes the program declares before
+    the iteration (parameters, gradient buffer, master weights, optimizer state)."""
+    from emulator.capture.trace import ALLOC
+    from prismbench.capture import capture_job
+
+    spec = _job(parallel=job["parallel"], train=job["train"])
+    captured = capture_job(spec, workers=1, cache_dir=tmp_path)
+    declared = ("parameter", "gradient", "master_weights", "optimizer_state")
+    for stage in explain(spec).stages:
+        trace = captured.traces[stage.pp_rank]
+        c = trace.columns
+        rows = np.flatnonzero((c["phase"] < 0) & (c["kind"] == ALLOC))
+        names = np.array([trace.strings[i] for i in c["category"][rows]])
+        held = {n: int(c["size_bytes"][rows[names == n]].sum()) for n in declared}
+        assert held["parameter"] == stage.weights_bytes
+        assert held["master_weights"] == stage.master_weights_bytes
+        if spec.parallel.zero >= 2:  # FSDP2 makes gradients in backward; zero_grad frees them
+            assert held["gradient"] == 0 and stage.grads_bytes == stage.weights_bytes
+        else:  # the distributed optimizer's persistent fp32 buffer
+            assert held["gradient"] == stage.grads_bytes
+        # beyond the moments: AdamW's step counter, a few bytes per tensor it steps
+        tensors = int((names == "parameter").sum())
+        assert 0 < held["optimizer_state"] - stage.optimizer_bytes <= 8 * tensors
 
 
 def test_zero3_shards_over_dp_times_cp():
