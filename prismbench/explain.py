@@ -237,10 +237,6 @@ def model_state_bytes(
     )
 
 
-def state_bytes_per_param(precision: str, zero: int, world_size: int) -> tuple[int, ...]:
-    return model_state_bytes(1, precision, zero, 1, fsdp=zero >= 2 and world_size > 1)
-
-
 # ---- FLOPs --------------------------------------------------------------------------------
 
 
@@ -367,7 +363,9 @@ def explain(job: Any) -> Explanation:
         dp_shard_group=p.dp * p.cp,
         zero_stage=p.zero,
         precision=job.train.precision,
-        state_bytes_per_param=state_bytes_per_param(job.train.precision, p.zero, job.world_size),
+        state_bytes_per_param=model_state_bytes(
+            1, job.train.precision, p.zero, 1, fsdp=p.zero >= 2 and job.world_size > 1
+        ),
         stages=stages,
         flops=flops_info,
         max_model_state_bytes=max_state,

@@ -34,8 +34,8 @@ _OPTIMIZER = PHASES.index("optimizer")
 def iteration_events(trace: RankTrace, events: dict) -> tuple[dict, dict]:
     """(the first iteration's events, one steady iteration's events) from the captured ones.
 
-    `events` is the replay's event table (replay._events): per event its trace row, whether
-    it frees, size, storage uid, stream and category code."""
+    `events` is the replay's event table (events.replay_events): per event its trace row,
+    whether it frees, size, storage uid, stream and category code."""
     phase = trace.columns["phase"][events["rows"]]
     setup = phase < 0
     lazy_codes = [i for i, c in enumerate(events["categories"]) if c in LAZY_CATEGORIES]

@@ -19,17 +19,15 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from emulator.capture.trace import ALLOC, COMPUTE, FREE, PHASES, RankTrace
+from emulator.capture.trace import PHASES, RankTrace
 from emulator.hardware import GpuPreset, gpu_preset
 from emulator.memory.allocator import CachingAllocator
 from emulator.memory.config import AllocatorConfig, parse_alloc_conf
+from emulator.memory.events import replay_events
 from emulator.memory.iterations import iteration_events
 from emulator.memory.outside import CUBLAS_WORKSPACE_BYTES, OutsideMemory, outside_memory
 
-WORKSPACE_CATEGORY = "cublas_workspace"
-_MATMULS = ("mm", "addmm", "bmm", "linear", "scaled_mm")
 MAX_STEADY_ITERATIONS = 8
-_BACKWARD_PHASES = (PHASES.index("backward"), PHASES.index("recompute"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,7 +149,7 @@ def _replay(
     arch = preset.arch if preset else None
     outside = outside or outside_memory(trace, arch)
     allocator = _allocator(config, preset, outside, memory_fraction, history)
-    ev = _events(
+    ev = replay_events(
         trace,
         CUBLAS_WORKSPACE_BYTES.get(arch, CUBLAS_WORKSPACE_BYTES["ampere"])
         if cublas_workspace
@@ -287,45 +285,6 @@ def _allocation_columns(ev: dict, carried: list) -> tuple[np.ndarray, np.ndarray
         np.concatenate([categories, ev["category"][allocs]]),
         np.concatenate([sizes, np.zeros(int(allocs.sum()), np.int64)]),
     )
-
-
-def _events(trace: RankTrace, workspace_bytes: int) -> dict:
-    """The alloc/free rows, plus one cuBLAS workspace allocation (never freed) at the first
-    matmul of each (thread, stream): autograd runs backward on its own thread, whose cuBLAS
-    handle gets its own workspace (CublasHandlePool.cpp keys workspaces by handle and stream)."""
-    c = trace.columns
-    kind = c["kind"]
-    rows = np.flatnonzero((kind == ALLOC) | (kind == FREE))
-    categories = (*trace.strings, WORKSPACE_CATEGORY)
-    ws_rows = _first_matmuls(trace) if workspace_bytes else np.zeros(0, np.int64)
-    all_rows = np.concatenate([rows, ws_rows])
-    order = np.argsort(all_rows, kind="stable")
-    n_ws = len(ws_rows)
-    return {
-        "rows": all_rows[order],
-        "is_free": np.concatenate([kind[rows] == FREE, np.zeros(n_ws, bool)])[order],
-        "size": np.concatenate([c["size_bytes"][rows], np.full(n_ws, workspace_bytes, np.int64)])[
-            order
-        ],
-        "uid": np.concatenate([c["storage"][rows], -2 - np.arange(n_ws, dtype=np.int64)])[order],
-        "stream": np.concatenate([c["stream"][rows], c["stream"][ws_rows]]).astype(np.int64)[order],
-        "category": np.concatenate(
-            [c["category"][rows], np.full(n_ws, len(trace.strings), np.int32)]
-        )[order],
-        "categories": categories,
-    }
-
-
-def _first_matmuls(trace: RankTrace) -> np.ndarray:
-    c = trace.columns
-    names = [trace.strings.index(m) for m in _MATMULS if m in trace.strings]
-    rows = np.flatnonzero((c["kind"] == COMPUTE) & np.isin(c["name"], names))
-    if not len(rows):
-        return np.zeros(0, np.int64)
-    thread = np.isin(c["phase"][rows], _BACKWARD_PHASES).astype(np.int64)
-    key = thread * (1 << 20) + c["stream"][rows].astype(np.int64)
-    _, first = np.unique(key, return_index=True)
-    return np.sort(rows[first])
 
 
 def _live_at(t: MemoryTimeline, j: int) -> np.ndarray:

@@ -15,7 +15,7 @@ from emulator.world.mesh import World
 from prismbench.emulate import emulate
 from prismbench.plots import memory_event_times_s, phase_bands, plot_memory_timeline
 from prismbench.spec import job_spec_from_dict
-from tests.emulator.capture.test_op_recorder import BATCH, GPT, SEQ, VOCAB
+from tests.emulator.capture.test_op_recorder import BATCH, GPT, SEQ, VOCAB, run_step
 from tests.emulator.memory.test_replay import capture
 from tests.emulator.synthetic_traces import Stage, build
 
@@ -33,15 +33,7 @@ def two_micro_batches():
         rec = OpRecorder()
         rec.tag(model, "parameter")
         rec.tag(idx, "other")
-        with rec:
-            for mb in range(2):
-                with rec.micro_batch(mb):
-                    loss = model(idx)
-                    loss.backward()
-                    del loss
-            with rec.phase("optimizer"):
-                opt.step()
-            opt.zero_grad()
+        run_step(model, opt, idx, rec, micro_batches=2)
     return rec.trace()
 
 

@@ -1,5 +1,7 @@
 """Tests for emulator/capture/op_recorder.py on a small causal GPT built here (fake and real CPU)."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -61,14 +63,17 @@ def matmul_params(model):
     return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
 
 
-def run_step(model, opt, idx, recorder, extra_modes=()):
+def run_step(model, opt, idx, recorder, extra_modes=(), micro_batches=0):
+    """Forward, backward (per micro-batch when `micro_batches`, marked), optimizer step."""
     for mode in extra_modes:
         mode.__enter__()
     try:
         with recorder:
-            loss = model(idx)
-            loss.backward()
-            del loss
+            for mb in range(micro_batches or 1):
+                with recorder.micro_batch(mb) if micro_batches else contextlib.nullcontext():
+                    loss = model(idx)
+                    loss.backward()
+                    del loss
             with recorder.phase("optimizer"):
                 opt.step()
             opt.zero_grad()
