@@ -4,9 +4,13 @@
 earlier-captured value costs a cache read) and a memory replay of every class on the job's
 GPU preset (emulator.memory: first and steady iterations, usable capacity minus memory
 outside the allocator). A value fits when no class runs out of memory in either iteration.
-Memory grows with each of the three settings, so the values that fit are a prefix; the
-search first doubles from the job's own value (or halves, when that does not fit) to bracket
-the line, then bisects. Values step by `step` (default: 1 micro-batch, the sequence-length
+Allocated memory grows with each of the three settings, but what the allocator reserves need
+not (its rounding and caching can make a larger batch pack better), so the values that fit
+need not be a prefix. The search doubles from the job's own value (or halves, when that does
+not fit) to bracket the line and bisects, then checks every value between the largest value
+whose smaller probes all fit and the bisection's answer (at most MAX_SCAN of them): the
+answer is the largest value below which everything probed fits, and larger values found to
+fit are reported apart (`fits_above`). Values step by `step` (default: 1 micro-batch, the sequence-length
 unit the job's parallelism needs, one layer per pipeline stage), and the job's other
 settings follow the rules in `_varied`.
 """
@@ -21,6 +25,7 @@ from prismbench.spec import JobSpec, SpecError, job_spec_from_dict
 
 VARIABLES = ("micro_batch", "seq_len", "layers")
 MAX_PROBES = 24
+MAX_SCAN = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +52,8 @@ class FitResult:
     step: int
     largest_fitting: int | None  # None: not even the smallest value fits
     headroom_bytes: int | None  # at largest_fitting
+    fits_above: tuple[int, ...]  # larger values that fit too, past one that does not
+    contiguous: bool  # every value from the bracketing fit up to largest_fitting was probed
     gpu: str
     probes: tuple[FitProbe, ...]  # in the order emulated
 
@@ -80,11 +87,19 @@ def fit(
             say(f"{vary} = {value}: {verdict}, headroom {check.headroom_bytes / 2**30:.2f} GiB")
         return probes[value].memory
 
-    largest = _search(probe, _current(job, vary), step)
+    largest, bracketed = _search(probe, _current(job, vary), step)
+    largest, contiguous = _scan(probe, largest, bracketed, step)
+    fits_above = tuple(
+        v
+        for v, p in sorted(probes.items())
+        if largest is not None and v > largest and p.memory.fits
+    )
     return FitResult(
         vary=vary,
         step=step,
         largest_fitting=largest,
+        fits_above=fits_above,
+        contiguous=contiguous,
         headroom_bytes=None if largest is None else probes[largest].memory.headroom_bytes,
         gpu=job.cluster.gpu,
         probes=tuple(probes.values()),
@@ -120,30 +135,49 @@ def check_memory(job: JobSpec, *, alloc_conf: str = "") -> MemoryCheck:
     )
 
 
-def _search(probe: Callable[[int], MemoryCheck], start: int, step: int) -> int | None:
-    """The largest multiple of `step` that fits, given that fitting values are a prefix."""
-    low, high = None, None  # largest known fit, smallest known miss
+def _search(probe: Callable[[int], MemoryCheck], start: int, step: int) -> tuple:
+    """(the largest multiple of `step` that bisection finds fitting, the largest fit known when
+    the line was first bracketed); both None when not even `step` fits."""
+    low, high, bracketed = None, None, None  # largest known fit, smallest known miss
     value = max(step, start - start % step)
     for _ in range(MAX_PROBES):
-        try:
-            fits = probe(value).fits
-        except SpecError:  # the job refuses the value (e.g. beyond a learned position table)
-            fits = False
-        if fits:
+        if _fits(probe, value):
             low = value
         else:
             high = value
+        if bracketed is None and low is not None and high is not None:
+            bracketed = low
         if high is None:
             value *= 2
         elif low is None:
             if value == step:
-                return None
+                return None, None
             value = max(step, (value // 2) - (value // 2) % step)
         else:
             if high - low <= step:
-                return low
+                return low, bracketed
             value = low + math.ceil((high - low) / step / 2) * step
     raise RuntimeError(f"no answer after {MAX_PROBES} probes (low {low}, high {high})")
+
+
+def _scan(probe, largest: int | None, bracketed: int | None, step: int) -> tuple:
+    """(the largest value up to which every value fits, whether all were probed): the values
+    between the bracket's fit and bisection's answer, which bisection skipped, in turn."""
+    if largest is None:
+        return None, True
+    if (largest - bracketed) // step > MAX_SCAN:
+        return largest, False
+    for value in range(bracketed + step, largest, step):
+        if not _fits(probe, value):
+            return value - step, True
+    return largest, True
+
+
+def _fits(probe, value: int) -> bool:
+    try:
+        return probe(value).fits
+    except SpecError:  # the job refuses the value (e.g. beyond a learned position table)
+        return False
 
 
 def _current(job: JobSpec, vary: str) -> int:

@@ -299,3 +299,10 @@ def render_fit(result, console: Console) -> None:
             f"Largest {result.vary} that fits: {result.largest_fitting:,} "
             f"(headroom {format_bytes(result.headroom_bytes)})"
         )
+    if result.fits_above:
+        console.print(
+            f"Larger values fit again: {', '.join(map(str, result.fits_above))} (what the "
+            "allocator reserves is not monotonic in this setting)"
+        )
+    if result.largest_fitting is not None and not result.contiguous:
+        console.print("Values below the answer were not all probed (more than MAX_SCAN).")
