@@ -1,6 +1,8 @@
 """Measure a kernel table on a real CUDA GPU: GEMM grid, flash attention, HBM bandwidth sweep.
 
-`run_calibration` times each kernel with CUDA events after warm-up, repeats it, and writes
+`run_calibration` times each kernel after warm-up by the profiler's kernel records (never CUDA
+events around a Python call, which count launch time: emulator.costs.kernel_timing), repeats
+it, and writes
 results/kernels/<gpu>.csv (columns: kernel_table.COLUMNS) with provenance. The grid and the CSV
 writer are plain functions so they can be tested without a GPU.
 """
@@ -9,12 +11,12 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import statistics
 import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from emulator.costs.kernel_table import COLUMNS
+from emulator.costs.kernel_timing import time_kernels_us
 
 HIDDEN_SIZES = (1024, 2048, 4096, 8192, 12288, 16384, 25600)
 TP_DEGREES = (1, 2, 4, 8)
@@ -65,22 +67,6 @@ def write_kernel_csv(rows: Iterable[dict], path: str | Path, provenance: dict) -
     return path
 
 
-def _time_us(fn: Callable[[], object], repetitions: int, warmup: int) -> tuple[float, float]:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repetitions):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000.0)
-    return statistics.median(samples), statistics.pstdev(samples)
-
-
 def _provenance() -> dict:
     import torch
 
@@ -105,7 +91,7 @@ def _measure(quick: bool, progress: Callable[[str], None] | None) -> list[dict]:
     rows, dev, bf16 = [], "cuda", torch.bfloat16
     for m, n, k in gemm_grid(quick):
         a, b = torch.randn(m, k, device=dev, dtype=bf16), torch.randn(k, n, device=dev, dtype=bf16)
-        t, s = _time_us(lambda a=a, b=b: a @ b, reps, warm)
+        t, s = time_kernels_us(lambda a=a, b=b: a @ b, reps, warm)
         rows.append({"op": "mm", "dtype": "bf16", "m": m, "n": n, "k": k, "batch": 1,
                      "time_us": t, "repetitions": reps, "spread_us": s})
         del a, b
@@ -115,10 +101,10 @@ def _measure(quick: bool, progress: Callable[[str], None] | None) -> list[dict]:
         q, k_, v = (torch.randn(batch, heads, seq, d, device=dev, dtype=bf16, requires_grad=True) for _ in range(3))
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             fwd = lambda q=q, k_=k_, v=v: F.scaled_dot_product_attention(q, k_, v, is_causal=True)  # noqa: E731
-            t_f, s_f = _time_us(fwd, reps, warm)
+            t_f, s_f = time_kernels_us(fwd, reps, warm)
             out = fwd()
             grad = torch.randn_like(out)
-            t_b, s_b = _time_us(
+            t_b, s_b = time_kernels_us(
                 lambda out=out, q=q, k_=k_, v=v, grad=grad: torch.autograd.grad(out, (q, k_, v), grad, retain_graph=True),
                 reps, warm,
             )
@@ -131,7 +117,7 @@ def _measure(quick: bool, progress: Callable[[str], None] | None) -> list[dict]:
             progress(f"attention b{batch} h{heads} s{seq} d{d}: fwd {t_f:.1f} us, bwd {t_b:.1f} us")
     for nbytes in HBM_SWEEP_BYTES[:4] if quick else HBM_SWEEP_BYTES:
         src, dst = torch.empty(nbytes, dtype=torch.uint8, device=dev), torch.empty(nbytes, dtype=torch.uint8, device=dev)
-        t, s = _time_us(lambda dst=dst, src=src: dst.copy_(src), reps, warm)
+        t, s = time_kernels_us(lambda dst=dst, src=src: dst.copy_(src), reps, warm)
         rows.append({"op": "copy", "dtype": "bf16", "nbytes": 2 * nbytes, "time_us": t,
                      "repetitions": reps, "spread_us": s})
         del src, dst

@@ -1,0 +1,96 @@
+"""Kernel-only GPU times from torch.profiler: what kernel tables and profiles are made of.
+
+Timing a kernel with CUDA events around a Python call counts the host's dispatch time
+whenever the GPU waits for it: on the shared H100 (`../shared/data/gpu/h100-sxm-80g/README.md`)
+a GEMM of a few microseconds reads ~44 us that way; Phantora moved from CUDA events to CUPTI
+records for the same reason. Every time here is the sum of the durations of the kernels an
+op launched, as the profiler's CUPTI kernel records give them: torch attributes each kernel
+to the CPU op that launched it by correlation id (`FunctionEvent.kernels`, with nested ops
+in `cpu_children`; torch/autograd/profiler_util.py, `device_time_total`).
+
+- `range_times_us(events, label)`: per `record_function(label)` range, in order, the device
+  time of every kernel launched inside it;
+- `op_records(events)`: per op that launched kernels itself, in program order: op name,
+  input shapes, its kernels and their summed time, in the format of the shared profiles
+  (`profiles/*.ops.jsonl.gz`: op, shapes, self_cuda_us, kernels, cpu_start_us);
+- `time_kernels_us(fn, repetitions, warmup)`: `fn` repeated under the profiler: the median
+  and spread of its kernel time (GPU only);
+- `profile_iteration(step, warmup)`: one call of `step` (a training iteration) under the
+  profiler after `warmup` calls: its op records.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable
+
+_RANGE = "prismbench.repetition"
+
+
+def range_times_us(events: Iterable, label: str) -> list[float]:
+    """Device time (us) of the kernels launched inside each `record_function(label)` range."""
+    return [float(e.device_time_total) for e in events if e.name == label]
+
+
+def op_records(events: Iterable) -> list[dict]:
+    """One record per CPU op that launched kernels itself, ordered by its start (us)."""
+    from torch.autograd import DeviceType
+
+    records = []
+    for e in events:
+        if not e.kernels or e.device_type != DeviceType.CPU:
+            continue
+        kernels = [[k.name, float(k.duration)] for k in e.kernels]
+        records.append(
+            {
+                "op": e.name,
+                "shapes": [list(s) for s in (e.input_shapes or [])],
+                "self_cuda_us": sum(us for _, us in kernels),
+                "kernels": kernels,
+                "cpu_start_us": float(e.time_range.start),
+            }
+        )
+    return sorted(records, key=lambda r: r["cpu_start_us"])
+
+
+def time_kernels_us(fn: Callable[[], object], repetitions: int, warmup: int) -> tuple[float, float]:
+    """(median, population std) of the kernel time of `fn` over `repetitions` calls (us)."""
+    import torch
+    from torch.autograd.profiler import record_function
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(repetitions):
+            with record_function(_RANGE):
+                fn()
+        torch.cuda.synchronize()
+    samples = range_times_us(prof.events(), _RANGE)
+    if len(samples) != repetitions or not all(samples):
+        raise RuntimeError(
+            f"the profiler saw {len(samples)} of {repetitions} repetitions with kernels: "
+            f"{samples[:4]}... (is this a CUDA build with CUPTI?)"
+        )
+    return statistics.median(samples), statistics.pstdev(samples)
+
+
+def profile_iteration(
+    step: Callable[[], object], *, warmup: int = 3, cuda: bool = True
+) -> list[dict]:
+    """`step` called `warmup` times, then once under the profiler (with record_shapes): the
+    op records of that call. `cuda=False` profiles CPU activity only (no kernels: tests)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    for _ in range(warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=activities, record_shapes=True) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+    return op_records(prof.events())

@@ -1,0 +1,51 @@
+"""emulator.costs.kernel_timing on profiler events whose kernels are written here (a fake
+clock: torch's own FunctionEvent, with kernel durations we choose), and on a CPU profile."""
+
+import torch
+from torch.autograd.profiler_util import FunctionEvent
+
+from emulator.costs.kernel_timing import op_records, profile_iteration, range_times_us
+
+
+def _op(name, start_us, end_us, kernels=(), children=(), shapes=None):
+    event = FunctionEvent(
+        id=start_us, name=name, thread=0, start_us=start_us, end_us=end_us,
+        input_shapes=shapes, use_device="cuda",
+    )  # fmt: skip
+    for kernel, us in kernels:
+        event.append_kernel(kernel, 0, us)
+    for child in children:
+        event.append_cpu_child(child)
+    return event
+
+
+def test_a_repetition_is_the_time_of_its_kernels_not_of_its_host_range():
+    # two repetitions of 50 us on the host each; their kernels ran 5 us and 6 us
+    rep = [
+        _op("prismbench.repetition", 0, 50, children=[_op("aten::mm", 1, 49, [("gemm", 5.0)])]),
+        _op("prismbench.repetition", 60, 110, children=[_op("aten::mm", 61, 109, [("gemm", 6.0)])]),
+    ]
+    assert range_times_us(rep, "prismbench.repetition") == [5.0, 6.0]
+
+
+def test_op_records_keep_ops_that_launch_kernels_in_program_order():
+    addmm = _op("aten::addmm", 12, 20, [("gemm_a", 3.0), ("splitk_reduce", 0.5)], shapes=[[8, 4]])
+    linear = _op("aten::linear", 10, 22, children=[addmm])  # launches nothing itself
+    norm = _op("aten::native_layer_norm", 2, 5, [("layer_norm_kernel", 1.25)], shapes=[[8, 4]])
+    records = op_records([linear, addmm, norm])
+    assert [r["op"] for r in records] == ["aten::native_layer_norm", "aten::addmm"]
+    assert records[1]["self_cuda_us"] == 3.5
+    assert records[1]["kernels"] == [["gemm_a", 3.0], ["splitk_reduce", 0.5]]
+    assert records[1]["shapes"] == [[8, 4]] and records[1]["cpu_start_us"] == 12.0
+
+
+def test_profiling_an_iteration_on_cpu_runs_it_and_finds_no_kernels():
+    calls = []
+    model = torch.nn.Linear(4, 4)
+
+    def step():
+        calls.append(1)
+        model(torch.ones(2, 4)).sum().backward()
+
+    assert profile_iteration(step, warmup=2, cuda=False) == []
+    assert len(calls) == 3
