@@ -1,0 +1,57 @@
+"""Predicted vs measured iteration time of the eight shared H100 jobs (world size 1).
+
+    python results/calibration/h100_jobs.py [--only CASE] [--out FILE]
+
+Measured: ../shared/data/gpu/h100-sxm-80g/summary.json `iteration_s_median` (eight timed
+iterations after three warm-up ones, H100 80GB HBM3, torch 2.11 / CUDA 13, workloads at
+86a4f47). Predicted: `prismbench.emulate.emulate` of specs/<case>.toml (capture cached), with
+whatever kernel table results/kernels/h100-sxm-80g.csv holds at the commit. Error =
+(predicted - measured) / measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = ROOT.parent / "shared" / "data" / "gpu" / "h100-sxm-80g"
+
+
+def main() -> None:
+    from prismbench.emulate import emulate
+    from prismbench.spec import load_job_spec
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", help="case name (repeatable)")
+    parser.add_argument("--out", type=Path, help="also write the markdown table here")
+    args = parser.parse_args()
+    measured = json.loads((SHARED / "summary.json").read_text())
+    cases = args.only or list(measured)
+    lines = ["| case | predicted (s) | measured (s) | error |", "|---|--:|--:|--:|"]
+    errors = []
+    for i, case in enumerate(cases, 1):
+        print(f"[{i}/{len(cases)}] {case}", flush=True)
+        result = emulate(load_job_spec(SHARED / "specs" / f"{case}.toml"), name=case)
+        real = measured[case]["iteration_s_median"]
+        errors.append(100 * (result.iteration_time_s - real) / real)
+        lines.append(
+            f"| {case} | {result.iteration_time_s:.4f} | {real:.4f} | {errors[-1]:+.1f} % |"
+        )
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    absolute = [abs(e) for e in errors]
+    lines.append("")
+    lines.append(f"median |error| {statistics.median(absolute):.1f} %, max {max(absolute):.1f} % "
+                 f"(commit {commit})")  # fmt: skip
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
