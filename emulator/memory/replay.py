@@ -294,7 +294,12 @@ def _live_at(t: MemoryTimeline, j: int) -> np.ndarray:
 def _by_category(t: MemoryTimeline, j: int) -> dict[str, int]:
     live = _live_at(t, j)
     sums = np.bincount(t.category[live], weights=t.block_bytes[live], minlength=len(t.categories))
-    return {t.categories[i] or "other": int(s) for i, s in enumerate(sums) if s}
+    totals: dict[str, int] = {}
+    for i, s in enumerate(sums):
+        if s:  # an uncategorised storage ("") counts as "other", added, not overwritten
+            name = t.categories[i] or "other"
+            totals[name] = totals.get(name, 0) + int(s)
+    return totals
 
 
 def _by_module(trace: RankTrace, t: MemoryTimeline, j: int, top: int) -> dict[str, int]:

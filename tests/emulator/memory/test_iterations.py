@@ -68,3 +68,17 @@ def test_steady_reserved_keeps_the_segments_the_first_iteration_left():
     assert r.peak_reserved_bytes >= r.first_iteration_peak_reserved_bytes
     assert r.peak_reserved_bytes == r.timeline.reserved[-1]
     assert np.all(r.timeline.reserved == r.timeline.reserved[0])  # no segment made or freed
+
+
+def test_an_uncategorised_storage_is_added_to_other_not_written_over_it():
+    events, seq = [], iter(range(100))
+    for uid, category in enumerate(["other", ""]):
+        events.append(OpEvent(next(seq), ALLOC, "", "", 0, "m", -1, 0, size_bytes=4 * MiB,
+                              storage=uid, category=category))  # fmt: skip
+    events.append(OpEvent(next(seq), COMPUTE, "mm", "", 0, "m", FORWARD, 0))
+    events.append(OpEvent(next(seq), ALLOC, "", "", 0, "m", FORWARD, 0, size_bytes=2 * MiB,
+                          storage=9, category="activation"))  # fmt: skip
+    events.append(OpEvent(next(seq), FREE, "", "", 0, "m", BACKWARD, 0, size_bytes=2 * MiB,
+                          storage=9))  # fmt: skip
+    r = replay_memory(build_trace(events), cublas_workspace=False)
+    assert r.live_at_peak_by_category == {"other": 8 * MiB, "activation": 2 * MiB}
