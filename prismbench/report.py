@@ -183,11 +183,23 @@ def render_explanation(e: Explanation, console: Console) -> None:
 
 def render_capture(summary: dict[str, Any], console: Console) -> None:
     """One row per class: ranks, ops, FLOPs, peak live bytes, bytes moved per group kind."""
-    table = Table(title=f"Capture: {summary['world_size']:,} ranks, {len(summary['classes'])} class(es)")
-    for column in ("class", "rank", "members", "compute ops", "FLOPs", "peak live", "comm bytes by group"):
+    table = Table(
+        title=f"Capture: {summary['world_size']:,} ranks, {len(summary['classes'])} class(es)"
+    )
+    for column in (
+        "class",
+        "rank",
+        "members",
+        "compute ops",
+        "FLOPs",
+        "peak live",
+        "comm bytes by group",
+    ):
         table.add_column(column, justify="left" if column == "comm bytes by group" else "right")
     for class_id, c in summary["classes"].items():
-        comm = ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(c["comm_bytes_by_group_kind"].items()))
+        comm = ", ".join(
+            f"{k} {format_bytes(v)}" for k, v in sorted(c["comm_bytes_by_group_kind"].items())
+        )
         table.add_row(
             str(class_id),
             str(c["representative_rank"]),
@@ -204,7 +216,9 @@ def render_capture(summary: dict[str, Any], console: Console) -> None:
 
 def render_emulation(r, console: Console) -> None:
     """The headline figures, the breakdown, and one row per class."""
-    head = Table(title=f"Emulation: {r.job} on {r.world_size:,} GPUs ({r.ranks_executed} rank(s) executed)")
+    head = Table(
+        title=f"Emulation: {r.job} on {r.world_size:,} GPUs ({r.ranks_executed} rank(s) executed)"
+    )
     head.add_column("figure")
     head.add_column("value", justify="right")
     rows = [
@@ -219,7 +233,10 @@ def render_emulation(r, console: Console) -> None:
         ("idle", f"{r.breakdown['idle_s']:.3f} s"),
         ("peak allocated, steady (max over ranks)", format_bytes(r.peak_memory_allocated_bytes)),
         ("peak reserved, steady (max over ranks)", format_bytes(r.peak_memory_reserved_bytes)),
-        ("peak reserved, first iteration", format_bytes(r.first_iteration_peak_memory_reserved_bytes)),
+        (
+            "peak reserved, first iteration",
+            format_bytes(r.first_iteration_peak_memory_reserved_bytes),
+        ),
         ("device total estimate (nvidia-smi)", format_bytes(r.device_total_estimate_bytes)),
         ("GPU capacity (what CUDA offers)", format_bytes(r.gpu_capacity_bytes)),
         ("out of memory", "YES" if r.oom else "no"),
@@ -229,7 +246,17 @@ def render_emulation(r, console: Console) -> None:
         head.add_row(figure, value)
     console.print(head)
     table = Table(title="Per pipeline rank (class)")
-    for column in ("pp", "ranks", "compute", "exposed comm", "bubble", "idle", "allocated", "reserved", "OOM"):
+    for column in (
+        "pp",
+        "ranks",
+        "compute",
+        "exposed comm",
+        "bubble",
+        "idle",
+        "allocated",
+        "reserved",
+        "OOM",
+    ):
         table.add_column(column, justify="right")
     for c in r.per_class:
         table.add_row(
@@ -270,3 +297,24 @@ def render_fit(result, console: Console) -> None:
             f"(headroom {format_bytes(result.headroom_bytes)})"
         )
 
+
+def render_ingest(result, console: Console, top: int = 10) -> None:
+    """Matched rows and attributed kernel time, then the largest unmatched profiled ops."""
+    share = result.attributed_kernel_us / result.total_kernel_us if result.total_kernel_us else 0
+    console.print(
+        f"Matched {result.matched_rows:,} of {result.trace_rows:,} trace compute rows; "
+        f"attributed {result.attributed_kernel_us / 1e3:,.3f} of "
+        f"{result.total_kernel_us / 1e3:,.3f} ms of kernel time ({share:.1%})"
+    )
+    for title, entries in (
+        ("Profiled ops with no trace row", result.unmatched_profile),
+        ("Trace rows with no profiled op", result.unmatched_trace),
+    ):
+        if not entries:
+            continue
+        table = Table(title=title)
+        for column in ("op", "shapes", "count", "kernel us"):
+            table.add_column(column, justify="left" if column in ("op", "shapes") else "right")
+        for e in entries[:top]:
+            table.add_row(e["op"], e["shapes"], f"{e['count']:,}", f"{e['kernel_us']:,.1f}")
+        console.print(table)
