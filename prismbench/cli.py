@@ -68,6 +68,31 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_ingest_profile(args: argparse.Namespace) -> int:
+    from prismbench.profile_ingest import ingest_profile, write_rows_csv
+    from prismbench.profile_readers import ProfileError
+
+    job = load_job_spec(args.job)
+    provenance = {}
+    for item in args.provenance:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SpecError(f"--provenance {item!r} must be KEY=VALUE")
+        provenance[key] = value
+    try:
+        result = ingest_profile(Path(args.profile), job, provenance=provenance)
+    except ProfileError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    write_rows_csv(result.rows, Path(args.out))
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        report.render_ingest(result, _console())
+        print(f"wrote {len(result.rows)} kernel rows to {args.out}")
+    return EXIT_OK
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -86,7 +111,9 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     from prismbench.capture import capture_job, summarize, write_capture
 
     job = load_job_spec(args.job)
-    capture = capture_job(job, workers=args.workers, use_cache=not args.no_cache, progress=_progress)
+    capture = capture_job(
+        job, workers=args.workers, use_cache=not args.no_cache, progress=_progress
+    )
     summary = summarize(capture)
     write_capture(capture, summary, Path(args.out))
     if args.json:
@@ -168,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_emulate,
         _add_fit,
         _add_calibrate,
+        _add_ingest_profile,
     ):
         add_command(commands)
     return parser
@@ -265,6 +293,27 @@ def _add_calibrate(commands) -> None:
     )
     calibrate.add_argument("--quick", action="store_true", help="a small sweep, for smoke tests")
     calibrate.set_defaults(handler=_cmd_calibrate)
+
+
+def _add_ingest_profile(commands) -> None:
+    ingest = commands.add_parser(
+        "ingest-profile",
+        help="kernel-table rows from a torch.profiler record of the job, matched to its capture",
+    )
+    ingest.add_argument(
+        "profile", metavar="PROFILE", help="<case>.ops.jsonl[.gz] or a Chrome trace (JSON)"
+    )
+    ingest.add_argument("--job", required=True, metavar="JOB.toml", help="the profiled job")
+    ingest.add_argument("--out", required=True, metavar="CSV", help="kernel rows to write")
+    ingest.add_argument(
+        "--provenance",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a provenance column (gpu, driver, torch, clocks, date); repeatable",
+    )
+    ingest.add_argument("--json", action="store_true", help="print one JSON object")
+    ingest.set_defaults(handler=_cmd_ingest_profile)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -306,3 +306,25 @@ def render_fit(result, console: Console) -> None:
         )
     if result.largest_fitting is not None and not result.contiguous:
         console.print("Values below the answer were not all probed (more than MAX_SCAN).")
+
+
+def render_ingest(result, console: Console, top: int = 10) -> None:
+    """Matched rows and attributed kernel time, then the largest unmatched profiled ops."""
+    share = result.attributed_kernel_us / result.total_kernel_us if result.total_kernel_us else 0
+    console.print(
+        f"Matched {result.matched_rows:,} of {result.trace_rows:,} trace compute rows; "
+        f"attributed {result.attributed_kernel_us / 1e3:,.3f} of "
+        f"{result.total_kernel_us / 1e3:,.3f} ms of kernel time ({share:.1%})"
+    )
+    for title, entries in (
+        ("Profiled ops with no trace row", result.unmatched_profile),
+        ("Trace rows with no profiled op", result.unmatched_trace),
+    ):
+        if not entries:
+            continue
+        table = Table(title=title)
+        for column in ("op", "shapes", "count", "kernel us"):
+            table.add_column(column, justify="left" if column in ("op", "shapes") else "right")
+        for e in entries[:top]:
+            table.add_row(e["op"], e["shapes"], f"{e['count']:,}", f"{e['kernel_us']:,.1f}")
+        console.print(table)

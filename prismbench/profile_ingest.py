@@ -1,0 +1,254 @@
+"""Kernel-table rows from a torch.profiler record of a real run, matched op by op to its capture.
+
+A profile says what each op of one real iteration cost on the GPU; the capture of the same job
+says what the emulator thinks those ops are (normalized name, dtype, GEMM/attention dims, bytes).
+`ingest_profile` reads the profile (`prismbench/profile_readers.py`, either format), aligns its
+ops with the trace's compute rows in program order, and turns every matched pair into a
+measured row of `emulator/costs/kernel_table.py` (identical op, dtype and shape aggregated:
+mean kernel time, count, spread), so a measured run becomes a kernel table.
+
+Alignment is `difflib.SequenceMatcher` over keys (normalized op, the shapes its cost depends
+on), tolerant of ops on one side only (the profile's fill_ inside a CUDA nll_loss_backward,
+the capture's ops that launch no kernel on the GPU, ...). Where the profile records nesting
+(Chrome traces), kernels go to the outermost enclosing op that the capture records.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from emulator.capture.opmap import normalized_name
+from emulator.capture.trace import COMPUTE, RankTrace
+from emulator.costs.calibrate import write_kernel_csv
+from emulator.costs.kernel_table import PROVENANCE_FIELDS
+from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS
+from emulator.costs.pricing import op_record
+from prismbench.profile_readers import ProfiledOp, read_profile
+
+# Profile op (as an aten packet) -> the normalized name of the op the capture records for the
+# same call, where the CUDA build dispatches a different aten op than the CPU capture sees.
+PROFILE_ALIASES = {
+    "aten._cudnn_attention_forward": "flash_attn_fwd",
+    "aten._cudnn_attention_backward": "flash_attn_bwd",
+    "aten._efficient_attention_forward": "flash_attn_fwd",
+    "aten._efficient_attention_backward": "flash_attn_bwd",
+    "aten.gather": "embedding",  # embedding's forward on CUDA (the shared H100 profiles)
+    "aten.index_select": "embedding",
+}
+
+
+def collapse_to_recorded(ops: list[ProfiledOp], recorded: set[str]) -> list[ProfiledOp]:
+    """Give each kernel to the outermost enclosing op the capture records (aten packets such as
+    "aten._to_copy"), merging the launching ops under one such op into one record; ops with no
+    recorded ancestor stay as they are (aten::linear is not recorded: its aten::addmm is)."""
+    merged: dict[tuple, ProfiledOp] = {}
+    out: list = []
+    for op in ops:
+        owner = next((s for s in op.stack if _packet(s[0]) in recorded), None)
+        if owner is None:
+            out.append(op)
+            continue
+        prev = merged.get(owner)
+        if prev is None:
+            merged[owner] = ProfiledOp(owner[0], owner[2], op.kernels, owner[1])
+            out.append(owner)
+        else:
+            merged[owner] = ProfiledOp(owner[0], owner[2], prev.kernels + op.kernels, owner[1])
+    return [merged[o] if isinstance(o, tuple) else o for o in out]
+
+
+def _packet(op: str) -> str:
+    return op.replace("::", ".", 1)
+
+
+def _shapes(value) -> list[tuple[int, ...]]:
+    """Non-empty shapes in a (possibly nested: tensor lists) shape list."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(d, int) for d in value):
+        return [tuple(value)]
+    if isinstance(value, (list, tuple)):
+        return [s for item in value for s in _shapes(item)]
+    return []
+
+
+def match_key(name: str, packet: str, inputs: list, outputs: list = ()) -> tuple:
+    """What must agree for a profiled op and a trace row to be the same op: the normalized name
+    and the shapes its cost depends on (GEMMs: the matrices; attention: q, k, v or grad, q, k;
+    memory-bound ops: the largest input, else output: in-place and out-of-place forms list
+    different extras). Foreach ops: the aten op alone (profilers record no tensor-list shapes)."""
+    if packet.startswith("aten._foreach_"):
+        return (name, packet)
+    if name in GEMM_OPS:
+        return (name, *[s for s in inputs if len(s) >= 2])
+    if name in ATTENTION_OPS:
+        return (name, *[s for s in inputs if len(s) == 4][:3])
+    return (name, max(inputs or outputs, key=math.prod, default=()))
+
+
+def profile_key(op: ProfiledOp) -> tuple:
+    packet = _packet(op.op)
+    name = PROFILE_ALIASES.get(packet) or normalized_name(packet) or packet
+    return match_key(name, packet, _shapes(op.shapes))
+
+
+def trace_key(trace: RankTrace, row: int) -> tuple:
+    c = trace.columns
+    tensors = trace.tensors(row)
+    inputs = [shape for shape, _, is_out in tensors if not is_out and shape]
+    outputs = [shape for shape, _, is_out in tensors if is_out and shape]
+    return match_key(trace.strings[c["name"][row]], trace.strings[c["aten"][row]], inputs, outputs)
+
+
+def align(left: list, right: list) -> list[tuple[int, int]]:
+    """Index pairs (i, j) with left[i] == right[j], in order, over the longest matching blocks
+    (difflib; autojunk off: a step repeats the same keys hundreds of times)."""
+    matcher = difflib.SequenceMatcher(None, left, right, autojunk=False)
+    return [
+        (block.a + d, block.b + d)
+        for block in matcher.get_matching_blocks()
+        for d in range(block.size)
+    ]
+
+
+@dataclass
+class IngestResult:
+    """Kernel-table rows and how much of the profile and of the trace they account for."""
+
+    rows: list[dict]
+    trace_rows: int
+    matched_rows: int
+    total_kernel_us: float
+    attributed_kernel_us: float
+    unmatched_profile: list[dict] = field(default_factory=list)
+    unmatched_trace: list[dict] = field(default_factory=list)
+
+    def to_dict(self, top: int = 20) -> dict:
+        return {
+            "rows": len(self.rows),
+            "trace_rows": self.trace_rows,
+            "matched_rows": self.matched_rows,
+            "total_kernel_us": round(self.total_kernel_us, 3),
+            "attributed_kernel_us": round(self.attributed_kernel_us, 3),
+            "unmatched_profile": self.unmatched_profile[:top],
+            "unmatched_trace": self.unmatched_trace[:top],
+        }
+
+
+def _shape_fields(trace: RankTrace, row: int) -> dict:
+    """op, dtype and the shape fields kernel_table._row_op reads back, for one trace row."""
+    op = op_record(trace, row)
+    fields = {"op": op.name, "dtype": op.dtype}
+    if op.name in GEMM_OPS:
+        return fields | {"m": op.m, "n": op.n, "k": op.k, "batch": op.batch}
+    if op.name in ATTENTION_OPS:
+        names = ("batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim")
+        return fields | {f: getattr(op, f) for f in names} | {"causal": str(op.causal).lower()}
+    return fields | {"nbytes": int(op.bytes_total)}
+
+
+def _aggregate(samples: dict[tuple, list[float]]) -> list[dict]:
+    rows = []
+    for key, times in samples.items():
+        times = [t for t in times if t > 0]
+        if times:
+            rows.append(
+                dict(key)
+                | {
+                    "time_us": float(np.mean(times)),
+                    "repetitions": len(times),
+                    "spread_us": float(np.std(times)),
+                }
+            )
+    return rows
+
+
+def _unmatched(items: list[tuple[str, tuple, float]]) -> list[dict]:
+    """(op, shapes, us) grouped: count and total kernel us, largest total first, then count."""
+    groups: dict[tuple, list] = {}
+    for op, shapes, us in items:
+        entry = groups.setdefault((op, shapes), [0, 0.0])
+        entry[0] += 1
+        entry[1] += us
+    ordered = sorted(groups.items(), key=lambda kv: (-kv[1][1], -kv[1][0]))
+    return [
+        {"op": op, "shapes": json.dumps(shapes), "count": n, "kernel_us": round(us, 3)}
+        for (op, shapes), (n, us) in ordered
+    ]
+
+
+def ingest_ops(ops: list[ProfiledOp], trace: RankTrace, provenance: dict | None = None):
+    """Align profiled ops with the trace's compute rows and turn the pairs into kernel rows."""
+    compute = [int(r) for r in np.flatnonzero(trace.columns["kind"] == COMPUTE)]
+    recorded = {trace.strings[trace.columns["aten"][r]] for r in compute}
+    ops = collapse_to_recorded(ops, recorded)
+    pairs = align([profile_key(op) for op in ops], [trace_key(trace, r) for r in compute])
+    samples: dict[tuple, list[float]] = defaultdict(list)
+    for i, j in pairs:
+        samples[tuple(_shape_fields(trace, compute[j]).items())].append(ops[i].kernel_us)
+    rows = [row | (provenance or {}) for row in _aggregate(samples)]
+    matched_ops = {i for i, _ in pairs}
+    matched_rows = {j for _, j in pairs}
+    return IngestResult(
+        rows=rows,
+        trace_rows=len(compute),
+        matched_rows=len(matched_rows),
+        total_kernel_us=sum(op.kernel_us for op in ops),
+        attributed_kernel_us=sum(ops[i].kernel_us for i in matched_ops),
+        unmatched_profile=_unmatched(
+            [(o.op, o.shapes, o.kernel_us) for i, o in enumerate(ops) if i not in matched_ops]
+        ),
+        unmatched_trace=_unmatched(
+            [
+                (trace.strings[trace.columns["aten"][r]], trace_key(trace, r)[1:], 0.0)
+                for j, r in enumerate(compute)
+                if j not in matched_rows
+            ]
+        ),
+    )
+
+
+def profile_provenance(profile_path: str | Path) -> dict:
+    """gpu, torch, date of a shared profile from the summary.json beside its profiles/ folder
+    (keyed by case name); the fields it lacks (driver, clocks) stay empty."""
+    path = Path(profile_path)
+    case = path.name.split(".ops.")[0].removesuffix(".json").removesuffix(".gz")
+    summary = path.parent.parent / "summary.json"
+    provenance = dict.fromkeys(PROVENANCE_FIELDS, "")
+    if summary.is_file():
+        entry = json.loads(summary.read_text()).get(case, {})
+        provenance |= {k: str(entry[k]) for k in ("gpu", "torch", "date") if k in entry}
+    return provenance
+
+
+def ingest_profile(profile_path: str | Path, job, *, provenance: dict | None = None):
+    """Read a profile (either format), capture `job` and ingest; a job of several classes of
+    ranks is matched against class 0's trace (the profiled rank is assumed to be one of it)."""
+    from prismbench.capture import capture_job
+
+    ops = read_profile(profile_path)
+    traces = capture_job(job).traces
+    trace = traces[min(traces)]
+    return ingest_ops(ops, trace, profile_provenance(profile_path) | (provenance or {}))
+
+
+def write_rows_csv(rows: list[dict], path: str | Path) -> Path:
+    """Write kernel-table rows atomically: a temp file beside `path`, renamed over it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write_kernel_csv(rows, tmp, {})
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,205 @@
+"""Readers of torch.profiler records into one form: the ops that launched GPU work, in order.
+
+Two formats give the same `ProfiledOp` records (op, input shapes, (kernel, us) pairs, start):
+- the shared `<case>.ops.jsonl.gz` profiles (one object per profiler event with GPU time;
+  the kernels' own events and runtime events such as "Activity Buffer Request" are skipped,
+  or every kernel would count twice),
+- torch.profiler's Chrome trace (`prof.export_chrome_trace(path)`), see `read_chrome_trace`.
+`read_profile` tells them apart by content. `prismbench/profile_ingest.py` matches the
+records to a capture.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+# An op event is "namespace::name" (aten::mm, my_ns::fused_op); kernel names ("void at::...",
+# "nvjet_sm90_..."), "Memset (Device)" and runtime events ("Activity Buffer Request") are not.
+_OP_NAME = re.compile(r"^[A-Za-z_]\w*::[\w.]+$")
+_GPU_CATEGORIES = ("kernel", "gpu_memset", "gpu_memcpy")
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be read; the message names the file and the rule."""
+
+
+@dataclass(frozen=True)
+class ProfiledOp:
+    """One profiled op that launched kernels: name, input shapes, (kernel, us) pairs, start.
+
+    `stack` holds the enclosing ops (name, start us, shapes), outermost first, where the format
+    records nesting (Chrome traces); the jsonl profiles list launching ops only."""
+
+    op: str
+    shapes: tuple
+    kernels: tuple[tuple[str, float], ...]
+    cpu_start_us: float
+    stack: tuple[tuple[str, float, tuple], ...] = ()
+
+    @property
+    def kernel_us(self) -> float:
+        return float(sum(us for _, us in self.kernels))
+
+
+def _open_text(path: Path):
+    if not path.is_file():
+        raise ProfileError(f"{path}: no such profile file")
+    with path.open("rb") as handle:
+        gzipped = handle.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rt") if gzipped else path.open()
+
+
+def _freeze(shapes) -> tuple:
+    return tuple(_freeze(s) if isinstance(s, list) else s for s in shapes or ())
+
+
+def read_ops_jsonl(path: str | Path) -> list[ProfiledOp]:
+    """The op events of a `<case>.ops.jsonl[.gz]` profile, in file (program) order."""
+    path = Path(path)
+    ops = []
+    with _open_text(path) as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+                op, kernels = event["op"], event["kernels"]
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ProfileError(
+                    f"{path}:{line_no}: each line must be a JSON object with op, shapes, "
+                    f"kernels ({err})"
+                ) from None
+            if not kernels or not _OP_NAME.match(op):
+                continue  # a kernel's own event, or a runtime event: its kernels count once
+            ops.append(
+                ProfiledOp(
+                    op=op,
+                    shapes=_freeze(event.get("shapes")),
+                    kernels=tuple((str(name), float(us)) for name, us in kernels),
+                    cpu_start_us=float(event.get("cpu_start_us", 0.0)),
+                )
+            )
+    return ops
+
+
+def _launching_ops(events: list[dict]) -> dict:
+    """External id -> the cpu op event that carries it."""
+    by_external = {}
+    for event in events:
+        if event.get("cat") == "cpu_op" and "External id" in event.get("args", {}):
+            by_external[event["args"]["External id"]] = event
+    return by_external
+
+
+def _enclosing(stacks: dict, tid_key, ts: float) -> list[dict]:
+    """Ops of one thread whose [ts, ts + dur] contains `ts`, outermost first."""
+    starts, ops = stacks.get(tid_key, ([], []))
+    out = []
+    for op in ops[: bisect.bisect_right(starts, ts)]:
+        if op["ts"] <= ts <= op["ts"] + op.get("dur", 0):
+            out.append(op)
+    return out
+
+
+def _thread_stacks(events: list[dict]) -> dict:
+    """(pid, tid) -> (sorted start times, cpu ops in start order; outer before inner on ties)."""
+    per_thread = defaultdict(list)
+    for event in events:
+        if event.get("cat") == "cpu_op" and event.get("ph") == "X":
+            per_thread[(event["pid"], event["tid"])].append(event)
+    stacks = {}
+    for key, ops in per_thread.items():
+        ops.sort(key=lambda e: (float(e["ts"]), -float(e.get("dur", 0))))
+        stacks[key] = ([float(e["ts"]) for e in ops], ops)
+    return stacks
+
+
+def _launcher_of(kernel: dict, by_external: dict, launches: dict, stacks: dict) -> dict | None:
+    """The innermost cpu op that launched `kernel`: by External id, else by its correlation id
+    through the cuda_runtime launch event (or the ac2g flow start) enclosed by that op."""
+    args = kernel.get("args", {})
+    if args.get("External id") in by_external:
+        return by_external[args["External id"]]
+    launch = launches.get(args.get("correlation"))
+    if launch is None:
+        return None
+    enclosing = _enclosing(stacks, (launch["pid"], launch["tid"]), float(launch["ts"]))
+    return enclosing[-1] if enclosing else None
+
+
+def _dims(event: dict) -> tuple:
+    return _freeze(event.get("args", {}).get("Input Dims"))
+
+
+def _chrome_events(path: Path) -> list[dict]:
+    with _open_text(path) as handle:
+        try:
+            data = json.load(handle)
+        except json.JSONDecodeError as err:
+            raise ProfileError(f"{path}: not JSON ({err})") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise ProfileError(f"{path}: a Chrome trace is an object with a traceEvents list")
+    return [e for e in events if isinstance(e, dict)]
+
+
+def read_chrome_trace(path: str | Path) -> list[ProfiledOp]:
+    """The cpu ops of a torch.profiler Chrome trace that launched GPU work, in start order.
+
+    Fields used (torch/profiler/_chrome_trace_export.py writes them as kineto does): cpu ops
+    are "X" events of cat "cpu_op" with args "External id" (their correlation) and, with
+    record_shapes=True, "Input Dims"; GPU events of cat "kernel", "gpu_memset", "gpu_memcpy"
+    carry "External id" (the launching op's) and "correlation"; "cuda_runtime" launch events
+    carry the same "correlation", and "ac2g" flow events ("s" at the launch, "f" at the
+    kernel) share it as their id. Nesting follows from ts/dur on each thread."""
+    path = Path(path)
+    events = _chrome_events(path)
+    by_external = _launching_ops(events)
+    stacks = _thread_stacks(events)
+    # correlation id -> the launch: the cuda_runtime event, else the ac2g flow's start
+    launches = {e["id"]: e for e in events if e.get("cat") == "ac2g" and e.get("ph") == "s"}
+    for event in events:
+        if event.get("cat") == "cuda_runtime" and "correlation" in event.get("args", {}):
+            launches[event["args"]["correlation"]] = event
+    kernels_of = defaultdict(list)
+    for event in events:
+        if event.get("cat") in _GPU_CATEGORIES:
+            op = _launcher_of(event, by_external, launches, stacks)
+            if op is not None:
+                kernels_of[id(op)].append((event["name"], float(event.get("dur", 0.0))))
+    ops = []
+    for _, thread_ops in stacks.values():
+        for op in thread_ops:
+            if id(op) in kernels_of:
+                key = (op["pid"], op["tid"])
+                outer = _enclosing(stacks, key, float(op["ts"]))
+                stack = tuple((e["name"], float(e["ts"]), _dims(e)) for e in outer if e is not op)
+                shapes = _dims(op)
+                kernels = tuple(kernels_of[id(op)])
+                ops.append(ProfiledOp(op["name"], shapes, kernels, float(op["ts"]), stack))
+    return sorted(ops, key=lambda o: o.cpu_start_us)
+
+
+def read_profile(path: str | Path) -> list[ProfiledOp]:
+    """Either format, told apart by content: JSON lines with "op", or a Chrome trace."""
+    path = Path(path)
+    with _open_text(path) as handle:
+        first = handle.readline()
+    try:
+        head = json.loads(first)
+    except json.JSONDecodeError:
+        head = None
+    if isinstance(head, dict) and "op" in head:
+        return read_ops_jsonl(path)
+    if first.lstrip()[:1] in ("{", "["):
+        return read_chrome_trace(path)
+    raise ProfileError(
+        f"{path}: unknown format: expected ops JSON lines (objects with op, shapes, kernels) "
+        "or a torch.profiler Chrome trace (JSON with traceEvents)"
+    )

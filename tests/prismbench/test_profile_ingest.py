@@ -1,0 +1,164 @@
+"""Profile ingestion: profiler records of a real run -> kernel-table rows, matched to the capture.
+
+The examples build a synthetic profile from the capture of a tiny job (what a GPU run of the
+same job would have recorded), so they run in seconds on CPU."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from emulator.capture.trace import COMPUTE
+from emulator.costs.kernel_table import _row_op, load_kernel_table, op_class
+from prismbench.capture import capture_job
+from prismbench.cli import main
+from prismbench.profile_ingest import collapse_to_recorded, ingest_ops, write_rows_csv
+from prismbench.profile_readers import (
+    ProfiledOp,
+    ProfileError,
+    read_chrome_trace,
+    read_ops_jsonl,
+    read_profile,
+)
+from prismbench.spec import job_spec_from_dict
+
+FIXTURE = Path(__file__).parent / "data" / "chrome_trace_small.json"
+TINY = {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 64, "global_batch": 2}}
+TINY_TOML = '[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n'
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return capture_job(job_spec_from_dict(TINY)).traces[0]
+
+
+def _compute_rows(trace) -> list[int]:
+    return [int(r) for r in np.flatnonzero(trace.columns["kind"] == COMPUTE)]
+
+
+def _profiled(trace, row: int, us: float) -> ProfiledOp:
+    """What the profiler records for a trace row: aten::op, input shapes (the output where
+    inputs are scalars or absent, as a GPU zeros records its fill_'s destination), a kernel."""
+    aten = trace.strings[trace.columns["aten"][row]]
+    tensors = trace.tensors(row)
+    shapes = [s for s, _, out in tensors if not out and s] or [s for s, _, out in tensors if out]
+    return ProfiledOp(aten.replace(".", "::", 1), tuple(shapes), (("k", us),), 0.0)
+
+
+def _synthetic_profile(trace) -> list[ProfiledOp]:
+    return [_profiled(trace, r, 1.0 + i % 3) for i, r in enumerate(_compute_rows(trace))]
+
+
+def _write_jsonl(path: Path, ops: list[ProfiledOp]) -> Path:
+    with gzip.open(path, "wt") as handle:
+        for op in ops:
+            event = {"op": op.op, "shapes": op.shapes, "self_cuda_us": op.kernel_us}
+            handle.write(json.dumps(event | {"kernels": op.kernels, "cpu_start_us": 0.0}) + "\n")
+    return path
+
+
+def test_jsonl_reader_skips_kernel_and_runtime_events(tmp_path):
+    events = [
+        {"op": "aten::addmm", "shapes": [[64], [8, 64], [64, 64], [], []], "self_cuda_us": 5.5,
+         "kernels": [["Memset (Device)", 0.5], ["nvjet_gemm", 5.0]], "cpu_start_us": 1.0},
+        {"op": "Activity Buffer Request", "shapes": [], "self_cuda_us": 0.5,
+         "kernels": [["Memset (Device)", 0.5]], "cpu_start_us": 2.0},
+        {"op": "Memset (Device)", "shapes": [], "self_cuda_us": 0.5, "kernels": [],
+         "cpu_start_us": 3.0},
+        {"op": "nvjet_gemm", "shapes": [], "self_cuda_us": 5.0, "kernels": [], "cpu_start_us": 4.0},
+    ]  # fmt: skip
+    path = tmp_path / "case.ops.jsonl.gz"
+    with gzip.open(path, "wt") as handle:
+        handle.write("\n".join(json.dumps(e) for e in events) + "\n")
+    (op,) = read_ops_jsonl(path)
+    assert op.op == "aten::addmm" and op.kernel_us == 5.5
+    assert op.shapes == ((64,), (8, 64), (64, 64), (), ())
+    assert read_profile(path) == [op]
+
+
+def test_chrome_trace_reader_links_kernels_to_their_ops():
+    """Kernels reach their op by External id (addmm), by the runtime launch's correlation id
+    (gelu) and by the ac2g flow's start (sum, on another thread); aten::linear encloses addmm."""
+    addmm, gelu, total = read_chrome_trace(FIXTURE)
+    assert addmm.op == "aten::addmm" and addmm.shapes[:3] == ((32,), (8, 64), (64, 32))
+    assert addmm.kernels == (("Memset (Device)", 1.5), ("nvjet_gemm_bias", 10.0))
+    assert [name for name, _, _ in addmm.stack] == ["aten::linear"]
+    assert (gelu.op, gelu.kernels) == ("aten::gelu", (("gelu_kernel", 4.0),))
+    assert (total.op, total.kernels) == ("aten::sum", (("reduce_kernel", 2.5),))
+    assert read_profile(FIXTURE) == [addmm, gelu, total]
+
+
+def test_kernels_go_to_the_outermost_op_the_capture_records():
+    ops = read_chrome_trace(FIXTURE)
+    linear, *_ = collapse_to_recorded(ops, {"aten.linear", "aten.addmm"})
+    assert linear.op == "aten::linear" and linear.kernel_us == 11.5
+    assert linear.shapes == ((8, 64), (32, 64), (32,))
+    assert collapse_to_recorded(ops, {"aten.addmm"}) == ops  # linear is not recorded: addmm is
+
+
+def test_alignment_tolerates_an_inserted_and_a_missing_op(trace):
+    ops = _synthetic_profile(trace)
+    assert ingest_ops(ops, trace).matched_rows == len(ops)
+    missing = next(i for i, op in enumerate(ops) if op.op == "aten::addmm")
+    extra = ProfiledOp("aten::fill_", ((3, 5), ()), (("fill", 7.0),), 0.0)
+    edited = ops[:missing] + ops[missing + 1 : missing + 4] + [extra] + ops[missing + 4 :]
+    result = ingest_ops(edited, trace)
+    assert result.matched_rows == len(ops) - 1 == result.trace_rows - 1
+    assert result.total_kernel_us - result.attributed_kernel_us == pytest.approx(7.0)
+    assert result.unmatched_profile == [
+        {"op": "aten::fill_", "shapes": "[[3, 5], []]", "count": 1, "kernel_us": 7.0}
+    ]
+    (row,) = result.unmatched_trace
+    assert (row["op"], row["count"]) == ("aten.addmm", 1)
+
+
+def test_rows_aggregate_and_round_trip_through_load_kernel_table(trace, tmp_path):
+    ops = _synthetic_profile(trace)
+    result = ingest_ops(ops, trace, {"gpu": "Test GPU", "torch": "2.13"})
+    assert sum(row["repetitions"] for row in result.rows) == len(ops)
+    path = write_rows_csv(result.rows, tmp_path / "rows.csv")
+    table = load_kernel_table(path)
+    assert table.gpu == "Test GPU"
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == len(result.rows) and {r["op"] for r in rows} >= {"mm", "addmm", "norm"}
+    keys = [
+        (op_class(r["op"]), r["dtype"], *(r[f] for f in ("m", "n", "k", "nbytes"))) for r in rows
+    ]
+    alone = [row for row, key in zip(rows, keys, strict=True) if keys.count(key) == 1]
+    assert len(alone) > 10
+    for row in alone:  # the only row at its table point: the table answers its time
+        if "flash" not in row["op"]:
+            seconds = table.time_s(_row_op(row))
+            assert seconds == pytest.approx(float(row["time_us"]) * 1e-6, rel=1e-9)
+
+
+def test_cli_writes_rows_and_refuses_bad_profiles(trace, tmp_path, capsys):
+    job = tmp_path / "job.toml"
+    job.write_text(TINY_TOML)
+    profile = _write_jsonl(tmp_path / "tiny.ops.jsonl.gz", _synthetic_profile(trace))
+    out = tmp_path / "rows.csv"
+    assert main(["ingest-profile", str(profile), "--job", str(job), "--out", str(out)]) == 0
+    assert "Matched" in capsys.readouterr().out and load_kernel_table(out)
+    bad = {
+        "missing.json": None,
+        "broken.json": '{"traceEvents": [',
+        "notes.txt": "hello\n",
+        "lines.jsonl": '{"op": "aten::mm", "kernels": []}\n{oops\n',
+    }
+    for name, text in bad.items():
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        target = tmp_path / f"{name}.csv"
+        assert main(["ingest-profile", str(path), "--job", str(job), "--out", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {path}") and err.count("\n") == 1, err
+        assert not target.exists() and not list(tmp_path.glob(".*.tmp"))
+    with pytest.raises(ProfileError, match="unknown format"):
+        read_profile(tmp_path / "notes.txt")
