@@ -11,26 +11,21 @@ whatever kernel table results/kernels/h100-sxm-80g.csv holds at the commit. Erro
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = ROOT.parent / "shared" / "data" / "gpu" / "h100-sxm-80g"
+sys.path.insert(0, str(ROOT / "results"))
+from shared_h100 import SHARED, cases_from_cli  # noqa: E402
 
 
 def main() -> None:
     from prismbench.emulate import emulate
     from prismbench.spec import load_job_spec
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", action="append", help="case name (repeatable)")
-    parser.add_argument("--out", type=Path, help="also write the markdown table here")
-    args = parser.parse_args()
-    measured = json.loads((SHARED / "summary.json").read_text())
-    cases = args.only or list(measured)
+    cases, measured, out = cases_from_cli(__doc__.splitlines()[0])
     lines = ["| case | predicted (s) | measured (s) | error |", "|---|--:|--:|--:|"]
     errors = []
     for i, case in enumerate(cases, 1):
@@ -49,8 +44,8 @@ def main() -> None:
                  f"(commit {commit})")  # fmt: skip
     text = "\n".join(lines)
     print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    if out:
+        out.write_text(text + "\n")
 
 
 if __name__ == "__main__":

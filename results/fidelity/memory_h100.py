@@ -12,14 +12,14 @@ settings. Error = (predicted - measured) / measured.
 
 from __future__ import annotations
 
-import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = ROOT.parent / "shared" / "data" / "gpu" / "h100-sxm-80g"
+sys.path.insert(0, str(ROOT / "results"))
+from shared_h100 import SHARED, cases_from_cli  # noqa: E402
+
 FIGURES = ("allocated", "reserved", "requested")
 
 
@@ -68,15 +68,7 @@ def table(rows: dict, measured: dict) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", action="append", help="case name (repeatable)")
-    parser.add_argument("--out", type=Path, help="write the markdown table here")
-    args = parser.parse_args()
-    measured = json.loads((SHARED / "summary.json").read_text())
-    cases = args.only or list(measured)
-    unknown = sorted(set(cases) - set(measured))
-    if unknown:
-        sys.exit(f"--only: {unknown} not in {SHARED / 'summary.json'}")
+    cases, measured, out = cases_from_cli(__doc__.splitlines()[0])
     rows = {}
     for i, case in enumerate(cases, 1):
         print(f"[{i}/{len(cases)}] {case}: capturing and replaying", flush=True)
@@ -87,8 +79,8 @@ def main() -> None:
     ).stdout.strip()
     text = "\n".join([f"Commit {commit}; `python results/fidelity/memory_h100.py`.", "", *lines])
     print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    if out:
+        out.write_text(text + "\n")
 
 
 if __name__ == "__main__":
