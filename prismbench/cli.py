@@ -59,12 +59,22 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("error: calibrate measures kernels on a CUDA GPU; none is available", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from emulator.costs.calibrate import run_calibration
+    if args.job is None:
+        from emulator.costs.calibrate import run_calibration
 
-    path = run_calibration(
-        Path(args.out), quick=args.quick, progress=lambda msg: print(msg, file=sys.stderr)
-    )
-    print(f"wrote {path}")
+        path = run_calibration(
+            Path(args.out), quick=args.quick, progress=lambda msg: print(msg, file=sys.stderr)
+        )
+        print(f"wrote {path}")
+        return EXIT_OK
+    from emulator.costs.calibrate import gpu_provenance
+    from prismbench.calibrate_job import calibrate_job
+
+    job = load_job_spec(args.job)
+    profile_out = Path(args.profile_out or Path(args.out).with_suffix(".ops.jsonl.gz"))
+    result = calibrate_job(job, Path(args.out), profile_out, provenance=gpu_provenance())
+    report.render_ingest(result, _console())
+    print(f"wrote the profile {profile_out} and {len(result.rows)} kernel rows to {args.out}")
     return EXIT_OK
 
 
@@ -90,6 +100,33 @@ def _cmd_ingest_profile(args: argparse.Namespace) -> int:
     else:
         report.render_ingest(result, _console())
         print(f"wrote {len(result.rows)} kernel rows to {args.out}")
+    return EXIT_OK
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from emulator.costs.kernel_table import load_kernel_table
+    from prismbench.compare import compare_profile
+    from prismbench.profile_readers import ProfileError
+
+    job = load_job_spec(args.job)
+    table = "preset"
+    if args.no_kernel_table:
+        table = None
+    elif args.kernel_table:
+        try:
+            table = load_kernel_table(args.kernel_table, skip_sources=tuple(args.skip_source))
+        except ValueError as err:
+            print(f"error: --kernel-table: {err}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    try:
+        result = compare_profile(job, Path(args.profile), name=Path(args.job).stem, kernel_table=table)
+    except ProfileError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        report.render_comparison(result, _console(), top=args.top)
     return EXIT_OK
 
 
@@ -196,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_fit,
         _add_calibrate,
         _add_ingest_profile,
+        _add_compare,
     ):
         add_command(commands)
     return parser
@@ -292,6 +330,16 @@ def _add_calibrate(commands) -> None:
         help="output table, e.g. results/kernels/h100-sxm-80g.csv",
     )
     calibrate.add_argument("--quick", action="store_true", help="a small sweep, for smoke tests")
+    calibrate.add_argument(
+        "--job",
+        metavar="JOB.toml",
+        help="instead of the grid: profile one iteration of this one-GPU job and ingest it",
+    )
+    calibrate.add_argument(
+        "--profile-out",
+        metavar="FILE",
+        help="with --job: where the profile goes (default: beside --out, .ops.jsonl.gz)",
+    )
     calibrate.set_defaults(handler=_cmd_calibrate)
 
 
@@ -314,6 +362,39 @@ def _add_ingest_profile(commands) -> None:
     )
     ingest.add_argument("--json", action="store_true", help="print one JSON object")
     ingest.set_defaults(handler=_cmd_ingest_profile)
+
+
+def _add_compare(commands) -> None:
+    compare = commands.add_parser(
+        "compare",
+        help="predicted vs measured compute time per op class, against a profile of a real run",
+        description=(
+            "Capture JOB, price every op as emulate does, match the ops to PROFILE (a "
+            "torch.profiler record of the same program) and print, per op class, predicted "
+            "and measured GPU time, largest absolute error first, with how each class was "
+            "priced (exact table row, interpolated, roofline)."
+        ),
+    )
+    compare.add_argument("job", metavar="JOB.toml", help="the profiled job")
+    compare.add_argument(
+        "--profile", required=True, metavar="PROFILE", help="<case>.ops.jsonl[.gz] or a Chrome trace"
+    )
+    compare.add_argument(
+        "--kernel-table", metavar="CSV", help="price with this table (default: the GPU's own)"
+    )
+    compare.add_argument(
+        "--skip-source",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="leave out table rows whose source starts with PREFIX (leave-one-out: profile:CASE)",
+    )
+    compare.add_argument(
+        "--no-kernel-table", action="store_true", help="price with the roofline curves only"
+    )
+    compare.add_argument("--top", type=_positive_int, default=15, help="classes shown (default 15)")
+    compare.add_argument("--json", action="store_true", help="print one JSON object (all classes)")
+    compare.set_defaults(handler=_cmd_compare)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

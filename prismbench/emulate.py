@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from emulator.costs.collectives import Topology
-from emulator.costs.kernel_table import KernelTable, load_kernel_table
-from emulator.costs.pricing import CostContext
+from emulator.costs.kernel_table import PRICE_SOURCES, KernelTable, load_kernel_table
+from emulator.costs.pricing import CostContext, price_source_summary
 from emulator.graph.build import build_graph
 from emulator.graph.replay import replay
 from emulator.graph.timeline import write_trace
@@ -56,6 +56,9 @@ class ClassFigures:
     device_total_estimate_bytes: int
     oom: bool
     oom_detail: dict | None
+    # Per kernel_table.PRICE_SOURCES: compute ops of one iteration of this class it priced
+    # and their summed duration (s).
+    compute_priced_by: dict[str, dict[str, float]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +80,8 @@ class EmulationResult:
     device_total_estimate_bytes: int
     gpu_capacity_bytes: int
     oom: bool
+    kernel_table: str  # the measured table that priced compute ("" when none: curves only)
+    compute_priced_by: dict[str, dict[str, float]]  # summed over classes
     breakdown: dict[str, float]
     per_class: tuple[ClassFigures, ...]
     critical_path: tuple[dict, ...]  # the first CRITICAL_PATH_SHOWN events
@@ -100,8 +105,13 @@ def topology_of(job) -> Topology:
 
 
 def kernel_table_for(gpu: str) -> KernelTable | None:
+    """The committed measured table of a GPU preset (results/kernels/<gpu>.csv), if any."""
     path = KERNEL_TABLES / f"{gpu}.csv"
     return load_kernel_table(path) if path.exists() else None
+
+
+def _table_label(table: KernelTable | None) -> str:
+    return "" if table is None else table.label
 
 
 def emulate(
@@ -115,19 +125,26 @@ def emulate(
     trace_ranks: list[int] | None = None,
     memory_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
+    kernel_table: KernelTable | None | str = "preset",
 ) -> EmulationResult:
     """Emulate one iteration of `job` (a validated JobSpec).
 
     trace_path: write a Perfetto timeline of `trace_ranks` (default one rank per class).
     memory_dir: write, per class, a memory timeline PNG and a snapshot that PyTorch's
     memory visualizer (pytorch.org/memory_viz) opens.
+    kernel_table: "preset" (the GPU's committed table, if any), a loaded table, or None
+    (roofline curves only).
     """
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
     say(f"capture: {job.parallel.pp} class(es) of {job.world_size:,} ranks")
     capture = capture_job(job, workers=workers, use_cache=use_cache, progress=progress)
     say(f"capture done in {capture.wall_s:.1f} s ({'cache' if capture.cached else 'captured'})")
-    cost = CostContext(topology=topology_of(job), table=kernel_table_for(job.cluster.gpu))
+    if isinstance(kernel_table, str):
+        if kernel_table != "preset":
+            raise ValueError(f"kernel_table={kernel_table!r}: give 'preset', a KernelTable or None")
+        kernel_table = kernel_table_for(job.cluster.gpu)
+    cost = CostContext(topology=topology_of(job), table=kernel_table)
     graph = build_graph(capture.traces, capture.world, cost)
     say(f"graph: {sum(len(c) for c in graph.classes):,} nodes; replaying")
     timing = replay(graph, ranks=trace_ranks or ())
@@ -153,8 +170,11 @@ def emulate(
             job=label,
         )
         say(f"wrote memory timelines and snapshots to {memory_dir}")
-    per_class = tuple(_class_figures(capture.world, b, memory[b.pp]) for b in timing.per_class)
-    return _result(job, name, capture, timing, per_class, gpu, started)
+    priced_by = {p: price_source_summary(trace, cost) for p, trace in capture.traces.items()}
+    per_class = tuple(
+        _class_figures(capture.world, b, memory[b.pp], priced_by[b.pp]) for b in timing.per_class
+    )
+    return _result(job, name, capture, timing, per_class, gpu, started, _table_label(kernel_table))
 
 
 def _export_memory(
@@ -189,7 +209,7 @@ def _layout(job) -> str:
     return f"{axes}, micro-batch {job.batch.micro_batch} x {job.batch.seq_len} tokens"
 
 
-def _class_figures(world, breakdown, mem) -> ClassFigures:
+def _class_figures(world, breakdown, mem, priced_by) -> ClassFigures:
     return ClassFigures(
         pp=breakdown.pp,
         representative_rank=world.representative(breakdown.pp),
@@ -207,10 +227,11 @@ def _class_figures(world, breakdown, mem) -> ClassFigures:
         device_total_estimate_bytes=mem.device_total_estimate_bytes,
         oom=mem.oom is not None,
         oom_detail=asdict(mem.oom) if mem.oom is not None else None,
+        compute_priced_by=priced_by,
     )
 
 
-def _result(job, name, capture, timing, per_class, gpu, started) -> EmulationResult:
+def _result(job, name, capture, timing, per_class, gpu, started, table_label) -> EmulationResult:
     iteration = timing.iteration_time_s
     world = job.world_size
     model_flops = explain(job).flops.model_flops_per_iteration
@@ -236,6 +257,14 @@ def _result(job, name, capture, timing, per_class, gpu, started) -> EmulationRes
         device_total_estimate_bytes=max(c.device_total_estimate_bytes for c in per_class),
         gpu_capacity_bytes=gpu.usable_capacity_bytes,
         oom=any(c.oom for c in per_class),
+        kernel_table=table_label,
+        compute_priced_by={
+            source: {
+                field: sum(c.compute_priced_by[source][field] for c in per_class)
+                for field in ("ops", "time_s")
+            }
+            for source in PRICE_SOURCES
+        },
         breakdown={
             "compute_s": sum(c.compute_s for c in per_class) / n,
             "exposed_comm_s": sum(c.exposed_comm_s for c in per_class) / n,

@@ -29,7 +29,7 @@ import numpy as np
 from emulator.capture.opmap import normalized_name
 from emulator.capture.trace import COMPUTE, RankTrace
 from emulator.costs.calibrate import write_kernel_csv
-from emulator.costs.kernel_table import PROVENANCE_FIELDS
+from emulator.costs.kernel_table import PROVENANCE_FIELDS, row_fields
 from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS
 from emulator.costs.pricing import op_record
 from prismbench.profile_readers import ProfiledOp, read_profile
@@ -142,18 +142,6 @@ class IngestResult:
         }
 
 
-def _shape_fields(trace: RankTrace, row: int) -> dict:
-    """op, dtype and the shape fields kernel_table._row_op reads back, for one trace row."""
-    op = op_record(trace, row)
-    fields = {"op": op.name, "dtype": op.dtype}
-    if op.name in GEMM_OPS:
-        return fields | {"m": op.m, "n": op.n, "k": op.k, "batch": op.batch}
-    if op.name in ATTENTION_OPS:
-        names = ("batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim")
-        return fields | {f: getattr(op, f) for f in names} | {"causal": str(op.causal).lower()}
-    return fields | {"nbytes": int(op.bytes_total)}
-
-
 def _aggregate(samples: dict[tuple, list[float]]) -> list[dict]:
     rows = []
     for key, times in samples.items():
@@ -184,15 +172,32 @@ def _unmatched(items: list[tuple[str, tuple, float]]) -> list[dict]:
     ]
 
 
-def ingest_ops(ops: list[ProfiledOp], trace: RankTrace, provenance: dict | None = None):
-    """Align profiled ops with the trace's compute rows and turn the pairs into kernel rows."""
+@dataclass(frozen=True)
+class Alignment:
+    """Profiled ops (collapsed to what the capture records), the trace's compute rows, and the
+    matched (op index, compute index) pairs in program order."""
+
+    ops: list[ProfiledOp]
+    compute_rows: list[int]
+    pairs: list[tuple[int, int]]
+
+
+def align_profile(ops: list[ProfiledOp], trace: RankTrace) -> Alignment:
+    """Match a profile's ops to a trace's compute rows (see the module docstring)."""
     compute = [int(r) for r in np.flatnonzero(trace.columns["kind"] == COMPUTE)]
     recorded = {trace.strings[trace.columns["aten"][r]] for r in compute}
     ops = collapse_to_recorded(ops, recorded)
     pairs = align([profile_key(op) for op in ops], [trace_key(trace, r) for r in compute])
+    return Alignment(ops, compute, pairs)
+
+
+def ingest_ops(ops: list[ProfiledOp], trace: RankTrace, provenance: dict | None = None):
+    """Align profiled ops with the trace's compute rows and turn the pairs into kernel rows."""
+    aligned = align_profile(ops, trace)
+    ops, compute, pairs = aligned.ops, aligned.compute_rows, aligned.pairs
     samples: dict[tuple, list[float]] = defaultdict(list)
     for i, j in pairs:
-        samples[tuple(_shape_fields(trace, compute[j]).items())].append(ops[i].kernel_us)
+        samples[tuple(row_fields(op_record(trace, compute[j])).items())].append(ops[i].kernel_us)
     rows = [row | (provenance or {}) for row in _aggregate(samples)]
     matched_ops = {i for i, _ in pairs}
     matched_rows = {j for _, j in pairs}

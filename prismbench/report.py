@@ -243,6 +243,8 @@ def render_emulation(r, console: Console) -> None:
         ("device total estimate (nvidia-smi)", format_bytes(r.device_total_estimate_bytes)),
         ("GPU capacity (what CUDA offers)", format_bytes(r.gpu_capacity_bytes)),
         ("out of memory", "YES" if r.oom else "no"),
+        ("compute priced by", _priced_by(r.compute_priced_by)),
+        ("kernel table", r.kernel_table or "none (roofline curves only)"),
         ("emulation wall time", f"{r.wall_s:.1f} s (capture {r.capture_wall_s:.1f} s)"),
     ]
     for figure, value in rows:
@@ -274,6 +276,13 @@ def render_emulation(r, console: Console) -> None:
             "YES" if c.oom else "no",
         )
     console.print(table)
+
+
+def _priced_by(priced_by: dict[str, dict[str, float]]) -> str:
+    """"exact 812 ops (0.201 s), interpolated 40 ops (0.010 s), roofline 3 ops (0.000 s)"."""
+    return ", ".join(
+        f"{source} {int(v['ops'])} ops ({v['time_s']:.3f} s)" for source, v in priced_by.items()
+    )
 
 
 def render_fit(result, console: Console) -> None:
@@ -328,3 +337,30 @@ def render_ingest(result, console: Console, top: int = 10) -> None:
         for e in entries[:top]:
             table.add_row(e["op"], e["shapes"], f"{e['count']:,}", f"{e['kernel_us']:,.1f}")
         console.print(table)
+
+
+def render_comparison(result, console: Console, top: int = 15) -> None:
+    """Totals, then the `top` op classes with the largest absolute error (times in ms)."""
+    error = (result.predicted_s - result.measured_s) / result.measured_s if result.measured_s else 0
+    console.print(
+        f"Compute of one iteration of {result.job}: predicted {result.predicted_s * 1e3:,.2f} ms, "
+        f"measured {result.measured_s * 1e3:,.2f} ms of kernels ({error:+.1%}); "
+        f"kernel table: {result.kernel_table or 'none (roofline curves only)'}"
+    )
+    table = Table(title=f"Op classes, largest absolute error first (top {top} of {len(result.classes)})")
+    for column in ("op", "aten op", "ops (trace/profile)", "predicted ms", "measured ms",
+                   "error ms", "error", "priced by (exact/interp/roofline)"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("op", "aten op") else "right")
+    for c in result.classes[:top]:
+        rel = f"{c.error_s / c.measured_s:+.1%}" if c.measured_s else "n/a (not measured)"
+        table.add_row(
+            c.op,
+            c.aten,
+            f"{c.trace_ops:,}/{c.profile_ops:,}",
+            f"{c.predicted_s * 1e3:,.3f}",
+            f"{c.measured_s * 1e3:,.3f}",
+            f"{c.error_s * 1e3:+,.3f}",
+            rel,
+            "/".join(str(c.priced_by[s]) for s in ("exact", "interpolated", "roofline")),
+        )
+    console.print(table)

@@ -67,7 +67,8 @@ def write_kernel_csv(rows: Iterable[dict], path: str | Path, provenance: dict) -
     return path
 
 
-def _provenance() -> dict:
+def gpu_provenance() -> dict:
+    """gpu, driver, torch, clocks, date of this machine's CUDA GPU (nvidia-smi where it answers)."""
     import torch
 
     try:
@@ -92,7 +93,7 @@ def _measure(quick: bool, progress: Callable[[str], None] | None) -> list[dict]:
     for m, n, k in gemm_grid(quick):
         a, b = torch.randn(m, k, device=dev, dtype=bf16), torch.randn(k, n, device=dev, dtype=bf16)
         t, s = time_kernels_us(lambda a=a, b=b: a @ b, reps, warm)
-        rows.append({"op": "mm", "dtype": "bf16", "m": m, "n": n, "k": k, "batch": 1,
+        rows.append({"op": "mm", "dtype": "bf16", "aten": "aten.mm", "m": m, "n": n, "k": k, "batch": 1,
                      "time_us": t, "repetitions": reps, "spread_us": s})
         del a, b
         if progress:
@@ -110,15 +111,15 @@ def _measure(quick: bool, progress: Callable[[str], None] | None) -> list[dict]:
             )
         shape = {"batch": batch, "heads_q": heads, "heads_kv": heads, "seq_q": seq, "seq_kv": seq,
                  "head_dim": d, "causal": True, "repetitions": reps}
-        rows.append({"op": "flash_attn_fwd", "dtype": "bf16", **shape, "time_us": t_f, "spread_us": s_f})
-        rows.append({"op": "flash_attn_bwd", "dtype": "bf16", **shape, "time_us": t_b, "spread_us": s_b})
+        rows.append({"op": "flash_attn_fwd", "dtype": "bf16", "aten": "aten._scaled_dot_product_flash_attention", **shape, "time_us": t_f, "spread_us": s_f})
+        rows.append({"op": "flash_attn_bwd", "dtype": "bf16", "aten": "aten._scaled_dot_product_flash_attention_backward", **shape, "time_us": t_b, "spread_us": s_b})
         del q, k_, v, out, grad
         if progress:
             progress(f"attention b{batch} h{heads} s{seq} d{d}: fwd {t_f:.1f} us, bwd {t_b:.1f} us")
     for nbytes in HBM_SWEEP_BYTES[:4] if quick else HBM_SWEEP_BYTES:
         src, dst = torch.empty(nbytes, dtype=torch.uint8, device=dev), torch.empty(nbytes, dtype=torch.uint8, device=dev)
         t, s = time_kernels_us(lambda dst=dst, src=src: dst.copy_(src), reps, warm)
-        rows.append({"op": "copy", "dtype": "bf16", "nbytes": 2 * nbytes, "time_us": t,
+        rows.append({"op": "copy", "dtype": "bf16", "aten": "aten.copy_", "nbytes": 2 * nbytes, "time_us": t,
                      "repetitions": reps, "spread_us": s})
         del src, dst
     return rows
@@ -134,4 +135,5 @@ def run_calibration(out_path: str | Path, *, quick: bool = False,
             "calibration needs a CUDA GPU: torch.cuda.is_available() is False on this machine "
             f"(torch {torch.__version__}); run it on the GPU you want a kernel table for"
         )
-    return write_kernel_csv(_measure(quick, progress), out_path, _provenance())
+    provenance = gpu_provenance() | {"source": "prismbench calibrate" + (" --quick" if quick else "")}
+    return write_kernel_csv(_measure(quick, progress), out_path, provenance)

@@ -66,12 +66,18 @@ def curve_time_s(op: OpRecord, gpu: GpuPreset) -> float:
     return busy + LAUNCH_OVERHEAD_S
 
 
-def op_time_s(op: OpRecord, gpu: GpuPreset, *, table: KernelTable | None = None) -> float:
-    """Duration of `op` on `gpu`: the kernel table where it has data, the curves elsewhere."""
+def op_price(op: OpRecord, gpu: GpuPreset, *, table: KernelTable | None = None) -> tuple[float, str]:
+    """(duration, how it was priced) of `op` on `gpu`: the kernel table's exact or interpolated
+    row where it has one (`kernel_table.PRICE_SOURCES`), the roofline curves elsewhere."""
     if op.name in GEMM_OPS or op.name in ATTENTION_OPS:
         gpu.peak_tflops(op.dtype)  # refuse a dtype the GPU lacks even when a table would answer
     if table is not None:
-        measured = table.time_s(op)
-        if measured is not None:
-            return measured
-    return curve_time_s(op, gpu)
+        found = table.lookup(op)
+        if found is not None:
+            return found
+    return curve_time_s(op, gpu), "roofline"
+
+
+def op_time_s(op: OpRecord, gpu: GpuPreset, *, table: KernelTable | None = None) -> float:
+    """Duration of `op` on `gpu` (`op_price` without the source)."""
+    return op_price(op, gpu, table=table)[0]

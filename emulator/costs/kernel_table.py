@@ -1,16 +1,24 @@
-"""Measured kernel tables (results/kernels/<gpu>.csv): loading and shape interpolation.
+"""Measured kernel tables (results/kernels/<gpu>.csv): loading and the three-step lookup.
 
-A row gives one measured kernel; the table answers "how fast does this GPU run a kernel of
-roughly this shape". Interpolation is on the achieved rate (FLOP/s for GEMM and attention,
-bytes/s for memory-bound ops), inverse-distance weighted in log-shape space over rows of the
-same op class and dtype within `max_log2_distance` (default: a factor of 2 on every shape
-field); outside that radius the table has no answer and the caller falls back to its curves.
+A row gives one measured kernel (or the kernels one op launched); the table answers "how long
+does this GPU take for an op of this shape". `KernelTable.lookup` tries, in order:
+1. **exact**: rows of the op's group with the same shape (mean of their times);
+2. **interpolated**: the achieved rate (FLOP/s for GEMM and attention, bytes/s for memory-bound
+   ops) of the `NEIGHBOURS` nearest rows of the group within a factor of 2 on every shape field,
+   inverse-distance weighted (power 2) in log-shape space; memory-bound ops whose own aten op
+   has no row nearby use the rows of their op class (any aten op) the same way;
+3. nothing (None): the caller prices the op with its roofline curves (`costs.compute`).
+
+Groups: (op class, dtype, causal, variant). The variant keeps apart kernels that one op class
+covers but that run at very different rates: GEMMs with a dimension not divisible by 8 run
+cuBLAS's unaligned kernels (~6x slower on the H100, shared microbenchmarks), and memory-bound
+classes are keyed by the aten op the capture records (a layer norm's backward is not its forward).
 """
 
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +27,15 @@ from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS, OpRecord, attention_op, 
 
 SHAPE_FIELDS = ("m", "n", "k", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim", "causal", "nbytes")
 PROVENANCE_FIELDS = ("gpu", "driver", "torch", "clocks", "date")
-COLUMNS = ("op", "dtype", *SHAPE_FIELDS, "time_us", "repetitions", "spread_us", *PROVENANCE_FIELDS)
+COLUMNS = ("op", "dtype", "aten", *SHAPE_FIELDS, "time_us", "repetitions", "spread_us", *PROVENANCE_FIELDS, "source")
+# How a compute op was priced: from the table (exact shape or interpolated) or by the curves.
+PRICE_SOURCES = ("exact", "interpolated", "roofline")
+# Interpolation uses at most this many nearest rows (within the radius): enough to straddle a
+# shape on each side in two dimensions, few enough that far rows do not dilute near ones.
+NEIGHBOURS = 8
+# cuBLAS picks vectorised (aligned) kernels when leading dimensions are multiples of 16 bytes.
+GEMM_ALIGN_ELEMENTS = 8
+ANY_ATEN = "*"
 
 
 def op_class(name: str) -> str:
@@ -27,6 +43,27 @@ def op_class(name: str) -> str:
     if name in GEMM_OPS and name != "scaled_mm":
         return "gemm"
     return name
+
+
+def variant(op: OpRecord) -> str:
+    """The part of a group key that the op class alone does not say (see the module docstring)."""
+    if op.name in GEMM_OPS:
+        aligned = all(d % GEMM_ALIGN_ELEMENTS == 0 for d in (op.m, op.n, op.k))
+        return "aligned" if aligned else "unaligned"
+    if op.name in ATTENTION_OPS:
+        return ""
+    return op.aten or ANY_ATEN
+
+
+def group_key(op: OpRecord) -> tuple:
+    return (op_class(op.name), op.dtype, op.causal if op.name in ATTENTION_OPS else False, variant(op))
+
+
+def lookup_keys(op: OpRecord) -> list[tuple]:
+    """The op's group, then (memory-bound ops keyed by their aten op) its class-level group."""
+    key = group_key(op)
+    compute_bound = op.name in GEMM_OPS or op.name in ATTENTION_OPS
+    return [key] if compute_bound or key[3] == ANY_ATEN else [key, (*key[:3], ANY_ATEN)]
 
 
 def _features(op: OpRecord) -> np.ndarray:
@@ -41,10 +78,13 @@ def _work(op: OpRecord) -> float:
     return op.flops if (op.name in GEMM_OPS or op.name in ATTENTION_OPS) else op.bytes_total
 
 
-def _row_op(row: dict) -> OpRecord:
+def row_op(row: dict) -> OpRecord:
+    """The op a table row measured (shape fields read back as the capture records them)."""
     name, dtype = row["op"], row["dtype"]
+    aten = row.get("aten") or ""
     if name in GEMM_OPS:
-        return gemm_op(name, int(row["m"]), int(row["n"]), int(row["k"]), batch=int(row["batch"] or 1), dtype=dtype)
+        op = gemm_op(name, int(row["m"]), int(row["n"]), int(row["k"]), batch=int(row["batch"] or 1), dtype=dtype)
+        return replace(op, aten=aten)
     if name in ATTENTION_OPS:
         return attention_op(
             name, batch=int(row["batch"]), heads_q=int(row["heads_q"]), heads_kv=int(row["heads_kv"]),
@@ -52,38 +92,60 @@ def _row_op(row: dict) -> OpRecord:
             causal=row["causal"].strip().lower() in ("1", "true"), dtype=dtype,
         )
     nbytes = float(row["nbytes"])
-    return OpRecord(name=name, dtype=dtype, bytes_read=nbytes / 2, bytes_written=nbytes / 2)
+    return OpRecord(name=name, dtype=dtype, aten=aten, bytes_read=nbytes / 2, bytes_written=nbytes / 2)
+
+
+def row_fields(op: OpRecord) -> dict:
+    """The table fields that say which op a row measured (`row_op` reads them back)."""
+    fields = {"op": op.name, "dtype": op.dtype, "aten": op.aten}
+    if op.name in GEMM_OPS:
+        return fields | {"m": op.m, "n": op.n, "k": op.k, "batch": op.batch}
+    if op.name in ATTENTION_OPS:
+        names = ("batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim")
+        return fields | {f: getattr(op, f) for f in names} | {"causal": str(op.causal).lower()}
+    return fields | {"nbytes": int(op.bytes_total)}
 
 
 @dataclass(frozen=True)
 class KernelTable:
-    """Measured rows grouped by (op class, dtype, causal): log-shape features and achieved rates."""
+    """Measured rows grouped by `group_key`: log-shape features and achieved rates."""
 
     gpu: str
     groups: dict
+    label: str = ""  # where it was read from, and which sources were left out
 
-    def rate(self, op: OpRecord, *, max_log2_distance: float = 1.0) -> float | None:
-        """Achieved work per second for `op`'s shape, or None where the table has no nearby row."""
-        key = (op_class(op.name), op.dtype, op.causal if op.name in ATTENTION_OPS else False)
-        if key not in self.groups:
-            return None
-        features, rates = self.groups[key]
-        distance = np.max(np.abs(features - _features(op)), axis=1)
-        near = distance <= max_log2_distance
-        if not near.any():
-            return None
-        if (distance[near] == 0).any():
-            return float(np.mean(rates[near][distance[near] == 0]))
-        weights = 1.0 / distance[near] ** 2
-        return float(np.exp(np.sum(weights * np.log(rates[near])) / np.sum(weights)))
+    def lookup(self, op: OpRecord, *, max_log2_distance: float = 1.0) -> tuple[float, str] | None:
+        """(seconds, "exact" | "interpolated") for `op`, or None where the table has no row near."""
+        keys = lookup_keys(op)
+        key = keys[0]
+        target = _features(op)
+        for k in keys:
+            if k not in self.groups:
+                continue
+            features, rates = self.groups[k]
+            distance = np.max(np.abs(features - target), axis=1)
+            if k == key and (distance == 0).any():
+                return _work(op) / float(np.mean(rates[distance == 0])), "exact"
+            near = np.flatnonzero(distance <= max_log2_distance)
+            if not len(near):
+                continue
+            near = near[np.argsort(distance[near], kind="stable")[:NEIGHBOURS]]
+            d = np.maximum(distance[near], 1e-9)  # class-level rows may sit at distance 0
+            weights = 1.0 / d**2
+            rate = float(np.exp(np.sum(weights * np.log(rates[near])) / np.sum(weights)))
+            return _work(op) / rate, "interpolated"
+        return None
 
     def time_s(self, op: OpRecord, **kwargs) -> float | None:
-        rate = self.rate(op, **kwargs)
-        return None if rate is None else _work(op) / rate
+        found = self.lookup(op, **kwargs)
+        return None if found is None else found[0]
 
 
-def load_kernel_table(path: str | Path) -> KernelTable:
-    """Read a kernel CSV; refuses missing columns and non-positive times, naming the line."""
+def load_kernel_table(path: str | Path, *, skip_sources: tuple[str, ...] = ()) -> KernelTable:
+    """Read a kernel CSV; refuses missing columns and non-positive times, naming the line.
+
+    skip_sources: rows whose `source` starts with one of these are left out (leave-one-out
+    scoring: a job's own profile must not price that job)."""
     path = Path(path)
     grouped: dict[tuple, tuple[list, list]] = {}
     gpu = ""
@@ -93,14 +155,20 @@ def load_kernel_table(path: str | Path) -> KernelTable:
         if missing:
             raise ValueError(f"{path}: kernel table lacks columns {missing}")
         for line, row in enumerate(reader, start=2):
-            time_us = float(row["time_us"])
+            if skip_sources and row["source"].startswith(skip_sources):
+                continue
+            try:
+                time_us = float(row["time_us"])
+                op = row_op(row)
+            except ValueError as err:
+                raise ValueError(f"{path}:{line}: {err}") from None
             if not time_us > 0:
                 raise ValueError(f"{path}:{line}: time_us={row['time_us']!r} must be > 0")
-            op = _row_op(row)
             gpu = row["gpu"]
-            key = (op_class(op.name), op.dtype, op.causal if op.name in ATTENTION_OPS else False)
-            features, rates = grouped.setdefault(key, ([], []))
-            features.append(_features(op))
-            rates.append(_work(op) / (time_us * 1e-6))
+            for key in lookup_keys(op):
+                features, rates = grouped.setdefault(key, ([], []))
+                features.append(_features(op))
+                rates.append(_work(op) / (time_us * 1e-6))
     groups = {key: (np.array(f), np.array(r)) for key, (f, r) in grouped.items()}
-    return KernelTable(gpu=gpu, groups=groups)
+    label = str(path) + (f" without {', '.join(skip_sources)}" if skip_sources else "")
+    return KernelTable(gpu=gpu, groups=groups, label=label)

@@ -40,6 +40,9 @@ class OpRecord:
     seq_kv: int = 0
     head_dim: int = 0
     causal: bool = False
+    # The aten op the capture recorded ("aten.native_layer_norm_backward"): one memory-bound
+    # class covers kernels of different speeds, and measured tables tell them apart by it.
+    aten: str = ""
 
     def __post_init__(self) -> None:
         if self.name not in OP_NAMES:

@@ -1,7 +1,8 @@
 """Prices of a trace's rows: compute durations, overlap slowdowns, collective durations.
 
-What the execution graph asks of the cost models, in one place: `compute_durations_s`
-(every compute row, through `costs.compute.op_time_s` and an optional kernel table),
+What the execution graph asks of the cost models, in one place: `compute_prices` (every
+compute row, through `costs.compute.op_price` and an optional kernel table, with which of
+exact row / interpolation / roofline priced it),
 `row_slowdowns` (how much a row slows beside running communication, `costs.overlap`) and
 `CommPricer` (a collective's or p2p call's duration over its group's ranks,
 `costs.collectives`). `op_record` reads the cost-model record of one row from its tensors.
@@ -15,8 +16,8 @@ import numpy as np
 
 from emulator.capture.trace import COMPUTE, RankTrace
 from emulator.costs.collectives import Topology, collective_time_s
-from emulator.costs.compute import op_time_s
-from emulator.costs.kernel_table import KernelTable
+from emulator.costs.compute import op_price
+from emulator.costs.kernel_table import PRICE_SOURCES, KernelTable
 from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS, OpRecord
 from emulator.costs.overlap import compute_slowdown
 from emulator.world.collectives import collective
@@ -59,6 +60,7 @@ def op_record(trace: RankTrace, row: int) -> OpRecord:
         flops=float(c["flops"][row]),
         bytes_read=float(c["read_bytes"][row]),
         bytes_written=float(c["write_bytes"][row]),
+        aten=trace.strings[c["aten"][row]],
     )
     if name in GEMM_OPS:
         mats = [s for s, _ in inputs if len(s) >= 2]
@@ -93,16 +95,18 @@ def op_record(trace: RankTrace, row: int) -> OpRecord:
     return OpRecord(**common)
 
 
-def compute_durations_s(trace: RankTrace, cost: CostContext) -> np.ndarray:
-    """Modelled duration of every compute row (0 elsewhere), priced once per distinct op.
+def compute_prices(trace: RankTrace, cost: CostContext) -> tuple[np.ndarray, np.ndarray]:
+    """Modelled duration of every compute row (0 elsewhere) and how each was priced (an index
+    into `kernel_table.PRICE_SOURCES`, -1 for rows that are not compute), once per distinct op.
 
     Rows are the same op when name, aten op, flops, bytes and causal flag agree (two GEMMs of
     different shapes with equal flops and bytes would share a price: shapes are not compared)."""
     c = trace.columns
     rows = np.flatnonzero(c["kind"] == COMPUTE)
     out = np.zeros(len(trace))
+    sources = np.full(len(trace), -1, dtype=np.int8)
     if not len(rows):
-        return out
+        return out, sources
     keys = np.stack(
         [
             c[k][rows].astype(np.int64)
@@ -112,9 +116,28 @@ def compute_durations_s(trace: RankTrace, cost: CostContext) -> np.ndarray:
     )
     _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
     gpu, table = cost.topology.gpu, cost.table
-    prices = np.array([op_time_s(op_record(trace, int(rows[i])), gpu, table=table) for i in first])
-    out[rows] = prices[inverse.reshape(-1)]
-    return out
+    priced = [op_price(op_record(trace, int(rows[i])), gpu, table=table) for i in first]
+    out[rows] = np.array([t for t, _ in priced])[inverse.reshape(-1)]
+    codes = np.array([PRICE_SOURCES.index(s) for _, s in priced], dtype=np.int8)
+    sources[rows] = codes[inverse.reshape(-1)]
+    return out, sources
+
+
+def compute_durations_s(trace: RankTrace, cost: CostContext) -> np.ndarray:
+    """`compute_prices`' durations alone."""
+    return compute_prices(trace, cost)[0]
+
+
+def price_source_summary(trace: RankTrace, cost: CostContext) -> dict[str, dict[str, float]]:
+    """Per price source: how many compute rows it priced and their summed duration (seconds)."""
+    durations, sources = compute_prices(trace, cost)
+    return {
+        name: {
+            "ops": int(np.sum(sources == i)),
+            "time_s": float(np.sum(durations[sources == i])),
+        }
+        for i, name in enumerate(PRICE_SOURCES)
+    }
 
 
 def row_slowdowns(trace: RankTrace, cost: CostContext) -> np.ndarray:

@@ -4,9 +4,11 @@
 
 Measured: ../shared/data/gpu/h100-sxm-80g/summary.json `iteration_s_median` (eight timed
 iterations after three warm-up ones, H100 80GB HBM3, torch 2.11 / CUDA 13, workloads at
-86a4f47). Predicted: `prismbench.emulate.emulate` of specs/<case>.toml (capture cached), with
-whatever kernel table results/kernels/h100-sxm-80g.csv holds at the commit. Error =
-(predicted - measured) / measured.
+86a4f47). Predicted: `prismbench.emulate.emulate` of specs/<case>.toml (capture cached), priced
+with results/kernels/h100-sxm-80g.csv LEAVE-ONE-OUT: the rows ingested from the case's own
+profile (source `profile:<case>`) are left out of the table that predicts it. Error =
+(predicted - measured) / measured. "priced by" counts the compute ops of one iteration by
+how the table priced them (exact shape, interpolated, roofline curves).
 """
 
 from __future__ import annotations
@@ -22,19 +24,30 @@ from shared_h100 import SHARED, cases_from_cli  # noqa: E402
 
 
 def main() -> None:
-    from prismbench.emulate import emulate
+    from emulator.costs.kernel_table import load_kernel_table
+    from prismbench.emulate import KERNEL_TABLES, emulate
     from prismbench.spec import load_job_spec
 
     cases, measured, out = cases_from_cli(__doc__.splitlines()[0])
-    lines = ["| case | predicted (s) | measured (s) | error |", "|---|--:|--:|--:|"]
+    lines = [
+        "| case | predicted (s) | measured (s) | error | priced by: exact / interpolated / roofline |",
+        "|---|--:|--:|--:|--:|",
+    ]
     errors = []
     for i, case in enumerate(cases, 1):
         print(f"[{i}/{len(cases)}] {case}", flush=True)
-        result = emulate(load_job_spec(SHARED / "specs" / f"{case}.toml"), name=case)
+        table = load_kernel_table(
+            KERNEL_TABLES / "h100-sxm-80g.csv", skip_sources=(f"profile:{case}",)
+        )
+        job = load_job_spec(SHARED / "specs" / f"{case}.toml")
+        result = emulate(job, name=case, kernel_table=table)
+        by = result.compute_priced_by
         real = measured[case]["iteration_s_median"]
         errors.append(100 * (result.iteration_time_s - real) / real)
         lines.append(
-            f"| {case} | {result.iteration_time_s:.4f} | {real:.4f} | {errors[-1]:+.1f} % |"
+            f"| {case} | {result.iteration_time_s:.4f} | {real:.4f} | {errors[-1]:+.1f} % | "
+            + " / ".join(f"{int(by[s]['ops'])}" for s in ("exact", "interpolated", "roofline"))
+            + " |"
         )
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()  # fmt: skip

@@ -1,11 +1,13 @@
 """Tests for emulator.costs.kernel_table on a tiny SYNTHETIC table (made-up times, not measurements)."""
 
+from dataclasses import replace
+
 import pytest
 
 from emulator.costs.calibrate import write_kernel_csv
-from emulator.costs.compute import curve_time_s, op_time_s
-from emulator.costs.kernel_table import load_kernel_table
-from emulator.costs.ops import gemm_op
+from emulator.costs.compute import curve_time_s, op_price, op_time_s
+from emulator.costs.kernel_table import NEIGHBOURS, load_kernel_table
+from emulator.costs.ops import gemm_op, memory_op
 from emulator.hardware import gpu_preset
 
 H100 = gpu_preset("h100-sxm-80g")
@@ -55,3 +57,68 @@ def test_missing_columns_are_named(tmp_path):
     path.write_text("op,dtype,time_us\nmm,bf16,1.0\n")
     with pytest.raises(ValueError, match="lacks columns"):
         load_kernel_table(path)
+
+
+def _memory_row(aten, nbytes, time_us, op="norm"):
+    return {"op": op, "dtype": "bf16", "aten": aten, "nbytes": nbytes, "time_us": time_us,
+            "repetitions": 1, "spread_us": 0.0}
+
+
+@pytest.fixture
+def mixed_table(tmp_path):
+    rows = [
+        _gemm_row(2048, 2 * 2048**3 / 100e12 * 1e6),
+        _gemm_row(4096, 2 * 4096**3 / 400e12 * 1e6),
+        # synthetic: the backward runs at 1 TB/s, the forward at 2 TB/s, at the same bytes
+        _memory_row("aten.native_layer_norm_backward", 1e9, 1e3),
+        _memory_row("aten.native_layer_norm", 1e9, 500.0),
+        # unaligned GEMM: 10 TFLOP/s
+        {**_gemm_row(2048, 0), "n": 2049, "time_us": 2 * 2048 * 2049 * 2048 / 10e12 * 1e6},
+    ]
+    return load_kernel_table(write_kernel_csv(rows, tmp_path / "mixed.csv", SYNTHETIC))
+
+
+def test_lookup_says_exact_then_interpolated(mixed_table):
+    assert mixed_table.lookup(gemm_op("mm", 2048, 2048, 2048))[1] == "exact"
+    assert mixed_table.lookup(gemm_op("mm", 2896, 2896, 2896))[1] == "interpolated"
+    assert mixed_table.lookup(gemm_op("mm", 65536, 65536, 512)) is None
+
+
+def test_op_price_names_the_roofline_where_the_table_is_silent(mixed_table):
+    assert op_price(gemm_op("mm", 65536, 65536, 512), H100, table=mixed_table)[1] == "roofline"
+
+
+def test_memory_ops_are_told_apart_by_their_aten_op(mixed_table):
+    def op(aten):
+        return memory_op("norm", bytes_read=5e8, bytes_written=5e8) if not aten else replace(
+            memory_op("norm", bytes_read=5e8, bytes_written=5e8), aten=aten)
+
+    assert mixed_table.lookup(op("aten.native_layer_norm_backward")) == (pytest.approx(1e-3), "exact")
+    assert mixed_table.lookup(op("aten.native_layer_norm")) == (pytest.approx(5e-4), "exact")
+    # an aten op without rows borrows its class's rows (both, at distance 0): interpolated
+    seconds, source = mixed_table.lookup(op("aten.native_group_norm"))
+    assert source == "interpolated" and 5e-4 < seconds < 1e-3
+
+
+def test_unaligned_gemms_never_borrow_aligned_rows(mixed_table):
+    unaligned = gemm_op("mm", 2048, 2047, 2048)
+    rate = unaligned.flops / mixed_table.lookup(unaligned)[0]
+    assert rate == pytest.approx(10e12, rel=0.01)
+
+
+def test_neighbours_are_capped(tmp_path):
+    # 20 rows around 4096^3, the nearest at 100 TFLOP/s, the 12 farthest at 1 TFLOP/s
+    rows = [_gemm_row(4096 + d, 2 * (4096 + d) ** 3 / (100e12 if d <= 8 * 64 else 1e12) * 1e6)
+            for d in range(64, 20 * 64 + 1, 64)]
+    table = load_kernel_table(write_kernel_csv(rows, tmp_path / "t.csv", SYNTHETIC))
+    op = gemm_op("mm", 4096, 4096, 4096)
+    assert op.flops / table.lookup(op)[0] == pytest.approx(100e12, rel=1e-6)
+    assert NEIGHBOURS == 8
+
+
+def test_skip_sources_leaves_rows_out(tmp_path):
+    rows = [_gemm_row(2048, 1.0) | {"source": "profile:a"}, _gemm_row(4096, 1.0) | {"source": "micro:1"}]
+    path = write_kernel_csv(rows, tmp_path / "t.csv", SYNTHETIC)
+    table = load_kernel_table(path, skip_sources=("profile:a",))
+    assert table.lookup(gemm_op("mm", 2048, 2048, 2048))[1] == "interpolated"
+    assert "without profile:a" in table.label

@@ -1,0 +1,64 @@
+"""Calibrate for your own model in one command: profile one iteration, keep the profile, ingest it.
+
+`calibrate_job(job, out_csv, profile_out)` runs `job` (world size 1: one GPU) for real with the
+workloads (`workloads.build_training`, `train_step`), profiles one iteration after warm-up
+(`emulator.costs.kernel_timing.profile_iteration`: kernel-only times from the profiler's kernel
+records), writes that profile in the shared `<case>.ops.jsonl.gz` format, and turns it into
+kernel-table rows matched to the capture of the same job (`prismbench.profile_ingest`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from prismbench.spec import SpecError
+
+
+def write_ops_jsonl(records: list[dict], path: str | Path) -> Path:
+    """Op records (`kernel_timing.op_records`) as a gzipped JSON-lines profile."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as handle:
+        for record in records:
+            handle.write(json.dumps(record) + "\n")
+    return path
+
+
+def calibrate_job(job, out_csv: str | Path, profile_out: str | Path, *, warmup: int = 3,
+                  device: str = "cuda", provenance: dict | None = None):  # fmt: skip
+    """Profile one iteration of `job` on `device` and write its profile and kernel rows.
+
+    Returns the ingestion result (matched rows, unmatched ops)."""
+    import torch
+
+    from emulator.costs.kernel_timing import profile_iteration
+    from prismbench.capture import capture_job
+    from prismbench.profile_ingest import ingest_ops, write_rows_csv
+    from prismbench.profile_readers import read_profile
+    from workloads import build_training, train_step
+
+    if job.world_size != 1:
+        raise SpecError(
+            f"parallel: calibrate --job profiles one GPU, the job has world size {job.world_size} "
+            "(set every parallel degree to 1, or profile one rank with device mode)"
+        )
+    state = build_training(job, None, device=device)
+    rows = job.num_microbatches * job.batch.micro_batch
+    tokens = torch.randint(0, job.model.vocab, (rows, job.batch.seq_len), device=device)
+    records = profile_iteration(
+        lambda: train_step(job, state, tokens, tokens), warmup=warmup, cuda=device == "cuda"
+    )
+    if not records:
+        raise RuntimeError(
+            f"the profiler recorded no kernels on device {device!r} (a CUDA build with CUPTI "
+            "records them; a CPU run has none)"
+        )
+    write_ops_jsonl(records, profile_out)
+    traces = capture_job(job).traces
+    result = ingest_ops(read_profile(profile_out), traces[0], provenance)
+    source = f"profile:{Path(profile_out).name.split('.ops.')[0]}"
+    result.rows[:] = [row | {"source": source} for row in result.rows]
+    write_rows_csv(result.rows, out_csv)
+    return result

@@ -1,0 +1,139 @@
+"""Predicted vs measured compute, op class by op class: where the emulator's time goes wrong.
+
+`compare_profile(job, profile)` captures the job, prices every compute row as `emulate` does
+(kernel table, then roofline; `emulator.costs.pricing`), aligns the rows with a torch.profiler
+record of a real run of the same program (`prismbench.profile_ingest.align_profile`) and sums,
+per op class (normalized op and the aten op the capture records), the predicted and the
+measured GPU time. Ops on one side only are kept, not dropped: measured kernels with no
+captured op (a GPU-only kernel) and captured ops with no measured kernel (work a GPU never
+launches) count in their class's totals, so the totals are the whole iteration's compute on
+each side. Classes are listed largest absolute error first.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from emulator.costs.kernel_table import PRICE_SOURCES, KernelTable
+from emulator.costs.pricing import compute_prices
+from prismbench.profile_readers import read_profile
+
+
+@dataclass(frozen=True)
+class ClassComparison:
+    """One op class: counts, predicted and measured seconds, and how its ops were priced."""
+
+    op: str
+    aten: str
+    trace_ops: int
+    profile_ops: int
+    matched: int
+    predicted_s: float
+    measured_s: float
+    priced_by: dict[str, int]
+
+    @property
+    def error_s(self) -> float:
+        return self.predicted_s - self.measured_s
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The whole iteration's compute, per class and in total (seconds)."""
+
+    job: str
+    profile: str
+    kernel_table: str
+    classes: list[ClassComparison]
+
+    @property
+    def predicted_s(self) -> float:
+        return sum(c.predicted_s for c in self.classes)
+
+    @property
+    def measured_s(self) -> float:
+        return sum(c.measured_s for c in self.classes)
+
+    def to_dict(self) -> dict:
+        total_error = (
+            (self.predicted_s - self.measured_s) / self.measured_s if self.measured_s else None
+        )
+        return {
+            "job": self.job,
+            "profile": self.profile,
+            "kernel_table": self.kernel_table,
+            "predicted_compute_s": self.predicted_s,
+            "measured_kernel_s": self.measured_s,
+            "error": total_error,
+            "classes": [asdict(c) | {"error_s": c.error_s} for c in self.classes],
+        }
+
+
+def compare_ops(ops, trace, cost) -> list[ClassComparison]:
+    """Per-class totals over one trace and one profile's ops (the work of `compare_profile`)."""
+    from prismbench.profile_ingest import align_profile, profile_key
+
+    aligned = align_profile(ops, trace)
+    durations, sources = compute_prices(trace, cost)
+    c = trace.columns
+    matched_ops = {i for i, _ in aligned.pairs}
+    matched_rows = {j for _, j in aligned.pairs}
+    acc: dict[tuple[str, str], dict] = defaultdict(
+        lambda: {
+            "trace_ops": 0,
+            "profile_ops": 0,
+            "matched": 0,
+            "predicted_s": 0.0,
+            "measured_s": 0.0,
+            "priced_by": dict.fromkeys(PRICE_SOURCES, 0),
+        }  # fmt: skip
+    )
+    row_class = {}
+    for j, row in enumerate(aligned.compute_rows):
+        key = (trace.strings[c["name"][row]], trace.strings[c["aten"][row]])
+        row_class[j] = key
+        entry = acc[key]
+        entry["trace_ops"] += 1
+        entry["predicted_s"] += float(durations[row])
+        entry["priced_by"][PRICE_SOURCES[sources[row]]] += 1
+        entry["matched"] += j in matched_rows
+    owner = {i: row_class[j] for i, j in aligned.pairs}
+    for i, op in enumerate(aligned.ops):
+        if i in matched_ops:
+            key = owner[i]
+        else:
+            key = (profile_key(op)[0], op.op.replace("::", ".", 1))
+        acc[key]["profile_ops"] += 1
+        acc[key]["measured_s"] += op.kernel_us * 1e-6
+    classes = [ClassComparison(op=k[0], aten=k[1], **v) for k, v in acc.items()]
+    return sorted(classes, key=lambda x: -abs(x.error_s))
+
+
+def compare_profile(
+    job,
+    profile_path: str | Path,
+    *,
+    name: str = "job",
+    kernel_table: KernelTable | None | str = "preset",
+) -> Comparison:
+    """Capture `job` (class 0's trace: the profiled rank is one of it), price it, and compare
+    with the profile, per op class. kernel_table as in `prismbench.emulate.emulate`."""
+    from emulator.costs.pricing import CostContext
+    from prismbench.capture import capture_job
+    from prismbench.emulate import kernel_table_for, topology_of
+
+    if isinstance(kernel_table, str):
+        if kernel_table != "preset":
+            raise ValueError(f"kernel_table={kernel_table!r}: give 'preset', a KernelTable or None")
+        kernel_table = kernel_table_for(job.cluster.gpu)
+    ops = read_profile(profile_path)
+    traces = capture_job(job).traces
+    cost = CostContext(topology=topology_of(job), table=kernel_table)
+    return Comparison(
+        job=name,
+        profile=str(profile_path),
+        kernel_table="" if kernel_table is None else kernel_table.label,
+        classes=compare_ops(ops, traces[min(traces)], cost),
+    )

@@ -1,0 +1,47 @@
+"""Tests for prismbench/calibrate_job.py. A CPU has no kernels to profile: the flow after the
+profiler (profile file, ingestion, table) is exercised with op records made from the capture;
+a GPU run is what checks the profiler's records themselves."""
+
+from __future__ import annotations
+
+import pytest
+
+from emulator.costs.kernel_table import load_kernel_table
+from prismbench.calibrate_job import calibrate_job
+from prismbench.capture import capture_job
+from prismbench.profile_readers import read_ops_jsonl
+from prismbench.spec import SpecError, job_spec_from_dict
+from tests.prismbench.test_profile_ingest import TINY, _compute_rows, _profiled
+
+JOB = job_spec_from_dict(TINY)
+
+
+def test_profile_and_rows_are_written(tmp_path, monkeypatch):
+    trace = capture_job(JOB).traces[0]
+    records = [
+        {"op": o.op, "shapes": [list(s) for s in o.shapes], "self_cuda_us": o.kernel_us,
+         "kernels": [list(k) for k in o.kernels], "cpu_start_us": float(i)}
+        for i, o in enumerate(_profiled(trace, r, 3.0) for r in _compute_rows(trace))
+    ]  # fmt: skip
+    monkeypatch.setattr(
+        "emulator.costs.kernel_timing.profile_iteration", lambda step, warmup, cuda: records
+    )
+    result = calibrate_job(JOB, tmp_path / "t.csv", tmp_path / "tiny.ops.jsonl.gz", device="cpu")
+    assert len(read_ops_jsonl(tmp_path / "tiny.ops.jsonl.gz")) == len(records)
+    assert result.matched_rows == result.trace_rows
+    table = load_kernel_table(tmp_path / "t.csv")
+    assert table.groups and result.rows[0]["source"] == "profile:tiny"
+
+
+def test_a_profile_without_kernels_is_an_error(tmp_path):
+    with pytest.raises(RuntimeError, match="no kernels"):
+        calibrate_job(JOB, tmp_path / "t.csv", tmp_path / "p.ops.jsonl.gz", warmup=0, device="cpu")
+    assert not (tmp_path / "t.csv").exists()
+
+
+def test_refuses_a_parallel_job(tmp_path):
+    job = job_spec_from_dict(
+        TINY | {"parallel": {"dp": 2}, "batch": {"seq_len": 64, "global_batch": 4}}
+    )
+    with pytest.raises(SpecError, match="world size 2"):
+        calibrate_job(job, tmp_path / "t.csv", tmp_path / "p.ops.jsonl.gz", device="cpu")

@@ -1,0 +1,82 @@
+"""Tests for prismbench/compare.py: per-op-class predicted vs measured compute."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from emulator.costs.pricing import CostContext, compute_prices
+from prismbench.capture import capture_job
+from prismbench.cli import main
+from prismbench.compare import compare_ops
+from prismbench.emulate import topology_of
+from prismbench.spec import job_spec_from_dict
+from tests.prismbench.test_profile_ingest import (
+    TINY,
+    TINY_TOML,
+    _compute_rows,
+    _profiled,
+    _write_jsonl,
+)
+
+JOB = job_spec_from_dict(TINY)
+COST = CostContext(topology=topology_of(JOB))
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return capture_job(JOB).traces[0]
+
+
+def test_a_profile_measuring_exactly_the_prediction_has_no_error(trace):
+    durations, _ = compute_prices(trace, COST)
+    ops = [_profiled(trace, r, durations[r] * 1e6) for r in _compute_rows(trace)]
+    classes = compare_ops(ops, trace, COST)
+    assert sum(c.measured_s for c in classes) == pytest.approx(sum(c.predicted_s for c in classes))
+    assert all(abs(c.error_s) < 1e-12 for c in classes)
+    assert all(c.matched == c.trace_ops == c.profile_ops for c in classes)
+    assert all(c.priced_by["roofline"] == c.trace_ops for c in classes)  # no table given
+
+
+def test_the_slowest_class_comes_first_and_one_sided_ops_still_count(trace):
+    durations, _ = compute_prices(trace, COST)
+    rows = _compute_rows(trace)
+    slow = trace.strings[trace.columns["aten"][rows[0]]]
+    ops = [
+        _profiled(
+            trace,
+            r,
+            durations[r] * 1e6 * (10 if trace.strings[trace.columns["aten"][r]] == slow else 1),
+        )
+        for r in rows
+    ]
+    gpu_only = _profiled(trace, rows[0], 7.0)
+    gpu_only = type(gpu_only)("aten::gpu_only_kernel", ((3, 3),), (("k", 7.0),), 0.0)
+    classes = compare_ops([*ops, gpu_only], trace, COST)
+    assert classes[0].aten == slow and classes[0].error_s < 0
+    extra = next(c for c in classes if c.aten == "aten.gpu_only_kernel")
+    assert (extra.trace_ops, extra.profile_ops, extra.measured_s) == (0, 1, pytest.approx(7e-6))
+
+
+def test_cli_prints_json_with_totals(tmp_path, trace, capsys):
+    durations, _ = compute_prices(trace, COST)
+    profile = _write_jsonl(
+        tmp_path / "tiny.ops.jsonl.gz",
+        [_profiled(trace, r, 2 * durations[r] * 1e6) for r in _compute_rows(trace)],
+    )
+    job = tmp_path / "tiny.toml"
+    job.write_text(TINY_TOML)
+    assert (
+        main(["compare", str(job), "--profile", str(profile), "--no-kernel-table", "--json"]) == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["error"] == pytest.approx(-0.5)
+    assert out["classes"][0]["error_s"] < 0
+
+
+def test_cli_refuses_a_missing_profile(tmp_path, capsys):
+    job = tmp_path / "tiny.toml"
+    job.write_text(TINY_TOML)
+    assert main(["compare", str(job), "--profile", str(tmp_path / "none.json")]) == 2
+    assert "no such profile file" in capsys.readouterr().err
