@@ -11,8 +11,10 @@ does this GPU take for an op of this shape". `KernelTable.lookup` tries, in orde
 
 Groups: (op class, dtype, causal, variant). The variant keeps apart kernels that one op class
 covers but that run at very different rates: GEMMs with a dimension not divisible by 8 run
-cuBLAS's unaligned kernels (~6x slower on the H100, shared microbenchmarks), and memory-bound
-classes are keyed by the aten op the capture records (a layer norm's backward is not its forward).
+cuBLAS's unaligned kernels (~6x slower on the H100, shared microbenchmarks); attention and
+memory-bound classes are keyed by the aten op the capture records (torch's SDPA runs cuDNN's
+kernel on an H100, ~2x the flash backend's rate, and a program's own masked-attention op is
+neither; a layer norm's backward is not its forward).
 """
 
 from __future__ import annotations
@@ -50,8 +52,6 @@ def variant(op: OpRecord) -> str:
     if op.name in GEMM_OPS:
         aligned = all(d % GEMM_ALIGN_ELEMENTS == 0 for d in (op.m, op.n, op.k))
         return "aligned" if aligned else "unaligned"
-    if op.name in ATTENTION_OPS:
-        return ""
     return op.aten or ANY_ATEN
 
 
@@ -60,10 +60,11 @@ def group_key(op: OpRecord) -> tuple:
 
 
 def lookup_keys(op: OpRecord) -> list[tuple]:
-    """The op's group, then (memory-bound ops keyed by their aten op) its class-level group."""
+    """The op's group, then (memory-bound ops keyed by their aten op) its class-level group:
+    attention variants do not stand in for each other (their rates differ by 2x and more)."""
     key = group_key(op)
-    compute_bound = op.name in GEMM_OPS or op.name in ATTENTION_OPS
-    return [key] if compute_bound or key[3] == ANY_ATEN else [key, (*key[:3], ANY_ATEN)]
+    memory_bound = op.name not in GEMM_OPS and op.name not in ATTENTION_OPS
+    return [key, (*key[:3], ANY_ATEN)] if memory_bound and key[3] != ANY_ATEN else [key]
 
 
 def _features(op: OpRecord) -> np.ndarray:
@@ -86,11 +87,12 @@ def row_op(row: dict) -> OpRecord:
         op = gemm_op(name, int(row["m"]), int(row["n"]), int(row["k"]), batch=int(row["batch"] or 1), dtype=dtype)
         return replace(op, aten=aten)
     if name in ATTENTION_OPS:
-        return attention_op(
+        op = attention_op(
             name, batch=int(row["batch"]), heads_q=int(row["heads_q"]), heads_kv=int(row["heads_kv"]),
             seq_q=int(row["seq_q"]), seq_kv=int(row["seq_kv"]), head_dim=int(row["head_dim"]),
             causal=row["causal"].strip().lower() in ("1", "true"), dtype=dtype,
         )
+        return replace(op, aten=aten)
     nbytes = float(row["nbytes"])
     return OpRecord(name=name, dtype=dtype, aten=aten, bytes_read=nbytes / 2, bytes_written=nbytes / 2)
 

@@ -7,7 +7,7 @@ import pytest
 from emulator.costs.calibrate import write_kernel_csv
 from emulator.costs.compute import curve_time_s, op_price, op_time_s
 from emulator.costs.kernel_table import NEIGHBOURS, load_kernel_table
-from emulator.costs.ops import gemm_op, memory_op
+from emulator.costs.ops import attention_op, gemm_op, memory_op
 from emulator.hardware import gpu_preset
 
 H100 = gpu_preset("h100-sxm-80g")
@@ -122,3 +122,14 @@ def test_skip_sources_leaves_rows_out(tmp_path):
     table = load_kernel_table(path, skip_sources=("profile:a",))
     assert table.lookup(gemm_op("mm", 2048, 2048, 2048))[1] == "interpolated"
     assert "without profile:a" in table.label
+
+
+def test_attention_variants_do_not_price_each_other(tmp_path):
+    sdpa = replace(attention_op("flash_attn_fwd", batch=1, heads_q=32, heads_kv=32, seq_q=8192, seq_kv=8192,
+                                head_dim=128), aten="aten._scaled_dot_product_flash_attention")  # fmt: skip
+    row = {"op": "flash_attn_fwd", "dtype": "bf16", "aten": sdpa.aten, "batch": 1, "heads_q": 32,
+           "heads_kv": 32, "seq_q": 8192, "seq_kv": 8192, "head_dim": 128, "causal": "true",
+           "time_us": 1000.0, "repetitions": 1, "spread_us": 0.0}  # fmt: skip
+    table = load_kernel_table(write_kernel_csv([row], tmp_path / "t.csv", SYNTHETIC))
+    assert table.lookup(sdpa) == (pytest.approx(1e-3), "exact")
+    assert table.lookup(replace(sdpa, aten="prism.masked_attention")) is None
