@@ -21,6 +21,7 @@ from prismbench.spec import SpecError, load_job_spec
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
+EXIT_GATE_FAILED = 1
 
 
 def _console() -> Console:
@@ -130,6 +131,21 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_gate(args: argparse.Namespace) -> int:
+    from prismbench.gate import gate, load_result
+    from prismbench.thresholds import parse_thresholds
+
+    thresholds = parse_thresholds(args.fail)
+    reference = load_result(args.reference, progress=_progress)
+    candidate = load_result(args.candidate, progress=_progress)
+    result = gate(reference, candidate, thresholds, names=(args.reference, args.candidate))
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        report.render_gate(result, _console())
+    return EXIT_OK if result.passed else EXIT_GATE_FAILED
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -234,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_calibrate,
         _add_ingest_profile,
         _add_compare,
+        _add_gate,
     ):
         add_command(commands)
     return parser
@@ -395,6 +412,31 @@ def _add_compare(commands) -> None:
     compare.add_argument("--top", type=_positive_int, default=15, help="classes shown (default 15)")
     compare.add_argument("--json", action="store_true", help="print one JSON object (all classes)")
     compare.set_defaults(handler=_cmd_compare)
+
+
+def _add_gate(commands) -> None:
+    from prismbench import thresholds
+
+    gate_cmd = commands.add_parser(
+        "gate",
+        help="pre-merge gate: the same job before and after a change, against thresholds",
+        description=(
+            "Compare a candidate emulation with a reference one (each a job spec, emulated "
+            "here, or a saved `emulate --json` file) and exit 1 when a threshold is crossed, "
+            "2 on bad input.\n\n" + thresholds.__doc__.split("\n\n", 1)[1]
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    gate_cmd.add_argument("--reference", required=True, metavar="A", help="JOB.toml or result.json")
+    gate_cmd.add_argument("--candidate", required=True, metavar="B", help="JOB.toml or result.json")
+    gate_cmd.add_argument(
+        "--fail",
+        required=True,
+        metavar="THRESHOLDS",
+        help='e.g. "iteration_time_s:+2%%,peak_memory_reserved_bytes:+1%%"',
+    )
+    gate_cmd.add_argument("--json", action="store_true", help="print one JSON object")
+    gate_cmd.set_defaults(handler=_cmd_gate)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

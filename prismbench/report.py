@@ -364,3 +364,34 @@ def render_comparison(result, console: Console, top: int = 15) -> None:
             "/".join(str(c.priced_by[s]) for s in ("exact", "interpolated", "roofline")),
         )
     console.print(table)
+
+
+def render_gate(result, console: Console) -> None:
+    """One row per threshold: both values, the change, PASS or FAIL; then the verdict."""
+    table = Table(title=f"Gate: {result.candidate} against {result.reference}")
+    for column in ("threshold", "reference", "candidate", "change", "result"):
+        table.add_column(column, justify="left" if column == "threshold" else "right")
+    for row in result.rows:
+        change = "n/a (reference is 0)" if row.change is None else f"{row.change:+.2%}"
+        table.add_row(
+            row.threshold,
+            _field_value(row.field, row.reference),
+            _field_value(row.field, row.candidate),
+            change,
+            "PASS" if row.passed else "FAIL",
+        )
+    console.print(table)
+    console.print("gate passed" if result.passed else "gate FAILED")
+
+
+def _field_value(field: str, value: float) -> str:
+    """A value with its unit, read from the field's name (emulate JSON naming)."""
+    if field.endswith("_bytes"):
+        return format_bytes(value)
+    if field.endswith("_s"):
+        return f"{value:.4f} s"
+    if field.endswith("tokens_per_s"):
+        return f"{value:,.0f} tokens/s"
+    if "tflops" in field:
+        return f"{value:.2f} TFLOP/s"
+    return f"{value:g}"

@@ -1,0 +1,89 @@
+"""The pre-merge performance gate: the same job before and after a change, against thresholds.
+
+`gate(reference, candidate, thresholds)` compares two emulation results (dicts in the emulate
+JSON contract) field by field; `load_result(path)` reads one side: a saved `emulate --json`
+file, or a job spec (TOML), which is emulated here (captures cached). A field crossing its
+threshold fails the gate (`prismbench gate` exits 1); bad input exits 2.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from prismbench.emulate import RESULT_SCHEMA_VERSION
+from prismbench.thresholds import Threshold, field_value
+from workloads.config import SpecError
+
+
+@dataclass(frozen=True)
+class GateRow:
+    """One threshold: both values, the relative change, whether it held."""
+
+    threshold: str
+    field: str
+    reference: float
+    candidate: float
+    change: float | None  # (candidate - reference) / reference; None when reference is 0
+    passed: bool
+
+
+@dataclass(frozen=True)
+class GateResult:
+    reference: str
+    candidate: str
+    rows: list[GateRow]
+
+    @property
+    def passed(self) -> bool:
+        return all(row.passed for row in self.rows)
+
+    def to_dict(self) -> dict:
+        return {
+            "reference": self.reference,
+            "candidate": self.candidate,
+            "passed": self.passed,
+            "rows": [asdict(row) for row in self.rows],
+        }
+
+
+def load_result(path: str | Path, *, progress=None) -> dict:
+    """An emulate-JSON dict from `path`: read when it is JSON, emulated when it is a job spec."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: no such file (give a job spec .toml or an emulate --json file)")
+    if path.suffix == ".toml":
+        from prismbench.emulate import emulate
+        from prismbench.spec import load_job_spec
+
+        return emulate(load_job_spec(path), name=path.stem, progress=progress).to_dict()
+    try:
+        result = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise SpecError(
+            f"{path}: not JSON ({err}); give a job spec .toml or an emulate --json file"
+        ) from None
+    version = result.get("schema_version") if isinstance(result, dict) else None
+    if version != RESULT_SCHEMA_VERSION:
+        raise SpecError(
+            f"{path}: schema_version={version!r}, this prismbench reads emulate results of "
+            f"version {RESULT_SCHEMA_VERSION}; emulate the job again"
+        )
+    return result
+
+
+def gate(reference: dict, candidate: dict, thresholds: list[Threshold], *,
+         names: tuple[str, str] = ("reference", "candidate")) -> GateResult:  # fmt: skip
+    """Compare `candidate` with `reference` on each threshold's field."""
+    rows = []
+    for t in thresholds:
+        ref = field_value(reference, t.field, where=names[0])
+        cand = field_value(candidate, t.field, where=names[1])
+        if ref == 0:
+            change, passed = None, cand == 0
+        else:
+            change = (cand - ref) / abs(ref)
+            passed = not t.crossed(change)
+        rows.append(GateRow(str(t), t.field, ref, cand, change, passed))
+    return GateResult(names[0], names[1], rows)

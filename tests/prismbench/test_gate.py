@@ -1,0 +1,83 @@
+"""Tests for prismbench/gate.py and `prismbench gate`: the pre-merge performance gate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prismbench.cli import main
+from prismbench.emulate import emulate
+from prismbench.gate import gate
+from prismbench.spec import job_spec_from_dict
+from prismbench.thresholds import parse_thresholds
+from tests.prismbench.test_profile_ingest import TINY, TINY_TOML
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return emulate(job_spec_from_dict(TINY), name="tiny").to_dict()
+
+
+def _slower(result: dict, factor: float) -> dict:
+    return result | {"iteration_time_s": result["iteration_time_s"] * factor}
+
+
+def test_a_slowdown_beyond_the_bound_fails_and_one_within_passes(reference):
+    thresholds = parse_thresholds("iteration_time_s:+2%,peak_memory_reserved_bytes:+1%")
+    failed = gate(reference, _slower(reference, 1.05), thresholds)
+    assert not failed.passed
+    assert [row.passed for row in failed.rows] == [False, True]
+    assert failed.rows[0].change == pytest.approx(0.05)
+    assert gate(reference, _slower(reference, 1.01), thresholds).passed
+    assert gate(reference, _slower(reference, 0.5), thresholds).passed  # faster is fine
+
+
+def _write(path, result):
+    path.write_text(json.dumps(result))
+    return str(path)
+
+
+def test_cli_exit_codes(tmp_path, reference, capsys):
+    ref = _write(tmp_path / "ref.json", reference)
+    cand = _write(tmp_path / "cand.json", _slower(reference, 1.05))
+    assert (
+        main(["gate", "--reference", ref, "--candidate", cand, "--fail", "iteration_time_s:+2%"])
+        == 1
+    )
+    assert "FAIL" in capsys.readouterr().out
+    assert (
+        main(["gate", "--reference", ref, "--candidate", cand, "--fail", "iteration_time_s:+10%"])
+        == 0
+    )
+    assert main(["gate", "--reference", ref, "--candidate", cand, "--fail", "iteration_s:+2%"]) == 2
+    assert "no numeric field 'iteration_s'" in capsys.readouterr().err
+    missing = str(tmp_path / "none.json")
+    assert (
+        main(["gate", "--reference", ref, "--candidate", missing, "--fail", "iteration_time_s:+2%"])
+        == 2
+    )
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_cli_emulates_a_job_spec_and_refuses_an_old_result(tmp_path, reference, capsys):
+    job = tmp_path / "tiny.toml"
+    job.write_text(TINY_TOML)
+    ref = _write(tmp_path / "ref.json", reference)
+    args = [
+        "gate",
+        "--reference",
+        ref,
+        "--candidate",
+        str(job),
+        "--fail",
+        "iteration_time_s:1%",
+        "--json",
+    ]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["passed"] is True
+    old = _write(tmp_path / "old.json", reference | {"schema_version": 1})
+    assert (
+        main(["gate", "--reference", old, "--candidate", ref, "--fail", "iteration_time_s:1%"]) == 2
+    )
+    assert "schema_version=1" in capsys.readouterr().err
