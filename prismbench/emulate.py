@@ -107,7 +107,9 @@ def topology_of(job) -> Topology:
 def kernel_table_for(gpu: str) -> KernelTable | None:
     """The committed measured table of a GPU preset (results/kernels/<gpu>.csv), if any."""
     path = KERNEL_TABLES / f"{gpu}.csv"
-    return load_kernel_table(path) if path.exists() else None
+    # named relative to the repository, so results do not depend on where it is checked out
+    label = str(path.relative_to(KERNEL_TABLES.parents[1]))
+    return load_kernel_table(path, label=label) if path.exists() else None
 
 
 def _table_label(table: KernelTable | None) -> str:

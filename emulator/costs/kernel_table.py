@@ -143,11 +143,14 @@ class KernelTable:
         return None if found is None else found[0]
 
 
-def load_kernel_table(path: str | Path, *, skip_sources: tuple[str, ...] = ()) -> KernelTable:
+def load_kernel_table(
+    path: str | Path, *, skip_sources: tuple[str, ...] = (), label: str | None = None
+) -> KernelTable:
     """Read a kernel CSV; refuses missing columns and non-positive times, naming the line.
 
     skip_sources: rows whose `source` starts with one of these are left out (leave-one-out
-    scoring: a job's own profile must not price that job)."""
+    scoring: a job's own profile must not price that job). label: how results name the table
+    (default: the path as given)."""
     path = Path(path)
     grouped: dict[tuple, tuple[list, list]] = {}
     gpu = ""
@@ -172,5 +175,5 @@ def load_kernel_table(path: str | Path, *, skip_sources: tuple[str, ...] = ()) -
                 features.append(_features(op))
                 rates.append(_work(op) / (time_us * 1e-6))
     groups = {key: (np.array(f), np.array(r)) for key, (f, r) in grouped.items()}
-    label = str(path) + (f" without {', '.join(skip_sources)}" if skip_sources else "")
+    label = (label or str(path)) + (f" without {', '.join(skip_sources)}" if skip_sources else "")
     return KernelTable(gpu=gpu, groups=groups, label=label)
