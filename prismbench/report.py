@@ -243,7 +243,10 @@ def render_emulation(r, console: Console) -> None:
         ("device total estimate (nvidia-smi)", format_bytes(r.device_total_estimate_bytes)),
         ("GPU capacity (what CUDA offers)", format_bytes(r.gpu_capacity_bytes)),
         ("out of memory", "YES" if r.oom else "no"),
-        ("compute priced by", _priced_by(r.compute_priced_by)),
+        (
+            f"compute priced by (ops of the {len(r.per_class)} class(es))",
+            _priced_by(r.compute_priced_by),
+        ),
         ("kernel table", r.kernel_table or "none (roofline curves only)"),
         ("emulation wall time", f"{r.wall_s:.1f} s (capture {r.capture_wall_s:.1f} s)"),
     ]
@@ -279,7 +282,7 @@ def render_emulation(r, console: Console) -> None:
 
 
 def _priced_by(priced_by: dict[str, dict[str, float]]) -> str:
-    """"exact 812 ops (0.201 s), interpolated 40 ops (0.010 s), roofline 3 ops (0.000 s)"."""
+    """ "exact 812 ops (0.201 s), interpolated 40 ops (0.010 s), roofline 3 ops (0.000 s)"."""
     return ", ".join(
         f"{source} {int(v['ops'])} ops ({v['time_s']:.3f} s)" for source, v in priced_by.items()
     )
@@ -347,7 +350,9 @@ def render_comparison(result, console: Console, top: int = 15) -> None:
         f"measured {result.measured_s * 1e3:,.2f} ms of kernels ({error:+.1%}); "
         f"kernel table: {result.kernel_table or 'none (roofline curves only)'}"
     )
-    table = Table(title=f"Op classes, largest absolute error first (top {top} of {len(result.classes)})")
+    table = Table(
+        title=f"Op classes, largest absolute error first (top {top} of {len(result.classes)})"
+    )
     for column in ("op", "aten op", "ops (trace/profile)", "predicted ms", "measured ms",
                    "error ms", "error", "priced by (exact/interp/roofline)"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("op", "aten op") else "right")
