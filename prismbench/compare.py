@@ -120,20 +120,15 @@ def compare_profile(
 ) -> Comparison:
     """Capture `job` (class 0's trace: the profiled rank is one of it), price it, and compare
     with the profile, per op class. kernel_table as in `prismbench.emulate.emulate`."""
-    from emulator.costs.pricing import CostContext
     from prismbench.capture import capture_job
-    from prismbench.emulate import kernel_table_for, topology_of
+    from prismbench.emulate import cost_context
 
-    if isinstance(kernel_table, str):
-        if kernel_table != "preset":
-            raise ValueError(f"kernel_table={kernel_table!r}: give 'preset', a KernelTable or None")
-        kernel_table = kernel_table_for(job.cluster.gpu)
+    cost = cost_context(job, kernel_table)
     ops = read_profile(profile_path)
     traces = capture_job(job).traces
-    cost = CostContext(topology=topology_of(job), table=kernel_table)
     return Comparison(
         job=name,
         profile=str(profile_path),
-        kernel_table="" if kernel_table is None else kernel_table.label,
+        kernel_table="" if cost.table is None else cost.table.label,
         classes=compare_ops(ops, traces[min(traces)], cost),
     )

@@ -112,6 +112,16 @@ def kernel_table_for(gpu: str) -> KernelTable | None:
     return load_kernel_table(path, label=label) if path.exists() else None
 
 
+def cost_context(job, kernel_table: KernelTable | None | str = "preset") -> CostContext:
+    """What `job`'s ops are priced on: its cluster, and "preset" (the GPU's committed table, if
+    any), a loaded table, or None (roofline curves only)."""
+    if isinstance(kernel_table, str):
+        if kernel_table != "preset":
+            raise ValueError(f"kernel_table={kernel_table!r}: give 'preset', a KernelTable or None")
+        kernel_table = kernel_table_for(job.cluster.gpu)
+    return CostContext(topology=topology_of(job), table=kernel_table)
+
+
 def _table_label(table: KernelTable | None) -> str:
     return "" if table is None else table.label
 
@@ -142,11 +152,7 @@ def emulate(
     say(f"capture: {job.parallel.pp} class(es) of {job.world_size:,} ranks")
     capture = capture_job(job, workers=workers, use_cache=use_cache, progress=progress)
     say(f"capture done in {capture.wall_s:.1f} s ({'cache' if capture.cached else 'captured'})")
-    if isinstance(kernel_table, str):
-        if kernel_table != "preset":
-            raise ValueError(f"kernel_table={kernel_table!r}: give 'preset', a KernelTable or None")
-        kernel_table = kernel_table_for(job.cluster.gpu)
-    cost = CostContext(topology=topology_of(job), table=kernel_table)
+    cost = cost_context(job, kernel_table)
     graph = build_graph(capture.traces, capture.world, cost)
     say(f"graph: {sum(len(c) for c in graph.classes):,} nodes; replaying")
     timing = replay(graph, ranks=trace_ranks or ())
@@ -176,7 +182,7 @@ def emulate(
     per_class = tuple(
         _class_figures(capture.world, b, memory[b.pp], priced_by[b.pp]) for b in timing.per_class
     )
-    return _result(job, name, capture, timing, per_class, gpu, started, _table_label(kernel_table))
+    return _result(job, name, capture, timing, per_class, gpu, started, _table_label(cost.table))
 
 
 def _export_memory(
