@@ -120,7 +120,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             print(f"error: --kernel-table: {err}", file=sys.stderr)
             return EXIT_BAD_INPUT
     try:
-        result = compare_profile(job, Path(args.profile), name=Path(args.job).stem, kernel_table=table)
+        result = compare_profile(
+            job, Path(args.profile), name=Path(args.job).stem, kernel_table=table
+        )
     except ProfileError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -144,6 +146,40 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     else:
         report.render_gate(result, _console())
     return EXIT_OK if result.passed else EXIT_GATE_FAILED
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from prismbench import validate as v
+    from prismbench.baselines import load_baselines
+    from prismbench.thresholds import parse_thresholds
+
+    thresholds = parse_thresholds(args.gate, option="--gate") if args.gate else []
+    unknown = sorted({t.field for t in thresholds} - set(v.VALIDATED_METRICS))
+    if unknown:
+        raise SpecError(
+            f"--gate: {unknown} are not validated metrics; known: {', '.join(v.VALIDATED_METRICS)}"
+        )
+    chosen = v.select_baselines(load_baselines(args.baselines), args.select, args.all)
+    log = None
+    if not args.no_mlflow:
+        from prismbench.mlflow_log import default_tracking_uri, log_run
+
+        uri = args.tracking_uri or default_tracking_uri(args.db)
+
+        def log(run, settings):
+            return log_run(
+                run, settings, tracking_uri=uri, artifact_dir=Path(args.db).parent / "mlartifacts"
+            )
+
+    run = v.validate(
+        chosen, db_path=Path(args.db), workers=args.workers, log_mlflow=log, progress=_progress
+    )
+    failures = v.gate_failures(run.cases, thresholds)
+    if args.json:
+        _print_json(v.run_to_dict(run, failures))
+    else:
+        report.render_validation(run, v.summarize(run.cases), failures, _console())
+    return EXIT_GATE_FAILED if failures else EXIT_OK
 
 
 def _positive_int(text: str) -> int:
@@ -251,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_ingest_profile,
         _add_compare,
         _add_gate,
+        _add_validate,
     ):
         add_command(commands)
     return parser
@@ -394,7 +431,10 @@ def _add_compare(commands) -> None:
     )
     compare.add_argument("job", metavar="JOB.toml", help="the profiled job")
     compare.add_argument(
-        "--profile", required=True, metavar="PROFILE", help="<case>.ops.jsonl[.gz] or a Chrome trace"
+        "--profile",
+        required=True,
+        metavar="PROFILE",
+        help="<case>.ops.jsonl[.gz] or a Chrome trace",
     )
     compare.add_argument(
         "--kernel-table", metavar="CSV", help="price with this table (default: the GPU's own)"
@@ -437,6 +477,43 @@ def _add_gate(commands) -> None:
     )
     gate_cmd.add_argument("--json", action="store_true", help="print one JSON object")
     gate_cmd.set_defaults(handler=_cmd_gate)
+
+
+def _add_validate(commands) -> None:
+    from prismbench.validate import DEFAULT_DB
+
+    validate_cmd = commands.add_parser(
+        "validate",
+        help="emulate recorded baselines, score them, store the run (DuckDB, MLflow), gate",
+        description=(
+            "Emulate the selected baselines (worker processes, captures cached), print the "
+            "mean and max |error| per source, GPU and metric, write the run to DuckDB and "
+            "MLflow, and with --gate exit 1 when a case's error crosses a threshold "
+            "(FIELD:X%% bounds |error|, FIELD:+X%% a too-slow/too-large prediction; FIELD is "
+            "iteration_time_s, peak_memory_reserved_bytes or device_total_estimate_bytes)."
+        ),
+    )
+    validate_cmd.add_argument(
+        "--select", action="append", metavar="EXPR", help="glob over baseline names (repeatable)"
+    )
+    validate_cmd.add_argument("--all", action="store_true", help="every baseline")
+    validate_cmd.add_argument("--gate", metavar="THRESHOLDS", help='e.g. "iteration_time_s:10%%"')
+    validate_cmd.add_argument(
+        "--baselines", default="results/baselines", metavar="DIR", help="baseline directory"
+    )
+    validate_cmd.add_argument(
+        "--db",
+        default=str(DEFAULT_DB),
+        metavar="PATH",
+        help=f"DuckDB history (default {DEFAULT_DB})",
+    )
+    validate_cmd.add_argument(
+        "--tracking-uri", metavar="URI", help="MLflow tracking URI (default: sqlite beside --db)"
+    )
+    validate_cmd.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    validate_cmd.add_argument("--workers", type=_positive_int, help="processes (default: cores)")
+    validate_cmd.add_argument("--json", action="store_true", help="print one JSON object")
+    validate_cmd.set_defaults(handler=_cmd_validate)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

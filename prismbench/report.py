@@ -400,3 +400,20 @@ def _field_value(field: str, value: float) -> str:
     if "tflops" in field:
         return f"{value:.2f} TFLOP/s"
     return f"{value:g}"
+
+
+def render_validation(run, summary, failures, console: Console) -> None:
+    """Per (source, GPU, metric): cases, mean and max |error|, mean signed error; failures."""
+    table = Table(title=f"Validation {run.run_id}: {len(run.cases)} case(s), history in {run.db_path}")
+    for column in ("source", "GPU", "metric", "cases", "mean |error|", "max |error|", "mean error"):
+        table.add_column(column, justify="left" if column in ("source", "GPU", "metric") else "right")
+    for row in summary:
+        table.add_row(row.source, row.gpu, row.metric, str(row.cases), f"{row.mean_abs_error:.1%}",
+                      f"{row.max_abs_error:.1%}", f"{row.mean_error:+.1%}")  # fmt: skip
+    console.print(table)
+    failed = [c for c in run.cases if c.status != "ok"]
+    for c in failed:
+        console.print(f"emulation FAILED: {c.baseline}: {c.error_message}")
+    for baseline, metric, error, threshold in failures:
+        if metric != "emulation":
+            console.print(f"gate FAILED: {baseline}: {metric} error {error:+.1%} crosses {threshold}")

@@ -1,0 +1,116 @@
+"""The validation history in DuckDB: runs, cases and metric results, safe under concurrent writers.
+
+DuckDB lets one process write a database file at a time; a second `duckdb.connect` fails with
+a lock error while the first holds it. Every write here is one short transaction on a fresh
+connection, retried with back-off while another process holds the lock, so two validations
+writing at once both land (`connect_with_retry`). A run is inserted with status "running"
+first and set to "complete" (or "interrupted", "failed") last: a run killed half-way never
+reads as complete.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+
+SCHEMA_VERSION = 1
+RUN_STATUSES = ("running", "complete", "interrupted", "failed")
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS schema_info (version INTEGER)",
+    """CREATE TABLE IF NOT EXISTS runs (
+        run_id VARCHAR PRIMARY KEY, commit VARCHAR, dirty BOOLEAN, machine VARCHAR,
+        started_at TIMESTAMP, ended_at TIMESTAMP, settings VARCHAR, status VARCHAR)""",
+    """CREATE TABLE IF NOT EXISTS cases (
+        run_id VARCHAR, baseline VARCHAR, source VARCHAR, gpu VARCHAR, world_size INTEGER,
+        status VARCHAR, error_message VARCHAR, wall_s DOUBLE, result VARCHAR)""",
+    """CREATE TABLE IF NOT EXISTS metric_results (
+        run_id VARCHAR, baseline VARCHAR, metric VARCHAR, predicted DOUBLE, measured DOUBLE,
+        error DOUBLE)""",
+)
+LOCK_WAIT_S = 120.0
+
+
+def connect_with_retry(path: Path, *, wait_s: float = LOCK_WAIT_S) -> duckdb.DuckDBPyConnection:
+    """A connection to `path`, waiting (up to `wait_s`) while another process holds its lock."""
+    deadline, delay = time.monotonic() + wait_s, 0.05
+    while True:
+        try:
+            return duckdb.connect(str(path))
+        except duckdb.IOException as err:
+            if "lock" not in str(err).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def write(path: Path, statements: Callable[[duckdb.DuckDBPyConnection], None]) -> None:
+    """Run `statements` in one transaction on a short-lived connection (created schema first)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = connect_with_retry(path)
+    try:
+        con.begin()
+        for ddl in _SCHEMA:
+            con.execute(ddl)
+        if con.execute("SELECT count(*) FROM schema_info").fetchone()[0] == 0:
+            con.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])
+        statements(con)
+        con.commit()
+    finally:
+        con.close()
+
+
+def start_run(
+    path: Path, run_id: str, *, commit: str, dirty: bool, machine: str, settings: dict
+) -> None:
+    write(
+        path,
+        lambda con: con.execute(
+            "INSERT INTO runs VALUES (?, ?, ?, ?, current_timestamp, NULL, ?, 'running')",
+            [run_id, commit, dirty, machine, json.dumps(settings, sort_keys=True)],
+        ),
+    )
+
+
+def add_case(path: Path, run_id: str, case) -> None:
+    """One case (a `validate.CaseResult`) and its metric results, in one transaction."""
+
+    def statements(con) -> None:
+        con.execute(
+            "INSERT INTO cases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [run_id, case.baseline, case.source, case.gpu, case.world_size, case.status,
+             case.error_message, case.wall_s, json.dumps(case.result) if case.result else None],
+        )  # fmt: skip
+        for m in case.metrics:
+            con.execute(
+                "INSERT INTO metric_results VALUES (?, ?, ?, ?, ?, ?)",
+                [run_id, case.baseline, m.metric, m.predicted, m.measured, m.error],
+            )
+
+    write(path, statements)
+
+
+def finish_run(path: Path, run_id: str, status: str) -> None:
+    if status not in RUN_STATUSES[1:]:
+        raise ValueError(f"status={status!r} must be one of {RUN_STATUSES[1:]}")
+    write(
+        path,
+        lambda con: con.execute(
+            "UPDATE runs SET status = ?, ended_at = current_timestamp WHERE run_id = ?",
+            [status, run_id],
+        ),
+    )
+
+
+def read(path: Path, query: str, params: list | None = None) -> list[dict]:
+    """Rows of a read-only query as dicts (waits for a writer's lock like the writes do)."""
+    con = connect_with_retry(path)
+    try:
+        cursor = con.execute(query, params or [])
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    finally:
+        con.close()

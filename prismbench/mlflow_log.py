@@ -1,0 +1,45 @@
+"""A validation run in MLflow: one parent run, a child run per case (params, metrics, result JSON).
+
+The tracking store defaults to a sqlite file beside the DuckDB history (`default_tracking_uri`);
+any MLflow tracking URI works. The experiment is "prismbench-validate".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+EXPERIMENT = "prismbench-validate"
+
+
+def default_tracking_uri(db_path: Path) -> str:
+    return f"sqlite:///{(Path(db_path).parent / 'mlflow.db').resolve()}"
+
+
+def log_run(run, settings: dict, *, tracking_uri: str, artifact_dir: Path | None = None) -> None:
+    """Log a `validate.ValidationRun` (its cases and their metrics) to MLflow; a new experiment
+    keeps its artifacts in `artifact_dir` (default: MLflow's own choice)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    if mlflow.get_experiment_by_name(EXPERIMENT) is None:
+        location = Path(artifact_dir).resolve().as_uri() if artifact_dir else None
+        mlflow.create_experiment(EXPERIMENT, artifact_location=location)
+    mlflow.set_experiment(EXPERIMENT)
+    with mlflow.start_run(run_name=f"validate {run.run_id}"):
+        mlflow.set_tags({"prismbench.run_id": run.run_id, "commit": settings.get("commit", "")})
+        mlflow.log_params({"workers": settings["workers"], "cases": len(run.cases),
+                           "dirty": settings.get("dirty")})  # fmt: skip
+        for case in run.cases:
+            with mlflow.start_run(run_name=case.baseline, nested=True):
+                mlflow.log_params({"baseline": case.baseline, "source": case.source,
+                                   "gpu": case.gpu, "world_size": case.world_size,
+                                   "status": case.status})  # fmt: skip
+                if case.result is not None:
+                    figures = {k: float(v) for k, v in case.result.items()
+                               if isinstance(v, int | float) and not isinstance(v, bool)}  # fmt: skip
+                    mlflow.log_metrics({f"predicted.{k}": v for k, v in figures.items()})
+                    mlflow.log_dict(case.result, "result.json")
+                for m in case.metrics:
+                    mlflow.log_metrics(
+                        {f"measured.{m.metric}": m.measured, f"error.{m.metric}": m.error}
+                    )

@@ -1,0 +1,260 @@
+"""Validate the emulator against recorded baselines: emulate, score, store, summarise, gate.
+
+`validate(baselines, ...)` emulates each selected baseline (worker processes; captures are
+cached by prismbench.capture), scores every metric the baseline measured with the signed
+error (predicted - measured) / measured, writes the run to DuckDB (`prismbench.history`)
+and, when asked, to MLflow (`prismbench.mlflow_log`), and returns the cases with their
+metrics. Metric names are the emulate JSON's field names, so `--gate` thresholds
+(`prismbench.thresholds`) name them the same way.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import platform
+import statistics
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+from prismbench import history
+from prismbench.fidelity import measured_iteration_s
+from prismbench.thresholds import Threshold
+from workloads.config import SpecError
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DB = Path(".prismbench") / "prismbench.duckdb"
+VALIDATED_METRICS = (
+    "iteration_time_s",
+    "peak_memory_reserved_bytes",
+    "device_total_estimate_bytes",
+)
+# Which predicted figure a measured peak-memory kind is compared with (emulate JSON fields).
+PEAK_MEMORY_FIELD = {
+    "allocator_reserved": "peak_memory_reserved_bytes",
+    "nvidia_smi": "device_total_estimate_bytes",
+}
+
+
+@dataclass(frozen=True)
+class MetricResult:
+    metric: str  # the emulate JSON field
+    predicted: float
+    measured: float
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.measured) / self.measured
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    baseline: str
+    source: str
+    gpu: str
+    world_size: int
+    status: str  # "ok" | "failed"
+    wall_s: float
+    error_message: str | None = None
+    result: dict | None = None
+    metrics: list[MetricResult] = field(default_factory=list)
+
+
+def select_baselines(baselines, expressions: list[str] | None, everything: bool):
+    """Baselines whose name matches any glob in `expressions` ("llmfoundry__*", "*mpt-7b*";
+    a plain word matches as a substring), or all with `everything`."""
+    if everything:
+        return list(baselines)
+    if not expressions:
+        raise SpecError("validate: give --select EXPR (a glob over baseline names) or --all")
+    patterns = [e if any(c in e for c in "*?[") else f"*{e}*" for e in expressions]
+    chosen = [b for b in baselines if any(fnmatch.fnmatchcase(b.name, p) for p in patterns)]
+    if not chosen:
+        raise SpecError(f"--select {expressions}: no baseline name matches")
+    return chosen
+
+
+def case_metrics(baseline, result: dict) -> list[MetricResult]:
+    """Every figure the baseline measured that the emulation predicts."""
+    metrics = []
+    measured = measured_iteration_s(baseline)
+    if measured is not None:
+        metrics.append(MetricResult("iteration_time_s", result["iteration_time_s"], measured[0]))
+    m = baseline.measured
+    if m.peak_mem_bytes is not None:
+        name = PEAK_MEMORY_FIELD[m.peak_mem_kind]
+        metrics.append(MetricResult(name, float(result[name]), float(m.peak_mem_bytes)))
+    return metrics
+
+
+def _emulate_one(job, name: str) -> dict:
+    from prismbench.emulate import emulate
+
+    return emulate(job, name=name).to_dict()
+
+
+def code_version() -> tuple[str, bool]:
+    """(commit, dirty) of the checkout this package runs from; ("unknown", True) outside git."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True, check=True).stdout.strip()  # fmt: skip
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                                capture_output=True, text=True, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", True
+    return commit, bool(status.strip())
+
+
+@dataclass
+class ValidationRun:
+    run_id: str
+    cases: list[CaseResult]
+    db_path: Path
+    status: str
+
+
+def validate(
+    baselines,
+    *,
+    db_path: Path = DEFAULT_DB,
+    workers: int | None = None,
+    log_mlflow: Callable[[ValidationRun, dict], None] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ValidationRun:
+    """Emulate and score `baselines`, recording the run; see the module docstring."""
+    say = progress or (lambda _msg: None)
+    workers = workers or min(len(baselines), os.cpu_count() or 1)
+    commit, dirty = code_version()
+    settings = {"baselines": [b.name for b in baselines], "workers": workers}
+    run = ValidationRun(uuid.uuid4().hex[:12], [], Path(db_path), "running")
+    history.start_run(run.db_path, run.run_id, commit=commit, dirty=dirty,
+                      machine=f"{platform.node()} ({os.cpu_count()} cores)", settings=settings)  # fmt: skip
+    started = time.perf_counter()
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+            futures = {
+                pool.submit(_emulate_one, b.job, b.name): (b, time.perf_counter())
+                for b in baselines
+            }
+            for done, future in enumerate(as_completed(futures), 1):
+                baseline, submitted = futures[future]
+                case = _case(baseline, future, time.perf_counter() - submitted)
+                history.add_case(run.db_path, run.run_id, case)
+                run.cases.append(case)
+                elapsed = time.perf_counter() - started
+                eta = elapsed / done * (len(baselines) - done)
+                say(f"[{done}/{len(baselines)}] {baseline.name}: {_brief(case)} "
+                    f"(elapsed {elapsed:.0f} s, ETA {eta:.0f} s)")  # fmt: skip
+    except KeyboardInterrupt:
+        history.finish_run(run.db_path, run.run_id, "interrupted")
+        run.status = "interrupted"
+        raise
+    run.status = "complete"
+    if log_mlflow is not None:
+        log_mlflow(run, settings | {"commit": commit, "dirty": dirty})
+    history.finish_run(run.db_path, run.run_id, run.status)
+    return run
+
+
+def _case(baseline, future, wall_s: float) -> CaseResult:
+    common = dict(baseline=baseline.name, source=baseline.name.split("__")[0],
+                  gpu=baseline.job.cluster.gpu, world_size=baseline.job.world_size, wall_s=wall_s)  # fmt: skip
+    try:
+        result = future.result()
+    except Exception as err:  # a failed emulation is a result to record, not a crash
+        return CaseResult(status="failed", error_message=f"{type(err).__name__}: {err}", **common)
+    return CaseResult(status="ok", result=result, metrics=case_metrics(baseline, result), **common)
+
+
+def _brief(case: CaseResult) -> str:
+    if case.status != "ok":
+        return f"FAILED ({case.error_message})"
+    return ", ".join(f"{m.metric} {m.error:+.1%}" for m in case.metrics) or "no measured metric"
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """PrismLLM's summary for one (source, GPU, metric): mean and max |error|, mean signed."""
+
+    source: str
+    gpu: str
+    metric: str
+    cases: int
+    mean_error: float
+    mean_abs_error: float
+    max_abs_error: float
+
+
+def summarize(cases: list[CaseResult]) -> list[SummaryRow]:
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    for case in cases:
+        for m in case.metrics:
+            groups.setdefault((case.source, case.gpu, m.metric), []).append(m.error)
+    return [
+        SummaryRow(
+            source,
+            gpu,
+            metric,
+            len(errors),
+            statistics.fmean(errors),
+            statistics.fmean(abs(e) for e in errors),
+            max(abs(e) for e in errors),
+        )  # fmt: skip
+        for (source, gpu, metric), errors in sorted(groups.items())
+    ]
+
+
+def gate_failures(
+    cases: list[CaseResult], thresholds: list[Threshold]
+) -> list[tuple[str, str, float, str]]:
+    """(baseline, metric, error, threshold) for every case metric that crosses a threshold on
+    its field; a failed emulation fails the gate too (metric "emulation")."""
+    failures = []
+    for case in cases:
+        if case.status != "ok":
+            failures.append((case.baseline, "emulation", float("nan"), "must run"))
+            continue
+        for m in case.metrics:
+            for t in thresholds:
+                if t.field == m.metric and t.crossed(m.error):
+                    failures.append((case.baseline, m.metric, m.error, str(t)))
+    return failures
+
+
+def run_to_dict(run: ValidationRun, failures) -> dict:
+    """The `validate --json` object: run, per-case metrics, summary, gate failures."""
+    return {
+        "run_id": run.run_id,
+        "status": run.status,
+        "db": str(run.db_path),
+        "cases": [
+            {
+                "baseline": c.baseline,
+                "source": c.source,
+                "gpu": c.gpu,
+                "status": c.status,
+                "error_message": c.error_message,
+                "wall_s": c.wall_s,
+                "metrics": [
+                    {
+                        "metric": m.metric,
+                        "predicted": m.predicted,
+                        "measured": m.measured,
+                        "error": m.error,
+                    }
+                    for m in c.metrics
+                ],
+            }  # fmt: skip
+            for c in run.cases
+        ],
+        "summary": [vars(row) for row in summarize(run.cases)],
+        "gate_failures": [
+            {"baseline": b, "metric": m, "error": e, "threshold": t} for b, m, e, t in failures
+        ],
+    }

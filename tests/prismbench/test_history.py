@@ -1,0 +1,51 @@
+"""Tests for prismbench/history.py: the DuckDB validation history under concurrent writers."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+from prismbench import history
+from prismbench.validate import CaseResult, MetricResult
+
+
+def _case(name: str) -> CaseResult:
+    return CaseResult(baseline=name, source="s", gpu="g", world_size=8, status="ok", wall_s=1.0,
+                      result={"iteration_time_s": 1.1},
+                      metrics=[MetricResult("iteration_time_s", 1.1, 1.0)])  # fmt: skip
+
+
+def _writer(path: str, run_id: str, count: int) -> None:
+    history.start_run(Path(path), run_id, commit="c", dirty=False, machine="m", settings={})
+    for i in range(count):
+        history.add_case(Path(path), run_id, _case(f"{run_id}-{i}"))
+    history.finish_run(Path(path), run_id, "complete")
+
+
+def test_two_validations_writing_at_once_lose_nothing(tmp_path):
+    db = str(tmp_path / "h.duckdb")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(db, run, 25)) for run in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    counts = history.read(
+        Path(db), "SELECT run_id, count(*) AS n FROM cases GROUP BY run_id ORDER BY run_id"
+    )
+    assert counts == [{"run_id": "a", "n": 25}, {"run_id": "b", "n": 25}]
+    assert len(history.read(Path(db), "SELECT * FROM metric_results")) == 50
+    assert {r["status"] for r in history.read(Path(db), "SELECT status FROM runs")} == {"complete"}
+
+
+def test_a_run_is_running_until_finished(tmp_path):
+    db = tmp_path / "h.duckdb"
+    history.start_run(db, "r", commit="c", dirty=True, machine="m", settings={"x": 1})
+    history.add_case(db, "r", _case("one"))
+    (row,) = history.read(db, "SELECT status, ended_at FROM runs")
+    assert row == {"status": "running", "ended_at": None}
+    history.finish_run(db, "r", "interrupted")
+    assert history.read(db, "SELECT status FROM runs") == [{"status": "interrupted"}]
+    (metric,) = history.read(db, "SELECT metric, error FROM metric_results")
+    assert metric["metric"] == "iteration_time_s" and abs(metric["error"] - 0.1) < 1e-12

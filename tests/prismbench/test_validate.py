@@ -1,0 +1,92 @@
+"""Tests for prismbench/validate.py and `prismbench validate` on tiny baselines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prismbench.baselines import load_baselines
+from prismbench.cli import main
+from prismbench.emulate import emulate
+from prismbench.spec import job_spec_from_dict
+from prismbench.thresholds import parse_thresholds
+from prismbench.validate import gate_failures, select_baselines, summarize, validate
+from workloads.config import SpecError
+
+TINY_JOB = """[job.model]
+name = "gpt-debug"
+[job.batch]
+seq_len = 64
+global_batch = 2
+"""
+
+
+@pytest.fixture(scope="module")
+def predicted_s():
+    return emulate(
+        job_spec_from_dict(
+            {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 64, "global_batch": 2}}
+        )
+    ).iteration_time_s
+
+
+@pytest.fixture
+def baselines_dir(tmp_path, predicted_s):
+    """Two baselines of the tiny job: measured 10 % slower and 50 % slower than predicted."""
+    directory = tmp_path / "baselines"
+    directory.mkdir()
+    for name, factor in (("mine__tiny__1g__r001", 1.1), ("mine__tiny__1g__r002", 1.5)):
+        (directory / f"{name}.toml").write_text(
+            TINY_JOB
+            + f"[measured]\niteration_time_s = {predicted_s * factor!r}\n"
+            + '[provenance]\nsource = "a test"\ncsv_row = 2\nmodel = "gpt-debug"\n'
+        )
+    return directory
+
+
+def test_select_by_glob_or_substring_and_refuse_nothing(baselines_dir):
+    all_ = load_baselines(baselines_dir)
+    assert [b.name for b in select_baselines(all_, ["r002"], False)] == ["mine__tiny__1g__r002"]
+    assert len(select_baselines(all_, ["mine__*"], False)) == 2
+    with pytest.raises(SpecError, match="--select EXPR"):
+        select_baselines(all_, None, False)
+    with pytest.raises(SpecError, match="no baseline name matches"):
+        select_baselines(all_, ["nothing"], False)
+
+
+def test_validate_scores_stores_and_gates(tmp_path, baselines_dir):
+    run = validate(load_baselines(baselines_dir), db_path=tmp_path / "h.duckdb", workers=1)
+    assert run.status == "complete"
+    errors = sorted(case.metrics[0].error for case in run.cases)
+    assert errors == [pytest.approx(1 / 1.5 - 1), pytest.approx(1 / 1.1 - 1)]
+    (row,) = summarize(run.cases)
+    assert (row.metric, row.cases) == ("iteration_time_s", 2)
+    assert row.max_abs_error == pytest.approx(1 - 1 / 1.5)
+    failures = gate_failures(run.cases, parse_thresholds("iteration_time_s:20%", option="--gate"))
+    assert [f[0] for f in failures] == ["mine__tiny__1g__r002"]
+
+
+def test_cli_exit_codes_and_mlflow(tmp_path, baselines_dir, capsys):
+    import mlflow
+
+    db = tmp_path / "h" / "p.duckdb"
+    args = [
+        "validate",
+        "--baselines",
+        str(baselines_dir),
+        "--all",
+        "--db",
+        str(db),
+        "--workers",
+        "1",
+    ]
+    assert main([*args, "--gate", "iteration_time_s:20%", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert [f["baseline"] for f in out["gate_failures"]] == ["mine__tiny__1g__r002"]
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'h' / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["prismbench-validate"])
+    assert len(runs) == 3  # the parent and one child per case
+    assert main([*args, "--no-mlflow", "--gate", "iteration_time_s:60%"]) == 0
+    assert main([*args, "--no-mlflow", "--gate", "iteration_s:60%"]) == 2
+    assert "not validated metrics" in capsys.readouterr().err
