@@ -1,4 +1,5 @@
-"""Sessions: `tests` (what CI runs), `lint` (ruff), `emulate` (the quick-start job), `explain`."""
+"""Sessions: `tests` (what CI runs), `lint` (ruff), `emulate` (the quick-start job), `explain`,
+`emulate-validate` (score baselines, record the run)."""
 
 import nox
 
@@ -42,3 +43,16 @@ def emulate(session: nox.Session) -> None:
     """Install and emulate the example job: iteration time, breakdown and peak memory."""
     install_project(session)
     session.run("prismbench", "emulate", *(session.posargs or [EXAMPLE_JOB]))
+
+
+# Baselines quick enough to validate on every change (their captures take seconds on 2 cores):
+# llm.c's four GPT-2 runs and Korthikanti et al.'s two 22B runs.
+QUICK_BASELINES = ("--select", "llmc__*", "--select", "korthikanti2022__megatron-gpt-22b*")
+
+
+@nox.session(name="emulate-validate")
+def emulate_validate(session: nox.Session) -> None:
+    """Validate the quick baselines (or `-- ARGS` for `prismbench validate`, e.g.
+    `-- --all --gate "iteration_time_s:15%"`): errors per source, history in DuckDB/MLflow."""
+    install_project(session)
+    session.run("prismbench", "validate", *(session.posargs or QUICK_BASELINES))
