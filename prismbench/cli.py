@@ -182,6 +182,18 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_GATE_FAILED if failures else EXIT_OK
 
 
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from prismbench.dashboard import write_dashboard
+
+    try:
+        page = write_dashboard(Path(args.db), Path(args.out))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"wrote {page} (open it in a browser; no server needed)")
+    return EXIT_OK
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -288,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_compare,
         _add_gate,
         _add_validate,
+        _add_dashboard,
     ):
         add_command(commands)
     return parser
@@ -514,6 +527,19 @@ def _add_validate(commands) -> None:
     validate_cmd.add_argument("--workers", type=_positive_int, help="processes (default: cores)")
     validate_cmd.add_argument("--json", action="store_true", help="print one JSON object")
     validate_cmd.set_defaults(handler=_cmd_validate)
+
+
+def _add_dashboard(commands) -> None:
+    from prismbench.validate import DEFAULT_DB
+
+    dashboard = commands.add_parser(
+        "dashboard", help="a static fidelity page (index.html + PNGs) from the validation history"
+    )
+    dashboard.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    dashboard.add_argument(
+        "--db", default=str(DEFAULT_DB), metavar="PATH", help=f"DuckDB history (default {DEFAULT_DB})"
+    )
+    dashboard.set_defaults(handler=_cmd_dashboard)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,148 @@
+"""A static fidelity dashboard from the validation history: index.html and PNGs, no server.
+
+`write_dashboard(db_path, out_dir)` reads the DuckDB history (`prismbench.history`): the
+latest complete run's metric results for the scatter (predicted vs measured per source, with
+the y = x line), the error distribution and the worst cases; every complete run for the
+trend of each case's error (the nightly history). Runs that did not complete are left out and
+counted. Figures are matplotlib PNGs; the page links nothing outside its folder.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from prismbench import history
+
+WORST_SHOWN = 15
+TREND_CASES = 12
+
+
+def _complete_runs(db: Path) -> list[dict]:
+    return history.read(
+        db,
+        "SELECT run_id, commit, dirty, started_at FROM runs WHERE status = 'complete' ORDER BY started_at",
+    )
+
+
+def _scatter(rows: list[dict], metric: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    fig, ax = plt.subplots(figsize=(6, 5.5))
+    sources = sorted({r["source"] for r in rows})
+    for source in sources:
+        pts = [r for r in rows if r["source"] == source]
+        ax.scatter([r["measured"] for r in pts], [r["predicted"] for r in pts], label=source, s=18)
+    values = [v for r in rows for v in (r["measured"], r["predicted"])]
+    lo, hi = min(values), max(values)
+    ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8, label="y = x")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers; minor ticks unlabelled so labels do not collide
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
+    unit = "bytes" if metric.endswith("_bytes") else "s"
+    ax.set_xlabel(f"measured {metric} ({unit})")
+    ax.set_ylabel(f"predicted {metric} ({unit})")
+    ax.legend(fontsize=7)
+    ax.set_title(f"Predicted vs measured: {metric}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _histogram(rows: list[dict], metric: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.hist([100 * r["error"] for r in rows], bins=30, color="tab:blue")
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_xlabel(f"error of {metric} (%), (predicted - measured) / measured")
+    ax.set_ylabel("cases")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _trend(trend: list[dict], runs: list[dict], cases: list[str], metric: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    order = {r["run_id"]: i for i, r in enumerate(runs)}
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for case in cases:
+        pts = sorted((order[r["run_id"]], 100 * r["error"]) for r in trend if r["baseline"] == case)
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=3, label=case)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(runs)), [r["commit"][:7] + ("*" if r["dirty"] else "") for r in runs],
+                  rotation=45, fontsize=7)  # fmt: skip
+    ax.set_xlabel("validation run (commit; * = uncommitted changes)")
+    ax.set_ylabel(f"error of {metric} (%)")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: hides no point
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_dashboard(db_path: str | Path, out_dir: str | Path) -> Path:
+    """Write index.html and its PNGs into `out_dir`; returns the page's path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    db, out = Path(db_path), Path(out_dir)
+    if not db.is_file():
+        raise FileNotFoundError(f"{db}: no validation history (run prismbench validate first)")
+    runs = _complete_runs(db)
+    if not runs:
+        raise ValueError(f"{db}: no complete validation run yet")
+    incomplete = history.read(db, "SELECT count(*) AS n FROM runs WHERE status != 'complete'")[0][
+        "n"
+    ]
+    latest = runs[-1]["run_id"]
+    results = history.read(
+        db,
+        "SELECT m.baseline, c.source, c.gpu, m.metric, m.predicted, m.measured, m.error "
+        "FROM metric_results m JOIN cases c USING (run_id, baseline) WHERE m.run_id = ?",
+        [latest],
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    sections = []
+    for metric in sorted({r["metric"] for r in results}):
+        rows = [r for r in results if r["metric"] == metric]
+        _scatter(rows, metric, out / f"scatter_{metric}.png")
+        _histogram(rows, metric, out / f"errors_{metric}.png")
+        worst = sorted(rows, key=lambda r: -abs(r["error"]))[:WORST_SHOWN]
+        trend = history.read(
+            db,
+            "SELECT m.run_id, m.baseline, m.error FROM metric_results m JOIN runs r USING (run_id) "
+            "WHERE r.status = 'complete' AND m.metric = ?",
+            [metric],
+        )
+        trend_cases = [r["baseline"] for r in worst[:TREND_CASES]]
+        _trend(trend, runs, trend_cases, metric, out / f"trend_{metric}.png")
+        table = "".join(
+            f"<tr><td>{html.escape(r['baseline'])}</td><td>{html.escape(r['gpu'])}</td>"
+            f"<td>{r['predicted']:.4g}</td><td>{r['measured']:.4g}</td><td>{100 * r['error']:+.1f} %</td></tr>"
+            for r in worst
+        )
+        sections.append(
+            f"<h2>{html.escape(metric)}</h2>"
+            f'<img src="scatter_{metric}.png" alt="predicted vs measured"> '
+            f'<img src="errors_{metric}.png" alt="error distribution">'
+            f"<h3>Worst cases (latest run)</h3><table><tr><th>baseline</th><th>GPU</th>"
+            f"<th>predicted</th><th>measured</th><th>error</th></tr>{table}</table>"
+            f"<h3>Error across runs (the {len(trend_cases)} worst cases)</h3>"
+            f'<img src="trend_{metric}.png" alt="error across runs">'
+        )
+    page = out / "index.html"
+    page.write_text(
+        "<!doctype html><html><head><meta charset='utf-8'><title>PrismBench fidelity</title>"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style></head><body>"
+        f"<h1>PrismBench fidelity</h1><p>Latest complete run {html.escape(latest)} at commit "
+        f"{html.escape(runs[-1]['commit'][:12])}{' (uncommitted changes)' if runs[-1]['dirty'] else ''}, "
+        f"{len(runs)} complete run(s) in the history, {incomplete} not complete (left out). "
+        "Error = (predicted - measured) / measured.</p>" + "".join(sections) + "</body></html>"
+    )
+    return page

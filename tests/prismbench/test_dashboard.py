@@ -1,0 +1,45 @@
+"""Tests for prismbench/dashboard.py and `prismbench dashboard`."""
+
+from __future__ import annotations
+
+from prismbench import history
+from prismbench.cli import main
+from prismbench.validate import CaseResult, MetricResult
+
+
+def _run(db, run_id: str, commit: str, errors: dict[str, float], status: str = "complete") -> None:
+    history.start_run(db, run_id, commit=commit, dirty=False, machine="m", settings={})
+    for name, error in errors.items():
+        case = CaseResult(baseline=name, source=name.split("__")[0], gpu="h100-sxm-80g", world_size=8,
+                          status="ok", wall_s=1.0,
+                          metrics=[MetricResult("iteration_time_s", 1.0 + error, 1.0)])  # fmt: skip
+        history.add_case(db, run_id, case)
+    if status != "running":
+        history.finish_run(db, run_id, status)
+
+
+def test_page_and_figures_from_the_history(tmp_path):
+    db = tmp_path / "h.duckdb"
+    _run(db, "r1", "aaaaaaa1", {"src__a__8g__r1": 0.30, "src__b__8g__r2": -0.05})
+    _run(db, "r2", "bbbbbbb2", {"src__a__8g__r1": 0.10, "src__b__8g__r2": -0.02})
+    _run(db, "r3", "ccccccc3", {"src__a__8g__r1": 9.0}, status="running")  # never finished
+    out = tmp_path / "dash"
+    assert main(["dashboard", "--db", str(db), "--out", str(out)]) == 0
+    page = (out / "index.html").read_text()
+    assert "bbbbbbb2" in page and "2 complete run(s)" in page and "1 not complete" in page
+    assert page.index("src__a__8g__r1") < page.index("src__b__8g__r2")  # worst first
+    assert "+10.0 %" in page and "+900.0 %" not in page
+    for name in ("scatter", "errors", "trend"):
+        assert (out / f"{name}_iteration_time_s.png").stat().st_size > 1000
+
+
+def test_refuses_a_missing_or_empty_history(tmp_path, capsys):
+    assert (
+        main(["dashboard", "--db", str(tmp_path / "none.duckdb"), "--out", str(tmp_path / "d")])
+        == 2
+    )
+    assert "no validation history" in capsys.readouterr().err
+    db = tmp_path / "h.duckdb"
+    _run(db, "r1", "a", {"x__y__1g__r1": 0.1}, status="running")
+    assert main(["dashboard", "--db", str(db), "--out", str(tmp_path / "d")]) == 2
+    assert "no complete validation run" in capsys.readouterr().err
