@@ -194,6 +194,25 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_record(args: argparse.Namespace) -> int:
+    from prismbench.record import record, write_record
+
+    job = load_job_spec(args.job)
+    _progress(f"recording {args.job}: {job.world_size} process(es), {args.threads} thread(s) each, "
+              f"{args.warmup} warm-up + {args.iterations} timed iterations")  # fmt: skip
+    recording = record(job, iterations=args.iterations, warmup=args.warmup, threads=args.threads)
+    path = write_record(recording, Path(args.out))
+    if args.json:
+        _print_json(recording.to_dict())
+    else:
+        m = recording.to_dict()["measured"]
+        print(f"iteration time median {m['iteration_time_s']:.4f} s (min {m['iteration_time_s_min']:.4f} s, "
+              f"max {m['iteration_time_s_max']:.4f} s, stdev {m['iteration_time_s_stdev']:.4f} s over "
+              f"{m['iterations']}); peak resident memory {report.format_bytes(m['peak_mem_bytes'])} "
+              f"(the largest process's max RSS, not a GPU allocator's); wrote {path}")  # fmt: skip
+    return EXIT_OK
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -301,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_gate,
         _add_validate,
         _add_dashboard,
+        _add_record,
     ):
         add_command(commands)
     return parser
@@ -540,6 +560,20 @@ def _add_dashboard(commands) -> None:
         "--db", default=str(DEFAULT_DB), metavar="PATH", help=f"DuckDB history (default {DEFAULT_DB})"
     )
     dashboard.set_defaults(handler=_cmd_dashboard)
+
+
+def _add_record(commands) -> None:
+    rec = commands.add_parser(
+        "record",
+        help="run a small job for real on this machine's CPU (one process per rank) and record it",
+    )
+    rec.add_argument("job", metavar="JOB.toml")
+    rec.add_argument("--out", required=True, metavar="FILE", help="the record (JSON)")
+    rec.add_argument("--iterations", type=_positive_int, default=10, help="timed iterations (10)")
+    rec.add_argument("--warmup", type=int, default=3, help="iterations left out first (3)")
+    rec.add_argument("--threads", type=_positive_int, default=1, help="torch threads per process (1)")
+    rec.add_argument("--json", action="store_true", help="print the record")
+    rec.set_defaults(handler=_cmd_record)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

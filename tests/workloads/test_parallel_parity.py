@@ -19,8 +19,8 @@ import dataclasses
 import pytest
 import torch
 
+from prismbench.launch import run_ranks
 from prismbench.spec import job_spec_from_dict
-from tests.workloads.mp import run_ranks
 
 WORLD = 4
 STEPS = 3

@@ -85,7 +85,7 @@ def test_meta_init_builds_the_same_shapes():
 def test_vocab_parallel_cross_entropy_matches_cross_entropy_with_one_rank():
     import torch.distributed as dist
 
-    from tests.workloads.mp import free_port
+    from prismbench.launch import free_port
     from workloads.train import vocab_parallel_cross_entropy
 
     dist.init_process_group(

@@ -15,7 +15,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.workloads.mp import run_ranks
+from prismbench.launch import run_ranks
 from workloads import zero
 from workloads.zero import DistributedOptimizer, default_bucket_bytes, plan_buckets
 

@@ -1,4 +1,9 @@
-"""Launch a function on N real CPU processes (gloo, spawn, a free port) and collect results."""
+"""Launch a function on N real CPU processes (gloo, spawn, a free port) and collect results.
+
+Used by `prismbench record` (a real multi-process run of a small job) and by the workloads'
+parity tests. Each process runs torch with `threads` intra-op threads (default 1), so runs on
+the same machine are comparable whatever else the machine does.
+"""
 
 from __future__ import annotations
 
@@ -18,12 +23,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, fn, args, queue) -> None:
+def _worker(rank: int, world_size: int, port: int, threads: int, fn, args, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
         import torch
 
-        torch.set_num_threads(1)
+        torch.set_num_threads(threads)
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         queue.put((rank, "ok", fn(*args)))
     except BaseException:  # noqa: BLE001  (sent to the parent, which raises)
@@ -33,7 +38,7 @@ def _worker(rank: int, world_size: int, port: int, fn, args, queue) -> None:
             dist.destroy_process_group()
 
 
-def run_ranks(world_size: int, fn, *args, timeout_s: float = 120.0) -> list:
+def run_ranks(world_size: int, fn, *args, timeout_s: float = 120.0, threads: int = 1) -> list:
     """fn(*args) on every rank of a fresh gloo world; its return values in rank order.
 
     A rank that dies without reporting (a crash in C++, a kill) fails the run with its
@@ -43,7 +48,7 @@ def run_ranks(world_size: int, fn, *args, timeout_s: float = 120.0) -> list:
     results_queue = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(rank, world_size, port, fn, args, results_queue))
+        ctx.Process(target=_worker, args=(rank, world_size, port, threads, fn, args, results_queue))
         for rank in range(world_size)
     ]
     for proc in procs:
@@ -56,10 +61,16 @@ def run_ranks(world_size: int, fn, *args, timeout_s: float = 120.0) -> list:
             try:
                 rank, status, value = results_queue.get(timeout=1.0)
             except queue_module.Empty:
-                dead = [r for r, p in enumerate(procs) if r not in results and p.exitcode not in (None, 0)]
+                dead = [
+                    r
+                    for r, p in enumerate(procs)
+                    if r not in results and p.exitcode not in (None, 0)
+                ]
                 if dead:
                     codes = {r: procs[r].exitcode for r in dead}
-                    raise RuntimeError(f"ranks died without a result (exit codes {codes})") from None
+                    raise RuntimeError(
+                        f"ranks died without a result (exit codes {codes})"
+                    ) from None
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"ranks gave no result within {timeout_s} s") from None
                 continue

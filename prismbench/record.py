@@ -1,0 +1,165 @@
+"""Record a real baseline on this machine: run the job for real and measure its iterations.
+
+`record(job)` runs the workloads' real program on one CPU process per rank (gloo, through
+`prismbench.launch`; small jobs only: every rank is a process on this machine), with a fixed
+number of torch threads per process, `warmup` iterations left out, then `iterations` timed
+ones: each iteration starts after a barrier and ends when the slowest rank is done (a barrier
+after the step), timed on rank 0. On CPU the memory figure is each process's peak resident
+set (`getrusage` ru_maxrss), not a GPU allocator's: the record says so (`peak_mem_kind`).
+A CUDA run (device mode) is not built yet.
+
+`write_record(recording, path)` writes the result as JSON (`RECORD_SCHEMA_VERSION`): the job
+spec, the measured figures with their spread, and provenance (machine, software, commit,
+date), atomically (no half-written file).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import resource
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from workloads.config import SpecError
+
+RECORD_SCHEMA_VERSION = 1
+MAX_RANKS = 16  # every rank is a process on this machine
+PEAK_MEM_KIND = "cpu_max_rss"
+
+
+def _rank_run(job, warmup: int, iterations: int) -> dict:
+    """One rank: build, warm up, time `iterations` steps between barriers (seconds)."""
+    import torch
+    import torch.distributed as dist
+
+    from workloads import build_training, make_mesh, train_step
+
+    mesh = make_mesh(job)
+    state = build_training(job, mesh, device="cpu")
+    rows = job.num_microbatches * job.batch.micro_batch
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    tokens = torch.randint(0, job.model.vocab, (rows, job.batch.seq_len), generator=generator)
+    for _ in range(warmup):
+        train_step(job, state, tokens, tokens)
+    times = []
+    for _ in range(iterations):
+        dist.barrier()
+        start = time.perf_counter()
+        train_step(job, state, tokens, tokens)
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+    return {
+        "iteration_s": times,
+        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What a recorded run measured, and on what."""
+
+    job: dict
+    iteration_s: list[float]  # rank 0's timing of each timed iteration
+    warmup: int
+    threads_per_rank: int
+    peak_mem_bytes: int  # the largest rank's
+    peak_mem_kind: str
+    provenance: dict
+
+    @property
+    def iteration_s_median(self) -> float:
+        return statistics.median(self.iteration_s)
+
+    def to_dict(self) -> dict:
+        spread = statistics.stdev(self.iteration_s) if len(self.iteration_s) > 1 else 0.0
+        return {
+            "schema_version": RECORD_SCHEMA_VERSION,
+            "job": self.job,
+            "measured": {
+                "iteration_time_s": self.iteration_s_median,
+                "iteration_time_s_min": min(self.iteration_s),
+                "iteration_time_s_max": max(self.iteration_s),
+                "iteration_time_s_stdev": spread,
+                "iterations": len(self.iteration_s),
+                "iteration_s": self.iteration_s,
+                "warmup_iterations": self.warmup,
+                "peak_mem_bytes": self.peak_mem_bytes,
+                "peak_mem_kind": self.peak_mem_kind,
+            },
+            "provenance": self.provenance | {"threads_per_rank": self.threads_per_rank},
+        }
+
+
+def provenance() -> dict:
+    """machine, software, commit, date of a recording made here."""
+    import torch
+
+    from prismbench.validate import code_version
+
+    commit, dirty = code_version()
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            cpu = next(
+                line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")
+            )
+    except (OSError, StopIteration):
+        pass
+    return {
+        "kind": "recorded",
+        "machine": f"{platform.node()}: {cpu}, {os.cpu_count()} cores",
+        "software": f"torch {torch.__version__}, python {platform.python_version()}, {platform.system()}",
+        "commit": commit,
+        "dirty": dirty,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def record(
+    job, *, iterations: int = 10, warmup: int = 3, threads: int = 1, timeout_s: float = 1800.0
+) -> Recording:
+    """Run `job` for real on this machine's CPU (see the module docstring)."""
+    from prismbench.launch import run_ranks
+
+    if job.world_size > MAX_RANKS:
+        raise SpecError(
+            f"parallel: record runs every rank as a process on this machine; world size "
+            f"{job.world_size} is above {MAX_RANKS}"
+        )
+    if iterations < 1 or warmup < 0:
+        raise SpecError(
+            f"iterations={iterations}, warmup={warmup}: need iterations >= 1, warmup >= 0"
+        )
+    ranks = run_ranks(
+        job.world_size, _rank_run, job, warmup, iterations, timeout_s=timeout_s, threads=threads
+    )
+    return Recording(
+        job=job.to_dict(),
+        iteration_s=ranks[0]["iteration_s"],
+        warmup=warmup,
+        threads_per_rank=threads,
+        peak_mem_bytes=max(r["max_rss_bytes"] for r in ranks),
+        peak_mem_kind=PEAK_MEM_KIND,
+        provenance=provenance(),
+    )
+
+
+def write_record(recording: Recording, path: str | Path) -> Path:
+    """The recording as JSON at `path`, written to a temporary file and renamed over it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(recording.to_dict(), handle, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
