@@ -16,6 +16,11 @@ A baseline is one TOML file under `results/baselines/` (written by
   (verbatim), `approximate` (the source itself calls a figure approximate), `derived`
   (measured field -> how it was worked out), `assumptions` (spec inputs the row does not
   state, and why the value chosen stands).
+
+Recorded baselines (measured by us, `results/baselines/recorded/`) have `kind = "recorded"`
+in `[provenance]` with `machine`, `software`, `commit` and `date` instead of `csv_row`, and
+may give the spread of repeated runs in `[measured]`: `iterations`, `iteration_time_s_min`,
+`iteration_time_s_max` (`iteration_time_s` is then their median).
 """
 
 from __future__ import annotations
@@ -33,7 +38,11 @@ from typing import Any
 from prismbench.spec import JobSpec, SpecError, job_spec_from_dict
 
 FLOPS_KINDS = ("model", "hardware")
-PEAK_MEM_KINDS = ("allocator_reserved", "nvidia_smi")
+# allocator_*: PyTorch's caching allocator (reserved, or allocated tensors); nvidia_smi: the
+# device total; cpu_max_rss: a CPU run's largest process's resident set (`prismbench record`).
+PEAK_MEM_KINDS = ("allocator_reserved", "allocator_allocated", "nvidia_smi", "cpu_max_rss")
+PROVENANCE_KINDS = ("published", "recorded")
+RECORDED_FIELDS = ("machine", "software", "commit", "date")
 FIGURES = ("iteration_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_bytes")
 _KIND_OF = {"tflops_per_gpu": "tflops_kind", "mfu": "mfu_kind", "peak_mem_bytes": "peak_mem_kind"}
 _KIND_CHOICES = {
@@ -75,8 +84,13 @@ class Measured:
     mfu_kind: str | None = None
     peak_mem_bytes: int | None = None
     peak_mem_kind: str | None = None
+    # Repeated runs (recorded baselines): how many timed iterations, and their extremes.
+    iterations: int | None = None
+    iteration_time_s_min: float | None = None
+    iteration_time_s_max: float | None = None
 
     def __post_init__(self) -> None:
+        self._check_spread()
         given = [name for name in FIGURES if getattr(self, name) is not None]
         if not given:
             raise BaselineError(
@@ -101,6 +115,31 @@ class Measured:
                     f"(measured.{figure} is given)"
                 )
 
+    def _check_spread(self) -> None:
+        spread = (self.iterations, self.iteration_time_s_min, self.iteration_time_s_max)
+        if all(v is None for v in spread):
+            return
+        if any(v is None for v in spread) or self.iteration_time_s is None:
+            raise BaselineError(
+                "measured: iterations, iteration_time_s_min and iteration_time_s_max go together, "
+                "with iteration_time_s (their median)"
+            )
+        _check_number("iterations", self.iterations, integer=True)
+        _check_number("iteration_time_s_min", self.iteration_time_s_min)
+        _check_number("iteration_time_s_max", self.iteration_time_s_max)
+        if not self.iteration_time_s_min <= self.iteration_time_s <= self.iteration_time_s_max:
+            raise BaselineError(
+                f"measured: iteration_time_s_min <= iteration_time_s <= iteration_time_s_max is "
+                f"false ({self.iteration_time_s_min}, {self.iteration_time_s}, {self.iteration_time_s_max})"
+            )
+
+    @property
+    def iteration_time_relative_spread(self) -> float:
+        """Half the measured range over the median (0 where one figure was reported)."""
+        if self.iteration_time_s_min is None:
+            return 0.0
+        return (self.iteration_time_s_max - self.iteration_time_s_min) / 2 / self.iteration_time_s
+
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
@@ -110,12 +149,18 @@ class Provenance:
     """Where a measurement comes from and what in it was worked out rather than read."""
 
     source: str
-    csv_row: int
     model: str
+    csv_row: int | None = None  # published: the line of published_baselines.csv
+    kind: str = "published"
     notes: str = ""
     approximate: bool = False
     derived: Mapping[str, str] = field(default_factory=dict)
     assumptions: tuple[str, ...] = ()
+    # recorded: where and with what it was measured
+    machine: str = ""
+    software: str = ""
+    commit: str = ""
+    date: str = ""
 
     def __post_init__(self) -> None:
         for name in ("source", "model"):
@@ -123,7 +168,13 @@ class Provenance:
                 raise BaselineError(f"provenance.{name} must be a non-empty string")
         if not isinstance(self.notes, str):
             raise BaselineError(f"provenance.notes={self.notes!r} must be a string")
-        if isinstance(self.csv_row, bool) or not isinstance(self.csv_row, int) or self.csv_row < 2:
+        if self.kind not in PROVENANCE_KINDS:
+            raise BaselineError(f"provenance.kind={self.kind!r} must be one of {list(PROVENANCE_KINDS)}")
+        if self.kind == "recorded":
+            for name in RECORDED_FIELDS:
+                if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                    raise BaselineError(f"provenance.{name} must be a non-empty string for a recorded baseline")
+        elif isinstance(self.csv_row, bool) or not isinstance(self.csv_row, int) or self.csv_row < 2:
             raise BaselineError(
                 f"provenance.csv_row={self.csv_row!r} must be a CSV line number >= 2"
             )
@@ -147,6 +198,12 @@ class Provenance:
             raise BaselineError("provenance.assumptions must be a list of non-empty strings")
 
     def to_dict(self) -> dict[str, Any]:
+        if self.kind == "recorded":
+            return {
+                "kind": self.kind, "source": self.source, "model": self.model, "notes": self.notes,
+                **{name: getattr(self, name) for name in RECORDED_FIELDS},
+                "derived": dict(self.derived), "assumptions": list(self.assumptions),
+            }  # fmt: skip
         return {
             "source": self.source, "csv_row": self.csv_row, "model": self.model, "notes": self.notes,
             "approximate": self.approximate, "derived": dict(self.derived),

@@ -150,7 +150,6 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from prismbench import validate as v
-    from prismbench.baselines import load_baselines
     from prismbench.thresholds import parse_thresholds
 
     thresholds = parse_thresholds(args.gate, option="--gate") if args.gate else []
@@ -159,7 +158,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         raise SpecError(
             f"--gate: {unknown} are not validated metrics; known: {', '.join(v.VALIDATED_METRICS)}"
         )
-    chosen = v.select_baselines(load_baselines(args.baselines), args.select, args.all)
+    chosen = v.select_baselines(v.load_all_baselines(args.baselines), args.select, args.all)
     log = None
     if not args.no_mlflow:
         from prismbench.mlflow_log import default_tracking_uri, log_run
@@ -198,6 +197,8 @@ def _cmd_record(args: argparse.Namespace) -> int:
     from prismbench.record import record, write_record
 
     job = load_job_spec(args.job)
+    if Path(args.out).suffix != ".toml":
+        raise SpecError(f"--out {args.out}: a recorded baseline is a .toml file")
     _progress(f"recording {args.job}: {job.world_size} process(es), {args.threads} thread(s) each, "
               f"{args.warmup} warm-up + {args.iterations} timed iterations")  # fmt: skip
     recording = record(job, iterations=args.iterations, warmup=args.warmup, threads=args.threads)
@@ -568,7 +569,9 @@ def _add_record(commands) -> None:
         help="run a small job for real on this machine's CPU (one process per rank) and record it",
     )
     rec.add_argument("job", metavar="JOB.toml")
-    rec.add_argument("--out", required=True, metavar="FILE", help="the record (JSON)")
+    rec.add_argument(
+        "--out", required=True, metavar="FILE.toml", help="the recorded baseline (e.g. under results/baselines/recorded/)"
+    )
     rec.add_argument("--iterations", type=_positive_int, default=10, help="timed iterations (10)")
     rec.add_argument("--warmup", type=int, default=3, help="iterations left out first (3)")
     rec.add_argument("--threads", type=_positive_int, default=1, help="torch threads per process (1)")

@@ -8,15 +8,15 @@ after the step), timed on rank 0. On CPU the memory figure is each process's pea
 set (`getrusage` ru_maxrss), not a GPU allocator's: the record says so (`peak_mem_kind`).
 A CUDA run (device mode) is not built yet.
 
-`write_record(recording, path)` writes the result as JSON (`RECORD_SCHEMA_VERSION`): the job
-spec, the measured figures with their spread, and provenance (machine, software, commit,
-date), atomically (no half-written file).
+`write_record(recording, path)` writes it as a recorded baseline (`prismbench.baselines`:
+the job spec, the median with the range and count of the timed iterations, provenance with
+machine, software, commit and date), atomically (no half-written file); put it under
+`results/baselines/recorded/` and `prismbench validate` scores the emulator against it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import platform
 import resource
@@ -150,14 +150,53 @@ def record(
     )
 
 
+def to_baseline(recording: Recording, name: str):
+    """The recording as a recorded baseline (`prismbench.baselines`, kind "recorded")."""
+    from prismbench.baselines import Baseline, Measured, Provenance
+    from prismbench.spec import job_spec_from_dict
+
+    p = recording.provenance
+    commit = p["commit"] + (" (with uncommitted changes)" if p["dirty"] else "")
+    return Baseline(
+        name=name,
+        job=job_spec_from_dict(recording.job),
+        measured=Measured(
+            iteration_time_s=recording.iteration_s_median,
+            iterations=len(recording.iteration_s),
+            iteration_time_s_min=min(recording.iteration_s),
+            iteration_time_s_max=max(recording.iteration_s),
+            peak_mem_bytes=recording.peak_mem_bytes,
+            peak_mem_kind=recording.peak_mem_kind,
+        ),
+        provenance=Provenance(
+            kind="recorded",
+            source="prismbench record",
+            model=recording.job["model"]["name"],
+            notes=f"CPU run, one gloo process per rank, {recording.threads_per_rank} torch "
+            f"thread(s) each, {recording.warmup} warm-up iteration(s) left out; iterations "
+            f"(s): {', '.join(f'{t:.6f}' for t in recording.iteration_s)}",
+            machine=p["machine"],
+            software=p["software"],
+            commit=commit,
+            date=p["date"],
+        ),
+    )
+
+
 def write_record(recording: Recording, path: str | Path) -> Path:
-    """The recording as JSON at `path`, written to a temporary file and renamed over it."""
+    """The recording as a recorded baseline file (TOML; its name is the file's stem), written
+    to a temporary file and renamed over `path`: `validate` reads it from `recorded/`."""
+    from prismbench.baselines import baseline_to_toml
+
     path = Path(path)
+    if path.suffix != ".toml":
+        raise SpecError(f"--out {path}: a recorded baseline is a .toml file")
+    text = baseline_to_toml(to_baseline(recording, path.stem), "Recorded by prismbench record.")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump(recording.to_dict(), handle, indent=1)
+            handle.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

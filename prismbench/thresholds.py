@@ -32,9 +32,9 @@ class Threshold:
     sign: str
     percent: float
 
-    def crossed(self, change: float) -> bool:
-        """Whether a relative change (0.03 = +3 %) breaks this bound."""
-        limit = self.percent / 100
+    def crossed(self, change: float, *, slack: float = 0.0) -> bool:
+        """Whether a relative change (0.03 = +3 %) breaks this bound widened by `slack`."""
+        limit = self.percent / 100 + slack
         if self.sign == "+":
             return change > limit
         if self.sign == "-":

@@ -33,13 +33,17 @@ DEFAULT_DB = Path(".prismbench") / "prismbench.duckdb"
 VALIDATED_METRICS = (
     "iteration_time_s",
     "peak_memory_reserved_bytes",
+    "peak_memory_allocated_bytes",
     "device_total_estimate_bytes",
 )
-# Which predicted figure a measured peak-memory kind is compared with (emulate JSON fields).
+# Which predicted figure a measured peak-memory kind is compared with (emulate JSON fields);
+# a CPU run's resident set (cpu_max_rss) has none: the emulator predicts GPU memory.
 PEAK_MEMORY_FIELD = {
     "allocator_reserved": "peak_memory_reserved_bytes",
+    "allocator_allocated": "peak_memory_allocated_bytes",
     "nvidia_smi": "device_total_estimate_bytes",
 }
+RECORDED_DIR = "recorded"  # recorded baselines live in this sub-folder of the baselines folder
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,9 @@ class MetricResult:
     metric: str  # the emulate JSON field
     predicted: float
     measured: float
+    # How much relative error the measurement's own spread explains (repeated runs: half the
+    # range over the median); a gate widens its bound by it.
+    spread: float = 0.0
 
     @property
     def error(self) -> float:
@@ -64,6 +71,14 @@ class CaseResult:
     error_message: str | None = None
     result: dict | None = None
     metrics: list[MetricResult] = field(default_factory=list)
+
+
+def load_all_baselines(directory: str | Path):
+    """The published baselines of `directory` and the recorded ones of its `recorded/`."""
+    from prismbench.baselines import load_baselines
+
+    recorded = Path(directory) / RECORDED_DIR
+    return load_baselines(directory) + (load_baselines(recorded) if recorded.is_dir() else ())
 
 
 def select_baselines(baselines, expressions: list[str] | None, everything: bool):
@@ -84,10 +99,13 @@ def case_metrics(baseline, result: dict) -> list[MetricResult]:
     """Every figure the baseline measured that the emulation predicts."""
     metrics = []
     measured = measured_iteration_s(baseline)
-    if measured is not None:
-        metrics.append(MetricResult("iteration_time_s", result["iteration_time_s"], measured[0]))
     m = baseline.measured
-    if m.peak_mem_bytes is not None:
+    if measured is not None:
+        spread = m.iteration_time_relative_spread
+        metrics.append(
+            MetricResult("iteration_time_s", result["iteration_time_s"], measured[0], spread)
+        )
+    if m.peak_mem_bytes is not None and m.peak_mem_kind in PEAK_MEMORY_FIELD:
         name = PEAK_MEMORY_FIELD[m.peak_mem_kind]
         metrics.append(MetricResult(name, float(result[name]), float(m.peak_mem_bytes)))
     return metrics
@@ -214,7 +232,8 @@ def gate_failures(
     cases: list[CaseResult], thresholds: list[Threshold]
 ) -> list[tuple[str, str, float, str]]:
     """(baseline, metric, error, threshold) for every case metric that crosses a threshold on
-    its field; a failed emulation fails the gate too (metric "emulation")."""
+    its field, the bound widened by the measurement's own spread (`MetricResult.spread`); a
+    failed emulation fails the gate too (metric "emulation")."""
     failures = []
     for case in cases:
         if case.status != "ok":
@@ -222,7 +241,7 @@ def gate_failures(
             continue
         for m in case.metrics:
             for t in thresholds:
-                if t.field == m.metric and t.crossed(m.error):
+                if t.field == m.metric and t.crossed(m.error, slack=m.spread):
                     failures.append((case.baseline, m.metric, m.error, str(t)))
     return failures
 

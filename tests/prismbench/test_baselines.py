@@ -189,3 +189,53 @@ def test_rows_the_spec_cannot_say_are_refused_with_reasons():
         "spec: parallel.schedule='1f1b' needs micro-batches per iteration(N) >= pp(N)"
     ]
     assert len(made) + len(refused) == 230 and len(made) == len(SHIPPED)
+
+
+RECORDED = BASELINES / "recorded"
+SHARED_H100 = ROOT.parent / "shared" / "data" / "gpu" / "h100-sxm-80g"
+
+
+def _recorded_generator():
+    spec = importlib.util.spec_from_file_location(
+        "make_recorded_h100", BASELINES / "make_recorded_h100.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(
+    not SHARED_H100.is_dir(), reason="../shared/data/gpu/h100-sxm-80g is not beside the repo"
+)
+def test_recorded_h100_baselines_are_what_the_generator_writes(tmp_path):
+    _recorded_generator().write(tmp_path, SHARED_H100)
+    written = sorted(tmp_path.glob("*.toml"))
+    assert [p.name for p in written] == [p.name for p in sorted(RECORDED.glob("*.toml"))]
+    assert all(p.read_bytes() == (RECORDED / p.name).read_bytes() for p in written)
+
+
+def test_recorded_baselines_load_with_their_spread_and_provenance():
+    baselines = load_baselines(RECORDED)
+    assert len(baselines) == 8
+    b = next(b for b in baselines if b.name == "h100shared__gpt3-125m-s2048-mb8-none")
+    assert b.provenance.kind == "recorded" and b.provenance.commit == "86a4f47"
+    assert b.measured.iterations == 8 and b.measured.peak_mem_kind == "allocator_reserved"
+    assert 0 < b.measured.iteration_time_relative_spread < 0.01
+    assert baseline_from_dict(b.name, tomllib.loads(baseline_to_toml(b))) == b
+
+
+def test_recorded_provenance_and_spread_are_checked():
+    tables = tomllib.loads((RECORDED / "h100shared__gpt3-125m-s2048-mb8-none.toml").read_text())
+    no_machine = tables | {"provenance": tables["provenance"] | {"machine": ""}}
+    with pytest.raises(
+        BaselineError, match="provenance.machine must be a non-empty string for a recorded"
+    ):
+        baseline_from_dict("x", no_machine)
+    half_spread = tables | {
+        "measured": {k: v for k, v in tables["measured"].items() if k != "iterations"}
+    }
+    with pytest.raises(BaselineError, match="go together"):
+        baseline_from_dict("x", half_spread)
+    inverted = tables | {"measured": tables["measured"] | {"iteration_time_s_min": 1.0}}
+    with pytest.raises(BaselineError, match="iteration_time_s_min <= iteration_time_s"):
+        baseline_from_dict("x", inverted)

@@ -90,3 +90,15 @@ def test_cli_exit_codes_and_mlflow(tmp_path, baselines_dir, capsys):
     assert main([*args, "--no-mlflow", "--gate", "iteration_time_s:60%"]) == 0
     assert main([*args, "--no-mlflow", "--gate", "iteration_s:60%"]) == 2
     assert "not validated metrics" in capsys.readouterr().err
+
+
+def test_a_gate_allows_for_the_measured_spread():
+    from prismbench.validate import CaseResult, MetricResult
+
+    def case(spread):
+        return CaseResult(baseline="b", source="s", gpu="g", world_size=1, status="ok", wall_s=0.0,
+                          metrics=[MetricResult("iteration_time_s", 1.12, 1.0, spread)])  # fmt: skip
+
+    thresholds = parse_thresholds("iteration_time_s:10%", option="--gate")
+    assert gate_failures([case(0.0)], thresholds)  # +12 % against 10 %
+    assert not gate_failures([case(0.03)], thresholds)  # the runs themselves spread +-3 %
