@@ -170,9 +170,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 run, settings, tracking_uri=uri, artifact_dir=Path(args.db).parent / "mlartifacts"
             )
 
-    run = v.validate(
-        chosen, db_path=Path(args.db), workers=args.workers, log_mlflow=log, progress=_progress
-    )
+    run = v.validate(chosen, db_path=Path(args.db), workers=args.workers, log_mlflow=log,
+                     progress=_progress, use_cache=not args.no_cache)  # fmt: skip
     failures = v.gate_failures(run.cases, thresholds)
     if args.json:
         _print_json(v.run_to_dict(run, failures))
@@ -545,6 +544,9 @@ def _add_validate(commands) -> None:
         "--tracking-uri", metavar="URI", help="MLflow tracking URI (default: sqlite beside --db)"
     )
     validate_cmd.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    validate_cmd.add_argument(
+        "--no-cache", action="store_true", help="emulate again even where the same job, code and tables were"
+    )
     validate_cmd.add_argument("--workers", type=_positive_int, help="processes (default: cores)")
     validate_cmd.add_argument("--json", action="store_true", help="print one JSON object")
     validate_cmd.set_defaults(handler=_cmd_validate)

@@ -11,6 +11,8 @@ metrics. Metric names are the emulate JSON's field names, so `--gate` thresholds
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import json
 import os
 import platform
 import statistics
@@ -111,10 +113,36 @@ def case_metrics(baseline, result: dict) -> list[MetricResult]:
     return metrics
 
 
-def _emulate_one(job, name: str) -> dict:
+def result_cache_key(job) -> str:
+    """What an emulation result depends on: the job spec, every source file of the three
+    packages, the committed kernel tables and the result schema."""
+    from prismbench.emulate import KERNEL_TABLES, RESULT_SCHEMA_VERSION
+
+    digest = hashlib.sha256(json.dumps(job.to_dict(), sort_keys=True).encode())
+    for package in ("prismbench", "emulator", "workloads"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            digest.update(path.relative_to(REPO).as_posix().encode() + path.read_bytes())
+    for path in sorted(KERNEL_TABLES.glob("*.csv")):
+        digest.update(path.name.encode() + path.read_bytes())
+    digest.update(str(RESULT_SCHEMA_VERSION).encode())
+    return digest.hexdigest()[:24]
+
+
+def _emulate_one(job, name: str, use_cache: bool) -> dict:
+    """emulate(job).to_dict(), from the result cache when the same job was emulated by the
+    same code and tables (`result_cache_key`); the result says which (`from_cache`)."""
+    from prismbench.capture import default_cache_dir
     from prismbench.emulate import emulate
 
-    return emulate(job, name=name).to_dict()
+    path = default_cache_dir().parent / "results" / f"{result_cache_key(job)}.json"
+    if use_cache and path.is_file():
+        return json.loads(path.read_text()) | {"job": name, "from_cache": True}
+    result = emulate(job, name=name).to_dict()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(path)
+    return result | {"from_cache": False}
 
 
 def code_version() -> tuple[str, bool]:
@@ -144,12 +172,13 @@ def validate(
     workers: int | None = None,
     log_mlflow: Callable[[ValidationRun, dict], None] | None = None,
     progress: Callable[[str], None] | None = None,
+    use_cache: bool = True,
 ) -> ValidationRun:
     """Emulate and score `baselines`, recording the run; see the module docstring."""
     say = progress or (lambda _msg: None)
     workers = workers or min(len(baselines), os.cpu_count() or 1)
     commit, dirty = code_version()
-    settings = {"baselines": [b.name for b in baselines], "workers": workers}
+    settings = {"baselines": [b.name for b in baselines], "workers": workers, "use_cache": use_cache}
     run = ValidationRun(uuid.uuid4().hex[:12], [], Path(db_path), "running")
     history.start_run(run.db_path, run.run_id, commit=commit, dirty=dirty,
                       machine=f"{platform.node()} ({os.cpu_count()} cores)", settings=settings)  # fmt: skip
@@ -157,7 +186,7 @@ def validate(
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
             futures = {
-                pool.submit(_emulate_one, b.job, b.name): (b, time.perf_counter())
+                pool.submit(_emulate_one, b.job, b.name, use_cache): (b, time.perf_counter())
                 for b in baselines
             }
             for done, future in enumerate(as_completed(futures), 1):
@@ -193,7 +222,8 @@ def _case(baseline, future, wall_s: float) -> CaseResult:
 def _brief(case: CaseResult) -> str:
     if case.status != "ok":
         return f"FAILED ({case.error_message})"
-    return ", ".join(f"{m.metric} {m.error:+.1%}" for m in case.metrics) or "no measured metric"
+    cached = " (cached)" if case.result and case.result.get("from_cache") else ""
+    return (", ".join(f"{m.metric} {m.error:+.1%}" for m in case.metrics) or "no measured metric") + cached
 
 
 @dataclass(frozen=True)

@@ -102,3 +102,13 @@ def test_a_gate_allows_for_the_measured_spread():
     thresholds = parse_thresholds("iteration_time_s:10%", option="--gate")
     assert gate_failures([case(0.0)], thresholds)  # +12 % against 10 %
     assert not gate_failures([case(0.03)], thresholds)  # the runs themselves spread +-3 %
+
+
+def test_results_are_cached_by_spec_code_and_tables(tmp_path, baselines_dir, monkeypatch):
+    monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path / "cache"))
+    chosen = load_baselines(baselines_dir)[:1]
+    first = validate(chosen, db_path=tmp_path / "h.duckdb", workers=1)
+    again = validate(chosen, db_path=tmp_path / "h.duckdb", workers=1)
+    fresh = validate(chosen, db_path=tmp_path / "h.duckdb", workers=1, use_cache=False)
+    assert [r.cases[0].result["from_cache"] for r in (first, again, fresh)] == [False, True, False]
+    assert again.cases[0].metrics == first.cases[0].metrics
