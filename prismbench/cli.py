@@ -171,7 +171,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             )
 
     run = v.validate(chosen, db_path=Path(args.db), workers=args.workers, log_mlflow=log,
-                     progress=_progress, use_cache=not args.no_cache)  # fmt: skip
+                     progress=_progress, use_cache=not args.no_cache, artifacts=args.artifacts)  # fmt: skip
     failures = v.gate_failures(run.cases, thresholds)
     if args.json:
         _print_json(v.run_to_dict(run, failures))
@@ -544,6 +544,11 @@ def _add_validate(commands) -> None:
         "--tracking-uri", metavar="URI", help="MLflow tracking URI (default: sqlite beside --db)"
     )
     validate_cmd.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    validate_cmd.add_argument(
+        "--artifacts",
+        action="store_true",
+        help="also write each case's Perfetto timeline and memory plots (logged to MLflow)",
+    )
     validate_cmd.add_argument(
         "--no-cache", action="store_true", help="emulate again even where the same job, code and tables were"
     )

@@ -34,6 +34,9 @@ def log_run(run, settings: dict, *, tracking_uri: str, artifact_dir: Path | None
                 mlflow.log_params({"baseline": case.baseline, "source": case.source,
                                    "gpu": case.gpu, "world_size": case.world_size,
                                    "status": case.status})  # fmt: skip
+                artifacts = Path(run.db_path).parent / "artifacts" / run.run_id / case.baseline
+                if artifacts.is_dir():  # timeline and memory plots (validate --artifacts)
+                    mlflow.log_artifacts(str(artifacts))
                 if case.result is not None:
                     figures = {k: float(v) for k, v in case.result.items()
                                if isinstance(v, int | float) and not isinstance(v, bool)}  # fmt: skip

@@ -128,16 +128,21 @@ def result_cache_key(job) -> str:
     return digest.hexdigest()[:24]
 
 
-def _emulate_one(job, name: str, use_cache: bool) -> dict:
+def _emulate_one(job, name: str, use_cache: bool, artifact_dir: Path | None) -> dict:
     """emulate(job).to_dict(), from the result cache when the same job was emulated by the
-    same code and tables (`result_cache_key`); the result says which (`from_cache`)."""
+    same code and tables (`result_cache_key`); the result says which (`from_cache`). With
+    `artifact_dir` (and no cache hit), the Perfetto timeline and memory plots go there."""
     from prismbench.capture import default_cache_dir
     from prismbench.emulate import emulate
 
     path = default_cache_dir().parent / "results" / f"{result_cache_key(job)}.json"
-    if use_cache and path.is_file():
+    if use_cache and path.is_file() and artifact_dir is None:
         return json.loads(path.read_text()) | {"job": name, "from_cache": True}
-    result = emulate(job, name=name).to_dict()
+    extra = {}
+    if artifact_dir is not None:
+        artifact_dir.mkdir(parents=True, exist_ok=True)
+        extra = {"trace_path": artifact_dir / "timeline.json", "memory_dir": artifact_dir / "memory"}
+    result = emulate(job, name=name, **extra).to_dict()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(result))
@@ -173,12 +178,16 @@ def validate(
     log_mlflow: Callable[[ValidationRun, dict], None] | None = None,
     progress: Callable[[str], None] | None = None,
     use_cache: bool = True,
+    artifacts: bool = False,
 ) -> ValidationRun:
-    """Emulate and score `baselines`, recording the run; see the module docstring."""
+    """Emulate and score `baselines`, recording the run; see the module docstring.
+    artifacts: also write each case's Perfetto timeline and memory plots beside the database
+    (<db folder>/artifacts/<run id>/<baseline>/; MLflow logs them); emulates every case again."""
     say = progress or (lambda _msg: None)
     workers = workers or min(len(baselines), os.cpu_count() or 1)
     commit, dirty = code_version()
-    settings = {"baselines": [b.name for b in baselines], "workers": workers, "use_cache": use_cache}
+    settings = {"baselines": [b.name for b in baselines], "workers": workers, "use_cache": use_cache,
+                "artifacts": artifacts}  # fmt: skip
     run = ValidationRun(uuid.uuid4().hex[:12], [], Path(db_path), "running")
     history.start_run(run.db_path, run.run_id, commit=commit, dirty=dirty,
                       machine=f"{platform.node()} ({os.cpu_count()} cores)", settings=settings)  # fmt: skip
@@ -186,7 +195,7 @@ def validate(
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
             futures = {
-                pool.submit(_emulate_one, b.job, b.name, use_cache): (b, time.perf_counter())
+                pool.submit(_emulate_one, b.job, b.name, use_cache, _artifact_dir(run, b.name) if artifacts else None): (b, time.perf_counter())
                 for b in baselines
             }
             for done, future in enumerate(as_completed(futures), 1):
@@ -207,6 +216,10 @@ def validate(
         log_mlflow(run, settings | {"commit": commit, "dirty": dirty})
     history.finish_run(run.db_path, run.run_id, run.status)
     return run
+
+
+def _artifact_dir(run: ValidationRun, baseline: str) -> Path:
+    return run.db_path.parent / "artifacts" / run.run_id / baseline
 
 
 def _case(baseline, future, wall_s: float) -> CaseResult:

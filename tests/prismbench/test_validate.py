@@ -112,3 +112,31 @@ def test_results_are_cached_by_spec_code_and_tables(tmp_path, baselines_dir, mon
     fresh = validate(chosen, db_path=tmp_path / "h.duckdb", workers=1, use_cache=False)
     assert [r.cases[0].result["from_cache"] for r in (first, again, fresh)] == [False, True, False]
     assert again.cases[0].metrics == first.cases[0].metrics
+
+
+def test_artifacts_are_written_and_logged(tmp_path, baselines_dir):
+    import mlflow
+
+    db = tmp_path / "h" / "p.duckdb"
+    args = [
+        "validate",
+        "--baselines",
+        str(baselines_dir),
+        "--select",
+        "r001",
+        "--db",
+        str(db),
+        "--workers",
+        "1",
+    ]
+    assert main([*args, "--artifacts"]) == 0
+    (case_dir,) = (tmp_path / "h" / "artifacts").glob("*/mine__tiny__1g__r001")
+    assert (case_dir / "timeline.json").stat().st_size > 0
+    assert list((case_dir / "memory").glob("*.png"))
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'h' / 'mlflow.db'}")
+    child = mlflow.search_runs(
+        experiment_names=["prismbench-validate"],
+        filter_string="params.baseline = 'mine__tiny__1g__r001'",
+    )
+    names = {a.path for a in mlflow.MlflowClient().list_artifacts(child.run_id[0])}
+    assert {"timeline.json", "memory", "result.json"} <= names
