@@ -1,5 +1,5 @@
 """Sessions: `tests` (what CI runs), `lint` (ruff), `emulate` (the quick-start job), `explain`,
-`emulate-validate` (score baselines, record the run)."""
+`emulate-validate` (score baselines, record the run, draw the dashboard), `dashboard`, `bench`."""
 
 import nox
 
@@ -13,8 +13,9 @@ EXAMPLE_JOB = "examples/jobspec.example.toml"
 
 
 def install_project(session: nox.Session, extras: str = "test") -> None:
-    session.install(TORCH)
-    session.install("-e", f".[{extras}]")
+    # silent=False: pip's own progress shows, instead of a silent minute on a fresh machine
+    session.install(TORCH, silent=False)
+    session.install("-e", f".[{extras}]", silent=False)
 
 
 @nox.session
@@ -45,14 +46,26 @@ def emulate(session: nox.Session) -> None:
     session.run("prismbench", "emulate", *(session.posargs or [EXAMPLE_JOB]))
 
 
-# Baselines quick enough to validate on every change (their captures take seconds on 2 cores):
-# llm.c's four GPT-2 runs and Korthikanti et al.'s two 22B runs.
-QUICK_BASELINES = ("--select", "llmc__*", "--select", "korthikanti2022__megatron-gpt-22b*")
-
-
 @nox.session(name="emulate-validate")
 def emulate_validate(session: nox.Session) -> None:
-    """Validate the quick baselines (or `-- ARGS` for `prismbench validate`, e.g.
-    `-- --all --gate "iteration_time_s:15%"`): errors per source, history in DuckDB/MLflow."""
+    """Validate the default selection of baselines (or `-- ARGS` for `prismbench validate`, e.g.
+    `-- --all --gate "iteration_time_s:15%"`), record the run in DuckDB and MLflow, draw the
+    dashboard (.prismbench/dashboard/index.html) and print the error summary."""
     install_project(session)
-    session.run("prismbench", "validate", *(session.posargs or QUICK_BASELINES))
+    session.run("prismbench", "validate", *session.posargs)
+    session.run("prismbench", "dashboard", "--out", ".prismbench/dashboard")
+
+
+@nox.session
+def dashboard(session: nox.Session) -> None:
+    """Draw the fidelity dashboard from the validation history (`-- --db PATH --out DIR`)."""
+    install_project(session)
+    session.run("prismbench", "dashboard", *(session.posargs or ["--out", ".prismbench/dashboard"]))
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """pytest-benchmark of the emulator's own speed (capture, replay, memory replay), saved under
+    .benchmarks/ for comparison across commits (`pytest-benchmark compare`)."""
+    install_project(session)
+    session.run("pytest", "-m", "slow", "-k", "benchmark", "--benchmark-autosave", *session.posargs)

@@ -10,12 +10,27 @@ counted. Figures are matplotlib PNGs; the page links nothing outside its folder.
 from __future__ import annotations
 
 import html
+import json
 from pathlib import Path
 
 from prismbench import history
 
 WORST_SHOWN = 15
+# The predicted iteration's parts shown beside each worst case (emulate JSON `breakdown`).
+BREAKDOWN = {
+    "compute_s": "compute",
+    "exposed_comm_s": "exposed comm",
+    "bubble_s": "bubble",
+    "idle_s": "idle",
+}
 TREND_CASES = 12
+
+
+def _breakdown_cells(result_json: str | None) -> str:
+    breakdown = json.loads(result_json)["breakdown"] if result_json else {}
+    return "".join(
+        f"<td>{breakdown[k]:.4g}</td>" if k in breakdown else "<td>-</td>" for k in BREAKDOWN
+    )
 
 
 def _complete_runs(db: Path) -> list[dict]:
@@ -39,7 +54,10 @@ def _scatter(rows: list[dict], metric: str, path: Path) -> None:
     ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8, label="y = x")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    for axis in (ax.xaxis, ax.yaxis):  # plain numbers; minor ticks unlabelled so labels do not collide
+    for axis in (
+        ax.xaxis,
+        ax.yaxis,
+    ):  # plain numbers; minor ticks unlabelled so labels do not collide
         axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         axis.set_minor_formatter(NullFormatter())
@@ -102,7 +120,7 @@ def write_dashboard(db_path: str | Path, out_dir: str | Path) -> Path:
     latest = runs[-1]["run_id"]
     results = history.read(
         db,
-        "SELECT m.baseline, c.source, c.gpu, m.metric, m.predicted, m.measured, m.error "
+        "SELECT m.baseline, c.source, c.gpu, c.result, m.metric, m.predicted, m.measured, m.error "
         "FROM metric_results m JOIN cases c USING (run_id, baseline) WHERE m.run_id = ?",
         [latest],
     )
@@ -123,7 +141,8 @@ def write_dashboard(db_path: str | Path, out_dir: str | Path) -> Path:
         _trend(trend, runs, trend_cases, metric, out / f"trend_{metric}.png")
         table = "".join(
             f"<tr><td>{html.escape(r['baseline'])}</td><td>{html.escape(r['gpu'])}</td>"
-            f"<td>{r['predicted']:.4g}</td><td>{r['measured']:.4g}</td><td>{100 * r['error']:+.1f} %</td></tr>"
+            f"<td>{r['predicted']:.4g}</td><td>{r['measured']:.4g}</td><td>{100 * r['error']:+.1f} %</td>"
+            f"{_breakdown_cells(r['result'])}</tr>"
             for r in worst
         )
         sections.append(
@@ -131,7 +150,9 @@ def write_dashboard(db_path: str | Path, out_dir: str | Path) -> Path:
             f'<img src="scatter_{metric}.png" alt="predicted vs measured"> '
             f'<img src="errors_{metric}.png" alt="error distribution">'
             f"<h3>Worst cases (latest run)</h3><table><tr><th>baseline</th><th>GPU</th>"
-            f"<th>predicted</th><th>measured</th><th>error</th></tr>{table}</table>"
+            f"<th>predicted</th><th>measured</th><th>error</th>"
+            + "".join(f"<th>{label} (s)</th>" for label in BREAKDOWN.values())
+            + f"</tr>{table}</table>"
             f"<h3>Error across runs (the {len(trend_cases)} worst cases)</h3>"
             f'<img src="trend_{metric}.png" alt="error across runs">'
         )

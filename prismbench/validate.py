@@ -45,6 +45,24 @@ PEAK_MEMORY_FIELD = {
     "allocator_allocated": "peak_memory_allocated_bytes",
     "nvidia_smi": "device_total_estimate_bytes",
 }
+# What `validate` runs when no --select/--all is given: one or two baselines per source, both
+# GPU generations, and every parallelism the baselines use (DDP/ZeRO-1, FSDP, TP with SP,
+# 1F1B and interleaved pipelines, FP8), cheap captures first. Cold (nothing cached) it runs in
+# minutes on 2 cores; `results/perf/validate.md` has the measurement.
+DEFAULT_SELECTION = (
+    "llmc__gpt2-124m__8g__r228",  # A100, data parallel + ZeRO-1
+    "llmc__gpt2-1558m__8g__r231",  # H100 (measured kernel table)
+    "llmfoundry__mpt-125m__8g__r124",  # FSDP, ALiBi
+    "llmfoundry__mpt-1b__8g__r095",  # H100, FP8
+    "torchtitan2024__llama3.1-8b__8g__r033",  # FSDP2 Llama, H100 HBM2e; reports peak memory
+    "korthikanti2022__megatron-gpt-22b__8g__r013",  # tensor + sequence parallel
+    "narayanan2021__megatron-gpt-39.1b__512g__r006",  # TP x PP x DP
+    "korthikanti2022__megatron-gpt-175b__64g__r015",  # interleaved 1F1B
+    "bigscience__bloom-176b__384g__r162",  # 12 pipeline stages, ALiBi, ZeRO-1
+    "megatron-readme2022__megatron-gpt-175b__1024g__r012",  # 16 stages on 1 024 GPUs
+    "h100shared__gpt3-125m-s2048-mb8-none",  # recorded on one H100
+    "h100shared__llama3-8b-l2-s8192-mb2-none",  # recorded: Llama 3, GQA
+)
 RECORDED_DIR = "recorded"  # recorded baselines live in this sub-folder of the baselines folder
 
 
@@ -85,11 +103,15 @@ def load_all_baselines(directory: str | Path):
 
 def select_baselines(baselines, expressions: list[str] | None, everything: bool):
     """Baselines whose name matches any glob in `expressions` ("llmfoundry__*", "*mpt-7b*";
-    a plain word matches as a substring), or all with `everything`."""
+    a plain word matches as a substring), all with `everything`, else DEFAULT_SELECTION."""
     if everything:
         return list(baselines)
     if not expressions:
-        raise SpecError("validate: give --select EXPR (a glob over baseline names) or --all")
+        by_name = {b.name: b for b in baselines}
+        missing = [name for name in DEFAULT_SELECTION if name not in by_name]
+        if missing:
+            raise SpecError(f"validate: the default selection names baselines not found: {missing}")
+        return [by_name[name] for name in DEFAULT_SELECTION]
     patterns = [e if any(c in e for c in "*?[") else f"*{e}*" for e in expressions]
     chosen = [b for b in baselines if any(fnmatch.fnmatchcase(b.name, p) for p in patterns)]
     if not chosen:

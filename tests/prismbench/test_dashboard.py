@@ -29,6 +29,7 @@ def test_page_and_figures_from_the_history(tmp_path):
     assert "bbbbbbb2" in page and "2 complete run(s)" in page and "1 not complete" in page
     assert page.index("src__a__8g__r1") < page.index("src__b__8g__r2")  # worst first
     assert "+10.0 %" in page and "+900.0 %" not in page
+    assert "<th>compute (s)</th>" in page  # the worst cases come with their breakdown
     for name in ("scatter", "errors", "trend"):
         assert (out / f"{name}_iteration_time_s.png").stat().st_size > 1000
 

@@ -81,3 +81,16 @@ def test_cli_emulates_a_job_spec_and_refuses_an_old_result(tmp_path, reference, 
         main(["gate", "--reference", old, "--candidate", ref, "--fail", "iteration_time_s:1%"]) == 2
     )
     assert "schema_version=1" in capsys.readouterr().err
+
+
+def test_a_gate_between_two_micro_batch_sizes(tmp_path):
+    """The same job with micro-batch 1 and 2 (twice the micro-batches at 1): the step time and
+    the peak memory move, and the gate passes or fails by its thresholds."""
+    spec = '[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 4\nmicro_batch = {}\n'
+    one, two = tmp_path / "mb1.toml", tmp_path / "mb2.toml"
+    one.write_text(spec.format(1))
+    two.write_text(spec.format(2))
+    memory_rise = "peak_memory_allocated_bytes:+0.5%"  # it rises 0.83 %
+    assert main(["gate", "--reference", str(one), "--candidate", str(two), "--fail", memory_rise]) == 1
+    assert main(["gate", "--reference", str(two), "--candidate", str(one), "--fail", memory_rise]) == 0
+    assert main(["gate", "--reference", str(one), "--candidate", str(two), "--fail", "iteration_time_s:1000%"]) == 0

@@ -49,7 +49,7 @@ def test_select_by_glob_or_substring_and_refuse_nothing(baselines_dir):
     all_ = load_baselines(baselines_dir)
     assert [b.name for b in select_baselines(all_, ["r002"], False)] == ["mine__tiny__1g__r002"]
     assert len(select_baselines(all_, ["mine__*"], False)) == 2
-    with pytest.raises(SpecError, match="--select EXPR"):
+    with pytest.raises(SpecError, match="default selection names baselines not found"):
         select_baselines(all_, None, False)
     with pytest.raises(SpecError, match="no baseline name matches"):
         select_baselines(all_, ["nothing"], False)
@@ -140,3 +140,13 @@ def test_artifacts_are_written_and_logged(tmp_path, baselines_dir):
     )
     names = {a.path for a in mlflow.MlflowClient().list_artifacts(child.run_id[0])}
     assert {"timeline.json", "memory", "result.json"} <= names
+
+
+def test_the_default_selection_covers_every_source_and_both_gpu_generations():
+    from prismbench.validate import load_all_baselines
+
+    chosen = select_baselines(load_all_baselines("results/baselines"), None, False)
+    everything = load_all_baselines("results/baselines")
+    assert {b.name.split("__")[0] for b in chosen} == {b.name.split("__")[0] for b in everything}
+    assert {b.job.cluster.gpu.split("-")[0] for b in chosen} == {"a100", "h100"}
+    assert any(b.job.parallel.vpp > 1 for b in chosen) and any(b.job.parallel.zero == 3 for b in chosen)
