@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,6 +73,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from prismbench.calibrate_job import calibrate_job
 
     job = load_job_spec(args.job)
+    _check_output(args.out, "--out")
+    _check_output(args.profile_out, "--profile-out")
     profile_out = Path(args.profile_out or Path(args.out).with_suffix(".ops.jsonl.gz"))
     result = calibrate_job(job, Path(args.out), profile_out, provenance=gpu_provenance())
     report.render_ingest(result, _console())
@@ -84,6 +87,7 @@ def _cmd_ingest_profile(args: argparse.Namespace) -> int:
     from prismbench.profile_readers import ProfileError
 
     job = load_job_spec(args.job)
+    _check_output(args.out, "--out")
     provenance = {}
     for item in args.provenance:
         key, sep, value = item.partition("=")
@@ -183,6 +187,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     from prismbench.dashboard import write_dashboard
 
+    _check_output(args.out, "--out", directory=True)
     try:
         page = write_dashboard(Path(args.db), Path(args.out))
     except ValueError as err:
@@ -198,6 +203,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
     job = load_job_spec(args.job)
     if Path(args.out).suffix != ".toml":
         raise SpecError(f"--out {args.out}: a recorded baseline is a .toml file")
+    _check_output(args.out, "--out")
     _progress(f"recording {args.job}: {job.world_size} process(es), {args.threads} thread(s) each, "
               f"{args.warmup} warm-up + {args.iterations} timed iterations")  # fmt: skip
     recording = record(job, iterations=args.iterations, warmup=args.warmup, threads=args.threads)
@@ -223,6 +229,25 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _check_output(path: str | None, option: str, *, directory: bool = False) -> None:
+    """Refuse an output path that cannot be written, before any work starts: a directory where
+    a file goes (or a file where a directory goes), or a parent that is a file or not writable."""
+    if path is None:
+        return
+    target = Path(path)
+    if directory and target.exists() and not target.is_dir():
+        raise SpecError(f"{option} {path}: exists and is not a directory")
+    if not directory and target.is_dir():
+        raise SpecError(f"{option} {path}: is a directory; give a file path")
+    parent = target.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise SpecError(f"{option} {path}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK):
+        raise SpecError(f"{option} {path}: {parent} is not writable")
+
+
 def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -231,6 +256,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     from prismbench.capture import capture_job, summarize, write_capture
 
     job = load_job_spec(args.job)
+    _check_output(args.out, "--out", directory=True)
     capture = capture_job(
         job, workers=args.workers, use_cache=not args.no_cache, progress=_progress
     )
@@ -262,13 +288,15 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
         parse_alloc_conf(args.alloc_conf)
     except ValueError as err:  # checked before anything runs, like the job spec
         raise SpecError(f"--alloc-conf: {err}") from None
+    _check_output(args.trace, "--trace")
+    _check_output(args.memory_out, "--memory-out", directory=True)
     ranks = _parse_ranks(args.ranks)
     for rank in ranks or ():
         if not 0 <= rank < job.world_size:
             raise SpecError(f"--ranks: rank {rank} is outside the world [0, {job.world_size})")
     result = emulate(
         job,
-        name=Path(args.job).stem,
+        name=job.model.name,
         use_cache=not args.no_cache,
         workers=args.workers,
         alloc_conf=args.alloc_conf,

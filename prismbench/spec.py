@@ -140,10 +140,22 @@ def job_spec_from_dict(tables: dict[str, Any]) -> JobSpec:
 def load_job_spec(path: str | Path) -> JobSpec:
     """Read a TOML job spec; a missing file or malformed TOML is a SpecError naming the path."""
     path = Path(path)
+    where = f"job spec {str(path)!r}"
+    if path.is_dir():
+        raise SpecError(f"{where}: is a directory, not a TOML file")
     try:
-        tables = tomllib.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
-        raise SpecError(f"job spec {str(path)!r}: no such file") from None
+        raise SpecError(f"{where}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError(f"{where}: cannot be read ({err})") from None
+    if not text.strip():
+        raise SpecError(f"{where}: the file is empty; sections [model] and [batch] are required")
+    try:
+        tables = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
-        raise SpecError(f"job spec {str(path)!r}: invalid TOML: {err}") from None
-    return job_spec_from_dict(tables)
+        raise SpecError(f"{where}: invalid TOML: {err}") from None
+    try:
+        return job_spec_from_dict(tables)
+    except SpecError as err:
+        raise SpecError(f"{where}: {err}") from None

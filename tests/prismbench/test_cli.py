@@ -147,7 +147,12 @@ def test_workers_must_be_positive(command, capsys):
 
 
 def test_an_allocator_option_the_model_lacks_is_refused_before_anything_runs(capsys):
-    assert main(["emulate", "examples/jobspec.example.toml", "--alloc-conf", "backend:cudaMallocAsync"]) == 2
+    assert (
+        main(
+            ["emulate", "examples/jobspec.example.toml", "--alloc-conf", "backend:cudaMallocAsync"]
+        )
+        == 2
+    )
     assert "--alloc-conf: allocator option 'backend' is not modelled" in capsys.readouterr().err
 
 
@@ -161,3 +166,38 @@ def test_help_and_explain_do_not_import_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "make", "message"),
+    [
+        ("--trace", lambda tmp: tmp, "is a directory; give a file path"),
+        (
+            "--trace",
+            lambda tmp: (tmp / "file").touch() or tmp / "file" / "t.json",
+            "is a file, not a directory",
+        ),
+        (
+            "--memory-out",
+            lambda tmp: (tmp / "file").touch() or tmp / "file",
+            "exists and is not a directory",
+        ),
+    ],
+)
+def test_output_paths_are_checked_before_any_work(
+    tmp_path, capsys, monkeypatch, option, make, message
+):
+    import prismbench.emulate
+
+    monkeypatch.setattr(prismbench.emulate, "emulate", lambda *a, **k: pytest.fail("emulated"))
+    assert main(["emulate", str(EXAMPLE), option, str(make(tmp_path))]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_directory_or_an_empty_file_as_job_spec_is_named(tmp_path, capsys):
+    empty = tmp_path / "empty.toml"
+    empty.write_text("\n")
+    assert main(["explain", str(tmp_path)]) == 2
+    assert f"job spec '{tmp_path}': is a directory" in capsys.readouterr().err
+    assert main(["explain", str(empty)]) == 2
+    assert f"job spec '{empty}': the file is empty" in capsys.readouterr().err
