@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+
+import pytest
+
 from prismbench import history
 from prismbench.cli import main
 from prismbench.validate import CaseResult, MetricResult
@@ -44,3 +50,34 @@ def test_refuses_a_missing_or_empty_history(tmp_path, capsys):
     _run(db, "r1", "a", {"x__y__1g__r1": 0.1}, status="running")
     assert main(["dashboard", "--db", str(db), "--out", str(tmp_path / "d")]) == 2
     assert "no complete validation run" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_every_image_loads_in_a_headless_browser(tmp_path):
+    """Debian's chromium opens the page from disk (no server) and reports, through the page's
+    title, how many of its images decoded with a size."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no chromium on this machine (Debian: apt install chromium)")
+    db = tmp_path / "h.duckdb"
+    _run(db, "r1", "aaaaaaa1", {"src__a__8g__r1": 0.30, "src__b__8g__r2": -0.05})
+    out = tmp_path / "dash"
+    assert main(["dashboard", "--db", str(db), "--out", str(out)]) == 0
+    probe = out / "probe.html"
+    probe.write_text(
+        (out / "index.html")
+        .read_text()
+        .replace(
+            "</body>",
+            "<script>window.onload = () => { const imgs = [...document.images]; document.title = "
+            "imgs.filter(i => i.complete && i.naturalWidth > 0).length + '/' + imgs.length; };"
+            "</script></body>",
+        )
+    )
+    dom = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+         "--dump-dom", probe.as_uri()],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    loaded, total = re.search(r"<title>(\d+)/(\d+)</title>", dom).groups()
+    assert int(total) == 3 and loaded == total
