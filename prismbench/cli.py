@@ -154,6 +154,7 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from prismbench import validate as v
+    from prismbench.baselines import BaselineError
     from prismbench.thresholds import parse_thresholds
 
     thresholds = parse_thresholds(args.gate, option="--gate") if args.gate else []
@@ -162,7 +163,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         raise SpecError(
             f"--gate: {unknown} are not validated metrics; known: {', '.join(v.VALIDATED_METRICS)}"
         )
-    chosen = v.select_baselines(v.load_all_baselines(args.baselines), args.select, args.all)
+    try:
+        baselines = v.load_all_baselines(args.baselines)
+    except BaselineError as err:
+        raise SpecError(f"--baselines: {err}") from None
+    chosen = v.select_baselines(baselines, args.select, args.all)
     log = None
     if not args.no_mlflow:
         from prismbench.mlflow_log import default_tracking_uri, log_run

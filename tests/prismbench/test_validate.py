@@ -149,4 +149,64 @@ def test_the_default_selection_covers_every_source_and_both_gpu_generations():
     everything = load_all_baselines("results/baselines")
     assert {b.name.split("__")[0] for b in chosen} == {b.name.split("__")[0] for b in everything}
     assert {b.job.cluster.gpu.split("-")[0] for b in chosen} == {"a100", "h100"}
-    assert any(b.job.parallel.vpp > 1 for b in chosen) and any(b.job.parallel.zero == 3 for b in chosen)
+    assert any(b.job.parallel.vpp > 1 for b in chosen) and any(
+        b.job.parallel.zero == 3 for b in chosen
+    )
+
+
+def test_a_malformed_baseline_is_refused_with_exit_2(tmp_path, baselines_dir, capsys):
+    (baselines_dir / "mine__bad__1g__r003.toml").write_text(
+        TINY_JOB
+        + "[measured]\niteration_time_s = -1\n"
+        + '[provenance]\nsource = "t"\ncsv_row = 2\nmodel = "m"\n'
+    )
+    assert (
+        main(
+            [
+                "validate",
+                "--baselines",
+                str(baselines_dir),
+                "--all",
+                "--db",
+                str(tmp_path / "h.duckdb"),
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert (
+        "mine__bad__1g__r003.toml" in err
+        and "measured.iteration_time_s=-1 must be a positive number" in err
+    )
+
+
+def test_a_killed_validation_is_not_recorded_complete(tmp_path, baselines_dir):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from prismbench import history
+
+    db = tmp_path / "h.duckdb"
+    args = [
+        "validate",
+        "--baselines",
+        str(baselines_dir),
+        "--all",
+        "--db",
+        str(db),
+        "--no-mlflow",
+        "--no-cache",
+    ]
+    proc = subprocess.Popen([sys.executable, "-m", "prismbench", *args], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while (
+        not (db.exists() and history.read(db, "SELECT run_id FROM runs"))
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    (run,) = history.read(db, "SELECT status, ended_at FROM runs")
+    assert run == {"status": "running", "ended_at": None}
