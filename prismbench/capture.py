@@ -64,7 +64,12 @@ def code_version() -> str:
 
 
 def cache_key(job) -> str:
-    spec = json.dumps(job.to_dict(), sort_keys=True)
+    """What a capture depends on: the job without its hardware (the GPU and network presets
+    only price a trace; the capture reads gpus_per_node alone, through `world_of`), the
+    capturing source and the trace schema. Jobs that differ only in GPU or network share one."""
+    tables = job.to_dict()
+    tables["cluster"] = {"gpus_per_node": job.cluster.gpus_per_node}
+    spec = json.dumps(tables, sort_keys=True)
     return hashlib.sha256(f"{spec}|{code_version()}|{SCHEMA_VERSION}".encode()).hexdigest()[:20]
 
 

@@ -567,3 +567,15 @@ def test_a_one_gpu_build_leaves_its_freed_fp32_parameters_before_the_iteration(t
     # several ranks build on meta (module docstring of prismbench.program): nothing freed
     two = capture(debug_job({"dp": 2}, train={"precision": "bf16"}), tmp_path).traces[0]
     assert len(_setup_rows(two, FREE)) == 0
+
+
+def test_jobs_that_differ_only_in_hardware_share_a_capture():
+    from prismbench.capture import cache_key
+    from prismbench.spec import job_spec_from_dict
+
+    base = {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 64, "global_batch": 2}}
+    a100 = job_spec_from_dict(base | {"cluster": {"gpu": "a100-sxm-80g", "intra_node": "nvlink3"}})
+    h100 = job_spec_from_dict(base | {"cluster": {"gpu": "h100-sxm-80g"}})
+    four_per_node = job_spec_from_dict(base | {"cluster": {"gpu": "h100-sxm-80g", "gpus_per_node": 4}})
+    assert cache_key(a100) == cache_key(h100)
+    assert cache_key(four_per_node) != cache_key(h100)
