@@ -30,91 +30,107 @@ from emulator.costs.pricing import op_record
 
 _BF16 = torch.bfloat16
 
+# A "prepare" builds an op's inputs on a device (and runs the forward a backward needs) and
+# returns the callable whose kernels are the op: calibration times that callable on a GPU;
+# `recorded_fields` runs it under the capture to learn which op it is.
 
-def _norm_call(norm: str, backward: bool) -> Callable:
-    def call(rows: int, hidden: int) -> None:
-        x = torch.empty(rows, hidden, dtype=_BF16, requires_grad=backward)
-        weight = torch.empty(hidden, dtype=_BF16, requires_grad=backward)
+
+def _backward(out: torch.Tensor, inputs: list[torch.Tensor]) -> Callable:
+    grad = torch.ones_like(out)
+    return lambda: torch.autograd.grad(out, inputs, grad, retain_graph=True)
+
+
+def _norm(norm: str, backward: bool) -> Callable:
+    def prepare(rows: int, hidden: int, device: str = "cpu") -> Callable:
+        def empty(*shape):
+            return torch.empty(*shape, dtype=_BF16, device=device, requires_grad=backward)
+
+        x, weight, bias = empty(rows, hidden), empty(hidden), empty(hidden)
         if norm == "layer":
-            y = F.layer_norm(
-                x, (hidden,), weight, torch.empty(hidden, dtype=_BF16, requires_grad=backward)
-            )
+            forward = lambda: F.layer_norm(x, (hidden,), weight, bias)  # noqa: E731
         else:
-            y = F.rms_norm(x, (hidden,), weight)
-        if backward:
-            y.backward(torch.empty_like(y))
+            forward = lambda: F.rms_norm(x, (hidden,), weight)  # noqa: E731
+        if not backward:
+            return forward
+        return _backward(forward(), [x, weight] + ([bias] if norm == "layer" else []))
 
-    return call
+    return prepare
 
 
-def _attention_call(backward: bool) -> Callable:
-    def call(batch: int, heads: int, seq: int, head_dim: int) -> None:
+def _attention(backward: bool) -> Callable:
+    def prepare(batch: int, heads: int, seq: int, head_dim: int, device: str = "cpu") -> Callable:
         q, k, v = (
-            torch.empty(batch, heads, seq, head_dim, dtype=_BF16, requires_grad=backward)
+            torch.empty(
+                batch, heads, seq, head_dim, dtype=_BF16, device=device, requires_grad=backward
+            )
             for _ in range(3)
         )
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        if backward:
-            out.backward(torch.empty_like(out))
+        forward = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+        return _backward(forward(), [q, k, v]) if backward else forward
 
-    return call
-
-
-def _embedding_call(backward: bool) -> Callable:
-    def call(tokens: int, vocab: int, hidden: int) -> None:
-        weight = torch.empty(vocab, hidden, dtype=_BF16, requires_grad=backward)
-        out = F.embedding(torch.zeros(tokens, dtype=torch.long), weight)
-        if backward:
-            out.backward(torch.empty_like(out))
-
-    return call
+    return prepare
 
 
-def _gemm_call(fp8: bool) -> Callable:
-    def call(m: int, n: int, k: int) -> None:
+def _embedding(backward: bool) -> Callable:
+    def prepare(tokens: int, vocab: int, hidden: int, device: str = "cpu") -> Callable:
+        weight = torch.empty(vocab, hidden, dtype=_BF16, device=device, requires_grad=backward)
+        index = torch.zeros(tokens, dtype=torch.long, device=device)
+        forward = lambda: F.embedding(index, weight)  # noqa: E731
+        return _backward(forward(), [weight]) if backward else forward
+
+    return prepare
+
+
+def _gemm(fp8: bool) -> Callable:
+    def prepare(m: int, n: int, k: int, device: str = "cpu") -> Callable:
         if fp8:
-            a = torch.empty(m, k, dtype=torch.float8_e4m3fn)
-            b = torch.empty(n, k, dtype=torch.float8_e4m3fn).t()
-            one = torch.ones((), dtype=torch.float32)
-            torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=_BF16)
-        else:
-            torch.empty(m, k, dtype=_BF16) @ torch.empty(k, n, dtype=_BF16)
+            a = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=device)
+            b = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=device).t()
+            one = torch.ones((), dtype=torch.float32, device=device)
+            return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=_BF16)
+        a, b = (
+            torch.empty(m, k, dtype=_BF16, device=device),
+            torch.empty(k, n, dtype=_BF16, device=device),
+        )
+        return lambda: a @ b
 
-    return call
+    return prepare
 
 
-# benchmark op -> (the call it timed, taking the shape list; the aten op that call's time is of)
+def _pointwise(fn: Callable, inputs: int = 1) -> Callable:
+    def prepare(rows: int, hidden: int, device: str = "cpu") -> Callable:
+        xs = [torch.empty(rows, hidden, dtype=_BF16, device=device) for _ in range(inputs)]
+        return lambda: fn(*xs)
+
+    return prepare
+
+
+# benchmark op -> (prepare(*shape, device) -> the callable timed; the aten op that time is of)
 CALLS: dict[str, tuple[Callable, str]] = {
-    "mm": (_gemm_call(False), "aten.mm"),
-    "scaled_mm": (_gemm_call(True), "aten._scaled_mm"),
-    "layer_norm_fwd": (_norm_call("layer", False), "aten.native_layer_norm"),
-    "layer_norm_bwd": (_norm_call("layer", True), "aten.native_layer_norm_backward"),
-    "rms_norm_fwd": (_norm_call("rms", False), "aten._fused_rms_norm"),
-    "rms_norm_bwd": (_norm_call("rms", True), "aten._fused_rms_norm_backward"),
-    "gelu_fwd": (lambda r, h: F.gelu(torch.empty(r, h, dtype=_BF16)), "aten.gelu"),
-    "add": (
-        lambda r, h: torch.empty(r, h, dtype=_BF16) + torch.empty(r, h, dtype=_BF16),
-        "aten.add",
-    ),
-    "cast_bf16_fp32": (lambda r, h: torch.empty(r, h, dtype=_BF16).float(), "aten._to_copy"),
-    "cast_bf16_fp8": (
-        lambda r, h: torch.empty(r, h, dtype=_BF16).to(torch.float8_e4m3fn),
-        "aten._to_copy",
-    ),
-    "embedding_fwd": (_embedding_call(False), "aten.embedding"),
-    "embedding_bwd": (_embedding_call(True), "aten.embedding_dense_backward"),
-    "sdpa_fwd": (_attention_call(False), "aten._scaled_dot_product_flash_attention"),
-    "sdpa_bwd": (_attention_call(True), "aten._scaled_dot_product_flash_attention_backward"),
+    "mm": (_gemm(False), "aten.mm"),
+    "scaled_mm": (_gemm(True), "aten._scaled_mm"),
+    "layer_norm_fwd": (_norm("layer", False), "aten.native_layer_norm"),
+    "layer_norm_bwd": (_norm("layer", True), "aten.native_layer_norm_backward"),
+    "rms_norm_fwd": (_norm("rms", False), "aten._fused_rms_norm"),
+    "rms_norm_bwd": (_norm("rms", True), "aten._fused_rms_norm_backward"),
+    "gelu_fwd": (_pointwise(F.gelu), "aten.gelu"),
+    "add": (_pointwise(torch.add, inputs=2), "aten.add"),
+    "cast_bf16_fp32": (_pointwise(lambda x: x.float()), "aten._to_copy"),
+    "cast_bf16_fp8": (_pointwise(lambda x: x.to(torch.float8_e4m3fn)), "aten._to_copy"),
+    "embedding_fwd": (_embedding(False), "aten.embedding"),
+    "embedding_bwd": (_embedding(True), "aten.embedding_dense_backward"),
+    "sdpa_fwd": (_attention(False), "aten._scaled_dot_product_flash_attention"),
+    "sdpa_bwd": (_attention(True), "aten._scaled_dot_product_flash_attention_backward"),
 }
 
 
 def recorded_fields(bench_op: str, shape: list[int]) -> dict:
     """The kernel-table fields (op, dtype, aten, shape) of the op that `bench_op` timed, as the
     capture records it."""
-    call, aten = CALLS[bench_op]
+    prepare, aten = CALLS[bench_op]
     recorder = OpRecorder()
     with FakeTensorMode(), gpu_fused_ops(), recorder:
-        call(*shape)
+        prepare(*shape)()
     trace = recorder.trace()
     c = trace.columns
     rows = [

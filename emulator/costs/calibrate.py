@@ -1,10 +1,12 @@
-"""Measure a kernel table on a real CUDA GPU: GEMM grid, flash attention, HBM bandwidth sweep.
+"""Measure a kernel table on a real CUDA GPU: the bf16 GEMM grid and an HBM copy sweep.
 
 `run_calibration` times each kernel after warm-up by the profiler's kernel records (never CUDA
 events around a Python call, which count launch time: emulator.costs.kernel_timing), repeats
-it, and writes
-results/kernels/<gpu>.csv (columns: kernel_table.COLUMNS) with provenance. The grid and the CSV
-writer are plain functions so they can be tested without a GPU.
+it, and writes results/kernels/<gpu>.csv (columns: kernel_table.COLUMNS) with provenance. The
+other ops (fp8 GEMMs, unaligned vocabularies, norms, activations, casts, embedding, attention
+with torch's default backend) are measured by `prismbench.calibrate_grid`, which knows which
+op the capture records for each and passes them in as `extra`; `attention_grid` gives their
+attention shapes. The grids and the CSV writer are plain functions, tested without a GPU.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def gemm_grid(quick: bool = False) -> list[tuple[int, int, int]]:
 
 
 def attention_grid(quick: bool = False) -> list[tuple[int, int, int, int]]:
-    """(batch, heads, seq, head_dim) for causal flash attention at 4096 model width."""
+    """(batch, heads, seq, head_dim) for causal attention at 4096 model width."""
     seqs = ATTN_SEQ_LENS[:2] if quick else ATTN_SEQ_LENS
     return [(max(1, ATTN_TOKENS_PER_BATCH // s), 4096 // d, s, d) for d in ATTN_HEAD_DIMS for s in seqs]
 
@@ -85,10 +87,8 @@ def gpu_provenance() -> dict:
 
 def _measure(quick: bool, progress: Callable[[str], None] | None) -> list[dict]:
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    reps, warm = (5, 2) if quick else (20, 5)
+    reps, warm = repetitions(quick)
     rows, dev, bf16 = [], "cuda", torch.bfloat16
     for m, n, k in gemm_grid(quick):
         a, b = torch.randn(m, k, device=dev, dtype=bf16), torch.randn(k, n, device=dev, dtype=bf16)
@@ -98,24 +98,6 @@ def _measure(quick: bool, progress: Callable[[str], None] | None) -> list[dict]:
         del a, b
         if progress:
             progress(f"mm {m}x{n}x{k}: {t:.1f} us")
-    for batch, heads, seq, d in attention_grid(quick):
-        q, k_, v = (torch.randn(batch, heads, seq, d, device=dev, dtype=bf16, requires_grad=True) for _ in range(3))
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            fwd = lambda q=q, k_=k_, v=v: F.scaled_dot_product_attention(q, k_, v, is_causal=True)  # noqa: E731
-            t_f, s_f = time_kernels_us(fwd, reps, warm)
-            out = fwd()
-            grad = torch.randn_like(out)
-            t_b, s_b = time_kernels_us(
-                lambda out=out, q=q, k_=k_, v=v, grad=grad: torch.autograd.grad(out, (q, k_, v), grad, retain_graph=True),
-                reps, warm,
-            )
-        shape = {"batch": batch, "heads_q": heads, "heads_kv": heads, "seq_q": seq, "seq_kv": seq,
-                 "head_dim": d, "causal": True, "repetitions": reps}
-        rows.append({"op": "flash_attn_fwd", "dtype": "bf16", "aten": "aten._scaled_dot_product_flash_attention", **shape, "time_us": t_f, "spread_us": s_f})
-        rows.append({"op": "flash_attn_bwd", "dtype": "bf16", "aten": "aten._scaled_dot_product_flash_attention_backward", **shape, "time_us": t_b, "spread_us": s_b})
-        del q, k_, v, out, grad
-        if progress:
-            progress(f"attention b{batch} h{heads} s{seq} d{d}: fwd {t_f:.1f} us, bwd {t_b:.1f} us")
     for nbytes in HBM_SWEEP_BYTES[:4] if quick else HBM_SWEEP_BYTES:
         src, dst = torch.empty(nbytes, dtype=torch.uint8, device=dev), torch.empty(nbytes, dtype=torch.uint8, device=dev)
         t, s = time_kernels_us(lambda dst=dst, src=src: dst.copy_(src), reps, warm)
@@ -125,9 +107,16 @@ def _measure(quick: bool, progress: Callable[[str], None] | None) -> list[dict]:
     return rows
 
 
+def repetitions(quick: bool) -> tuple[int, int]:
+    """(timed repetitions, warm-up calls) of every grid kernel."""
+    return (5, 2) if quick else (20, 5)
+
+
 def run_calibration(out_path: str | Path, *, quick: bool = False,
-                    progress: Callable[[str], None] | None = None) -> Path:
-    """Measure the kernel grid on the current CUDA GPU and write the table to `out_path`."""
+                    progress: Callable[[str], None] | None = None,
+                    extra: Callable[[], list[dict]] | None = None) -> Path:
+    """Measure the kernel grid on the current CUDA GPU and write the table to `out_path`;
+    `extra()` measures more rows (the caller's grid of other ops) to write with it."""
     import torch
 
     if not torch.cuda.is_available():
@@ -136,4 +125,5 @@ def run_calibration(out_path: str | Path, *, quick: bool = False,
             f"(torch {torch.__version__}); run it on the GPU you want a kernel table for"
         )
     provenance = gpu_provenance() | {"source": "prismbench calibrate" + (" --quick" if quick else "")}
-    return write_kernel_csv(_measure(quick, progress), out_path, provenance)
+    rows = _measure(quick, progress) + (extra() if extra is not None else [])
+    return write_kernel_csv(rows, out_path, provenance)

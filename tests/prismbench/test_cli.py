@@ -116,13 +116,16 @@ def test_calibrate_passes_out_and_quick_to_run_calibration(tmp_path, monkeypatch
     calls = []
     fake = types.ModuleType("emulator.costs.calibrate")
 
-    def run_calibration(out, *, quick=False, progress=None):
+    def run_calibration(out, *, quick=False, progress=None, extra=None):
         calls.append((out, quick))
+        assert callable(extra)  # the fp8 / memory-bound / attention grid, measured on a GPU
         return out
 
     fake.run_calibration = run_calibration
+    fake.repetitions = lambda quick: (5, 2)
     monkeypatch.setitem(sys.modules, "emulator.costs.calibrate", fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda: (9, 0))
     out = tmp_path / "h100.csv"
     assert main(["calibrate", "--out", str(out), "--quick"]) == 0
     assert calls == [(out, True)]

@@ -1,0 +1,88 @@
+"""The calibration grid beyond bf16 GEMMs: fp8, unaligned vocabularies, memory-bound ops, attention.
+
+`calibration_cases(quick)` lists (benchmark op, shape) pairs in the vocabulary of
+`prismbench.microbench_rows.CALLS`; `measure_cases` times each on a device with kernel-only
+profiler records (`emulator.costs.kernel_timing.time_kernels_us`) and turns it into a
+kernel-table row that says which op the capture records for it (`recorded_fields`: aten op,
+dtype, the capture's byte count), so the row is found by the lookup that prices that op.
+`prismbench calibrate` appends these rows to the bf16 GEMM grid of `emulator.costs.calibrate`.
+Attention runs torch's default SDPA backend, as the workloads do (cuDNN on an H100).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from emulator.costs.calibrate import attention_grid, gemm_grid
+from prismbench.microbench_rows import CALLS, recorded_fields
+
+# GPT-2's vocabulary (unaligned: cuBLAS's align1 kernels); llm.c and Megatron pad to 50 304.
+UNALIGNED_VOCABS = (50257,)
+VOCAB_HIDDEN_SIZES = (768, 1600, 4096)
+VOCAB_TOKENS = (2048, 8192, 32768)
+# (rows, hidden) of the norms, activations, adds and casts: 768..8192 wide, 8k..32k tokens.
+MEMORY_SHAPES = ((8192, 768), (8192, 2048), (8192, 4096), (32768, 4096), (16384, 8192))
+MEMORY_OPS = (
+    "layer_norm_fwd", "layer_norm_bwd", "rms_norm_fwd", "rms_norm_bwd",
+    "gelu_fwd", "add", "cast_bf16_fp32", "cast_bf16_fp8",
+)  # fmt: skip
+# (tokens, vocab, hidden) of the token embedding
+EMBEDDING_SHAPES = ((8192, 50304, 2048), (8192, 50257, 1600), (8192, 128256, 4096))
+
+
+def calibration_cases(quick: bool = False, *, fp8: bool = True) -> list[tuple[str, list[int]]]:
+    """Every (benchmark op, shape) the grid measures besides the bf16 GEMMs."""
+    cases: list[tuple[str, list[int]]] = []
+    if fp8:  # torch._scaled_mm takes dimensions divisible by 16 only
+        cases += [
+            ("scaled_mm", [m, n, k])
+            for m, n, k in gemm_grid(quick)
+            if m % 16 == n % 16 == k % 16 == 0
+        ]
+    tokens = VOCAB_TOKENS[1:2] if quick else VOCAB_TOKENS
+    hiddens = VOCAB_HIDDEN_SIZES[:1] if quick else VOCAB_HIDDEN_SIZES
+    for vocab in UNALIGNED_VOCABS:
+        for t in tokens:
+            for h in hiddens:  # the output layer's forward, input gradient and weight gradient
+                cases += [("mm", [t, vocab, h]), ("mm", [t, h, vocab]), ("mm", [vocab, h, t])]
+    shapes = MEMORY_SHAPES[:2] if quick else MEMORY_SHAPES
+    cases += [(op, list(shape)) for op in MEMORY_OPS for shape in shapes]
+    for shape in EMBEDDING_SHAPES[:1] if quick else EMBEDDING_SHAPES:
+        cases += [("embedding_fwd", list(shape)), ("embedding_bwd", list(shape))]
+    for batch, heads, seq, head_dim in attention_grid(quick):
+        cases += [(op, [batch, heads, seq, head_dim]) for op in ("sdpa_fwd", "sdpa_bwd")]
+    return cases
+
+
+def measure_cases(
+    cases: list[tuple[str, list[int]]],
+    *,
+    time_fn: Callable,
+    device: str = "cuda",
+    repetitions: int = 20,
+    warmup: int = 5,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[dict], list[str]]:
+    """(kernel-table rows, the cases that could not run with why) for `cases` on `device`;
+    `time_fn(fn, repetitions, warmup) -> (median us, spread us)` times a callable."""
+    import torch
+
+    rows, skipped = [], []
+    for i, (op, shape) in enumerate(cases, 1):
+        try:
+            fn = CALLS[op][0](*shape, device=device)
+            median_us, spread_us = time_fn(fn, repetitions, warmup)
+        except (RuntimeError, torch.OutOfMemoryError) as err:  # a shape this GPU cannot run
+            skipped.append(f"{op} {shape}: {str(err).splitlines()[0]}")
+            continue
+        finally:
+            fn = None
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        rows.append(
+            recorded_fields(op, shape)
+            | {"time_us": median_us, "repetitions": repetitions, "spread_us": spread_us}
+        )
+        if progress:
+            progress(f"[{i}/{len(cases)}] {op} {shape}: {median_us:.1f} us")
+    return rows, skipped
