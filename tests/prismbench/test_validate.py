@@ -22,6 +22,10 @@ global_batch = 2
 """
 
 
+def _validate_args(baselines_dir, *more: str) -> list[str]:
+    return ["validate", "--baselines", str(baselines_dir), *more]
+
+
 @pytest.fixture(scope="module")
 def predicted_s():
     return emulate(
@@ -71,16 +75,7 @@ def test_cli_exit_codes_and_mlflow(tmp_path, baselines_dir, capsys):
     import mlflow
 
     db = tmp_path / "h" / "p.duckdb"
-    args = [
-        "validate",
-        "--baselines",
-        str(baselines_dir),
-        "--all",
-        "--db",
-        str(db),
-        "--workers",
-        "1",
-    ]
+    args = _validate_args(baselines_dir, "--all", "--db", str(db), "--workers", "1")
     assert main([*args, "--gate", "iteration_time_s:20%", "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert [f["baseline"] for f in out["gate_failures"]] == ["mine__tiny__1g__r002"]
@@ -118,17 +113,7 @@ def test_artifacts_are_written_and_logged(tmp_path, baselines_dir):
     import mlflow
 
     db = tmp_path / "h" / "p.duckdb"
-    args = [
-        "validate",
-        "--baselines",
-        str(baselines_dir),
-        "--select",
-        "r001",
-        "--db",
-        str(db),
-        "--workers",
-        "1",
-    ]
+    args = _validate_args(baselines_dir, "--select", "r001", "--db", str(db), "--workers", "1")
     assert main([*args, "--artifacts"]) == 0
     (case_dir,) = (tmp_path / "h" / "artifacts").glob("*/mine__tiny__1g__r001")
     assert (case_dir / "timeline.json").stat().st_size > 0
@@ -160,19 +145,7 @@ def test_a_malformed_baseline_is_refused_with_exit_2(tmp_path, baselines_dir, ca
         + "[measured]\niteration_time_s = -1\n"
         + '[provenance]\nsource = "t"\ncsv_row = 2\nmodel = "m"\n'
     )
-    assert (
-        main(
-            [
-                "validate",
-                "--baselines",
-                str(baselines_dir),
-                "--all",
-                "--db",
-                str(tmp_path / "h.duckdb"),
-            ]
-        )
-        == 2
-    )
+    assert main(_validate_args(baselines_dir, "--all", "--db", str(tmp_path / "h.duckdb"))) == 2
     err = capsys.readouterr().err
     assert (
         "mine__bad__1g__r003.toml" in err
@@ -189,16 +162,7 @@ def test_a_killed_validation_is_not_recorded_complete(tmp_path, baselines_dir):
     from prismbench import history
 
     db = tmp_path / "h.duckdb"
-    args = [
-        "validate",
-        "--baselines",
-        str(baselines_dir),
-        "--all",
-        "--db",
-        str(db),
-        "--no-mlflow",
-        "--no-cache",
-    ]
+    args = _validate_args(baselines_dir, "--all", "--db", str(db), "--no-mlflow", "--no-cache")
     proc = subprocess.Popen([sys.executable, "-m", "prismbench", *args], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while (
