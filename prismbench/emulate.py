@@ -15,7 +15,7 @@ from pathlib import Path
 
 from emulator.costs.collectives import Topology
 from emulator.costs.kernel_table import PRICE_SOURCES, KernelTable, load_kernel_table
-from emulator.costs.pricing import CostContext, price_source_summary
+from emulator.costs.pricing import CostContext, compute_prices, price_source_summary
 from emulator.graph.build import build_graph
 from emulator.graph.replay import replay
 from emulator.graph.timeline import write_trace
@@ -153,7 +153,11 @@ def emulate(
     capture = capture_job(job, workers=workers, use_cache=use_cache, progress=progress)
     say(f"capture done in {capture.wall_s:.1f} s ({'cache' if capture.cached else 'captured'})")
     cost = cost_context(job, kernel_table)
-    graph = build_graph(capture.traces, capture.world, cost)
+    # priced once: the graph takes the durations, the result says how they were priced
+    prices = {p: compute_prices(trace, cost) for p, trace in capture.traces.items()}
+    graph = build_graph(
+        capture.traces, capture.world, cost, durations_s={p: d for p, (d, _) in prices.items()}
+    )
     say(f"graph: {sum(len(c) for c in graph.classes):,} nodes; replaying")
     timing = replay(graph, ranks=trace_ranks or ())
     if trace_path is not None:
@@ -178,7 +182,7 @@ def emulate(
             job=label,
         )
         say(f"wrote memory timelines and snapshots to {memory_dir}")
-    priced_by = {p: price_source_summary(trace, cost) for p, trace in capture.traces.items()}
+    priced_by = {p: price_source_summary(*prices[p]) for p in capture.traces}
     per_class = tuple(
         _class_figures(capture.world, b, memory[b.pp], priced_by[b.pp]) for b in timing.per_class
     )

@@ -128,9 +128,9 @@ def compute_durations_s(trace: RankTrace, cost: CostContext) -> np.ndarray:
     return compute_prices(trace, cost)[0]
 
 
-def price_source_summary(trace: RankTrace, cost: CostContext) -> dict[str, dict[str, float]]:
-    """Per price source: how many compute rows it priced and their summed duration (seconds)."""
-    durations, sources = compute_prices(trace, cost)
+def price_source_summary(durations: np.ndarray, sources: np.ndarray) -> dict[str, dict[str, float]]:
+    """Per price source: how many compute rows it priced and their summed duration (seconds),
+    from `compute_prices`' two arrays."""
     return {
         name: {
             "ops": int(np.sum(sources == i)),
