@@ -16,6 +16,7 @@ load), so the trace's memory starts from parameters + optimizer state.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -52,11 +53,13 @@ def world_of(job) -> World:
     )
 
 
-def code_version() -> str:
-    """Hash of the source that shapes a trace (the emulator and the workloads)."""
+@functools.cache
+def source_hash(packages: tuple[str, ...] = _SOURCE_PACKAGES) -> str:
+    """Hash of the Python source of `packages` (default: the emulator and the workloads, what
+    shapes a trace); read once per process."""
     digest = hashlib.sha256()
     root = Path(__file__).resolve().parents[1]
-    for package in _SOURCE_PACKAGES:
+    for package in packages:
         for path in sorted((root / package).rglob("*.py")):
             digest.update(path.relative_to(root).as_posix().encode())
             digest.update(path.read_bytes())
@@ -70,7 +73,7 @@ def cache_key(job) -> str:
     tables = job.to_dict()
     tables["cluster"] = {"gpus_per_node": job.cluster.gpus_per_node}
     spec = json.dumps(tables, sort_keys=True)
-    return hashlib.sha256(f"{spec}|{code_version()}|{SCHEMA_VERSION}".encode()).hexdigest()[:20]
+    return hashlib.sha256(f"{spec}|{source_hash()}|{SCHEMA_VERSION}".encode()).hexdigest()[:20]
 
 
 def default_cache_dir() -> Path:

@@ -100,9 +100,9 @@ def provenance() -> dict:
     """machine, software, commit, date of a recording made here."""
     import torch
 
-    from prismbench.validate import code_version
+    from prismbench.validate import git_version
 
-    commit, dirty = code_version()
+    commit, dirty = git_version()
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as handle:

@@ -138,12 +138,11 @@ def case_metrics(baseline, result: dict) -> list[MetricResult]:
 def result_cache_key(job) -> str:
     """What an emulation result depends on: the job spec, every source file of the three
     packages, the committed kernel tables and the result schema."""
+    from prismbench.capture import source_hash
     from prismbench.emulate import KERNEL_TABLES, RESULT_SCHEMA_VERSION
 
     digest = hashlib.sha256(json.dumps(job.to_dict(), sort_keys=True).encode())
-    for package in ("prismbench", "emulator", "workloads"):
-        for path in sorted((REPO / package).rglob("*.py")):
-            digest.update(path.relative_to(REPO).as_posix().encode() + path.read_bytes())
+    digest.update(source_hash(("prismbench", "emulator", "workloads")).encode())
     for path in sorted(KERNEL_TABLES.glob("*.csv")):
         digest.update(path.name.encode() + path.read_bytes())
     digest.update(str(RESULT_SCHEMA_VERSION).encode())
@@ -172,7 +171,7 @@ def _emulate_one(job, name: str, use_cache: bool, artifact_dir: Path | None) -> 
     return result | {"from_cache": False}
 
 
-def code_version() -> tuple[str, bool]:
+def git_version() -> tuple[str, bool]:
     """(commit, dirty) of the checkout this package runs from; ("unknown", True) outside git."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
@@ -207,7 +206,7 @@ def validate(
     (<db folder>/artifacts/<run id>/<baseline>/; MLflow logs them); emulates every case again."""
     say = progress or (lambda _msg: None)
     workers = workers or min(len(baselines), os.cpu_count() or 1)
-    commit, dirty = code_version()
+    commit, dirty = git_version()
     settings = {"baselines": [b.name for b in baselines], "workers": workers, "use_cache": use_cache,
                 "artifacts": artifacts}  # fmt: skip
     run = ValidationRun(uuid.uuid4().hex[:12], [], Path(db_path), "running")
