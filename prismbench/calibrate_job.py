@@ -45,7 +45,7 @@ def calibrate_job(job, out_csv: str | Path, profile_out: str | Path, *, warmup: 
             "(set every parallel degree to 1, or profile one rank with device mode)"
         )
     state = build_training(job, None, device=device)
-    rows = job.num_microbatches * job.batch.micro_batch
+    rows = job.local_batch_rows
     tokens = torch.randint(0, job.model.vocab, (rows, job.batch.seq_len), device=device)
     records = profile_iteration(
         lambda: train_step(job, state, tokens, tokens), warmup=warmup, cuda=device == "cuda"

@@ -18,8 +18,6 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import os
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +30,7 @@ from emulator.costs.calibrate import write_kernel_csv
 from emulator.costs.kernel_table import PROVENANCE_FIELDS, row_fields
 from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS
 from emulator.costs.pricing import op_record
+from prismbench.files import write_atomically
 from prismbench.profile_readers import ProfiledOp, read_profile
 
 # Profile op (as an aten packet) -> the normalized name of the op the capture records for the
@@ -245,15 +244,5 @@ def ingest_profile(profile_path: str | Path, job, *, provenance: dict | None = N
 
 
 def write_rows_csv(rows: list[dict], path: str | Path) -> Path:
-    """Write kernel-table rows atomically: a temp file beside `path`, renamed over it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write_kernel_csv(rows, tmp, {})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write kernel-table rows atomically (`prismbench.files.write_atomically`)."""
+    return write_atomically(path, lambda tmp: write_kernel_csv(rows, tmp, {}))

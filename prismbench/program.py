@@ -78,7 +78,7 @@ def rank_program(job) -> RankProgram:
     def build(mesh):
         # fake "cpu" tensors: nothing is allocated, and values do not exist to initialise
         state = build_training(job, mesh, device="cpu", initialize=False)
-        rows = job.num_microbatches * job.batch.micro_batch
+        rows = job.local_batch_rows
         tokens = torch.zeros(rows, job.batch.seq_len, dtype=torch.long)
         return state, tokens
 

@@ -21,11 +21,11 @@ import os
 import platform
 import resource
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from prismbench.files import write_atomically
 from workloads.config import SpecError
 
 RECORD_SCHEMA_VERSION = 1
@@ -42,7 +42,7 @@ def _rank_run(job, warmup: int, iterations: int) -> dict:
 
     mesh = make_mesh(job)
     state = build_training(job, mesh, device="cpu")
-    rows = job.num_microbatches * job.batch.micro_batch
+    rows = job.local_batch_rows
     generator = torch.Generator().manual_seed(dist.get_rank())
     tokens = torch.randint(0, job.model.vocab, (rows, job.batch.seq_len), generator=generator)
     for _ in range(warmup):
@@ -192,13 +192,4 @@ def write_record(recording: Recording, path: str | Path) -> Path:
     if path.suffix != ".toml":
         raise SpecError(f"--out {path}: a recorded baseline is a .toml file")
     text = baseline_to_toml(to_baseline(recording, path.stem), "Recorded by prismbench record.")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomically(path, lambda tmp: tmp.write_text(text))

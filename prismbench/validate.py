@@ -27,6 +27,7 @@ from pathlib import Path
 
 from prismbench import history
 from prismbench.fidelity import measured_iteration_s
+from prismbench.files import write_atomically
 from prismbench.thresholds import Threshold
 from workloads.config import SpecError
 
@@ -164,10 +165,7 @@ def _emulate_one(job, name: str, use_cache: bool, artifact_dir: Path | None) -> 
         artifact_dir.mkdir(parents=True, exist_ok=True)
         extra = {"trace_path": artifact_dir / "timeline.json", "memory_dir": artifact_dir / "memory"}
     result = emulate(job, name=name, **extra).to_dict()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(path)
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(result)))
     return result | {"from_cache": False}
 
 

@@ -150,6 +150,11 @@ class TrainingJob:
         return self.batch.global_batch // (self.parallel.dp * self.batch.micro_batch)
 
     @property
+    def local_batch_rows(self) -> int:
+        """Sequences one data-parallel rank consumes per iteration (all its micro-batches)."""
+        return self.num_microbatches * self.batch.micro_batch
+
+    @property
     def tokens_per_iteration(self) -> int:
         return self.batch.global_batch * self.batch.seq_len
 
