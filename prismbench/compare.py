@@ -73,7 +73,7 @@ class Comparison:
 
 def compare_ops(ops, trace, cost) -> list[ClassComparison]:
     """Per-class totals over one trace and one profile's ops (the work of `compare_profile`)."""
-    from prismbench.profile_ingest import align_profile, profile_key
+    from prismbench.profile_ingest import align_profile, aten_packet, profile_key
 
     aligned = align_profile(ops, trace)
     durations, sources = compute_prices(trace, cost)
@@ -104,7 +104,7 @@ def compare_ops(ops, trace, cost) -> list[ClassComparison]:
         if i in matched_ops:
             key = owner[i]
         else:
-            key = (profile_key(op)[0], op.op.replace("::", ".", 1))
+            key = (profile_key(op)[0], aten_packet(op.op))
         acc[key]["profile_ops"] += 1
         acc[key]["measured_s"] += op.kernel_us * 1e-6
     classes = [ClassComparison(op=k[0], aten=k[1], **v) for k, v in acc.items()]

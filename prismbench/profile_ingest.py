@@ -52,7 +52,7 @@ def collapse_to_recorded(ops: list[ProfiledOp], recorded: set[str]) -> list[Prof
     merged: dict[tuple, ProfiledOp] = {}
     out: list = []
     for op in ops:
-        owner = next((s for s in op.stack if _packet(s[0]) in recorded), None)
+        owner = next((s for s in op.stack if aten_packet(s[0]) in recorded), None)
         if owner is None:
             out.append(op)
             continue
@@ -65,7 +65,8 @@ def collapse_to_recorded(ops: list[ProfiledOp], recorded: set[str]) -> list[Prof
     return [merged[o] if isinstance(o, tuple) else o for o in out]
 
 
-def _packet(op: str) -> str:
+def aten_packet(op: str) -> str:
+    """The profiler's "aten::mm" as the capture names it: "aten.mm"."""
     return op.replace("::", ".", 1)
 
 
@@ -93,7 +94,7 @@ def match_key(name: str, packet: str, inputs: list, outputs: list = ()) -> tuple
 
 
 def profile_key(op: ProfiledOp) -> tuple:
-    packet = _packet(op.op)
+    packet = aten_packet(op.op)
     name = PROFILE_ALIASES.get(packet) or normalized_name(packet) or packet
     return match_key(name, packet, _shapes(op.shapes))
 
