@@ -1,5 +1,6 @@
-"""The shared H100 measurements (../shared/data/gpu/h100-sxm-80g): where they are, and the
-command line the scripts comparing against them share (--only CASE..., --out FILE)."""
+"""The shared H100 measurements (../shared/data/gpu/h100-sxm-80g): where they are, the
+command line the scripts comparing against them share (--only CASE..., --out FILE), and the
+leave-one-out kernel table they score with."""
 
 from __future__ import annotations
 
@@ -23,3 +24,11 @@ def cases_from_cli(description: str) -> tuple[list[str], dict, Path | None]:
     if unknown:
         sys.exit(f"--only: {unknown} not in {SHARED / 'summary.json'}")
     return cases, measured, args.out
+
+
+def leave_one_out_table(case: str):
+    """The committed H100 kernel table without the rows of `case`'s own profile."""
+    from emulator.costs.kernel_table import load_kernel_table
+    from prismbench.emulate import KERNEL_TABLES
+
+    return load_kernel_table(KERNEL_TABLES / "h100-sxm-80g.csv", skip_sources=(f"profile:{case}",))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "results"))
-from shared_h100 import SHARED  # noqa: E402
+from shared_h100 import SHARED, leave_one_out_table  # noqa: E402
 
 
 def kind(op: str) -> str:
@@ -34,9 +34,7 @@ def kind(op: str) -> str:
 def main() -> None:
     import json
 
-    from emulator.costs.kernel_table import load_kernel_table
     from prismbench.compare import compare_profile
-    from prismbench.emulate import KERNEL_TABLES
     from prismbench.spec import load_job_spec
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -48,9 +46,7 @@ def main() -> None:
     lines, by_kind = [], defaultdict(lambda: defaultdict(float))
     for i, case in enumerate(cases, 1):
         print(f"[{i}/{len(cases)}] {case}", file=sys.stderr, flush=True)
-        table = load_kernel_table(
-            KERNEL_TABLES / "h100-sxm-80g.csv", skip_sources=(f"profile:{case}",)
-        )
+        table = leave_one_out_table(case)
         result = compare_profile(
             load_job_spec(SHARED / "specs" / f"{case}.toml"),
             SHARED / "profiles" / f"{case}.ops.jsonl.gz",

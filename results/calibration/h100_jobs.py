@@ -20,12 +20,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "results"))
-from shared_h100 import SHARED, cases_from_cli  # noqa: E402
+from shared_h100 import SHARED, cases_from_cli, leave_one_out_table  # noqa: E402
 
 
 def main() -> None:
-    from emulator.costs.kernel_table import load_kernel_table
-    from prismbench.emulate import KERNEL_TABLES, emulate
+    from prismbench.emulate import emulate
     from prismbench.spec import load_job_spec
 
     cases, measured, out = cases_from_cli(__doc__.splitlines()[0])
@@ -36,9 +35,7 @@ def main() -> None:
     errors = []
     for i, case in enumerate(cases, 1):
         print(f"[{i}/{len(cases)}] {case}", flush=True)
-        table = load_kernel_table(
-            KERNEL_TABLES / "h100-sxm-80g.csv", skip_sources=(f"profile:{case}",)
-        )
+        table = leave_one_out_table(case)
         job = load_job_spec(SHARED / "specs" / f"{case}.toml")
         result = emulate(job, name=case, kernel_table=table)
         by = result.compute_priced_by
