@@ -1,7 +1,7 @@
 """The job spec: a training job (workloads.job) on a cluster, loaded from TOML and validated.
 
 A job spec names a model (a registry flavor and/or explicit dims), its parallel layout,
-batch, training settings and cluster. The first four sections are the workloads' own types
+batch, training settings, kernels and cluster. All but the cluster are the workloads' own types
 (`workloads.job`); the cluster, the rules that need its hardware, and TOML loading are here.
 Every rule is checked where the dataclass is built; a broken rule raises `SpecError` with the
 field and the numbers in the message, before anything runs.
@@ -20,6 +20,7 @@ from emulator import hardware
 from workloads.config import ModelSpec, SpecError
 from workloads.flavors import get_flavor
 from workloads.job import BatchSpec, ParallelSpec, TrainingJob, TrainSpec, check_positive_ints
+from workloads.kernels import KernelsSpec
 
 __all__ = [
     "ClusterSpec",
@@ -73,11 +74,12 @@ class JobSpec(TrainingJob):
         return {name: dataclasses.asdict(getattr(self, name)) for name in _SECTIONS}
 
 
-_SECTIONS = ("model", "parallel", "batch", "train", "cluster")
+_SECTIONS = ("model", "parallel", "batch", "train", "kernels", "cluster")
 _SECTION_TYPES = {
     "parallel": ParallelSpec,
     "batch": BatchSpec,
     "train": TrainSpec,
+    "kernels": KernelsSpec,
     "cluster": ClusterSpec,
 }
 

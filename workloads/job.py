@@ -1,7 +1,7 @@
 """The training job the workloads run, as typed, validated sections.
 
-`TrainingJob` holds the model (`ModelSpec`), the parallel layout, the batch and the training
-settings, each a frozen dataclass checked where it is built; a broken rule raises `SpecError`
+`TrainingJob` holds the model (`ModelSpec`), the parallel layout, the batch, the training
+settings and the kernels (`workloads.kernels`), each a frozen dataclass checked where it is built; a broken rule raises `SpecError`
 naming the field and the numbers. The cluster the job runs on, and TOML loading, live in
 `prismbench.spec`, whose `JobSpec` is a TrainingJob with a cluster.
 """
@@ -20,6 +20,7 @@ from workloads.config import (
     check_tensor_parallel,
     stage_layer_counts,
 )
+from workloads.kernels import KernelsSpec
 
 SCHEDULES = (*SINGLE_STAGE_SCHEDULES, *MULTI_STAGE_SCHEDULES)
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
@@ -101,7 +102,7 @@ class TrainSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingJob:
-    """What the workloads run: the model, its parallel layout, batch and training settings.
+    """What the workloads run: the model, its parallel layout, batch, training settings and kernels.
 
     Cross-section rules that need no hardware are checked here; the cluster and what it
     allows (prismbench.spec.JobSpec) sit one floor up."""
@@ -110,6 +111,7 @@ class TrainingJob:
     parallel: ParallelSpec = field(default_factory=ParallelSpec)
     batch: BatchSpec
     train: TrainSpec = field(default_factory=TrainSpec)
+    kernels: KernelsSpec = field(default_factory=KernelsSpec)
 
     def __post_init__(self) -> None:
         p = self.parallel

@@ -1,0 +1,50 @@
+import pytest
+
+from prismbench.spec import job_spec_from_dict
+from workloads.config import SpecError
+from workloads.kernels import CHOICES, FRAMEWORKS, KernelsSpec, padded_vocab
+
+
+def test_every_framework_has_a_valid_choice_for_every_field():
+    for framework in FRAMEWORKS:
+        spec = KernelsSpec(framework=framework)
+        for name, (allowed, _) in CHOICES.items():
+            assert getattr(spec, name) in allowed
+        assert spec.vocab_multiple >= 1
+        assert spec.overrides() == {}
+
+
+def test_a_field_given_next_to_the_framework_overrides_its_choice():
+    spec = KernelsSpec(framework="megatron", vocab_multiple=64)
+    assert spec.vocab_multiple == 64
+    assert spec.overrides() == {"vocab_multiple": 64}
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"framework": "deepspeed"}, "kernels.framework"),
+        ({"loss": "magic"}, "kernels.loss"),
+        ({"vocab_multiple": 0}, "kernels.vocab_multiple"),
+        ({"pipeline_recv": "never"}, "kernels.pipeline_recv"),
+    ],
+)
+def test_bad_choices_name_the_field(kwargs, field):
+    with pytest.raises(SpecError, match=field):
+        KernelsSpec(**kwargs)
+
+
+def test_the_job_spec_reads_a_kernels_section_and_refuses_unknown_keys():
+    tables = {"model": {"name": "gpt2-124m"}, "batch": {"seq_len": 128, "global_batch": 2}}
+    assert job_spec_from_dict(tables).kernels.framework == "prism-86a4f47"
+    job = job_spec_from_dict({**tables, "kernels": {"framework": "llm.c"}})
+    assert job.kernels.framework == "llm.c"
+    assert job.to_dict()["kernels"]["framework"] == "llm.c"
+    with pytest.raises(SpecError, match="kernels: unknown key"):
+        job_spec_from_dict({**tables, "kernels": {"fused": True}})
+
+
+def test_padded_vocab_rounds_up_to_the_multiple():
+    assert padded_vocab(50257, 128) == 50304
+    assert padded_vocab(50304, 128) == 50304
+    assert padded_vocab(50257, 1) == 50257
