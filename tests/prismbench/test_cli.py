@@ -113,6 +113,8 @@ def test_calibrate_without_cuda_exits_2(tmp_path, capsys):
 
 
 def test_calibrate_passes_out_and_quick_to_run_calibration(tmp_path, monkeypatch, capsys):
+    import prismbench.calibrate_grid  # noqa: F401  (binds the real grids before the fake goes in)
+
     calls = []
     fake = types.ModuleType("emulator.costs.calibrate")
 
