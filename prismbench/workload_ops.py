@@ -28,7 +28,7 @@ def _masked_fwd_flops(args, kwargs) -> int:
 
 
 def _masked_bwd_flops(args, kwargs) -> int:
-    # (grad_out, q, k, v, q_positions, kv_positions, slopes)
+    # (grad_out, q, k, v, out, logsumexp, q_positions, kv_positions, slopes)
     return attention_bwd_flops(args[1], args[2], args[3], True)
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.distributed import _functional_collectives as funcol
 
-from workloads.models.attention_ops import masked_attention
+from workloads.models.attention_ops import position_masked_attention
 from workloads.models.common import alibi_slopes
 
 # torch 2.13 renamed it (the old name warns); torch 2.11 has only the old one.
@@ -81,7 +81,7 @@ class AllGatherAttention(nn.Module):
             slopes = torch.tensor(slopes, dtype=torch.float32, device=q.device)
         else:
             slopes = torch.empty(0, dtype=torch.float32, device=q.device)
-        out = masked_attention(q, k, v, positions, k_pos, slopes)
+        out = position_masked_attention(q, k, v, positions, k_pos, slopes)
         return out.transpose(1, 2)
 
 

@@ -1,14 +1,20 @@
-"""Causal attention masked by token positions (ALiBi, context parallelism) as one custom op.
+"""Causal attention masked by token positions (ALiBi, context parallelism): one fused kernel.
 
-On a GPU this attention is one fused kernel: FlashAttention-2 takes ALiBi slopes and
-applies the causal mask tile by tile (MPT, BLOOM on flash-attn), and context-parallel
-attention runs flash kernels on the gathered keys. Written with plain torch ops it would
-materialise an s x s bias through a dozen elementwise kernels, which is neither what a
-GPU runs nor what it costs. So `prism::masked_attention` and its backward are custom ops:
-their CPU implementation is the reference math (an additive bias and SDPA), their fake
-implementation allocates only the outputs, and the emulator maps them to flash attention.
-The CPU implementation is written out (scores, softmax, and the softmax backward by hand)
-because a custom op's kernel runs below autograd.
+On a GPU this attention is one fused low-precision kernel each way: FlashAttention-2 takes
+ALiBi slopes and applies the causal mask tile by tile (MPT on llm-foundry, BLOOM on
+Megatron-DeepSpeed), and context-parallel attention runs flash kernels on the gathered keys.
+`position_masked_attention` runs exactly that on CUDA: FlexAttention, compiled, with the
+ALiBi term as a score_mod and the position mask as a block mask (bf16 in, fp32 softmax
+statistics inside, no score matrix in memory).
+
+Everywhere else (capture under fake tensors on `cpu`, and real CPU runs for loss parity) it
+is the custom op pair `prism::masked_attention` / `prism::masked_attention_backward`: the
+fake implementation allocates what the flash kernel does (the output and the float32
+logsumexp per query row, both saved for backward), so capture prices and sizes the fused
+kernel, and the emulator maps the pair to flash attention (prismbench/workload_ops.py). The
+CPU implementation is the reference math, written out as the flash backward does it (the
+probabilities recomputed from the saved logsumexp) because a custom op's kernel runs below
+autograd. FlexAttention is not used on CPU: its backward does not run there in torch 2.13.
 
 Mask: key j is visible to query i when kv_positions[j] <= q_positions[i]; with slopes
 (one per local head, float32), the score gets -slope_h * (q_pos - kv_pos) added.
@@ -17,13 +23,15 @@ Layout: q [b, h, s_q, d], k/v [b, h_kv, s_kv, d] (GQA when h_kv < h).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 
 
-def _bias(q_pos: Tensor, kv_pos: Tensor, slopes: Tensor, heads: int) -> Tensor:
+def _bias(q_pos: Tensor, kv_pos: Tensor, slopes: Tensor) -> Tensor:
     """Additive score bias [heads or 1, s_q, s_kv] in float32: the ALiBi term and -inf above
     the causal diagonal (by position)."""
     distance = (q_pos[:, None] - kv_pos[None, :]).to(torch.float32)
@@ -31,9 +39,9 @@ def _bias(q_pos: Tensor, kv_pos: Tensor, slopes: Tensor, heads: int) -> Tensor:
     return bias.masked_fill(distance < 0, float("-inf"))
 
 
-def _probabilities(q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor, slopes: Tensor) -> Tensor:
+def _scores(q: Tensor, k: Tensor, q_pos: Tensor, kv_pos: Tensor, slopes: Tensor) -> Tensor:
     scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    return torch.softmax(scores + _bias(q_pos, kv_pos, slopes, q.shape[1]), dim=-1)
+    return scores + _bias(q_pos, kv_pos, slopes)
 
 
 def _expand_kv(t: Tensor, heads: int) -> Tensor:
@@ -48,15 +56,18 @@ def _reduce_kv(grad: Tensor, kv_heads: int) -> Tensor:
 @torch.library.custom_op("prism::masked_attention", mutates_args=())
 def masked_attention(
     q: Tensor, k: Tensor, v: Tensor, q_positions: Tensor, kv_positions: Tensor, slopes: Tensor
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
+    """Returns (out [b, h, s_q, d] in q's dtype, logsumexp [b, h, s_q] in float32)."""
     heads = q.shape[1]
-    p = _probabilities(q, _expand_kv(k, heads), q_positions, kv_positions, slopes)
-    return (p @ _expand_kv(v, heads).float()).to(q.dtype)
+    scores = _scores(q, _expand_kv(k, heads), q_positions, kv_positions, slopes)
+    lse = torch.logsumexp(scores, dim=-1)
+    p = torch.exp(scores - lse.unsqueeze(-1))
+    return (p @ _expand_kv(v, heads).float()).to(q.dtype), lse
 
 
 @masked_attention.register_fake
 def _(q, k, v, q_positions, kv_positions, slopes):
-    return torch.empty_like(q)
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("prism::masked_attention_backward", mutates_args=())
@@ -65,18 +76,20 @@ def masked_attention_backward(
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    out: Tensor,
+    lse: Tensor,
     q_positions: Tensor,
     kv_positions: Tensor,
     slopes: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    # softmax backward by hand: a custom op's kernel runs below autograd
     heads, kv_heads = q.shape[1], k.shape[1]
     k_full, v_full = _expand_kv(k, heads).float(), _expand_kv(v, heads).float()
-    p = _probabilities(q, k_full, q_positions, kv_positions, slopes)
+    p = torch.exp(_scores(q, k_full, q_positions, kv_positions, slopes) - lse.unsqueeze(-1))
     g = grad_out.float()
     dv = p.transpose(-1, -2) @ g
     dp = g @ v_full.transpose(-1, -2)
-    ds = p * (dp - (dp * p).sum(dim=-1, keepdim=True)) / math.sqrt(q.shape[-1])
+    delta = (g * out.float()).sum(dim=-1, keepdim=True)  # flash's D = rowsum(dO * O)
+    ds = p * (dp - delta) / math.sqrt(q.shape[-1])
     dq = ds @ k_full
     dk = ds.transpose(-1, -2) @ q.float()
     return (
@@ -87,18 +100,71 @@ def masked_attention_backward(
 
 
 @masked_attention_backward.register_fake
-def _(grad_out, q, k, v, q_positions, kv_positions, slopes):
+def _(grad_out, q, k, v, out, lse, q_positions, kv_positions, slopes):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*inputs)
+    q, k, v, q_pos, kv_pos, slopes = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, q_pos, kv_pos, slopes)
+    ctx.set_materialize_grads(False)  # the logsumexp gets no gradient: no zeros kernel for it
 
 
-def _backward(ctx, grad_out):
-    q, k, v, q_pos, kv_pos, slopes = ctx.saved_tensors
-    dq, dk, dv = masked_attention_backward(grad_out, q, k, v, q_pos, kv_pos, slopes)
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, q_pos, kv_pos, slopes = ctx.saved_tensors
+    dq, dk, dv = masked_attention_backward(grad_out, q, k, v, out, lse, q_pos, kv_pos, slopes)
     return dq, dk, dv, None, None, None
 
 
 masked_attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+@functools.cache
+def _compiled_flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_position_masked_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_positions: Tensor,
+    kv_positions: Tensor,
+    slopes: Tensor,
+    *,
+    compiled: bool = True,
+) -> Tensor:
+    """The same attention as FlexAttention: ALiBi as a score_mod, the position mask as a block
+    mask. Compiled it is one fused kernel each way on CUDA; uncompiled it is FlexAttention's
+    reference math (used by the tests to check the two mods on CPU)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def visible(b, h, q_idx, kv_idx):
+        return kv_positions[kv_idx] <= q_positions[q_idx]
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_positions[q_idx] - kv_positions[kv_idx])
+
+    block_mask = create_block_mask(
+        visible, None, None, q.shape[2], k.shape[2], device=q.device, _compile=compiled
+    )
+    attend = _compiled_flex_attention() if compiled else flex_attention
+    return attend(
+        q, k, v,
+        score_mod=alibi if slopes.numel() else None,
+        block_mask=block_mask,
+        enable_gqa=k.shape[1] != q.shape[1],
+    )  # fmt: skip
+
+
+def position_masked_attention(
+    q: Tensor, k: Tensor, v: Tensor, q_positions: Tensor, kv_positions: Tensor, slopes: Tensor
+) -> Tensor:
+    """Position-masked attention as the GPU runs it: FlexAttention on real CUDA tensors, the
+    `prism::masked_attention` op (priced and sized as the flash kernel) everywhere else."""
+    if q.is_cuda and not is_fake(q):
+        return flex_position_masked_attention(q, k, v, q_positions, kv_positions, slopes)
+    return masked_attention(q, k, v, q_positions, kv_positions, slopes)[0]

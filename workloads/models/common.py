@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workloads.models.attention_ops import masked_attention
+from workloads.models.attention_ops import position_masked_attention
 from workloads.models.rope_ops import rope
 
 INIT_STD = 0.02  # GPT-2 / Megatron / torchtitan default normal init
@@ -52,7 +52,7 @@ class CausalAttention(nn.Module):
 
     The causal mask follows sequence order (`is_causal=True`, the flash path), not
     `positions`: a context-parallel attention that holds non-contiguous chunks must
-    replace this module. With `alibi=True` attention is `prism::masked_attention` (one
+    replace this module. With `alibi=True` attention is `position_masked_attention` (one
     fused kernel on a GPU, see attention_ops.py): bias = -slope_h * (q_pos - k_pos), and
     masked where k_pos > q_pos. `head_offset` is the global index of the first local
     head; tensor parallelism sets it to tp_rank * local_heads.
@@ -71,7 +71,7 @@ class CausalAttention(nn.Module):
         gqa = k.shape[1] != q.shape[1]
         if self.alibi:
             slopes = self.local_slopes(q.shape[1], q.device)
-            out = masked_attention(q, k, v, positions, positions, slopes)
+            out = position_masked_attention(q, k, v, positions, positions, slopes)
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return out.transpose(1, 2)

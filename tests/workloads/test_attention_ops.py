@@ -1,0 +1,97 @@
+"""Position-masked attention: the custom op pair against autograd, and FlexAttention's mods."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from workloads.models.attention_ops import (
+    flex_position_masked_attention,
+    masked_attention,
+    position_masked_attention,
+)
+from workloads.models.common import alibi_slopes
+
+
+def _inputs(heads=4, kv_heads=2, seq=16, dim=8, dtype=torch.float32, device="cpu"):
+    torch.manual_seed(0)
+    q = torch.randn(2, heads, seq, dim, dtype=dtype, device=device)
+    k = torch.randn(2, kv_heads, seq, dim, dtype=dtype, device=device)
+    v = torch.randn(2, kv_heads, seq, dim, dtype=dtype, device=device)
+    slopes = torch.tensor(alibi_slopes(heads), dtype=torch.float32, device=device)
+    return q, k, v, slopes
+
+
+def _autograd_reference(q, k, v, q_pos, kv_pos, slopes):
+    """The same attention with plain ops (an s x s bias through SDPA), differentiated by autograd."""
+    distance = (q_pos[:, None] - kv_pos[None, :]).to(q.dtype)
+    bias = (-slopes.to(q.dtype).view(-1, 1, 1) * distance).masked_fill(distance < 0, -math.inf)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+
+
+@pytest.mark.parametrize("shifted", [False, True], ids=["one-sequence", "context-parallel-chunk"])
+def test_custom_op_pair_matches_autograd_through_plain_attention(shifted):
+    q, k, v, slopes = _inputs()
+    kv_pos = torch.arange(16)
+    # a context-parallel rank holds queries at later positions than the keys' first chunk
+    q_pos = torch.arange(16) + (8 if shifted else 0)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = masked_attention(*leaves, q_pos, kv_pos, slopes)
+    reference = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = _autograd_reference(*reference, q_pos, kv_pos, slopes)
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expected.backward(grad)
+    for got, want in zip(leaves, reference, strict=True):
+        torch.testing.assert_close(got.grad, want.grad)
+    assert lse.dtype == torch.float32 and lse.shape == q.shape[:-1]
+
+
+def test_under_fake_tensors_the_op_allocates_what_the_flash_kernel_keeps():
+    with FakeTensorMode():
+        q = torch.empty(2, 4, 128, 64, dtype=torch.bfloat16)
+        kv = torch.empty(2, 2, 128, 64, dtype=torch.bfloat16)
+        pos = torch.arange(128)
+        out, lse = masked_attention(q, kv, kv, pos, pos, torch.empty(4))
+    assert (out.shape, out.dtype) == (q.shape, torch.bfloat16)
+    assert (lse.shape, lse.dtype) == (torch.Size([2, 4, 128]), torch.float32)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_attention_mods_say_the_same_mask_and_bias():
+    q, k, v, slopes = _inputs()
+    q_pos, kv_pos = torch.arange(16) + 8, torch.arange(16)
+    flex = flex_position_masked_attention(q, k, v, q_pos, kv_pos, slopes, compiled=False)
+    op_out, _ = masked_attention(q, k, v, q_pos, kv_pos, slopes)
+    torch.testing.assert_close(flex, op_out, rtol=1e-4, atol=1e-5)
+
+
+def test_on_cpu_the_module_path_is_the_custom_op():
+    q, k, v, slopes = _inputs()
+    pos = torch.arange(16)
+    torch.testing.assert_close(
+        position_masked_attention(q, k, v, pos, pos, slopes),
+        masked_attention(q, k, v, pos, pos, slopes)[0],
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_compiled_flex_attention_matches_the_reference_forward_and_backward():
+    q, k, v, slopes = _inputs(
+        heads=8, kv_heads=2, seq=256, dim=64, dtype=torch.bfloat16, device="cuda"
+    )
+    pos = torch.arange(256, device="cuda")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = position_masked_attention(*leaves, pos, pos, slopes)
+    reference = [t.float().clone().requires_grad_() for t in (q, k, v)]
+    expected = _autograd_reference(*reference, pos, pos, slopes)
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expected.backward(grad.float())
+    for got, want in zip(leaves, reference, strict=True):
+        torch.testing.assert_close(got.grad.float(), want.grad, rtol=5e-2, atol=5e-2)
