@@ -576,6 +576,30 @@ def test_jobs_that_differ_only_in_hardware_share_a_capture():
     base = {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 64, "global_batch": 2}}
     a100 = job_spec_from_dict(base | {"cluster": {"gpu": "a100-sxm-80g", "intra_node": "nvlink3"}})
     h100 = job_spec_from_dict(base | {"cluster": {"gpu": "h100-sxm-80g"}})
-    four_per_node = job_spec_from_dict(base | {"cluster": {"gpu": "h100-sxm-80g", "gpus_per_node": 4}})
+    four_per_node = job_spec_from_dict(
+        base | {"cluster": {"gpu": "h100-sxm-80g", "gpus_per_node": 4}}
+    )
     assert cache_key(a100) == cache_key(h100)
     assert cache_key(four_per_node) != cache_key(h100)
+
+
+def test_alibi_attention_is_one_flash_kernel_each_way_and_keeps_no_score_matrix():
+    """Position-masked attention (workloads/models/attention_ops.py) is captured as what the
+    fused GPU kernel does: one op forward and one backward per layer and micro-batch, the output
+    and the fp32 logsumexp kept, nothing of the s x s score matrix allocated."""
+    from emulator.capture.trace import ALLOC
+
+    job = debug_job(model="gpt-debug", positions="alibi", seq_len=48, global_batch=2)
+    trace = capture_rank(0, 1, rank_program(job))
+    c, aten = trace.columns, np.array(trace.text("aten"))
+    layers, micro_batches = job.model.layers, job.num_microbatches
+    for op in ("prism.masked_attention", "prism.masked_attention_backward"):
+        assert np.count_nonzero((c["kind"] == COMPUTE) & (aten == op)) == layers * micro_batches
+    heads, s = job.model.heads, job.batch.seq_len
+    shapes = [
+        shape for i in np.flatnonzero(c["kind"] == COMPUTE) for shape, _, _ in trace.tensors(i)
+    ]
+    assert not [shape for shape in shapes if tuple(shape[-2:]) == (s, s)]
+    lse_bytes = job.batch.micro_batch * heads * s * 4
+    allocated = c["size_bytes"][c["kind"] == ALLOC]
+    assert np.count_nonzero(allocated == lse_bytes) >= layers * micro_batches
