@@ -88,7 +88,7 @@ class CaseResult:
     gpu: str
     world_size: int
     status: str  # "ok" | "failed"
-    wall_s: float
+    wall_s: float  # the worker's time on this case; a failed one: since submission, queue included
     error_message: str | None = None
     result: dict | None = None
     metrics: list[MetricResult] = field(default_factory=list)
@@ -157,16 +157,25 @@ def _emulate_one(job, name: str, use_cache: bool, artifact_dir: Path | None) -> 
     from prismbench.capture import default_cache_dir
     from prismbench.emulate import emulate
 
+    started = time.perf_counter()
     path = default_cache_dir().parent / "results" / f"{result_cache_key(job)}.json"
     if use_cache and path.is_file() and artifact_dir is None:
-        return json.loads(path.read_text()) | {"job": name, "from_cache": True}
+        cached = json.loads(path.read_text())
+        return cached | {
+            "job": name,
+            "from_cache": True,
+            "case_wall_s": time.perf_counter() - started,
+        }
     extra = {}
     if artifact_dir is not None:
         artifact_dir.mkdir(parents=True, exist_ok=True)
-        extra = {"trace_path": artifact_dir / "timeline.json", "memory_dir": artifact_dir / "memory"}
+        extra = {
+            "trace_path": artifact_dir / "timeline.json",
+            "memory_dir": artifact_dir / "memory",
+        }
     result = emulate(job, name=name, **extra).to_dict()
     write_atomically(path, lambda tmp: tmp.write_text(json.dumps(result)))
-    return result | {"from_cache": False}
+    return result | {"from_cache": False, "case_wall_s": time.perf_counter() - started}
 
 
 def git_version() -> tuple[str, bool]:
@@ -214,7 +223,13 @@ def validate(
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
             futures = {
-                pool.submit(_emulate_one, b.job, b.name, use_cache, _artifact_dir(run, b.name) if artifacts else None): (b, time.perf_counter())
+                pool.submit(
+                    _emulate_one,
+                    b.job,
+                    b.name,
+                    use_cache,
+                    _artifact_dir(run, b.name) if artifacts else None,
+                ): (b, time.perf_counter())
                 for b in baselines
             }
             for done, future in enumerate(as_completed(futures), 1):
@@ -241,21 +256,25 @@ def _artifact_dir(run: ValidationRun, baseline: str) -> Path:
     return run.db_path.parent / "artifacts" / run.run_id / baseline
 
 
-def _case(baseline, future, wall_s: float) -> CaseResult:
+def _case(baseline, future, since_submitted_s: float) -> CaseResult:
     common = dict(baseline=baseline.name, source=baseline.name.split("__")[0],
-                  gpu=baseline.job.cluster.gpu, world_size=baseline.job.world_size, wall_s=wall_s)  # fmt: skip
+                  gpu=baseline.job.cluster.gpu, world_size=baseline.job.world_size)  # fmt: skip
     try:
         result = future.result()
     except Exception as err:  # a failed emulation is a result to record, not a crash
-        return CaseResult(status="failed", error_message=f"{type(err).__name__}: {err}", **common)
-    return CaseResult(status="ok", result=result, metrics=case_metrics(baseline, result), **common)
+        return CaseResult(status="failed", error_message=f"{type(err).__name__}: {err}",
+                          wall_s=since_submitted_s, **common)  # fmt: skip
+    return CaseResult(status="ok", result=result, metrics=case_metrics(baseline, result),
+                      wall_s=result["case_wall_s"], **common)  # fmt: skip
 
 
 def _brief(case: CaseResult) -> str:
     if case.status != "ok":
         return f"FAILED ({case.error_message})"
     cached = " (cached)" if case.result and case.result.get("from_cache") else ""
-    return (", ".join(f"{m.metric} {m.error:+.1%}" for m in case.metrics) or "no measured metric") + cached
+    return (
+        ", ".join(f"{m.metric} {m.error:+.1%}" for m in case.metrics) or "no measured metric"
+    ) + cached
 
 
 @dataclass(frozen=True)

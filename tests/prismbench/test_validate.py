@@ -107,6 +107,8 @@ def test_results_are_cached_by_spec_code_and_tables(tmp_path, baselines_dir, mon
     fresh = validate(chosen, db_path=tmp_path / "h.duckdb", workers=1, use_cache=False)
     assert [r.cases[0].result["from_cache"] for r in (first, again, fresh)] == [False, True, False]
     assert again.cases[0].metrics == first.cases[0].metrics
+    # a case's wall time is the worker's own on it, not the time since it was queued
+    assert all(r.cases[0].wall_s == r.cases[0].result["case_wall_s"] > 0 for r in (first, again))
 
 
 def test_artifacts_are_written_and_logged(tmp_path, baselines_dir):
