@@ -19,7 +19,8 @@ times the loss gradient). Their CPU kernels are the reference math; their fake k
 allocate only the outputs, so capture sees one memory-bound op each way and no float32 copy.
 With tp > 1 the vocabulary-parallel combination stays three all-reduces over the tp group
 (max and sum of exp of the partial logsumexps, the label's logit), as Megatron's.
-Padded vocabulary columns (`kernels.vocab_multiple`) take part in the softmax, as in Megatron.
+Padded vocabulary columns (`kernels.vocab_multiple`) take part in the softmax, as in Megatron
+(llm.c's classifier skips them: a difference of values, not of the kernels or their memory).
 """
 
 from __future__ import annotations
