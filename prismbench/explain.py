@@ -17,7 +17,8 @@ Conventions (stated once, used everywhere below):
   reruns every second matmul), so for that mode this figure is the paper's, not the
   program's: `prismbench emulate` reports the FLOPs the captured program runs.
 - Parameters per rank: tensor parallelism shards linear weights column/row-wise (row-parallel
-  biases stay whole), and embedding and output by vocab (ceil(V/tp) rows); norms and learned
+  biases stay whole), and embedding and output by vocab (ceil(V/tp) rows of the vocabulary as
+  padded by `kernels.vocab_multiple`, which also counts in the logits' FLOPs); norms and learned
   position tables are replicated; tp divides kv_heads (the spec refuses kv-head replication).
   A pipeline split unties tied embeddings:
   the last stage then holds its own output matrix. ZeRO-3/FSDP divides what is left by the
@@ -295,7 +296,7 @@ def axis_placements(world: World) -> tuple[AxisPlacement, ...]:
 
 
 def _stages(job: Any) -> tuple[StageInfo, ...]:
-    m, p = job.model, job.parallel
+    m, p = job.built_model, job.parallel  # the vocabulary as padded (kernels.vocab_multiple)
     counts = job.stage_layers
     total_stages = p.pp * p.vpp
     shard = p.dp * p.cp
@@ -336,7 +337,7 @@ def _stages(job: Any) -> tuple[StageInfo, ...]:
 
 def explain(job: Any) -> Explanation:
     """Layout, parameters, FLOPs and model-state memory implied by a validated JobSpec."""
-    m, p = job.model, job.parallel
+    m, p = job.built_model, job.parallel  # the vocabulary as padded (kernels.vocab_multiple)
     gpn = job.cluster.gpus_per_node
     world = World.grid(dp=p.dp, pp=p.pp, cp=p.cp, tp=p.tp, vpp=p.vpp, gpus_per_node=gpn)
     stages = _stages(job)

@@ -1,10 +1,14 @@
 """The workloads' custom ops, described to the emulator's op map (`emulator.capture.opmap`).
 
-The workloads define three torch.library ops so that capture sees one op where a GPU runs one
+The workloads define torch.library ops so that capture sees one op where a GPU runs one
 fused kernel: `prism::masked_attention` and its backward (position-masked attention for ALiBi
 and context parallelism: one FlashAttention kernel each way, which takes ALiBi slopes; see
-workloads/models/attention_ops.py) and `prism::rope` (one fused elementwise kernel each way,
-as Megatron-core's fused RoPE; workloads/models/rope_ops.py). This module says what they are;
+workloads/models/attention_ops.py), `prism::rope` (one fused elementwise kernel each way,
+as Megatron-core's fused RoPE; workloads/models/rope_ops.py), and the fused cross-entropy
+`prism::cross_entropy` with its backward, out of place or in place (`kernels.loss = "fused"`
+or "fused-inplace"; workloads/loss.py): memory-bound kernels priced by the bytes they move,
+which the recorder takes from their inputs and outputs (the in-place backward writes the
+logits it reads). This module says what they are;
 `register_workload_ops()` registers them once per process, before any capture.
 """
 
@@ -46,6 +50,9 @@ WORKLOAD_OPS = (
         causal_arg=ALWAYS_CAUSAL,
     ),
     CustomOp(packet="prism.rope", name="elementwise"),
+    CustomOp(packet="prism.cross_entropy", name="cross_entropy"),
+    CustomOp(packet="prism.cross_entropy_backward", name="cross_entropy"),
+    CustomOp(packet="prism.cross_entropy_backward_", name="cross_entropy"),
 )
 
 

@@ -8,7 +8,7 @@ naming the field and the numbers. The cluster the job runs on, and TOML loading,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from workloads.config import (
@@ -20,7 +20,7 @@ from workloads.config import (
     check_tensor_parallel,
     stage_layer_counts,
 )
-from workloads.kernels import KernelsSpec
+from workloads.kernels import KernelsSpec, padded_vocab
 
 SCHEDULES = (*SINGLE_STAGE_SCHEDULES, *MULTI_STAGE_SCHEDULES)
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
@@ -146,6 +146,13 @@ class TrainingJob:
     @property
     def world_size(self) -> int:
         return self.parallel.world_size
+
+    @property
+    def built_model(self) -> ModelSpec:
+        """The model as built: its vocabulary padded as `kernels.vocab_multiple` says
+        (`workloads.kernels.padded_vocab`); labels stay below `model.vocab`."""
+        vocab = padded_vocab(self.model.vocab, self.kernels.vocab_multiple, self.parallel.tp)
+        return self.model if vocab == self.model.vocab else replace(self.model, vocab=vocab)
 
     @property
     def num_microbatches(self) -> int:

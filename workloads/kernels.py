@@ -16,10 +16,30 @@ the source of each):
 - `llm.c`: Karpathy's llm.c.
 
 Fields:
-- `loss`: how the cross-entropy runs.
-- `norm`: which norm kernels run.
+- `loss`: how the cross-entropy runs (`workloads.loss` implements each value):
+  `unfused-fp32` (logits upcast to float32, log-softmax and NLL as separate kernels),
+  `fused` (one kernel each way over the low-precision logits, keeping a float32 logsumexp
+  per token; the backward writes a new gradient in the logits' dtype), `fused-inplace` (the
+  same, the gradient written over the logits).
+- `norm`: which norm kernels run. One value, `torch`: the models' `nn.LayerNorm` /
+  `nn.RMSNorm` on bf16 parameters run one fused kernel each way on a CUDA build
+  (`aten.native_layer_norm`, and `aten._fused_rms_norm` as `emulator.capture.fused_ops`
+  routes it), computing in float32 inside the kernel and keeping the input plus a float32
+  mean/rstd per token. The frameworks' norms run the same kernels and keep the same memory:
+  llm-foundry's `LPLayerNorm` (llmfoundry/models/layers/norm.py) casts input and weight to
+  the autocast dtype and runs `F.layer_norm` with autocast off, so that a norm under
+  `amp_bf16` is a bf16 kernel, which is what the workloads' bf16 parameters already give;
+  Megatron's fused layer norm (Apex `FusedLayerNormAffineFunction`, `persist_layer_norm`'s
+  `FastLayerNormFN`, Transformer Engine's `LayerNorm`/`RMSNorm`) is one kernel each way that
+  saves the input and float32 mean/rstd; torchtitan runs `nn.RMSNorm` (or its Triton
+  `fused_rmsnorm`, the same saved tensors). Their speed differences are the kernel tables'
+  business, not a different program; so no second value.
 - `vocab_multiple`: the embedding and output layer are padded to a multiple of this many
-  rows (1: no padding).
+  rows times the tensor-parallel size, as Megatron's `make_vocab_size_divisible_by` does
+  (`_vocab_size_with_padding` in megatron/training/tokenizer/tokenizer.py: multiple =
+  make_vocab_size_divisible_by * tensor_model_parallel_size). 1: no padding at any tp (the
+  vocabulary-parallel layers then split ceil(V/tp) rows per rank, torch.chunk's split).
+  Labels stay below the true vocabulary; padded columns take part in the softmax.
 - `fp8_recipe`: torchao float8 scaling recipe for `train.precision = "fp8"`.
 - `fp8_casts`: whether the amax/scale/cast work around each fp8 GEMM runs as separate
   kernels or fused into its neighbours (torch.compile, Transformer Engine).
@@ -35,7 +55,7 @@ from workloads.config import SpecError
 
 FRAMEWORKS = ("prism-86a4f47", "megatron", "nemo", "llm-foundry", "torchtitan", "llm.c")
 
-LOSSES = ("unfused-fp32",)
+LOSSES = ("unfused-fp32", "fused", "fused-inplace")
 NORMS = ("torch",)
 FP8_RECIPES = ("tensorwise",)
 FP8_CASTS = ("unfused",)
@@ -47,9 +67,42 @@ def _same_for_all(value: Any) -> dict[str, Any]:
 
 
 # One table per field: the framework's choice for it.
-LOSS_BY_FRAMEWORK: dict[str, str] = _same_for_all("unfused-fp32")
-NORM_BY_FRAMEWORK: dict[str, str] = _same_for_all("torch")
-VOCAB_MULTIPLE_BY_FRAMEWORK: dict[str, int] = _same_for_all(1)
+LOSS_BY_FRAMEWORK: dict[str, str] = {
+    "prism-86a4f47": "unfused-fp32",
+    # Megatron-LM: `--cross-entropy-loss-fusion` is off by default (arguments.py), and its
+    # jit-fused "native" variant upcasts too (core/fusions/fused_cross_entropy.py calls
+    # VocabParallelCrossEntropy.calculate_logits_max: `vocab_parallel_logits.float()`); the
+    # 2021-22 papers' code ran vocab_parallel_cross_entropy(output.float(), labels).
+    "megatron": "unfused-fp32",
+    # NeMo 2 GPTConfig sets cross_entropy_loss_fusion=True with Megatron-core's default
+    # cross_entropy_fusion_impl="native" (transformer_config.py): the float32 jit path above.
+    "nemo": "unfused-fp32",
+    # llm-foundry mpt-*.yaml `loss_fn: fused_crossentropy` -> flash_attn.losses.cross_entropy
+    # CrossEntropyLoss(ignore_index=-100, reduction="none") (models/mpt/modeling_mpt.py);
+    # inplace_backward stays False.
+    "llm-foundry": "fused",
+    # torchtitan components/loss.py cross_entropy_loss: F.cross_entropy(pred.float(), ...).
+    "torchtitan": "unfused-fp32",
+    # llm.c train_gpt2.cu fused_classifier: loss and dlogits in one kernel, dlogits written
+    # over the logits buffer.
+    "llm.c": "fused-inplace",
+}
+NORM_BY_FRAMEWORK: dict[str, str] = _same_for_all("torch")  # see the module docstring
+VOCAB_MULTIPLE_BY_FRAMEWORK: dict[str, int] = {
+    "prism-86a4f47": 1,
+    # Megatron-LM arguments.py --make-vocab-size-divisible-by, default 128
+    "megatron": 128,
+    # NeMo 2 GPTConfig make_vocab_size_divisible_by = 128 (collections/llm/gpt/model/base.py)
+    "nemo": 128,
+    # llm-foundry takes the model's vocab_size as configured (the mpt flavors' 50368 is
+    # already padded by the yaml); no padding of its own
+    "llm-foundry": 1,
+    # torchtitan sizes the embedding from the tokenizer's vocabulary, unpadded
+    "torchtitan": 1,
+    # llm.c train_gpt2.cu gpt2_build_from_descriptor: padded_vocab_size = 50304, "padded to
+    # 128" (GPT-2's 50257)
+    "llm.c": 128,
+}
 FP8_RECIPE_BY_FRAMEWORK: dict[str, str] = _same_for_all("tensorwise")
 FP8_CASTS_BY_FRAMEWORK: dict[str, str] = _same_for_all("unfused")
 PIPELINE_RECV_BY_FRAMEWORK: dict[str, str] = _same_for_all("per-microbatch")
@@ -102,7 +155,11 @@ class KernelsSpec:
         }
 
 
-def padded_vocab(vocab: int, multiple: int) -> int:
-    """The vocabulary rounded up to a multiple of `multiple` (Megatron's
-    make-vocab-size-divisible-by; llm.c pads GPT-2's 50 257 to 50 304)."""
-    return -(-vocab // multiple) * multiple
+def padded_vocab(vocab: int, multiple: int, tp: int = 1) -> int:
+    """Rows of the embedding and output layer: the vocabulary rounded up to a multiple of
+    `multiple` * `tp` (Megatron's make-vocab-size-divisible-by; llm.c pads GPT-2's 50 257 to
+    50 304); `multiple` = 1 leaves it as it is."""
+    if multiple == 1:
+        return vocab
+    step = multiple * tp
+    return -(-vocab // step) * step

@@ -14,10 +14,11 @@ parameter, no schedule (GPT-3's betas/eps/decay, Brown et al. 2020 appendix B;
 torchtitan's Llama 3 defaults). zero 0/1 use `workloads.zero.DistributedOptimizer`
 (fp32 master copy), zero 2/3 torch's AdamW over FSDP2's sharded fp32 parameters.
 
-Loss: token-mean cross-entropy of each micro-batch, averaged over micro-batches.
-With tp > 1 the logits stay vocabulary-sharded and the loss is Megatron's
-vocab-parallel cross-entropy (all-reduces of max, target logit and sum of exp over
-the tp group) instead of gathering [b, s, vocab] logits.
+Loss: token-mean cross-entropy of each micro-batch, averaged over micro-batches, run as
+`kernels.loss` says (`workloads.loss`). With tp > 1 the logits stay vocabulary-sharded and
+the loss is vocab-parallel (all-reduces of max, target logit and sum of exp over the tp
+group) instead of gathering [b, s, vocab] logits. The model is built with the padded
+vocabulary (`TrainingJob.built_model`); labels stay below the true vocabulary.
 
 Under FakeTensorMode `train_step` returns None (a fake loss has no value).
 """
@@ -29,7 +30,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.device_mesh import init_device_mesh
@@ -38,6 +38,7 @@ from torch.distributed.tensor import DTensor
 from workloads.config import check_schedule
 from workloads.context_parallel import chunk_positions, shard_sequence
 from workloads.job import TrainingJob
+from workloads.loss import cross_entropy
 from workloads.models import build_model
 from workloads.parallelize import COMPUTE_DTYPES, data_parallel_mesh, parallelize_stage
 from workloads.pipeline import (
@@ -64,7 +65,8 @@ class TrainingState:
     """What `train_step` needs: this rank's stage models, schedule and optimizer."""
 
     parts: list[nn.Module]
-    vocab: int
+    vocab: int  # rows of the output layer (the padded vocabulary)
+    loss: str  # kernels.loss: how the cross-entropy runs (workloads.loss)
     plans: list
     optimizer: object
     fsdp: bool
@@ -85,49 +87,7 @@ class TrainingState:
         return any(plan.is_last for plan in self.plans)
 
     def loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if self.tp_group is None:
-            return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
-        return vocab_parallel_cross_entropy(logits, labels, self.tp_group, self.vocab)
-
-
-class _VocabParallelCrossEntropy(torch.autograd.Function):
-    """Per-token loss from vocab-sharded logits [..., V/tp] (Megatron-LM's formulation)."""
-
-    @staticmethod
-    def forward(ctx, logits, labels, group, vocab):
-        ctx.input_dtype = logits.dtype
-        logits = logits.float()
-        local_vocab = logits.shape[-1]
-        start = dist.get_rank(group) * -(-vocab // dist.get_world_size(group))  # torch.chunk
-        row_max = logits.amax(dim=-1)
-        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
-        shifted = logits - row_max.unsqueeze(-1)
-        outside = (labels < start) | (labels >= start + local_vocab)
-        local_labels = (labels - start).masked_fill(outside, 0)
-        target = shifted.gather(-1, local_labels.unsqueeze(-1)).squeeze(-1)
-        target = target.masked_fill(outside, 0.0)
-        dist.all_reduce(target, group=group)
-        exp = shifted.exp()
-        sum_exp = exp.sum(dim=-1)
-        dist.all_reduce(sum_exp, group=group)
-        softmax = exp.div_(sum_exp.unsqueeze(-1))
-        ctx.save_for_backward(softmax, local_labels, outside)
-        return sum_exp.log() - target
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        softmax, local_labels, outside = ctx.saved_tensors
-        grad = softmax.clone()
-        hit = (~outside).to(grad.dtype).unsqueeze(-1)
-        grad.scatter_add_(-1, local_labels.unsqueeze(-1), -hit)
-        grad = grad * grad_loss.unsqueeze(-1)
-        return grad.to(ctx.input_dtype), None, None, None
-
-
-def vocab_parallel_cross_entropy(logits, labels, group, vocab: int) -> torch.Tensor:
-    """Mean cross-entropy of vocab-sharded logits (rank r holds torch.chunk's r-th vocab slice)."""
-    per_token = _VocabParallelCrossEntropy.apply(logits, labels, group, vocab)
-    return per_token.mean()
+        return cross_entropy(self.loss, logits, labels, self.tp_group, self.vocab)
 
 
 def _positions_hook(seq_len: int, cp_rank: int, cp: int):
@@ -148,7 +108,7 @@ def _stage_example_args(
     job: TrainingJob, plan, tp: int, dtype, device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Example tensors with one micro-batch's local input and output shapes of a virtual stage."""
-    spec, batch, par = job.model, job.batch, job.parallel
+    spec, batch, par = job.built_model, job.batch, job.parallel
     seq_local = batch.seq_len // par.cp
     seq_hidden = seq_local // tp if par.sequence_parallel and tp > 1 else seq_local
     # requires_grad marks activations and outputs as differentiable: the static stage
@@ -210,7 +170,7 @@ def build_training(
     parts = []
     for plan in plans:
         with torch.device(init_device or device):
-            model = build_model(job.model, layer_ids=plan.layers)
+            model = build_model(job.built_model, layer_ids=plan.layers)
         if init_device is None and initialize:
             model.init_weights(seed)
         split_model(model, plan)
@@ -231,7 +191,8 @@ def build_training(
         parts.append(model)
     state = TrainingState(
         parts=parts,
-        vocab=job.model.vocab,
+        vocab=job.built_model.vocab,
+        loss=job.kernels.loss,
         plans=plans,
         optimizer=_build_optimizer(job, mesh, dp_mesh, parts, lr, bucket_bytes),
         fsdp=mesh is not None and par.zero >= 2,

@@ -43,30 +43,35 @@ class SourceRule:
     mfu_kind: str  # which FLOPs its utilisation percentage counts
     peak_mem_kind: str | None
     sequence_parallel: bool | None  # None: read from the recompute text (Korthikanti)
+    framework: str  # workloads.kernels framework whose kernels the source's code runs
     gpus_per_node_unstated: int | None = None  # used when the row leaves gpus_per_node empty
 
 
 # Keyed by the start of the `source` column; a row must match exactly one.
 SOURCES = {
     "Narayanan et al. 2021": SourceRule(
-        "narayanan2021", "megatron-gpt-", "hardware", "hardware", None, sequence_parallel=False),
+        "narayanan2021", "megatron-gpt-", "hardware", "hardware", None, sequence_parallel=False,
+        framework="megatron"),
     "NVIDIA/Megatron-LM README.md (commit 2e90a342f5": SourceRule(
         "megatron-readme2022", "megatron-gpt-", "hardware", "hardware", None,
-        sequence_parallel=False),
+        sequence_parallel=False, framework="megatron"),
     "Korthikanti et al. 2022": SourceRule(
-        "korthikanti2022", "megatron-gpt-", "model", "model", None, sequence_parallel=None),
+        "korthikanti2022", "megatron-gpt-", "model", "model", None, sequence_parallel=None,
+        framework="megatron"),
     "NVIDIA/Megatron-LM README.md 'Training Speed": SourceRule(
-        "mcore2024", "mcore-gpt-", "model", "model", None, sequence_parallel=False),
+        "mcore2024", "mcore-gpt-", "model", "model", None, sequence_parallel=False,
+        framework="megatron"),
     "pytorch/torchtitan": SourceRule(
         "torchtitan2024", "llama3.1-", "model", "model", "allocator_reserved",
-        sequence_parallel=True),
+        sequence_parallel=True, framework="torchtitan"),
     "mosaicml/llm-foundry": SourceRule(
         "llmfoundry", "mpt-", "model", "model", None, sequence_parallel=False,
-        gpus_per_node_unstated=8),
+        framework="llm-foundry", gpus_per_node_unstated=8),
     "bigscience-workshop/bigscience": SourceRule(
-        "bigscience", "bloom-", "hardware", "hardware", "nvidia_smi", sequence_parallel=False),
+        "bigscience", "bloom-", "hardware", "hardware", "nvidia_smi", sequence_parallel=False,
+        framework="megatron"),
     "karpathy/llm.c": SourceRule(
-        "llmc", "gpt2-", "model", "model", None, sequence_parallel=False),
+        "llmc", "gpt2-", "model", "model", None, sequence_parallel=False, framework="llm.c"),
 }  # fmt: skip
 
 ZERO_STAGES = {
@@ -322,6 +327,7 @@ def job_tables(row: dict, rule: SourceRule, assumptions: list[str]) -> dict:
                   "global_batch": int(row["global_batch"])},
         "train": {"precision": precision, "recompute": RECOMPUTE[row["recompute"]],
                   "optimizer": "adamw"},
+        "kernels": {"framework": rule.framework},
         "cluster": cluster,
     }  # fmt: skip
 

@@ -48,3 +48,36 @@ def test_padded_vocab_rounds_up_to_the_multiple():
     assert padded_vocab(50257, 128) == 50304
     assert padded_vocab(50304, 128) == 50304
     assert padded_vocab(50257, 1) == 50257
+
+
+def test_padding_multiplies_the_multiple_by_tp_as_megatron_does():
+    assert padded_vocab(50257, 128, tp=8) == 51200  # Megatron's GPT-2 vocabulary at tp 8
+    assert padded_vocab(51200, 128, tp=8) == 51200  # an already padded vocabulary stays
+    assert padded_vocab(50257, 1, tp=8) == 50257  # 1: no padding at any tp
+
+
+def _job(kernels: dict, parallel: dict | None = None):
+    return job_spec_from_dict(
+        {
+            "model": {"name": "gpt2-124m"},
+            "parallel": parallel or {},
+            "batch": {"seq_len": 128, "global_batch": 2},
+            "kernels": kernels,
+        }
+    )
+
+
+def test_the_model_is_built_with_the_padded_vocabulary_and_explain_counts_it():
+    from prismbench.explain import explain
+    from workloads.models import build_model
+
+    unpadded, padded = _job({}), _job({"framework": "llm.c"})
+    assert unpadded.built_model is unpadded.model
+    assert (padded.model.vocab, padded.built_model.vocab) == (50257, 50304)
+    model = build_model(padded.built_model)  # tied: one [50304, 768] matrix
+    assert model.tok_embeddings.weight.shape == (50304, 768)
+    assert model.output.weight is model.tok_embeddings.weight
+    rows = explain(padded).stages[0].params_per_rank - explain(unpadded).stages[0].params_per_rank
+    assert rows == (50304 - 50257) * 768
+    tp2 = _job({"framework": "megatron"}, {"tp": 2})
+    assert tp2.built_model.vocab == 50432  # 128 * 2 * 197

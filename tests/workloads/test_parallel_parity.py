@@ -63,19 +63,40 @@ CASES = {
         {"pp": 2, "vpp": 2, "schedule": "zero-bubble", "dp": 2},
     ),
 }
+# cases that run other kernels than the default framework's (workloads/kernels.py)
+KERNELS = {
+    "tp2-sp-dp2-zero1-gpt-tied-fused-loss": {"loss": "fused"},
+    "pp2-gpipe-tp2-llama-fused-inplace-loss-padded-vocab": {
+        "loss": "fused-inplace",
+        "vocab_multiple": 100,
+    },
+}
+CASES["tp2-sp-dp2-zero1-gpt-tied-fused-loss"] = (
+    {"name": "gpt-debug"},
+    {"tp": 2, "dp": 2, "zero": 1},
+)
+CASES["pp2-gpipe-tp2-llama-fused-inplace-loss-padded-vocab"] = (
+    {"name": "llama-debug"},
+    {"pp": 2, "schedule": "gpipe", "tp": 2},
+)
 # about 1/16 of a debug model's fp32 gradients: 10-20 buckets per rank
 BUCKET_BYTES = {name: 64 * 1024 for name in CASES if name.endswith("-buckets")}
 
 
-def make_job(model: dict, parallel: dict):
+def make_job(model: dict, parallel: dict, kernels: dict | None = None):
     return job_spec_from_dict(
         {
             "model": model,
             "parallel": parallel,
             "batch": {"seq_len": SEQ_LEN, "micro_batch": 1, "global_batch": GLOBAL_BATCH},
             "train": {"precision": "fp32"},
+            "kernels": kernels or {},
         }
     )
+
+
+def case_job(name: str):
+    return make_job(*CASES[name], KERNELS.get(name))
 
 
 @dataclasses.dataclass
@@ -116,7 +137,7 @@ def _run_cases(names: list[str]) -> dict[str, Run]:
 
     results = {}
     for name in names:
-        job = make_job(*CASES[name])
+        job = case_job(name)
         results[name] = train_losses(job, make_mesh(job), BUCKET_BYTES.get(name))
     return results
 
@@ -133,7 +154,12 @@ def reference_job(job):
         dp=1,
         zero=0,
     )
-    return dataclasses.replace(job, parallel=single)
+    # the same padded vocabulary: the padding multiple scales with tp (workloads/kernels.py)
+    kernels = job.kernels
+    if kernels.vocab_multiple > 1:
+        multiple = kernels.vocab_multiple * job.parallel.tp
+        kernels = dataclasses.replace(kernels, vocab_multiple=multiple)
+    return dataclasses.replace(job, parallel=single, kernels=kernels)
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +179,8 @@ def parallel_losses(per_rank_results) -> dict[str, list[float]]:
 @pytest.mark.integration
 @pytest.mark.parametrize("name", list(CASES))
 def test_parallel_loss_matches_single_process(name, parallel_losses):
-    job = make_job(*CASES[name])
+    job = case_job(name)
+    assert reference_job(job).built_model.vocab == job.built_model.vocab
     expected = train_losses(reference_job(job), None).losses
     assert parallel_losses[name] == pytest.approx(expected, rel=1e-5)
     assert expected[-1] < expected[0]  # training moved the loss: the comparison means something
@@ -169,7 +196,7 @@ def test_every_bucket_is_reduced_during_backward(name, per_rank_results):
 @pytest.mark.parametrize("name", [n for n, (_, par) in CASES.items() if par.get("zero", 0) < 2])
 def test_grad_norm_matches_single_process(name, per_rank_results):
     # AdamW hides a wrongly scaled gradient from the losses; the norm does not
-    job = make_job(*CASES[name])
+    job = case_job(name)
     expected = train_losses(reference_job(job), None).grad_norms
     for rank in per_rank_results:
         assert rank[name].grad_norms == pytest.approx(expected, rel=1e-5)

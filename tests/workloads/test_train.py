@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from prismbench.spec import job_spec_from_dict
 from workloads import build_training, train_step
@@ -80,25 +79,3 @@ def test_meta_init_builds_the_same_shapes():
     assert model.output.weight is model.tok_embeddings.weight  # to_empty keeps the tie
     assert not any(p.is_meta for p in model.parameters())
     assert train_step(job, state, *batch(job)) > 0
-
-
-def test_vocab_parallel_cross_entropy_matches_cross_entropy_with_one_rank():
-    import torch.distributed as dist
-
-    from prismbench.launch import free_port
-    from workloads.train import vocab_parallel_cross_entropy
-
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
-    try:
-        logits = torch.randn(2, 5, 11, requires_grad=True)
-        labels = torch.randint(11, (2, 5))
-        ours = vocab_parallel_cross_entropy(logits, labels, dist.group.WORLD, 11)
-        (grad_ours,) = torch.autograd.grad(ours, logits)
-        ref = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-        (grad_ref,) = torch.autograd.grad(ref, logits)
-    finally:
-        dist.destroy_process_group()
-    assert ours.item() == pytest.approx(ref.item(), rel=1e-6)
-    torch.testing.assert_close(grad_ours, grad_ref)

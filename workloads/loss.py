@@ -1,0 +1,183 @@
+"""The training loss: token-mean cross-entropy of the logits, as `kernels.loss` says it runs.
+
+- `unfused-fp32` (the workloads at 86a4f47, torchtitan): the logits are upcast to float32 and
+  `F.cross_entropy` runs log-softmax and NLL as separate kernels that keep float32 copies of
+  the [tokens, vocab] matrix; with tp > 1, `vocab_parallel_cross_entropy` (Megatron-LM's
+  formulation, float32 too).
+- `fused`: one kernel forward and one backward over the low-precision logits, as flash-attn's
+  `CrossEntropyLoss` runs (llm-foundry's `loss_fn: fused_crossentropy`): the forward keeps
+  the logits and a float32 logsumexp per token, the backward writes a new gradient in the
+  logits' dtype (flash-attn's `inplace_backward=False`, as llm-foundry builds it).
+- `fused-inplace`: the same kernels, but the backward writes the gradient over the logits
+  (llm.c's `fused_classifier`; Transformer Engine's `parallel_cross_entropy`, Megatron's
+  `--cross-entropy-fusion-impl te`), so backward allocates nothing of [tokens, vocab].
+
+The fused kernels are the custom ops `prism::cross_entropy` (per token: logsumexp over this
+rank's vocabulary columns and the label's logit where this rank holds it, float32) and
+`prism::cross_entropy_backward` / `prism::cross_entropy_backward_` (softmax minus one-hot,
+times the loss gradient). Their CPU kernels are the reference math; their fake kernels
+allocate only the outputs, so capture sees one memory-bound op each way and no float32 copy.
+With tp > 1 the vocabulary-parallel combination stays three all-reduces over the tp group
+(max and sum of exp of the partial logsumexps, the label's logit), as Megatron's.
+Padded vocabulary columns (`kernels.vocab_multiple`) take part in the softmax, as in Megatron
+(llm.c's classifier skips them: a difference of values, not of the kernels or their memory).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+FUSED_LOSSES = ("fused", "fused-inplace")
+
+
+def _label_columns(labels: Tensor, vocab_start: int, columns: int) -> tuple[Tensor, Tensor]:
+    """(column of each label in this shard, clamped into range; whether this shard holds it)."""
+    local = labels - vocab_start
+    inside = (local >= 0) & (local < columns)
+    return local.clamp(0, columns - 1), inside
+
+
+@torch.library.custom_op("prism::cross_entropy", mutates_args=())
+def cross_entropy_stats(logits: Tensor, labels: Tensor, vocab_start: int) -> tuple[Tensor, Tensor]:
+    """logits [N, V_local], labels [N] -> (logsumexp [N], label logit or 0 [N]), float32."""
+    x = logits.float()
+    columns, inside = _label_columns(labels, vocab_start, logits.shape[-1])
+    target = x.gather(-1, columns.unsqueeze(-1)).squeeze(-1).masked_fill(~inside, 0.0)
+    return torch.logsumexp(x, dim=-1), target
+
+
+@cross_entropy_stats.register_fake
+def _(logits, labels, vocab_start):
+    return (
+        logits.new_empty(labels.shape, dtype=torch.float32),
+        logits.new_empty(labels.shape, dtype=torch.float32),
+    )
+
+
+def _gradient(grad_loss: Tensor, logits: Tensor, labels: Tensor, lse: Tensor, vocab_start: int):
+    """(softmax - one_hot(label)) * grad_loss, float32 [N, V_local]."""
+    grad = (logits.float() - lse.unsqueeze(-1)).exp()
+    columns, inside = _label_columns(labels, vocab_start, logits.shape[-1])
+    grad.scatter_add_(-1, columns.unsqueeze(-1), -inside.to(grad.dtype).unsqueeze(-1))
+    return grad * grad_loss.unsqueeze(-1)
+
+
+@torch.library.custom_op("prism::cross_entropy_backward", mutates_args=())
+def cross_entropy_backward(
+    grad_loss: Tensor, logits: Tensor, labels: Tensor, lse: Tensor, vocab_start: int
+) -> Tensor:
+    return _gradient(grad_loss, logits, labels, lse, vocab_start).to(logits.dtype)
+
+
+@cross_entropy_backward.register_fake
+def _(grad_loss, logits, labels, lse, vocab_start):
+    return torch.empty_like(logits)
+
+
+@torch.library.custom_op("prism::cross_entropy_backward_", mutates_args=("logits",))
+def cross_entropy_backward_(
+    grad_loss: Tensor, logits: Tensor, labels: Tensor, lse: Tensor, vocab_start: int
+) -> None:
+    logits.copy_(_gradient(grad_loss, logits, labels, lse, vocab_start))
+
+
+@cross_entropy_backward_.register_fake
+def _(grad_loss, logits, labels, lse, vocab_start):
+    return None
+
+
+class _FusedCrossEntropy(torch.autograd.Function):
+    """Per-token loss of (possibly vocab-sharded) logits [N, V_local] with the fused kernels."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, group, vocab_start, inplace):
+        lse, target = cross_entropy_stats(logits, labels, vocab_start)
+        if group is not None:
+            # logsumexp over the shards: max, then sum of exp relative to it
+            row_max = lse.clone()
+            dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+            sum_exp = (lse - row_max).exp()
+            dist.all_reduce(sum_exp, group=group)
+            lse = row_max + sum_exp.log()
+            dist.all_reduce(target, group=group)
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.vocab_start, ctx.inplace = vocab_start, inplace
+        return lse - target
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        logits, labels, lse = ctx.saved_tensors
+        if ctx.inplace:
+            cross_entropy_backward_(grad_loss, logits, labels, lse, ctx.vocab_start)
+            return logits, None, None, None, None
+        grad = cross_entropy_backward(grad_loss, logits, labels, lse, ctx.vocab_start)
+        return grad, None, None, None, None
+
+
+def _vocab_start(group, vocab: int) -> int:
+    """First vocabulary row of this rank's shard (torch.chunk's split, as the output layer's)."""
+    if group is None:
+        return 0
+    return dist.get_rank(group) * -(-vocab // dist.get_world_size(group))
+
+
+def fused_cross_entropy(logits: Tensor, labels: Tensor, group, vocab: int, *, inplace: bool):
+    """Mean cross-entropy with the fused kernels; `group`: the tp group of vocab-sharded
+    logits (None: whole logits)."""
+    per_token = _FusedCrossEntropy.apply(
+        logits.flatten(0, -2), labels.flatten(), group, _vocab_start(group, vocab), inplace
+    )
+    return per_token.mean()
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Per-token loss from vocab-sharded logits [..., V/tp] (Megatron-LM's formulation)."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, group, vocab):
+        ctx.input_dtype = logits.dtype
+        logits = logits.float()
+        local_vocab = logits.shape[-1]
+        start = _vocab_start(group, vocab)
+        row_max = logits.amax(dim=-1)
+        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits - row_max.unsqueeze(-1)
+        outside = (labels < start) | (labels >= start + local_vocab)
+        local_labels = (labels - start).masked_fill(outside, 0)
+        target = shifted.gather(-1, local_labels.unsqueeze(-1)).squeeze(-1)
+        target = target.masked_fill(outside, 0.0)
+        dist.all_reduce(target, group=group)
+        exp = shifted.exp()
+        sum_exp = exp.sum(dim=-1)
+        dist.all_reduce(sum_exp, group=group)
+        softmax = exp.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(softmax, local_labels, outside)
+        return sum_exp.log() - target
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        softmax, local_labels, outside = ctx.saved_tensors
+        grad = softmax.clone()
+        hit = (~outside).to(grad.dtype).unsqueeze(-1)
+        grad.scatter_add_(-1, local_labels.unsqueeze(-1), -hit)
+        grad = grad * grad_loss.unsqueeze(-1)
+        return grad.to(ctx.input_dtype), None, None, None
+
+
+def vocab_parallel_cross_entropy(logits, labels, group, vocab: int) -> Tensor:
+    """Mean cross-entropy of vocab-sharded logits (rank r holds torch.chunk's r-th vocab slice)."""
+    per_token = _VocabParallelCrossEntropy.apply(logits, labels, group, vocab)
+    return per_token.mean()
+
+
+def cross_entropy(kind: str, logits: Tensor, labels: Tensor, group, vocab: int) -> Tensor:
+    """Token-mean cross-entropy as `kernels.loss` = `kind` runs it (module docstring);
+    `vocab`: rows of the output layer (padded), `group`: tp group of sharded logits or None."""
+    if kind in FUSED_LOSSES:
+        return fused_cross_entropy(logits, labels, group, vocab, inplace=kind == "fused-inplace")
+    if group is None:
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+    return vocab_parallel_cross_entropy(logits, labels, group, vocab)
