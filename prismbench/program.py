@@ -16,6 +16,8 @@ before it, so the memory replay can create it where a real first iteration does.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from emulator.capture.rank import RankProgram
@@ -102,4 +104,14 @@ def rank_program(job) -> RankProgram:
         step=step,
         roots=lambda built: built[0].parts,
         record_build=job.world_size == 1,
+        recording_rules=_recording_rules(job),
     )
+
+
+def _recording_rules(job):
+    """The job's kernels that eager torch does not run: fused fp8 casts (`kernels.fp8_casts`)."""
+    if job.train.precision == "fp8" and job.kernels.fp8_casts == "fused":
+        from emulator.capture.fp8_casts import fused_fp8_casts
+
+        return fused_fp8_casts
+    return lambda recorder: contextlib.nullcontext()

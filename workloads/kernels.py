@@ -40,9 +40,13 @@ Fields:
   make_vocab_size_divisible_by * tensor_model_parallel_size). 1: no padding at any tp (the
   vocabulary-parallel layers then split ceil(V/tp) rows per rank, torch.chunk's split).
   Labels stay below the true vocabulary; padded columns take part in the softmax.
-- `fp8_recipe`: torchao float8 scaling recipe for `train.precision = "fp8"`.
-- `fp8_casts`: whether the amax/scale/cast work around each fp8 GEMM runs as separate
-  kernels or fused into its neighbours (torch.compile, Transformer Engine).
+- `fp8_recipe`: torchao float8 scaling recipe for `train.precision = "fp8"` (`tensorwise`:
+  one scale per tensor; `rowwise`: one per row, power-of-two scales; `rowwise_with_gw_hp`:
+  rowwise with the weight-gradient GEMM in high precision), `workloads.float8`.
+- `fp8_casts`: how the amax/scale/cast work around each fp8 GEMM is recorded: `unfused`,
+  the eager op chain (what runs without torch.compile); `fused`, the two kernels per
+  operand that Transformer Engine or torch.compile run (rule: `emulator.capture.fp8_casts`).
+  The real CPU run is eager either way; the choice changes what the capture records.
 - `pipeline_recv`: the pipeline's receive buffers.
 """
 
@@ -57,8 +61,8 @@ FRAMEWORKS = ("prism-86a4f47", "megatron", "nemo", "llm-foundry", "torchtitan", 
 
 LOSSES = ("unfused-fp32", "fused", "fused-inplace")
 NORMS = ("torch",)
-FP8_RECIPES = ("tensorwise",)
-FP8_CASTS = ("unfused",)
+FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao recipe names
+FP8_CASTS = ("unfused", "fused")
 PIPELINE_RECVS = ("per-microbatch",)
 
 
@@ -103,8 +107,26 @@ VOCAB_MULTIPLE_BY_FRAMEWORK: dict[str, int] = {
     # 128" (GPT-2's 50257)
     "llm.c": 128,
 }
+# Megatron-LM's `--fp8-recipe` defaults to "delayed" (megatron/training/arguments.py), NeMo's
+# MegatronMixedPrecision(fp8_recipe="delayed") and llm-foundry's `precision: amp_fp8` runs
+# Composer's `te.fp8_autocast` with TE's default DelayedScaling: one scale per tensor, from
+# an amax history. torchao has no delayed scaling any more; its per-tensor recipe runs the
+# same GEMMs with the same operand formats (e4m3 forward, e5m2 gradients), so "tensorwise".
+# torchtitan's `float8.recipe_name` defaults to None, torchao's tensorwise config
+# (torchtitan/components/quantization/float8.py). llm.c has no fp8 (bf16/fp32 kernels only):
+# its entry only matters for an llm.c job that asks for fp8, which then runs the default.
 FP8_RECIPE_BY_FRAMEWORK: dict[str, str] = _same_for_all("tensorwise")
-FP8_CASTS_BY_FRAMEWORK: dict[str, str] = _same_for_all("unfused")
+# Transformer Engine (Megatron, NeMo, llm-foundry) runs each cast as its own fused CUDA
+# kernels; torchtitan's float8 needs `--training.compile` "to fuse the float8 scaling/casting
+# kernels" (torchtitan docs/float8.md). prism-86a4f47 ran eager torchao-style casts; llm.c:
+# as for the recipe, the default.
+FP8_CASTS_BY_FRAMEWORK: dict[str, str] = {
+    **_same_for_all("unfused"),
+    "megatron": "fused",
+    "nemo": "fused",
+    "llm-foundry": "fused",
+    "torchtitan": "fused",
+}
 PIPELINE_RECV_BY_FRAMEWORK: dict[str, str] = _same_for_all("per-microbatch")
 
 CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {

@@ -197,7 +197,7 @@ def parallelize_stage(model: nn.Module, mesh, job: TrainingJob, dp_mesh=None) ->
     """
     par, precision = job.parallel, job.train.precision
     if precision == "fp8":
-        convert_linears_to_float8(model, skip=("output",))
+        convert_linears_to_float8(model, job.kernels.fp8_recipe, skip=("output",))
     if mesh is not None:
         apply_tensor_parallel(model, mesh["tp"], sequence_parallel=par.sequence_parallel)
         apply_context_parallel(model, mesh["cp"])
@@ -223,7 +223,9 @@ def cast_parameters(model: nn.Module, dtype: torch.dtype) -> None:
                 continue
             if id(param) not in cast:
                 with torch.no_grad():
-                    cast[id(param)] = nn.Parameter(param.to(dtype), requires_grad=param.requires_grad)
+                    cast[id(param)] = nn.Parameter(
+                        param.to(dtype), requires_grad=param.requires_grad
+                    )
             module._parameters[name] = cast[id(param)]
 
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from emulator import torch_compat
 from emulator.capture import opmap
@@ -57,6 +57,17 @@ _ADD_ = torch.ops.aten.add_.Tensor
 
 
 _OP_INFOS: dict = {}  # OpOverload -> opmap.OpInfo, shared by all recorders (pure function)
+_WRAPPER_SUBCLASS: dict[type, bool] = {}  # tensor type -> is a traceable wrapper subclass
+
+
+def _has_wrapper_subclass(types) -> bool:
+    for cls in types:
+        wraps = _WRAPPER_SUBCLASS.get(cls)
+        if wraps is None:
+            wraps = _WRAPPER_SUBCLASS[cls] = is_traceable_wrapper_subclass_type(cls)
+        if wraps:
+            return True
+    return False
 
 
 def _tensors(values) -> list[torch.Tensor]:
@@ -251,8 +262,10 @@ class OpRecorder(TorchDispatchMode):
             if func is _ADD_ and not kwargs and _same_fake_floats(*args):
                 return args[0]  # the fake kernel's answer, minus its cache hashing (grad hooks)
             return func(*args, **kwargs)
-        if self._dtensor in types:
-            return NotImplemented  # let DTensor unwrap; its local ops come back here
+        if _has_wrapper_subclass(types):
+            # let DTensor (torchao's Float8TrainingTensor, ...) unwrap: its ops on the tensors
+            # it wraps come back here, and those are the kernels (fp8 `aten.mm` -> `_scaled_mm`)
+            return NotImplemented
         info = _OP_INFOS.get(func)
         if info is None:
             info = _OP_INFOS[func] = opmap.op_info(func)

@@ -72,6 +72,11 @@ class RankProgram:
     step: Callable[[Any, Callable], None]
     roots: Callable[[Any], list[torch.nn.Module]]  # modules whose forward starts a micro-batch
     record_build: bool = False
+    # entered around the recorded step with the recorder: how the program's kernels are
+    # recorded where eager torch runs others (emulator.capture.fp8_casts)
+    recording_rules: Callable[[OpRecorder], contextlib.AbstractContextManager] = lambda recorder: (
+        contextlib.nullcontext()
+    )
 
 
 @contextlib.contextmanager
@@ -260,6 +265,7 @@ def capture_rank(
                 micro_batch_markers(recorder, program.roots(state)),
                 reused_chunks(recorder, comm, enabled=reuse_chunks),
                 optimizer_phase(recorder),
+                program.recording_rules(recorder),
             ):
                 program.step(state, recorder.phase)
         return recorder.trace(comm.events, comm.groups)

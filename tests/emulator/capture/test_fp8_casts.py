@@ -1,0 +1,70 @@
+"""Fused fp8 casts: a captured fp8 job records two kernels per operand cast instead of the
+eager chain, moving fewer bytes; the fp8 GEMMs are the same either way."""
+
+import numpy as np
+import pytest
+
+from emulator.capture.trace import COMPUTE
+from prismbench.spec import job_spec_from_dict
+from tests.prismbench.capture_cases import capture
+
+
+def _job(fp8_casts, recipe="tensorwise", parallel=None):
+    return job_spec_from_dict(
+        {
+            "model": {"name": "llama-debug"},
+            "parallel": dict(parallel or {}),
+            "batch": {"seq_len": 32, "micro_batch": 1, "global_batch": 2},
+            "train": {"precision": "fp8"},
+            "kernels": {"fp8_recipe": recipe, "fp8_casts": fp8_casts},
+        }
+    )
+
+
+def _compute_rows(trace):
+    rows = np.flatnonzero(trace["kind"] == COMPUTE)
+    atens = trace.text("aten")
+    return [
+        (atens[i], trace.tensors(i), int(trace["read_bytes"][i] + trace["write_bytes"][i]))
+        for i in rows
+    ]
+
+
+def _cast_work(rows):
+    """Kernels and bytes of everything but the GEMMs, attention, norms and the optimizer: in an
+    fp8 job of this model, what differs between unfused and fused is the cast work."""
+    gemms = [r for r in rows if r[0] == "aten._scaled_mm"]
+    casts = [r for r in rows if any(d.startswith("float8") for _, d, out in r[1] if out)]
+    return gemms, casts, len(rows), sum(b for *_, b in rows)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_fused_casts_record_two_kernels_per_operand_and_fewer_bytes(tmp_path, recipe):
+    unfused = _compute_rows(capture(_job("unfused", recipe), tmp_path).traces[0])
+    fused = _compute_rows(capture(_job("fused", recipe), tmp_path).traces[0])
+    gemms_u, casts_u, kernels_u, bytes_u = _cast_work(unfused)
+    gemms_f, casts_f, kernels_f, bytes_f = _cast_work(fused)
+    assert gemms_u == gemms_f and len(gemms_f) > 0  # same fp8 GEMMs, same shapes and dtypes
+    # one kernel writes each fp8 operand either way; torchao casts two operands per GEMM
+    assert len(casts_u) == len(casts_f) == 2 * len(gemms_f)
+    amax = [r for r in fused if r[0] == "aten.amax"]
+    assert len(amax) == len(casts_f)
+    # the eager chain of one cast is abs, max, scale arithmetic, multiply, clamp, cast...
+    assert kernels_u - kernels_f >= 4 * len(casts_f)
+    # ...the fused pair reads the bf16 operand twice and writes it once in fp8, and writes
+    # and reads its float32 scales (one, or one per row)
+    for (_, tensors, nbytes), (_, amax_tensors, amax_bytes) in zip(casts_f, amax, strict=True):
+        (hp_shape, hp_dtype, _), *_ = tensors
+        (amax_in, (scale_shape, scale_dtype, _)) = amax_tensors
+        assert amax_in == (hp_shape, hp_dtype, False) and hp_dtype == "bfloat16"
+        assert scale_dtype == "float32"
+        scale_bytes = 4 * int(np.prod(scale_shape))
+        assert nbytes + amax_bytes == 5 * int(np.prod(hp_shape)) + 2 * scale_bytes
+    assert bytes_f < bytes_u
+
+
+def test_fused_casts_under_tensor_parallelism_keep_the_amax_all_reduce(tmp_path):
+    for casts in ("unfused", "fused"):
+        trace = capture(_job(casts, parallel={"tp": 2}), tmp_path).traces[0]
+        names = trace.text("name")
+        assert "scaled_mm" in names and "all_reduce" in names
