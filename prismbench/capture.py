@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import importlib.metadata
 import json
 import multiprocessing
 import os
@@ -66,14 +67,22 @@ def source_hash(packages: tuple[str, ...] = _SOURCE_PACKAGES) -> str:
     return digest.hexdigest()[:16]
 
 
+@functools.cache
+def library_versions(libraries: tuple[str, ...] = ("torch", "torchao")) -> str:
+    """Versions of the installed libraries whose ops a trace records (torchao's float8 casts)."""
+    return ", ".join(f"{name} {importlib.metadata.version(name)}" for name in libraries)
+
+
 def cache_key(job) -> str:
     """What a capture depends on: the job without its hardware (the GPU and network presets
     only price a trace; the capture reads gpus_per_node alone, through `world_of`), the
-    capturing source and the trace schema. Jobs that differ only in GPU or network share one."""
+    capturing source, the libraries it calls and the trace schema. Jobs that differ only in
+    GPU or network share one."""
     tables = job.to_dict()
     tables["cluster"] = {"gpus_per_node": job.cluster.gpus_per_node}
     spec = json.dumps(tables, sort_keys=True)
-    return hashlib.sha256(f"{spec}|{source_hash()}|{SCHEMA_VERSION}".encode()).hexdigest()[:20]
+    key = f"{spec}|{source_hash()}|{library_versions()}|{SCHEMA_VERSION}"
+    return hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
 def default_cache_dir() -> Path:
