@@ -8,7 +8,9 @@ as PRISM does (emulator.variability.model):
   points) per rank per sample, not one per kernel: the segment's mean is the sum of its
   kernels' means (`duration_s`) and its variance the sum of their variances (`variance_s2`:
   independent kernels), drawn as a normal (a sum of many independent kernels), then times the
-  rank's persistent speed factor: d = f_rank * (mean + sqrt(variance) * z);
+  rank's persistent speed factor: d = f_rank * (mean + sqrt(variance) * z). The spreads are
+  the graph's (set when it was built: the model's `temporal_spreads_s`, or measured ones); a
+  model with temporal_cv = 0 turns this noise off without rebuilding the graph;
 - collective: one draw per group instance per sample, shared by every member (it starts when
   the last member is ready and all end together); a collective spanning pipeline stages
   draws once for all of them: d = duration * network * (1 + collective_cv * z);
@@ -79,7 +81,8 @@ class _Durations:
         raise ValueError(f"class {pp} node {node}: kind {kind} has no duration")
 
     def _segment(self, pp: int, mean: float, std: float):
-        d = mean + std * self.pool.window(self.lane_shape) if std > 0 else mean
+        temporal = std > 0 and self.model.temporal_cv > 0
+        d = mean + std * self.pool.window(self.lane_shape) if temporal else mean
         factors = self.factors[pp]
         return d if factors is None else d * factors
 
