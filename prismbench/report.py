@@ -404,13 +404,9 @@ def _field_value(field: str, value: float) -> str:
 
 def render_validation(run, summary, failures, console: Console) -> None:
     """Per (source, GPU, metric): cases, mean and max |error|, mean signed error; failures."""
-    table = Table(
-        title=f"Validation {run.run_id}: {len(run.cases)} case(s), history in {run.db_path}"
-    )
+    table = Table(title=f"Validation {run.run_id}: {len(run.cases)} case(s), history in {run.db_path}")
     for column in ("source", "GPU", "metric", "cases", "mean |error|", "max |error|", "mean error"):
-        table.add_column(
-            column, justify="left" if column in ("source", "GPU", "metric") else "right"
-        )
+        table.add_column(column, justify="left" if column in ("source", "GPU", "metric") else "right")
     for row in summary:
         table.add_row(row.source, row.gpu, row.metric, str(row.cases), f"{row.mean_abs_error:.1%}",
                       f"{row.max_abs_error:.1%}", f"{row.mean_error:+.1%}")  # fmt: skip
@@ -420,41 +416,4 @@ def render_validation(run, summary, failures, console: Console) -> None:
         console.print(f"emulation FAILED: {c.baseline}: {c.error_message}")
     for baseline, metric, error, threshold in failures:
         if metric != "emulation":
-            console.print(
-                f"gate FAILED: {baseline}: {metric} error {error:+.1%} crosses {threshold}"
-            )
-
-
-def render_variability(r, console: Console) -> None:
-    """The step-time distribution of `prismbench variability`, every figure with its unit."""
-    d = r.distribution
-    table = Table(
-        title=f"Step-time distribution: {r.job} on {r.world_size:,} GPUs "
-        f"({d.samples} samples, {r.preset}, seed {d.seed})"
-    )
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    rows = [
-        ("deterministic prediction", _seconds(d.deterministic_s)),
-        ("mean", _seconds(d.mean_s)),
-        ("standard deviation", _seconds(d.std_s)),
-        ("p5 / p50", f"{_seconds(d.p5_s)} / {_seconds(d.p50_s)}"),
-        ("p95 / p99", f"{_seconds(d.p95_s)} / {_seconds(d.p99_s)}"),
-        (f"P(step > {_seconds(d.threshold_s)})", f"{100 * d.p_exceeds_threshold:.1f} %"),
-        (
-            f"{d.k_steps:,} steps: mean, {100 * d.confidence:.0f} % upper bound",
-            f"{_seconds(d.k_steps_mean_s)}, {_seconds(d.k_steps_bound_s)}",
-        ),
-        ("slowdown vs deterministic: mean, p95", f"{d.slowdown_mean:.3f}x, {d.slowdown_p95:.3f}x"),
-        ("Monte Carlo wall time", _seconds(r.monte_carlo_wall_s)),
-    ]
-    for figure, value in rows:
-        table.add_row(figure, value)
-    console.print(table)
-
-
-def _seconds(t: float) -> str:
-    """A duration with a unit that keeps four significant digits readable."""
-    if t >= 3600:
-        return f"{t / 3600:.4g} h"
-    return f"{t:.4g} s" if t >= 1 else f"{t * 1e3:.4g} ms"
+            console.print(f"gate FAILED: {baseline}: {metric} error {error:+.1%} crosses {threshold}")
