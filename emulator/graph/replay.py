@@ -20,6 +20,9 @@ replay does not depend on the world size. Rules (per node, for all lanes at once
 Classes advance in turn; a class stops at a recv whose send, or a pp-spanning collective whose
 members, are not replayed yet, and resumes when they are (a cycle is a deadlock of the program
 and is reported). Definitions of the outputs: docs/METRICS.md.
+
+`replay_samples` runs the same rules for N samples at once (lane values shaped (N, *lanes),
+durations drawn per node by the caller): the Monte Carlo of emulator.variability.
 """
 
 from __future__ import annotations
