@@ -330,6 +330,47 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_variability(args: argparse.Namespace) -> int:
+    from emulator.variability.model import PRESETS
+    from prismbench.variability import plot_distribution, variability
+
+    job = load_job_spec(args.job)
+    _check_output(args.plot, "--plot")
+    if args.threshold is not None and not args.threshold > 0:
+        raise SpecError(f"--threshold={args.threshold!r}: a step time in seconds must be > 0")
+    result = variability(
+        job,
+        name=job.model.name,
+        model=PRESETS[args.preset],
+        preset=args.preset,
+        samples=args.samples,
+        seed=args.seed,
+        threshold_s=args.threshold,
+        k_steps=args.k_steps,
+        use_cache=not args.no_cache,
+        workers=args.workers,
+        progress=_progress,
+    )
+    if args.plot:
+        plot_distribution(result, Path(args.plot))
+        _progress(f"wrote {args.plot}")
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        report.render_variability(result, _console())
+    return EXIT_OK
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 0")
+    return value
+
+
 def _cmd_fit(args: argparse.Namespace) -> int:
     from emulator.memory import parse_alloc_conf
     from prismbench.fit import fit
@@ -359,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_explain,
         _add_capture,
         _add_emulate,
+        _add_variability,
         _add_fit,
         _add_calibrate,
         _add_ingest_profile,
@@ -432,6 +474,39 @@ def _add_emulate(commands) -> None:
     )
     _add_capture_options(emulate_cmd)
     emulate_cmd.set_defaults(handler=_cmd_emulate)
+
+
+def _add_variability(commands) -> None:
+    from emulator.variability.model import PRESETS
+
+    cmd = commands.add_parser(
+        "variability",
+        help="sample the distribution of a job's step time (PRISM: per-GPU, per-kernel, network)",
+    )
+    cmd.add_argument("job", metavar="JOB.toml", help="job spec (TOML)")
+    cmd.add_argument(
+        "--samples", type=_positive_int, default=1000, help="Monte Carlo samples (1000)"
+    )
+    cmd.add_argument("--seed", type=_non_negative_int, default=0, help="random seed (0)")
+    cmd.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="prism-low",
+        help="variability magnitudes (emulator/variability/model.py; prism-low)",
+    )
+    cmd.add_argument(
+        "--threshold",
+        type=float,
+        metavar="SECONDS",
+        help="report P(step > SECONDS) (default: the deterministic prediction)",
+    )
+    cmd.add_argument(
+        "--k-steps", type=_positive_int, default=1000, help="steps of the run-time bound (1000)"
+    )
+    cmd.add_argument("--json", action="store_true", help="print one JSON object")
+    cmd.add_argument("--plot", metavar="FILE", help="write a histogram and CDF (PNG)")
+    _add_capture_options(cmd)
+    cmd.set_defaults(handler=_cmd_variability)
 
 
 def _add_fit(commands) -> None:

@@ -417,3 +417,38 @@ def render_validation(run, summary, failures, console: Console) -> None:
     for baseline, metric, error, threshold in failures:
         if metric != "emulation":
             console.print(f"gate FAILED: {baseline}: {metric} error {error:+.1%} crosses {threshold}")
+
+
+def render_variability(r, console: Console) -> None:
+    """The step-time distribution of `prismbench variability`, every figure with its unit."""
+    d = r.distribution
+    table = Table(
+        title=f"Step-time distribution: {r.job} on {r.world_size:,} GPUs "
+        f"({d.samples} samples, {r.preset}, seed {d.seed})"
+    )
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    rows = [
+        ("deterministic prediction", _seconds(d.deterministic_s)),
+        ("mean", _seconds(d.mean_s)),
+        ("standard deviation", _seconds(d.std_s)),
+        ("p5 / p50", f"{_seconds(d.p5_s)} / {_seconds(d.p50_s)}"),
+        ("p95 / p99", f"{_seconds(d.p95_s)} / {_seconds(d.p99_s)}"),
+        (f"P(step > {_seconds(d.threshold_s)})", f"{100 * d.p_exceeds_threshold:.1f} %"),
+        (
+            f"{d.k_steps:,} steps: mean, {100 * d.confidence:.0f} % upper bound",
+            f"{_seconds(d.k_steps_mean_s)}, {_seconds(d.k_steps_bound_s)}",
+        ),
+        ("slowdown vs deterministic: mean, p95", f"{d.slowdown_mean:.3f}x, {d.slowdown_p95:.3f}x"),
+        ("Monte Carlo wall time", _seconds(r.monte_carlo_wall_s)),
+    ]
+    for figure, value in rows:
+        table.add_row(figure, value)
+    console.print(table)
+
+
+def _seconds(t: float) -> str:
+    """A duration with a unit that keeps four significant digits readable."""
+    if t >= 3600:
+        return f"{t / 3600:.4g} h"
+    return f"{t:.4g} s" if t >= 1 else f"{t * 1e3:.4g} ms"

@@ -86,10 +86,12 @@ def _group_label(world: World, axes: tuple[str, ...], pps: tuple[int, ...]) -> s
 class _Builder:
     """Walks one class trace in program order and emits nodes (see module docstring)."""
 
-    def __init__(self, trace: RankTrace, world: World, pp: int, durations_s, slowdowns, comm):
+    def __init__(
+        self, trace: RankTrace, world: World, pp: int, durations_s, slowdowns, comm, spreads_s
+    ):
         self.trace, self.world, self.pp, self.comm = trace, world, pp, comm
         self.rep = world.representative(pp)
-        self.durations, self.slowdowns = durations_s, slowdowns
+        self.durations, self.slowdowns, self.spreads = durations_s, slowdowns, spreads_s
         self.cols = {k: [] for k in NODE_COLUMNS}
         self.slow_weight: list[float] = []
         self.streams: dict[object, int] = {}
@@ -137,6 +139,7 @@ class _Builder:
             for k in ("kind", "stream", "phase", "micro_batch", "flops", "seq")
         }
         durs, slows = self.durations[rows].tolist(), self.slowdowns[rows].tolist()
+        variances = (self.spreads[rows] ** 2).tolist()
         waited = set(c["comm_seq"][kinds == WAIT].tolist())
         tags = c["tag"][rows].tolist()
         cols, weight = self.cols, self.slow_weight
@@ -147,6 +150,7 @@ class _Builder:
             if kind == COMPUTE:
                 n = self.segment_for(row, s, lists["phase"][j], lists["micro_batch"][j])
                 cols["duration_s"][n] += durs[j]
+                cols["variance_s2"][n] += variances[j]
                 weight[n] += durs[j] * slows[j]
                 cols["flops"][n] += lists["flops"][j]
                 cols["rows"][n] += 1
@@ -273,13 +277,16 @@ def build_graph(
     cost: CostContext | None,
     *,
     durations_s: dict[int, np.ndarray] | None = None,
+    spreads_s: dict[int, np.ndarray] | None = None,
     comm_durations: bool = True,
 ) -> ExecutionGraph:
     """The ExecutionGraph of the job from one trace per class (pp index).
 
     `durations_s[p]` (optional, one entry per trace row) replaces the modelled compute
     durations of class p (measured kernels, or tests); `cost` may then be None, and comm is
-    free unless `cost` is given. `comm_durations=False` makes every comm free (tests)."""
+    free unless `cost` is given. `spreads_s[p]` (optional, one entry per trace row): the
+    standard deviation of each compute row's duration; a segment's `variance_s2` sums their
+    squares (emulator.variability). `comm_durations=False` makes every comm free (tests)."""
     if len(world.lane_axes) > 7:
         raise ValueError(
             f"world has {len(world.lane_axes)} lane axes; the graph's int8 mask holds 7"
@@ -302,7 +309,12 @@ def build_graph(
             raise ValueError(f"class {p}: neither durations_s nor a cost context to price compute")
         slows = row_slowdowns(trace, cost) if cost is not None else np.ones(len(trace))
         topology = cost.topology if (cost is not None and comm_durations) else None
-        b = _Builder(trace, world, p, durs, slows, CommPricer(topology))
+        spreads = np.zeros(len(trace)) if spreads_s is None else np.asarray(spreads_s[p], float)
+        if spreads.shape != (len(trace),):
+            raise ValueError(
+                f"spreads_s[{p}] has shape {spreads.shape}, trace has {len(trace)} rows"
+            )
+        b = _Builder(trace, world, p, durs, slows, CommPricer(topology), spreads)
         classes.append(b.build())
         pp_keys.append(b.pp_keys)
     _match_p2p(classes)

@@ -20,6 +20,7 @@ NODE_COLUMNS = {
     "name": np.int32,  # index into ClassGraph.strings
     "group": np.int32,  # group label ("tp", "dp+cp", "pp"), index into strings
     "duration_s": np.float64,
+    "variance_s2": np.float64,  # compute: sum of its ops' duration variances (independent ops)
     "slowdown": np.float64,
     "flops": np.int64,
     "first_row": np.int64,  # trace row of the node's first event

@@ -20,6 +20,9 @@ replay does not depend on the world size. Rules (per node, for all lanes at once
 Classes advance in turn; a class stops at a recv whose send, or a pp-spanning collective whose
 members, are not replayed yet, and resumes when they are (a cycle is a deadlock of the program
 and is reported). Definitions of the outputs: docs/METRICS.md.
+
+`replay_samples` runs the same rules for N samples at once (lane values shaped (N, *lanes),
+durations drawn per node by the caller): the Monte Carlo of emulator.variability.
 """
 
 from __future__ import annotations
@@ -48,16 +51,36 @@ def _scalar_ops():
     return 0.0, max, lambda x, axes: x, lambda x, lane: x
 
 
-def _array_ops(lanes):
+def _array_ops(shape):
     def reduce(x, axes):
-        return x.max(axis=axes, keepdims=True) if axes and np.ndim(x) else x
+        if not np.ndim(x):
+            return x
+        for axis in axes:
+            x = _max_along(x, axis)
+        return x
 
     def pick(x, lane):
         if not np.ndim(x):
             return float(x)
         return float(x[tuple(i if n > 1 else 0 for i, n in zip(lane, x.shape, strict=True))])
 
-    return np.zeros(lanes), np.maximum, reduce, pick
+    return np.zeros(shape), np.maximum, reduce, pick
+
+
+def _max_along(x: np.ndarray, axis: int) -> np.ndarray:
+    """x.max(axis, keepdims=True) by halving: numpy's own reduction over a short inner axis
+    is an order of magnitude slower on (samples, dp, cp, tp) arrays."""
+    n = x.shape[axis]
+    if n == 1:
+        return x
+    x = np.moveaxis(x, axis, 0)
+    while n > 1:
+        half = n // 2
+        folded = np.maximum(x[:half], x[half : 2 * half])
+        if n % 2:
+            folded[:1] = np.maximum(folded[:1], x[2 * half :])
+        x, n = folded, half
+    return np.moveaxis(x, 0, axis)
 
 
 # ---- one class -------------------------------------------------------------------------------
@@ -66,7 +89,9 @@ def _array_ops(lanes):
 class _Class:
     """Replay state of one class: its cursor, stream clocks and what other classes read."""
 
-    def __init__(self, graph: ExecutionGraph, pp: int, ops, factor, overrides, lanes_of_rank):
+    def __init__(
+        self, graph: ExecutionGraph, pp: int, ops, factor, overrides, lanes_of_rank, sampled=None
+    ):
         self.g = g = graph.classes[pp]
         self.pp, self.n, self.cursor = pp, len(g), 0
         zero, self.vmax, self.reduce, self.pick = ops
@@ -77,7 +102,10 @@ class _Class:
         self.factor = factor
         self.tracked = lanes_of_rank  # rank -> lane (coordinates along the lane axes)
         self.times = {r: np.zeros((3, len(g))) for r in lanes_of_rank}
-        self.waited = set(g["dep"][g["dep"] >= 0].tolist())
+        deps = g["dep"][g["dep"] >= 0]
+        self.waited = set(deps.tolist())
+        nodes, waits = np.unique(deps, return_counts=True)
+        self.waits_left = dict(zip(nodes.tolist(), waits.tolist(), strict=True))
         dur = g["duration_s"].tolist()
         for node, value in (overrides or {}).items():
             dur[node] = value
@@ -85,8 +113,11 @@ class _Class:
         self.cols = {
             k: g[k].tolist() for k in ("kind", "stream", "slowdown", "issue_stream", "dep", "join")
         }
+        self.sampled = sampled  # (pp, node) -> duration, in replay_samples
+        lead = 0 if sampled is None else 1  # lane values there have a samples axis first
         self.axes = [
-            tuple(a for a in range(len(graph.lanes)) if m >> a & 1) for m in g["axes"].tolist()
+            tuple(lead + a for a in range(len(graph.lanes)) if m >> a & 1)
+            for m in g["axes"].tolist()
         ]
         self.peer = g["peer_class"].tolist()
         self.deposited: set[int] = set()
@@ -96,6 +127,8 @@ class _Class:
         return self.cursor >= self.n
 
     def record(self, i, ready, start, end) -> None:
+        if not self.tracked:
+            return
         pick = self.pick
         for rank, lane in self.tracked.items():
             t = self.times[rank]
@@ -112,12 +145,16 @@ class _Class:
             c["issue_stream"],
         )
         deps, joins, dur, factor = c["dep"], c["join"], self.dur, self.factor
+        sampled, pp = self.sampled, self.pp
         i = self.cursor
         while i < self.n:
             k, s = kinds[i], streams[i]
             if k == SEGMENT:
                 start = clock[s]
-                d = dur[i] if factor is None else dur[i] * factor
+                if sampled is not None:
+                    d = sampled(pp, i)
+                else:
+                    d = dur[i] if factor is None else dur[i] * factor
                 sl = slows[i]
                 if sl > 1.0:
                     w = vmax(self.busy - start, 0.0)
@@ -125,7 +162,7 @@ class _Class:
                 end = clock[s] = start + d
                 ready = start
             elif k == WAIT_NODE:
-                ready = start = end = clock[s] = vmax(clock[s], self.ends[deps[i]])
+                ready = start = end = clock[s] = vmax(clock[s], self._waited_end(deps[i]))
             else:
                 ready = (
                     clock[s] if issue_streams[i] < 0 else vmax(clock[s], clock[issue_streams[i]])
@@ -146,7 +183,7 @@ class _Class:
                     if src.cursor <= joins[i]:
                         break
                     start = vmax(ready, src.send_ready.pop(joins[i]))
-                end = clock[s] = start + dur[i]
+                end = clock[s] = start + (dur[i] if sampled is None else sampled(pp, i))
                 self.busy = vmax(self.busy, end)
             if i in self.waited:  # any node a later wait reads: a comm, or a stream's position
                 self.ends[i] = end
@@ -155,8 +192,22 @@ class _Class:
         self.cursor = i
         return i > start_cursor
 
+    def _waited_end(self, node: int):
+        """End of a waited node, forgotten after its last wait (lane values can be large)."""
+        self.waits_left[node] -= 1
+        return self.ends.pop(node) if self.waits_left[node] == 0 else self.ends[node]
+
     def end_s(self) -> float:
         return float(max(np.max(t) for t in self.clock)) if self.clock else 0.0
+
+    def end_per_sample(self, samples: int) -> np.ndarray:
+        """Latest stream clock of any lane, per sample (replay_samples)."""
+        end = np.zeros(samples)
+        for t in self.clock:
+            if np.ndim(t):
+                t = t.reshape(t.shape[0], -1).max(axis=1)
+            end = np.maximum(end, t)
+        return end
 
 
 class _Job:
@@ -241,6 +292,25 @@ def replay(
         timelines=timelines,
         uniform=uniform,
     )
+
+
+def replay_samples(graph: ExecutionGraph, samples: int, durations) -> np.ndarray:
+    """Iteration time (s) of `samples` replays of `graph` at once, one per entry of the result.
+
+    Lane values carry a samples axis first: arrays shaped (samples, *lanes), or any shape that
+    broadcasts to it. `durations(pp, node)` gives each compute and comm node's duration as
+    such a value (compute: before the overlap slowdown, which applies as in `replay`). Nothing
+    else changes: the same rules, so durations equal to the graph's reproduce `replay`'s
+    iteration time exactly."""
+    if samples < 1:
+        raise ValueError(f"samples={samples!r} must be >= 1")
+    ops = _array_ops((samples, *graph.lanes))
+    classes = [_Class(graph, p, ops, None, None, {}, durations) for p in range(graph.world.pp)]
+    _run(_Job(graph, classes, ops[1]))
+    end = np.zeros(samples)
+    for c in classes:
+        end = np.maximum(end, c.end_per_sample(samples))
+    return end
 
 
 def _checked_speed_factors(speed_factors, world: World) -> np.ndarray:

@@ -1,5 +1,9 @@
-"""Step-time variability (PRISM, arXiv 2510.15596): duration distributions per signature.
+"""Step-time variability (PRISM, arXiv 2510.15596): the distribution of a job's step time.
 
 Modules: `distributions` (fit Normal, Gamma or LogNormal to repeated durations and pick by the
-Kolmogorov-Smirnov statistic; moment-matched defaults where only a mean and a spread exist).
+Kolmogorov-Smirnov statistic; moment-matched defaults where only a mean and a spread exist),
+`model` (the spatial, temporal, collective and network knobs and their cited defaults),
+`regimes` (Otsu splits: pipeline bubble / no-bubble transfers, network regimes), `sampling`
+(seeded draws), `monte_carlo` (N samples over the mesh-vectorized replay), `summary` (the
+figures a user reads: percentiles, P(step > T), K-step bound, slowdown).
 """

@@ -119,14 +119,16 @@ class Stage:
         return trace, np.array([self.durations.get(s, 0.0) for s in seqs])
 
 
-def build(world, stages, cost=None):
+def build(world, stages, cost=None, *, temporal_cv=0.0):
     """ExecutionGraph from Stage programs (one per pp index) with their explicit durations.
 
-    Collectives get the `duration_s` they were written with unless `cost` prices them."""
+    Collectives get the `duration_s` they were written with unless `cost` prices them; every
+    compute op's duration has a standard deviation of `temporal_cv` x its duration."""
     traces, durations = {}, {}
     for s in stages:
         traces[s.pp], durations[s.pp] = s.trace()
-    graph = build_graph(traces, world, cost, durations_s=durations)
+    spreads = {p: temporal_cv * d for p, d in durations.items()}
+    graph = build_graph(traces, world, cost, durations_s=durations, spreads_s=spreads)
     if cost is None:
         for g in graph.classes:
             comm = g["kind"] == COLLECTIVE

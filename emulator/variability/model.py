@@ -1,0 +1,126 @@
+"""How much a job's durations vary, as PRISM models it: the knobs and their cited defaults.
+
+PRISM (arXiv 2510.15596; reading notes and figures in ../shared/seeds/README.md) separates
+- *spatial* variation: a persistent speed factor per GPU (a slow GPU is slow for every kernel
+  of the step): GEMM throughput varies 1.64-14 % across 20K+ GPUs;
+- *temporal* variation: each kernel's duration varies from one run to the next on one GPU:
+  0.98-6.46 % for GEMMs over time on one GPU;
+- collectives: one duration per call, shared by all its members (it ends when the slowest
+  member is done: the replay starts it at the latest member's ready time);
+- the network: one regime per step shared by all communication.
+
+We read the paper's "variation" figures as coefficients of variation (std / mean); the reading
+notes do not say whether they are CVs or (max - min) / mean ranges: if ranges, these defaults
+overstate the spread. `PRISM_LOW` takes the low end of each range (a healthy fleet), and
+`PRISM_HIGH` the high end.
+
+Numbers the seeds do not give, stated as assumptions (replace them with estimates from
+repeated measurements, emulator.variability.regimes):
+- `collective_cv`: the temporal CV of a kernel, applied to a collective's kernel;
+- the network regimes: a nominal regime (factor 1) 90 % of steps and a congested one 10 % of
+  steps, 1.4x slower. The 1.4x is the "40 % slowdown observed under high latency" in the
+  machine-written summary on the paper's abstract page (../shared/seeds/prism_abstract.txt,
+  "Key Results"), not a figure of the paper; the 10 % is our assumption.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+# A normal draw of the relative noise must stay well above -1: with the ~1e7 standard normals
+# of a run the smallest is about -5.5 sigma, so CVs up to 0.15 keep every duration positive.
+MAX_NORMAL_CV = 0.15
+
+
+@dataclass(frozen=True)
+class NetworkRegime:
+    """One state of the network for a whole step: its probability and the factor on every
+    communication duration."""
+
+    probability: float
+    factor: float
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.probability <= 1:
+            raise ValueError(f"probability={self.probability!r} must be in [0, 1]")
+        if not self.factor > 0:
+            raise ValueError(f"factor={self.factor!r} must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class VariabilityModel:
+    """The spread of every duration of a step (see module docstring).
+
+    spatial_cv: CV of the per-GPU speed factor (lognormal, mean 1), redrawn for every sample
+    (every sample is a fresh allocation of GPUs) unless `speed_factors` fixes them (an array
+    shaped like the world's mesh, e.g. one known slow GPU).
+    temporal_cv: CV of one kernel's duration on one GPU; a segment of independent kernels has
+    the sum of their variances (emulator.graph.build, `variance_s2`).
+    collective_cv: CV of one collective or pipeline transfer.
+    network: the regimes of the network, one drawn per step; probabilities sum to 1."""
+
+    spatial_cv: float
+    temporal_cv: float
+    collective_cv: float
+    network: tuple[NetworkRegime, ...] = (NetworkRegime(1.0, 1.0),)
+    speed_factors: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.spatial_cv < 0:
+            raise ValueError(f"spatial_cv={self.spatial_cv!r} must be >= 0")
+        for name in ("temporal_cv", "collective_cv"):
+            value = getattr(self, name)
+            if not 0 <= value <= MAX_NORMAL_CV:
+                raise ValueError(
+                    f"{name}={value!r} must be in [0, {MAX_NORMAL_CV}] (normal noise stays > 0)"
+                )
+        if not self.network:
+            raise ValueError("network must hold at least one regime")
+        total = sum(r.probability for r in self.network)
+        if not np.isclose(total, 1.0):
+            raise ValueError(f"network regime probabilities sum to {total}, not 1")
+        if self.speed_factors is not None:
+            factors = np.asarray(self.speed_factors, dtype=float)
+            if not (factors > 0).all():
+                raise ValueError("speed_factors must all be > 0")
+            object.__setattr__(self, "speed_factors", factors)
+
+    @property
+    def is_deterministic(self) -> bool:
+        return (
+            self.spatial_cv == 0
+            and self.temporal_cv == 0
+            and self.collective_cv == 0
+            and all(r.factor == 1.0 for r in self.network if r.probability > 0)
+        )
+
+    def temporal_spreads_s(self, durations_s: np.ndarray) -> np.ndarray:
+        """Standard deviation of each op's duration (s) under the temporal CV."""
+        return self.temporal_cv * np.asarray(durations_s, dtype=float)
+
+    def with_speed_factors(self, speed_factors) -> VariabilityModel:
+        return replace(self, speed_factors=speed_factors)
+
+
+# GEMM variation across GPUs 1.64-14 %, over time on one GPU 0.98-6.46 % (PRISM, seeds README).
+SPATIAL_CV_RANGE = (0.0164, 0.14)
+TEMPORAL_CV_RANGE = (0.0098, 0.0646)
+# Assumption (module docstring): 90 % nominal steps, 10 % congested at 1.4x.
+DEFAULT_NETWORK = (NetworkRegime(0.9, 1.0), NetworkRegime(0.1, 1.4))
+
+PRISM_LOW = VariabilityModel(
+    spatial_cv=SPATIAL_CV_RANGE[0],
+    temporal_cv=TEMPORAL_CV_RANGE[0],
+    collective_cv=TEMPORAL_CV_RANGE[0],
+    network=DEFAULT_NETWORK,
+)
+PRISM_HIGH = VariabilityModel(
+    spatial_cv=SPATIAL_CV_RANGE[1],
+    temporal_cv=TEMPORAL_CV_RANGE[1],
+    collective_cv=TEMPORAL_CV_RANGE[1],
+    network=DEFAULT_NETWORK,
+)
+NO_VARIABILITY = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=0.0)
+PRESETS = {"prism-low": PRISM_LOW, "prism-high": PRISM_HIGH, "none": NO_VARIABILITY}

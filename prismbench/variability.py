@@ -1,0 +1,115 @@
+"""`prismbench variability`: the distribution of a job's step time (PRISM, issue 18).
+
+`variability(job)` captures and prices the job as `emulate` does (prismbench.capture,
+prismbench.emulate.cost_context), builds the execution graph with each compute op's temporal
+spread, replays it once without variability (the deterministic prediction) and then N times
+with draws of a VariabilityModel (emulator.variability.monte_carlo).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from emulator.costs.pricing import compute_prices
+from emulator.graph.build import build_graph
+from emulator.graph.replay import replay
+from emulator.variability.model import PRISM_LOW, VariabilityModel
+from emulator.variability.monte_carlo import sample_step_times
+from emulator.variability.summary import StepTimeDistribution, summarize
+from prismbench.capture import capture_job
+from prismbench.emulate import cost_context
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class VariabilityResult:
+    """A job's step-time distribution and how it was obtained."""
+
+    job: str
+    world_size: int
+    preset: str
+    distribution: StepTimeDistribution
+    monte_carlo_wall_s: float  # the N replays alone
+
+    def to_dict(self) -> dict:
+        return {
+            "job": self.job,
+            "world_size": self.world_size,
+            "preset": self.preset,
+            **self.distribution.to_dict(),
+            "monte_carlo_wall_s": self.monte_carlo_wall_s,
+        }
+
+
+def variability(
+    job,
+    *,
+    name: str = "job",
+    model: VariabilityModel = PRISM_LOW,
+    preset: str = "prism-low",
+    samples: int = 1000,
+    seed: int = 0,
+    threshold_s: float | None = None,
+    k_steps: int = 1000,
+    use_cache: bool = True,
+    workers: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> VariabilityResult:
+    """Sample `job`'s step time `samples` times under `model` (named `preset` in the result)."""
+    say = progress or (lambda _msg: None)
+    capture = capture_job(job, workers=workers, use_cache=use_cache, progress=progress)
+    cost = cost_context(job)
+    durations = {p: compute_prices(trace, cost)[0] for p, trace in capture.traces.items()}
+    graph = build_graph(
+        capture.traces,
+        capture.world,
+        cost,
+        durations_s=durations,
+        spreads_s={p: model.temporal_spreads_s(d) for p, d in durations.items()},
+    )
+    deterministic = replay(graph).iteration_time_s
+    say(f"graph: {graph.nodes:,} nodes; {samples} samples")
+    started = time.perf_counter()
+    times = sample_step_times(graph, model, samples=samples, seed=seed)
+    wall = time.perf_counter() - started
+    return VariabilityResult(
+        job=name,
+        world_size=job.world_size,
+        preset=preset,
+        distribution=summarize(
+            times, deterministic, seed=seed, threshold_s=threshold_s, k_steps=k_steps
+        ),
+        monte_carlo_wall_s=wall,
+    )
+
+
+def plot_distribution(result: VariabilityResult, path) -> None:
+    """Histogram and empirical CDF of the sampled step times (PNG), the deterministic
+    prediction and the p95 marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    d = result.distribution
+    t = np.sort(d.times_s)
+    fig, (hist, cdf) = plt.subplots(1, 2, figsize=(11, 4))
+    hist.hist(t, bins=min(60, max(10, len(t) // 20)), color="#4c72b0")
+    hist.set_xlabel("step time (s)")
+    hist.set_ylabel("samples")
+    cdf.plot(t, np.arange(1, len(t) + 1) / len(t), color="#4c72b0")
+    cdf.set_xlabel("step time (s)")
+    cdf.set_ylabel("P(step <= t)")
+    for ax in (hist, cdf):
+        ax.axvline(d.deterministic_s, color="k", linestyle="--", label="deterministic")
+        ax.axvline(d.p95_s, color="#c44e52", linestyle=":", label="p95")
+        ax.legend()
+    fig.suptitle(
+        f"{result.job}: {result.world_size:,} GPUs, {d.samples} samples ({result.preset}, "
+        f"seed {d.seed})"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,110 @@
+"""Monte Carlo over the replay on synthetic programs (tests/emulator/synthetic_traces.py):
+reproducibility, the deterministic limit, a slow GPU, shared collective draws, segment noise."""
+
+import numpy as np
+import pytest
+
+from emulator.graph.replay import replay
+from emulator.variability.model import NO_VARIABILITY, PRISM_HIGH, VariabilityModel
+from emulator.variability.monte_carlo import sample_step_times
+from emulator.variability.summary import summarize
+from emulator.world.mesh import World
+from tests.emulator.synthetic_traces import Stage, build, pipeline
+
+
+def _tp_dp_program(world, layers=3):
+    """Per layer: compute, a blocking tp all-reduce; then a dp all-reduce and the optimizer."""
+    s = Stage(world, 0)
+    for _ in range(layers):
+        s.compute(1.0, phase="forward")
+        s.compute(0.5, phase="forward")
+        s.collective("all_reduce", "tp", duration_s=0.2)
+    s.collective("all_reduce", "dp", duration_s=0.7)
+    s.compute(0.25, phase="optimizer")
+    return s
+
+
+@pytest.fixture
+def tp_dp_graph():
+    world = World.grid(dp=4, pp=1, cp=1, tp=2)
+    return build(world, [_tp_dp_program(world)], temporal_cv=0.05)
+
+
+@pytest.fixture
+def pipeline_graph():
+    world = World.grid(dp=2, pp=4, cp=1, tp=2)
+    return build(world, pipeline(world, 8, 1.0, 2.0, "1f1b"), temporal_cv=0.05)
+
+
+def test_same_seed_same_answer_other_seed_another(pipeline_graph):
+    a = sample_step_times(pipeline_graph, PRISM_HIGH, samples=200, seed=7)
+    b = sample_step_times(pipeline_graph, PRISM_HIGH, samples=200, seed=7)
+    c = sample_step_times(pipeline_graph, PRISM_HIGH, samples=200, seed=8)
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+@pytest.mark.parametrize("graph", ["tp_dp_graph", "pipeline_graph"])
+def test_zero_variance_reproduces_the_deterministic_iteration_exactly(graph, request):
+    g = request.getfixturevalue(graph)
+    times = sample_step_times(g, NO_VARIABILITY, samples=64, seed=3)
+    assert (times == replay(g).iteration_time_s).all()
+
+
+@pytest.mark.parametrize("slow", [1.1, 1.5])
+def test_one_slow_gpu_delays_the_step_by_its_extra_compute(tp_dp_graph, slow):
+    # Every layer ends in a blocking tp all-reduce, the step in a dp all-reduce: the slowest
+    # rank's compute is all on the critical path, so the step grows by (slow - 1) x its compute.
+    world = tp_dp_graph.world
+    deterministic = replay(tp_dp_graph)
+    compute_s = deterministic.per_class[0].compute_s
+    factors = np.ones(world.shape)
+    factors[world.coords(5)[0].tolist()] = slow  # rank 5: dp 2, tp 1
+    model = NO_VARIABILITY.with_speed_factors(factors)
+    d = summarize(
+        sample_step_times(tp_dp_graph, model, samples=32, seed=0),
+        deterministic.iteration_time_s,
+        seed=0,
+    )
+    expected = deterministic.iteration_time_s + (slow - 1) * compute_s
+    assert d.p95_s == pytest.approx(expected, rel=1e-12)
+    assert d.p95_s == replay(tp_dp_graph, speed_factors=factors).iteration_time_s
+
+
+def test_a_collective_is_one_draw_shared_by_its_members():
+    # dp all-reduce of 1 s after 1 s of compute on 8 ranks: one draw per call keeps the mean at
+    # 1 s; a draw per member would end at their max, 1 + 1.42 x cv on average (max of 8 normals).
+    world = World.grid(dp=8, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    s.compute(1.0, phase="backward")
+    s.collective("all_reduce", "dp", duration_s=1.0)
+    graph = build(world, [s])
+    cv = 0.1
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=cv)
+    comm = sample_step_times(graph, model, samples=2000, seed=1) - 1.0
+    assert comm.mean() == pytest.approx(1.0, abs=4 * cv / np.sqrt(2000))
+    assert comm.std() == pytest.approx(cv, rel=0.1)
+
+
+def test_segment_noise_has_the_summed_variance_of_its_kernels():
+    # One rank, one segment of four 1 s ops each with std cv: the step's std is 2 cv (sqrt 4).
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    for _ in range(4):
+        s.compute(1.0, phase="forward")
+    graph = build(world, [s], temporal_cv=0.03)
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.03, collective_cv=0.0)
+    times = sample_step_times(graph, model, samples=4000, seed=2)
+    assert times.mean() == pytest.approx(4.0, abs=1e-2)
+    assert times.std() == pytest.approx(2 * 0.03, rel=0.05)
+
+
+def test_variability_only_slows_a_synchronous_step_on_average(pipeline_graph):
+    d = summarize(
+        sample_step_times(pipeline_graph, PRISM_HIGH, samples=300, seed=0),
+        replay(pipeline_graph).iteration_time_s,
+        seed=0,
+    )
+    assert d.p5_s <= d.p50_s <= d.p95_s <= d.p99_s
+    assert d.slowdown_mean > 1  # joins take maxima of the members' noise
+    assert d.k_steps_bound_s > d.k_steps_mean_s == pytest.approx(d.k_steps * d.mean_s)

@@ -1,0 +1,104 @@
+"""`prismbench variability` on small captured jobs: the deterministic limit, a slow GPU, the
+CLI's output, plot and errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+from emulator.variability.model import NO_VARIABILITY
+from prismbench.cli import main
+from prismbench.emulate import emulate
+from prismbench.spec import job_spec_from_dict
+from prismbench.variability import variability
+
+PARALLEL = {"tp": 2, "dp": 2, "sequence_parallel": True}
+
+
+def _job():
+    return job_spec_from_dict(
+        {
+            "model": {"name": "llama-debug"},
+            "parallel": PARALLEL,
+            "batch": {"seq_len": 64, "global_batch": 8},
+        }
+    )
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.mark.integration
+def test_without_variability_every_sample_is_emulates_iteration_time():
+    job = _job()
+    expected = emulate(job, workers=1).iteration_time_s
+    d = variability(job, model=NO_VARIABILITY, samples=16, workers=1).distribution
+    assert d.deterministic_s == expected
+    assert (d.times_s == expected).all()
+
+
+@pytest.mark.integration
+def test_one_slow_gpu_shifts_p95_by_its_extra_compute():
+    # Blocking tp collectives every layer and the dp gradient sync put rank 2's compute on the
+    # critical path: the step grows by (s - 1) x its compute, a little less where its compute
+    # overlaps communication (the overlap slowdown stretches only the overlapped part).
+    job, slow = _job(), 1.3
+    base = emulate(job, workers=1)
+    factors = np.ones((2, 1, 1, 2))
+    factors[1, 0, 0, 0] = slow
+    d = variability(
+        job, model=NO_VARIABILITY.with_speed_factors(factors), samples=8, workers=1
+    ).distribution
+    hand = (slow - 1) * base.per_class[0].compute_s
+    assert 0.99 * hand <= d.p95_s - base.iteration_time_s <= hand
+
+
+@pytest.mark.integration
+def test_cli_prints_json_and_draws_the_plot(tmp_path, capsys):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[model]\nname = "llama-debug"\n[parallel]\ndp = 2\n'
+        "[batch]\nseq_len = 64\nglobal_batch = 8\n"
+    )
+    plot = tmp_path / "steps.png"
+    argv = ["variability", str(job), "--samples", "50", "--seed", "3", "--workers", "1"]
+    assert main([*argv, "--json", "--plot", str(plot)]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert plot.stat().st_size > 0
+    assert first["samples"] == 50 and first["seed"] == 3
+    assert first["p5_s"] <= first["p50_s"] <= first["p95_s"] <= first["p99_s"]
+    assert main([*argv, "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert {k: v for k, v in again.items() if k != "monte_carlo_wall_s"} == {
+        k: v for k, v in first.items() if k != "monte_carlo_wall_s"
+    }
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "p95" in table and " ms" in table
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "needle"),
+    [
+        ("--samples", "0", "--samples"),
+        ("--seed", "-1", "--seed"),
+        ("--threshold", "0", "--threshold"),
+    ],
+)
+def test_bad_options_exit_2_naming_the_option(option, value, needle, tmp_path, capsys):
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "llama-debug"\n[batch]\nseq_len = 64\nglobal_batch = 8\n')
+    assert main(["variability", str(job), option, value]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_a_bad_job_spec_exits_2_naming_the_field(tmp_path, capsys):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[model]\nname = "llama-debug"\n[batch]\nseq_len = 64\nglobal_batch = 8\n'
+        "[parallel]\ntp = 0\n"
+    )
+    assert main(["variability", str(job)]) == 2
+    assert "tp" in capsys.readouterr().err
