@@ -23,7 +23,11 @@ Fields:
 - `fp8_recipe`: torchao float8 scaling recipe for `train.precision = "fp8"`.
 - `fp8_casts`: whether the amax/scale/cast work around each fp8 GEMM runs as separate
   kernels or fused into its neighbours (torch.compile, Transformer Engine).
-- `pipeline_recv`: the pipeline's receive buffers.
+- `pipeline_recv`: the pipeline's receive buffers. "per-microbatch": torch.distributed.
+  pipelining, whose stages allocate a receive buffer per micro-batch at setup and keep it;
+  "per-transfer": Megatron's 1F1B (`workloads.megatron_schedule`), a buffer allocated by
+  each receive and freed once consumed; it runs schedule "1f1b" only, and any number of
+  micro-batches (fewer than pp included).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ LOSSES = ("unfused-fp32",)
 NORMS = ("torch",)
 FP8_RECIPES = ("tensorwise",)
 FP8_CASTS = ("unfused",)
-PIPELINE_RECVS = ("per-microbatch",)
+PIPELINE_RECVS = ("per-microbatch", "per-transfer")
 
 
 def _same_for_all(value: Any) -> dict[str, Any]:
@@ -52,7 +56,20 @@ NORM_BY_FRAMEWORK: dict[str, str] = _same_for_all("torch")
 VOCAB_MULTIPLE_BY_FRAMEWORK: dict[str, int] = _same_for_all(1)
 FP8_RECIPE_BY_FRAMEWORK: dict[str, str] = _same_for_all("tensorwise")
 FP8_CASTS_BY_FRAMEWORK: dict[str, str] = _same_for_all("unfused")
-PIPELINE_RECV_BY_FRAMEWORK: dict[str, str] = _same_for_all("per-microbatch")
+PIPELINE_RECV_BY_FRAMEWORK: dict[str, str] = {
+    **_same_for_all("per-microbatch"),
+    # Megatron-core allocates each receive in p2p_communication.py (`_communicate`:
+    # torch.empty per recv_prev/recv_next) and runs schedules.py's
+    # forward_backward_pipelining_without_interleaving; NeMo trains through Megatron-core's
+    # schedules (nemo/collections/nlp/models/language_modeling/megatron_gpt_model.py,
+    # get_forward_backward_func)
+    "megatron": "per-transfer",
+    "nemo": "per-transfer",
+    # torchtitan pipelines with torch.distributed.pipelining (torchtitan/distributed/
+    # pipeline_parallel.py builds PipelineStage and torch's schedules).
+    # llm-foundry (Composer FSDP) and llm.c (data parallel only) have no pipeline
+    # parallelism, so the value is moot for them: torch's, the prism-86a4f47 one.
+}
 
 CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {
     "loss": (LOSSES, LOSS_BY_FRAMEWORK),
