@@ -391,18 +391,16 @@ def train_step(
     """
     tokens = shard_sequence(tokens, state.cp_rank, state.cp)
     labels = shard_sequence(labels, state.cp_rank, state.cp)
-    if isinstance(state.schedule, PerTransferOneFOneB):
-        losses = state.schedule.step(
-            tokens if state.has_first else None, labels if state.has_last else None
-        )
-        loss = torch.stack(losses).mean() if state.has_last else None
-    elif state.schedule is not None:
+    if state.schedule is not None:
         losses: list[torch.Tensor] = []
         args = (tokens,) if state.has_first else ()
         target = labels if state.has_last else None
-        # the losses are all this step needs: return_outputs (torch's default) would keep
-        # every micro-batch's logits on the last stage and concatenate them at the end
-        state.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        if isinstance(state.schedule, PerTransferOneFOneB):
+            losses = state.schedule.step(tokens if state.has_first else None, target)
+        else:
+            # the losses are all this step needs: return_outputs (torch's default) would keep
+            # every micro-batch's logits on the last stage and concatenate them at the end
+            state.schedule.step(*args, target=target, losses=losses, return_outputs=False)
         loss = torch.stack([x.detach() for x in losses]).mean() if state.has_last else None
     else:
         loss = _accumulate(job, state, tokens, labels)
