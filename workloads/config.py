@@ -40,7 +40,15 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise SpecError(f"model.family={self.family!r} must be one of {FAMILIES}")
-        for field in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "max_seq_len"):
+        for field in (
+            "layers",
+            "hidden",
+            "ffn_hidden",
+            "heads",
+            "kv_heads",
+            "vocab",
+            "max_seq_len",
+        ):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpecError(f"model.{field}={value!r} must be a positive integer")
@@ -51,7 +59,9 @@ class ModelSpec:
                 f"use one of {allowed}"
             )
         if self.hidden % self.heads:
-            raise SpecError(f"model.heads({self.heads}) does not divide model.hidden({self.hidden})")
+            raise SpecError(
+                f"model.heads({self.heads}) does not divide model.hidden({self.hidden})"
+            )
         if self.heads % self.kv_heads:
             raise SpecError(
                 f"model.kv_heads({self.kv_heads}) does not divide model.heads({self.heads})"
@@ -93,13 +103,21 @@ def stage_layer_counts(layers: int, stages: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def check_schedule(schedule: str, pp: int, vpp: int, num_microbatches: int) -> None:
+def check_schedule(
+    schedule: str,
+    pp: int,
+    vpp: int,
+    num_microbatches: int,
+    pipeline_recv: str = "per-microbatch",
+) -> None:
     """Refuse pipeline settings torch's schedules cannot run.
 
     1f1b and gpipe run one stage per rank; interleaved-1f1b needs vpp >= 2;
     zero-bubble (torch's ScheduleInterleavedZeroBubble) runs with any vpp.
     Schedule1F1B refuses fewer micro-batches than stages; the multi-stage
     schedules run max(1, m // pp) rounds and need m to be a multiple of them.
+    pipeline_recv (`kernels.pipeline_recv`) "per-transfer" runs Megatron's 1F1B
+    (workloads.megatron_schedule): schedule "1f1b" only, with any number of micro-batches.
     """
     known = (*SINGLE_STAGE_SCHEDULES, *MULTI_STAGE_SCHEDULES)
     if schedule not in known:
@@ -113,10 +131,20 @@ def check_schedule(schedule: str, pp: int, vpp: int, num_microbatches: int) -> N
         raise SpecError(f"parallel.schedule='interleaved-1f1b' needs vpp >= 2 (vpp={vpp})")
     if pp == 1:
         return
+    if pipeline_recv == "per-transfer":
+        if schedule != "1f1b":
+            raise SpecError(
+                f"kernels.pipeline_recv='per-transfer' runs Megatron's non-interleaved 1F1B "
+                f"only: parallel.schedule={schedule!r} needs kernels.pipeline_recv="
+                "'per-microbatch' (torch.distributed.pipelining)"
+            )
+        return
     if schedule == "1f1b" and num_microbatches < pp:
         raise SpecError(
             f"parallel.schedule='1f1b' needs micro-batches per iteration({num_microbatches}) "
-            f">= pp({pp}): raise batch.global_batch or lower dp/micro_batch"
+            f">= pp({pp}) with kernels.pipeline_recv='per-microbatch' (torch's Schedule1F1B): "
+            "raise batch.global_batch or lower dp/micro_batch, or run Megatron's 1F1B with "
+            "kernels.pipeline_recv='per-transfer'"
         )
     rounds = max(1, num_microbatches // pp)
     if schedule in MULTI_STAGE_SCHEDULES and num_microbatches % rounds:

@@ -118,7 +118,7 @@ class TrainingJob:
         check_tensor_parallel(self.model, p.tp)
         stage_layer_counts(self.model.layers, p.pp * p.vpp)
         self._check_batch()
-        check_schedule(p.schedule, p.pp, p.vpp, self.num_microbatches)
+        check_schedule(p.schedule, p.pp, p.vpp, self.num_microbatches, self.kernels.pipeline_recv)
 
     def _check_batch(self) -> None:
         p, b = self.parallel, self.batch

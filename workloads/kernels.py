@@ -47,7 +47,11 @@ Fields:
   the eager op chain (what runs without torch.compile); `fused`, the two kernels per
   operand that Transformer Engine or torch.compile run (rule: `emulator.capture.fp8_casts`).
   The real CPU run is eager either way; the choice changes what the capture records.
-- `pipeline_recv`: the pipeline's receive buffers.
+- `pipeline_recv`: the pipeline's receive buffers. "per-microbatch": torch.distributed.
+  pipelining, whose stages allocate a receive buffer per micro-batch at setup and keep it;
+  "per-transfer": Megatron's 1F1B (`workloads.megatron_schedule`), a buffer allocated by
+  each receive and freed once consumed; it runs schedule "1f1b" only, and any number of
+  micro-batches (fewer than pp included).
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ LOSSES = ("unfused-fp32", "fused", "fused-inplace")
 NORMS = ("torch",)
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao recipe names
 FP8_CASTS = ("unfused", "fused")
-PIPELINE_RECVS = ("per-microbatch",)
+PIPELINE_RECVS = ("per-microbatch", "per-transfer")
 
 
 def _same_for_all(value: Any) -> dict[str, Any]:
@@ -127,6 +131,15 @@ FP8_CASTS_BY_FRAMEWORK: dict[str, str] = {
     "llm-foundry": "fused",
     "torchtitan": "fused",
 }
+# Megatron-core allocates each receive in p2p_communication.py (`_communicate`: torch.empty
+# per recv_prev/recv_next), and NeMo trains through its schedules, so "per-transfer" is what
+# they run. Their presets still say "per-microbatch" because our per-transfer executor
+# (workloads.megatron_schedule) runs only the non-interleaved 1F1B (the Megatron baselines
+# include interleaved ones) and its capture keeps the last stage's receive buffers alive
+# (a capture-side bug, open); a job opts in with `pipeline_recv = "per-transfer"`.
+# torchtitan pipelines with torch.distributed.pipelining (torchtitan/distributed/
+# pipeline_parallel.py); llm-foundry (Composer FSDP) and llm.c (data parallel only) have no
+# pipeline parallelism, so the value is moot for them.
 PIPELINE_RECV_BY_FRAMEWORK: dict[str, str] = _same_for_all("per-microbatch")
 
 CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {

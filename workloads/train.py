@@ -39,6 +39,7 @@ from workloads.config import check_schedule
 from workloads.context_parallel import chunk_positions, shard_sequence
 from workloads.job import TrainingJob
 from workloads.loss import cross_entropy
+from workloads.megatron_schedule import ActivationMeta, PerTransferOneFOneB
 from workloads.models import build_model
 from workloads.parallelize import COMPUTE_DTYPES, data_parallel_mesh, parallelize_stage
 from workloads.pipeline import (
@@ -104,18 +105,30 @@ def _positions_hook(seq_len: int, cp_rank: int, cp: int):
     return hook
 
 
+def _stage_activation(job: TrainingJob, tp: int, dtype, device) -> torch.Tensor:
+    """An example of one micro-batch's activation between two pipeline stages (local shape)."""
+    batch, par = job.batch, job.parallel
+    seq_local = batch.seq_len // par.cp
+    seq_hidden = seq_local // tp if par.sequence_parallel and tp > 1 else seq_local
+    # requires_grad marks activations and outputs as differentiable: the static stage
+    # metadata derives its gradient buffers from it
+    return torch.empty(
+        batch.micro_batch,
+        seq_hidden,
+        job.model.hidden,
+        dtype=dtype,
+        device=device,
+        requires_grad=True,
+    )
+
+
 def _stage_example_args(
     job: TrainingJob, plan, tp: int, dtype, device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Example tensors with one micro-batch's local input and output shapes of a virtual stage."""
     spec, batch, par = job.built_model, job.batch, job.parallel
     seq_local = batch.seq_len // par.cp
-    seq_hidden = seq_local // tp if par.sequence_parallel and tp > 1 else seq_local
-    # requires_grad marks activations and outputs as differentiable: the static stage
-    # metadata derives its gradient buffers from it
-    hidden = torch.empty(
-        batch.micro_batch, seq_hidden, spec.hidden, dtype=dtype, device=device, requires_grad=True
-    )
+    hidden = _stage_activation(job, tp, dtype, device)
     if plan.is_first:
         inp = torch.empty(batch.micro_batch, seq_local, dtype=torch.long, device=device)
     else:
@@ -164,7 +177,9 @@ def build_training(
     pp_rank = mesh["pp"].get_local_rank() if mesh is not None else 0
     plans = [plans_all[i] for i in local_stage_ids(pp_rank, par.pp, par.vpp)]
     if num_stages > 1:
-        check_schedule(par.schedule, par.pp, par.vpp, job.num_microbatches)
+        check_schedule(
+            par.schedule, par.pp, par.vpp, job.num_microbatches, job.kernels.pipeline_recv
+        )
     dp_mesh = data_parallel_mesh(mesh) if mesh is not None else None
     cp_rank = mesh["cp"].get_local_rank() if mesh is not None else 0
     parts = []
@@ -203,7 +218,18 @@ def build_training(
     )
     if job.model.tie_embeddings and par.pp > 1 and (state.has_first or state.has_last):
         state.embedding_group = _embedding_group(state.pp_group)
-    if par.pp > 1:
+    if par.pp > 1 and job.kernels.pipeline_recv == "per-transfer":
+        (part,), (plan,) = parts, plans  # check_schedule: "1f1b", one stage per rank
+        hidden = _stage_activation(job, par.tp, COMPUTE_DTYPES[job.train.precision], device)
+        state.schedule = PerTransferOneFOneB(
+            module=part,
+            plan=plan,
+            group=state.pp_group,
+            num_microbatches=job.num_microbatches,
+            activation=ActivationMeta(shape=tuple(hidden.shape), dtype=hidden.dtype, device=device),
+            loss_fn=state.loss_fn,
+        )
+    elif par.pp > 1:
         dtype = COMPUTE_DTYPES[job.train.precision]
         examples = [_stage_example_args(job, plan, par.tp, dtype, device) for plan in plans]
         state.stages, state.schedule = build_schedule(
@@ -300,8 +326,11 @@ def _build_optimizer(job: TrainingJob, mesh, dp_mesh, parts, lr, bucket_bytes):
         max_norm=MAX_GRAD_NORM,
         adamw=adamw,
         microbatches=job.num_microbatches,
-        # the pipeline schedule's own 1/num_microbatches (scale_grads) finds no .grad left
-        grad_scale=1.0 / job.num_microbatches if pp > 1 else 1.0,
+        # torch's pipeline schedules scale by 1/num_microbatches in scale_grads, which finds
+        # no .grad left; Megatron's 1F1B (per-transfer) divides each micro-batch's loss
+        grad_scale=1.0 / job.num_microbatches
+        if pp > 1 and job.kernels.pipeline_recv == "per-microbatch"
+        else 1.0,
         bucket_bytes=bucket_bytes,
     )
 
@@ -327,9 +356,12 @@ def train_step(
         losses: list[torch.Tensor] = []
         args = (tokens,) if state.has_first else ()
         target = labels if state.has_last else None
-        # the losses are all this step needs: return_outputs (torch's default) would keep
-        # every micro-batch's logits on the last stage and concatenate them at the end
-        state.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        if isinstance(state.schedule, PerTransferOneFOneB):
+            losses = state.schedule.step(tokens if state.has_first else None, target)
+        else:
+            # the losses are all this step needs: return_outputs (torch's default) would keep
+            # every micro-batch's logits on the last stage and concatenate them at the end
+            state.schedule.step(*args, target=target, losses=losses, return_outputs=False)
         loss = torch.stack([x.detach() for x in losses]).mean() if state.has_last else None
     else:
         loss = _accumulate(job, state, tokens, labels)

@@ -41,7 +41,7 @@ class _Durations:
     """duration(pp, node) for replay_samples: one chunk's draws (module docstring)."""
 
     def __init__(self, graph: ExecutionGraph, model: VariabilityModel, rng, samples: int):
-        self.graph, self.model, self.samples = graph, model, samples
+        self.graph, self.variability, self.samples = graph, model, samples
         world = graph.world
         lanes = graph.lanes
         self.lane_shape = (samples, *lanes)
@@ -81,17 +81,17 @@ class _Durations:
         raise ValueError(f"class {pp} node {node}: kind {kind} has no duration")
 
     def _segment(self, pp: int, mean: float, std: float):
-        temporal = std > 0 and self.model.temporal_cv > 0
+        temporal = std > 0 and self.variability.temporal_cv > 0
         d = mean + std * self.pool.window(self.lane_shape) if temporal else mean
         factors = self.factors[pp]
         return d if factors is None else d * factors
 
     def _comm(self, duration: float, axes_mask: int):
         d = duration * self.network
-        if self.model.collective_cv > 0 and duration > 0:
+        if self.variability.collective_cv > 0 and duration > 0:
             shape = tuple(1 if (axes_mask >> a) & 1 else n for a, n in enumerate(self.graph.lanes))
             z = self.pool.window((self.samples, *shape))
-            d = d * (1.0 + self.model.collective_cv * z)
+            d = d * (1.0 + self.variability.collective_cv * z)
         return d
 
 

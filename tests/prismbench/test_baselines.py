@@ -186,7 +186,8 @@ def test_rows_the_spec_cannot_say_are_refused_with_reasons():
     assert reasons[34] == ["torch.compile"]
     assert "AsyncTP" in reasons[44]
     assert reasons[163] == [
-        "spec: parallel.schedule='1f1b' needs micro-batches per iteration(N) >= pp(N)"
+        "spec: parallel.schedule='1f1b' needs micro-batches per iteration(N) >= pp(N) with "
+        "kernels.pipeline_recv='per-microbatch' (torch's Schedule1F1B)"
     ]
     assert len(made) + len(refused) == 230 and len(made) == len(SHIPPED)
 

@@ -1,0 +1,199 @@
+"""Megatron-LM's non-interleaved 1F1B, with a receive buffer allocated per transfer.
+
+`[kernels] pipeline_recv = "per-transfer"` runs a pipeline job with this executor instead
+of torch.distributed.pipelining. It follows Megatron-core:
+- schedule (megatron/core/pipeline_parallel/schedules.py,
+  `forward_backward_pipelining_without_interleaving`): the stage with pipeline rank r runs
+  min(pp - r - 1, m) warm-up forwards, then one forward and one backward per remaining
+  micro-batch, then the cool-down backwards. Any m >= 1 runs, m < pp included: the
+  pipeline then idles (its bubble) where torch's Schedule1F1B refuses the job;
+- transfers (megatron/core/pipeline_parallel/p2p_communication.py, `_communicate` and
+  `_batched_p2p_ops`): every receive allocates its buffer with `torch.empty` when it is
+  posted, and the buffer lives as long as what consumes it (a received activation until
+  its micro-batch's backward, a received gradient until that backward ran); sends and
+  receives of one step go out together through `batch_isend_irecv` (send_prev,
+  recv_prev, send_next, recv_next) and are waited for at once. torch's PipelineStage
+  instead allocates one receive buffer per micro-batch and direction at setup and keeps
+  them;
+- `deallocate_output_tensor`: once a stage's output is sent, its data is replaced by a
+  one-element tensor (Megatron-LM sets `deallocate_pipeline_outputs=True` in
+  `core_transformer_config_from_args`), and the backward runs through autograd's engine
+  directly (Megatron's `custom_backward`), which skips the shape check the freed output
+  would fail;
+- the loss of each micro-batch is divided by m before its backward (Megatron's
+  `forward_step`), so the gradients are the iteration mean without a later rescale.
+
+Data parallelism by FSDP2 accumulates unsharded gradients over micro-batches and reduces
+them during the last backward (what torch's pipelining does, here through autograd's own
+post-backward hooks); workloads.zero's optimizer takes gradients by its hooks as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+
+from workloads.pipeline import StagePlan
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActivationMeta:
+    """Shape and dtype of one micro-batch's activation between two stages (both directions)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerTransferOneFOneB:
+    """One rank's stage of a pipeline run by Megatron's 1F1B (module docstring)."""
+
+    module: nn.Module
+    plan: StagePlan
+    group: dist.ProcessGroup
+    num_microbatches: int
+    activation: ActivationMeta
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+    def __post_init__(self) -> None:
+        if self.num_microbatches < 1:
+            raise ValueError(f"num_microbatches({self.num_microbatches}) must be >= 1")
+
+    def step(self, tokens: torch.Tensor | None, labels: torch.Tensor | None) -> list[torch.Tensor]:
+        """Forward and backward of every micro-batch; the last stage returns their losses.
+
+        tokens (first stage) and labels (last stage) hold all micro-batches along dim 0."""
+        m = self.num_microbatches
+        run = _Run(self, tokens, labels)
+        rank, pp = dist.get_rank(self.group), dist.get_world_size(self.group)
+        warmup = min(pp - rank - 1, m)
+        pending: list[tuple[torch.Tensor | None, torch.Tensor]] = []  # (input, output)
+        for _ in range(warmup):
+            received = run.communicate(recv_prev=True)[0]
+            output = run.forward(received)
+            run.communicate(send_next=output)
+            pending.append((received, run.deallocated(output)))
+        received = run.communicate(recv_prev=True)[0] if m > warmup else None
+        for i in range(m - warmup):
+            output = run.forward(received)
+            output_grad = run.communicate(send_next=output, recv_next=True)[1]
+            pending.append((received, run.deallocated(output)))
+            input_grad = run.backward(*pending.pop(0), output_grad)
+            if i == m - warmup - 1:
+                received = None
+                run.communicate(send_prev=input_grad)
+            else:
+                received = run.communicate(send_prev=input_grad, recv_prev=True)[0]
+        for _ in range(warmup):
+            output_grad = run.communicate(recv_next=True)[1]
+            input_grad = run.backward(*pending.pop(0), output_grad)
+            run.communicate(send_prev=input_grad)
+        return run.losses
+
+
+class _Run:
+    """The state of one `step`: micro-batch counters, peers and the losses so far."""
+
+    def __init__(self, pipe: PerTransferOneFOneB, tokens, labels):
+        self.pipe = pipe
+        m = pipe.num_microbatches
+        self.tokens = tokens.chunk(m) if tokens is not None else None
+        self.labels = labels.chunk(m) if labels is not None else None
+        rank = dist.get_rank(pipe.group)
+        self.prev = dist.get_global_rank(pipe.group, rank - 1) if not pipe.plan.is_first else None
+        self.next = dist.get_global_rank(pipe.group, rank + 1) if not pipe.plan.is_last else None
+        self.forwards = self.backwards = 0
+        self.losses: list[torch.Tensor] = []
+
+    def communicate(
+        self,
+        *,
+        send_next: torch.Tensor | None = None,
+        send_prev: torch.Tensor | None = None,
+        recv_prev: bool = False,
+        recv_next: bool = False,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Megatron's `_communicate`: a fresh buffer per receive, all ops batched and waited.
+
+        A transfer towards a missing neighbour (the ends of the pipeline) is skipped, as
+        Megatron's send_*/recv_* helpers skip it on the first and last stage."""
+        recv_prev = recv_prev and self.prev is not None
+        recv_next = recv_next and self.next is not None
+        from_prev = self._buffer(requires_grad=True) if recv_prev else None
+        from_next = self._buffer(requires_grad=False) if recv_next else None
+        ops = []
+        if send_prev is not None and self.prev is not None:
+            ops.append(dist.P2POp(dist.isend, send_prev, self.prev, self.pipe.group))
+        if from_prev is not None:
+            ops.append(dist.P2POp(dist.irecv, from_prev, self.prev, self.pipe.group))
+        if send_next is not None and self.next is not None:
+            ops.append(dist.P2POp(dist.isend, send_next, self.next, self.pipe.group))
+        if from_next is not None:
+            ops.append(dist.P2POp(dist.irecv, from_next, self.next, self.pipe.group))
+        if ops:
+            for request in dist.batch_isend_irecv(ops):
+                request.wait()
+        return from_prev, from_next
+
+    def _buffer(self, *, requires_grad: bool) -> torch.Tensor:
+        meta = self.pipe.activation
+        # a received activation is a leaf of the stage's graph: its .grad is what goes back
+        return torch.empty(
+            meta.shape, dtype=meta.dtype, device=meta.device, requires_grad=requires_grad
+        )
+
+    def forward(self, received: torch.Tensor | None) -> torch.Tensor:
+        """The stage's forward of the next micro-batch; on the last stage its loss / m."""
+        i = self.forwards
+        self.forwards += 1
+        output = self.pipe.module(self.tokens[i] if self.pipe.plan.is_first else received)
+        if not self.pipe.plan.is_last:
+            return output
+        loss = self.pipe.loss_fn(output, self.labels[i])
+        self.losses.append(loss.detach())
+        return loss / self.pipe.num_microbatches
+
+    def deallocated(self, output: torch.Tensor) -> torch.Tensor:
+        """Megatron's deallocate_output_tensor: a sent output keeps only its autograd node."""
+        if not self.pipe.plan.is_last:
+            output.data = torch.empty((1,), device=output.device, dtype=output.dtype)
+        return output
+
+    def backward(
+        self,
+        received: torch.Tensor | None,
+        output: torch.Tensor,
+        output_grad: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """Backward of the oldest pending micro-batch; the gradient of its received input."""
+        last = self.backwards == self.pipe.num_microbatches - 1
+        self.backwards += 1
+        _set_gradient_sync(self.pipe.module, last)
+        if output_grad is None:  # the last stage's loss: d loss / d loss
+            output_grad = torch.ones_like(output)
+        # Megatron's custom_backward: the engine takes a gradient whose shape differs
+        # from the (deallocated) output's; torch.autograd.backward would refuse it
+        torch.autograd.Variable._execution_engine.run_backward(
+            (output,),
+            (output_grad,),
+            keep_graph=False,
+            create_graph=False,
+            inputs=(),
+            allow_unreachable=True,
+            accumulate_grad=True,
+        )
+        return received.grad if received is not None else None
+
+
+def _set_gradient_sync(module: nn.Module, last: bool) -> None:
+    """FSDP2: accumulate unsharded gradients, reduce and reshard in the last backward."""
+    if isinstance(module, FSDPModule):
+        module.set_is_last_backward(last)
+        module.set_reshard_after_backward(last)
+        module.set_requires_gradient_sync(last)
