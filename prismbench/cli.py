@@ -331,8 +331,8 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_variability(args: argparse.Namespace) -> int:
-    from emulator.variability.model import PRESETS
     from prismbench.variability import plot_distribution, variability
+    from prismbench.variability_calibration import resolve_preset
 
     job = load_job_spec(args.job)
     _check_output(args.plot, "--plot")
@@ -341,7 +341,7 @@ def _cmd_variability(args: argparse.Namespace) -> int:
     result = variability(
         job,
         name=job.model.name,
-        model=PRESETS[args.preset],
+        model=resolve_preset(args.preset, job.cluster.gpu),
         preset=args.preset,
         samples=args.samples,
         seed=args.seed,
@@ -477,7 +477,7 @@ def _add_emulate(commands) -> None:
 
 
 def _add_variability(commands) -> None:
-    from emulator.variability.model import PRESETS
+    from prismbench.variability_calibration import MEASURED_PRESET, preset_names
 
     cmd = commands.add_parser(
         "variability",
@@ -490,9 +490,12 @@ def _add_variability(commands) -> None:
     cmd.add_argument("--seed", type=_non_negative_int, default=0, help="random seed (0)")
     cmd.add_argument(
         "--preset",
-        choices=sorted(PRESETS),
+        choices=sorted(preset_names()),
         default="prism-low",
-        help="variability magnitudes (emulator/variability/model.py; prism-low)",
+        help=f"variability magnitudes: PRISM's low or high end (emulator/variability/model.py), "
+        f"none, or {MEASURED_PRESET!r}: the temporal variation measured on the job's GPU "
+        f"(results/variability/<gpu>.json) with PRISM's low-end spatial and network figures "
+        f"(default: prism-low)",
     )
     cmd.add_argument(
         "--threshold",

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from emulator.costs.pricing import compute_prices
 from emulator.graph.build import build_graph
 from emulator.graph.replay import replay
@@ -42,6 +44,11 @@ class VariabilityResult:
         }
 
 
+def op_names(trace) -> np.ndarray:
+    """Each trace row's op name (the costs' vocabulary for compute rows)."""
+    return np.asarray(trace.strings, dtype=object)[trace.columns["name"]]
+
+
 def variability(
     job,
     *,
@@ -66,7 +73,10 @@ def variability(
         capture.world,
         cost,
         durations_s=durations,
-        spreads_s={p: model.temporal_spreads_s(d) for p, d in durations.items()},
+        spreads_s={
+            p: model.temporal_spreads_s(d, op_names(capture.traces[p]))
+            for p, d in durations.items()
+        },
     )
     deterministic = replay(graph).iteration_time_s
     say(f"graph: {graph.nodes:,} nodes; {samples} samples")
@@ -91,7 +101,6 @@ def plot_distribution(result: VariabilityResult, path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     d = result.distribution
     t = np.sort(d.times_s)

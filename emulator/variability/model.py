@@ -14,6 +14,13 @@ notes do not say whether they are CVs or (max - min) / mean ranges: if ranges, t
 overstate the spread. `PRISM_LOW` takes the low end of each range (a healthy fleet), and
 `PRISM_HIGH` the high end.
 
+Measured on one GPU (emulator.variability.calibration, results/variability/<gpu>.json): the
+temporal CV per noise class (`temporal_cv_by_class`: GEMMs, attention, memory-bound kernels),
+a per-kernel jitter floor (`temporal_floor_s`: short kernels vary by a fraction of a
+microsecond whatever their length) and `step_cv`, the spread of a per-GPU factor redrawn every
+step: iterations on one GPU vary several times more than independent kernel noise explains
+(clocks, host), so part of the temporal variation is shared by a step's kernels.
+
 Numbers the seeds do not give, stated as assumptions (replace them with estimates from
 repeated measurements, emulator.variability.regimes):
 - `collective_cv`: the temporal CV of a kernel, applied to a collective's kernel;
@@ -25,13 +32,28 @@ repeated measurements, emulator.variability.regimes):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS
+
 # A normal draw of the relative noise must stay well above -1: with the ~1e7 standard normals
 # of a run the smallest is about -5.5 sigma, so CVs up to 0.15 keep every duration positive.
 MAX_NORMAL_CV = 0.15
+
+# Kernels whose temporal spread is modelled alike (measured per class on a GPU).
+NOISE_CLASSES = ("gemm", "attention", "memory")
+
+
+def noise_class(op_name: str) -> str:
+    """The noise class of a compute op of emulator/costs/ops.py's vocabulary."""
+    if op_name in GEMM_OPS:
+        return "gemm"
+    if op_name in ATTENTION_OPS:
+        return "attention"
+    return "memory"
 
 
 @dataclass(frozen=True)
@@ -58,12 +80,21 @@ class VariabilityModel:
     shaped like the world's mesh, e.g. one known slow GPU).
     temporal_cv: CV of one kernel's duration on one GPU; a segment of independent kernels has
     the sum of their variances (emulator.graph.build, `variance_s2`).
+    temporal_cv_by_class: the temporal CV of the NOISE_CLASSES it names (the others keep
+    temporal_cv).
+    temporal_floor_s: a kernel's standard deviation is at least this (s): short kernels'
+    jitter does not shrink with their length; std = sqrt((cv x d)^2 + floor^2).
+    step_cv: CV of a per-GPU factor (lognormal, mean 1) drawn afresh every step, on top of the
+    spatial one: the part of the temporal variation a step's kernels share.
     collective_cv: CV of one collective or pipeline transfer.
     network: the regimes of the network, one drawn per step; probabilities sum to 1."""
 
     spatial_cv: float
     temporal_cv: float
     collective_cv: float
+    temporal_cv_by_class: Mapping[str, float] | None = None
+    temporal_floor_s: float = 0.0
+    step_cv: float = 0.0
     network: tuple[NetworkRegime, ...] = (NetworkRegime(1.0, 1.0),)
     speed_factors: np.ndarray | None = None
 
@@ -76,6 +107,18 @@ class VariabilityModel:
                 raise ValueError(
                     f"{name}={value!r} must be in [0, {MAX_NORMAL_CV}] (normal noise stays > 0)"
                 )
+        for name, value in (self.temporal_cv_by_class or {}).items():
+            if name not in NOISE_CLASSES:
+                raise ValueError(f"temporal_cv_by_class: {name!r} is not one of {NOISE_CLASSES}")
+            if not 0 <= value <= MAX_NORMAL_CV:
+                raise ValueError(
+                    f"temporal_cv_by_class[{name!r}]={value!r} must be in [0, {MAX_NORMAL_CV}]"
+                )
+        if self.temporal_cv_by_class is not None:
+            object.__setattr__(self, "temporal_cv_by_class", dict(self.temporal_cv_by_class))
+        for name in ("temporal_floor_s", "step_cv"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0")
         if not self.network:
             raise ValueError("network must hold at least one regime")
         total = sum(r.probability for r in self.network)
@@ -88,17 +131,39 @@ class VariabilityModel:
             object.__setattr__(self, "speed_factors", factors)
 
     @property
+    def has_kernel_noise(self) -> bool:
+        """Whether any compute op's duration varies (temporal CVs or the floor)."""
+        by_class = self.temporal_cv_by_class or {}
+        return self.temporal_cv > 0 or any(by_class.values()) or self.temporal_floor_s > 0
+
+    @property
     def is_deterministic(self) -> bool:
         return (
             self.spatial_cv == 0
-            and self.temporal_cv == 0
+            and not self.has_kernel_noise
+            and self.step_cv == 0
             and self.collective_cv == 0
             and all(r.factor == 1.0 for r in self.network if r.probability > 0)
         )
 
-    def temporal_spreads_s(self, durations_s: np.ndarray) -> np.ndarray:
-        """Standard deviation of each op's duration (s) under the temporal CV."""
-        return self.temporal_cv * np.asarray(durations_s, dtype=float)
+    def temporal_cv_of(self, noise_class_name: str) -> float:
+        return (self.temporal_cv_by_class or {}).get(noise_class_name, self.temporal_cv)
+
+    def temporal_spreads_s(self, durations_s: np.ndarray, op_names=None) -> np.ndarray:
+        """Standard deviation (s) of each op's duration; `op_names` (one per op, the costs'
+        vocabulary) picks each op's class CV, else every op has `temporal_cv`. Ops of zero
+        duration (not compute) have none."""
+        d = np.asarray(durations_s, dtype=float)
+        if op_names is None:
+            cv = np.full(d.shape, self.temporal_cv)
+        else:
+            names = np.asarray(op_names, dtype=object)
+            if names.shape != d.shape:
+                raise ValueError(f"op_names shape {names.shape} != durations shape {d.shape}")
+            unique, inverse = np.unique(names.astype(str), return_inverse=True)
+            cv = np.array([self.temporal_cv_of(noise_class(n)) for n in unique])[inverse]
+        spread = np.hypot(cv * d, self.temporal_floor_s)
+        return np.where(d > 0, spread, 0.0)
 
     def with_speed_factors(self, speed_factors) -> VariabilityModel:
         return replace(self, speed_factors=speed_factors)

@@ -10,7 +10,8 @@ as PRISM does (emulator.variability.model):
   independent kernels), drawn as a normal (a sum of many independent kernels), then times the
   rank's persistent speed factor: d = f_rank * (mean + sqrt(variance) * z). The spreads are
   the graph's (set when it was built: the model's `temporal_spreads_s`, or measured ones); a
-  model with temporal_cv = 0 turns this noise off without rebuilding the graph;
+  model without kernel noise (`has_kernel_noise`) turns it off without rebuilding the graph;
+  the factor is the rank's persistent one times its per-step one (`step_cv`);
 - collective: one draw per group instance per sample, shared by every member (it starts when
   the last member is ready and all end together); a collective spanning pipeline stages
   draws once for all of them: d = duration * network * (1 + collective_cv * z);
@@ -81,7 +82,7 @@ class _Durations:
         raise ValueError(f"class {pp} node {node}: kind {kind} has no duration")
 
     def _segment(self, pp: int, mean: float, std: float):
-        temporal = std > 0 and self.variability.temporal_cv > 0
+        temporal = std > 0 and self.variability.has_kernel_noise
         d = mean + std * self.pool.window(self.lane_shape) if temporal else mean
         factors = self.factors[pp]
         return d if factors is None else d * factors

@@ -1,6 +1,7 @@
 """Random draws of a Monte Carlo run, all from one numpy Generator (seeded: reproducible).
 
-- `speed_factors`: the persistent factor of every GPU, per sample (spatial variation);
+- `speed_factors`: the factor of every GPU, per sample: the persistent one (spatial variation)
+  times the one redrawn every step (the model's `step_cv`);
 - `network_factors`: the regime of the network, one per sample (step);
 - `NoisePool`: standard normals for the per-segment and per-collective noise (temporal).
 
@@ -28,16 +29,22 @@ POOL_WINDOWS = 16  # pool size in largest windows (see the module docstring)
 def speed_factors(rng: np.random.Generator, model: VariabilityModel, world: World, samples: int):
     """Per-GPU speed factors shaped (samples, *world.shape), or (1, *world.shape) when they do
     not vary between samples; None when every factor is 1."""
+    factors = None
     if model.speed_factors is not None:
         if model.speed_factors.shape != world.shape:
             raise ValueError(
                 f"speed_factors shape {model.speed_factors.shape} != mesh {world.names} "
                 f"{world.shape}"
             )
-        return model.speed_factors[None]
-    if model.spatial_cv == 0:
-        return None
-    return from_moments(1.0, model.spatial_cv, "lognormal").sample(rng, (samples, *world.shape))
+        factors = model.speed_factors[None]
+    elif model.spatial_cv > 0:
+        factors = from_moments(1.0, model.spatial_cv, "lognormal").sample(
+            rng, (samples, *world.shape)
+        )
+    if model.step_cv > 0:
+        step = from_moments(1.0, model.step_cv, "lognormal").sample(rng, (samples, *world.shape))
+        factors = step if factors is None else factors * step
+    return factors
 
 
 def network_factors(rng: np.random.Generator, model: VariabilityModel, samples: int) -> np.ndarray:

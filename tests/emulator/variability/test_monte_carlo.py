@@ -108,3 +108,16 @@ def test_variability_only_slows_a_synchronous_step_on_average(pipeline_graph):
     assert d.p5_s <= d.p50_s <= d.p95_s <= d.p99_s
     assert d.slowdown_mean > 1  # joins take maxima of the members' noise
     assert d.k_steps_bound_s > d.k_steps_mean_s == pytest.approx(d.k_steps * d.mean_s)
+
+
+def test_a_per_step_factor_scales_a_single_gpus_step_by_its_cv():
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    for _ in range(4):
+        s.compute(1.0, phase="forward")
+    graph = build(world, [s])
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=0.0, step_cv=0.02)
+    times = sample_step_times(graph, model, samples=4000, seed=3)
+    # one GPU, no communication: the step is the deterministic one times one lognormal factor
+    assert times.mean() == pytest.approx(4.0, rel=2e-3)
+    assert times.std() / times.mean() == pytest.approx(0.02, rel=0.05)

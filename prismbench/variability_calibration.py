@@ -1,0 +1,236 @@
+"""Measure a GPU's temporal variation from profiled jobs; the `measured` variability preset.
+
+A GPU directory laid out as ../shared/data/gpu/<gpu>/ holds, per job, one profiled iteration
+(`profiles/<job>.ops.jsonl.gz` or a Chrome trace: prismbench.profile_readers) and the times of
+n repeated iterations (`summary.json`: iteration_s_min|median|max, iterations).
+`calibrate_gpu` turns them into the figures of emulator.variability.calibration:
+- kernel noise per class and the jitter floor, from every signature that repeats at least
+  MIN_SAMPLES times in a profile;
+- per job, the iteration's CV measured (range of n iterations over d2(n), over the median)
+  and the CV independent kernel noise would give (the model applied to the profile's own op
+  durations); their difference is that job's per-step CV; `step_cv` is the median over jobs.
+
+`write_table` keeps the result in results/variability/<gpu>.json with its provenance;
+`measured_model` builds the VariabilityModel a `measured` preset uses: the temporal figures
+from the table; the spatial, collective and network figures cannot be measured on one GPU and
+stay PRISM_LOW's (emulator.variability.model, cited there).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from emulator.capture.opmap import normalized_name
+from emulator.variability.calibration import (
+    KernelNoise,
+    SignatureFit,
+    estimate_kernel_noise,
+    fit_signatures,
+    iteration_kernel_cv,
+    range_to_std,
+    step_cv_of,
+)
+from emulator.variability.model import PRESETS, PRISM_LOW, VariabilityModel, noise_class
+from prismbench.profile_ingest import aten_packet
+from prismbench.profile_readers import ProfiledOp, read_profile
+from workloads.config import SpecError
+
+VARIABILITY_TABLES = Path(__file__).resolve().parents[1] / "results" / "variability"
+TABLE_SCHEMA_VERSION = 1
+MEASURED_PRESET = "measured"
+PROFILE_SUFFIXES = (".ops.jsonl.gz", ".json", ".json.gz")
+
+
+def op_noise_class(op: ProfiledOp) -> str:
+    """The noise class of a profiled op, through the capture's op vocabulary."""
+    return noise_class(normalized_name(aten_packet(op.op)))
+
+
+def profile_durations(ops: list[ProfiledOp]) -> tuple[np.ndarray, list[str]]:
+    """Each profiled op's GPU time (s, its kernels summed) and noise class."""
+    return (
+        np.array([sum(us for _, us in op.kernels) * 1e-6 for op in ops]),
+        [op_noise_class(op) for op in ops],
+    )
+
+
+def profile_pools(ops: list[ProfiledOp]) -> dict[tuple, tuple[str, list[float]]]:
+    """{(op, input shapes, kernel names): (noise class, durations s)} over a profile."""
+    pools: dict[tuple, tuple[str, list[float]]] = {}
+    for op in ops:
+        signature = (op.op, op.shapes, tuple(name for name, _ in op.kernels))
+        klass, durations = pools.setdefault(signature, (op_noise_class(op), []))
+        durations.append(sum(us for _, us in op.kernels) * 1e-6)
+    return pools
+
+
+@dataclass(frozen=True)
+class JobVariation:
+    """One profiled job: its pools' fits and its iteration spread, measured and modelled."""
+
+    job: str
+    fits: list[SignatureFit]
+    durations_s: np.ndarray
+    classes: list[str]
+    iterations: int
+    iteration_s_min: float
+    iteration_s_median: float
+    iteration_s_max: float
+
+    @property
+    def iteration_cv(self) -> float:
+        """Measured: the range of the timed iterations over d2(n), over their median."""
+        std = range_to_std(self.iteration_s_min, self.iteration_s_max, self.iterations)
+        return std / self.iteration_s_median
+
+    def kernel_cv(self, noise: KernelNoise) -> float:
+        return iteration_kernel_cv(self.durations_s, self.classes, noise)
+
+
+def _profile_of(gpu_dir: Path, job: str) -> Path:
+    for suffix in PROFILE_SUFFIXES:
+        path = gpu_dir / "profiles" / f"{job}{suffix}"
+        if path.exists():
+            return path
+    raise FileNotFoundError(f"{gpu_dir}: no profile for job {job!r} under profiles/")
+
+
+def read_jobs(gpu_dir: str | Path) -> list[JobVariation]:
+    """Every job of `gpu_dir`'s summary.json with a profile (module docstring)."""
+    gpu_dir = Path(gpu_dir)
+    summary_path = gpu_dir / "summary.json"
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(
+            f"{summary_path}: cannot read the jobs' iteration times: {error}"
+        ) from None
+    jobs = []
+    for job, figures in sorted(summary.items()):
+        missing = [
+            k
+            for k in ("iterations", "iteration_s_min", "iteration_s_median", "iteration_s_max")
+            if k not in figures
+        ]
+        if missing:
+            raise ValueError(f"{summary_path}: job {job!r} lacks {', '.join(missing)}")
+        ops = read_profile(_profile_of(gpu_dir, job))
+        durations, classes = profile_durations(ops)
+        jobs.append(
+            JobVariation(
+                job=job,
+                fits=fit_signatures(profile_pools(ops)),
+                durations_s=durations,
+                classes=classes,
+                iterations=int(figures["iterations"]),
+                iteration_s_min=float(figures["iteration_s_min"]),
+                iteration_s_median=float(figures["iteration_s_median"]),
+                iteration_s_max=float(figures["iteration_s_max"]),
+            )
+        )
+    if not jobs:
+        raise ValueError(f"{summary_path}: no job to calibrate from")
+    return jobs
+
+
+@dataclass(frozen=True)
+class GpuVariation:
+    """What `calibrate_gpu` measured (module docstring)."""
+
+    noise: KernelNoise
+    step_cv: float
+    step_cv_by_job: dict[str, float]
+    iteration_cv_by_job: dict[str, float]
+    kernel_cv_by_job: dict[str, float]
+
+
+def calibrate_jobs(jobs: list[JobVariation]) -> GpuVariation:
+    """Kernel noise from all `jobs`' pools; the step CV as the median of the jobs'."""
+    noise = estimate_kernel_noise([f for job in jobs for f in job.fits])
+    kernel_cv = {job.job: job.kernel_cv(noise) for job in jobs}
+    iteration_cv = {job.job: job.iteration_cv for job in jobs}
+    step = {j: step_cv_of(iteration_cv[j], kernel_cv[j]) for j in kernel_cv}
+    return GpuVariation(
+        noise=noise,
+        step_cv=float(np.median(list(step.values()))),
+        step_cv_by_job=step,
+        iteration_cv_by_job=iteration_cv,
+        kernel_cv_by_job=kernel_cv,
+    )
+
+
+def table_dict(gpu: str, variation: GpuVariation, provenance: dict) -> dict:
+    """The JSON form of results/variability/<gpu>.json."""
+    noise = variation.noise
+    return {
+        "schema_version": TABLE_SCHEMA_VERSION,
+        "gpu": gpu,
+        "temporal_cv_by_class": noise.cv_by_class,
+        "temporal_floor_s": noise.floor_s,
+        "step_cv": variation.step_cv,
+        "pools_by_class": noise.pools_by_class,
+        "short_pools": noise.short_pools,
+        "families": noise.families,
+        "jobs": {
+            job: {
+                "iteration_cv": variation.iteration_cv_by_job[job],
+                "kernel_cv": variation.kernel_cv_by_job[job],
+                "step_cv": variation.step_cv_by_job[job],
+            }
+            for job in sorted(variation.step_cv_by_job)
+        },
+        "provenance": provenance,
+    }
+
+
+def write_table(table: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def load_table(gpu: str, directory: Path = VARIABILITY_TABLES) -> dict:
+    path = directory / f"{gpu}.json"
+    if not path.exists():
+        known = sorted(p.stem for p in directory.glob("*.json"))
+        raise SpecError(
+            f"preset {MEASURED_PRESET!r}: no measured variability for gpu {gpu!r} "
+            f"({path} missing; measured: {', '.join(known) or 'none'})"
+        )
+    table = json.loads(path.read_text())
+    if table.get("schema_version") != TABLE_SCHEMA_VERSION:
+        raise SpecError(
+            f"{path}: schema_version {table.get('schema_version')!r}, expected "
+            f"{TABLE_SCHEMA_VERSION}; rebuild it (results/variability/build.py)"
+        )
+    return table
+
+
+def measured_model(table: dict) -> VariabilityModel:
+    """Temporal figures from `table`; spatial, collective, network as PRISM_LOW."""
+    return replace(
+        PRISM_LOW,
+        temporal_cv_by_class=table["temporal_cv_by_class"],
+        temporal_floor_s=float(table["temporal_floor_s"]),
+        step_cv=float(table["step_cv"]),
+    )
+
+
+def preset_names() -> tuple[str, ...]:
+    return (*PRESETS, MEASURED_PRESET)
+
+
+def resolve_preset(preset: str, gpu: str) -> VariabilityModel:
+    """The model a preset name stands for; `measured` reads the job's GPU's table."""
+    if preset == MEASURED_PRESET:
+        return measured_model(load_table(gpu))
+    if preset not in PRESETS:
+        raise SpecError(f"preset {preset!r} must be one of {', '.join(preset_names())}")
+    return PRESETS[preset]
