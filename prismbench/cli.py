@@ -222,18 +222,33 @@ def _cmd_record(args: argparse.Namespace) -> int:
     if Path(args.out).suffix != ".toml":
         raise SpecError(f"--out {args.out}: a recorded baseline is a .toml file")
     _check_output(args.out, "--out")
-    _progress(f"recording {args.job}: {job.world_size} process(es), {args.threads} thread(s) each, "
-              f"{args.warmup} warm-up + {args.iterations} timed iterations")  # fmt: skip
-    recording = record(job, iterations=args.iterations, warmup=args.warmup, threads=args.threads)
+    _progress(f"recording {args.job} on {args.device}: {job.world_size} process(es), "
+              f"{args.threads} thread(s) each, {args.warmup} warm-up + {args.iterations} timed "
+              "iterations")  # fmt: skip
+    recording = record(
+        job,
+        iterations=args.iterations,
+        warmup=args.warmup,
+        threads=args.threads,
+        device=args.device,
+    )
     path = write_record(recording, Path(args.out))
     if args.json:
         _print_json(recording.to_dict())
-    else:
-        m = recording.to_dict()["measured"]
-        print(f"iteration time median {m['iteration_time_s']:.4f} s (min {m['iteration_time_s_min']:.4f} s, "
-              f"max {m['iteration_time_s_max']:.4f} s, stdev {m['iteration_time_s_stdev']:.4f} s over "
-              f"{m['iterations']}); peak resident memory {report.format_bytes(m['peak_mem_bytes'])} "
-              f"(the largest process's max RSS, not a GPU allocator's); wrote {path}")  # fmt: skip
+        return EXIT_OK
+    m = recording.to_dict()["measured"]
+    memory = (
+        f"peak resident memory {report.format_bytes(m['peak_mem_bytes'])} (the largest "
+        "process's max RSS, not a GPU allocator's)"
+        if args.device == "cpu"
+        else f"steady peak reserved {report.format_bytes(m['peak_steady']['reserved'])}, "
+        f"allocated {report.format_bytes(m['peak_steady']['allocated'])}; first iteration "
+        f"reserved {report.format_bytes(m['peak_first_iteration']['reserved'])} (the largest "
+        "rank's caching-allocator peaks)"
+    )
+    print(f"iteration time median {m['iteration_time_s']:.4f} s (min {m['iteration_time_s_min']:.4f} s, "
+          f"max {m['iteration_time_s_max']:.4f} s, stdev {m['iteration_time_s_stdev']:.4f} s over "
+          f"{m['iterations']}); {memory}; wrote {path}")  # fmt: skip
     return EXIT_OK
 
 
@@ -697,7 +712,8 @@ def _add_dashboard(commands) -> None:
 def _add_record(commands) -> None:
     rec = commands.add_parser(
         "record",
-        help="run a small job for real on this machine's CPU (one process per rank) and record it",
+        help="run a small job for real on this machine's CPU or GPUs (one process per rank) "
+        "and record it",
     )
     rec.add_argument("job", metavar="JOB.toml")
     rec.add_argument(
@@ -706,6 +722,12 @@ def _add_record(commands) -> None:
     rec.add_argument("--iterations", type=_positive_int, default=10, help="timed iterations (10)")
     rec.add_argument("--warmup", type=int, default=3, help="iterations left out first (3)")
     rec.add_argument("--threads", type=_positive_int, default=1, help="torch threads per process (1)")
+    rec.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu: gloo processes; cuda: nccl, rank r on GPU r, allocator peaks (default cpu)",
+    )
     rec.add_argument("--json", action="store_true", help="print the record")
     rec.set_defaults(handler=_cmd_record)
 

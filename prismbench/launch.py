@@ -1,8 +1,9 @@
-"""Launch a function on N real CPU processes (gloo, spawn, a free port) and collect results.
+"""Launch a function on N real processes (spawn, a free port) and collect results.
 
 Used by `prismbench record` (a real multi-process run of a small job) and by the workloads'
 parity tests. Each process runs torch with `threads` intra-op threads (default 1), so runs on
-the same machine are comparable whatever else the machine does.
+the same machine are comparable whatever else the machine does. The backend is gloo (CPU) or
+nccl (CUDA: rank r uses GPU r).
 """
 
 from __future__ import annotations
@@ -23,13 +24,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, threads: int, fn, args, queue) -> None:
+BACKENDS = ("gloo", "nccl")
+
+
+def _worker(rank, world_size, port, threads, backend, fn, args, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
         import torch
 
         torch.set_num_threads(threads)
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, rank=rank, world_size=world_size)
         queue.put((rank, "ok", fn(*args)))
     except BaseException:  # noqa: BLE001  (sent to the parent, which raises)
         queue.put((rank, "error", traceback.format_exc()))
@@ -38,17 +44,28 @@ def _worker(rank: int, world_size: int, port: int, threads: int, fn, args, queue
             dist.destroy_process_group()
 
 
-def run_ranks(world_size: int, fn, *args, timeout_s: float = 120.0, threads: int = 1) -> list:
-    """fn(*args) on every rank of a fresh gloo world; its return values in rank order.
+def run_ranks(
+    world_size: int,
+    fn,
+    *args,
+    timeout_s: float = 120.0,
+    threads: int = 1,
+    backend: str = "gloo",
+) -> list:
+    """fn(*args) on every rank of a fresh world of `backend`; its return values in rank order.
 
     A rank that dies without reporting (a crash in C++, a kill) fails the run with its
     exit code instead of leaving the parent waiting forever.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} must be one of {BACKENDS}")
     ctx = mp.get_context("spawn")
     results_queue = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(rank, world_size, port, threads, fn, args, results_queue))
+        ctx.Process(
+            target=_worker, args=(rank, world_size, port, threads, backend, fn, args, results_queue)
+        )
         for rank in range(world_size)
     ]
     for proc in procs:

@@ -6,7 +6,15 @@ number of torch threads per process, `warmup` iterations left out, then `iterati
 ones: each iteration starts after a barrier and ends when the slowest rank is done (a barrier
 after the step), timed on rank 0. On CPU the memory figure is each process's peak resident
 set (`getrusage` ru_maxrss), not a GPU allocator's: the record says so (`peak_mem_kind`).
-A CUDA run (device mode) is not built yet.
+
+With `device="cuda"` the ranks run on this machine's GPUs (nccl, rank r on GPU r; the world
+must fit: world size <= GPUs here), as the shared H100 measurements were taken
+(../shared/data/gpu/h100-sxm-80g/README.md): each timed iteration is the wall time between
+`torch.cuda.synchronize()` calls (and barriers), and the caching allocator's peaks are kept for
+the first iteration (from the allocator as the build leaves it: optimizer state is created
+lazily there) and for the steady state (peak statistics reset after warm-up, over the timed
+iterations). The headline memory figure is the steady reserved peak of the largest rank
+(`allocator_reserved`), as the emulator's `peak_memory_reserved_bytes` predicts it.
 
 `write_record(recording, path)` writes it as a recorded baseline (`prismbench.baselines`:
 the job spec, the median with the range and count of the timed iterations, provenance with
@@ -30,34 +38,58 @@ from workloads.config import SpecError
 
 RECORD_SCHEMA_VERSION = 1
 MAX_RANKS = 16  # every rank is a process on this machine
-PEAK_MEM_KIND = "cpu_max_rss"
+DEVICES = ("cpu", "cuda")
+PEAK_MEM_KIND = {"cpu": "cpu_max_rss", "cuda": "allocator_reserved"}
 
 
-def _rank_run(job, warmup: int, iterations: int) -> dict:
+def _allocator_peaks(torch) -> dict:
+    return {
+        "allocated": torch.cuda.max_memory_allocated(),
+        "reserved": torch.cuda.max_memory_reserved(),
+    }
+
+
+def _rank_run(job, warmup: int, iterations: int, device: str = "cpu") -> dict:
     """One rank: build, warm up, time `iterations` steps between barriers (seconds)."""
     import torch
     import torch.distributed as dist
 
     from workloads import build_training, make_mesh, train_step
 
-    mesh = make_mesh(job)
-    state = build_training(job, mesh, device="cpu")
+    cuda = device == "cuda"
+    mesh = make_mesh(job, device)
+    state = build_training(job, mesh, device=device)
     rows = job.local_batch_rows
     generator = torch.Generator().manual_seed(dist.get_rank())
     tokens = torch.randint(0, job.model.vocab, (rows, job.batch.seq_len), generator=generator)
-    for _ in range(warmup):
-        train_step(job, state, tokens, tokens)
-    times = []
-    for _ in range(iterations):
+    tokens = tokens.to(device)
+
+    def step_s() -> float:
         dist.barrier()
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         train_step(job, state, tokens, tokens)
+        if cuda:
+            torch.cuda.synchronize()
         dist.barrier()
-        times.append(time.perf_counter() - start)
-    return {
-        "iteration_s": times,
-        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-    }
+        return time.perf_counter() - start
+
+    result: dict = {}
+    for i in range(warmup):
+        if cuda and i == 0:
+            torch.cuda.reset_peak_memory_stats()
+        step_s()
+        if cuda and i == 0:
+            result["peak_first_iteration"] = _allocator_peaks(torch)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    result["iteration_s"] = [step_s() for _ in range(iterations)]
+    if cuda:
+        result["peak_steady"] = _allocator_peaks(torch)
+        result["gpu"] = torch.cuda.get_device_name()
+    result["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return result
 
 
 @dataclass(frozen=True)
@@ -71,6 +103,10 @@ class Recording:
     peak_mem_bytes: int  # the largest rank's
     peak_mem_kind: str
     provenance: dict
+    device: str = "cpu"
+    # CUDA: the largest rank's allocator peaks (bytes), {"allocated": ., "reserved": .}
+    peak_first_iteration: dict | None = None
+    peak_steady: dict | None = None
 
     @property
     def iteration_s_median(self) -> float:
@@ -91,7 +127,12 @@ class Recording:
                 "warmup_iterations": self.warmup,
                 "peak_mem_bytes": self.peak_mem_bytes,
                 "peak_mem_kind": self.peak_mem_kind,
-            },
+            }
+            | (
+                {"peak_first_iteration": self.peak_first_iteration, "peak_steady": self.peak_steady}
+                if self.device == "cuda"
+                else {}
+            ),
             "provenance": self.provenance | {"threads_per_rank": self.threads_per_rank},
         }
 
@@ -121,10 +162,39 @@ def provenance() -> dict:
     }
 
 
+def _check_device(device: str, world_size: int, warmup: int) -> None:
+    if device not in DEVICES:
+        raise SpecError(f"--device {device!r}: must be one of {', '.join(DEVICES)}")
+    if device == "cpu":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SpecError("--device cuda: no CUDA GPU on this machine (torch.cuda.is_available())")
+    if world_size > torch.cuda.device_count():
+        raise SpecError(
+            f"--device cuda: the job's world size {world_size} needs one GPU per rank, this "
+            f"machine has {torch.cuda.device_count()} (emulate the rest: device mode)"
+        )
+    if warmup < 1:
+        raise SpecError("--warmup 0: a CUDA record needs one warm-up iteration (its first-"
+                        "iteration allocator peak is measured there)")  # fmt: skip
+
+
+def _largest(ranks: list[dict], key: str) -> dict:
+    return {kind: max(r[key][kind] for r in ranks) for kind in ("allocated", "reserved")}
+
+
 def record(
-    job, *, iterations: int = 10, warmup: int = 3, threads: int = 1, timeout_s: float = 1800.0
+    job,
+    *,
+    iterations: int = 10,
+    warmup: int = 3,
+    threads: int = 1,
+    device: str = "cpu",
+    timeout_s: float = 1800.0,
 ) -> Recording:
-    """Run `job` for real on this machine's CPU (see the module docstring)."""
+    """Run `job` for real on this machine's CPU or GPUs (see the module docstring)."""
     from prismbench.launch import run_ranks
 
     if job.world_size > MAX_RANKS:
@@ -136,17 +206,31 @@ def record(
         raise SpecError(
             f"iterations={iterations}, warmup={warmup}: need iterations >= 1, warmup >= 0"
         )
+    _check_device(device, job.world_size, warmup)
     ranks = run_ranks(
-        job.world_size, _rank_run, job, warmup, iterations, timeout_s=timeout_s, threads=threads
+        job.world_size,
+        _rank_run,
+        job,
+        warmup,
+        iterations,
+        device,
+        timeout_s=timeout_s,
+        threads=threads,
+        backend="nccl" if device == "cuda" else "gloo",
     )
+    cuda = device == "cuda"
+    steady = _largest(ranks, "peak_steady") if cuda else None
     return Recording(
         job=job.to_dict(),
         iteration_s=ranks[0]["iteration_s"],
         warmup=warmup,
         threads_per_rank=threads,
-        peak_mem_bytes=max(r["max_rss_bytes"] for r in ranks),
-        peak_mem_kind=PEAK_MEM_KIND,
-        provenance=provenance(),
+        peak_mem_bytes=steady["reserved"] if cuda else max(r["max_rss_bytes"] for r in ranks),
+        peak_mem_kind=PEAK_MEM_KIND[device],
+        provenance=provenance() | ({"gpu": ranks[0]["gpu"]} if cuda else {}),
+        device=device,
+        peak_first_iteration=_largest(ranks, "peak_first_iteration") if cuda else None,
+        peak_steady=steady,
     )
 
 
@@ -172,14 +256,29 @@ def to_baseline(recording: Recording, name: str):
             kind="recorded",
             source="prismbench record",
             model=recording.job["model"]["name"],
-            notes=f"CPU run, one gloo process per rank, {recording.threads_per_rank} torch "
-            f"thread(s) each, {recording.warmup} warm-up iteration(s) left out; iterations "
-            f"(s): {', '.join(f'{t:.6f}' for t in recording.iteration_s)}",
+            notes=_notes(recording),
             machine=p["machine"],
             software=p["software"],
             commit=commit,
             date=p["date"],
         ),
+    )
+
+
+def _notes(recording: Recording) -> str:
+    times = ", ".join(f"{t:.6f}" for t in recording.iteration_s)
+    if recording.device == "cpu":
+        return (
+            f"CPU run, one gloo process per rank, {recording.threads_per_rank} torch thread(s) "
+            f"each, {recording.warmup} warm-up iteration(s) left out; iterations (s): {times}"
+        )
+    first, steady = recording.peak_first_iteration, recording.peak_steady
+    return (
+        f"CUDA run on {recording.provenance['gpu']}, one nccl process per rank, "
+        f"{recording.warmup} warm-up iteration(s) left out; iterations (s): {times}; allocator "
+        f"peaks of the largest rank (bytes): first iteration allocated {first['allocated']}, "
+        f"reserved {first['reserved']}; steady allocated {steady['allocated']}, reserved "
+        f"{steady['reserved']}"
     )
 
 
