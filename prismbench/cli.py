@@ -222,6 +222,8 @@ def _cmd_record(args: argparse.Namespace) -> int:
     if Path(args.out).suffix != ".toml":
         raise SpecError(f"--out {args.out}: a recorded baseline is a .toml file")
     _check_output(args.out, "--out")
+    if args.profile:
+        _check_output(args.profile, "--profile")
     _progress(f"recording {args.job} on {args.device}: {job.world_size} process(es), "
               f"{args.threads} thread(s) each, {args.warmup} warm-up + {args.iterations} timed "
               "iterations")  # fmt: skip
@@ -231,8 +233,13 @@ def _cmd_record(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         threads=args.threads,
         device=args.device,
+        profile=args.profile is not None,
     )
     path = write_record(recording, Path(args.out))
+    if args.profile:
+        from prismbench.calibrate_job import write_ops_jsonl
+
+        _progress(f"wrote {write_ops_jsonl(recording.profile, args.profile)}")
     if args.json:
         _print_json(recording.to_dict())
         return EXIT_OK
@@ -727,6 +734,12 @@ def _add_record(commands) -> None:
         choices=("cpu", "cuda"),
         default="cpu",
         help="cpu: gloo processes; cuda: nccl, rank r on GPU r, allocator peaks (default cpu)",
+    )
+    rec.add_argument(
+        "--profile",
+        metavar="FILE.ops.jsonl.gz",
+        help="with --device cuda: profile one more iteration, write rank 0's kernel times "
+        "(the shared profiles' format; calibrate --from-profile and compare read it)",
     )
     rec.add_argument("--json", action="store_true", help="print the record")
     rec.set_defaults(handler=_cmd_record)

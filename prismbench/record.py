@@ -14,7 +14,11 @@ must fit: world size <= GPUs here), as the shared H100 measurements were taken
 the first iteration (from the allocator as the build leaves it: optimizer state is created
 lazily there) and for the steady state (peak statistics reset after warm-up, over the timed
 iterations). The headline memory figure is the steady reserved peak of the largest rank
-(`allocator_reserved`), as the emulator's `peak_memory_reserved_bytes` predicts it.
+(`allocator_reserved`), as the emulator's `peak_memory_reserved_bytes` predicts it. With
+`profile=True` every rank then runs one more iteration under torch.profiler
+(emulator.costs.kernel_timing.profile_iteration: kernel-only times) and rank 0's op records
+come back in `Recording.profile` (write them with `prismbench.calibrate_job.write_ops_jsonl`;
+`prismbench calibrate --from-profile` and `compare` read them).
 
 `write_record(recording, path)` writes it as a recorded baseline (`prismbench.baselines`:
 the job spec, the median with the range and count of the timed iterations, provenance with
@@ -49,7 +53,9 @@ def _allocator_peaks(torch) -> dict:
     }
 
 
-def _rank_run(job, warmup: int, iterations: int, device: str = "cpu") -> dict:
+def _rank_run(
+    job, warmup: int, iterations: int, device: str = "cpu", profile: bool = False
+) -> dict:
     """One rank: build, warm up, time `iterations` steps between barriers (seconds)."""
     import torch
     import torch.distributed as dist
@@ -88,6 +94,11 @@ def _rank_run(job, warmup: int, iterations: int, device: str = "cpu") -> dict:
     if cuda:
         result["peak_steady"] = _allocator_peaks(torch)
         result["gpu"] = torch.cuda.get_device_name()
+    if profile:
+        from emulator.costs.kernel_timing import profile_iteration
+
+        records = profile_iteration(lambda: train_step(job, state, tokens, tokens), warmup=0)
+        result["profile"] = records if dist.get_rank() == 0 else None
     result["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return result
 
@@ -107,6 +118,7 @@ class Recording:
     # CUDA: the largest rank's allocator peaks (bytes), {"allocated": ., "reserved": .}
     peak_first_iteration: dict | None = None
     peak_steady: dict | None = None
+    profile: list[dict] | None = None  # CUDA with profile=True: rank 0's op records
 
     @property
     def iteration_s_median(self) -> float:
@@ -192,6 +204,7 @@ def record(
     warmup: int = 3,
     threads: int = 1,
     device: str = "cpu",
+    profile: bool = False,
     timeout_s: float = 1800.0,
 ) -> Recording:
     """Run `job` for real on this machine's CPU or GPUs (see the module docstring)."""
@@ -207,6 +220,8 @@ def record(
             f"iterations={iterations}, warmup={warmup}: need iterations >= 1, warmup >= 0"
         )
     _check_device(device, job.world_size, warmup)
+    if profile and device != "cuda":
+        raise SpecError("--profile: kernel times need --device cuda (a CPU run has no kernels)")
     ranks = run_ranks(
         job.world_size,
         _rank_run,
@@ -214,6 +229,7 @@ def record(
         warmup,
         iterations,
         device,
+        profile,
         timeout_s=timeout_s,
         threads=threads,
         backend="nccl" if device == "cuda" else "gloo",
@@ -231,6 +247,7 @@ def record(
         device=device,
         peak_first_iteration=_largest(ranks, "peak_first_iteration") if cuda else None,
         peak_steady=steady,
+        profile=ranks[0].get("profile"),
     )
 
 

@@ -80,7 +80,7 @@ def test_a_cuda_record_keeps_the_allocator_peaks_of_both_iterations(tmp_path):
     job = job_spec_from_dict(
         {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 64, "global_batch": 2}}
     )
-    recording = record(job, iterations=3, warmup=2, device="cuda")
+    recording = record(job, iterations=3, warmup=2, device="cuda", profile=True)
     measured = recording.to_dict()["measured"]
     assert measured["peak_mem_kind"] == "allocator_reserved"
     steady, first = measured["peak_steady"], measured["peak_first_iteration"]
@@ -88,3 +88,12 @@ def test_a_cuda_record_keeps_the_allocator_peaks_of_both_iterations(tmp_path):
     assert first["reserved"] >= first["allocated"] > 0
     baseline = load_baseline(write_record(recording, tmp_path / "cuda.toml"))
     assert "CUDA run on" in baseline.provenance.notes
+    assert any(op["op"] == "aten::mm" and op["kernels"] for op in recording.profile)
+
+
+def test_a_profile_needs_cuda():
+    job = job_spec_from_dict(
+        {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 32, "global_batch": 1}}
+    )
+    with pytest.raises(SpecError, match="--profile"):
+        record(job, profile=True)
