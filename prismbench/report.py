@@ -434,9 +434,12 @@ def _render_case_variability(cases, console: Console) -> None:
     v0 = rows[0].variability
     table = Table(title=f"Step-time distribution per case ({v0['preset']}, {v0['samples']} "
                   f"samples, seed {v0['seed']})")  # fmt: skip
-    for column in ("baseline", "deterministic", "mean", "std", "p95", "p99", "p95 slowdown",
-                   "P(> deterministic)", "spread predicted", "spread measured", "Monte Carlo"):  # fmt: skip
-        table.add_column(column, justify="left" if column == "baseline" else "right")
+    for column in ("baseline", "determ.", "mean", "std", "p95", "p99", "p95/determ.",
+                   "P(>determ.)", "spread pred.", "spread meas.", "MC wall"):  # fmt: skip
+        left = column == "baseline"
+        table.add_column(
+            column, justify="left" if left else "right", overflow="fold" if left else None
+        )
     for c in rows:
         v = c.variability
         measured = v["measured_relative_spread"]
@@ -447,12 +450,13 @@ def _render_case_variability(cases, console: Console) -> None:
             f"{100 * v['p_exceeds_threshold']:.1f} %",
             f"±{100 * v['predicted_relative_spread']:.2f} %",
             "-" if measured is None else
-            f"±{100 * measured:.2f} % ({v['measured_iterations']} it.)",
+            f"±{100 * measured:.2f} % ({v['measured_iterations']})",
             _seconds(v["monte_carlo_wall_s"]),
         )  # fmt: skip
     console.print(table)
-    console.print("spread: predicted (p95 - p5) / 2 / p50; measured (max - min) / 2 / median of "
-                  "the recorded iterations (docs/METRICS.md)")  # fmt: skip
+    console.print("determ.: the replay without variability; spread pred.: (p95 - p5) / 2 / p50; "
+                  "spread meas.: (max - min) / 2 / median of the recorded iterations (how many); "
+                  "MC wall: the Monte Carlo's time (docs/METRICS.md)")  # fmt: skip
 
 
 def render_variability(r, console: Console) -> None:
