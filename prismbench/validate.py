@@ -4,9 +4,10 @@
 cached by prismbench.capture), scores every metric the baseline measured with the signed
 error (predicted - measured) / measured, writes the run to DuckDB (`prismbench.history`)
 and, when asked, to MLflow (`prismbench.mlflow_log`), and returns the cases with their
-metrics. With `variability` settings each case also gets its step-time distribution from the
-same capture and prices (`prismbench.validate_variability`). Metric names are the emulate JSON's field names, so `--gate` thresholds
-(`prismbench.thresholds`) name them the same way.
+metrics. Metric names are the emulate JSON's field names, so `--gate` thresholds
+(`prismbench.thresholds`) name them the same way. With `variability` settings each case also
+gets its step-time distribution from the same capture and prices
+(`prismbench.validate_variability`).
 """
 
 from __future__ import annotations
@@ -176,11 +177,10 @@ def _emulate_one(
 
     started = time.perf_counter()
     path = default_cache_dir().parent / "results" / f"{result_cache_key(job)}.json"
+    priced = _priced(job, use_cache) if variability else None
     if use_cache and path.is_file() and artifact_dir is None:
         result = json.loads(path.read_text()) | {"job": name, "from_cache": True}
-        priced = _priced(job, use_cache) if variability else None
     else:
-        priced = _priced(job, use_cache) if variability else None
         fresh = _emulate_fresh(job, name, artifact_dir, priced)
         write_atomically(path, lambda tmp: tmp.write_text(json.dumps(fresh)))
         result = fresh | {"from_cache": False}
