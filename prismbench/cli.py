@@ -181,6 +181,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     except BaselineError as err:
         raise SpecError(f"--baselines: {err}") from None
     chosen = v.select_baselines(baselines, args.select, args.all)
+    spread = _variability_settings(args)
     log = None
     if not args.no_mlflow:
         from prismbench.mlflow_log import default_tracking_uri, log_run
@@ -193,13 +194,31 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             )
 
     run = v.validate(chosen, db_path=Path(args.db), workers=args.workers, log_mlflow=log,
-                     progress=_progress, use_cache=not args.no_cache, artifacts=args.artifacts)  # fmt: skip
+                     progress=_progress, use_cache=not args.no_cache, artifacts=args.artifacts,
+                     variability=spread)  # fmt: skip
     failures = v.gate_failures(run.cases, thresholds)
     if args.json:
         _print_json(v.run_to_dict(run, failures))
     else:
         report.render_validation(run, v.summarize(run.cases), failures, _console())
     return EXIT_GATE_FAILED if failures else EXIT_OK
+
+
+def _variability_settings(args: argparse.Namespace):
+    """validate's --variability options as settings, None without --variability."""
+    from prismbench.validate_variability import VariabilitySettings
+
+    if args.variability is None:
+        given = [o for o, v in (("--variability-samples", args.variability_samples),
+                                ("--variability-seed", args.variability_seed)) if v is not None]  # fmt: skip
+        if given:
+            raise SpecError(f"{', '.join(given)} given without --variability PRESET")
+        return None
+    return VariabilitySettings(
+        preset=args.variability,
+        samples=1000 if args.variability_samples is None else args.variability_samples,
+        seed=args.variability_seed or 0,
+    )
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
@@ -696,11 +715,39 @@ def _add_validate(commands) -> None:
         help="also write each case's Perfetto timeline and memory plots (logged to MLflow)",
     )
     validate_cmd.add_argument(
-        "--no-cache", action="store_true", help="emulate again even where the same job, code and tables were"
+        "--no-cache",
+        action="store_true",
+        help="emulate again even where the same job, code and tables were",
     )
     validate_cmd.add_argument("--workers", type=_positive_int, help="processes (default: cores)")
     validate_cmd.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_validate_variability(validate_cmd)
     validate_cmd.set_defaults(handler=_cmd_validate)
+
+
+def _add_validate_variability(validate_cmd) -> None:
+    from prismbench.variability_calibration import preset_names
+
+    validate_cmd.add_argument(
+        "--variability",
+        choices=sorted(preset_names()),
+        metavar="PRESET",
+        help="also sample each case's step-time distribution from its capture under PRESET "
+        f"({', '.join(sorted(preset_names()))}; as `variability --preset`) and store it (DuckDB "
+        "table case_variability, MLflow metrics variability_*, a histogram/CDF PNG)",
+    )
+    validate_cmd.add_argument(
+        "--variability-samples",
+        type=_positive_int,
+        metavar="N",
+        help="Monte Carlo samples per case with --variability (1000)",
+    )
+    validate_cmd.add_argument(
+        "--variability-seed",
+        type=_non_negative_int,
+        metavar="SEED",
+        help="random seed of --variability (0); the same seed gives the same figures",
+    )
 
 
 def _add_dashboard(commands) -> None:
@@ -711,7 +758,10 @@ def _add_dashboard(commands) -> None:
     )
     dashboard.add_argument("--out", required=True, metavar="DIR", help="output folder")
     dashboard.add_argument(
-        "--db", default=str(DEFAULT_DB), metavar="PATH", help=f"DuckDB history (default {DEFAULT_DB})"
+        "--db",
+        default=str(DEFAULT_DB),
+        metavar="PATH",
+        help=f"DuckDB history (default {DEFAULT_DB})",
     )
     dashboard.set_defaults(handler=_cmd_dashboard)
 
@@ -724,11 +774,16 @@ def _add_record(commands) -> None:
     )
     rec.add_argument("job", metavar="JOB.toml")
     rec.add_argument(
-        "--out", required=True, metavar="FILE.toml", help="the recorded baseline (e.g. under results/baselines/recorded/)"
+        "--out",
+        required=True,
+        metavar="FILE.toml",
+        help="the recorded baseline (e.g. under results/baselines/recorded/)",
     )
     rec.add_argument("--iterations", type=_positive_int, default=10, help="timed iterations (10)")
     rec.add_argument("--warmup", type=int, default=3, help="iterations left out first (3)")
-    rec.add_argument("--threads", type=_positive_int, default=1, help="torch threads per process (1)")
+    rec.add_argument(
+        "--threads", type=_positive_int, default=1, help="torch threads per process (1)"
+    )
     rec.add_argument(
         "--device",
         choices=("cpu", "cuda"),

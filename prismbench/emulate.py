@@ -22,7 +22,7 @@ from emulator.graph.timeline import write_trace
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
 from emulator.memory import replay_memory
 from emulator.memory.export import write_snapshot
-from prismbench.capture import capture_job
+from prismbench.capture import JobCapture, capture_job
 from prismbench.explain import explain
 from prismbench.plots import memory_event_times_s, plot_memory_timeline
 
@@ -122,6 +122,39 @@ def cost_context(job, kernel_table: KernelTable | None | str = "preset") -> Cost
     return CostContext(topology=topology_of(job), table=kernel_table)
 
 
+@dataclass(frozen=True, eq=False)
+class PricedJob:
+    """A job's capture, what it was priced on, and the prices of its compute rows per class
+    ((durations_s, price sources), `compute_prices`): what `emulate` and
+    `prismbench.variability` both start from, so a caller that wants both captures once."""
+
+    capture: JobCapture
+    cost: CostContext
+    prices: dict
+
+    @property
+    def durations_s(self) -> dict:
+        return {p: durations for p, (durations, _) in self.prices.items()}
+
+
+def price_job(
+    job,
+    *,
+    use_cache: bool = True,
+    workers: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    kernel_table: KernelTable | None | str = "preset",
+) -> PricedJob:
+    """Capture `job` (prismbench.capture, cached) and price every compute op once."""
+    say = progress or (lambda _msg: None)
+    say(f"capture: {job.parallel.pp} class(es) of {job.world_size:,} ranks")
+    capture = capture_job(job, workers=workers, use_cache=use_cache, progress=progress)
+    say(f"capture done in {capture.wall_s:.1f} s ({'cache' if capture.cached else 'captured'})")
+    cost = cost_context(job, kernel_table)
+    prices = {p: compute_prices(trace, cost) for p, trace in capture.traces.items()}
+    return PricedJob(capture, cost, prices)
+
+
 def _table_label(table: KernelTable | None) -> str:
     return "" if table is None else table.label
 
@@ -138,6 +171,7 @@ def emulate(
     memory_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
     kernel_table: KernelTable | None | str = "preset",
+    priced: PricedJob | None = None,
 ) -> EmulationResult:
     """Emulate one iteration of `job` (a validated JobSpec).
 
@@ -146,18 +180,16 @@ def emulate(
     memory visualizer (pytorch.org/memory_viz) opens.
     kernel_table: "preset" (the GPU's committed table, if any), a loaded table, or None
     (roofline curves only).
+    priced: `price_job(job, ...)` already done (its kernel table is then the one used).
     """
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
-    say(f"capture: {job.parallel.pp} class(es) of {job.world_size:,} ranks")
-    capture = capture_job(job, workers=workers, use_cache=use_cache, progress=progress)
-    say(f"capture done in {capture.wall_s:.1f} s ({'cache' if capture.cached else 'captured'})")
-    cost = cost_context(job, kernel_table)
+    if priced is None:
+        priced = price_job(job, use_cache=use_cache, workers=workers, progress=progress,
+                           kernel_table=kernel_table)  # fmt: skip
     # priced once: the graph takes the durations, the result says how they were priced
-    prices = {p: compute_prices(trace, cost) for p, trace in capture.traces.items()}
-    graph = build_graph(
-        capture.traces, capture.world, cost, durations_s={p: d for p, (d, _) in prices.items()}
-    )
+    capture, cost, prices = priced.capture, priced.cost, priced.prices
+    graph = build_graph(capture.traces, capture.world, cost, durations_s=priced.durations_s)
     say(f"graph: {sum(len(c) for c in graph.classes):,} nodes; replaying")
     timing = replay(graph, ranks=trace_ranks or ())
     if trace_path is not None:

@@ -6,6 +6,9 @@ connection, retried with back-off while another process holds the lock, so two v
 writing at once both land (`connect_with_retry`). A run is inserted with status "running"
 first and set to "complete" (or "interrupted", "failed") last: a run killed half-way never
 reads as complete.
+
+`schema_info` holds the schema version. A database of an older version is brought up to date
+on its first write (`MIGRATIONS`); one of a newer version is refused (`HistoryError`).
 """
 
 from __future__ import annotations
@@ -17,10 +20,43 @@ from pathlib import Path
 
 import duckdb
 
-SCHEMA_VERSION = 1
+from workloads.config import SpecError
+
+SCHEMA_VERSION = 2  # 2: case_variability (validate --variability)
 RUN_STATUSES = ("running", "complete", "interrupted", "failed")
+# validate --variability, per case: prismbench.validate_variability's figures (seconds, ratios,
+# a probability) and the baseline's measured spread (NULL where it has none)
+VARIABILITY_COLUMNS = {
+    "preset": "VARCHAR",
+    "samples": "INTEGER",
+    "seed": "BIGINT",
+    "deterministic_s": "DOUBLE",
+    "mean_s": "DOUBLE",
+    "std_s": "DOUBLE",
+    "p5_s": "DOUBLE",
+    "p50_s": "DOUBLE",
+    "p95_s": "DOUBLE",
+    "p99_s": "DOUBLE",
+    "threshold_s": "DOUBLE",
+    "p_exceeds_threshold": "DOUBLE",
+    "k_steps": "INTEGER",
+    "k_steps_bound_s": "DOUBLE",
+    "slowdown_mean": "DOUBLE",
+    "slowdown_p95": "DOUBLE",
+    "predicted_relative_spread": "DOUBLE",
+    "monte_carlo_wall_s": "DOUBLE",
+    "measured_iterations": "INTEGER",
+    "measured_median_s": "DOUBLE",
+    "measured_min_s": "DOUBLE",
+    "measured_max_s": "DOUBLE",
+    "measured_relative_spread": "DOUBLE",
+}
+_CASE_VARIABILITY = (
+    "CREATE TABLE IF NOT EXISTS case_variability (run_id VARCHAR, baseline VARCHAR, "
+    + ", ".join(f"{name} {kind}" for name, kind in VARIABILITY_COLUMNS.items())
+    + ", PRIMARY KEY (run_id, baseline))"
+)
 _SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS schema_info (version INTEGER)",
     """CREATE TABLE IF NOT EXISTS runs (
         run_id VARCHAR PRIMARY KEY, commit VARCHAR, dirty BOOLEAN, machine VARCHAR,
         started_at TIMESTAMP, ended_at TIMESTAMP, settings VARCHAR, status VARCHAR)""",
@@ -30,7 +66,17 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS metric_results (
         run_id VARCHAR, baseline VARCHAR, metric VARCHAR, predicted DOUBLE, measured DOUBLE,
         error DOUBLE)""",
+    _CASE_VARIABILITY,
 )
+# What brings a database of version v to v + 1 (after which _SCHEMA's CREATE ... IF NOT EXISTS
+# runs): version 2 only adds a table, which _SCHEMA creates.
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: ()}
+
+
+class HistoryError(SpecError):
+    """A history database this code cannot write (a newer schema)."""
+
+
 LOCK_WAIT_S = 120.0
 
 
@@ -53,14 +99,31 @@ def write(path: Path, statements: Callable[[duckdb.DuckDBPyConnection], None]) -
     con = connect_with_retry(path)
     try:
         con.begin()
-        for ddl in _SCHEMA:
-            con.execute(ddl)
-        if con.execute("SELECT count(*) FROM schema_info").fetchone()[0] == 0:
-            con.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])
+        _ensure_schema(con, path)
         statements(con)
         con.commit()
     finally:
         con.close()
+
+
+def _ensure_schema(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Create the tables, or migrate an older database's; refuse a newer one."""
+    con.execute("CREATE TABLE IF NOT EXISTS schema_info (version INTEGER)")
+    (version,) = con.execute("SELECT max(version) FROM schema_info").fetchone()
+    if version is not None and version > SCHEMA_VERSION:
+        raise HistoryError(
+            f"{path}: history schema version {version} is newer than this code's "
+            f"{SCHEMA_VERSION}; update prismbench or give another --db"
+        )
+    for old in range(version or SCHEMA_VERSION, SCHEMA_VERSION):
+        for statement in MIGRATIONS[old]:
+            con.execute(statement)
+    for ddl in _SCHEMA:
+        con.execute(ddl)
+    if version is None:
+        con.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])
+    elif version < SCHEMA_VERSION:
+        con.execute("UPDATE schema_info SET version = ?", [SCHEMA_VERSION])
 
 
 def start_run(
@@ -76,7 +139,8 @@ def start_run(
 
 
 def add_case(path: Path, run_id: str, case) -> None:
-    """One case (a `validate.CaseResult`) and its metric results, in one transaction."""
+    """One case (a `validate.CaseResult`), its metric results and, with --variability, its
+    step-time distribution, in one transaction."""
 
     def statements(con) -> None:
         con.execute(
@@ -88,6 +152,12 @@ def add_case(path: Path, run_id: str, case) -> None:
             con.execute(
                 "INSERT INTO metric_results VALUES (?, ?, ?, ?, ?, ?)",
                 [run_id, case.baseline, m.metric, m.predicted, m.measured, m.error],
+            )
+        if case.variability is not None:
+            con.execute(
+                f"INSERT INTO case_variability (run_id, baseline, {', '.join(VARIABILITY_COLUMNS)}) "
+                f"VALUES ({', '.join(['?'] * (2 + len(VARIABILITY_COLUMNS)))})",
+                [run_id, case.baseline, *(case.variability[k] for k in VARIABILITY_COLUMNS)],
             )
 
     write(path, statements)

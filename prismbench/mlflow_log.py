@@ -1,5 +1,9 @@
 """A validation run in MLflow: one parent run, a child run per case (params, metrics, result JSON).
 
+With `validate --variability` a case's step-time figures are metrics named
+`variability_<figure>` (e.g. `variability_p95_s`; the measured spread where the baseline has
+one) and its histogram and CDF PNG is among the case's artifacts.
+
 The tracking store defaults to a sqlite file beside the DuckDB history (`default_tracking_uri`);
 any MLflow tracking URI works. The experiment is "prismbench-validate".
 """
@@ -29,6 +33,8 @@ def log_run(run, settings: dict, *, tracking_uri: str, artifact_dir: Path | None
         mlflow.set_tags({"prismbench.run_id": run.run_id, "commit": settings.get("commit", "")})
         mlflow.log_params({"workers": settings["workers"], "cases": len(run.cases),
                            "dirty": settings.get("dirty")})  # fmt: skip
+        if "variability" in settings:
+            mlflow.log_params({f"variability_{k}": v for k, v in settings["variability"].items()})
         for case in run.cases:
             with mlflow.start_run(run_name=case.baseline, nested=True):
                 mlflow.log_params({"baseline": case.baseline, "source": case.source,
@@ -46,3 +52,12 @@ def log_run(run, settings: dict, *, tracking_uri: str, artifact_dir: Path | None
                     mlflow.log_metrics(
                         {f"measured.{m.metric}": m.measured, f"error.{m.metric}": m.error}
                     )
+                if case.variability is not None:
+                    mlflow.log_param("variability_preset", case.variability["preset"])
+                    mlflow.log_metrics(_variability_metrics(case.variability))
+
+
+def _variability_metrics(figures: dict) -> dict[str, float]:
+    """The numeric step-time figures as MLflow metrics (missing measured ones left out)."""
+    return {f"variability_{k}": float(v) for k, v in figures.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}  # fmt: skip

@@ -404,19 +404,59 @@ def _field_value(field: str, value: float) -> str:
 
 def render_validation(run, summary, failures, console: Console) -> None:
     """Per (source, GPU, metric): cases, mean and max |error|, mean signed error; failures."""
-    table = Table(title=f"Validation {run.run_id}: {len(run.cases)} case(s), history in {run.db_path}")
+    table = Table(
+        title=f"Validation {run.run_id}: {len(run.cases)} case(s), history in {run.db_path}"
+    )
     for column in ("source", "GPU", "metric", "cases", "mean |error|", "max |error|", "mean error"):
-        table.add_column(column, justify="left" if column in ("source", "GPU", "metric") else "right")
+        table.add_column(
+            column, justify="left" if column in ("source", "GPU", "metric") else "right"
+        )
     for row in summary:
         table.add_row(row.source, row.gpu, row.metric, str(row.cases), f"{row.mean_abs_error:.1%}",
                       f"{row.max_abs_error:.1%}", f"{row.mean_error:+.1%}")  # fmt: skip
     console.print(table)
+    _render_case_variability(run.cases, console)
     failed = [c for c in run.cases if c.status != "ok"]
     for c in failed:
         console.print(f"emulation FAILED: {c.baseline}: {c.error_message}")
     for baseline, metric, error, threshold in failures:
         if metric != "emulation":
-            console.print(f"gate FAILED: {baseline}: {metric} error {error:+.1%} crosses {threshold}")
+            console.print(
+                f"gate FAILED: {baseline}: {metric} error {error:+.1%} crosses {threshold}"
+            )
+
+
+def _render_case_variability(cases, console: Console) -> None:
+    """validate --variability: each case's predicted step-time spread beside the measured one."""
+    rows = [c for c in cases if c.variability is not None]
+    if not rows:
+        return
+    v0 = rows[0].variability
+    table = Table(title=f"Step-time distribution per case ({v0['preset']}, {v0['samples']} "
+                  f"samples, seed {v0['seed']})")  # fmt: skip
+    for column in ("baseline", "determ.", "mean", "std", "p95", "p99", "p95/determ.",
+                   "P(>determ.)", "spread pred.", "spread meas.", "MC wall"):  # fmt: skip
+        left = column == "baseline"
+        table.add_column(
+            column, justify="left" if left else "right", overflow="fold" if left else None
+        )
+    for c in rows:
+        v = c.variability
+        measured = v["measured_relative_spread"]
+        table.add_row(
+            c.baseline,
+            *(_seconds(v[k]) for k in ("deterministic_s", "mean_s", "std_s", "p95_s", "p99_s")),
+            f"{v['slowdown_p95']:.3f}x",
+            f"{100 * v['p_exceeds_threshold']:.1f} %",
+            f"±{100 * v['predicted_relative_spread']:.2f} %",
+            "-" if measured is None else
+            f"±{100 * measured:.2f} % ({v['measured_iterations']})",
+            _seconds(v["monte_carlo_wall_s"]),
+        )  # fmt: skip
+    console.print(table)
+    console.print("determ.: the replay without variability; spread pred.: (p95 - p5) / 2 / p50; "
+                  "spread meas.: (max - min) / 2 / median of the recorded iterations (how many); "
+                  "MC wall: the Monte Carlo's time (docs/METRICS.md)")  # fmt: skip
 
 
 def render_variability(r, console: Console) -> None:

@@ -5,7 +5,9 @@ cached by prismbench.capture), scores every metric the baseline measured with th
 error (predicted - measured) / measured, writes the run to DuckDB (`prismbench.history`)
 and, when asked, to MLflow (`prismbench.mlflow_log`), and returns the cases with their
 metrics. Metric names are the emulate JSON's field names, so `--gate` thresholds
-(`prismbench.thresholds`) name them the same way.
+(`prismbench.thresholds`) name them the same way. With `variability` settings each case also
+gets its step-time distribution from the same capture and prices
+(`prismbench.validate_variability`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from prismbench import history
 from prismbench.fidelity import measured_iteration_s
 from prismbench.files import write_atomically
 from prismbench.thresholds import Threshold
+from prismbench.validate_variability import VariabilitySettings, measured_spread
 from workloads.config import SpecError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,10 +91,15 @@ class CaseResult:
     gpu: str
     world_size: int
     status: str  # "ok" | "failed"
-    wall_s: float  # the worker's time on this case; a failed one: since submission, queue included
+    # the worker's time on this case (with --variability, the sampling too); a failed one:
+    # since submission, queue included
+    wall_s: float
     error_message: str | None = None
     result: dict | None = None
     metrics: list[MetricResult] = field(default_factory=list)
+    # validate --variability: the predicted step-time figures and the measured spread
+    # (validate_variability.case_distribution, measured_spread); None without it
+    variability: dict | None = None
 
 
 def load_all_baselines(directory: str | Path):
@@ -152,22 +160,54 @@ def result_cache_key(job) -> str:
     return digest.hexdigest()[:24]
 
 
-def _emulate_one(job, name: str, use_cache: bool, artifact_dir: Path | None) -> dict:
+def _emulate_one(
+    job,
+    name: str,
+    use_cache: bool,
+    artifact_dir: Path | None,
+    variability: VariabilitySettings | None = None,
+    plot_dir: Path | None = None,
+) -> dict:
     """emulate(job).to_dict(), from the result cache when the same job was emulated by the
     same code and tables (`result_cache_key`); the result says which (`from_cache`). With
-    `artifact_dir` (and no cache hit), the Perfetto timeline and memory plots go there."""
+    `artifact_dir` (and no cache hit), the Perfetto timeline and memory plots go there. With
+    `variability`, its step-time figures under "variability" (never cached; the capture is
+    loaded from the capture cache on a result-cache hit) and their plot in `plot_dir`."""
     from prismbench.capture import default_cache_dir
-    from prismbench.emulate import emulate
 
     started = time.perf_counter()
     path = default_cache_dir().parent / "results" / f"{result_cache_key(job)}.json"
+    priced = _priced(job, use_cache) if variability else None
     if use_cache and path.is_file() and artifact_dir is None:
-        cached = json.loads(path.read_text())
-        return cached | {
-            "job": name,
-            "from_cache": True,
-            "case_wall_s": time.perf_counter() - started,
-        }
+        result = json.loads(path.read_text()) | {"job": name, "from_cache": True}
+    else:
+        fresh = _emulate_fresh(job, name, artifact_dir, priced)
+        write_atomically(path, lambda tmp: tmp.write_text(json.dumps(fresh)))
+        result = fresh | {"from_cache": False}
+    if variability is not None:
+        from prismbench.validate_variability import PLOT_NAME, case_distribution
+
+        plot = plot_dir / PLOT_NAME if plot_dir is not None else None
+        result["variability"] = case_distribution(
+            priced,
+            variability,
+            name=name,
+            world_size=job.world_size,
+            gpu=job.cluster.gpu,
+            plot_path=plot,
+        )
+    return result | {"case_wall_s": time.perf_counter() - started}
+
+
+def _priced(job, use_cache: bool):
+    from prismbench.emulate import price_job
+
+    return price_job(job, use_cache=use_cache)
+
+
+def _emulate_fresh(job, name: str, artifact_dir: Path | None, priced) -> dict:
+    from prismbench.emulate import emulate
+
     extra = {}
     if artifact_dir is not None:
         artifact_dir.mkdir(parents=True, exist_ok=True)
@@ -175,9 +215,7 @@ def _emulate_one(job, name: str, use_cache: bool, artifact_dir: Path | None) -> 
             "trace_path": artifact_dir / "timeline.json",
             "memory_dir": artifact_dir / "memory",
         }
-    result = emulate(job, name=name, **extra).to_dict()
-    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(result)))
-    return result | {"from_cache": False, "case_wall_s": time.perf_counter() - started}
+    return emulate(job, name=name, priced=priced, **extra).to_dict()
 
 
 def git_version() -> tuple[str, bool]:
@@ -209,15 +247,21 @@ def validate(
     progress: Callable[[str], None] | None = None,
     use_cache: bool = True,
     artifacts: bool = False,
+    variability: VariabilitySettings | None = None,
 ) -> ValidationRun:
     """Emulate and score `baselines`, recording the run; see the module docstring.
     artifacts: also write each case's Perfetto timeline and memory plots beside the database
-    (<db folder>/artifacts/<run id>/<baseline>/; MLflow logs them); emulates every case again."""
+    (<db folder>/artifacts/<run id>/<baseline>/; MLflow logs them); emulates every case again.
+    variability: also sample each case's step-time distribution (stored in the history's
+    case_variability table; its histogram and CDF go to the same artifact folder)."""
     say = progress or (lambda _msg: None)
     workers = workers or min(len(baselines), os.cpu_count() or 1)
     commit, dirty = git_version()
     settings = {"baselines": [b.name for b in baselines], "workers": workers, "use_cache": use_cache,
                 "artifacts": artifacts}  # fmt: skip
+    if variability is not None:
+        variability.check_gpus(baselines)
+        settings["variability"] = variability.to_dict()
     run = ValidationRun(uuid.uuid4().hex[:12], [], Path(db_path), "running")
     history.start_run(run.db_path, run.run_id, commit=commit, dirty=dirty,
                       machine=f"{platform.node()} ({os.cpu_count()} cores)", settings=settings)  # fmt: skip
@@ -231,6 +275,8 @@ def validate(
                     b.name,
                     use_cache,
                     _artifact_dir(run, b.name) if artifacts else None,
+                    variability,
+                    _artifact_dir(run, b.name) if variability else None,
                 ): (b, time.perf_counter())
                 for b in baselines
             }
@@ -266,17 +312,22 @@ def _case(baseline, future, since_submitted_s: float) -> CaseResult:
     except Exception as err:  # a failed emulation is a result to record, not a crash
         return CaseResult(status="failed", error_message=f"{type(err).__name__}: {err}",
                           wall_s=since_submitted_s, **common)  # fmt: skip
+    spread = result.pop("variability", None)
+    if spread is not None:
+        spread |= measured_spread(baseline)
     return CaseResult(status="ok", result=result, metrics=case_metrics(baseline, result),
-                      wall_s=result["case_wall_s"], **common)  # fmt: skip
+                      wall_s=result["case_wall_s"], variability=spread, **common)  # fmt: skip
 
 
 def _brief(case: CaseResult) -> str:
     if case.status != "ok":
         return f"FAILED ({case.error_message})"
     cached = " (cached)" if case.result and case.result.get("from_cache") else ""
-    return (
-        ", ".join(f"{m.metric} {m.error:+.1%}" for m in case.metrics) or "no measured metric"
-    ) + cached
+    steps = ""
+    if case.variability is not None:
+        steps = f"; step p95 {case.variability['p95_s']:.4g} s ({case.variability['preset']})"
+    scores = ", ".join(f"{m.metric} {m.error:+.1%}" for m in case.metrics)
+    return (scores or "no measured metric") + steps + cached
 
 
 @dataclass(frozen=True)
@@ -352,6 +403,7 @@ def run_to_dict(run: ValidationRun, failures) -> dict:
                     }
                     for m in c.metrics
                 ],
+                **({"variability": c.variability} if c.variability is not None else {}),
             }  # fmt: skip
             for c in run.cases
         ],

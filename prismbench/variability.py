@@ -1,9 +1,10 @@
 """`prismbench variability`: the distribution of a job's step time (PRISM, issue 18).
 
-`variability(job)` captures and prices the job as `emulate` does (prismbench.capture,
-prismbench.emulate.cost_context), builds the execution graph with each compute op's temporal
-spread, replays it once without variability (the deterministic prediction) and then N times
-with draws of a VariabilityModel (emulator.variability.monte_carlo).
+`variability(job)` captures and prices the job as `emulate` does (prismbench.emulate.price_job)
+and hands it to `sample_priced`, which builds the execution graph with each compute op's
+temporal spread, replays it once without variability (the deterministic prediction) and then N
+times with draws of a VariabilityModel (emulator.variability.monte_carlo). `prismbench validate
+--variability` calls `sample_priced` on the capture and prices its emulation already made.
 """
 
 from __future__ import annotations
@@ -14,14 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emulator.costs.pricing import compute_prices
 from emulator.graph.build import build_graph
 from emulator.graph.replay import replay
 from emulator.variability.model import PRISM_LOW, VariabilityModel
 from emulator.variability.monte_carlo import sample_step_times
 from emulator.variability.summary import StepTimeDistribution, summarize
-from prismbench.capture import capture_job
-from prismbench.emulate import cost_context
+from prismbench.emulate import PricedJob, price_job
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -64,17 +63,35 @@ def variability(
     progress: Callable[[str], None] | None = None,
 ) -> VariabilityResult:
     """Sample `job`'s step time `samples` times under `model` (named `preset` in the result)."""
+    priced = price_job(job, use_cache=use_cache, workers=workers, progress=progress)
+    return sample_priced(priced, name=name, world_size=job.world_size, model=model, preset=preset,
+                         samples=samples, seed=seed, threshold_s=threshold_s, k_steps=k_steps,
+                         progress=progress)  # fmt: skip
+
+
+def sample_priced(
+    priced: PricedJob,
+    *,
+    name: str,
+    world_size: int,
+    model: VariabilityModel = PRISM_LOW,
+    preset: str = "prism-low",
+    samples: int = 1000,
+    seed: int = 0,
+    threshold_s: float | None = None,
+    k_steps: int = 1000,
+    progress: Callable[[str], None] | None = None,
+) -> VariabilityResult:
+    """The step-time distribution of a job already captured and priced (`price_job`)."""
     say = progress or (lambda _msg: None)
-    capture = capture_job(job, workers=workers, use_cache=use_cache, progress=progress)
-    cost = cost_context(job)
-    durations = {p: compute_prices(trace, cost)[0] for p, trace in capture.traces.items()}
+    durations = priced.durations_s
     graph = build_graph(
-        capture.traces,
-        capture.world,
-        cost,
+        priced.capture.traces,
+        priced.capture.world,
+        priced.cost,
         durations_s=durations,
         spreads_s={
-            p: model.temporal_spreads_s(d, op_names(capture.traces[p]))
+            p: model.temporal_spreads_s(d, op_names(priced.capture.traces[p]))
             for p, d in durations.items()
         },
     )
@@ -85,7 +102,7 @@ def variability(
     wall = time.perf_counter() - started
     return VariabilityResult(
         job=name,
-        world_size=job.world_size,
+        world_size=world_size,
         preset=preset,
         distribution=summarize(
             times, deterministic, seed=seed, threshold_s=threshold_s, k_steps=k_steps

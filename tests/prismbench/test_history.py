@@ -5,6 +5,8 @@ from __future__ import annotations
 import multiprocessing
 from pathlib import Path
 
+import pytest
+
 from prismbench import history
 from prismbench.validate import CaseResult, MetricResult
 
@@ -49,3 +51,34 @@ def test_a_run_is_running_until_finished(tmp_path):
     assert history.read(db, "SELECT status FROM runs") == [{"status": "interrupted"}]
     (metric,) = history.read(db, "SELECT metric, error FROM metric_results")
     assert metric["metric"] == "iteration_time_s" and abs(metric["error"] - 0.1) < 1e-12
+
+
+def _v1_database(path: Path, version: int = 1) -> None:
+    """A history as schema version 1 wrote it (no case_variability table)."""
+    import duckdb
+
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE schema_info (version INTEGER)")
+    con.execute("INSERT INTO schema_info VALUES (?)", [version])
+    con.execute("CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, commit VARCHAR, dirty BOOLEAN, "
+                "machine VARCHAR, started_at TIMESTAMP, ended_at TIMESTAMP, settings VARCHAR, "
+                "status VARCHAR)")  # fmt: skip
+    con.close()
+
+
+def test_a_version_1_history_is_migrated_on_its_first_write(tmp_path):
+    db = tmp_path / "h.duckdb"
+    _v1_database(db)
+    history.start_run(db, "r", commit="c", dirty=False, machine="m", settings={})
+    assert history.read(db, "SELECT version FROM schema_info") == [
+        {"version": history.SCHEMA_VERSION}
+    ]
+    assert history.read(db, "SELECT * FROM case_variability") == []
+
+
+def test_a_newer_history_is_refused_untouched(tmp_path):
+    db = tmp_path / "h.duckdb"
+    _v1_database(db, version=history.SCHEMA_VERSION + 1)
+    with pytest.raises(history.HistoryError, match="newer than this code"):
+        history.start_run(db, "r", commit="c", dirty=False, machine="m", settings={})
+    assert history.read(db, "SELECT count(*) AS n FROM runs") == [{"n": 0}]

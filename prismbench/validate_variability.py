@@ -1,0 +1,131 @@
+"""`validate --variability`: a case's predicted step-time distribution beside its measured spread.
+
+The distribution is `prismbench.variability.sample_priced` over the capture and prices the
+case's emulation made (`prismbench.emulate.price_job`), so nothing is captured twice. A
+recorded baseline's repeated iterations give a measured spread: half the range over the
+median (`Measured.iteration_time_relative_spread`). Its predicted counterpart is half the
+central 90 % over the median, (p95 - p5) / 2 / p50: the range of n draws spans about the
+1/(n+1) to n/(n+1) quantiles, so the two are comparable for about 10-20 measured iterations,
+and the measured one is the narrower for fewer (docs/METRICS.md defines both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from prismbench.variability_calibration import (
+    MEASURED_PRESET,
+    VARIABILITY_TABLES,
+    preset_names,
+    resolve_preset,
+)
+from workloads.config import SpecError
+
+PLOT_NAME = "step_time_distribution.png"  # in the case's artifact folder, logged to MLflow
+
+
+@dataclass(frozen=True, kw_only=True)
+class VariabilitySettings:
+    """What `validate --variability PRESET --variability-samples N --variability-seed S` asks."""
+
+    preset: str
+    samples: int = 1000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.preset not in preset_names():
+            raise SpecError(
+                f"--variability {self.preset!r}: not a preset; known: "
+                f"{', '.join(sorted(preset_names()))}"
+            )
+        if not isinstance(self.samples, int) or self.samples < 1:
+            raise SpecError(f"--variability-samples={self.samples!r} must be an integer >= 1")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise SpecError(f"--variability-seed={self.seed!r} must be an integer >= 0")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def check_gpus(self, baselines) -> None:
+        """`measured` needs a table for every selected case's GPU: refuse the run up front
+        rather than fail cases one by one."""
+        if self.preset != MEASURED_PRESET:
+            return
+        lacking = sorted(
+            {b.job.cluster.gpu for b in baselines}
+            - {p.stem for p in VARIABILITY_TABLES.glob("*.json")}
+        )
+        if lacking:
+            raise SpecError(
+                f"--variability {MEASURED_PRESET}: no measured variability for gpu "
+                f"{', '.join(lacking)} (results/variability/); select cases on measured GPUs "
+                "or use prism-low"
+            )
+
+
+def case_distribution(
+    priced,
+    settings: VariabilitySettings,
+    *,
+    name: str,
+    world_size: int,
+    gpu: str,
+    plot_path: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """The predicted step-time figures of one case (seconds, ratios, a probability), from a
+    `PricedJob`; with `plot_path`, its histogram and CDF (PNG) too."""
+    from prismbench.variability import plot_distribution, sample_priced
+
+    result = sample_priced(priced, name=name, world_size=world_size,
+                           model=resolve_preset(settings.preset, gpu), preset=settings.preset,
+                           samples=settings.samples, seed=settings.seed, progress=progress)  # fmt: skip
+    if plot_path is not None:
+        plot_path.parent.mkdir(parents=True, exist_ok=True)
+        plot_distribution(result, plot_path)
+    d = result.distribution
+    return {
+        "preset": settings.preset,
+        "samples": d.samples,
+        "seed": d.seed,
+        "deterministic_s": d.deterministic_s,
+        "mean_s": d.mean_s,
+        "std_s": d.std_s,
+        "p5_s": d.p5_s,
+        "p50_s": d.p50_s,
+        "p95_s": d.p95_s,
+        "p99_s": d.p99_s,
+        "threshold_s": d.threshold_s,
+        "p_exceeds_threshold": d.p_exceeds_threshold,
+        "k_steps": d.k_steps,
+        "k_steps_bound_s": d.k_steps_bound_s,
+        "slowdown_mean": d.slowdown_mean,
+        "slowdown_p95": d.slowdown_p95,
+        "predicted_relative_spread": (d.p95_s - d.p5_s) / 2 / d.p50_s,
+        "monte_carlo_wall_s": result.monte_carlo_wall_s,
+    }
+
+
+def measured_spread(baseline) -> dict:
+    """The baseline's repeated-run figures (None where it reports one iteration time)."""
+    m = baseline.measured
+    if m.iteration_time_s_min is None:
+        return dict.fromkeys(MEASURED_FIELDS)
+    return {
+        "measured_iterations": m.iterations,
+        "measured_median_s": m.iteration_time_s,
+        "measured_min_s": m.iteration_time_s_min,
+        "measured_max_s": m.iteration_time_s_max,
+        "measured_relative_spread": m.iteration_time_relative_spread,
+    }
+
+
+MEASURED_FIELDS = (
+    "measured_iterations",
+    "measured_median_s",
+    "measured_min_s",
+    "measured_max_s",
+    "measured_relative_spread",
+)
