@@ -21,9 +21,10 @@ output projection: torchtitan's `Float8LinearConverter` skips both
 from __future__ import annotations
 
 import functools
+import logging
 
+import torch
 from torch import nn
-from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
 _GEMM_MULTIPLE = 16  # cuBLASLt fp8 GEMM needs dims divisible by 16
 
@@ -42,8 +43,25 @@ def convert_linears_to_float8(
     """Swap eligible nn.Linear modules (not named in `skip`) for torchao Float8Linear, in place.
 
     `recipe` is a torchao recipe name (`workloads.kernels.FP8_RECIPES`)."""
+    Float8LinearConfig, convert_to_float8_training = _torchao_float8()
     return convert_to_float8_training(
         model,
         module_filter_fn=functools.partial(_eligible, skip=skip),
         config=Float8LinearConfig.from_recipe_name(recipe),
     )
+
+
+def _torchao_float8():
+    """torchao.float8, imported on first use: torchao's import loads its CUDA extensions and,
+    on a CPU-only torch, logs a warning per library it cannot load; float8 training needs
+    none of them (its casts and `_scaled_mm` are torch ops), so on such a build the import
+    runs with torchao's logger quiet rather than print that noise in every command."""
+    torchao_logger = logging.getLogger("torchao")
+    level = torchao_logger.level
+    if not torch.cuda.is_available():
+        torchao_logger.setLevel(logging.ERROR)
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    finally:
+        torchao_logger.setLevel(level)
+    return Float8LinearConfig, convert_to_float8_training
