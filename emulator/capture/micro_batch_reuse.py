@@ -65,6 +65,7 @@ class _Templates:
     loss_meta: tuple  # (shape, stride, dtype, device)
     loss_uid: int
     marker_module: str  # the module the root forward's micro-batch marker is recorded in
+    inputs: tuple  # what the forward step was called with, but the batch: (loss_fn, metas)
     flags: tuple = ()  # torch_compat.fsdp_backward_flags at the template's backward
     backward: _Template | None = None
     micro_batches: int = 0  # as the template's backward was told
@@ -98,7 +99,8 @@ class MicroBatchReuse:
     def forward(self, original, model, loss_fn, tokens, labels):
         micro_batch = self.forwards
         self.forwards += 1
-        if self._reusable(micro_batch, model):
+        inputs = _inputs(loss_fn, tokens, labels)
+        if self._reusable(micro_batch, model, inputs):
             return self._stand_in_forward(micro_batch)
         if not self.enabled or micro_batch != TEMPLATE:
             return original(model, loss_fn, tokens, labels)
@@ -109,7 +111,7 @@ class MicroBatchReuse:
         self.recorder.watch_first_dispatch()
         loss = original(model, loss_fn, tokens, labels)
         try:
-            self._keep_forward(model, loss, micro_batch, start_op, start_comm)
+            self._keep_forward(model, inputs, loss, micro_batch, start_op, start_comm)
         except _Unsupported as why:
             self.disable(f"forward: {why}")
         return loss
@@ -140,7 +142,7 @@ class MicroBatchReuse:
 
     # ---- templates -------------------------------------------------------------------------
 
-    def _keep_forward(self, model, loss, micro_batch, start_op, start_comm) -> None:
+    def _keep_forward(self, model, inputs, loss, micro_batch, start_op, start_comm) -> None:
         events = self.recorder.events_since(start_op)
         first = self.recorder.first_dispatch()
         marker = next(
@@ -176,6 +178,7 @@ class MicroBatchReuse:
             loss_meta=(tuple(loss.shape), loss.stride(), loss.dtype, loss.device),
             loss_uid=uid,
             marker_module=events[marker].module,
+            inputs=inputs,
         )
 
     def _keep_backward(self, templates, micro_batches, fired, start_op, start_comm) -> None:
@@ -193,7 +196,7 @@ class MicroBatchReuse:
 
     # ---- reuse -----------------------------------------------------------------------------
 
-    def _reusable(self, micro_batch: int, model) -> bool:
+    def _reusable(self, micro_batch: int, model, inputs: tuple) -> bool:
         templates = self.templates
         if not self.enabled or templates is None or templates.backward is None:
             return False
@@ -201,6 +204,7 @@ class MicroBatchReuse:
         return (
             micro_batch > TEMPLATE
             and model is templates.model
+            and inputs == templates.inputs
             and micro_batch < templates.micro_batches
             and not (last and templates.hooked)
             and torch_compat.fsdp_backward_flags(model) == templates.flags
@@ -294,6 +298,12 @@ class MicroBatchReuse:
         for e in self.recorder.events_since(0):
             if e.kind == STREAM_WAIT and e.tag in recorded and outside(e.seq):
                 raise ChunkReuseError("a stream event of the template is waited on after it")
+
+
+def _inputs(loss_fn, tokens, labels) -> tuple:
+    """The loss function and the batch's metadata: two forward steps alike in these (and in the
+    program state the module docstring names) run the same."""
+    return (loss_fn, *((tuple(t.shape), t.stride(), t.dtype, t.device) for t in (tokens, labels)))
 
 
 def _seq_range(template: _Template) -> tuple[int, int]:
