@@ -121,7 +121,8 @@ class MicroBatchReuse:
             self._stand_in_backward(micro_batches)
             return None
         templates = self.templates
-        if not self.enabled or templates is None or templates.backward is not None:
+        ours = self.forwards == TEMPLATE + 1  # the template's forward was the last one
+        if not self.enabled or templates is None or templates.backward is not None or not ours:
             return original(loss, micro_batches)
         templates.flags = torch_compat.fsdp_backward_flags(templates.model)
         start_op, start_comm = self.recorder.event_count, len(self.comm.events)

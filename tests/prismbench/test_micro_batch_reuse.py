@@ -14,6 +14,7 @@ import functools
 import pytest
 
 from emulator.capture import rank as capture_rank_module
+from emulator.capture.chunk_reuse import ChunkReuseError
 from emulator.capture.micro_batch_reuse import MicroBatchReuse
 from emulator.capture.rank import capture_rank
 from prismbench.capture import world_of
@@ -84,27 +85,27 @@ def test_two_or_three_micro_batches_are_all_run(stand_ins):
     assert stand_ins["n"] == 0
 
 
-def _syncing_only_the_last(job):
+def _syncing_only_the_last(job, *, before="forward"):
     """The workload with FSDP2's gradient reduction off but in the last micro-batch (what
-    `no_sync`-style accumulation does), set before each micro-batch's forward step (as the
-    loop would, outside the step capture stands in for): the last backward differs."""
+    `no_sync`-style accumulation does), set before each micro-batch's `before` step (as the
+    loop would, outside the steps capture stands in for): the last backward differs."""
     program = rank_program(job)
     n = job.num_microbatches
 
     def step(built, phase):
         state = built[0]
-        forward, seen = state.forward, {"n": 0}
+        original, seen = getattr(state, before), {"n": 0}
 
-        def syncing_forward(model, *args):
-            model.set_requires_gradient_sync(seen["n"] == n - 1)
+        def syncing(*args):
+            state.parts[0].set_requires_gradient_sync(seen["n"] == n - 1)
             seen["n"] += 1
-            return forward(model, *args)
+            return original(*args)
 
-        state.forward = syncing_forward
+        setattr(state, before, syncing)
         try:
             program.step(built, phase)
         finally:
-            state.forward = forward
+            setattr(state, before, original)
 
     return dataclasses.replace(program, step=step)
 
@@ -114,6 +115,18 @@ def test_a_micro_batch_whose_fsdp_flags_differ_from_the_template_runs(stand_ins)
     job = _job({"dp": 2, "zero": 3}, {}, "llama-debug", 5)
     _same_traces(job, _syncing_only_the_last)
     assert stand_ins["n"] == 2  # micro-batches 2 and 3; the last one reduces, and runs
+
+
+def test_flags_changed_after_a_stood_in_forward_refuse_the_capture(stand_ins):
+    # the last forward is stood in for (FSDP2's flags were the template's); the flags then
+    # change before its backward: too late to run it, so the capture must be taken again
+    job = _job({"dp": 2, "zero": 3}, {}, "llama-debug", 4)
+    program = functools.partial(_syncing_only_the_last, before="backward")
+    world = world_of(job)
+    with pytest.raises(ChunkReuseError, match="flags changed"):
+        capture_rank(0, world.world_size, program(job))
+    assert stand_ins["n"] == 2
+    capture_rank(0, world.world_size, program(job), reuse_chunks=False)  # the caller's fallback
 
 
 @pytest.mark.integration
