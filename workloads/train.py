@@ -3,7 +3,9 @@
 `build_training` builds this rank's model parts (one per virtual pipeline stage it
 holds), applies `workloads.parallelize`, builds the pipeline schedule when pp > 1,
 and the optimizer. `train_step` runs one complete iteration: every micro-batch of
-the schedule (plain gradient accumulation when pp == 1), gradient reduction over
+the schedule (plain gradient accumulation when pp == 1: each micro-batch runs
+`state.forward` then `state.backward`, by default `micro_batch_forward` and
+`micro_batch_backward`, which a caller may wrap), gradient reduction over
 dp x cp (zero 0/1: in buckets launched during the last micro-batch's backward, see
 `workloads.zero`), global grad-norm clipping to 1.0, the AdamW step and zero_grad. A
 tied GPT split over pipeline stages all-reduces its two embedding copies' gradients

@@ -155,7 +155,7 @@ _CHUNK_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_on
 @contextlib.contextmanager
 def micro_batch_markers(
     recorder: OpRecorder, roots: list[torch.nn.Module]
-) -> Iterator[Callable[[torch.nn.Module], None]]:
+) -> Iterator[Callable[[torch.nn.Module, str], None]]:
     """Set the recorder's micro-batch from pipeline chunks, else from root forwards.
 
     Yields what a root's forward does to the marking, for a caller that skips the forward
