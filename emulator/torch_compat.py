@@ -132,6 +132,12 @@ SEAMS = (
         "_tools/mod_tracker.py: overridden by LeafSafeModTracker",
     ),
     Seam(
+        "torch.distributed.fsdp.FSDPModule._get_fsdp_state",
+        ("self",),
+        "fsdp/_fully_shard/_fully_shard.py: the state whose per-backward flags (set_is_last_"
+        "backward, set_requires_gradient_sync, ...) micro-batch reuse compares",
+    ),
+    Seam(
         "torch.Tensor._post_accumulate_grad_hooks",
         None,
         "_tensor.py register_post_accumulate_grad_hook: the hooks dict, in order",
@@ -202,6 +208,40 @@ def in_backward() -> bool:
 def post_accumulate_grad_hooks(param: torch.Tensor) -> list[Callable]:
     """The post-accumulate-grad hooks of a parameter, in registration order."""
     return list((param._post_accumulate_grad_hooks or {}).values())
+
+
+# what FSDP2 reads at every backward to decide how it ends (fsdp/_fully_shard/_fully_shard.py
+# set_is_last_backward, set_requires_gradient_sync, set_requires_all_reduce,
+# set_reshard_after_backward, set_unshard_in_backward)
+_FSDP_GROUP_FLAGS = (
+    "reduce_grads",
+    "all_reduce_grads",
+    "reshard_after_backward",
+    "unshard_in_backward",
+)
+
+
+def fsdp_backward_flags(module: torch.nn.Module) -> tuple:
+    """The per-backward flags of every FSDP2 module under `module` (empty without FSDP2): two
+    backwards with equal flags reduce and reshard alike."""
+    from torch.distributed.fsdp import FSDPModule
+
+    flags = []
+    for name, sub in module.named_modules():
+        if not isinstance(sub, FSDPModule):
+            continue
+        state = sub._get_fsdp_state()
+        groups = getattr(state, "_fsdp_param_groups", None)
+        if groups is None:  # torch 2.11: one group or None
+            groups = [g for g in [getattr(state, "_fsdp_param_group", None)] if g is not None]
+        flags.append(
+            (
+                name,
+                state._state_ctx.is_last_backward,
+                tuple(tuple(getattr(g, f, None) for f in _FSDP_GROUP_FLAGS) for g in groups),
+            )
+        )
+    return tuple(flags)
 
 
 def resolve_process_group(name: str):

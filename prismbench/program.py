@@ -103,6 +103,7 @@ def rank_program(job) -> RankProgram:
         declare=declare,
         step=step,
         roots=lambda built: built[0].parts,
+        micro_batch_steps=lambda built: built[0],  # TrainingState.forward / .backward
         record_build=job.world_size == 1,
         recording_rules=_recording_rules(job),
     )

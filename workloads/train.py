@@ -3,7 +3,9 @@
 `build_training` builds this rank's model parts (one per virtual pipeline stage it
 holds), applies `workloads.parallelize`, builds the pipeline schedule when pp > 1,
 and the optimizer. `train_step` runs one complete iteration: every micro-batch of
-the schedule (plain gradient accumulation when pp == 1), gradient reduction over
+the schedule (plain gradient accumulation when pp == 1: each micro-batch runs
+`state.forward` then `state.backward`, by default `micro_batch_forward` and
+`micro_batch_backward`, which a caller may wrap), gradient reduction over
 dp x cp (zero 0/1: in buckets launched during the last micro-batch's backward, see
 `workloads.zero`), global grad-norm clipping to 1.0, the AdamW step and zero_grad. A
 tied GPT split over pipeline stages all-reduces its two embedding copies' gradients
@@ -26,6 +28,7 @@ Under FakeTensorMode `train_step` returns None (a fake loss has no value).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -61,6 +64,16 @@ def make_mesh(job: TrainingJob, device_type: str = "cpu"):
     return init_device_mesh(device_type, (par.dp, par.pp, par.cp, par.tp), mesh_dim_names=MESH_DIMS)
 
 
+def micro_batch_forward(model: nn.Module, loss_fn, tokens, labels) -> torch.Tensor:
+    """The forward and loss of one gradient-accumulation micro-batch (pp == 1)."""
+    return loss_fn(model(tokens), labels)
+
+
+def micro_batch_backward(loss: torch.Tensor, micro_batches: int) -> None:
+    """Its backward: gradients of the loss averaged over micro-batches accumulate in `.grad`."""
+    (loss / micro_batches).backward()
+
+
 @dataclass(kw_only=True)
 class TrainingState:
     """What `train_step` needs: this rank's stage models, schedule and optimizer."""
@@ -78,6 +91,10 @@ class TrainingState:
     tp_group: object | None = None
     pp_group: object | None = None
     embedding_group: object | None = None  # first + last pipeline rank, tied embeddings only
+    # the two halves of a gradient-accumulation micro-batch, called through the state so that
+    # a caller may wrap them (the emulator's capture stands recorded ones in for them)
+    forward: Callable[..., torch.Tensor] = micro_batch_forward
+    backward: Callable[[torch.Tensor, int], None] = micro_batch_backward
 
     @property
     def has_first(self) -> bool:
@@ -377,8 +394,8 @@ def _accumulate(job: TrainingJob, state: TrainingState, tokens, labels) -> torch
     n = job.num_microbatches
     total = torch.zeros((), device=tokens.device)
     for tok, lbl in zip(tokens.chunk(n), labels.chunk(n), strict=True):
-        loss = state.loss_fn(model(tok), lbl)
-        (loss / n).backward()
+        loss = state.forward(model, state.loss_fn, tok, lbl)
+        state.backward(loss, n)
         total = total + loss.detach()
     return total / n
 

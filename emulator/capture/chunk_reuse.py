@@ -81,7 +81,7 @@ class _StubChunk(torch.autograd.Function):
     """Outputs of given metadata, differentiable w.r.t. the inputs; zero gradients.
 
     The stage's parameters are not inputs: the backward accumulates into them itself
-    (`_accumulate_zero`), with one zero gradient per parameter made once, where autograd
+    (`accumulate_zero`), with one zero gradient per parameter made once, where autograd
     would make, detach and hand over a new one per parameter and micro-batch (for DTensor
     parameters ~0.5 ms each, most of a stubbed backward's time). Returning None for them
     as inputs would not do: autograd runs their hooks with no gradient. `anchor` is an
@@ -102,7 +102,7 @@ class _StubChunk(torch.autograd.Function):
             zero = ctx.zero_grads.get(id(param))
             if zero is None:
                 zero = ctx.zero_grads[id(param)] = torch.zeros_like(param)
-            _accumulate_zero(param, zero)
+            accumulate_zero(param, zero)
         needs = ctx.needs_input_grad[4:]
         return (
             None,
@@ -116,7 +116,7 @@ class _StubChunk(torch.autograd.Function):
         )
 
 
-def _accumulate_zero(param: torch.Tensor, zero: torch.Tensor) -> None:
+def accumulate_zero(param: torch.Tensor, zero: torch.Tensor) -> None:
     """What autograd's AccumulateGrad does with a zero gradient: set `.grad` where there is
     none (adding zero to one there changes nothing), then run the post-accumulate hooks
     (torch keeps them in `_post_accumulate_grad_hooks`, in registration order)."""

@@ -66,6 +66,10 @@ class Declarations:
         if param.requires_grad and param.is_leaf:
             self._hooks.append(param.register_post_accumulate_grad_hook(self._on_grad))
 
+    def is_own_hook(self, hook) -> bool:
+        """Whether `hook` is the post-accumulate-grad hook that declares gradients."""
+        return hook == self._on_grad
+
     def _on_grad(self, param: torch.Tensor) -> None:
         if param.grad is not None and not self._is_paused():
             self._declare(param.grad, "gradient")

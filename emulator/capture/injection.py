@@ -1,10 +1,12 @@
-"""What pipeline chunk reuse may do to a recording: a narrow sink over the op recorder.
+"""What chunk and micro-batch reuse may do to a recording: a narrow sink over the op recorder.
 
 Chunk reuse (emulator.capture.chunk_reuse) records one pipeline chunk and injects copies of
-it for the other micro-batches. `ReuseSink(recorder)` is all of the recorder it touches:
-how many events there are and the ones since a point, the micro-batch, pausing, where the
-first phase-setting op of a stretch starts, which storage a tensor is, adopting a storage
-made while paused, holding the frees a stubbed backward causes, and injecting copies of
+it for the other micro-batches; micro-batch reuse (emulator.capture.micro_batch_reuse) does
+the same for a gradient-accumulation micro-batch. `ReuseSink(recorder)` is all of the
+recorder they touch: how many events there are and the ones since a point, the micro-batch,
+pausing, where the first phase-setting op of a stretch starts, which storage a tensor is,
+adopting a storage made while paused, holding the frees a stubbed backward causes, a
+parameter's post-accumulate-grad hooks but the recorder's own, and injecting copies of
 recorded events as if they ran now.
 """
 
@@ -17,9 +19,10 @@ from collections.abc import Iterator
 
 import torch
 
+from emulator import torch_compat
 from emulator.capture.op_recorder import OpRecorder
 from emulator.capture.storages import StorageRecord
-from emulator.capture.trace import ALLOC, FREE, MARKER, OpEvent
+from emulator.capture.trace import ALLOC, FREE, MARKER, RECORD, STREAM_WAIT, OpEvent
 
 
 class ReuseSink:
@@ -49,6 +52,11 @@ class ReuseSink:
             yield held
         finally:
             self._recorder.storages.held_frees = None
+
+    def program_grad_hooks(self, param: torch.Tensor) -> list:
+        """The post-accumulate-grad hooks of `param` but the recorder's own (declared.py)."""
+        own = self._recorder.declarations.is_own_hook
+        return [h for h in torch_compat.post_accumulate_grad_hooks(param) if not own(h)]
 
     def watch_first_dispatch(self) -> None:
         """Remember where the next op that sets the phase starts (`first_dispatch`)."""
@@ -82,6 +90,7 @@ class ReuseSink:
         uids: dict,
         seqs: dict,
         first_dispatch: int | None,
+        event_ids: dict | None = None,
     ) -> None:
         """Record copies of earlier events as if they ran now (emulator.capture.chunk_reuse).
 
@@ -92,8 +101,10 @@ class ReuseSink:
         events before `first_dispatch` (index into `op_events` of the first op that set the
         phase) inherit the current phase; from there on, phase markers are emitted where the
         phase changes from the current one. Raises KeyError for a free or wait of something
-        not allocated or issued in `uids` / `seqs`.
+        not allocated or issued in `uids` / `seqs`. Stream records get new event ids (old ->
+        new added to `event_ids`), stream waits are mapped through it (KeyError likewise).
         """
+        event_ids = {} if event_ids is None else event_ids
         merged = sorted([*op_events, *comm_events], key=lambda e: e.seq)
         op_index, dispatched = -1, False
         for e in merged:
@@ -124,11 +135,17 @@ class ReuseSink:
                 self._recorder.storages.copies.setdefault(e.storage, []).append(storage)
             elif e.kind == FREE:
                 storage = uids[e.storage]
+            tag = e.tag
+            if e.kind == RECORD:
+                tag = event_ids[e.tag] = self._recorder.streams.next_event_id()
+            elif e.kind == STREAM_WAIT:
+                tag = event_ids[e.tag]
             self._recorder.events.append(
                 e._replace(
                     seq=self._recorder.sequence.next_seq(),
                     micro_batch=micro_batch,
                     storage=storage,
                     phase=e.phase if dispatched else self._recorder.state.last_phase,
+                    tag=tag,
                 )
             )

@@ -95,6 +95,7 @@ class OpRecorder(TorchDispatchMode):
         self._fake_mode = None
         self._resize_patch = None
         self._dtensor = self.declarations.dtensor
+        self.streams: StreamTracker | None = None  # the tracker `stream_tracker` made
 
     # ---- caller-facing context ------------------------------------------------------------
 
@@ -145,10 +146,11 @@ class OpRecorder(TorchDispatchMode):
         DTensor running an op on fake tensors to learn its output's shape)."""
         return self.state.paused()
 
-    def set_micro_batch(self, index: int) -> None:
-        """Ops from now on belong to micro-batch `index` (marked in the trace)."""
+    def set_micro_batch(self, index: int, module: str | None = None) -> None:
+        """Ops from now on belong to micro-batch `index` (marked in the trace, as if in module
+        `module` if given, else in the current one)."""
         self.state.micro_batch = index
-        self.mark(f"micro_batch:{index}")
+        self._emit(MARKER, f"micro_batch:{index}", module=module)
 
     @property
     def current_micro_batch(self) -> int:
@@ -200,7 +202,8 @@ class OpRecorder(TorchDispatchMode):
                 RECORD_ROW if kind == RECORD else STREAM_WAIT_ROW, kind, stream=stream, tag=event_id
             )
 
-        return StreamTracker(emit)
+        self.streams = StreamTracker(emit)
+        return self.streams
 
     def mark(self, name: str) -> None:
         self._emit(MARKER, name)

@@ -34,6 +34,10 @@ torch-level patches active only during capture:
   `backward_weight_one_chunk` set the recorder's micro-batch; without pipelining, each
   forward of a root module starts the next micro-batch. Optimizer steps (torch's global
   optimizer hooks) run in the "optimizer" phase.
+
+Repeated micro-batches are recorded once and copied: a pipeline stage's chunks
+(emulator.capture.chunk_reuse) and, without pipelining, the program's gradient-accumulation
+micro-batches (`RankProgram.micro_batch_steps`, emulator.capture.micro_batch_reuse).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from emulator import torch_compat
 from emulator.capture import streams
 from emulator.capture.chunk_reuse import reused_chunks
 from emulator.capture.fused_ops import gpu_fused_ops
+from emulator.capture.micro_batch_reuse import reused_micro_batches
 from emulator.capture.op_recorder import OpRecorder
 from emulator.capture.trace import EventSequence, RankTrace
 from emulator.world.comm_events import Recorder, recording
@@ -72,6 +77,10 @@ class RankProgram:
     step: Callable[[Any, Callable], None]
     roots: Callable[[Any], list[torch.nn.Module]]  # modules whose forward starts a micro-batch
     record_build: bool = False
+    # the object whose `forward(model, loss_fn, tokens, labels) -> loss` and `backward(loss,
+    # micro_batches)` run each gradient-accumulation micro-batch without pipelining, if the
+    # program has one: capture replaces the two while the step runs (micro-batch reuse)
+    micro_batch_steps: Callable[[Any], Any] = lambda state: None
     # entered around the recorded step with the recorder: how the program's kernels are
     # recorded where eager torch runs others (emulator.capture.fp8_casts)
     recording_rules: Callable[[OpRecorder], contextlib.AbstractContextManager] = lambda recorder: (
@@ -144,8 +153,14 @@ _CHUNK_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_on
 
 
 @contextlib.contextmanager
-def micro_batch_markers(recorder: OpRecorder, roots: list[torch.nn.Module]) -> Iterator[None]:
-    """Set the recorder's micro-batch from pipeline chunks, else from root forwards."""
+def micro_batch_markers(
+    recorder: OpRecorder, roots: list[torch.nn.Module]
+) -> Iterator[Callable[[torch.nn.Module, str], None]]:
+    """Set the recorder's micro-batch from pipeline chunks, else from root forwards.
+
+    Yields what a root's forward does to the marking, for a caller that skips the forward
+    (micro-batch reuse): `skipped(root, module)`, the marker put in `module` (the name the
+    root's forward would have been recorded in)."""
     in_pipeline = [False]
 
     def marked(method):
@@ -172,10 +187,10 @@ def micro_batch_markers(recorder: OpRecorder, roots: list[torch.nn.Module]) -> I
 
     counts = {id(root): 0 for root in roots}
 
-    def next_micro_batch(module, args):
+    def next_micro_batch(module, args, marker_module=None):
         if not in_pipeline[0]:
             gc.collect()
-            recorder.set_micro_batch(counts[id(module)])
+            recorder.set_micro_batch(counts[id(module)], marker_module)
             counts[id(module)] += 1
 
     # prepend: before FSDP2's own pre-forward hook, so the root's parameter all-gather
@@ -185,7 +200,7 @@ def micro_batch_markers(recorder: OpRecorder, roots: list[torch.nn.Module]) -> I
         with contextlib.ExitStack() as patches:
             for name in _CHUNK_METHODS:
                 patches.enter_context(torch_compat.patched(f"{_STAGE}.{name}", marked))
-            yield
+            yield lambda root, module: next_micro_batch(root, (), module)
     finally:
         for handle in handles:
             handle.remove()
@@ -233,7 +248,8 @@ def capture_rank(
     """The RankTrace of one iteration of `program` as rank `rank` of `world_size`.
 
     `reuse_chunks`: record a pipeline stage's first forward and backward and reuse them for
-    its other micro-batches (emulator.capture.chunk_reuse); raises ChunkReuseError when that turns
+    its other micro-batches (emulator.capture.chunk_reuse), and likewise a gradient-accumulation
+    micro-batch (emulator.capture.micro_batch_reuse); raises ChunkReuseError when that turns
     out not to hold for this program (capture again with False)."""
     init_virtual_world(rank, world_size)
     try:
@@ -262,8 +278,15 @@ def capture_rank(
                 dtensor_shape_propagation_unrecorded(recorder),
                 streams.tracking(recorder.stream_tracker()),
                 garbage_collected_at_micro_batches(),
-                micro_batch_markers(recorder, program.roots(state)),
+                micro_batch_markers(recorder, program.roots(state)) as skipped_forward,
                 reused_chunks(recorder, comm, enabled=reuse_chunks),
+                reused_micro_batches(
+                    recorder,
+                    comm,
+                    program.micro_batch_steps(state),
+                    skipped_forward,
+                    enabled=reuse_chunks,
+                ),
                 optimizer_phase(recorder),
                 program.recording_rules(recorder),
             ):

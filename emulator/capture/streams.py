@@ -50,8 +50,12 @@ class StreamTracker:
             self._streams.append(stream)
         return self._ids[key]
 
+    def next_event_id(self) -> int:
+        """A new event id, as a record takes (micro-batch reuse's copies of records take them)."""
+        return next(self._event_ids)
+
     def record(self, event, stream) -> None:
-        event.prism_event_id = next(self._event_ids)
+        event.prism_event_id = self.next_event_id()
         self.emit(
             RECORD, self.stream_id(stream or torch.cpu.current_stream()), event.prism_event_id
         )
