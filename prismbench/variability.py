@@ -3,7 +3,9 @@
 `variability(job)` captures and prices the job as `emulate` does (prismbench.capture,
 prismbench.emulate.cost_context), builds the execution graph with each compute op's temporal
 spread, replays it once without variability (the deterministic prediction) and then N times
-with draws of a VariabilityModel (emulator.variability.monte_carlo).
+with draws of a VariabilityModel (emulator.variability.monte_carlo). On request, it also ranks
+the noise sources by the variance each alone gives (emulator.variability.attribution) and
+compares placements of k slow GPUs (emulator.variability.placement).
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ from dataclasses import dataclass
 from emulator.costs.pricing import compute_prices
 from emulator.graph.build import build_graph
 from emulator.graph.replay import replay
+from emulator.variability.attribution import Attribution, attribute_variance
 from emulator.variability.model import PRISM_LOW, VariabilityModel
 from emulator.variability.monte_carlo import sample_step_times
+from emulator.variability.placement import PlacementStudy, compare_placements
+from emulator.variability.sources import noise_sources
 from emulator.variability.summary import StepTimeDistribution, summarize
 from prismbench.capture import capture_job
 from prismbench.emulate import cost_context
@@ -31,15 +36,22 @@ class VariabilityResult:
     preset: str
     distribution: StepTimeDistribution
     monte_carlo_wall_s: float  # the N replays alone
+    attribution: Attribution | None = None  # the noise sources ranked, when asked for
+    placement: PlacementStudy | None = None  # slow GPUs placed every way, when asked for
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "job": self.job,
             "world_size": self.world_size,
             "preset": self.preset,
             **self.distribution.to_dict(),
             "monte_carlo_wall_s": self.monte_carlo_wall_s,
         }
+        if self.attribution is not None:
+            out["attribution"] = self.attribution.to_dict()
+        if self.placement is not None:
+            out["placement"] = self.placement.to_dict()
+        return out
 
 
 def variability(
@@ -55,24 +67,34 @@ def variability(
     use_cache: bool = True,
     workers: int | None = None,
     progress: Callable[[str], None] | None = None,
+    rank_sources: bool = False,
+    slow_gpus: tuple[int, float] | None = None,
 ) -> VariabilityResult:
-    """Sample `job`'s step time `samples` times under `model` (named `preset` in the result)."""
+    """Sample `job`'s step time `samples` times under `model` (named `preset` in the result).
+
+    rank_sources: also run every noise source alone (same seed and samples) and rank them.
+    slow_gpus: (k, factor): also place k GPUs `factor` x slower every way they fit."""
     say = progress or (lambda _msg: None)
     capture = capture_job(job, workers=workers, use_cache=use_cache, progress=progress)
     cost = cost_context(job)
     durations = {p: compute_prices(trace, cost)[0] for p, trace in capture.traces.items()}
+    spreads = {p: model.temporal_spreads_s(d) for p, d in durations.items()}
     graph = build_graph(
-        capture.traces,
-        capture.world,
-        cost,
-        durations_s=durations,
-        spreads_s={p: model.temporal_spreads_s(d) for p, d in durations.items()},
+        capture.traces, capture.world, cost, durations_s=durations, spreads_s=spreads
     )
     deterministic = replay(graph).iteration_time_s
     say(f"graph: {graph.nodes:,} nodes; {samples} samples")
     started = time.perf_counter()
     times = sample_step_times(graph, model, samples=samples, seed=seed)
     wall = time.perf_counter() - started
+    attribution = placement = None
+    if rank_sources:
+        sources = noise_sources(graph, model, capture.traces, spreads)
+        say(f"ranking {len(sources)} noise sources: {samples} samples each")
+        attribution = attribute_variance(graph, model, sources, samples=samples, seed=seed)
+    if slow_gpus is not None:
+        say(f"placing {slow_gpus[0]} GPUs {slow_gpus[1]}x slower: {samples} samples each")
+        placement = compare_placements(graph, model, *slow_gpus, samples=samples, seed=seed)
     return VariabilityResult(
         job=name,
         world_size=job.world_size,
@@ -81,6 +103,8 @@ def variability(
             times, deterministic, seed=seed, threshold_s=threshold_s, k_steps=k_steps
         ),
         monte_carlo_wall_s=wall,
+        attribution=attribution,
+        placement=placement,
     )
 
 
