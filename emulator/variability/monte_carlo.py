@@ -53,15 +53,17 @@ class NoiseMask:
     that some op classes contribute); the draw is made wherever the graph's is.
     comm: per class, per node: True where a collective's or transfer's noise applies (a
     transfer's draw is made at its send, a pp-spanning collective's at its first member).
-    spatial: the per-GPU speed factors (drawn or fixed); network: the per-step regime."""
+    spatial: the per-GPU speed factors (drawn or fixed); network: the per-step regime, on
+    the comm nodes where `network_comm` (per class, per node) is True (None: on all)."""
 
     segment_std_s: tuple[np.ndarray, ...] | None = None
     comm: tuple[np.ndarray, ...] | None = None
     spatial: bool = True
     network: bool = True
+    network_comm: tuple[np.ndarray, ...] | None = None
 
     def check(self, graph: ExecutionGraph) -> None:
-        for name in ("segment_std_s", "comm"):
+        for name in ("segment_std_s", "comm", "network_comm"):
             per_class = getattr(self, name)
             if per_class is None:
                 continue
@@ -106,13 +108,14 @@ class _Durations:
     @staticmethod
     def _columns(pp: int, c, mask: NoiseMask) -> dict[str, list]:
         """Class pp's node columns as lists: draw_s (the graph's std, where a draw is made),
-        std_s (the std applied) and noisy (comm noise applied) after the mask."""
+        std_s (the std applied), noisy (comm noise applied) and regime (the network regime
+        applied) after the mask."""
         cols = {k: c[k].tolist() for k in ("kind", "duration_s", "axes", "join", "peer_class")}
         cols["draw_s"] = np.sqrt(c["variance_s2"]).tolist()
         std = mask.segment_std_s
         cols["std_s"] = cols["draw_s"] if std is None else np.asarray(std[pp], float).tolist()
-        noisy = mask.comm
-        cols["noisy"] = [True] * len(c) if noisy is None else np.asarray(noisy[pp], bool).tolist()
+        for name, flags in (("noisy", mask.comm), ("regime", mask.network_comm)):
+            cols[name] = [True] * len(c) if flags is None else np.asarray(flags[pp], bool).tolist()
         return cols
 
     def __call__(self, pp: int, node: int):
@@ -123,15 +126,12 @@ class _Durations:
         if kind == COLLECTIVE:
             join = c["join"][node]
             if join < 0:
-                return self._comm(c["duration_s"][node], c["axes"][node], c["noisy"][node])
+                return self._comm(c, node, c["axes"][node])
             if join not in self.joins:
-                self.joins[join] = self._comm(
-                    c["duration_s"][node], c["axes"][node], c["noisy"][node]
-                )
+                self.joins[join] = self._comm(c, node, c["axes"][node])
             return self.joins[join]
         if kind == SEND:
-            d = self._comm(c["duration_s"][node], 0, c["noisy"][node])
-            self.transfers[(pp, node)] = d
+            d = self.transfers[(pp, node)] = self._comm(c, node, 0)
             return d
         if kind == RECV:
             return self.transfers.pop((c["peer_class"][node], c["join"][node]))
@@ -146,12 +146,13 @@ class _Durations:
         factors = self.factors[pp]
         return d if factors is None else d * factors
 
-    def _comm(self, duration: float, axes_mask: int, noisy: bool):
-        d = duration * self.network
+    def _comm(self, c: dict[str, list], node: int, axes_mask: int):
+        duration = c["duration_s"][node]
+        d = duration * self.network if c["regime"][node] else duration
         if self.variability.collective_cv > 0 and duration > 0:
             shape = tuple(1 if (axes_mask >> a) & 1 else n for a, n in enumerate(self.graph.lanes))
             z = self.pool.window((self.samples, *shape))
-            if noisy:
+            if c["noisy"][node]:
                 d = d * (1.0 + self.variability.collective_cv * z)
         return d
 

@@ -9,7 +9,9 @@ A source is a family of draws the Monte Carlo makes (emulator.variability.monte_
   spanning stages): the collective noise of those calls;
 - `send/recv on pp`: the pipeline transfers' noise;
 - `per-GPU speed`: the spatial factors;
-- `network regime`: the per-step regime of all communication.
+- `network regime`: the per-step regime of all communication, and `network regime on <kind>
+  on <group>` (`... on send/recv on pp`): the regime on those calls alone (which calls the
+  congestion hurts).
 A source with no noise under the model (a CV of 0, free comm, one regime of factor 1) is
 left out.
 """
@@ -95,28 +97,25 @@ def noise_sources(
 
     `traces` and `spreads_s` are those the graph was built from (per class)."""
     off = no_noise(graph)
+    nothing = dict(segment_std_s=off.segment_std_s, comm=off.comm, spatial=False, network=False)
     sources = []
     if model.temporal_cv > 0:
         for name, variances in op_class_variances_s2(graph, traces, spreads_s).items():
             if any(v.any() for v in variances):
                 std = tuple(np.sqrt(v) for v in variances)
-                mask = NoiseMask(segment_std_s=std, comm=off.comm, spatial=False, network=False)
+                mask = NoiseMask(**(nothing | {"segment_std_s": std}))
                 sources.append(NoiseSource(f"compute {name}", "compute", mask))
+    signatures = sorted(_comm_signatures(graph).items(), key=lambda kv: kv[0])
     if model.collective_cv > 0:
-        signatures = sorted(_comm_signatures(graph).items(), key=lambda kv: kv[0])
-        for (category, name), comm in signatures:
-            mask = NoiseMask(
-                segment_std_s=off.segment_std_s, comm=comm, spatial=False, network=False
-            )
-            sources.append(NoiseSource(name, category, mask))
+        for (category, name), nodes in signatures:
+            sources.append(NoiseSource(name, category, NoiseMask(**(nothing | {"comm": nodes}))))
     if model.spatial_cv > 0 or model.speed_factors is not None:
-        mask = NoiseMask(
-            segment_std_s=off.segment_std_s, comm=off.comm, spatial=True, network=False
-        )
+        mask = NoiseMask(**(nothing | {"spatial": True}))
         sources.append(NoiseSource("per-GPU speed", "spatial", mask))
     if any(r.factor != 1.0 for r in model.network if r.probability > 0):
-        mask = NoiseMask(
-            segment_std_s=off.segment_std_s, comm=off.comm, spatial=False, network=True
-        )
-        sources.append(NoiseSource("network regime", "network", mask))
+        regime = nothing | {"network": True}
+        sources.append(NoiseSource("network regime", "network", NoiseMask(**regime)))
+        for (_, name), nodes in signatures:
+            mask = NoiseMask(**regime, network_comm=nodes)
+            sources.append(NoiseSource(f"network regime on {name}", "network", mask))
     return tuple(sources)

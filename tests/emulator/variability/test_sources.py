@@ -6,7 +6,12 @@ import pytest
 
 from emulator.graph.execution_graph import RECV, SEND
 from emulator.graph.replay import replay
-from emulator.variability.model import NO_VARIABILITY, PRISM_HIGH
+from emulator.variability.model import (
+    NO_VARIABILITY,
+    PRISM_HIGH,
+    NetworkRegime,
+    VariabilityModel,
+)
 from emulator.variability.monte_carlo import NoiseMask, sample_step_times
 from emulator.variability.sources import no_noise, noise_sources, op_class_variances_s2
 from emulator.world.mesh import World
@@ -80,5 +85,35 @@ def test_every_signature_is_a_source_and_a_model_without_it_has_none(pipeline_ca
         "send/recv on pp",
         "per-GPU speed",
         "network regime",
+        "network regime on all_reduce on tp",
+        "network regime on reduce_scatter on dp",
+        "network regime on send/recv on pp",
     ]
     assert noise_sources(graph, NO_VARIABILITY, traces, spreads) == ()
+
+
+def test_the_network_regime_on_one_signature_stretches_only_those_calls():
+    # 1 s of compute, a blocking tp all-reduce (0.1 s) and dp all-reduce (0.5 s); half the
+    # steps congested at 2x: the regime on one signature adds its duration or nothing.
+    world = World.grid(dp=4, pp=1, cp=1, tp=2)
+    s = Stage(world, 0)
+    s.compute(1.0)
+    s.collective("all_reduce", "tp", duration_s=0.1)
+    s.collective("all_reduce", "dp", duration_s=0.5)
+    graph = build(world, [s])
+    model = VariabilityModel(
+        spatial_cv=0.0,
+        temporal_cv=0.0,
+        collective_cv=0.0,
+        network=(NetworkRegime(0.5, 1.0), NetworkRegime(0.5, 2.0)),
+    )
+    sources = {x.name: x for x in noise_sources(graph, model, *_traces_and_spreads([s]))}
+    expected = {
+        "network regime": 0.6,
+        "network regime on all_reduce on tp": 0.1,
+        "network regime on all_reduce on dp": 0.5,
+    }
+    assert set(sources) == set(expected)
+    for name, extra in expected.items():
+        times = sample_step_times(graph, model, samples=64, seed=0, mask=sources[name].mask)
+        assert np.allclose(np.unique(times.round(12)), [1.6, 1.6 + extra]), name
