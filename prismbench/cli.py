@@ -379,6 +379,8 @@ def _cmd_variability(args: argparse.Namespace) -> int:
     _check_output(args.plot, "--plot")
     if args.threshold is not None and not args.threshold > 0:
         raise SpecError(f"--threshold={args.threshold!r}: a step time in seconds must be > 0")
+    if args.placement is not None:
+        _check_placement(job, *args.placement)
     result = variability(
         job,
         name=job.model.name,
@@ -391,6 +393,8 @@ def _cmd_variability(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
         workers=args.workers,
         progress=_progress,
+        rank_sources=args.rank_sources,
+        slow_gpus=args.placement,
     )
     if args.plot:
         plot_distribution(result, Path(args.plot))
@@ -400,6 +404,34 @@ def _cmd_variability(args: argparse.Namespace) -> int:
     else:
         report.render_variability(result, _console())
     return EXIT_OK
+
+
+def _check_placement(job, slow_gpus: int, factor: float) -> None:
+    from emulator.variability.placement import placement_ranks
+    from prismbench.capture import world_of
+
+    world = world_of(job)
+    if not placement_ranks(world, slow_gpus):
+        raise SpecError(
+            f"--placement: {slow_gpus} slow GPUs fit no placement of mesh "
+            f"{dict(zip(world.names, world.shape, strict=True))} (at most tp, cp x tp or the "
+            f"DP replicas)"
+        )
+
+
+def _placement(text: str) -> tuple[int, float]:
+    """K:FACTOR, K slow GPUs (an integer >= 1) FACTOR x slower (a number > 0)."""
+    k, _, factor = text.partition(":")
+    try:
+        value = (int(k), float(factor))
+    except ValueError:
+        value = (0, 0.0)
+    if value[0] < 1 or not 0 < value[1] < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be K:FACTOR, K slow GPUs (an integer >= 1) FACTOR x slower (> 0), "
+            "e.g. 8:1.1"
+        )
+    return value
 
 
 def _non_negative_int(text: str) -> int:
@@ -546,6 +578,18 @@ def _add_variability(commands) -> None:
     )
     cmd.add_argument(
         "--k-steps", type=_positive_int, default=1000, help="steps of the run-time bound (1000)"
+    )
+    cmd.add_argument(
+        "--rank-sources",
+        action="store_true",
+        help="also run every noise source alone and rank them by step-time variance",
+    )
+    cmd.add_argument(
+        "--placement",
+        type=_placement,
+        metavar="K:FACTOR",
+        help="also place K GPUs FACTOR x slower in one TP group, one stage, spread over DP "
+        "replicas, and compare p95",
     )
     cmd.add_argument("--json", action="store_true", help="print one JSON object")
     cmd.add_argument("--plot", metavar="FILE", help="write a histogram and CDF (PNG)")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from emulator.capture.trace import CATEGORIES, COMPUTE, PHASES, RankTrace
+from emulator.capture.trace import CATEGORIES, PHASES, RankTrace
+from emulator.graph.build import segment_rows
 from emulator.graph.execution_graph import COLLECTIVE, RECV, SEGMENT, SEND, ClassGraph
 from emulator.graph.results import Timeline
 from emulator.memory.events import WORKSPACE_CATEGORY
@@ -93,18 +94,11 @@ def _op_done_s(trace: RankTrace, g: ClassGraph, t: Timeline) -> np.ndarray:
     done[g["first_row"][comm]] = t.ready_s[comm]
     rest = ~comm & (g["kind"] != SEGMENT)  # waits: the stream blocks until the waited end
     done[g["first_row"][rest]] = t.end_s[rest]
-    # A segment holds `rows` consecutive compute rows of its stream from `first_row` on.
-    comp = np.flatnonzero(c["kind"] == COMPUTE)
-    comp = comp[np.lexsort((comp, c["stream"][comp]))]  # by stream, then in trace order
-    where = np.zeros(len(done), np.int64)
-    where[comp] = np.arange(len(comp))
-    seg = np.flatnonzero(g["kind"] == SEGMENT)
-    count = g["rows"][seg]
-    node = np.repeat(seg, count)
-    k = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-    row = comp[np.repeat(where[g["first_row"][seg]], count) + k]
+    row, node = segment_rows(trace, g)
+    count = g["rows"][node]
+    k = np.arange(len(node)) - np.searchsorted(node, node)  # position inside its segment
     span = t.end_s[node] - t.start_s[node]
-    done[row] = t.start_s[node] + span * (k + 1) / np.repeat(count, count)
+    done[row] = t.start_s[node] + span * (k + 1) / count
     return done
 
 

@@ -485,10 +485,63 @@ def render_variability(r, console: Console) -> None:
     for figure, value in rows:
         table.add_row(figure, value)
     console.print(table)
+    if r.attribution is not None:
+        render_attribution(r.attribution, console)
+    if r.placement is not None:
+        render_placement(r.placement, console)
+
+
+def render_attribution(a, console: Console) -> None:
+    """Noise sources ranked by the step-time variance each gives alone (same seed)."""
+    table = Table(
+        title=f"Noise sources alone, ranked by step-time std ({a.samples} samples, seed {a.seed}; "
+        "shares of the all-on run need not add to 100 %)"
+    )
+    for column in ("source", "category", "std", "variance share", "mean - determ.",
+                   "p95 - determ.", "p95 share"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("source", "category") else "right")
+    for e in (*a.sources, a.total):
+        table.add_row(
+            e.source,
+            e.category,
+            _seconds(e.std_s),
+            f"{100 * e.variance_share:.1f} %",
+            _signed_seconds(e.mean_shift_s),
+            _signed_seconds(e.p95_excess_s),
+            f"{100 * e.p95_share:.1f} %",
+        )
+    console.print(table)
+
+
+def render_placement(study, console: Console) -> None:
+    """Step time with k slow GPUs at each placement against none."""
+    table = Table(
+        title=f"{study.slow_gpus} GPUs {study.factor:g}x slower, by placement "
+        f"({study.samples} samples, seed {study.seed})"
+    )
+    for column in ("placement", "ranks", "deterministic", "p50", "p95", "p95 / no slow GPU"):
+        table.add_column(column, justify="left" if column in ("placement", "ranks") else "right")
+    for e in (study.reference, *study.placements):
+        ranks = ", ".join(map(str, e.ranks[:6])) + (" ..." if len(e.ranks) > 6 else "")
+        table.add_row(
+            e.placement,
+            ranks or "-",
+            _seconds(e.deterministic_s),
+            _seconds(e.p50_s),
+            _seconds(e.p95_s),
+            f"{e.p95_ratio:.4f}x",
+        )
+    console.print(table)
+
+
+def _signed_seconds(t: float) -> str:
+    return ("-" if t < 0 else "+") + _seconds(abs(t))
 
 
 def _seconds(t: float) -> str:
     """A duration with a unit that keeps four significant digits readable."""
     if t >= 3600:
         return f"{t / 3600:.4g} h"
-    return f"{t:.4g} s" if t >= 1 else f"{t * 1e3:.4g} ms"
+    if t >= 1:
+        return f"{t:.4g} s"
+    return f"{t * 1e3:.4g} ms" if t >= 1e-3 or t == 0 else f"{t * 1e6:.4g} µs"

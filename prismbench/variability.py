@@ -5,6 +5,9 @@ and hands it to `sample_priced`, which builds the execution graph with each comp
 temporal spread, replays it once without variability (the deterministic prediction) and then N
 times with draws of a VariabilityModel (emulator.variability.monte_carlo). `prismbench validate
 --variability` calls `sample_priced` on the capture and prices its emulation already made.
+On request it also ranks the noise sources by the variance each alone gives
+(emulator.variability.attribution) and compares placements of k slow GPUs
+(emulator.variability.placement).
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ import numpy as np
 
 from emulator.graph.build import build_graph
 from emulator.graph.replay import replay
+from emulator.variability.attribution import Attribution, attribute_variance
 from emulator.variability.model import PRISM_LOW, VariabilityModel
 from emulator.variability.monte_carlo import sample_step_times
+from emulator.variability.placement import PlacementStudy, compare_placements
+from emulator.variability.sources import noise_sources
 from emulator.variability.summary import StepTimeDistribution, summarize
 from prismbench.emulate import PricedJob, price_job
 
@@ -32,15 +38,22 @@ class VariabilityResult:
     preset: str
     distribution: StepTimeDistribution
     monte_carlo_wall_s: float  # the N replays alone
+    attribution: Attribution | None = None  # the noise sources ranked, when asked for
+    placement: PlacementStudy | None = None  # slow GPUs placed every way, when asked for
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "job": self.job,
             "world_size": self.world_size,
             "preset": self.preset,
             **self.distribution.to_dict(),
             "monte_carlo_wall_s": self.monte_carlo_wall_s,
         }
+        if self.attribution is not None:
+            out["attribution"] = self.attribution.to_dict()
+        if self.placement is not None:
+            out["placement"] = self.placement.to_dict()
+        return out
 
 
 def op_names(trace) -> np.ndarray:
@@ -61,12 +74,18 @@ def variability(
     use_cache: bool = True,
     workers: int | None = None,
     progress: Callable[[str], None] | None = None,
+    rank_sources: bool = False,
+    slow_gpus: tuple[int, float] | None = None,
 ) -> VariabilityResult:
-    """Sample `job`'s step time `samples` times under `model` (named `preset` in the result)."""
+    """Sample `job`'s step time `samples` times under `model` (named `preset` in the result).
+
+    rank_sources: also run every noise source alone (same seed and samples) and rank them.
+    slow_gpus: (k, factor): also place k GPUs `factor` x slower every way they fit."""
     priced = price_job(job, use_cache=use_cache, workers=workers, progress=progress)
     return sample_priced(priced, name=name, world_size=job.world_size, model=model, preset=preset,
                          samples=samples, seed=seed, threshold_s=threshold_s, k_steps=k_steps,
-                         progress=progress)  # fmt: skip
+                         progress=progress, rank_sources=rank_sources,
+                         slow_gpus=slow_gpus)  # fmt: skip
 
 
 def sample_priced(
@@ -81,25 +100,30 @@ def sample_priced(
     threshold_s: float | None = None,
     k_steps: int = 1000,
     progress: Callable[[str], None] | None = None,
+    rank_sources: bool = False,
+    slow_gpus: tuple[int, float] | None = None,
 ) -> VariabilityResult:
     """The step-time distribution of a job already captured and priced (`price_job`)."""
     say = progress or (lambda _msg: None)
     durations = priced.durations_s
+    traces = priced.capture.traces
+    spreads = {p: model.temporal_spreads_s(d, op_names(traces[p])) for p, d in durations.items()}
     graph = build_graph(
-        priced.capture.traces,
-        priced.capture.world,
-        priced.cost,
-        durations_s=durations,
-        spreads_s={
-            p: model.temporal_spreads_s(d, op_names(priced.capture.traces[p]))
-            for p, d in durations.items()
-        },
+        traces, priced.capture.world, priced.cost, durations_s=durations, spreads_s=spreads
     )
     deterministic = replay(graph).iteration_time_s
     say(f"graph: {graph.nodes:,} nodes; {samples} samples")
     started = time.perf_counter()
     times = sample_step_times(graph, model, samples=samples, seed=seed)
     wall = time.perf_counter() - started
+    attribution = placement = None
+    if rank_sources:
+        sources = noise_sources(graph, model, traces, spreads)
+        say(f"ranking {len(sources)} noise sources: {samples} samples each")
+        attribution = attribute_variance(graph, model, sources, samples=samples, seed=seed)
+    if slow_gpus is not None:
+        say(f"placing {slow_gpus[0]} GPUs {slow_gpus[1]}x slower: {samples} samples each")
+        placement = compare_placements(graph, model, *slow_gpus, samples=samples, seed=seed)
     return VariabilityResult(
         job=name,
         world_size=world_size,
@@ -108,6 +132,8 @@ def sample_priced(
             times, deterministic, seed=seed, threshold_s=threshold_s, k_steps=k_steps
         ),
         monte_carlo_wall_s=wall,
+        attribution=attribution,
+        placement=placement,
     )
 
 

@@ -268,6 +268,24 @@ class _Builder:
         return n
 
 
+def segment_rows(trace: RankTrace, graph: ClassGraph) -> tuple[np.ndarray, np.ndarray]:
+    """(trace rows, segment node of each): every compute row of `trace` and the segment of
+    `graph` (built from `trace`) that holds it, grouped by segment in node order.
+
+    A segment holds `rows` consecutive compute rows of its stream from `first_row` on (the
+    builder closes a stream's segment only at events that are not compute rows)."""
+    c = trace.columns
+    comp = np.flatnonzero(c["kind"] == COMPUTE)
+    comp = comp[np.lexsort((comp, c["stream"][comp]))]  # by stream, then in trace order
+    where = np.zeros(len(c["kind"]), np.int64)
+    where[comp] = np.arange(len(comp))
+    seg = np.flatnonzero(graph["kind"] == SEGMENT)
+    count = graph["rows"][seg]
+    node = np.repeat(seg, count)
+    k = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    return comp[np.repeat(where[graph["first_row"][seg]], count) + k], node
+
+
 _MINUS_ONE = {"prev", "issue", "issue_stream", "dep", "join", "peer_class"}
 
 

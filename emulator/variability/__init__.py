@@ -5,5 +5,7 @@ Kolmogorov-Smirnov statistic; moment-matched defaults where only a mean and a sp
 `model` (the spatial, temporal, collective and network knobs and their cited defaults),
 `regimes` (Otsu splits: pipeline bubble / no-bubble transfers, network regimes), `sampling`
 (seeded draws), `monte_carlo` (N samples over the mesh-vectorized replay), `summary` (the
-figures a user reads: percentiles, P(step > T), K-step bound, slowdown).
+figures a user reads: percentiles, P(step > T), K-step bound, slowdown), `sources` (the noise
+sources, one mask each), `attribution` (the sources ranked by the variance each gives alone),
+`placement` (k slow GPUs placed in one TP group, one stage, or spread over DP replicas).
 """

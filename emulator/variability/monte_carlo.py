@@ -22,9 +22,16 @@ as PRISM does (emulator.variability.model):
 With no variability every draw is the graph's duration times exactly 1, so the replay's
 arithmetic is the deterministic replay's and the step time equals `replay`'s exactly.
 Samples run in chunks small enough that a lane value stays a few MB (CHUNK_ELEMENTS).
+
+A `NoiseMask` switches sources off (variance attribution, emulator.variability.attribution):
+every draw is still made, in the same order, and only its use is masked, so two runs with the
+same seed share every draw (common random numbers) and an all-on mask reproduces the unmasked
+run exactly.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -38,61 +45,116 @@ from emulator.variability.sampling import NoisePool, network_factors, speed_fact
 CHUNK_ELEMENTS = 1 << 19
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
+class NoiseMask:
+    """Which of a model's noise a run applies (module docstring); the defaults apply all.
+
+    segment_std_s: per class, per node: the standard deviation (s) of the temporal noise
+    applied, in place of the graph's sqrt(variance_s2) (e.g. the part of a segment's variance
+    that some op classes contribute); the draw is made wherever the graph's is.
+    comm: per class, per node: True where a collective's or transfer's noise applies (a
+    transfer's draw is made at its send, a pp-spanning collective's at its first member).
+    spatial: the per-GPU speed factors (drawn or fixed); network: the per-step regime, on
+    the comm nodes where `network_comm` (per class, per node) is True (None: on all)."""
+
+    segment_std_s: tuple[np.ndarray, ...] | None = None
+    comm: tuple[np.ndarray, ...] | None = None
+    spatial: bool = True
+    network: bool = True
+    network_comm: tuple[np.ndarray, ...] | None = None
+
+    def check(self, graph: ExecutionGraph) -> None:
+        for name in ("segment_std_s", "comm", "network_comm"):
+            per_class = getattr(self, name)
+            if per_class is None:
+                continue
+            shapes = [np.shape(a) for a in per_class]
+            if shapes != [(len(c),) for c in graph.classes]:
+                raise ValueError(f"NoiseMask.{name} shapes {shapes} do not match the graph")
+
+
 class _Durations:
     """duration(pp, node) for replay_samples: one chunk's draws (module docstring)."""
 
-    def __init__(self, graph: ExecutionGraph, model: VariabilityModel, rng, samples: int):
+    def __init__(
+        self,
+        graph: ExecutionGraph,
+        model: VariabilityModel,
+        rng,
+        samples: int,
+        mask: NoiseMask | None = None,
+    ):
         self.graph, self.variability, self.samples = graph, model, samples
+        mask = mask or NoiseMask()
         world = graph.world
         lanes = graph.lanes
         self.lane_shape = (samples, *lanes)
         factors = speed_factors(rng, model, world, samples)
+        if not mask.spatial:
+            factors = None
         pos = world.pipeline_position
         self.factors = [
             None if factors is None else (factors if pos is None else np.take(factors, p, pos + 1))
             for p in range(world.pp)
         ]
-        self.network = network_factors(rng, model, samples).reshape((samples,) + (1,) * len(lanes))
+        network = network_factors(rng, model, samples)
+        if not mask.network:
+            network = np.ones(samples)
+        self.network = network.reshape((samples,) + (1,) * len(lanes))
         self.pool = NoisePool(rng, int(np.prod(self.lane_shape)))
-        self.cols = [
-            {k: c[k].tolist() for k in ("kind", "duration_s", "axes", "join", "peer_class")}
-            | {"std_s": np.sqrt(c["variance_s2"]).tolist()}
-            for c in graph.classes
-        ]
+        self.cols = [self._columns(p, c, mask) for p, c in enumerate(graph.classes)]
         self.joins: dict[int, np.ndarray] = {}  # pp-spanning collective -> its shared draw
         self.transfers: dict[tuple[int, int], np.ndarray] = {}  # (class, send node) -> draw
+
+    @staticmethod
+    def _columns(pp: int, c, mask: NoiseMask) -> dict[str, list]:
+        """Class pp's node columns as lists: draw_s (the graph's std, where a draw is made),
+        std_s (the std applied), noisy (comm noise applied) and regime (the network regime
+        applied) after the mask."""
+        cols = {k: c[k].tolist() for k in ("kind", "duration_s", "axes", "join", "peer_class")}
+        cols["draw_s"] = np.sqrt(c["variance_s2"]).tolist()
+        std = mask.segment_std_s
+        cols["std_s"] = cols["draw_s"] if std is None else np.asarray(std[pp], float).tolist()
+        for name, flags in (("noisy", mask.comm), ("regime", mask.network_comm)):
+            cols[name] = [True] * len(c) if flags is None else np.asarray(flags[pp], bool).tolist()
+        return cols
 
     def __call__(self, pp: int, node: int):
         c = self.cols[pp]
         kind = c["kind"][node]
         if kind == SEGMENT:
-            return self._segment(pp, c["duration_s"][node], c["std_s"][node])
+            return self._segment(pp, c["duration_s"][node], c["draw_s"][node], c["std_s"][node])
         if kind == COLLECTIVE:
             join = c["join"][node]
             if join < 0:
-                return self._comm(c["duration_s"][node], c["axes"][node])
+                return self._comm(c, node, c["axes"][node])
             if join not in self.joins:
-                self.joins[join] = self._comm(c["duration_s"][node], c["axes"][node])
+                self.joins[join] = self._comm(c, node, c["axes"][node])
             return self.joins[join]
         if kind == SEND:
-            d = self.transfers[(pp, node)] = self._comm(c["duration_s"][node], 0)
+            d = self.transfers[(pp, node)] = self._comm(c, node, 0)
             return d
         if kind == RECV:
             return self.transfers.pop((c["peer_class"][node], c["join"][node]))
         raise ValueError(f"class {pp} node {node}: kind {kind} has no duration")
 
-    def _segment(self, pp: int, mean: float, std: float):
-        temporal = std > 0 and self.variability.has_kernel_noise
-        d = mean + std * self.pool.window(self.lane_shape) if temporal else mean
+    def _segment(self, pp: int, mean: float, draw: float, std: float):
+        d = mean
+        if draw > 0 and self.variability.has_kernel_noise:
+            z = self.pool.window(self.lane_shape)
+            if std > 0:
+                d = mean + std * z
         factors = self.factors[pp]
         return d if factors is None else d * factors
 
-    def _comm(self, duration: float, axes_mask: int):
-        d = duration * self.network
+    def _comm(self, c: dict[str, list], node: int, axes_mask: int):
+        duration = c["duration_s"][node]
+        d = duration * self.network if c["regime"][node] else duration
         if self.variability.collective_cv > 0 and duration > 0:
             shape = tuple(1 if (axes_mask >> a) & 1 else n for a, n in enumerate(self.graph.lanes))
             z = self.pool.window((self.samples, *shape))
-            d = d * (1.0 + self.variability.collective_cv * z)
+            if c["noisy"][node]:
+                d = d * (1.0 + self.variability.collective_cv * z)
         return d
 
 
@@ -102,15 +164,23 @@ def chunk_samples(graph: ExecutionGraph, samples: int) -> int:
 
 
 def sample_step_times(
-    graph: ExecutionGraph, model: VariabilityModel, *, samples: int = 1000, seed: int = 0
+    graph: ExecutionGraph,
+    model: VariabilityModel,
+    *,
+    samples: int = 1000,
+    seed: int = 0,
+    mask: NoiseMask | None = None,
 ) -> np.ndarray:
-    """Step times (s) of `samples` draws of `model` over `graph`: shape (samples,)."""
+    """Step times (s) of `samples` draws of `model` over `graph`: shape (samples,); `mask`
+    applies only part of the model's noise (NoiseMask)."""
     if not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples={samples!r} must be an int >= 1")
+    if mask is not None:
+        mask.check(graph)
     rng = np.random.default_rng(seed)
     chunk = chunk_samples(graph, samples)
     times = np.empty(samples)
     for lo in range(0, samples, chunk):
         n = min(chunk, samples - lo)
-        times[lo : lo + n] = replay_samples(graph, n, _Durations(graph, model, rng, n))
+        times[lo : lo + n] = replay_samples(graph, n, _Durations(graph, model, rng, n, mask))
     return times

@@ -6,7 +6,7 @@ import pytest
 
 from emulator.costs.collectives import Topology
 from emulator.costs.pricing import CostContext
-from emulator.graph.build import axes_of_group
+from emulator.graph.build import axes_of_group, segment_rows
 from emulator.graph.execution_graph import (
     COLLECTIVE,
     RECV,
@@ -66,6 +66,24 @@ def test_micro_batch_change_splits_segments_and_streams_do_not_merge():
     g = build(world, [s]).classes[0]
     assert g["duration_s"].tolist() == [1.0, 2.0, 1.0]
     assert len(g.streams) == 2
+
+
+def test_segment_rows_maps_every_compute_row_to_the_segment_summing_it():
+    # Two streams interleaved, a micro-batch change and a collective split the segments: each
+    # segment's duration is the sum of the durations of the rows mapped to it.
+    world = World.grid(dp=2, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    for i, (stream, mb) in enumerate([(0, 0), (1, 0), (0, 0), (0, 1), (1, 0), (0, 1)]):
+        s.compute(2.0**i, stream=stream, mb=mb)
+        if i == 2:
+            s.collective("all_reduce", "dp", async_op=True)
+    trace, durations = s.trace()
+    g = build(world, [s]).classes[0]
+    rows, nodes = segment_rows(trace, g)
+    assert sorted(rows.tolist()) == np.flatnonzero(durations > 0).tolist()
+    assert (np.diff(nodes) >= 0).all()
+    summed = np.bincount(nodes, weights=durations[rows], minlength=len(g))
+    assert np.array_equal(summed[g["kind"] == SEGMENT], g["duration_s"][g["kind"] == SEGMENT])
 
 
 def test_blocking_collective_without_wait_event_gets_one():

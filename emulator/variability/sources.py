@@ -1,0 +1,121 @@
+"""The noise sources of a Monte Carlo run, each as a NoiseMask that applies it alone.
+
+A source is a family of draws the Monte Carlo makes (emulator.variability.monte_carlo):
+- `compute <op class>` (emulator.costs.kernel_table.op_class: "gemm", "flash_attn_bwd",
+  "norm", ...): the temporal noise of that class's kernels. A segment is drawn once, with
+  the summed variance of its kernels (independent), so a class's part of a segment is the sum
+  over the segment's rows of that class (emulator.graph.build.segment_rows);
+- `<kind> on <group>` ("all_gather on dp", "all_reduce on tp", "all_reduce on pp" for one
+  spanning stages): the collective noise of those calls;
+- `send/recv on pp`: the pipeline transfers' noise;
+- `per-GPU speed`: the per-GPU factors, persistent (spatial) and per-step (`step_cv`);
+- `network regime`: the per-step regime of all communication, and `network regime on <kind>
+  on <group>` (`... on send/recv on pp`): the regime on those calls alone (which calls the
+  congestion hurts).
+A source with no noise under the model (a CV of 0, free comm, one regime of factor 1) is
+left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from emulator.capture.trace import RankTrace
+from emulator.costs.kernel_table import op_class
+from emulator.graph.build import segment_rows
+from emulator.graph.execution_graph import COLLECTIVE, SEND, ExecutionGraph
+from emulator.variability.model import VariabilityModel
+from emulator.variability.monte_carlo import NoiseMask
+
+CATEGORIES = ("compute", "collective", "pipeline", "spatial", "network")
+
+
+@dataclass(frozen=True, eq=False)
+class NoiseSource:
+    """One source: its name, its category (CATEGORIES) and the mask applying it alone."""
+
+    name: str
+    category: str
+    mask: NoiseMask
+
+
+def no_noise(graph: ExecutionGraph) -> NoiseMask:
+    """The mask applying nothing: every draw is made and none is used."""
+    return NoiseMask(
+        segment_std_s=tuple(np.zeros(len(c)) for c in graph.classes),
+        comm=tuple(np.zeros(len(c), bool) for c in graph.classes),
+        spatial=False,
+        network=False,
+    )
+
+
+def op_class_variances_s2(
+    graph: ExecutionGraph, traces: dict[int, RankTrace], spreads_s: dict[int, np.ndarray]
+) -> dict[str, tuple[np.ndarray, ...]]:
+    """Per op class: per graph class, each node's variance (s^2) from that class's kernels;
+    summed over op classes they give the graph's `variance_s2` (built from `spreads_s`)."""
+    parts: dict[str, list[np.ndarray]] = {}
+    for p, g in enumerate(graph.classes):
+        trace = traces[p]
+        rows, nodes = segment_rows(trace, g)
+        names = np.array([op_class(n) for n in trace.strings], dtype=object)
+        classes = names[trace["name"][rows]]
+        variances = np.asarray(spreads_s[p], float)[rows] ** 2
+        for name in np.unique(classes).tolist():
+            per_class = parts.setdefault(name, [np.zeros(len(c)) for c in graph.classes])
+            sel = classes == name
+            per_class[p] = np.bincount(nodes[sel], weights=variances[sel], minlength=len(g))
+    return {name: tuple(v) for name, v in sorted(parts.items())}
+
+
+def _comm_signatures(graph: ExecutionGraph) -> dict[tuple[str, str], tuple[np.ndarray, ...]]:
+    """(category, name) -> per class, per node: the comm nodes with that signature."""
+    out: dict[tuple[str, str], list[np.ndarray]] = {}
+    for p, g in enumerate(graph.classes):
+        kinds, names, groups = g["kind"], g.text("name"), g.text("group")
+        for node in np.flatnonzero((kinds == COLLECTIVE) | (kinds == SEND)).tolist():
+            if g["duration_s"][node] <= 0:
+                continue
+            if kinds[node] == SEND:
+                key = ("pipeline", "send/recv on pp")
+            else:
+                key = ("collective", f"{names[node]} on {groups[node]}")
+            masks = out.setdefault(key, [np.zeros(len(c), bool) for c in graph.classes])
+            masks[p][node] = True
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def noise_sources(
+    graph: ExecutionGraph,
+    model: VariabilityModel,
+    traces: dict[int, RankTrace],
+    spreads_s: dict[int, np.ndarray],
+) -> tuple[NoiseSource, ...]:
+    """Every source of `model`'s noise over `graph` (module docstring), compute first.
+
+    `traces` and `spreads_s` are those the graph was built from (per class)."""
+    off = no_noise(graph)
+    nothing = dict(segment_std_s=off.segment_std_s, comm=off.comm, spatial=False, network=False)
+    sources = []
+    if model.has_kernel_noise:
+        for name, variances in op_class_variances_s2(graph, traces, spreads_s).items():
+            if any(v.any() for v in variances):
+                std = tuple(np.sqrt(v) for v in variances)
+                mask = NoiseMask(**(nothing | {"segment_std_s": std}))
+                sources.append(NoiseSource(f"compute {name}", "compute", mask))
+    signatures = sorted(_comm_signatures(graph).items(), key=lambda kv: kv[0])
+    if model.collective_cv > 0:
+        for (category, name), nodes in signatures:
+            sources.append(NoiseSource(name, category, NoiseMask(**(nothing | {"comm": nodes}))))
+    if model.spatial_cv > 0 or model.step_cv > 0 or model.speed_factors is not None:
+        mask = NoiseMask(**(nothing | {"spatial": True}))
+        sources.append(NoiseSource("per-GPU speed", "spatial", mask))
+    if any(r.factor != 1.0 for r in model.network if r.probability > 0):
+        regime = nothing | {"network": True}
+        sources.append(NoiseSource("network regime", "network", NoiseMask(**regime)))
+        for (_, name), nodes in signatures:
+            mask = NoiseMask(**regime, network_comm=nodes)
+            sources.append(NoiseSource(f"network regime on {name}", "network", mask))
+    return tuple(sources)
