@@ -550,7 +550,7 @@ def _add_emulate(commands) -> None:
 
 
 def _add_variability(commands) -> None:
-    from prismbench.variability_calibration import MEASURED_PRESET, preset_names
+    from emulator.variability.model import MEASURED_PRESET, PRESET_NAMES
 
     cmd = commands.add_parser(
         "variability",
@@ -563,7 +563,7 @@ def _add_variability(commands) -> None:
     cmd.add_argument("--seed", type=_non_negative_int, default=0, help="random seed (0)")
     cmd.add_argument(
         "--preset",
-        choices=sorted(preset_names()),
+        choices=sorted(PRESET_NAMES),
         default="prism-low",
         help=f"variability magnitudes: PRISM's low or high end (emulator/variability/model.py), "
         f"none, or {MEASURED_PRESET!r}: the temporal variation measured on the job's GPU "
@@ -770,14 +770,14 @@ def _add_validate(commands) -> None:
 
 
 def _add_validate_variability(validate_cmd) -> None:
-    from prismbench.variability_calibration import preset_names
+    from emulator.variability.model import PRESET_NAMES
 
     validate_cmd.add_argument(
         "--variability",
-        choices=sorted(preset_names()),
+        choices=sorted(PRESET_NAMES),
         metavar="PRESET",
         help="also sample each case's step-time distribution from its capture under PRESET "
-        f"({', '.join(sorted(preset_names()))}; as `variability --preset`) and store it (DuckDB "
+        f"({', '.join(sorted(PRESET_NAMES))}; as `variability --preset`) and store it (DuckDB "
         "table case_variability, MLflow metrics variability_*, a histogram/CDF PNG)",
     )
     validate_cmd.add_argument(

@@ -15,12 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from prismbench.variability_calibration import (
-    MEASURED_PRESET,
-    VARIABILITY_TABLES,
-    preset_names,
-    resolve_preset,
-)
+from emulator.variability.model import MEASURED_PRESET, PRESET_NAMES
 from workloads.config import SpecError
 
 PLOT_NAME = "step_time_distribution.png"  # in the case's artifact folder, logged to MLflow
@@ -35,10 +30,10 @@ class VariabilitySettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.preset not in preset_names():
+        if self.preset not in PRESET_NAMES:
             raise SpecError(
                 f"--variability {self.preset!r}: not a preset; known: "
-                f"{', '.join(sorted(preset_names()))}"
+                f"{', '.join(sorted(PRESET_NAMES))}"
             )
         if not isinstance(self.samples, int) or self.samples < 1:
             raise SpecError(f"--variability-samples={self.samples!r} must be an integer >= 1")
@@ -53,6 +48,8 @@ class VariabilitySettings:
         rather than fail cases one by one."""
         if self.preset != MEASURED_PRESET:
             return
+        from prismbench.variability_calibration import VARIABILITY_TABLES
+
         lacking = sorted(
             {b.job.cluster.gpu for b in baselines}
             - {p.stem for p in VARIABILITY_TABLES.glob("*.json")}
@@ -78,6 +75,7 @@ def case_distribution(
     """The predicted step-time figures of one case (seconds, ratios, a probability), from a
     `PricedJob`; with `plot_path`, its histogram and CDF (PNG) too."""
     from prismbench.variability import plot_distribution, sample_priced
+    from prismbench.variability_calibration import resolve_preset
 
     result = sample_priced(priced, name=name, world_size=world_size,
                            model=resolve_preset(settings.preset, gpu), preset=settings.preset,

@@ -34,14 +34,20 @@ from emulator.variability.calibration import (
     range_to_std,
     step_cv_of,
 )
-from emulator.variability.model import PRESETS, PRISM_LOW, VariabilityModel, noise_class
+from emulator.variability.model import (
+    MEASURED_PRESET,
+    PRESET_NAMES,
+    PRESETS,
+    PRISM_LOW,
+    VariabilityModel,
+    noise_class,
+)
 from prismbench.profile_ingest import aten_packet
 from prismbench.profile_readers import ProfiledOp, read_profile
 from workloads.config import SpecError
 
 VARIABILITY_TABLES = Path(__file__).resolve().parents[1] / "results" / "variability"
 TABLE_SCHEMA_VERSION = 1
-MEASURED_PRESET = "measured"
 PROFILE_SUFFIXES = (".ops.jsonl.gz", ".json", ".json.gz")
 
 
@@ -223,14 +229,10 @@ def measured_model(table: dict) -> VariabilityModel:
     )
 
 
-def preset_names() -> tuple[str, ...]:
-    return (*PRESETS, MEASURED_PRESET)
-
-
 def resolve_preset(preset: str, gpu: str) -> VariabilityModel:
     """The model a preset name stands for; `measured` reads the job's GPU's table."""
     if preset == MEASURED_PRESET:
         return measured_model(load_table(gpu))
     if preset not in PRESETS:
-        raise SpecError(f"preset {preset!r} must be one of {', '.join(preset_names())}")
+        raise SpecError(f"preset {preset!r} must be one of {', '.join(PRESET_NAMES)}")
     return PRESETS[preset]

@@ -189,3 +189,7 @@ PRISM_HIGH = VariabilityModel(
 )
 NO_VARIABILITY = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=0.0)
 PRESETS = {"prism-low": PRISM_LOW, "prism-high": PRISM_HIGH, "none": NO_VARIABILITY}
+# The temporal figures measured on the job's GPU (prismbench.variability_calibration resolves it
+# per GPU from results/variability/<gpu>.json).
+MEASURED_PRESET = "measured"
+PRESET_NAMES = (*PRESETS, MEASURED_PRESET)
