@@ -177,7 +177,10 @@ class ChunkReuse:
             if self.enabled and templates and templates.forward and templates.backward is None:
                 self._keep_backward(templates, result, start_op, start_comm)
             return result
-        with self._paused_and_silent("a stubbed backward"), self.recorder.holding_frees() as frees:
+        with (
+            paused_and_silent(self.recorder, self.comm, "a stubbed backward"),
+            self.recorder.holding_frees() as frees,
+        ):
             result = original(stage, backward_type, bwd_kwargs, last_backward=last_backward)
         self._match_outside_frees(templates, frees, micro_batch)
         self._inject(templates, templates.backward, micro_batch)
@@ -274,19 +277,11 @@ class ChunkReuse:
 
     # ---- reuse -----------------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _paused_and_silent(self, what: str) -> Iterator[None]:
-        n_op, n_comm = self.recorder.event_count, len(self.comm.events)
-        with self.recorder.paused():
-            yield
-        if self.recorder.event_count != n_op or len(self.comm.events) != n_comm:
-            raise ChunkReuseError(f"{what} recorded events of its own")
-
     def _stub(self, metas, args, stage) -> tuple[torch.Tensor, ...]:
         inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
         params = tuple(p for p in stage.submod.parameters() if p.requires_grad)
         templates = self.stages[id(stage)]
-        with self._paused_and_silent("a stubbed forward"):
+        with paused_and_silent(self.recorder, self.comm, "a stubbed forward"):
             if templates.anchor is None:
                 templates.anchor = torch.empty(0, requires_grad=True)
             return _StubChunk.apply(metas, params, templates.zero_grads, templates.anchor, *inputs)
@@ -322,6 +317,16 @@ class ChunkReuse:
         tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
         for tensor, uid in zip(tensors, template_uids, strict=True):
             self.recorder.adopt(tensor, uids[uid])
+
+
+@contextlib.contextmanager
+def paused_and_silent(recorder, comm, what: str) -> Iterator[None]:
+    """Run a stand-in with the recorder paused; it must record nothing (no op, no collective)."""
+    n_op, n_comm = recorder.event_count, len(comm.events)
+    with recorder.paused():
+        yield
+    if recorder.event_count != n_op or len(comm.events) != n_comm:
+        raise ChunkReuseError(f"{what} recorded events of its own")
 
 
 class _Unsupported(Exception):

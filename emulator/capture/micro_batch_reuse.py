@@ -44,7 +44,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from emulator import torch_compat
-from emulator.capture.chunk_reuse import ChunkReuseError, accumulate_zero
+from emulator.capture.chunk_reuse import ChunkReuseError, accumulate_zero, paused_and_silent
 from emulator.capture.injection import ReuseSink
 from emulator.capture.trace import ALLOC, FREE, MARKER, RECORD, STREAM_WAIT, OpEvent
 
@@ -219,7 +219,7 @@ class MicroBatchReuse:
                 f"micro-batch {micro_batch} was marked {self.recorder.current_micro_batch}"
             )
         shape, stride, dtype, device = templates.loss_meta
-        with self._paused_and_silent("a stand-in loss"):
+        with paused_and_silent(self.recorder, self.comm, "a stand-in loss"):
             loss = torch.empty_strided(shape, stride, dtype=dtype, device=device)
         uids = self._inject(templates.forward, micro_batch)
         self.recorder.adopt(loss, uids[templates.loss_uid])
@@ -238,7 +238,9 @@ class MicroBatchReuse:
         if torch_compat.fsdp_backward_flags(templates.model) != templates.flags:
             raise ChunkReuseError("FSDP2's flags changed after a stood-in forward")
         self._inject(templates.backward, micro_batch)
-        with self._paused_and_silent("the post-accumulate-grad hooks of a stand-in backward"):
+        with paused_and_silent(
+            self.recorder, self.comm, "the post-accumulate-grad hooks of a stand-in backward"
+        ):
             for param in templates.hooked:
                 zero = self.zero_grads.get(id(param))
                 if zero is None:
@@ -261,14 +263,6 @@ class MicroBatchReuse:
         except KeyError as missing:
             raise ChunkReuseError(f"a copied event refers to {missing}, not in the copy") from None
         return uids
-
-    @contextlib.contextmanager
-    def _paused_and_silent(self, what: str) -> Iterator[None]:
-        n_op, n_comm = self.recorder.event_count, len(self.comm.events)
-        with self.recorder.paused():
-            yield
-        if self.recorder.event_count != n_op or len(self.comm.events) != n_comm:
-            raise ChunkReuseError(f"{what} recorded events of its own")
 
     def check_nothing_waits_on_the_template(self) -> None:
         """After the step: no event outside the templates waits on a collective or stream
