@@ -293,6 +293,23 @@ class LeafSafeModTracker(ModTracker):
     (torch/distributed/_tools/mod_tracker.py) but for that condition.
     """
 
+    @staticmethod
+    def _register_pop_once(tensors, pop) -> None:
+        """`pop` once every input's gradient is computed, then the hook is dropped.
+
+        A multi-grad hook in its "all" mode keeps the inputs' grad_fns in its closure and is
+        registered on those same nodes: a cycle through C++ that Python's gc cannot collect,
+        so every graph it is set on stays alive after backward with its leaves (a pipeline
+        stage's received activations were never freed under capture). Removing the hook at
+        the end of the backward that fired it breaks the cycle."""
+        handle = None
+
+        def pop_and_release(*args):
+            pop(*args)
+            torch.autograd.Variable._execution_engine.queue_callback(handle.remove)
+
+        handle = torch.autograd.graph.register_multi_grad_hook(tensors, pop_and_release)
+
     def _fw_pre_hook(self, mod, input):
         name = self._get_mod_name(mod)
         w_mod = weakref.ref(mod)
@@ -307,8 +324,6 @@ class LeafSafeModTracker(ModTracker):
         ]
         if not self.is_bw:
             if tensors:
-                torch.autograd.graph.register_multi_grad_hook(
-                    tensors, self._get_pop_fn(w_mod, name, True)
-                )
+                self._register_pop_once(tensors, self._get_pop_fn(w_mod, name, True))
             else:
                 self._post_bw_callbacks_to_enqueue.append(self._get_pop_fn(w_mod, name, True))

@@ -135,8 +135,7 @@ FP8_CASTS_BY_FRAMEWORK: dict[str, str] = {
 # per recv_prev/recv_next), and NeMo trains through its schedules, so "per-transfer" is what
 # they run. Their presets still say "per-microbatch" because our per-transfer executor
 # (workloads.megatron_schedule) runs only the non-interleaved 1F1B (the Megatron baselines
-# include interleaved ones) and its capture keeps the last stage's receive buffers alive
-# (a capture-side bug, open); a job opts in with `pipeline_recv = "per-transfer"`.
+# include interleaved ones); a job opts in with `pipeline_recv = "per-transfer"`.
 # torchtitan pipelines with torch.distributed.pipelining (torchtitan/distributed/
 # pipeline_parallel.py); llm-foundry (Composer FSDP) and llm.c (data parallel only) have no
 # pipeline parallelism, so the value is moot for them.

@@ -69,6 +69,8 @@ def differences(golden: dict[str, np.ndarray], now: dict[str, np.ndarray]) -> li
             problems += _figure_differences(json.loads(str(a)), json.loads(str(b)))
         elif a.shape != b.shape:
             problems.append(f"{key}: shape {a.shape} != {b.shape}")
+        elif a.ndim == 0 and a != b:
+            problems.append(f"{key}: {a!r} != {b!r}")
         elif not np.array_equal(a, b):
             i = np.flatnonzero(np.any((a != b).reshape(len(a), -1), axis=1))[0]
             problems.append(f"{key}[{i}]: {a[i]!r} != {b[i]!r}")

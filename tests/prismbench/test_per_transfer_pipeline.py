@@ -54,3 +54,18 @@ def test_first_stage_frees_each_received_gradient():
     }
     # torch's stage keeps m gradient buffers; Megatron's holds the one in flight
     assert peaks["per-microbatch"] - peaks["per-transfer"] >= (m - pp) * activation_bytes
+
+
+@pytest.mark.integration
+def test_last_stage_frees_each_received_activation():
+    # the capture used to keep them: the module tracker's multi-grad hooks formed a cycle
+    # through autograd's C++ graph that held every received leaf (emulator/torch_compat.py)
+    m, pp = 16, 2
+    activation_bytes = SEQ_LEN * HIDDEN * 2
+    peaks = {
+        recv: emulate(make_job(pp=pp, global_batch=m, pipeline_recv=recv), workers=1)
+        .per_class[1]
+        .peak_memory_allocated_bytes
+        for recv in ("per-transfer", "per-microbatch")
+    }
+    assert peaks["per-microbatch"] - peaks["per-transfer"] >= (m - pp) * activation_bytes

@@ -94,8 +94,7 @@ def test_fewer_micro_batches_than_stages_need_per_transfer():
 
 
 def test_megatron_framework_keeps_torchs_receive_buffers_until_per_transfer_covers_it():
-    # workloads/kernels.py says why: interleaved Megatron baselines, and the last stage's
-    # receive buffers under capture
+    # workloads/kernels.py says why: interleaved Megatron baselines
     job = job_spec_from_dict(
         {
             "model": {"name": "llama-debug"},
