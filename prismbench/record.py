@@ -46,7 +46,9 @@ DEVICES = ("cpu", "cuda")
 PEAK_MEM_KIND = {"cpu": "cpu_max_rss", "cuda": "allocator_reserved"}
 
 
-def _allocator_peaks(torch) -> dict:
+def _allocator_peaks() -> dict:
+    import torch
+
     return {
         "allocated": torch.cuda.max_memory_allocated(),
         "reserved": torch.cuda.max_memory_reserved(),
@@ -87,12 +89,12 @@ def _rank_run(
             torch.cuda.reset_peak_memory_stats()
         step_s()
         if cuda and i == 0:
-            result["peak_first_iteration"] = _allocator_peaks(torch)
+            result["peak_first_iteration"] = _allocator_peaks()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     result["iteration_s"] = [step_s() for _ in range(iterations)]
     if cuda:
-        result["peak_steady"] = _allocator_peaks(torch)
+        result["peak_steady"] = _allocator_peaks()
         result["gpu"] = torch.cuda.get_device_name()
     if profile:
         from emulator.costs.kernel_timing import profile_iteration

@@ -48,12 +48,9 @@ class VariabilitySettings:
         rather than fail cases one by one."""
         if self.preset != MEASURED_PRESET:
             return
-        from prismbench.variability_calibration import VARIABILITY_TABLES
+        from prismbench.variability_calibration import measured_gpus
 
-        lacking = sorted(
-            {b.job.cluster.gpu for b in baselines}
-            - {p.stem for p in VARIABILITY_TABLES.glob("*.json")}
-        )
+        lacking = sorted({b.job.cluster.gpu for b in baselines} - set(measured_gpus()))
         if lacking:
             raise SpecError(
                 f"--variability {MEASURED_PRESET}: no measured variability for gpu "

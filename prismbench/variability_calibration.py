@@ -59,7 +59,7 @@ def op_noise_class(op: ProfiledOp) -> str:
 def profile_durations(ops: list[ProfiledOp]) -> tuple[np.ndarray, list[str]]:
     """Each profiled op's GPU time (s, its kernels summed) and noise class."""
     return (
-        np.array([sum(us for _, us in op.kernels) * 1e-6 for op in ops]),
+        np.array([op.kernel_us * 1e-6 for op in ops]),
         [op_noise_class(op) for op in ops],
     )
 
@@ -70,7 +70,7 @@ def profile_pools(ops: list[ProfiledOp]) -> dict[tuple, tuple[str, list[float]]]
     for op in ops:
         signature = (op.op, op.shapes, tuple(name for name, _ in op.kernels))
         klass, durations = pools.setdefault(signature, (op_noise_class(op), []))
-        durations.append(sum(us for _, us in op.kernels) * 1e-6)
+        durations.append(op.kernel_us * 1e-6)
     return pools
 
 
@@ -202,10 +202,15 @@ def write_table(table: dict, path: str | Path) -> Path:
     return path
 
 
+def measured_gpus(directory: Path = VARIABILITY_TABLES) -> list[str]:
+    """The GPU presets with a measured variability table."""
+    return sorted(p.stem for p in directory.glob("*.json"))
+
+
 def load_table(gpu: str, directory: Path = VARIABILITY_TABLES) -> dict:
     path = directory / f"{gpu}.json"
     if not path.exists():
-        known = sorted(p.stem for p in directory.glob("*.json"))
+        known = measured_gpus(directory)
         raise SpecError(
             f"preset {MEASURED_PRESET!r}: no measured variability for gpu {gpu!r} "
             f"({path} missing; measured: {', '.join(known) or 'none'})"

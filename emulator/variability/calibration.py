@@ -34,7 +34,7 @@ import numpy as np
 from scipy import integrate, stats
 
 from emulator.variability.distributions import MIN_SAMPLES, DurationDistribution, fit_durations
-from emulator.variability.model import NOISE_CLASSES
+from emulator.variability.model import NOISE_CLASSES, kernel_spreads_s
 
 SHORT_KERNEL_S = 5e-6  # shorter pools measure the jitter floor
 LONG_KERNEL_S = 20e-6  # longer pools measure a class's CV (floor < 1 % of them at ~0.15 us)
@@ -88,9 +88,8 @@ class KernelNoise:
 
     def std_s(self, durations_s, classes) -> np.ndarray:
         """The model's standard deviation of kernels of `durations_s` in `classes`."""
-        d = np.asarray(durations_s, dtype=float)
-        cv = np.array([self.cv_by_class.get(c, 0.0) for c in classes])
-        return np.hypot(cv * d, self.floor_s)
+        cvs = [self.cv_by_class.get(c, 0.0) for c in classes]
+        return kernel_spreads_s(durations_s, cvs, self.floor_s)
 
 
 def estimate_kernel_noise(fits: list[SignatureFit]) -> KernelNoise:

@@ -56,6 +56,13 @@ def noise_class(op_name: str) -> str:
     return "memory"
 
 
+def kernel_spreads_s(durations_s, cvs, floor_s: float) -> np.ndarray:
+    """Standard deviation (s) of kernels of `durations_s` and CVs `cvs` with a jitter floor:
+    sqrt((cv x d)^2 + floor^2); 0 for ops of no duration (not compute)."""
+    d = np.asarray(durations_s, dtype=float)
+    return np.where(d > 0, np.hypot(np.asarray(cvs, dtype=float) * d, floor_s), 0.0)
+
+
 @dataclass(frozen=True)
 class NetworkRegime:
     """One state of the network for a whole step: its probability and the factor on every
@@ -162,8 +169,7 @@ class VariabilityModel:
                 raise ValueError(f"op_names shape {names.shape} != durations shape {d.shape}")
             unique, inverse = np.unique(names.astype(str), return_inverse=True)
             cv = np.array([self.temporal_cv_of(noise_class(n)) for n in unique])[inverse]
-        spread = np.hypot(cv * d, self.temporal_floor_s)
-        return np.where(d > 0, spread, 0.0)
+        return kernel_spreads_s(d, cv, self.temporal_floor_s)
 
     def with_speed_factors(self, speed_factors) -> VariabilityModel:
         return replace(self, speed_factors=speed_factors)
