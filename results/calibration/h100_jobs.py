@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 sys.path.insert(0, str(ROOT / "results"))
 from shared_h100 import SHARED, cases_from_cli, leave_one_out_table  # noqa: E402
 
