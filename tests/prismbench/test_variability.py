@@ -8,9 +8,9 @@ import pytest
 
 from emulator.variability.model import NO_VARIABILITY
 from prismbench.cli import main
-from prismbench.emulate import emulate, price_job
+from prismbench.emulate import emulate
 from prismbench.spec import job_spec_from_dict
-from prismbench.variability import sample_priced, variability
+from prismbench.variability import variability
 
 PARALLEL = {"tp": 2, "dp": 2, "sequence_parallel": True}
 
@@ -51,10 +51,7 @@ def test_one_slow_gpu_shifts_p95_by_its_extra_compute():
     factors = np.ones((2, 1, 1, 2))
     factors[1, 0, 0, 0] = slow
     model = NO_VARIABILITY.with_speed_factors(factors)
-    priced = price_job(job, workers=1, host_dispatch=None)
-    d = sample_priced(
-        priced, name="job", world_size=job.world_size, model=model, samples=8
-    ).distribution
+    d = variability(job, model=model, samples=8, workers=1, host_dispatch=None).distribution
     hand = (slow - 1) * base.per_class[0].compute_s
     assert 0.99 * hand <= d.p95_s - base.iteration_time_s <= hand
     launch_bound = variability(job, model=model, samples=8, workers=1).distribution
