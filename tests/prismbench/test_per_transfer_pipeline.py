@@ -39,7 +39,7 @@ def test_two_micro_batches_on_four_stages_pay_the_larger_bubble():
             make_job(pp=4, global_batch=m, pipeline_recv="per-transfer"),
             workers=1,
             host_dispatch=None,
-        )  # fmt: skip
+        )
         for m in (2, 8)
     )
     # 1F1B takes (m + pp - 1) micro-batch slots: 5 / 2 per micro-batch at m=2 against
