@@ -116,17 +116,35 @@ def kernel_table_for(gpu: str) -> KernelTable | None:
     return load_kernel_table(path, label=label) if path.exists() else None
 
 
-def host_framework(job) -> str:
+# Frameworks whose tensor parallelism is their own autograd functions over plain tensors
+# (Megatron-core's ColumnParallelLinear & co.), not DTensor.
+_PLAIN_TP_FRAMEWORKS = ("megatron", "nemo")
+# Frameworks that issue kernels from C/C++ with no per-op Python or dispatcher: llm.c. Their
+# host cost is not measured here, and the eager figures do not apply: none is modelled.
+_NATIVE_FRAMEWORKS = ("llm.c",)
+
+
+def host_framework(job) -> str | None:
     """Which host dispatch figures a job's rank pays: `dtensor` when tensor parallelism makes
-    its layers DTensor modules (workloads.parallelize), else plain `aten`."""
-    return "dtensor" if job.parallel.tp > 1 else "aten"
+    its layers DTensor modules (workloads.parallelize; torchtitan), `aten` for other eager
+    PyTorch ranks, None where kernels are issued from C (`[kernels] framework = "llm.c"`)."""
+    framework = job.kernels.framework
+    if framework in _NATIVE_FRAMEWORKS:
+        return None
+    if job.parallel.tp > 1 and framework not in _PLAIN_TP_FRAMEWORKS:
+        return "dtensor"
+    return "aten"
 
 
-def host_dispatch_for(job, *, skip_profiles=()) -> HostDispatch:
+def host_dispatch_for(job, *, skip_profiles=()) -> HostDispatch | None:
     """The measured host dispatch figures (results/kernels/host-dispatch.json) for `job`'s
-    framework, less the profiles named in `skip_profiles` (leave-one-out scoring)."""
+    framework, less the profiles named in `skip_profiles` (leave-one-out scoring); None where
+    no figures apply (`host_framework`)."""
+    framework = host_framework(job)
+    if framework is None:
+        return None
     data = json.loads(HOST_DISPATCH.read_text())
-    return from_figures(data, host_framework(job), skip_profiles=skip_profiles)
+    return from_figures(data, framework, skip_profiles=skip_profiles)
 
 
 def cost_context(

@@ -91,3 +91,7 @@ def test_tensor_parallel_jobs_pay_dtensor_dispatch():
     assert host_framework(job_spec_from_dict(base)) == "aten"
     assert host_framework(job_spec_from_dict(tp2)) == "dtensor"
     assert host_dispatch_for(job_spec_from_dict(tp2)).framework == "dtensor"
+    megatron = tp2 | {"kernels": {"framework": "megatron"}}
+    assert host_framework(job_spec_from_dict(megatron)) == "aten"  # its own TP, plain tensors
+    llmc = base | {"kernels": {"framework": "llm.c"}}
+    assert host_dispatch_for(job_spec_from_dict(llmc)) is None  # kernels issued from C
