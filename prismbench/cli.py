@@ -363,6 +363,7 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
         trace_ranks=ranks,
         memory_dir=Path(args.memory_out) if args.memory_out else None,
         progress=_progress,
+        host_dispatch=None if args.no_host_dispatch else "preset",
     )
     if args.json:
         _print_json(result.to_dict())
@@ -544,6 +545,11 @@ def _add_emulate(commands) -> None:
         "--memory-out",
         metavar="DIR",
         help="write per-class memory timelines (PNG) and memory_viz snapshots here",
+    )
+    emulate_cmd.add_argument(
+        "--no-host-dispatch",
+        action="store_true",
+        help="kernels run back to back: no host time per op (docs/MODELS.md, host dispatch)",
     )
     _add_capture_options(emulate_cmd)
     emulate_cmd.set_defaults(handler=_cmd_emulate)

@@ -8,12 +8,14 @@ defined in docs/METRICS.md; the stages in docs/ARCHITECTURE.md.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from emulator.costs.collectives import Topology
+from emulator.costs.host_dispatch import HostDispatch, from_figures
 from emulator.costs.kernel_table import PRICE_SOURCES, KernelTable, load_kernel_table
 from emulator.costs.pricing import CostContext, compute_prices, price_source_summary
 from emulator.graph.build import build_graph
@@ -27,6 +29,8 @@ from prismbench.explain import explain
 from prismbench.plots import memory_event_times_s, plot_memory_timeline
 
 KERNEL_TABLES = Path(__file__).resolve().parents[1] / "results" / "kernels"
+# measured host time per op (built by results/kernels/build_host_dispatch.py)
+HOST_DISPATCH = KERNEL_TABLES / "host-dispatch.json"
 # The dense peak MFU is taken against: the GEMM dtype of the job (fp8 jobs against the fp8
 # peak, as MosaicML reports its FP8 rows; torchtitan quotes bf16 peak, see METRICS.md).
 CRITICAL_PATH_SHOWN = 50
@@ -112,14 +116,56 @@ def kernel_table_for(gpu: str) -> KernelTable | None:
     return load_kernel_table(path, label=label) if path.exists() else None
 
 
-def cost_context(job, kernel_table: KernelTable | None | str = "preset") -> CostContext:
+# Frameworks whose tensor parallelism is their own autograd functions over plain tensors
+# (Megatron-core's ColumnParallelLinear & co.), not DTensor.
+_PLAIN_TP_FRAMEWORKS = ("megatron", "nemo")
+# Frameworks that issue kernels from C/C++ with no per-op Python or dispatcher: llm.c. Their
+# host cost is not measured here, and the eager figures do not apply: none is modelled.
+_NATIVE_FRAMEWORKS = ("llm.c",)
+
+
+def host_framework(job) -> str | None:
+    """Which host dispatch figures a job's rank pays: `dtensor` when tensor parallelism makes
+    its layers DTensor modules (workloads.parallelize; torchtitan), `aten` for other eager
+    PyTorch ranks, None where kernels are issued from C (`[kernels] framework = "llm.c"`)."""
+    framework = job.kernels.framework
+    if framework in _NATIVE_FRAMEWORKS:
+        return None
+    if job.parallel.tp > 1 and framework not in _PLAIN_TP_FRAMEWORKS:
+        return "dtensor"
+    return "aten"
+
+
+def host_dispatch_for(job, *, skip_profiles=()) -> HostDispatch | None:
+    """The measured host dispatch figures (results/kernels/host-dispatch.json) for `job`'s
+    framework, less the profiles named in `skip_profiles` (leave-one-out scoring); None where
+    no figures apply (`host_framework`)."""
+    framework = host_framework(job)
+    if framework is None:
+        return None
+    data = json.loads(HOST_DISPATCH.read_text())
+    return from_figures(data, framework, skip_profiles=skip_profiles)
+
+
+def cost_context(
+    job,
+    kernel_table: KernelTable | None | str = "preset",
+    host_dispatch: HostDispatch | None | str = "preset",
+) -> CostContext:
     """What `job`'s ops are priced on: its cluster, and "preset" (the GPU's committed table, if
-    any), a loaded table, or None (roofline curves only)."""
+    any), a loaded table, or None (roofline curves only); the host dispatch figures: "preset"
+    (the measured ones, `host_dispatch_for`), given ones, or None (the host binds nothing)."""
     if isinstance(kernel_table, str):
         if kernel_table != "preset":
             raise ValueError(f"kernel_table={kernel_table!r}: give 'preset', a KernelTable or None")
         kernel_table = kernel_table_for(job.cluster.gpu)
-    return CostContext(topology=topology_of(job), table=kernel_table)
+    if isinstance(host_dispatch, str):
+        if host_dispatch != "preset":
+            raise ValueError(
+                f"host_dispatch={host_dispatch!r}: give 'preset', a HostDispatch or None"
+            )
+        host_dispatch = host_dispatch_for(job)
+    return CostContext(topology=topology_of(job), table=kernel_table, host=host_dispatch)
 
 
 @dataclass(frozen=True, eq=False)
@@ -144,13 +190,14 @@ def price_job(
     workers: int | None = None,
     progress: Callable[[str], None] | None = None,
     kernel_table: KernelTable | None | str = "preset",
+    host_dispatch: HostDispatch | None | str = "preset",
 ) -> PricedJob:
     """Capture `job` (prismbench.capture, cached) and price every compute op once."""
     say = progress or (lambda _msg: None)
     say(f"capture: {job.parallel.pp} class(es) of {job.world_size:,} ranks")
     capture = capture_job(job, workers=workers, use_cache=use_cache, progress=progress)
     say(f"capture done in {capture.wall_s:.1f} s ({'cache' if capture.cached else 'captured'})")
-    cost = cost_context(job, kernel_table)
+    cost = cost_context(job, kernel_table, host_dispatch)
     prices = {p: compute_prices(trace, cost) for p, trace in capture.traces.items()}
     return PricedJob(capture, cost, prices)
 
@@ -171,6 +218,7 @@ def emulate(
     memory_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
     kernel_table: KernelTable | None | str = "preset",
+    host_dispatch: HostDispatch | None | str = "preset",
     priced: PricedJob | None = None,
 ) -> EmulationResult:
     """Emulate one iteration of `job` (a validated JobSpec).
@@ -180,13 +228,16 @@ def emulate(
     memory visualizer (pytorch.org/memory_viz) opens.
     kernel_table: "preset" (the GPU's committed table, if any), a loaded table, or None
     (roofline curves only).
-    priced: `price_job(job, ...)` already done (its kernel table is then the one used).
+    host_dispatch: "preset" (the measured host time per op, `host_dispatch_for`), given
+    figures, or None (the host binds nothing: kernels run back to back).
+    priced: `price_job(job, ...)` already done (its kernel table and host figures are then the
+    ones used).
     """
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
     if priced is None:
         priced = price_job(job, use_cache=use_cache, workers=workers, progress=progress,
-                           kernel_table=kernel_table)  # fmt: skip
+                           kernel_table=kernel_table, host_dispatch=host_dispatch)  # fmt: skip
     # priced once: the graph takes the durations, the result says how they were priced
     capture, cost, prices = priced.capture, priced.cost, priced.prices
     graph = build_graph(capture.traces, capture.world, cost, durations_s=priced.durations_s)

@@ -147,14 +147,14 @@ def case_metrics(baseline, result: dict) -> list[MetricResult]:
 def result_cache_key(job) -> str:
     """What an emulation result depends on: the job spec, every source file of the three
     packages, the libraries the capture calls, the committed kernel tables and the result
-    schema."""
+    schema; the measured host dispatch figures."""
     from prismbench.capture import library_versions, source_hash
-    from prismbench.emulate import KERNEL_TABLES, RESULT_SCHEMA_VERSION
+    from prismbench.emulate import HOST_DISPATCH, KERNEL_TABLES, RESULT_SCHEMA_VERSION
 
     digest = hashlib.sha256(json.dumps(job.to_dict(), sort_keys=True).encode())
     digest.update(source_hash(("prismbench", "emulator", "workloads")).encode())
     digest.update(library_versions().encode())
-    for path in sorted(KERNEL_TABLES.glob("*.csv")):
+    for path in [*sorted(KERNEL_TABLES.glob("*.csv")), HOST_DISPATCH]:
         digest.update(path.name.encode() + path.read_bytes())
     digest.update(str(RESULT_SCHEMA_VERSION).encode())
     return digest.hexdigest()[:24]

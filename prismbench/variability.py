@@ -76,12 +76,15 @@ def variability(
     progress: Callable[[str], None] | None = None,
     rank_sources: bool = False,
     slow_gpus: tuple[int, float] | None = None,
+    host_dispatch="preset",
 ) -> VariabilityResult:
     """Sample `job`'s step time `samples` times under `model` (named `preset` in the result).
 
     rank_sources: also run every noise source alone (same seed and samples) and rank them.
-    slow_gpus: (k, factor): also place k GPUs `factor` x slower every way they fit."""
-    priced = price_job(job, use_cache=use_cache, workers=workers, progress=progress)
+    slow_gpus: (k, factor): also place k GPUs `factor` x slower every way they fit.
+    host_dispatch: as `emulate`'s ("preset": the measured host time per op; None: none)."""
+    priced = price_job(job, use_cache=use_cache, workers=workers, progress=progress,
+                       host_dispatch=host_dispatch)  # fmt: skip
     return sample_priced(priced, name=name, world_size=job.world_size, model=model, preset=preset,
                          samples=samples, seed=seed, threshold_s=threshold_s, k_steps=k_steps,
                          progress=progress, rank_sources=rank_sources,

@@ -17,6 +17,7 @@ import numpy as np
 from emulator.capture.trace import COMPUTE, RankTrace
 from emulator.costs.collectives import Topology, collective_time_s
 from emulator.costs.compute import op_price
+from emulator.costs.host_dispatch import HostDispatch
 from emulator.costs.kernel_table import PRICE_SOURCES, KernelTable
 from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS, OpRecord
 from emulator.costs.overlap import compute_slowdown
@@ -35,11 +36,13 @@ _TORCH_DTYPES = {
 
 @dataclass(frozen=True, kw_only=True)
 class CostContext:
-    """What durations are priced on: the cluster, an optional kernel table, overlap on/off."""
+    """What durations are priced on: the cluster, an optional kernel table, overlap on/off,
+    an optional host dispatch model (`costs.host_dispatch`)."""
 
     topology: Topology
     table: KernelTable | None = None
     overlap: bool = True
+    host: HostDispatch | None = None  # host dispatch per op (None: the host binds nothing)
 
 
 def op_record(trace: RankTrace, row: int) -> OpRecord:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from emulator.capture.trace import COMM, COMPUTE, PHASES, RECORD, STREAM_WAIT, WAIT, RankTrace
+from emulator.costs.host_dispatch import dispatch_times_s
 from emulator.costs.pricing import CommPricer, CostContext, compute_durations_s, row_slowdowns
 from emulator.graph.execution_graph import (
     COLLECTIVE,
@@ -297,6 +298,7 @@ def build_graph(
     durations_s: dict[int, np.ndarray] | None = None,
     spreads_s: dict[int, np.ndarray] | None = None,
     comm_durations: bool = True,
+    dispatch_s: dict[int, np.ndarray] | None = None,
 ) -> ExecutionGraph:
     """The ExecutionGraph of the job from one trace per class (pp index).
 
@@ -304,7 +306,10 @@ def build_graph(
     durations of class p (measured kernels, or tests); `cost` may then be None, and comm is
     free unless `cost` is given. `spreads_s[p]` (optional, one entry per trace row): the
     standard deviation of each compute row's duration; a segment's `variance_s2` sums their
-    squares (emulator.variability). `comm_durations=False` makes every comm free (tests)."""
+    squares (emulator.variability). `comm_durations=False` makes every comm free (tests).
+    `dispatch_s[p]` (optional, one entry per trace row): the host seconds spent issuing each
+    row (emulator.costs.host_dispatch); without it, `cost.host` prices them, and with neither
+    the host binds nothing (`host_bounds`)."""
     if len(world.lane_axes) > 7:
         raise ValueError(
             f"world has {len(world.lane_axes)} lane axes; the graph's int8 mask holds 7"
@@ -333,7 +338,11 @@ def build_graph(
                 f"spreads_s[{p}] has shape {spreads.shape}, trace has {len(trace)} rows"
             )
         b = _Builder(trace, world, p, durs, slows, CommPricer(topology), spreads)
-        classes.append(b.build())
+        graph = b.build()
+        dispatch = _dispatch_of(trace, p, cost, dispatch_s)
+        if dispatch is not None:
+            host_bounds(trace, graph, durs, dispatch)
+        classes.append(graph)
         pp_keys.append(b.pp_keys)
     _match_p2p(classes)
     offsets, join_class, join_node = _match_pp_collectives(classes, pp_keys)
@@ -344,6 +353,43 @@ def build_graph(
         join_class=join_class,
         join_node=join_node,
     )
+
+
+def _dispatch_of(trace: RankTrace, p: int, cost, dispatch_s) -> np.ndarray | None:
+    if dispatch_s is not None and p in dispatch_s:
+        dispatch = np.asarray(dispatch_s[p], dtype=float)
+        if dispatch.shape != (len(trace),):
+            raise ValueError(
+                f"dispatch_s[{p}] has shape {dispatch.shape}, trace has {len(trace)} rows"
+            )
+        return dispatch
+    if cost is not None and cost.host is not None:
+        return dispatch_times_s(trace, cost.host)
+    return None
+
+
+def host_bounds(trace: RankTrace, graph: ClassGraph, durations_s, dispatch_s) -> None:
+    """Fill `host_s` and `host_end_s` of `graph`'s nodes from the host's dispatch of each row.
+
+    The host issues the rows in trace order, row r at H_r = the sum of dispatch_s up to r.
+    A comm node can start no earlier than its row is issued (host_s = H_r). A compute segment
+    of rows j with durations k_j runs each kernel once it is issued and its predecessor ended,
+    so it starts no earlier than H_first and ends no earlier than max_j (H_j + sum_{l >= j} k_l)
+    (the launch queue: its end is max(stream start + sum k, host_end_s), exactly)."""
+    issued = np.cumsum(dispatch_s)
+    kind, first = graph["kind"], graph["first_row"]
+    comm = (kind == COLLECTIVE) | (kind == SEND) | (kind == RECV)
+    graph["host_s"][comm] = issued[first[comm]]
+    rows, node = segment_rows(trace, graph)
+    if not len(rows):
+        return
+    k, h = np.asarray(durations_s, float)[rows], issued[rows]
+    starts = np.flatnonzero(np.r_[True, node[1:] != node[:-1]])
+    ends = np.r_[starts[1:], len(rows)]
+    after = np.r_[np.cumsum(k[::-1])[::-1], 0.0]  # after[i] = sum of k[i:]
+    tail = after[:-1] - np.repeat(after[ends], ends - starts)  # sum of k[i:] within the segment
+    graph["host_s"][node[starts]] = h[starts]
+    graph["host_end_s"][node[starts]] = np.maximum.reduceat(h + tail, starts)
 
 
 def _match_p2p(classes: list[ClassGraph]) -> None:

@@ -34,7 +34,11 @@ NODE_COLUMNS = {
     "axes": np.int8,  # collective: bit mask over the world's lane axes joined inside the class
     "join": np.int64,  # pp-spanning collective: join id; recv: matching send node; else -1
     "peer_class": np.int32,  # send/recv: the other class; -1
+    "host_s": np.float64,  # earliest start the host allows: its first row issued (0: no host model)
+    "host_end_s": np.float64,  # compute: earliest end the host allows (launch-queue bound); 0
 }
+# columns a graph saved before they existed lacks; loading fills them with 0 (no host bound)
+_ADDED_COLUMNS = ("host_s", "host_end_s")
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -69,6 +73,13 @@ class ClassGraph:
         preds = np.stack([self.nodes["prev"], self.nodes["issue"], self.nodes["dep"]], axis=1)
         keep = preds >= 0
         return np.concatenate([[0], np.cumsum(keep.sum(axis=1))]), preds[keep]
+
+
+def _column(z, p: int, k: str) -> np.ndarray:
+    key = f"c{p}_{k}"
+    if key not in z and k in _ADDED_COLUMNS:
+        return np.zeros(len(z[f"c{p}_kind"]), dtype=NODE_COLUMNS[k])
+    return z[key]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -124,7 +135,7 @@ class ExecutionGraph:
             classes = tuple(
                 ClassGraph(
                     pp=p,
-                    nodes={k: z[f"c{p}_{k}"] for k in NODE_COLUMNS},
+                    nodes={k: _column(z, p, k) for k in NODE_COLUMNS},
                     streams=tuple(str(s) for s in z[f"c{p}_streams"]),
                     strings=tuple(str(s) for s in z[f"c{p}_strings"]),
                 )

@@ -6,10 +6,12 @@ axes (the mesh without pp: (dp, cp, tp) for the job contract), or a plain float 
 factors, no per-lane overrides), which is then the time of every lane: the cost of a uniform
 replay does not depend on the world size. Rules (per node, for all lanes at once):
 
-- compute: start = its stream's clock; duration x the rank's speed factor, stretched by the
-  overlap slowdown s for the time w that a collective of the rank is still running:
-  d' = min(d*s, d + w*(1 - 1/s))  (the work done during w runs at rate 1/s);
-- collective: ready = max(own comm stream, issuing stream); start = max of the members'
+- compute: start = its stream's clock (and no earlier than the host issues its first op,
+  `host_s`); duration x the rank's speed factor, stretched by the overlap slowdown s for the
+  time w that a collective of the rank is still running: d' = min(d*s, d + w*(1 - 1/s)) (the
+  work done during w runs at rate 1/s); end = max(start + d', host_end_s + d' - d), the
+  launch-queue bound of emulator.costs.host_dispatch (graph.build.host_bounds);
+- collective: ready = max(own comm stream, issuing stream, the host issuing it); start = max of the members'
   ready along the group's lane axes (keepdims), and over the member classes for a group
   spanning pp; end = start + duration; every member's end is the same;
 - send: end = ready + transfer (NCCL's eager path: the sender does not wait for the receiver);
@@ -111,8 +113,19 @@ class _Class:
             dur[node] = value
         self.dur = dur
         self.cols = {
-            k: g[k].tolist() for k in ("kind", "stream", "slowdown", "issue_stream", "dep", "join")
+            k: g[k].tolist()
+            for k in (
+                "kind",
+                "stream",
+                "slowdown",
+                "issue_stream",
+                "dep",
+                "join",
+                "host_s",
+                "host_end_s",
+            )
         }
+        self.base = g["duration_s"].tolist()  # what host_end_s was computed with
         self.sampled = sampled  # (pp, node) -> duration, in replay_samples
         lead = 0 if sampled is None else 1  # lane values there have a samples axis first
         self.axes = [
@@ -145,12 +158,13 @@ class _Class:
             c["issue_stream"],
         )
         deps, joins, dur, factor = c["dep"], c["join"], self.dur, self.factor
+        host, host_end, base = c["host_s"], c["host_end_s"], self.base
         sampled, pp = self.sampled, self.pp
         i = self.cursor
         while i < self.n:
             k, s = kinds[i], streams[i]
             if k == SEGMENT:
-                start = clock[s]
+                start = clock[s] if host[i] <= 0.0 else vmax(clock[s], host[i])
                 if sampled is not None:
                     d = sampled(pp, i)
                 else:
@@ -159,7 +173,10 @@ class _Class:
                 if sl > 1.0:
                     w = vmax(self.busy - start, 0.0)
                     d = np.minimum(d * sl, d + w * (1.0 - 1.0 / sl))
-                end = clock[s] = start + d
+                end = start + d
+                if host_end[i] > 0.0:  # launch-bound: kernels wait for the host to issue them
+                    end = vmax(end, host_end[i] + (d - base[i]))
+                clock[s] = end
                 ready = start
             elif k == WAIT_NODE:
                 ready = start = end = clock[s] = vmax(clock[s], self._waited_end(deps[i]))
@@ -167,6 +184,8 @@ class _Class:
                 ready = (
                     clock[s] if issue_streams[i] < 0 else vmax(clock[s], clock[issue_streams[i]])
                 )
+                if host[i] > 0.0:  # not before the host has issued the call
+                    ready = vmax(ready, host[i])
                 if k == COLLECTIVE:
                     mine = reduce(ready, self.axes[i])
                     if joins[i] < 0:

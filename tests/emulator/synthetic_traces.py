@@ -26,6 +26,7 @@ class Stage:
         self.world, self.pp = world, pp
         self.rep = world.representative(pp)
         self.ops, self.comms, self.groups, self.durations = [], [], {}, {}
+        self.dispatch: dict[int, float] = {}  # seq -> host seconds issuing it (build(host=True))
         self.seq = 0
         self.mb = -1
         self.phase = "forward"
@@ -35,10 +36,20 @@ class Stage:
         return self.seq
 
     def compute(
-        self, duration_s: float, *, name="mm", stream=0, phase=None, mb=None, flops=0, tensors=()
+        self,
+        duration_s: float,
+        *,
+        name="mm",
+        stream=0,
+        phase=None,
+        mb=None,
+        flops=0,
+        tensors=(),
+        dispatch_s=0.0,
     ):
         phase = self.phase if phase is None else phase
         seq = self._next()
+        self.dispatch[seq] = dispatch_s
         self.ops.append(
             OpEvent(
                 seq,
@@ -57,12 +68,21 @@ class Stage:
         return seq
 
     def collective(
-        self, kind: str, axis, *, duration_s=0.0, nbytes=1 << 20, async_op=False, ranks=None
+        self,
+        kind: str,
+        axis,
+        *,
+        duration_s=0.0,
+        nbytes=1 << 20,
+        async_op=False,
+        ranks=None,
+        dispatch_s=0.0,
     ) -> int:
         ranks = self.world.group_of(self.rep, axis) if ranks is None else np.asarray(ranks)
         gid = "pg:" + ("+".join(axis) if not isinstance(axis, str) else axis)
         self.groups[gid] = ranks
         seq = self._next()
+        self.dispatch[seq] = dispatch_s
         self.comms.append(
             CommEvent(
                 seq=seq,
@@ -119,16 +139,26 @@ class Stage:
         return trace, np.array([self.durations.get(s, 0.0) for s in seqs])
 
 
-def build(world, stages, cost=None, *, temporal_cv=0.0):
+def build(world, stages, cost=None, *, temporal_cv=0.0, host=False):
     """ExecutionGraph from Stage programs (one per pp index) with their explicit durations.
 
     Collectives get the `duration_s` they were written with unless `cost` prices them; every
-    compute op's duration has a standard deviation of `temporal_cv` x its duration."""
-    traces, durations = {}, {}
+    compute op's duration has a standard deviation of `temporal_cv` x its duration. host=True:
+    the host issues each op in the `dispatch_s` it was written with."""
+    traces, durations, dispatch = {}, {}, {}
     for s in stages:
         traces[s.pp], durations[s.pp] = s.trace()
+        seqs = traces[s.pp]["seq"].tolist()
+        dispatch[s.pp] = np.array([s.dispatch.get(q, 0.0) for q in seqs])
     spreads = {p: temporal_cv * d for p, d in durations.items()}
-    graph = build_graph(traces, world, cost, durations_s=durations, spreads_s=spreads)
+    graph = build_graph(
+        traces,
+        world,
+        cost,
+        durations_s=durations,
+        spreads_s=spreads,
+        dispatch_s=dispatch if host else None,
+    )
     if cost is None:
         for g in graph.classes:
             comm = g["kind"] == COLLECTIVE

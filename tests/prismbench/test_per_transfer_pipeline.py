@@ -32,8 +32,16 @@ def private_cache(tmp_path, monkeypatch):
 
 @pytest.mark.integration
 def test_two_micro_batches_on_four_stages_pay_the_larger_bubble():
-    few = emulate(make_job(pp=4, global_batch=2, pipeline_recv="per-transfer"), workers=1)
-    many = emulate(make_job(pp=4, global_batch=8, pipeline_recv="per-transfer"), workers=1)
+    # the host binds nothing: with its dispatch time this debug model is launch-bound, each
+    # stage's host issues its work regardless of the others and hides the bubble
+    few, many = (
+        emulate(
+            make_job(pp=4, global_batch=m, pipeline_recv="per-transfer"),
+            workers=1,
+            host_dispatch=None,
+        )
+        for m in (2, 8)
+    )
     # 1F1B takes (m + pp - 1) micro-batch slots: 5 / 2 per micro-batch at m=2 against
     # 11 / 8 at m=8, 1.82 x; communication and the optimizer step blur it a little
     per_micro_batch = (few.iteration_time_s / 2) / (many.iteration_time_s / 8)

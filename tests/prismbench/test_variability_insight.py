@@ -33,7 +33,8 @@ def job_toml(tmp_path):
 def test_two_slow_gpus_cost_their_extra_compute_at_every_placement():
     # tp collectives every layer and the dp gradient sync: in one TP group or one per replica,
     # the slowest GPU's compute is on the critical path, (s - 1) x the class's compute, a little
-    # less where it overlaps communication (test_variability.py's single slow GPU).
+    # less where it overlaps communication (test_variability.py's single slow GPU). The host
+    # binds nothing: with its dispatch time this debug model is launch-bound (ibid.).
     job = job_spec_from_dict(
         {
             "model": {"name": "llama-debug"},
@@ -41,9 +42,9 @@ def test_two_slow_gpus_cost_their_extra_compute_at_every_placement():
             "batch": {"seq_len": 64, "global_batch": 8},
         }
     )
-    base, slow = emulate(job, workers=1), 1.3
+    base, slow = emulate(job, workers=1, host_dispatch=None), 1.3
     study = variability(
-        job, model=NO_VARIABILITY, samples=4, workers=1, slow_gpus=(2, slow)
+        job, model=NO_VARIABILITY, samples=4, workers=1, slow_gpus=(2, slow), host_dispatch=None
     ).placement
     hand = (slow - 1) * base.per_class[0].compute_s
     assert study.reference.p95_s == base.iteration_time_s

@@ -16,12 +16,17 @@ from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
 
 
 def _topo(gpu="h100-sxm-80g", link="nvlink4", net="ib-ndr-8x400"):
-    return Topology(gpu=gpu_preset(gpu), gpus_per_node=8, link=intra_node_link(link), network=inter_node_network(net))
+    return Topology(
+        gpu=gpu_preset(gpu),
+        gpus_per_node=8,
+        link=intra_node_link(link),
+        network=inter_node_network(net),
+    )
 
 
 H100, A100 = _topo(), _topo("a100-sxm-80g", "nvlink3", "ib-hdr-8x200")
-TP = np.arange(8)                 # one node
-DP = np.arange(0, 64, 8)          # one GPU in each of 8 nodes
+TP = np.arange(8)  # one node
+DP = np.arange(0, 64, 8)  # one GPU in each of 8 nodes
 SIZES = 2.0 ** np.arange(4, 34)
 
 
@@ -48,7 +53,9 @@ def test_large_all_gather_busbw_approaches_link_bandwidth_h100():
 
 
 def test_intra_node_faster_than_inter_node_same_group_size():
-    assert collective_time_s("all_reduce", 2**28, TP, H100) < collective_time_s("all_reduce", 2**28, DP, H100)
+    assert collective_time_s("all_reduce", 2**28, TP, H100) < collective_time_s(
+        "all_reduce", 2**28, DP, H100
+    )
 
 
 def test_dp_group_bound_by_one_nic():
@@ -94,3 +101,25 @@ def test_unknown_kind_is_refused():
 def test_duplicate_ranks_are_refused():
     with pytest.raises(ValueError, match="distinct"):
         collective_time_s("all_reduce", 1.0, np.array([0, 0]), H100)
+
+
+# The latency floor: a 4-byte call costs NCCL's own predicted latency (tuning.cc baseLat plus
+# hwLat per step, at commit b6475625), whichever algorithm and protocol is cheapest there.
+@pytest.mark.parametrize(
+    ("kind", "ranks", "floor_us", "algo"),
+    [
+        # ring LL in one node: baseLat 6.6 + 2 (8 - 1) steps x NVLink hwLat 0.6
+        ("all_reduce", TP, 6.6 + 14 * 0.6, ("ring", "LL")),
+        # across 2 nodes tree LL wins: 6.8 + 2 ((8 - 1) x 0.6 + log2(2) x NET hwLat 5.0)
+        ("all_reduce", np.arange(16), 6.8 + 2 * (7 * 0.6 + 5.0), ("tree", "LL")),
+        # all_gather ring LL in one node: 6.6 + (8 - 1) x 0.6
+        ("all_gather", TP, 6.6 + 7 * 0.6, ("ring", "LL")),
+    ],
+)
+def test_latency_floor_per_size_and_algorithm(kind, ranks, floor_us, algo):
+    algorithm, protocol, seconds = choose_algorithm(kind, 4, ranks, H100)
+    assert (algorithm, protocol) == algo
+    assert seconds == pytest.approx(floor_us * 1e-6, rel=1e-3)
+    assert collective_time_s(kind, 4, ranks, H100) == pytest.approx(seconds)
+    # the floor holds until the bytes matter: 4 KiB costs under 5 % more
+    assert collective_time_s(kind, 4096, ranks, H100) < 1.05 * seconds

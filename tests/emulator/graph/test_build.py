@@ -197,3 +197,28 @@ def test_collectives_are_priced_on_the_topology():
     s.collective("all_reduce", "tp", nbytes=1 << 28)
     g = build(world, [s], CostContext(topology=TOPO)).classes[0]
     assert g["duration_s"][0] > 1e-4
+
+
+def test_host_bounds_of_a_segment_and_a_collective():
+    world = World.grid(dp=2, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    for k, d in ((3.0, 1.0), (1.0, 2.0), (1.0, 4.0)):
+        s.compute(k, dispatch_s=d)
+    s.collective("all_reduce", "dp", duration_s=1.0, dispatch_s=0.5)
+    g = build(world, [s], host=True).classes[0]
+    seg, coll = g["kind"] == SEGMENT, g["kind"] == COLLECTIVE
+    # issued at 1, 3, 7: the segment ends no earlier than max(1 + 5, 3 + 2, 7 + 1) = 8
+    assert g["host_s"][seg].tolist() == [1.0]
+    assert g["host_end_s"][seg].tolist() == [8.0]
+    assert g["host_s"][coll].tolist() == [7.5]
+
+
+def test_graph_saved_without_host_columns_loads_with_zeros(tmp_path):
+    world = World.grid(dp=1, pp=2, cp=1, tp=1)
+    graph = build(world, pipeline(world, 2, 1.0, 2.0, "1f1b"))
+    graph.save(tmp_path / "g.npz")
+    with np.load(tmp_path / "g.npz") as z:
+        old = {k: z[k] for k in z.files if not k.endswith(("_host_s", "_host_end_s"))}
+    np.savez(tmp_path / "old.npz", **old)
+    loaded = ExecutionGraph.load(tmp_path / "old.npz")
+    assert not loaded.classes[0]["host_end_s"].any()

@@ -237,3 +237,64 @@ def test_to_dict_has_the_figures():
     d = replay(build(world, [_dp_program(world, 3.0, 0.5)])).to_dict()
     assert d["iteration_time_s"] == pytest.approx(3.5)
     assert {"compute_s", "exposed_comm_s", "bubble_s", "idle_s"} <= set(d["per_class"][0])
+
+
+# ---- host dispatch (emulator.costs.host_dispatch, graph.build.host_bounds) ---------------------
+
+
+def _ops(world, kernels_s, dispatch_s):
+    s = Stage(world, 0)
+    for k, d in zip(kernels_s, dispatch_s, strict=True):
+        s.compute(k, dispatch_s=d)
+    return s
+
+
+def test_gpu_bound_stream_hides_the_host():
+    # kernels of 10 us issued every 1 us: the GPU waits only for the first one
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    result = replay(build(world, [_ops(world, [10e-6] * 10, [1e-6] * 10)], host=True))
+    assert result.iteration_time_s == pytest.approx(1e-6 + 100e-6)
+
+
+def test_host_bound_stream_runs_at_the_dispatch_rate():
+    # kernels of 1 us issued every 10 us: each starts when issued, the GPU idles in between
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    result = replay(build(world, [_ops(world, [1e-6] * 10, [10e-6] * 10)], host=True))
+    assert result.iteration_time_s == pytest.approx(100e-6 + 1e-6)
+
+
+def test_long_kernel_lets_the_host_run_ahead():
+    # 100 us kernel, then ten 1 us kernels issued every 5 us: queued during the long one
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    program = _ops(world, [100e-6] + [1e-6] * 10, [1e-6] + [5e-6] * 10)
+    result = replay(build(world, [program], host=True))
+    assert result.iteration_time_s == pytest.approx(1e-6 + 100e-6 + 10e-6)
+
+
+def test_launch_queue_end_is_the_max_over_ops():
+    rng = np.random.default_rng(0)
+    kernels, dispatch = rng.uniform(0, 10e-6, 50), rng.uniform(0, 10e-6, 50)
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    result = replay(build(world, [_ops(world, kernels, dispatch)], host=True))
+    gpu = 0.0
+    for k, issued in zip(kernels, np.cumsum(dispatch), strict=True):  # kernel by kernel
+        gpu = max(gpu, issued) + k
+    assert result.iteration_time_s == pytest.approx(gpu)
+
+
+def test_without_dispatch_the_host_binds_nothing():
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    with_zero = replay(build(world, [_ops(world, [1e-6] * 10, [0.0] * 10)], host=True))
+    without = replay(build(world, [_ops(world, [1e-6] * 10, [10e-6] * 10)]))
+    assert with_zero.iteration_time_s == pytest.approx(10e-6)
+    assert without.iteration_time_s == pytest.approx(10e-6)
+
+
+def test_collective_waits_for_the_host_to_issue_it():
+    # 2 us of compute issued at 1 us, then the host spends 50 us before the collective call
+    world = World.grid(dp=8, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    s.compute(2e-6, dispatch_s=1e-6)
+    s.collective("all_reduce", "dp", duration_s=5e-6, dispatch_s=50e-6)
+    result = replay(build(world, [s], host=True))
+    assert result.iteration_time_s == pytest.approx(51e-6 + 5e-6)

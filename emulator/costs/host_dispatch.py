@@ -1,0 +1,123 @@
+"""Host dispatch: the CPU time an eager program spends issuing each op, and which ops it binds.
+
+An eager PyTorch rank has one host thread issuing GPU work in program order: every op costs
+host time (Python, the dispatcher, DTensor's sharding propagation, the allocator, the launch)
+before its kernels are queued; the GPU runs a kernel once it is queued *and* the one before it
+on its stream has ended. Where kernels are shorter than their dispatch the stream waits for the
+host (launch-bound); where they are longer the host runs ahead and its cost is hidden. The host
+never waits for the GPU in this model (no synchronising call inside an iteration: the
+iteration's `loss.item()` is its end), so its clock is a prefix sum over the trace's rows,
+independent of every GPU clock (`dispatch_times_s`); `emulator.graph.build` turns it into the
+earliest start and end of each node, and the replay takes the later of those and the stream's
+own times.
+
+Backward ops are issued by autograd's engine thread (one per device) while the main thread
+waits in `.backward()`, so one host clock still serves the whole iteration; the engine's ops
+and the ops activation checkpointing re-runs there (phase "recompute") take the `backward`
+figure, forward ops the `forward` one, the optimizer and grad clipping (foreach ops on the main
+thread) the `optimizer` one. The first op of a phase run pays that class's *entry* cost instead
+(starting the engine in `.backward()`, zero_grad before the step). A collective or p2p call pays
+the figure of its phase (the call goes through the dispatcher like any op; NCCL's own launch is
+not separated).
+
+The figures are measured (`results/kernels/host-dispatch.json`, built from torch.profiler
+records of real runs by `results/kernels/build_host_dispatch.py`); `from_figures` reads them:
+per framework (`aten`: plain tensors; `dtensor`: tensor-parallel DTensor ranks) and class,
+the median over profiles of each profile's mean host interval per launching op, divided by the
+profiler's measured inflation of host time (the profiles were taken under torch.profiler).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from emulator.capture.trace import COMM, COMPUTE, PHASES, RankTrace
+
+CLASSES = ("forward", "backward", "optimizer")
+FRAMEWORKS = ("aten", "dtensor")
+# trace phase -> dispatch class (recompute runs on autograd's engine thread, as backward does)
+_CLASS_OF_PHASE = {"forward": "forward", "backward": "backward", "recompute": "backward",
+                   "optimizer": "optimizer"}  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostDispatch:
+    """Host seconds per op of each class, and per entry into a class; where they come from."""
+
+    per_op_s: dict[str, float]
+    entry_s: dict[str, float]
+    framework: str = "aten"
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for table in ("per_op_s", "entry_s"):
+            values = getattr(self, table)
+            if set(values) != set(CLASSES):
+                raise ValueError(f"host dispatch {table}: classes {sorted(values)} != {CLASSES}")
+            for cls, v in values.items():
+                if not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                    raise ValueError(f"host dispatch {table}[{cls}]={v!r} must be a finite >= 0 s")
+        if self.framework not in FRAMEWORKS:
+            raise ValueError(f"host dispatch framework={self.framework!r}: one of {FRAMEWORKS}")
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values)) if values else 0.0
+
+
+def _stat(summary: dict, key: str) -> float | None:
+    return summary.get(key) if summary.get("count", 0) else None
+
+
+def from_figures(data: dict, framework: str, *, skip_profiles=()) -> HostDispatch:
+    """The model's figures from the measured file's content (`host-dispatch.json`): per class,
+    the median over the framework's profiles (less `skip_profiles`) of the per-op mean interval
+    and of the entry mean, each divided by the profiler inflation (the geometric mean of the
+    host-bound runs' ratios, less the skipped ones)."""
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"host dispatch framework={framework!r}: one of {FRAMEWORKS}")
+    profiles = {
+        name: p
+        for name, p in data["profiles"].items()
+        if p["framework"] == framework and name not in skip_profiles
+    }
+    if not profiles:
+        raise ValueError(
+            f"host dispatch: no {framework} profile left (skipped {list(skip_profiles)})"
+        )
+    ratios = [
+        r["ratio"] for name, r in data["profiler_inflation"].items() if name not in skip_profiles
+    ]
+    if not ratios:
+        raise ValueError("host dispatch: no profiler-inflation measurement left")
+    inflation = float(np.exp(np.mean(np.log(ratios))))
+    per_op, entry = {}, {}
+    for cls in CLASSES:
+        means = [_stat(p["per_op"][cls], "mean_us") for p in profiles.values()]
+        entries = [_stat(p["entry"][cls], "mean_us") for p in profiles.values()]
+        per_op[cls] = _median([m for m in means if m is not None]) * 1e-6 / inflation
+        entry[cls] = _median([m for m in entries if m is not None]) * 1e-6 / inflation
+    label = f"{framework}: {len(profiles)} profile(s), profiler inflation {inflation:.3f}"
+    return HostDispatch(per_op_s=per_op, entry_s=entry, framework=framework, source=label)
+
+
+def dispatch_times_s(trace: RankTrace, host: HostDispatch) -> np.ndarray:
+    """Host seconds spent issuing each trace row (compute and comm rows; 0 elsewhere): its
+    class's per-op figure, or the class's entry figure for the first row of a phase run."""
+    c = trace.columns
+    issued = np.flatnonzero((c["kind"] == COMPUTE) | (c["kind"] == COMM))
+    out = np.zeros(len(trace))
+    if not len(issued):
+        return out
+    names = [_CLASS_OF_PHASE.get(PHASES[p], "forward") if p >= 0 else "forward"
+             for p in c["phase"][issued].tolist()]  # fmt: skip
+    per_op = np.array([host.per_op_s[n] for n in names])
+    entry = np.array([host.entry_s[n] for n in names])
+    starts = np.ones(len(names), bool)
+    starts[1:] = np.array(names[1:]) != np.array(names[:-1])
+    starts[0] = False  # the iteration's first op pays the per-op figure
+    out[issued] = np.where(starts, entry, per_op)
+    return out
