@@ -119,7 +119,7 @@ def cost_context(job, kernel_table: KernelTable | None | str = "preset") -> Cost
         if kernel_table != "preset":
             raise ValueError(f"kernel_table={kernel_table!r}: give 'preset', a KernelTable or None")
         kernel_table = kernel_table_for(job.cluster.gpu)
-    return CostContext(topology=topology_of(job), table=kernel_table)
+    return CostContext(topology=topology_of(job), table=kernel_table, async_tp=job.kernels.async_tp)
 
 
 @dataclass(frozen=True, eq=False)

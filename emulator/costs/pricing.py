@@ -35,11 +35,14 @@ _TORCH_DTYPES = {
 
 @dataclass(frozen=True, kw_only=True)
 class CostContext:
-    """What durations are priced on: the cluster, an optional kernel table, overlap on/off."""
+    """What durations are priced on: the cluster, an optional kernel table, overlap on/off,
+    and whether tensor parallelism runs asynchronously (`costs.overlap.async_tp_exposed_s`,
+    applied by the graph builder to TP collectives next to their GEMMs)."""
 
     topology: Topology
     table: KernelTable | None = None
     overlap: bool = True
+    async_tp: bool = False
 
 
 def op_record(trace: RankTrace, row: int) -> OpRecord:

@@ -35,7 +35,16 @@ class Stage:
         return self.seq
 
     def compute(
-        self, duration_s: float, *, name="mm", stream=0, phase=None, mb=None, flops=0, tensors=()
+        self,
+        duration_s: float,
+        *,
+        name="mm",
+        stream=0,
+        phase=None,
+        mb=None,
+        flops=0,
+        tensors=(),
+        module="",
     ):
         phase = self.phase if phase is None else phase
         seq = self._next()
@@ -46,7 +55,7 @@ class Stage:
                 name,
                 f"aten.{name}",
                 stream,
-                "",
+                module,
                 PHASES.index(phase),
                 self.mb if mb is None else mb,
                 flops=flops,
