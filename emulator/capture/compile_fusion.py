@@ -26,8 +26,9 @@ Rule, applied to the recorded events of one rank (`fuse_compiled_chains`):
    pointwise ops that read its result need the finished value, so Inductor cannot fuse them
    into it (a reduction takes consumers only over its output's ranges).
 4. A chain of two or more rows is one kernel (`FUSED_ATEN`, priced as an "elementwise" op by
-   the bytes it moves): it reads each storage view the chain reads before writing it, once,
-   and writes each storage view the chain writes that outlives the chain. A storage written
+   the bytes it moves): it reads each storage the chain reads before writing it, once (the
+   bytes of its views, at most the storage's size: `_moved_bytes`), and writes each storage
+   the chain writes that outlives the chain, likewise. A storage written
    by the chain and freed before the next row that is not an allocation or free is an
    intermediate: its allocation and free rows are dropped (not materialised). FLOPs add up.
 The fused row takes the chain's last row's place (its seq, module, phase), after every
@@ -172,31 +173,52 @@ def _intermediates(events: Sequence[OpEvent], chain: list[int]) -> tuple[set[int
     return inner, {allocated[u] for u in inner} | {freed[u] for u in inner}
 
 
-def fused_event(events: Sequence[OpEvent], chain: list[int], inner: set[int]) -> OpEvent:
-    """The one kernel of a chain (rule 4), given its intermediate storage ids."""
-    reads: dict[tuple, tuple] = {}
-    writes: dict[tuple, tuple] = {}
+def _moved_bytes(views: list[int], size: int | None) -> int:
+    """Bytes a kernel moves for one storage it reads (or writes) through `views` (bytes of
+    each access): each byte once, i.e. all the views' bytes up to the storage's size (two
+    chunks of one tensor are the whole tensor, a tensor read twice is read once); without the
+    size (a storage allocated before the trace), the largest view."""
+    return max(views) if size is None else min(sum(views), size)
+
+
+def fused_event(
+    events: Sequence[OpEvent], chain: list[int], inner: set[int], sizes: dict[int, int]
+) -> OpEvent:
+    """The one kernel of a chain (rule 4), given its intermediate storage ids and the sizes of
+    the storages the trace allocates."""
+    reads: dict[int, list] = {}  # storage id (or a negative key when unknown) -> accesses
+    writes: dict[int, list] = {}
     produced: set[int] = set()
+    unknown = -1
     for i in chain:
         e = events[i]
-        for n, (u, tensor) in enumerate(zip(e.flows, e.tensors, strict=True)):
-            key = (u, tensor[0], tensor[1]) if u >= 0 else (u, i, n)
+        pairs = list(zip(e.flows, e.tensors, strict=True))
+        for u, tensor in pairs:
             if not tensor[2] and u not in produced:
-                reads.setdefault(key, tensor)
-        for u, tensor in zip(e.flows, e.tensors, strict=True):
+                if u < 0:
+                    u, unknown = unknown, unknown - 1
+                reads.setdefault(u, []).append(tensor)
+        for u, tensor in pairs:
             if tensor[2] and u >= 0:
                 produced.add(u)
                 if u not in inner:
-                    writes[(u, tensor[0], tensor[1])] = tensor
+                    writes.setdefault(u, []).append(tensor)
+
+    def moved(accesses: dict[int, list]) -> int:
+        return sum(
+            _moved_bytes([_nbytes(t) for t in ts], sizes.get(u)) for u, ts in accesses.items()
+        )
+
     last = events[chain[-1]]
+    largest = lambda ts: max(ts, key=_nbytes)  # noqa: E731  one tensor per storage, for dtype
     return last._replace(
         name=FUSED_NAME,
         aten=FUSED_ATEN,
         flops=sum(events[i].flops for i in chain),
-        read_bytes=sum(_nbytes(t) for t in reads.values()),
-        write_bytes=sum(_nbytes(t) for t in writes.values()),
-        tensors=(*reads.values(), *writes.values()),
-        flows=(*(k[0] for k in reads), *(k[0] for k in writes)),
+        read_bytes=moved(reads),
+        write_bytes=moved(writes),
+        tensors=(*map(largest, reads.values()), *map(largest, writes.values())),
+        flows=(*(max(u, -1) for u in reads), *writes),
         workspace_bytes=0,
         causal=False,
     )
@@ -208,11 +230,12 @@ def fuse_compiled_chains(
     """`events` with every chain (rules 1-3) replaced by its fused kernel and its
     intermediates' allocation and free rows dropped (rule 4)."""
     events = list(events)
+    sizes = {e.storage: e.size_bytes for e in events if e.kind == ALLOC}
     replace: dict[int, OpEvent] = {}
     drop: set[int] = set()
     for chain in chains(events, boundary_seqs, region_of):
         inner, storage_rows = _intermediates(events, chain)
-        replace[chain[-1]] = fused_event(events, chain, inner)
+        replace[chain[-1]] = fused_event(events, chain, inner, sizes)
         drop.update(chain[:-1])
         drop.update(storage_rows)
     return [replace.get(i, e) for i, e in enumerate(events) if i not in drop]

@@ -134,8 +134,7 @@ def async_tp_pairs(
     matches, read from the trace in program order, in compiled code only (an Inductor pass:
     GEMMs whose module `region_of` places in a compiled block, torchtitan's `layers.<i>`; its
     output layer runs eager): an all-gather's consumers are the GEMM rows after it, up to the
-    next comm row, of its phase and micro-batch, whose first operand holds as many elements as
-    the gathered buffer; a reduce-scatter's producer is the compute
+    next comm row, whose first operand holds as many elements as the gathered buffer; a reduce-scatter's producer is the compute
     row just before it if that is a GEMM whose output holds as many elements as the scattered
     buffer (an add in between, as when autograd sums the gradients of q, k and v, leaves the
     pair unfused). A weight-gradient GEMM that reads a gathered gradient transposed has the
@@ -165,8 +164,6 @@ def async_tp_pairs(
                 if kinds[r] == COMPUTE
                 and names[r] in gemm_ids
                 and modules[r] in compiled
-                and c["phase"][r] == c["phase"][row]
-                and c["micro_batch"][r] == c["micro_batch"][row]
                 and _gemm_numels(trace, r)[0] == numel
             ]
         else:

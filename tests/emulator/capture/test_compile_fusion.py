@@ -4,6 +4,7 @@ allocated; checked on hand-written rows, on a recorded block, on a captured job,
 Inductor's own kernel count (on CPU as a proxy, on CUDA from a profile)."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -211,11 +212,12 @@ def _inputs(device="cpu", dtype=torch.float32, b=2, s=32, dim=64, heads=4):
 def _recorded_forward():
     with FakeTensorMode():
         net = Net()
-        x, cos, sin = _inputs()
         rec = OpRecorder()
         rec.record_flows = True
         with torch.no_grad(), rec:
-            net(x, cos, sin)
+            inputs = _inputs()  # recorded, so that their storages have sizes
+            rec.mark("inputs made")
+            net(*inputs)
     return rec.events
 
 
@@ -237,9 +239,10 @@ def test_a_recorded_block_keeps_its_gemms_and_attention_and_fuses_the_rest():
     extern = [(e.name, e.tensors) for e in _compute(eager) if e.name not in FUSIBLE]
     assert extern == [(e.name, e.tensors) for e in _compute(fused) if e.name not in FUSIBLE]
     assert len(extern) == 8  # 7 GEMMs and attention
-    # norm | rope of q and k | the attention output's copy | residual + norm | silu * up |
-    # residual: six kernels where eager torch runs dozens
-    assert len(_memory_kernels(fused)) == 6 < len(_memory_kernels(eager)) // 3
+    block = lambda events: [e for e in _memory_kernels(events) if REGION(e.module)]  # noqa: E731
+    # norm | rope of q and k | residual + norm | silu * up | residual: five kernels where eager
+    # torch runs 30 (the attention output's transpose and reshape are views on CPU and CUDA)
+    assert (len(block(fused)), len(block(eager))) == (5, 30)
     moved = sum(e.read_bytes + e.write_bytes for e in _memory_kernels(fused))
     assert moved < sum(e.read_bytes + e.write_bytes for e in _memory_kernels(eager)) / 2
     assert len([e for e in fused if e.kind == ALLOC]) < len([e for e in eager if e.kind == ALLOC])
@@ -275,27 +278,28 @@ def test_a_compiled_job_captures_the_same_gemms_fewer_kernels_and_no_more_memory
 
 
 def _rule_count() -> int:
-    return len(_memory_kernels(fuse_compiled_chains(_recorded_forward(), (), REGION)))
+    """The rule's memory-bound kernels of the block's forward."""
+    fused = fuse_compiled_chains(_recorded_forward(), (), REGION)
+    return len([e for e in _memory_kernels(fused) if REGION(e.module)])
 
 
 @pytest.mark.slow
-def test_inductor_on_cpu_generates_about_as_many_kernels_as_the_rule_counts():
-    """A proxy: Inductor's C++ backend fuses by the same scheduler with other heuristics."""
-    from torch._inductor import metrics
+def test_inductor_on_cpu_generates_as_many_kernels_as_the_rule_counts():
+    """A proxy: Inductor's C++ backend fuses by the same scheduler with other heuristics. For
+    this block it writes five C++ kernels (norm; rope of q and k; residual + norm; silu * up;
+    residual) around the extern GEMMs and attention, the rule's five."""
+    from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
-    metrics.reset()
-    net = Net()
     with torch.no_grad():
-        torch.compile(net)(*_inputs())
-    generated = metrics.generated_kernel_count
-    assert generated > 0
-    assert abs(generated - _rule_count()) <= max(2, generated // 2)
+        _, code = run_and_get_code(torch.compile(Net()), *_inputs())
+    kernels = set(re.findall(r"^(cpp_fused_\w+) = async_compile", "\n".join(code), re.M))
+    assert len(kernels) == _rule_count() == 5, sorted(kernels)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_compiled_block_on_cuda_runs_about_as_many_fused_kernels_as_the_rule_counts():
+def test_a_compiled_block_on_cuda_runs_as_many_fused_kernels_as_the_rule_counts_give_or_take_2():
     """Inductor's Triton kernels in a CUDA profile of the compiled block's forward, against the
     rule's memory-bound kernels of the same block captured on CPU."""
     from torch.profiler import ProfilerActivity, profile
@@ -313,4 +317,4 @@ def test_a_compiled_block_on_cuda_runs_about_as_many_fused_kernels_as_the_rule_c
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     triton = [k for k in kernels if k.startswith("triton_")]
     assert triton, kernels
-    assert abs(len(triton) - _rule_count()) <= max(2, len(triton) // 2), kernels
+    assert abs(len(triton) - _rule_count()) <= 2, kernels
