@@ -133,13 +133,17 @@ def async_tp_pairs(
     What torch's micro-pipeline TP pass (torch/_inductor/fx_passes/micro_pipeline_tp.py)
     matches, read from the trace in program order, in compiled code only (an Inductor pass:
     GEMMs whose module `region_of` places in a compiled block, torchtitan's `layers.<i>`; its
-    output layer runs eager): an all-gather's consumers are the GEMM rows after it, up to the
-    next comm row, whose first operand holds as many elements as the gathered buffer; a reduce-scatter's producer is the compute
-    row just before it if that is a GEMM whose output holds as many elements as the scattered
-    buffer (an add in between, as when autograd sums the gradients of q, k and v, leaves the
-    pair unfused). A weight-gradient GEMM that reads a gathered gradient transposed has the
-    same count and is taken as a consumer, which torch's pass does not fuse: the overlap is
-    then overestimated."""
+    output layer runs eager). An all-gather's consumers are the GEMM rows after it, up to the
+    next collective other than a one-element all-reduce (torchao's amax synchronisation of an
+    fp8 cast), whose first operand holds as many elements as the gathered buffer (the
+    gathered tensor itself, or its reassembly by `cat` when the gather dim is not 0, or its fp8
+    cast). A reduce-scatter's producer is the compute row just before it, or before the `cat`
+    that lays out a scatter along a dim > 0 (torch's pass matches `cat(split(mm))` too), if it
+    is a GEMM whose output holds as many elements as the scattered buffer; an add in between,
+    as when autograd sums the gradients of q, k and v, leaves the pair unfused. A
+    weight-gradient GEMM that reads a gathered gradient transposed has the same count and is
+    taken as a consumer, which torch's pass does not fuse: the overlap is then
+    overestimated."""
     c = trace.columns
     kinds, names = c["kind"], c["name"]
     gemm_ids = {trace.strings.index(n) for n in GEMM_OPS if n in trace.strings}
@@ -148,6 +152,12 @@ def async_tp_pairs(
     tp = _tp_groups(trace, world)
     modules = c["module"]
     compiled = {m for m in np.unique(modules).tolist() if region_of(trace.strings[m])}
+    ar = trace.strings.index("all_reduce") if "all_reduce" in trace.strings else -1
+    cat = trace.strings.index("aten.cat") if "aten.cat" in trace.strings else -1
+
+    def _amax_sync(r: int) -> bool:  # torchao's one-element amax all-reduce of an fp8 cast
+        return names[r] == ar and c["numel"][r] <= 1
+
     comm_rows = np.flatnonzero(kinds == COMM)
     compute_rows = np.flatnonzero(kinds == COMPUTE)
     sync_rows = np.flatnonzero((kinds == COMM) | (kinds == WAIT))
@@ -157,7 +167,8 @@ def async_tp_pairs(
             continue
         numel = int(c["numel"][row])
         if names[row] == ag:
-            end = int(comm_rows[k + 1]) if k + 1 < len(comm_rows) else len(kinds)
+            later = [r for r in comm_rows[k + 1 :].tolist() if not _amax_sync(r)]
+            end = later[0] if later else len(kinds)
             rows = [
                 r
                 for r in range(row + 1, end)
@@ -168,6 +179,8 @@ def async_tp_pairs(
             ]
         else:
             j = int(np.searchsorted(compute_rows, row)) - 1
+            if j > 0 and c["aten"][compute_rows[j]] == cat:
+                j -= 1  # the cat that lays out a scatter along a dim > 0
             last = int(compute_rows[j]) if j >= 0 else -1
             synced = np.searchsorted(sync_rows, last, "right") < np.searchsorted(sync_rows, row)
             rows = (

@@ -233,6 +233,24 @@ def test_async_tp_pairs_an_all_gather_with_its_gemms_and_a_gemm_with_its_reduce_
     assert pairs[row[rs]] == [pairs[row[ag]][-1] + 2]  # w2, after the mul
 
 
+def test_async_tp_pairs_across_fp8_amax_syncs_and_a_scatter_layout_cat():
+    """torchao's fp8 casts all-reduce a one-element amax between the all-gather and its GEMMs;
+    a scatter along the sequence dim lays the GEMM's output out with a cat first."""
+    world = World.grid(dp=1, pp=1, cp=1, tp=4)
+    s = Stage(world, 0)
+    block = "Llama.layers.0.attention"
+    x, w = ((4096, 4096), "bfloat16", False), ((4096, 1024), "bfloat16", False)
+    ag = s.collective("all_gather", "tp", nbytes=2 * 4096 * 4096, async_op=True)
+    s.wait(ag)
+    s.collective("all_reduce", "tp", nbytes=2)  # amax of the gathered input's fp8 cast
+    wq = s.compute(1e-3, name="mm", tensors=(x, w), module=f"{block}.wq")
+    s.compute(1e-5, name="cat", tensors=(), module=block)
+    rs = s.collective("reduce_scatter", "tp", nbytes=2 * 4096 * 1024, async_op=True)
+    trace, _ = s.trace()
+    row = {int(q): i for i, q in enumerate(trace["seq"].tolist())}
+    assert async_tp_pairs(trace, world) == {row[ag]: [row[wq]], row[rs]: [row[wq]]}
+
+
 def test_async_tp_pairs_only_gemms_of_compiled_blocks():
     world = World.grid(dp=1, pp=1, cp=1, tp=4)
     s, _, _ = _sequence_parallel_layer(world, module="Llama.output")  # torchtitan: eager
