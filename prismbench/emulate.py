@@ -165,7 +165,12 @@ def cost_context(
                 f"host_dispatch={host_dispatch!r}: give 'preset', a HostDispatch or None"
             )
         host_dispatch = host_dispatch_for(job)
-    return CostContext(topology=topology_of(job), table=kernel_table, host=host_dispatch)
+    return CostContext(
+        topology=topology_of(job),
+        table=kernel_table,
+        host=host_dispatch,
+        async_tp=job.kernels.async_tp,
+    )
 
 
 @dataclass(frozen=True, eq=False)

@@ -17,9 +17,11 @@ before it, so the memory replay can create it where a real first iteration does.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
+from emulator.capture.compile_fusion import block_region
 from emulator.capture.rank import RankProgram
 from prismbench.workload_ops import register_workload_ops
 
@@ -106,6 +108,9 @@ def rank_program(job) -> RankProgram:
         micro_batch_steps=lambda built: built[0],  # TrainingState.forward / .backward
         record_build=job.world_size == 1,
         recording_rules=_recording_rules(job),
+        # torchtitan compiles each TransformerBlock (`apply_compile`); the workloads' blocks
+        # are `layers.<i>` as torchtitan's are
+        compiled_region=block_region("layers") if job.kernels.compile else None,
     )
 
 
@@ -114,5 +119,5 @@ def _recording_rules(job):
     if job.train.precision == "fp8" and job.kernels.fp8_casts == "fused":
         from emulator.capture.fp8_casts import fused_fp8_casts
 
-        return fused_fp8_casts
+        return functools.partial(fused_fp8_casts, compiled=job.kernels.compile)
     return lambda recorder: contextlib.nullcontext()

@@ -119,6 +119,21 @@ class TrainingJob:
         stage_layer_counts(self.model.layers, p.pp * p.vpp)
         self._check_batch()
         check_schedule(p.schedule, p.pp, p.vpp, self.num_microbatches, self.kernels.pipeline_recv)
+        self._check_async_tp()
+
+    def _check_async_tp(self) -> None:
+        """Async TP overlaps sequence parallelism's all-gathers and reduce-scatters with the
+        GEMMs next to them (workloads.kernels): without them there is nothing to overlap."""
+        if not self.kernels.async_tp:
+            return
+        p = self.parallel
+        if p.tp == 1:
+            raise SpecError("kernels.async_tp=true needs parallel.tp > 1 (tp=1)")
+        if not p.sequence_parallel:
+            raise SpecError(
+                "kernels.async_tp=true needs parallel.sequence_parallel=true: it overlaps "
+                "sequence parallelism's all-gathers and reduce-scatters with their GEMMs"
+            )
 
     def _check_batch(self) -> None:
         p, b = self.parallel, self.batch

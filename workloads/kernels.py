@@ -52,6 +52,23 @@ Fields:
   "per-transfer": Megatron's 1F1B (`workloads.megatron_schedule`), a buffer allocated by
   each receive and freed once consumed; it runs schedule "1f1b" only, and any number of
   micro-batches (fewer than pp included).
+- `compile`: true when the job runs its transformer blocks under `torch.compile` (torchtitan's
+  `[compile] enable`, which wraps each TransformerBlock: `apply_compile` in
+  torchtitan/models/llama3/infra/parallelize.py). The real CPU run stays eager; the capture
+  records what Inductor runs on a GPU instead, by a documented rule
+  (`emulator.capture.compile_fusion`): each maximal chain of memory-bound ops between
+  compute-bound ones inside one block is one kernel. It implies `fp8_casts = "fused"`
+  (torchtitan docs/float8.md: compile is what fuses torchao's scaling and casting kernels);
+  asking for `compile = true` with `fp8_casts = "unfused"` is refused.
+- `async_tp`: true when tensor parallelism runs asynchronously (torchtitan's
+  `parallelism.enable_async_tensor_parallel`): Inductor's micro-pipeline TP pass
+  (torch/_inductor/fx_passes/micro_pipeline_tp.py) replaces each sequence-parallel all-gather
+  feeding a GEMM by `fused_all_gather_matmul` and each GEMM feeding a reduce-scatter by
+  `fused_matmul_reduce_scatter` (torch/distributed/_symmetric_memory), which overlap the
+  transfer with the GEMM chunk by chunk (the overlap rule: `emulator.costs.overlap`). It needs
+  `compile = true`, tp > 1 and sequence parallelism, as torchtitan requires (it refuses async TP
+  without compile; its TP plan is sequence-parallel). It needs CUDA symmetric memory, so the
+  overlap is a model only: the CPU run and the capture are the plain TP program.
 """
 
 from __future__ import annotations
@@ -124,13 +141,21 @@ FP8_RECIPE_BY_FRAMEWORK: dict[str, str] = _same_for_all("tensorwise")
 # kernels; torchtitan's float8 needs `--training.compile` "to fuse the float8 scaling/casting
 # kernels" (torchtitan docs/float8.md). prism-86a4f47 ran eager torchao-style casts; llm.c:
 # as for the recipe, the default.
+# torchtitan without compile runs torchao's eager casts ("unfused"); `compile = true` makes it
+# "fused" (KernelsSpec).
 FP8_CASTS_BY_FRAMEWORK: dict[str, str] = {
     **_same_for_all("unfused"),
     "megatron": "fused",
     "nemo": "fused",
     "llm-foundry": "fused",
-    "torchtitan": "fused",
 }
+# torchtitan's JobConfig: `compile.enable = False` and `parallelism.enable_async_tensor_parallel
+# = False` by default (torchtitan/config/job_config.py). Megatron, NeMo and llm-foundry train
+# eager (TE's and Apex's fused kernels are what `fp8_casts`, `norm` and `loss` say); llm.c is
+# CUDA C. Megatron/NeMo's own TP overlap (`--tp-comm-overlap`, TE userbuffers) is not this
+# field: it is not modelled.
+COMPILE_BY_FRAMEWORK: dict[str, bool] = _same_for_all(False)
+ASYNC_TP_BY_FRAMEWORK: dict[str, bool] = _same_for_all(False)
 # Megatron-core allocates each receive in p2p_communication.py (`_communicate`: torch.empty
 # per recv_prev/recv_next), and NeMo trains through its schedules, so "per-transfer" is what
 # they run. Their presets still say "per-microbatch" because our per-transfer executor
@@ -161,12 +186,15 @@ class KernelsSpec:
     fp8_recipe: str | None = None
     fp8_casts: str | None = None
     pipeline_recv: str | None = None
+    compile: bool | None = None
+    async_tp: bool | None = None
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
             raise SpecError(
                 f"kernels.framework={self.framework!r} must be one of {list(FRAMEWORKS)}"
             )
+        self._resolve_compile()
         for name, (allowed, by_framework) in CHOICES.items():
             value = getattr(self, name)
             if value is None:
@@ -178,6 +206,31 @@ class KernelsSpec:
         value = self.vocab_multiple
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise SpecError(f"kernels.vocab_multiple={value!r} must be a positive integer")
+
+    def _resolve_compile(self) -> None:
+        """compile and async_tp: booleans, the framework's when not given; compile implies
+        fused fp8 casts, async_tp needs compile (module docstring)."""
+        for name, by_framework in (
+            ("compile", COMPILE_BY_FRAMEWORK),
+            ("async_tp", ASYNC_TP_BY_FRAMEWORK),
+        ):
+            value = getattr(self, name)
+            if value is None:
+                object.__setattr__(self, name, by_framework[self.framework])
+            elif not isinstance(value, bool):
+                raise SpecError(f"kernels.{name}={value!r} must be a boolean (true or false)")
+        if self.compile and self.fp8_casts == "unfused":
+            raise SpecError(
+                "kernels.fp8_casts='unfused' contradicts kernels.compile=true: torch.compile "
+                "fuses torchao's float8 scaling and casting kernels (torchtitan docs/float8.md)"
+            )
+        if self.compile and self.fp8_casts is None:
+            object.__setattr__(self, "fp8_casts", "fused")
+        if self.async_tp and not self.compile:
+            raise SpecError(
+                "kernels.async_tp=true needs kernels.compile=true: async tensor parallelism is "
+                "an Inductor pass (torchtitan refuses it without compile)"
+            )
 
     def overrides(self) -> dict[str, Any]:
         """The fields that differ from the framework's own choices."""

@@ -147,5 +147,6 @@ class ReuseSink:
                     storage=storage,
                     phase=e.phase if dispatched else self._recorder.state.last_phase,
                     tag=tag,
+                    flows=tuple(uids.get(u, u) for u in e.flows),
                 )
             )

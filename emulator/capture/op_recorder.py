@@ -96,6 +96,9 @@ class OpRecorder(TorchDispatchMode):
         self._resize_patch = None
         self._dtensor = self.declarations.dtensor
         self.streams: StreamTracker | None = None  # the tracker `stream_tracker` made
+        # give every compute row the storage ids of its tensors (OpEvent.flows): off by
+        # default, the hot path pays for it only where a capture rule needs it
+        self.record_flows = False
 
     # ---- caller-facing context ------------------------------------------------------------
 
@@ -338,8 +341,18 @@ class OpRecorder(TorchDispatchMode):
                 tensors=tuple(shapes),
                 workspace_bytes=info.workspace_fn(args, kwargs) if info.workspace_fn else 0,
                 causal=causal,
+                flows=self._flows(ins, outs) if self.record_flows else (),
             )
         )
+
+    def _flows(self, ins, outs) -> tuple[int, ...]:
+        """Storage id of each input, then each output (as `tensors` lists them); -1 unknown."""
+        live = self.storages.live
+        flows = []
+        for t in (*ins, *outs):
+            known = live.get(id(t.untyped_storage()))
+            flows.append(-1 if known is None else known.uid)
+        return tuple(flows)
 
     def _current_phase(self) -> int:
         phase, changed = self.state.resolve(torch_compat.in_backward(), len(self.events))

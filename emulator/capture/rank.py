@@ -35,6 +35,9 @@ torch-level patches active only during capture:
   forward of a root module starts the next micro-batch. Optimizer steps (torch's global
   optimizer hooks) run in the "optimizer" phase.
 
+A compiled program (`RankProgram.compiled_region`) has its recorded kernels fused as Inductor
+fuses them, once the step is recorded (emulator.capture.compile_fusion).
+
 Repeated micro-batches are recorded once and copied: a pipeline stage's chunks
 (emulator.capture.chunk_reuse) and, without pipelining, the program's gradient-accumulation
 micro-batches (`RankProgram.micro_batch_steps`, emulator.capture.micro_batch_reuse).
@@ -59,6 +62,7 @@ from torch.optim.optimizer import (
 from emulator import torch_compat
 from emulator.capture import streams
 from emulator.capture.chunk_reuse import reused_chunks
+from emulator.capture.compile_fusion import fuse_compiled_chains
 from emulator.capture.fused_ops import gpu_fused_ops
 from emulator.capture.micro_batch_reuse import reused_micro_batches
 from emulator.capture.op_recorder import OpRecorder
@@ -86,6 +90,10 @@ class RankProgram:
     recording_rules: Callable[[OpRecorder], contextlib.AbstractContextManager] = lambda recorder: (
         contextlib.nullcontext()
     )
+    # the program runs compiled modules (torch.compile): module path -> the compiled module it
+    # runs in, "" outside them; the recorded step's kernels are then fused as Inductor fuses
+    # them (emulator.capture.compile_fusion). None: an eager program
+    compiled_region: Callable[[str], str] | None = None
 
 
 @contextlib.contextmanager
@@ -273,6 +281,7 @@ def capture_rank(
             comm.events.clear()  # only the recorded iteration's communication counts
             for category, tensors in declared.items():
                 recorder.tag(tensors, category)
+            recorder.record_flows = program.compiled_region is not None
             with (
                 recorder,
                 dtensor_shape_propagation_unrecorded(recorder),
@@ -291,6 +300,10 @@ def capture_rank(
                 program.recording_rules(recorder),
             ):
                 program.step(state, recorder.phase)
+            if program.compiled_region is not None:
+                recorder.events[:] = fuse_compiled_chains(
+                    recorder.events, (e.seq for e in comm.events), program.compiled_region
+                )
         return recorder.trace(comm.events, comm.groups)
     finally:
         destroy_virtual_world()

@@ -121,6 +121,10 @@ class OpEvent(NamedTuple):
     workspace_bytes: int = 0
     causal: bool = False
     tag: int = 0  # record / stream_wait: the event id
+    # compute rows, when the recorder is asked for them (`OpRecorder.record_flows`): the
+    # storage id of each of `tensors`, -1 where unknown; capture rules read them
+    # (emulator.capture.compile_fusion), the RankTrace does not keep them
+    flows: tuple = ()
 
 
 class _Strings:
@@ -378,7 +382,7 @@ def _fill_op_rows(cols, op_events, op_pos, intern, categories, n) -> tuple[np.nd
             cols[key][op_pos] = [
                 intern(categories.get(s, c)) for s, c in zip(fields["storage"], values, strict=True)
             ]
-        elif key != "tensors":
+        elif key not in ("tensors", "flows"):
             cols[key][op_pos] = values
     tensor_counts[op_pos] = [len(ts) for ts in fields["tensors"]]
     for ts in fields["tensors"]:

@@ -8,6 +8,18 @@ overlaps a collective therefore runs on fewer SMs and shares HBM bandwidth:
 - memory-bound:  slowdown = 1 + comm_GBps * 2 / (hbm_GBps * hbm_efficiency)  (each byte moved
   is read from and written to HBM once by the NCCL kernel)
 The model has no fitted constant; it ignores L2 and power interaction (docs/MODELS.md).
+
+Async tensor parallelism (`async_tp_exposed_s`): torch's micro-pipelined TP ops
+(torch/distributed/_symmetric_memory/__init__.py: `fused_all_gather_matmul` runs
+`_pipelined_all_gather_and_consume`, `fused_matmul_reduce_scatter` runs
+`_pipelined_produce_and_all2all`) split the collective into tp chunks, one per rank of the
+group, over CUDA symmetric memory: the all-gather's GEMM starts on the local shard while the
+next shard is copied in, and each chunk's transfer overlaps the previous chunk's GEMM (the
+reduce-scatter the same way round: each chunk's partial product is sent while the next one is
+computed). Rule: the fused op takes max(comm, gemm) + min(comm, gemm) / tp, the longer of the
+two plus one chunk of the shorter (the pipeline's fill or drain); the comm time left exposed
+beside the GEMM is that minus the GEMM's time. The copies run on copy engines or a few SMs,
+so the GEMM's own slowdown beside them is the one above, unchanged.
 """
 
 from __future__ import annotations
@@ -15,7 +27,9 @@ from __future__ import annotations
 from emulator.hardware import GpuPreset
 
 
-def compute_slowdown(gpu: GpuPreset, *, comm_channels: int, comm_GBps: float, memory_bound: bool) -> float:
+def compute_slowdown(
+    gpu: GpuPreset, *, comm_channels: int, comm_GBps: float, memory_bound: bool
+) -> float:
     """Factor (>= 1) by which a kernel overlapping a collective is slowed."""
     if not 0 <= comm_channels < gpu.sm_count:
         raise ValueError(f"comm_channels={comm_channels} must be in [0, sm_count={gpu.sm_count})")
@@ -24,3 +38,13 @@ def compute_slowdown(gpu: GpuPreset, *, comm_channels: int, comm_GBps: float, me
     if memory_bound:
         return 1.0 + 2.0 * comm_GBps / (gpu.hbm_bandwidth_GBps * gpu.hbm_efficiency)
     return gpu.sm_count / (gpu.sm_count - comm_channels)
+
+
+def async_tp_exposed_s(comm_s: float, gemm_s: float, tp: int) -> float:
+    """Time the fused collective + GEMM of async TP takes beyond the GEMM (module docstring):
+    max(comm, gemm) + min(comm, gemm) / tp - gemm, never negative."""
+    if tp < 2:
+        raise ValueError(f"tp={tp}: async TP pipelines over a group of 2 ranks at least")
+    if comm_s < 0 or gemm_s < 0:
+        raise ValueError(f"comm_s={comm_s} and gemm_s={gemm_s} must be >= 0")
+    return max(comm_s, gemm_s) + min(comm_s, gemm_s) / tp - gemm_s

@@ -37,12 +37,15 @@ _TORCH_DTYPES = {
 @dataclass(frozen=True, kw_only=True)
 class CostContext:
     """What durations are priced on: the cluster, an optional kernel table, overlap on/off,
-    an optional host dispatch model (`costs.host_dispatch`)."""
+    an optional host dispatch model (`costs.host_dispatch`), and whether tensor parallelism
+    runs asynchronously (`costs.overlap.async_tp_exposed_s`, applied by the graph builder to TP
+    collectives next to their GEMMs)."""
 
     topology: Topology
     table: KernelTable | None = None
     overlap: bool = True
     host: HostDispatch | None = None  # host dispatch per op (None: the host binds nothing)
+    async_tp: bool = False
 
 
 def op_record(trace: RankTrace, row: int) -> OpRecord:

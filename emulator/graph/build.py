@@ -28,6 +28,13 @@ pp, tied embeddings between the first and last stage) joins the matching node of
 class: the k-th collective with the same (kind, in-class axes, pp indices) in each of them.
 The optimizer step is ordinary compute (phase "optimizer").
 
+Async tensor parallelism (`CostContext.async_tp`, `async_tp_pairs`): a tp-group all-gather
+and the GEMMs that consume it, and a GEMM and the tp-group reduce-scatter of its output, run
+as torch's micro-pipelined fused ops; the collective's node keeps only the time the overlap
+rule (`costs.overlap.async_tp_exposed_s`) leaves beyond the GEMMs, so that the compute stream,
+which waits for the all-gather and then runs its GEMMs (or runs the GEMM and then waits for the
+reduce-scatter), spends the fused op's time.
+
 Durations are not this module's business: it asks emulator.costs.pricing for every compute
 row's duration and overlap slowdown (or takes durations given per trace row, e.g. measured)
 and for each collective's duration over the representative's group ranks; replay applies a
@@ -36,11 +43,22 @@ segment's slowdown to the part of it that overlaps running comm.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+from emulator.capture.compile_fusion import block_region
 from emulator.capture.trace import COMM, COMPUTE, PHASES, RECORD, STREAM_WAIT, WAIT, RankTrace
 from emulator.costs.host_dispatch import dispatch_times_s
-from emulator.costs.pricing import CommPricer, CostContext, compute_durations_s, row_slowdowns
+from emulator.costs.ops import GEMM_OPS
+from emulator.costs.overlap import async_tp_exposed_s
+from emulator.costs.pricing import (
+    CommPricer,
+    CostContext,
+    compute_durations_s,
+    op_record,
+    row_slowdowns,
+)
 from emulator.graph.execution_graph import (
     COLLECTIVE,
     NODE_COLUMNS,
@@ -81,6 +99,105 @@ def _group_label(world: World, axes: tuple[str, ...], pps: tuple[int, ...]) -> s
     return "+".join(named) if named else "self"
 
 
+# ---- async tensor parallelism ------------------------------------------------------------------
+
+_AG, _RS = "all_gather", "reduce_scatter"
+
+
+def _tp_groups(trace: RankTrace, world: World) -> set[int]:
+    """String ids of the trace's groups that are exactly one tp group."""
+    found = set()
+    for gid, ranks in trace.groups().items():
+        try:
+            axes, pps = axes_of_group(world, ranks)
+        except ValueError:
+            continue
+        if axes == ("tp",) and len(pps) == 1:
+            found.add(trace.strings.index(gid))
+    return found
+
+
+def _gemm_numels(trace: RankTrace, row: int) -> tuple[int, int]:
+    """(elements of a GEMM row's first operand, of its output)."""
+    op = op_record(trace, row)
+    return op.m * op.k * op.batch, op.m * op.n * op.batch
+
+
+_COMPILED_BLOCK = block_region("layers")  # torchtitan compiles each of `model.layers`
+
+
+def async_tp_pairs(
+    trace: RankTrace, world: World, region_of: Callable[[str], str] = _COMPILED_BLOCK
+) -> dict[int, list[int]]:
+    """Trace row of each tp-group collective that async TP fuses -> the GEMM rows it overlaps.
+
+    What torch's micro-pipeline TP pass (torch/_inductor/fx_passes/micro_pipeline_tp.py)
+    matches, read from the trace in program order, in compiled code only (an Inductor pass:
+    GEMMs whose module `region_of` places in a compiled block, torchtitan's `layers.<i>`; its
+    output layer runs eager). An all-gather's consumers are the GEMM rows after it, up to the
+    next collective other than a one-element all-reduce (torchao's amax synchronisation of an
+    fp8 cast), whose first operand holds as many elements as the gathered buffer (the
+    gathered tensor itself, or its reassembly by `cat` when the gather dim is not 0, or its fp8
+    cast). A reduce-scatter's producer is the compute row just before it, or before the `cat`
+    that lays out a scatter along a dim > 0 (torch's pass matches `cat(split(mm))` too), if it
+    is a GEMM whose output holds as many elements as the scattered buffer; an add in between,
+    as when autograd sums the gradients of q, k and v, leaves the pair unfused. A
+    weight-gradient GEMM that reads a gathered gradient transposed has the same count and is
+    taken as a consumer, which torch's pass does not fuse: the overlap is then
+    overestimated."""
+    c = trace.columns
+    kinds, names = c["kind"], c["name"]
+    gemm_ids = {trace.strings.index(n) for n in GEMM_OPS if n in trace.strings}
+    ag = trace.strings.index(_AG) if _AG in trace.strings else -1
+    rs = trace.strings.index(_RS) if _RS in trace.strings else -1
+    tp = _tp_groups(trace, world)
+    modules = c["module"]
+    compiled = {m for m in np.unique(modules).tolist() if region_of(trace.strings[m])}
+    ar = trace.strings.index("all_reduce") if "all_reduce" in trace.strings else -1
+    cat = trace.strings.index("aten.cat") if "aten.cat" in trace.strings else -1
+
+    def _amax_sync(r: int) -> bool:  # torchao's one-element amax all-reduce of an fp8 cast
+        return names[r] == ar and c["numel"][r] <= 1
+
+    comm_rows = np.flatnonzero(kinds == COMM)
+    compute_rows = np.flatnonzero(kinds == COMPUTE)
+    sync_rows = np.flatnonzero((kinds == COMM) | (kinds == WAIT))
+    pairs: dict[int, list[int]] = {}
+    for k, row in enumerate(comm_rows.tolist()):
+        if c["group"][row] not in tp or names[row] not in (ag, rs):
+            continue
+        numel = int(c["numel"][row])
+        if names[row] == ag:
+            later = [r for r in comm_rows[k + 1 :].tolist() if not _amax_sync(r)]
+            end = later[0] if later else len(kinds)
+            rows = [
+                r
+                for r in range(row + 1, end)
+                if kinds[r] == COMPUTE
+                and names[r] in gemm_ids
+                and modules[r] in compiled
+                and _gemm_numels(trace, r)[0] == numel
+            ]
+        else:
+            j = int(np.searchsorted(compute_rows, row)) - 1
+            if j > 0 and c["aten"][compute_rows[j]] == cat:
+                j -= 1  # the cat that lays out a scatter along a dim > 0
+            last = int(compute_rows[j]) if j >= 0 else -1
+            synced = np.searchsorted(sync_rows, last, "right") < np.searchsorted(sync_rows, row)
+            rows = (
+                [last]
+                if last >= 0
+                and names[last] in gemm_ids
+                and modules[last] in compiled
+                and not synced
+                and _gemm_numels(trace, last)[1] == numel
+                else []
+            )
+        if rows:
+            pairs[row] = rows
+    return pairs
+
+
 # ---- building --------------------------------------------------------------------------------
 
 
@@ -105,6 +222,8 @@ class _Builder:
         self.pp_keys: list[tuple] = []  # per collective node spanning pp: its match key
         self.groups = trace.groups()
         self.group_info: dict[str, tuple] = {}
+        # async TP: collective row -> summed duration of the GEMMs it overlaps
+        self.async_tp: dict[int, float] = {}
 
     def intern(self, s: str) -> int:
         return self.strings.setdefault(s, len(self.strings))
@@ -255,6 +374,8 @@ class _Builder:
         s = self.stream(("group", gid), f"comm {gid} ({label})")
         mask = sum(1 << self.world.lane_axes.index(a) for a in axes)
         duration = self.comm.duration_s(kind, nbytes, ranks)
+        if row in self.async_tp:
+            duration = async_tp_exposed_s(duration, self.async_tp[row], len(ranks))
         n = self.add(
             kind=COLLECTIVE,
             stream=s,
@@ -338,6 +459,9 @@ def build_graph(
                 f"spreads_s[{p}] has shape {spreads.shape}, trace has {len(trace)} rows"
             )
         b = _Builder(trace, world, p, durs, slows, CommPricer(topology), spreads)
+        if cost is not None and cost.async_tp:
+            pairs = async_tp_pairs(trace, world)
+            b.async_tp = {row: float(durs[gemms].sum()) for row, gemms in pairs.items()}
         graph = b.build()
         dispatch = _dispatch_of(trace, p, cost, dispatch_s)
         if dispatch is not None:

@@ -186,10 +186,13 @@ NETWORK_ASSUMPTIONS = {
     "opa-4x100": "inter_node: 4 Omni-Path links per node read as 4 x 100 Gb/s (Omni-Path's rate)",
 }
 
-# Settings in the notes that the spec cannot say (pattern -> reason).
-UNSAYABLE = {
-    r"\bcompile\b": "torch.compile (the spec has no compile field)",
-    r"\bAsyncTP\b": "AsyncTP (the spec has no async tensor-parallel field)",
+# Settings in the notes that the spec cannot say (pattern -> reason): none at present.
+UNSAYABLE: dict[str, str] = {}
+# Settings in the notes that the spec says (pattern -> `[kernels]` field set true): torchtitan's
+# tables name torch.compile and AsyncTP per run ("FSDP + torch.compile", "2D + AsyncTP").
+NOTED_KERNELS = {
+    r"\bcompile\b": "compile",
+    r"\bAsyncTP\b": "async_tp",
 }
 REQUIRED = ("layers", "hidden", "heads", "seq_len", "tp", "pp", "dp", "zero_stage", "micro_batch",
             "global_batch", "precision", "recompute", "gpu")  # fmt: skip
@@ -327,7 +330,9 @@ def job_tables(row: dict, rule: SourceRule, assumptions: list[str]) -> dict:
                   "global_batch": int(row["global_batch"])},
         "train": {"precision": precision, "recompute": RECOMPUTE[row["recompute"]],
                   "optimizer": "adamw"},
-        "kernels": {"framework": rule.framework},
+        "kernels": {"framework": rule.framework,
+                    **{field: True for pattern, field in NOTED_KERNELS.items()
+                       if re.search(pattern, row["notes"])}},
         "cluster": cluster,
     }  # fmt: skip
 

@@ -46,6 +46,7 @@ class Stage:
         flops=0,
         tensors=(),
         dispatch_s=0.0,
+        module="",
     ):
         phase = self.phase if phase is None else phase
         seq = self._next()
@@ -57,7 +58,7 @@ class Stage:
                 name,
                 f"aten.{name}",
                 stream,
-                "",
+                module,
                 PHASES.index(phase),
                 self.mb if mb is None else mb,
                 flops=flops,

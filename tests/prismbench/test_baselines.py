@@ -180,11 +180,22 @@ def test_invalid_job_names_the_job_field(tmp_path):
         load_baseline(path)
 
 
+def test_torchtitan_rows_say_torch_compile_and_async_tp_as_their_notes_do():
+    made = {b.provenance.csv_row: b for b in load_baselines(BASELINES)}
+    eager, compiled, async_tp = made[33].job.kernels, made[34].job.kernels, made[44].job.kernels
+    assert (eager.compile, eager.async_tp) == (False, False)  # "Table 1: FSDP"
+    assert (compiled.compile, compiled.async_tp) == (True, False)  # "FSDP + torch.compile"
+    assert compiled.fp8_casts == "fused"  # "+ Float8": compiled, torchao's casts fuse
+    assert (async_tp.compile, async_tp.async_tp) == (True, True)  # "2D + AsyncTP ..."
+    assert made[44].job.parallel.sequence_parallel
+
+
 def test_rows_the_spec_cannot_say_are_refused_with_reasons():
     made, refused = _generator().convert_all(BASELINES / "published_baselines.csv")
     reasons = {line: [key for key, _ in why] for line, _, why in refused}
-    assert reasons[34] == ["torch.compile"]
-    assert "AsyncTP" in reasons[44]
+    # torchtitan's 405B rows: their compile and AsyncTP are sayable, their batch split is not
+    assert reasons[45] == ["micro_batch not stated"]
+    assert reasons[47] == ["micro_batch not stated", "global_batch not stated"]
     assert reasons[163] == [
         "spec: parallel.schedule='1f1b' needs micro-batches per iteration(N) >= pp(N) with "
         "kernels.pipeline_recv='per-microbatch' (torch's Schedule1F1B)"

@@ -81,6 +81,23 @@ def test_unknown_key_exits_2_naming_it(tmp_path, capsys):
     _assert_one_line_error(capsys, "tensor_parallel")
 
 
+@pytest.mark.parametrize(
+    "kernels, needles",
+    [
+        ('compile = "yes"', ("kernels.compile", "boolean")),
+        ("compile = false\nasync_tp = true", ("kernels.async_tp", "kernels.compile")),
+    ],
+)
+def test_bad_compile_fields_exit_2_naming_the_field(tmp_path, capsys, kernels, needles):
+    path = _write(
+        tmp_path,
+        '[model]\nname = "llama-debug"\n[parallel]\ntp = 2\n[batch]\nseq_len = 64\n'
+        f"global_batch = 8\n[kernels]\n{kernels}\n",
+    )
+    assert main(["explain", path]) == 2
+    _assert_one_line_error(capsys, *needles)
+
+
 def test_missing_file_exits_2(tmp_path, capsys):
     missing = str(tmp_path / "nope.toml")
     assert main(["explain", missing]) == 2

@@ -21,6 +21,7 @@ from prismbench.capture import world_of
 from prismbench.emulate import emulate
 from prismbench.program import rank_program
 from tests.prismbench.capture_cases import debug_job, first_difference, normalised
+from workloads.kernels import KernelsSpec
 
 # (parallel, train, model, micro-batches, micro-batches stood in for): the first runs (it
 # allocates what the others accumulate into), the second is the template; the last runs too
@@ -146,3 +147,12 @@ def test_reuse_leaves_the_emulated_time_and_memory_unchanged(tmp_path, monkeypat
     assert reused.peak_memory_allocated_bytes == full.peak_memory_allocated_bytes
     assert reused.peak_memory_reserved_bytes == full.peak_memory_reserved_bytes
     assert reused.per_class == full.per_class
+
+
+@pytest.mark.integration
+def test_a_compiled_job_fuses_reused_micro_batches_as_it_fuses_run_ones(stand_ins):
+    """Fusion needs each row's storage ids: copies of a template carry them, remapped."""
+    job = _job({"dp": 2, "tp": 2, "zero": 1}, {}, "llama-debug", 4)
+    job = dataclasses.replace(job, kernels=KernelsSpec(compile=True))
+    _same_traces(job)
+    assert stand_ins["n"] == 1

@@ -81,3 +81,41 @@ def test_the_model_is_built_with_the_padded_vocabulary_and_explain_counts_it():
     assert rows == (50304 - 50257) * 768
     tp2 = _job({"framework": "megatron"}, {"tp": 2})
     assert tp2.built_model.vocab == 50432  # 128 * 2 * 197
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"compile": "yes"}, "kernels.compile='yes' must be a boolean"),
+        ({"async_tp": 1}, "kernels.async_tp=1 must be a boolean"),
+        ({"async_tp": True}, "kernels.async_tp=true needs kernels.compile=true"),
+        ({"compile": True, "fp8_casts": "unfused"}, "kernels.fp8_casts='unfused' contradicts"),
+    ],
+)
+def test_bad_compile_settings_name_the_field_and_rule(kwargs, message):
+    with pytest.raises(SpecError, match=message):
+        KernelsSpec(**kwargs)
+
+
+def test_torchtitan_defaults_to_eager_without_async_tp_and_compile_fuses_fp8_casts():
+    eager = KernelsSpec(framework="torchtitan")
+    assert (eager.compile, eager.async_tp, eager.fp8_casts) == (False, False, "unfused")
+    compiled = KernelsSpec(framework="torchtitan", compile=True)
+    assert compiled.fp8_casts == "fused"
+    assert compiled.overrides() == {"compile": True, "fp8_casts": "fused"}
+    assert KernelsSpec(framework="megatron").fp8_casts == "fused"  # Transformer Engine
+
+
+@pytest.mark.parametrize(
+    "parallel, message",
+    [
+        ({}, r"kernels.async_tp=true needs parallel.tp > 1 \(tp=1\)"),
+        ({"tp": 2, "sequence_parallel": False}, "needs parallel.sequence_parallel=true"),
+    ],
+)
+def test_async_tp_needs_sequence_parallel_tensor_parallelism(parallel, message):
+    kernels = {"compile": True, "async_tp": True}
+    with pytest.raises(SpecError, match=message):
+        _job(kernels, parallel)
+    job = _job(kernels, {"tp": 2})
+    assert job.kernels.async_tp and job.to_dict()["kernels"]["async_tp"] is True

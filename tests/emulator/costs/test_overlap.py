@@ -2,7 +2,7 @@
 
 import pytest
 
-from emulator.costs.overlap import compute_slowdown
+from emulator.costs.overlap import async_tp_exposed_s, compute_slowdown
 from emulator.hardware import gpu_preset
 
 H100 = gpu_preset("h100-sxm-80g")
@@ -14,7 +14,9 @@ def test_no_comm_no_slowdown():
 
 
 def test_compute_bound_loses_the_channels_sms():
-    assert compute_slowdown(H100, comm_channels=32, comm_GBps=0.0, memory_bound=False) == pytest.approx(132 / 100)
+    assert compute_slowdown(
+        H100, comm_channels=32, comm_GBps=0.0, memory_bound=False
+    ) == pytest.approx(132 / 100)
 
 
 def test_memory_bound_slowdown_grows_with_comm_traffic():
@@ -26,3 +28,24 @@ def test_memory_bound_slowdown_grows_with_comm_traffic():
 def test_channels_beyond_sms_refused():
     with pytest.raises(ValueError, match="comm_channels=200"):
         compute_slowdown(H100, comm_channels=200, comm_GBps=0.0, memory_bound=False)
+
+
+@pytest.mark.parametrize(
+    "comm_s, gemm_s, tp, exposed_s",
+    [
+        (4.0, 2.0, 2, 4.0 + 2.0 / 2 - 2.0),  # comm-bound: the comm plus one GEMM chunk
+        (1.0, 4.0, 4, 1.0 / 4),  # GEMM-bound: one comm chunk left exposed
+        (2.0, 2.0, 8, 2.0 / 8),
+        (0.0, 3.0, 2, 0.0),
+    ],
+)
+def test_async_tp_exposes_the_longer_plus_one_chunk_of_the_shorter_beyond_the_gemm(
+    comm_s, gemm_s, tp, exposed_s
+):
+    assert async_tp_exposed_s(comm_s, gemm_s, tp) == pytest.approx(exposed_s)
+    assert async_tp_exposed_s(comm_s, gemm_s, tp) <= comm_s  # never worse than no overlap
+
+
+def test_async_tp_needs_a_group_of_two():
+    with pytest.raises(ValueError, match="tp=1"):
+        async_tp_exposed_s(1.0, 1.0, 1)

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from emulator.costs.collectives import Topology
+from emulator.costs.overlap import async_tp_exposed_s
 from emulator.costs.pricing import CostContext
-from emulator.graph.build import axes_of_group, segment_rows
+from emulator.graph.build import async_tp_pairs, axes_of_group, segment_rows
 from emulator.graph.execution_graph import (
     COLLECTIVE,
     RECV,
@@ -222,3 +223,75 @@ def test_graph_saved_without_host_columns_loads_with_zeros(tmp_path):
     np.savez(tmp_path / "old.npz", **old)
     loaded = ExecutionGraph.load(tmp_path / "old.npz")
     assert not loaded.classes[0]["host_end_s"].any()
+
+
+def _sequence_parallel_layer(
+    world, tokens=4096, hidden=4096, ffn_shard=3584, module="Llama.layers.0.feed_forward"
+):
+    """One SP layer's forward as DTensor records it: all-gather -> 2 GEMMs reading the gathered
+    input (and one that does not), an elementwise op, a GEMM -> reduce-scatter; in a compiled
+    block (`layers.<i>`) unless `module` says otherwise."""
+    s = Stage(world, 0)
+    x = ((tokens, hidden), "bfloat16", False)
+    ag = s.collective("all_gather", "tp", nbytes=2 * tokens * hidden, async_op=True)
+    s.wait(ag)
+    w = ((hidden, ffn_shard), "bfloat16", False)
+    for name in ("w1", "w3"):  # column parallel
+        s.compute(1e-3, name="mm", tensors=(x, w), module=f"{module}.{name}")
+    s.compute(1e-4, name="mul", tensors=(), module=module)  # silu * up: not a GEMM
+    a, w2 = ((tokens, ffn_shard), "bfloat16", False), ((ffn_shard, hidden), "bfloat16", False)
+    s.compute(1e-3, name="mm", tensors=(a, w2), module=f"{module}.w2")
+    rs = s.collective("reduce_scatter", "tp", nbytes=2 * tokens * hidden, async_op=True)
+    s.wait(rs)
+    return s, ag, rs
+
+
+def test_async_tp_pairs_an_all_gather_with_its_gemms_and_a_gemm_with_its_reduce_scatter():
+    world = World.grid(dp=1, pp=1, cp=1, tp=4)
+    s, ag, rs = _sequence_parallel_layer(world)
+    trace, _ = s.trace()
+    pairs = async_tp_pairs(trace, world)
+    row = {int(q): i for i, q in enumerate(trace["seq"].tolist())}
+    names = trace.text("name")
+    assert sorted(pairs) == [row[ag], row[rs]]
+    assert [names[r] for r in pairs[row[ag]]] == ["mm", "mm"]  # w1, w3: not w2
+    assert pairs[row[rs]] == [pairs[row[ag]][-1] + 2]  # w2, after the mul
+
+
+def test_async_tp_pairs_across_fp8_amax_syncs_and_a_scatter_layout_cat():
+    """torchao's fp8 casts all-reduce a one-element amax between the all-gather and its GEMMs;
+    a scatter along the sequence dim lays the GEMM's output out with a cat first."""
+    world = World.grid(dp=1, pp=1, cp=1, tp=4)
+    s = Stage(world, 0)
+    block = "Llama.layers.0.attention"
+    x, w = ((4096, 4096), "bfloat16", False), ((4096, 1024), "bfloat16", False)
+    ag = s.collective("all_gather", "tp", nbytes=2 * 4096 * 4096, async_op=True)
+    s.wait(ag)
+    s.collective("all_reduce", "tp", nbytes=2)  # amax of the gathered input's fp8 cast
+    wq = s.compute(1e-3, name="mm", tensors=(x, w), module=f"{block}.wq")
+    s.compute(1e-5, name="cat", tensors=(), module=block)
+    rs = s.collective("reduce_scatter", "tp", nbytes=2 * 4096 * 1024, async_op=True)
+    trace, _ = s.trace()
+    row = {int(q): i for i, q in enumerate(trace["seq"].tolist())}
+    assert async_tp_pairs(trace, world) == {row[ag]: [row[wq]], row[rs]: [row[wq]]}
+
+
+def test_async_tp_pairs_only_gemms_of_compiled_blocks():
+    world = World.grid(dp=1, pp=1, cp=1, tp=4)
+    s, _, _ = _sequence_parallel_layer(world, module="Llama.output")  # torchtitan: eager
+    assert async_tp_pairs(s.trace()[0], world) == {}
+
+
+def test_async_tp_leaves_a_tp_collective_only_the_time_beyond_its_gemms():
+    world = World.grid(dp=1, pp=1, cp=1, tp=4)
+    s, ag, rs = _sequence_parallel_layer(world)
+    plain = build(world, [s], CostContext(topology=TOPO)).classes[0]
+    fused = build(world, [s], CostContext(topology=TOPO, async_tp=True)).classes[0]
+    comm = np.flatnonzero(plain["kind"] == COLLECTIVE)
+    assert len(comm) == 2
+    for node, gemm_s in zip(comm, (2e-3, 1e-3), strict=True):
+        expected = async_tp_exposed_s(plain["duration_s"][node], gemm_s, 4)
+        assert fused["duration_s"][node] == pytest.approx(expected)
+        assert fused["duration_s"][node] < plain["duration_s"][node]
+    others = plain["kind"] != COLLECTIVE
+    np.testing.assert_array_equal(plain["duration_s"][others], fused["duration_s"][others])

@@ -1,0 +1,320 @@
+"""torch.compile's fusion rule (emulator.capture.compile_fusion): chains of memory-bound rows
+become one kernel moving the chain's external bytes, and their intermediates are not
+allocated; checked on hand-written rows, on a recorded block, on a captured job, and against
+Inductor's own kernel count (on CPU as a proxy, on CUDA from a profile)."""
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from emulator.capture.compile_fusion import (
+    FUSED_ATEN,
+    FUSIBLE,
+    block_region,
+    fuse_compiled_chains,
+)
+from emulator.capture.op_recorder import OpRecorder
+from emulator.capture.trace import ALLOC, COMPUTE, FREE, OpEvent
+from tests.prismbench.capture_cases import capture, debug_job
+from workloads.kernels import KernelsSpec
+
+BLOCK = "Net.layers.0"
+REGION = block_region("layers")
+N, D = 8, 16  # rows and columns of the hand-written tensors (float32: 512 bytes each)
+T = ((N, D), "float32")
+
+
+class _Rows:
+    """Hand-written recorder rows: compute rows with storage ids, allocations, frees."""
+
+    def __init__(self):
+        self.events, self.seq = [], 0
+
+    def _next(self):
+        self.seq += 1
+        return self.seq
+
+    def op(self, name, reads, writes, module=BLOCK, out_shape=(N, D), in_shapes=None):
+        in_shapes = in_shapes or [(N, D)] * len(reads)
+        tensors = tuple((shape, "float32", False) for shape in in_shapes) + tuple(
+            (out_shape, "float32", True) for _ in writes
+        )
+        self.events.append(
+            OpEvent(
+                self._next(), COMPUTE, name, f"aten.{name}", 0, module, 0, 0,
+                read_bytes=4 * N * D * len(reads), write_bytes=4 * N * D * len(writes),
+                tensors=tensors, flows=(*reads, *writes),
+            )
+        )  # fmt: skip
+        return self.seq
+
+    def alloc(self, uid, size=4 * N * D):
+        self.events.append(
+            OpEvent(self._next(), ALLOC, "", "", 0, BLOCK, 0, 0, size_bytes=size, storage=uid)
+        )
+
+    def free(self, uid, size=4 * N * D):
+        self.events.append(
+            OpEvent(self._next(), FREE, "", "", 0, BLOCK, 0, 0, size_bytes=size, storage=uid)
+        )
+
+    def chain(self, start_uid, module=BLOCK):
+        """mm -> mul -> add -> relu -> mm, the temporaries freed as eager Python frees them."""
+        x, w, y, t1, t2, z, o = range(start_uid, start_uid + 7)
+        self.alloc(y)
+        self.op("mm", (x, w), (y,), module)
+        self.alloc(t1)
+        self.op("mul", (y,), (t1,), module)
+        self.alloc(t2)
+        self.op("add", (t1,), (t2,), module)
+        self.free(t1)
+        self.alloc(z)
+        self.op("relu", (t2,), (z,), module)
+        self.free(t2)
+        self.alloc(o)
+        self.op("mm", (z, w), (o,), module)
+
+
+def _compute(events):
+    return [e for e in events if e.kind == COMPUTE]
+
+
+def test_a_pointwise_chain_between_gemms_is_one_kernel_reading_and_writing_its_ends():
+    rows = _Rows()
+    rows.chain(0)
+    events = _elementwise(rows.events)
+    fused = fuse_compiled_chains(events, (), REGION)
+    kernels = _compute(fused)
+    assert [e.name for e in kernels] == ["mm", "elementwise", "mm"]
+    one = kernels[1]
+    assert one.aten == FUSED_ATEN and one.seq == _compute(events)[3].seq  # relu's place
+    assert (one.read_bytes, one.write_bytes) == (4 * N * D, 4 * N * D)  # y in, z out
+    eager = sum(e.read_bytes + e.write_bytes for e in _compute(events)[1:4])
+    assert eager == 6 * 4 * N * D
+    allocated = [e.storage for e in fused if e.kind == ALLOC]
+    assert allocated == [2, 5, 6]  # y, z, o: the temporaries t1, t2 are never allocated
+    assert not [e for e in fused if e.kind == FREE]
+
+
+def _elementwise(rows):
+    return [
+        e._replace(name="elementwise") if e.kind == COMPUTE and e.name != "mm" else e for e in rows
+    ]
+
+
+def test_a_collective_between_two_rows_ends_the_chain():
+    rows = _Rows()
+    rows.chain(0)
+    events = _elementwise(rows.events)
+    add = _compute(events)[2]
+    kernels = _compute(fuse_compiled_chains(events, [add.seq - 1], REGION))
+    # mul alone, then add+relu fused
+    assert [e.aten for e in kernels] == ["aten.mm", "aten.mul", FUSED_ATEN, "aten.mm"]
+
+
+def test_rows_outside_compiled_blocks_do_not_fuse():
+    rows = _Rows()
+    rows.chain(0, module="Net.output")
+    events = _elementwise(rows.events)
+    assert fuse_compiled_chains(events, (), REGION) == events
+
+
+def test_a_reduction_to_one_element_ends_the_chain():
+    rows = _Rows()
+    rows.alloc(1)
+    rows.op("abs", (0,), (1,))
+    rows.alloc(2, 4)
+    rows.op("amax", (1,), (2,), out_shape=())  # a tensorwise fp8 amax
+    rows.free(1)
+    rows.op("mul", (0, 2), (3,), in_shapes=[(N, D), ()])
+    rows.op("clamp", (3,), (4,))
+    events = [
+        e._replace(name="reduction" if e.name == "amax" else "elementwise")
+        if e.kind == COMPUTE
+        else e
+        for e in rows.events
+    ]
+    kernels = _compute(fuse_compiled_chains(events, (), REGION))
+    assert [e.aten for e in kernels] == [FUSED_ATEN, FUSED_ATEN]
+    # the first reads the operand and writes the scalar; the second reads both
+    assert (kernels[0].read_bytes, kernels[0].write_bytes) == (4 * N * D, 4)
+    assert kernels[1].read_bytes == 4 * N * D + 4
+
+
+def test_a_gemm_that_does_not_read_the_chain_does_not_end_it():
+    rows = _Rows()  # silu(x @ w1) * (x @ w3) @ w2
+    rows.op("mm", (0, 1), (2,))
+    rows.alloc(3)
+    rows.op("silu", (2,), (3,))
+    rows.op("mm", (0, 4), (5,))
+    rows.op("mul", (3, 5), (6,))
+    rows.free(3)
+    rows.op("mm", (6, 7), (8,))
+    kernels = _compute(fuse_compiled_chains(_elementwise(rows.events), (), REGION))
+    assert [e.aten for e in kernels] == ["aten.mm", "aten.mm", FUSED_ATEN, "aten.mm"]
+    assert kernels[2].read_bytes == 2 * 4 * N * D and kernels[2].write_bytes == 4 * N * D
+
+
+# ---- a recorded block ----------------------------------------------------------------------
+
+
+def _rope(x, cos, sin):
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)
+
+
+class Block(nn.Module):
+    """A Llama block as torchtitan writes it: plain torch ops, RMSNorm, RoPE, SDPA, SwiGLU."""
+
+    def __init__(self, dim=64, heads=4, ffn=128):
+        super().__init__()
+        self.heads = heads
+        self.attention_norm, self.ffn_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.w1, self.w3 = nn.Linear(dim, ffn, bias=False), nn.Linear(dim, ffn, bias=False)
+        self.w2 = nn.Linear(ffn, dim, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, d = x.shape
+        h = self.attention_norm(x)
+        q, k, v = (
+            w(h).view(b, s, self.heads, d // self.heads) for w in (self.wq, self.wk, self.wv)
+        )
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        o = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True)
+        x = x + self.wo(o.transpose(1, 2).reshape(b, s, d))
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Block()])
+
+    def forward(self, x, cos, sin):
+        return self.layers[0](x, cos, sin)
+
+
+def _inputs(device="cpu", dtype=torch.float32, b=2, s=32, dim=64, heads=4):
+    half = dim // heads // 2
+    angles = torch.arange(s, device=device)[:, None] * torch.ones(half, device=device)[None]
+    cos, sin = (f(angles)[None, :, None, :].to(dtype) for f in (torch.cos, torch.sin))
+    return torch.randn(b, s, dim, device=device, dtype=dtype), cos, sin
+
+
+def _recorded_forward():
+    with FakeTensorMode():
+        net = Net()
+        rec = OpRecorder()
+        rec.record_flows = True
+        with torch.no_grad(), rec:
+            inputs = _inputs()  # recorded, so that their storages have sizes
+            rec.mark("inputs made")
+            net(*inputs)
+    return rec.events
+
+
+def _memory_kernels(events):
+    return [e for e in _compute(events) if e.name in FUSIBLE]
+
+
+def _live_peak(events):
+    live = peak = 0
+    for e in events:
+        live += e.size_bytes if e.kind == ALLOC else -e.size_bytes if e.kind == FREE else 0
+        peak = max(peak, live)
+    return peak
+
+
+def test_a_recorded_block_keeps_its_gemms_and_attention_and_fuses_the_rest():
+    eager = _recorded_forward()
+    fused = fuse_compiled_chains(eager, (), REGION)
+    extern = [(e.name, e.tensors) for e in _compute(eager) if e.name not in FUSIBLE]
+    assert extern == [(e.name, e.tensors) for e in _compute(fused) if e.name not in FUSIBLE]
+    assert len(extern) == 8  # 7 GEMMs and attention
+    block = lambda events: [e for e in _memory_kernels(events) if REGION(e.module)]  # noqa: E731
+    # norm | rope of q and k | residual + norm | silu * up | residual: five kernels where eager
+    # torch runs 30 (the attention output's transpose and reshape are views on CPU and CUDA)
+    assert (len(block(fused)), len(block(eager))) == (5, 30)
+    moved = sum(e.read_bytes + e.write_bytes for e in _memory_kernels(fused))
+    assert moved < sum(e.read_bytes + e.write_bytes for e in _memory_kernels(eager)) / 2
+    assert len([e for e in fused if e.kind == ALLOC]) < len([e for e in eager if e.kind == ALLOC])
+    assert _live_peak(fused) <= _live_peak(eager)
+
+
+# ---- a captured job ------------------------------------------------------------------------
+
+
+def _rows(trace):
+    rows = np.flatnonzero(trace["kind"] == COMPUTE)
+    names, atens = trace.text("name"), trace.text("aten")
+    return [(names[i], atens[i], trace.tensors(i)) for i in rows], rows
+
+
+def test_a_compiled_job_captures_the_same_gemms_fewer_kernels_and_no_more_memory(tmp_path):
+    eager_job = debug_job(global_batch=2)
+    compiled_job = dataclasses.replace(eager_job, kernels=KernelsSpec(compile=True))
+    eager = capture(eager_job, tmp_path).traces[0]
+    compiled = capture(compiled_job, tmp_path).traces[0]
+    (eager_rows, e_idx), (compiled_rows, c_idx) = _rows(eager), _rows(compiled)
+    extern = [r for r in eager_rows if r[0] not in FUSIBLE]
+    assert extern == [r for r in compiled_rows if r[0] not in FUSIBLE]
+    assert sum(r[1] == FUSED_ATEN for r in compiled_rows) > 0
+    assert len(compiled_rows) < len(eager_rows)
+    moved = lambda t, idx: int((t["read_bytes"][idx] + t["write_bytes"][idx]).sum())  # noqa: E731
+    assert moved(compiled, c_idx) < moved(eager, e_idx)
+    assert compiled.summary().peak_live_bytes <= eager.summary().peak_live_bytes
+    assert compiled.summary().flops == eager.summary().flops
+
+
+# ---- Inductor's own count ------------------------------------------------------------------
+
+
+def _rule_count() -> int:
+    """The rule's memory-bound kernels of the block's forward."""
+    fused = fuse_compiled_chains(_recorded_forward(), (), REGION)
+    return len([e for e in _memory_kernels(fused) if REGION(e.module)])
+
+
+@pytest.mark.slow
+def test_inductor_on_cpu_generates_as_many_kernels_as_the_rule_counts():
+    """A proxy: Inductor's C++ backend fuses by the same scheduler with other heuristics. For
+    this block it writes five C++ kernels (norm; rope of q and k; residual + norm; silu * up;
+    residual) around the extern GEMMs and attention, the rule's five."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        _, code = run_and_get_code(torch.compile(Net()), *_inputs())
+    kernels = set(re.findall(r"^(cpp_fused_\w+) = async_compile", "\n".join(code), re.M))
+    assert len(kernels) == _rule_count() == 5, sorted(kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_compiled_block_on_cuda_runs_as_many_fused_kernels_as_the_rule_counts_give_or_take_2():
+    """Inductor's Triton kernels in a CUDA profile of the compiled block's forward, against the
+    rule's memory-bound kernels of the same block captured on CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch._dynamo.reset()
+    net = Net().cuda().to(torch.bfloat16)
+    inputs = _inputs("cuda", torch.bfloat16)
+    compiled = torch.compile(net)
+    with torch.no_grad():
+        compiled(*inputs)  # compile and warm up outside the profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            compiled(*inputs)
+            torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    triton = [k for k in kernels if k.startswith("triton_")]
+    assert triton, kernels
+    assert abs(len(triton) - _rule_count()) <= 2, kernels
