@@ -185,10 +185,9 @@ def test_rows_the_spec_cannot_say_are_refused_with_reasons():
     reasons = {line: [key for key, _ in why] for line, _, why in refused}
     assert reasons[34] == ["torch.compile"]
     assert "AsyncTP" in reasons[44]
-    assert reasons[163] == [
-        "spec: parallel.schedule='1f1b' needs micro-batches per iteration(N) >= pp(N) with "
-        "kernels.pipeline_recv='per-microbatch' (torch's Schedule1F1B)"
-    ]
+    # BLOOM's ramp-up row (one micro-batch on 12 stages) runs Megatron's 1F1B, as it did
+    assert 163 not in reasons
+    assert any(b.name.endswith("__r163") for b in made)
     assert len(made) + len(refused) == 230 and len(made) == len(SHIPPED)
 
 
