@@ -13,8 +13,8 @@ Megatron-core:
   `_batched_p2p_ops`): every receive allocates its buffer with `torch.empty` when it is
   posted, and the buffer lives as long as what consumes it (a received activation until
   its micro-batch's backward, a received gradient until that backward ran); sends and
-  receives of one step go out together through `batch_isend_irecv` (send_prev,
-  recv_prev, send_next, recv_next) and are waited for at once. torch's PipelineStage
+  receives of one step go out together through `batch_isend_irecv` (sends listed first,
+  see `_Run.communicate`) and are waited for at once. torch's PipelineStage
   instead allocates one receive buffer per micro-batch and direction at setup and keeps
   them;
 - `deallocate_output_tensor`: once a stage's output is sent, its data is replaced by a
@@ -177,20 +177,20 @@ class _Run:
         recv_next = recv_next and self.next is not None
         from_prev = self._buffer(requires_grad=True) if recv_prev else None
         from_next = self._buffer(requires_grad=False) if recv_next else None
-        send_to_prev = send_prev is not None and self.prev is not None
-        send_to_next = send_next is not None and self.next is not None
-        ops = [  # Megatron's order: send_prev, recv_prev, send_next, recv_next
-            dist.P2POp(dist.isend, send_prev, self.prev, self.pipe.group) if send_to_prev else None,
-            dist.P2POp(dist.irecv, from_prev, self.prev, self.pipe.group) if recv_prev else None,
-            dist.P2POp(dist.isend, send_next, self.next, self.pipe.group) if send_to_next else None,
-            dist.P2POp(dist.irecv, from_next, self.next, self.pipe.group) if recv_next else None,
-        ]
-        if self.prev == self.next:
-            # a ring of two ranks (interleaved, pp 2): both directions go to one peer, which
-            # matches its receives (recv_prev first) to our sends in order, so the activation
-            # must leave first; same shapes, so a swap would go unnoticed
-            ops[0], ops[2] = ops[2], ops[0]
-        ops = [op for op in ops if op is not None]
+        # Megatron lists send_prev, recv_prev, send_next, recv_next; a batch posts all of them
+        # at once, so the order only matters where the calls are matched in order: sends go
+        # first (a recv is matched in program order, and an interleaved ring of receives
+        # listed before its sends is a cycle), the activation before the gradient (in a ring
+        # of two ranks both go to one peer, which receives recv_prev first)
+        ops = []
+        if send_next is not None and self.next is not None:
+            ops.append(dist.P2POp(dist.isend, send_next, self.next, self.pipe.group))
+        if send_prev is not None and self.prev is not None:
+            ops.append(dist.P2POp(dist.isend, send_prev, self.prev, self.pipe.group))
+        if from_prev is not None:
+            ops.append(dist.P2POp(dist.irecv, from_prev, self.prev, self.pipe.group))
+        if from_next is not None:
+            ops.append(dist.P2POp(dist.irecv, from_next, self.next, self.pipe.group))
         if ops:
             for request in dist.batch_isend_irecv(ops):
                 request.wait()
