@@ -106,12 +106,21 @@ def rank_program(job) -> RankProgram:
         step=step,
         roots=lambda built: built[0].parts,
         micro_batch_steps=lambda built: built[0],  # TrainingState.forward / .backward
+        pipeline_steps=lambda built: _own_pipeline(built[0]),
         record_build=job.world_size == 1,
         recording_rules=_recording_rules(job),
         # torchtitan compiles each TransformerBlock (`apply_compile`); the workloads' blocks
         # are `layers.<i>` as torchtitan's are
         compiled_region=block_region("layers") if job.kernels.compile else None,
     )
+
+
+def _own_pipeline(state):
+    """Megatron's 1F1B (`kernels.pipeline_recv = "per-transfer"`), whose forward and backward
+    steps capture marks and reuses; None under torch's pipelining or without a pipeline."""
+    from workloads.megatron_schedule import PerTransferOneFOneB
+
+    return state.schedule if isinstance(state.schedule, PerTransferOneFOneB) else None
 
 
 def _recording_rules(job):

@@ -117,7 +117,7 @@ def check_schedule(
     Schedule1F1B refuses fewer micro-batches than stages; the multi-stage
     schedules run max(1, m // pp) rounds and need m to be a multiple of them.
     pipeline_recv (`kernels.pipeline_recv`) "per-transfer" runs Megatron's 1F1B
-    (workloads.megatron_schedule): schedule "1f1b" only, with any number of micro-batches.
+    (workloads.megatron_schedule): `per_transfer_refusal` says which pipelines it runs.
     """
     known = (*SINGLE_STAGE_SCHEDULES, *MULTI_STAGE_SCHEDULES)
     if schedule not in known:
@@ -132,12 +132,9 @@ def check_schedule(
     if pp == 1:
         return
     if pipeline_recv == "per-transfer":
-        if schedule != "1f1b":
-            raise SpecError(
-                f"kernels.pipeline_recv='per-transfer' runs Megatron's non-interleaved 1F1B "
-                f"only: parallel.schedule={schedule!r} needs kernels.pipeline_recv="
-                "'per-microbatch' (torch.distributed.pipelining)"
-            )
+        refusal = per_transfer_refusal(schedule, pp, num_microbatches)
+        if refusal:
+            raise SpecError(refusal)
         return
     if schedule == "1f1b" and num_microbatches < pp:
         raise SpecError(
@@ -152,6 +149,26 @@ def check_schedule(
             f"parallel.schedule={schedule!r}: micro-batches per iteration({num_microbatches}) "
             f"must be a multiple of max(1, micro-batches // pp({pp}))={rounds}"
         )
+
+
+def per_transfer_refusal(schedule: str, pp: int, num_microbatches: int) -> str | None:
+    """Why Megatron's 1F1B with per-transfer buffers (workloads.megatron_schedule) cannot run
+    a pipeline, None where it can: schedule "1f1b" with any number of micro-batches, and
+    "interleaved-1f1b" with a multiple of pp (Megatron-LM's get_forward_backward_func
+    asserts it for its interleaved schedule)."""
+    if schedule not in ("1f1b", "interleaved-1f1b"):
+        return (
+            f"kernels.pipeline_recv='per-transfer' runs Megatron's 1F1B, plain or interleaved: "
+            f"parallel.schedule={schedule!r} needs kernels.pipeline_recv='per-microbatch' "
+            "(torch.distributed.pipelining)"
+        )
+    if schedule == "interleaved-1f1b" and num_microbatches % pp:
+        return (
+            "kernels.pipeline_recv='per-transfer' with parallel.schedule='interleaved-1f1b' "
+            f"needs micro-batches per iteration({num_microbatches}) to be a multiple of "
+            f"pp({pp}), as Megatron's interleaved schedule does"
+        )
+    return None
 
 
 def check_tensor_parallel(model: ModelSpec, tp: int) -> None:

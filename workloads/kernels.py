@@ -51,7 +51,9 @@ Fields:
   pipelining, whose stages allocate a receive buffer per micro-batch at setup and keep it;
   "per-transfer": Megatron's 1F1B (`workloads.megatron_schedule`), a buffer allocated by
   each receive and freed once consumed; it runs schedule "1f1b" only, and any number of
-  micro-batches (fewer than pp included).
+  micro-batches (fewer than pp included), and "interleaved-1f1b" with a multiple of pp
+  micro-batches (`workloads.config.per_transfer_refusal`). `megatron` and `nemo` choose it
+  and fall back to "per-microbatch" for a pipeline it cannot run (`for_pipeline`).
 - `compile`: true when the job runs its transformer blocks under `torch.compile` (torchtitan's
   `[compile] enable`, which wraps each TransformerBlock: `apply_compile` in
   torchtitan/models/llama3/infra/parallelize.py). The real CPU run stays eager; the capture
@@ -73,10 +75,10 @@ Fields:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from workloads.config import SpecError
+from workloads.config import SpecError, per_transfer_refusal
 
 FRAMEWORKS = ("prism-86a4f47", "megatron", "nemo", "llm-foundry", "torchtitan", "llm.c")
 
@@ -157,14 +159,22 @@ FP8_CASTS_BY_FRAMEWORK: dict[str, str] = {
 COMPILE_BY_FRAMEWORK: dict[str, bool] = _same_for_all(False)
 ASYNC_TP_BY_FRAMEWORK: dict[str, bool] = _same_for_all(False)
 # Megatron-core allocates each receive in p2p_communication.py (`_communicate`: torch.empty
-# per recv_prev/recv_next), and NeMo trains through its schedules, so "per-transfer" is what
-# they run. Their presets still say "per-microbatch" because our per-transfer executor
-# (workloads.megatron_schedule) runs only the non-interleaved 1F1B (the Megatron baselines
-# include interleaved ones); a job opts in with `pipeline_recv = "per-transfer"`.
+# per recv_prev/recv_next) and runs either 1F1B of schedules.py,
+# `forward_backward_pipelining_without_interleaving` or `..._with_interleaving` (the 2022
+# Megatron-LM of the Narayanan and Korthikanti runs allocated the same way, in
+# megatron/p2p_communication.py); NeMo 2 trains through Megatron-core's
+# `get_forward_backward_func` (nemo/lightning/megatron_parallel.py). So "per-transfer" for
+# both: workloads.megatron_schedule runs both schedules. A megatron or nemo pipeline it cannot
+# run (another schedule; interleaved with micro-batches not a multiple of pp) runs torch's
+# pipelining, per micro-batch (`KernelsSpec.for_pipeline`).
 # torchtitan pipelines with torch.distributed.pipelining (torchtitan/distributed/
 # pipeline_parallel.py); llm-foundry (Composer FSDP) and llm.c (data parallel only) have no
 # pipeline parallelism, so the value is moot for them.
-PIPELINE_RECV_BY_FRAMEWORK: dict[str, str] = _same_for_all("per-microbatch")
+PIPELINE_RECV_BY_FRAMEWORK: dict[str, str] = {
+    **_same_for_all("per-microbatch"),
+    "megatron": "per-transfer",
+    "nemo": "per-transfer",
+}
 
 CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {
     "loss": (LOSSES, LOSS_BY_FRAMEWORK),
@@ -194,6 +204,10 @@ class KernelsSpec:
             raise SpecError(
                 f"kernels.framework={self.framework!r} must be one of {list(FRAMEWORKS)}"
             )
+        # the fields left to the framework (`for_schedule` may revise its pipeline choice)
+        object.__setattr__(
+            self, "_chosen", frozenset(n for n in CHOICES if getattr(self, n) is None)
+        )
         self._resolve_compile()
         for name, (allowed, by_framework) in CHOICES.items():
             value = getattr(self, name)
@@ -231,6 +245,16 @@ class KernelsSpec:
                 "kernels.async_tp=true needs kernels.compile=true: async tensor parallelism is "
                 "an Inductor pass (torchtitan refuses it without compile)"
             )
+
+    def for_pipeline(self, schedule: str, pp: int, num_microbatches: int) -> KernelsSpec:
+        """The kernels a pipeline of `schedule` runs: a framework's "per-transfer" receive
+        policy, left as the framework's choice, holds where Megatron's 1F1B executor runs the
+        pipeline (`workloads.config.per_transfer_refusal`); elsewhere the job runs torch's
+        pipelining, "per-microbatch". A policy given in the spec is kept as given."""
+        chosen = "pipeline_recv" in self._chosen and self.pipeline_recv == "per-transfer"
+        if chosen and pp > 1 and per_transfer_refusal(schedule, pp, num_microbatches):
+            return replace(self, pipeline_recv="per-microbatch")
+        return self
 
     def overrides(self) -> dict[str, Any]:
         """The fields that differ from the framework's own choices."""

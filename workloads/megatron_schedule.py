@@ -1,7 +1,9 @@
-"""Megatron-LM's non-interleaved 1F1B, with a receive buffer allocated per transfer.
+"""Megatron-LM's 1F1B, with a receive buffer allocated per transfer.
 
 `[kernels] pipeline_recv = "per-transfer"` runs a pipeline job with this executor instead
-of torch.distributed.pipelining. It follows Megatron-core:
+of torch.distributed.pipelining: schedule "1f1b" as below, "interleaved-1f1b" in the order
+`workloads.megatron_interleaved` gives, with the same transfers and steps. It follows
+Megatron-core:
 - schedule (megatron/core/pipeline_parallel/schedules.py,
   `forward_backward_pipelining_without_interleaving`): the stage with pipeline rank r runs
   min(pp - r - 1, m) warm-up forwards, then one forward and one backward per remaining
@@ -11,8 +13,8 @@ of torch.distributed.pipelining. It follows Megatron-core:
   `_batched_p2p_ops`): every receive allocates its buffer with `torch.empty` when it is
   posted, and the buffer lives as long as what consumes it (a received activation until
   its micro-batch's backward, a received gradient until that backward ran); sends and
-  receives of one step go out together through `batch_isend_irecv` (send_prev,
-  recv_prev, send_next, recv_next) and are waited for at once. torch's PipelineStage
+  receives of one step go out together through `batch_isend_irecv` (sends listed first,
+  see `_Run.communicate`) and are waited for at once. torch's PipelineStage
   instead allocates one receive buffer per micro-batch and direction at setup and keeps
   them;
 - `deallocate_output_tensor`: once a stage's output is sent, its data is replaced by a
@@ -38,6 +40,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
+from workloads.megatron_interleaved import with_interleaving
 from workloads.pipeline import StagePlan
 
 
@@ -50,12 +53,17 @@ class ActivationMeta:
     device: torch.device
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class PerTransferOneFOneB:
-    """One rank's stage of a pipeline run by Megatron's 1F1B (module docstring)."""
+    """One rank's part of a pipeline run by Megatron's 1F1B (module docstring): one model
+    chunk (non-interleaved), or vpp chunks, virtual stages rank, rank + pp, ... (interleaved).
 
-    module: nn.Module
-    plan: StagePlan
+    The schedule runs each micro-batch's forward and backward of a chunk through
+    `forward_step` and `backward_step`, looked up on the instance, so that a caller may wrap
+    them: the emulator's capture marks micro-batches there and records one for the others."""
+
+    modules: list[nn.Module]
+    plans: list[StagePlan]
     group: dist.ProcessGroup
     num_microbatches: int
     activation: ActivationMeta
@@ -64,51 +72,93 @@ class PerTransferOneFOneB:
     def __post_init__(self) -> None:
         if self.num_microbatches < 1:
             raise ValueError(f"num_microbatches({self.num_microbatches}) must be >= 1")
+        if len(self.modules) != len(self.plans):
+            raise ValueError(f"{len(self.modules)} modules for {len(self.plans)} stage plans")
 
     def step(self, tokens: torch.Tensor | None, labels: torch.Tensor | None) -> list[torch.Tensor]:
         """Forward and backward of every micro-batch; the last stage returns their losses.
 
         tokens (first stage) and labels (last stage) hold all micro-batches along dim 0."""
-        m = self.num_microbatches
         run = _Run(self, tokens, labels)
-        rank, pp = dist.get_rank(self.group), dist.get_world_size(self.group)
-        warmup = min(pp - rank - 1, m)
-        pending: list[tuple[torch.Tensor | None, torch.Tensor]] = []  # (input, output)
-        for _ in range(warmup):
-            received = run.communicate(recv_prev=True)[0]
-            output = run.forward(received)
-            run.communicate(send_next=output)
-            pending.append((received, run.deallocated(output)))
-        received = run.communicate(recv_prev=True)[0] if m > warmup else None
-        for i in range(m - warmup):
-            output = run.forward(received)
-            output_grad = run.communicate(send_next=output, recv_next=True)[1]
-            pending.append((received, run.deallocated(output)))
-            input_grad = run.backward(*pending.pop(0), output_grad)
-            if i == m - warmup - 1:
-                received = None
-                run.communicate(send_prev=input_grad)
-            else:
-                received = run.communicate(send_prev=input_grad, recv_prev=True)[0]
-        for _ in range(warmup):
-            output_grad = run.communicate(recv_next=True)[1]
-            input_grad = run.backward(*pending.pop(0), output_grad)
-            run.communicate(send_prev=input_grad)
+        if len(self.modules) == 1:
+            _without_interleaving(run)
+        else:
+            with_interleaving(run)
         return run.losses
+
+    def forward_step(self, chunk: int, micro_batch: int, inputs: torch.Tensor) -> torch.Tensor:
+        """Model chunk `chunk`'s forward of one micro-batch (the loss is the schedule's)."""
+        return self.modules[chunk](inputs)
+
+    def backward_step(
+        self,
+        chunk: int,
+        micro_batch: int,
+        output: torch.Tensor,
+        output_grad: torch.Tensor,
+        inputs: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """Backward of one micro-batch from its (deallocated) output; the gradient of its
+        received input (None on the first stage)."""
+        # Megatron's custom_backward: the engine takes a gradient whose shape differs
+        # from the (deallocated) output's; torch.autograd.backward would refuse it
+        torch.autograd.Variable._execution_engine.run_backward(
+            (output,),
+            (output_grad,),
+            keep_graph=False,
+            create_graph=False,
+            inputs=(),
+            allow_unreachable=True,
+            accumulate_grad=True,
+        )
+        return inputs.grad if inputs is not None else None
+
+
+def _without_interleaving(run: _Run) -> None:
+    """`forward_backward_pipelining_without_interleaving`: warm-up forwards, 1F1B, cool-down."""
+    m = run.pipe.num_microbatches
+    warmup = min(run.pp - run.rank - 1, m)
+    pending: list[tuple[torch.Tensor | None, torch.Tensor]] = []  # (input, output)
+    for _ in range(warmup):
+        received = run.communicate(recv_prev=True)[0]
+        output = run.forward(0, received)
+        run.communicate(send_next=output)
+        pending.append((received, run.deallocated(0, output)))
+    received = run.communicate(recv_prev=True)[0] if m > warmup else None
+    for i in range(m - warmup):
+        output = run.forward(0, received)
+        output_grad = run.communicate(send_next=output, recv_next=True)[1]
+        pending.append((received, run.deallocated(0, output)))
+        input_grad = run.backward(0, *pending.pop(0), output_grad)
+        if i == m - warmup - 1:
+            received = None
+            run.communicate(send_prev=input_grad)
+        else:
+            received = run.communicate(send_prev=input_grad, recv_prev=True)[0]
+    for _ in range(warmup):
+        output_grad = run.communicate(recv_next=True)[1]
+        input_grad = run.backward(0, *pending.pop(0), output_grad)
+        run.communicate(send_prev=input_grad)
 
 
 class _Run:
-    """The state of one `step`: micro-batch counters, peers and the losses so far."""
+    """The state of one `step`: peers, micro-batch counters per chunk and the losses so far."""
 
     def __init__(self, pipe: PerTransferOneFOneB, tokens, labels):
         self.pipe = pipe
         m = pipe.num_microbatches
         self.tokens = tokens.chunk(m) if tokens is not None else None
         self.labels = labels.chunk(m) if labels is not None else None
-        rank = dist.get_rank(pipe.group)
-        self.prev = dist.get_global_rank(pipe.group, rank - 1) if not pipe.plan.is_first else None
-        self.next = dist.get_global_rank(pipe.group, rank + 1) if not pipe.plan.is_last else None
-        self.forwards = self.backwards = 0
+        self.rank, self.pp = dist.get_rank(pipe.group), dist.get_world_size(pipe.group)
+        prev, next_ = (self.rank - 1) % self.pp, (self.rank + 1) % self.pp
+        # Megatron's p2p ring wraps around (the last rank's next is the first): interleaved
+        # chunks pass from rank pp - 1 to rank 0; without interleaving the ends have no peer
+        wraps = len(pipe.modules) > 1
+        self.prev = dist.get_global_rank(pipe.group, prev) if wraps or self.rank > 0 else None
+        last = self.rank == self.pp - 1
+        self.next = dist.get_global_rank(pipe.group, next_) if wraps or not last else None
+        self.forwards = [0] * len(pipe.modules)
+        self.backwards = [0] * len(pipe.modules)
         self.losses: list[torch.Tensor] = []
 
     def communicate(
@@ -121,19 +171,24 @@ class _Run:
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Megatron's `_communicate`: a fresh buffer per receive, all ops batched and waited.
 
-        A transfer towards a missing neighbour (the ends of the pipeline) is skipped, as
-        Megatron's send_*/recv_* helpers skip it on the first and last stage."""
+        A transfer towards a missing neighbour (the ends of a non-interleaved pipeline) is
+        skipped, as Megatron's send_*/recv_* helpers skip it on the first and last stage."""
         recv_prev = recv_prev and self.prev is not None
         recv_next = recv_next and self.next is not None
         from_prev = self._buffer(requires_grad=True) if recv_prev else None
         from_next = self._buffer(requires_grad=False) if recv_next else None
+        # Megatron lists send_prev, recv_prev, send_next, recv_next; a batch posts all of them
+        # at once, so the order only matters where the calls are matched in order: sends go
+        # first (a recv is matched in program order, and an interleaved ring of receives
+        # listed before its sends is a cycle), the activation before the gradient (in a ring
+        # of two ranks both go to one peer, which receives recv_prev first)
         ops = []
+        if send_next is not None and self.next is not None:
+            ops.append(dist.P2POp(dist.isend, send_next, self.next, self.pipe.group))
         if send_prev is not None and self.prev is not None:
             ops.append(dist.P2POp(dist.isend, send_prev, self.prev, self.pipe.group))
         if from_prev is not None:
             ops.append(dist.P2POp(dist.irecv, from_prev, self.prev, self.pipe.group))
-        if send_next is not None and self.next is not None:
-            ops.append(dist.P2POp(dist.isend, send_next, self.next, self.pipe.group))
         if from_next is not None:
             ops.append(dist.P2POp(dist.irecv, from_next, self.next, self.pipe.group))
         if ops:
@@ -148,47 +203,44 @@ class _Run:
             meta.shape, dtype=meta.dtype, device=meta.device, requires_grad=requires_grad
         )
 
-    def forward(self, received: torch.Tensor | None) -> torch.Tensor:
-        """The stage's forward of the next micro-batch; on the last stage its loss / m."""
-        i = self.forwards
-        self.forwards += 1
-        output = self.pipe.module(self.tokens[i] if self.pipe.plan.is_first else received)
-        if not self.pipe.plan.is_last:
+    def is_first(self, chunk: int) -> bool:
+        return self.pipe.plans[chunk].is_first
+
+    def is_last(self, chunk: int) -> bool:
+        return self.pipe.plans[chunk].is_last
+
+    def forward(self, chunk: int, received: torch.Tensor | None) -> torch.Tensor:
+        """The chunk's forward of its next micro-batch; on the last stage its loss / m."""
+        i = self.forwards[chunk]
+        self.forwards[chunk] += 1
+        inputs = self.tokens[i] if self.is_first(chunk) else received
+        output = self.pipe.forward_step(chunk, i, inputs)
+        if not self.is_last(chunk):
             return output
         loss = self.pipe.loss_fn(output, self.labels[i])
         self.losses.append(loss.detach())
         return loss / self.pipe.num_microbatches
 
-    def deallocated(self, output: torch.Tensor) -> torch.Tensor:
+    def deallocated(self, chunk: int, output: torch.Tensor) -> torch.Tensor:
         """Megatron's deallocate_output_tensor: a sent output keeps only its autograd node."""
-        if not self.pipe.plan.is_last:
+        if not self.is_last(chunk):
             output.data = torch.empty((1,), device=output.device, dtype=output.dtype)
         return output
 
     def backward(
         self,
+        chunk: int,
         received: torch.Tensor | None,
         output: torch.Tensor,
         output_grad: torch.Tensor | None,
     ) -> torch.Tensor | None:
-        """Backward of the oldest pending micro-batch; the gradient of its received input."""
-        last = self.backwards == self.pipe.num_microbatches - 1
-        self.backwards += 1
-        _set_gradient_sync(self.pipe.module, last)
+        """Backward of the chunk's oldest pending micro-batch; its received input's gradient."""
+        i = self.backwards[chunk]
+        self.backwards[chunk] += 1
+        _set_gradient_sync(self.pipe.modules[chunk], i == self.pipe.num_microbatches - 1)
         if output_grad is None:  # the last stage's loss: d loss / d loss
             output_grad = torch.ones_like(output)
-        # Megatron's custom_backward: the engine takes a gradient whose shape differs
-        # from the (deallocated) output's; torch.autograd.backward would refuse it
-        torch.autograd.Variable._execution_engine.run_backward(
-            (output,),
-            (output_grad,),
-            keep_graph=False,
-            create_graph=False,
-            inputs=(),
-            allow_unreachable=True,
-            accumulate_grad=True,
-        )
-        return received.grad if received is not None else None
+        return self.pipe.backward_step(chunk, i, output, output_grad, received)
 
 
 def _set_gradient_sync(module: nn.Module, last: bool) -> None:

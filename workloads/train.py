@@ -236,11 +236,11 @@ def build_training(
     if job.model.tie_embeddings and par.pp > 1 and (state.has_first or state.has_last):
         state.embedding_group = _embedding_group(state.pp_group)
     if par.pp > 1 and job.kernels.pipeline_recv == "per-transfer":
-        (part,), (plan,) = parts, plans  # check_schedule: "1f1b", one stage per rank
+        # check_schedule: "1f1b" (one chunk per rank) or "interleaved-1f1b" (vpp chunks)
         hidden = _stage_activation(job, par.tp, COMPUTE_DTYPES[job.train.precision], device)
         state.schedule = PerTransferOneFOneB(
-            module=part,
-            plan=plan,
+            modules=parts,
+            plans=plans,
             group=state.pp_group,
             num_microbatches=job.num_microbatches,
             activation=ActivationMeta(shape=tuple(hidden.shape), dtype=hidden.dtype, device=device),

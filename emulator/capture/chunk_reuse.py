@@ -3,10 +3,13 @@
 Every micro-batch of a pipeline stage runs the same forward and the same backward (same
 layers, same shapes); capture time is linear in their number, and a rank runs 2 x 32 of
 them in the Llama 3 405B job. While `reused_chunks` is active, a stage's first forward
-(`forward_maybe_with_nosync`) and first backward (`backward_maybe_with_nosync`) run for
-real and their events are kept as templates. Later ones, except the last backward (which
-completes the gradient buckets and so differs), run a stub instead of the stage module,
-with the op recorder paused, and the template's events are recorded in their place:
+and first backward run for real and their events are kept as templates: torch's
+`forward_maybe_with_nosync` and `backward_maybe_with_nosync`, or the `forward_step` and
+`backward_step` of a pipeline executor of the program's own (`RankProgram.pipeline_steps`,
+the workloads' Megatron 1F1B), whose receive buffers, sends and loss stay outside the chunk
+and run for real. Later ones, except the last micro-batch (whose backward completes the
+gradient buckets and so differs), run a stub instead of the stage module, with the op
+recorder paused, and the template's events are recorded in their place:
 - the stub (`_StubChunk`) returns outputs of the template's shapes, dtypes and strides,
   connected by autograd to the stage's inputs and parameters; its backward returns zero
   gradients, so everything around the chunk runs for real: the schedule's sends and
@@ -146,45 +149,49 @@ class ChunkReuse:
 
     # ---- the two patched stage methods -----------------------------------------------------
 
-    def forward(self, original, stage, *args, **kwargs):
-        templates = self.stages.setdefault(id(stage), _StageTemplates())
+    def forward(self, key, params, inputs, last: bool, run):
+        """A stage's forward of the current micro-batch: `run()` for real (the stage's first
+        becomes its template; `last`, the stage's last micro-batch, always runs) or a stub
+        standing in for it. `key` names the stage, `params` are its parameters and `inputs`
+        the forward's arguments (those that require grad connect the stub's outputs)."""
+        templates = self.stages.setdefault(key, _StageTemplates())
         micro_batch = self.recorder.current_micro_batch
-        # the last micro-batch runs for real: its backward completes the gradient buckets
-        last = stage.chunks is not None and micro_batch == stage.chunks - 1
         if not self.enabled or templates.forward is None or last:
             start_op, start_comm = self.recorder.event_count, len(self.comm.events)
             self.recorder.watch_first_dispatch()  # read only when this becomes the template
-            output = original(stage, *args, **kwargs)
+            output = run()
             if self.enabled and templates.forward is None:
                 self._keep_forward(templates, output, start_op, start_comm)
             return output
-        outputs = self._stub(templates.output_metas, args, stage)
+        outputs = self._stub(templates, params, inputs)
         self._inject(templates, templates.forward, micro_batch)
         self._adopt(outputs, templates.forward.out_uids, templates.uids[micro_batch])
         self.reused += 1
         return outputs[0] if templates.single_output else outputs
 
-    def backward(self, original, stage, backward_type, bwd_kwargs, last_backward=False):
-        if backward_type != "full" and self.enabled:
-            self.disable(f"the schedule runs a split ({backward_type!r}) backward")
-        templates = self.stages.get(id(stage))
+    def backward(self, key, last: bool, run, input_grads):
+        """A stage's backward of the current micro-batch: `run()` for real (the stage's first
+        becomes its template; `last` always runs: it completes the gradient buckets), or, for a
+        micro-batch whose forward a stub stood in for, `run()` through the stub, paused, and the
+        template recorded in its place. `input_grads(result)`: the gradients it hands out."""
+        templates = self.stages.get(key)
         micro_batch = self.recorder.current_micro_batch
         reusable = self.enabled and templates is not None and templates.backward is not None
-        if not reusable or last_backward or micro_batch not in templates.uids:
+        if not reusable or last or micro_batch not in templates.uids:
             start_op, start_comm = self.recorder.event_count, len(self.comm.events)
             self.recorder.watch_first_dispatch()  # read only when this becomes the template
-            result = original(stage, backward_type, bwd_kwargs, last_backward=last_backward)
+            result = run()
             if self.enabled and templates and templates.forward and templates.backward is None:
-                self._keep_backward(templates, result, start_op, start_comm)
+                self._keep_backward(templates, input_grads(result), start_op, start_comm)
             return result
         with (
             paused_and_silent(self.recorder, self.comm, "a stubbed backward"),
             self.recorder.holding_frees() as frees,
         ):
-            result = original(stage, backward_type, bwd_kwargs, last_backward=last_backward)
+            result = run()
         self._match_outside_frees(templates, frees, micro_batch)
         self._inject(templates, templates.backward, micro_batch)
-        self._adopt(result[0], templates.backward.out_uids, templates.uids[micro_batch])
+        self._adopt(input_grads(result), templates.backward.out_uids, templates.uids[micro_batch])
         self.reused += 1
         return result
 
@@ -216,8 +223,8 @@ class ChunkReuse:
         templates.output_metas = tuple(_meta(t) for t in outputs)
         templates.single_output = not isinstance(output, tuple)
 
-    def _keep_backward(self, templates, result, start_op, start_comm) -> None:
-        grads = [g for g in result[0] if isinstance(g, torch.Tensor)]
+    def _keep_backward(self, templates, input_grads, start_op, start_comm) -> None:
+        grads = [g for g in input_grads if isinstance(g, torch.Tensor)]
         try:
             if any(type(g) is DTensor for g in grads):
                 raise _Unsupported("input gradients are DTensors")
@@ -277,14 +284,15 @@ class ChunkReuse:
 
     # ---- reuse -----------------------------------------------------------------------------------
 
-    def _stub(self, metas, args, stage) -> tuple[torch.Tensor, ...]:
+    def _stub(self, templates, params, args) -> tuple[torch.Tensor, ...]:
         inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-        params = tuple(p for p in stage.submod.parameters() if p.requires_grad)
-        templates = self.stages[id(stage)]
+        params = tuple(p for p in params if p.requires_grad)
         with paused_and_silent(self.recorder, self.comm, "a stubbed forward"):
             if templates.anchor is None:
                 templates.anchor = torch.empty(0, requires_grad=True)
-            return _StubChunk.apply(metas, params, templates.zero_grads, templates.anchor, *inputs)
+            return _StubChunk.apply(
+                templates.output_metas, params, templates.zero_grads, templates.anchor, *inputs
+            )
 
     @staticmethod
     def _match_outside_frees(templates, frees, micro_batch: int) -> None:
@@ -334,8 +342,10 @@ class _Unsupported(Exception):
 
 
 @contextlib.contextmanager
-def reused_chunks(recorder, comm, enabled: bool = True) -> Iterator[ChunkReuse]:
-    """Reuse pipeline chunks (module docstring) while the block runs."""
+def reused_chunks(recorder, comm, own_steps=None, enabled: bool = True) -> Iterator[ChunkReuse]:
+    """Reuse pipeline chunks (module docstring) while the block runs: torch's pipeline stages',
+    and those of `own_steps`, the program's own pipeline executor if it runs one (see
+    `RankProgram.pipeline_steps`; its two steps are replaced inside the block)."""
     reuse = ChunkReuse(recorder, comm, enabled)
 
     def checked_step(original):
@@ -348,19 +358,80 @@ def reused_chunks(recorder, comm, enabled: bool = True) -> Iterator[ChunkReuse]:
         return step
 
     def forwarding(forward):
-        return functools.wraps(forward)(
-            lambda stage, *args, **kwargs: reuse.forward(forward, stage, *args, **kwargs)
-        )
+        @functools.wraps(forward)
+        def stage_forward(stage, *args, **kwargs):
+            micro_batch = reuse.recorder.current_micro_batch
+            last = stage.chunks is not None and micro_batch == stage.chunks - 1
+            run = functools.partial(forward, stage, *args, **kwargs)
+            return reuse.forward(id(stage), stage.submod.parameters(), args, last, run)
+
+        return stage_forward
 
     def backwarding(backward):
-        return functools.wraps(backward)(
-            lambda stage, *args, **kwargs: reuse.backward(backward, stage, *args, **kwargs)
-        )
+        @functools.wraps(backward)
+        def stage_backward(stage, backward_type, bwd_kwargs, last_backward=False):
+            if backward_type != "full" and reuse.enabled:
+                reuse.disable(f"the schedule runs a split ({backward_type!r}) backward")
+            run = functools.partial(
+                backward, stage, backward_type, bwd_kwargs, last_backward=last_backward
+            )
+            return reuse.backward(id(stage), last_backward, run, lambda result: result[0])
+
+        return stage_backward
 
     with (
         torch_compat.patched(f"{_STAGE}.forward_maybe_with_nosync", forwarding),
         torch_compat.patched(f"{_STAGE}.backward_maybe_with_nosync", backwarding),
         torch_compat.patched(f"{_SCHEDULES}.PipelineScheduleSingle.step", checked_step),
         torch_compat.patched(f"{_SCHEDULES}.PipelineScheduleMulti.step", checked_step),
+        _reused_own_steps(reuse, own_steps),
     ):
         yield reuse
+
+
+@contextlib.contextmanager
+def _reused_own_steps(reuse: ChunkReuse, steps) -> Iterator[None]:
+    """Chunk reuse for the steps of a pipeline executor of the program's own: a model chunk's
+    forward and backward of one micro-batch (`RankProgram.pipeline_steps`); each chunk (a
+    virtual stage) has templates of its own."""
+    if steps is None:
+        yield
+        return
+
+    def forwarding(forward):
+        def forward_step(chunk, micro_batch, inputs):
+            last = micro_batch == steps.num_microbatches - 1
+            module = steps.modules[chunk]
+            run = functools.partial(forward, chunk, micro_batch, inputs)
+            return reuse.forward(id(module), module.parameters(), (inputs,), last, run)
+
+        return forward_step
+
+    def backwarding(backward):
+        def backward_step(chunk, micro_batch, output, output_grad, inputs):
+            last = micro_batch == steps.num_microbatches - 1
+            run = functools.partial(backward, chunk, micro_batch, output, output_grad, inputs)
+            key = id(steps.modules[chunk])
+            return reuse.backward(key, last, run, lambda input_grad: (input_grad,))
+
+        return backward_step
+
+    with (
+        wrapped_attribute(steps, "forward_step", forwarding),
+        wrapped_attribute(steps, "backward_step", backwarding),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def wrapped_attribute(obj, name: str, wrap) -> Iterator[None]:
+    """`obj.name` replaced by `wrap(obj.name)` inside the block (an instance attribute)."""
+    original, own = getattr(obj, name), name in vars(obj)
+    setattr(obj, name, wrap(original))
+    try:
+        yield
+    finally:
+        if own:
+            setattr(obj, name, original)
+        else:
+            delattr(obj, name)  # the class's method again

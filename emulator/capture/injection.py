@@ -28,6 +28,7 @@ from emulator.capture.trace import ALLOC, FREE, MARKER, RECORD, STREAM_WAIT, OpE
 class ReuseSink:
     def __init__(self, recorder: OpRecorder) -> None:
         self._recorder = recorder
+        self._born_as: dict[int, str] = {}  # injected copy's uid -> its original's first category
 
     @property
     def event_count(self) -> int:
@@ -73,7 +74,12 @@ class ReuseSink:
 
     def adopt(self, tensor: torch.Tensor, uid: int) -> None:
         """Track the storage of `tensor` (made while paused) as the already recorded
-        allocation `uid`: its free is recorded when it dies, like any other."""
+        allocation `uid`: its free is recorded when it dies, like any other, and its category
+        starts as its original's did (a storage freed in the phase epoch it was born in
+        becomes a temporary then, whenever its original died)."""
+        storages = self._recorder.storages
+        storages.categories[uid] = self._born_as.pop(uid, storages.categories[uid])
+        storages.adopted.add(uid)
         storage = tensor.untyped_storage()
         key = id(storage)
         ref = weakref.ref(storage, lambda r, key=key: self._recorder.storages.on_free(key, r))
@@ -133,6 +139,7 @@ class ReuseSink:
                     self._recorder.storages.categories.get(e.storage, e.category)
                 )
                 self._recorder.storages.copies.setdefault(e.storage, []).append(storage)
+                self._born_as[storage] = e.category
             elif e.kind == FREE:
                 storage = uids[e.storage]
             tag = e.tag

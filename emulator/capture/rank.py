@@ -31,7 +31,8 @@ torch-level patches active only during capture:
   an lru_cache) in the active fake mode, i.e. ours; those runs are paused in the recorder,
   else the first micro-batch (and the first capture in a worker) would carry phantom kernels;
 - micro-batch markers: `PipelineStage.forward_one_chunk` / `backward_one_chunk` /
-  `backward_weight_one_chunk` set the recorder's micro-batch; without pipelining, each
+  `backward_weight_one_chunk` set the recorder's micro-batch, as do the steps of a pipeline
+  executor of the program's own (`RankProgram.pipeline_steps`); without pipelining, each
   forward of a root module starts the next micro-batch. Optimizer steps (torch's global
   optimizer hooks) run in the "optimizer" phase.
 
@@ -61,7 +62,7 @@ from torch.optim.optimizer import (
 
 from emulator import torch_compat
 from emulator.capture import streams
-from emulator.capture.chunk_reuse import reused_chunks
+from emulator.capture.chunk_reuse import reused_chunks, wrapped_attribute
 from emulator.capture.compile_fusion import fuse_compiled_chains
 from emulator.capture.fused_ops import gpu_fused_ops
 from emulator.capture.micro_batch_reuse import reused_micro_batches
@@ -85,6 +86,12 @@ class RankProgram:
     # micro_batches)` run each gradient-accumulation micro-batch without pipelining, if the
     # program has one: capture replaces the two while the step runs (micro-batch reuse)
     micro_batch_steps: Callable[[Any], Any] = lambda state: None
+    # the pipeline executor of the program's own, if it runs one (the workloads' Megatron
+    # 1F1B): an object with `modules` (the rank's model chunks), `num_microbatches`, and the
+    # two steps it calls through itself, `forward_step(chunk, micro_batch, inputs) -> output`
+    # and `backward_step(chunk, micro_batch, output, output_grad, inputs) -> input gradient`;
+    # capture replaces the two while the step runs (micro-batch markers and chunk reuse)
+    pipeline_steps: Callable[[Any], Any] = lambda state: None
     # entered around the recorded step with the recorder: how the program's kernels are
     # recorded where eager torch runs others (emulator.capture.fp8_casts)
     recording_rules: Callable[[OpRecorder], contextlib.AbstractContextManager] = lambda recorder: (
@@ -162,9 +169,12 @@ _CHUNK_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_on
 
 @contextlib.contextmanager
 def micro_batch_markers(
-    recorder: OpRecorder, roots: list[torch.nn.Module]
+    recorder: OpRecorder, roots: list[torch.nn.Module], own_steps=None
 ) -> Iterator[Callable[[torch.nn.Module, str], None]]:
     """Set the recorder's micro-batch from pipeline chunks, else from root forwards.
+
+    `own_steps`: the program's own pipeline executor (`RankProgram.pipeline_steps`) or None;
+    its forward and backward steps mark their micro-batch as torch's chunk methods do.
 
     Yields what a root's forward does to the marking, for a caller that skips the forward
     (micro-batch reuse): `skipped(root, module)`, the marker put in `module` (the name the
@@ -193,6 +203,19 @@ def micro_batch_markers(
 
         return wrapper
 
+    def marked_step(generation: int):
+        def wrap(step):
+            def wrapper(chunk, micro_batch, *args):
+                in_pipeline[0] = True
+                with recorder.micro_batch(micro_batch):
+                    result = step(chunk, micro_batch, *args)
+                    gc.collect(generation)
+                    return result
+
+            return wrapper
+
+        return wrap
+
     counts = {id(root): 0 for root in roots}
 
     def next_micro_batch(module, args, marker_module=None):
@@ -208,6 +231,11 @@ def micro_batch_markers(
         with contextlib.ExitStack() as patches:
             for name in _CHUNK_METHODS:
                 patches.enter_context(torch_compat.patched(f"{_STAGE}.{name}", marked))
+            if own_steps is not None:
+                for name, generation in (("forward_step", 0), ("backward_step", 1)):
+                    patches.enter_context(
+                        wrapped_attribute(own_steps, name, marked_step(generation))
+                    )
             yield lambda root, module: next_micro_batch(root, (), module)
     finally:
         for handle in handles:
@@ -278,6 +306,7 @@ def capture_rank(
             else:
                 state = program.build(context)
             declared = program.declare(state)
+            own_steps = program.pipeline_steps(state)
             comm.events.clear()  # only the recorded iteration's communication counts
             for category, tensors in declared.items():
                 recorder.tag(tensors, category)
@@ -287,8 +316,10 @@ def capture_rank(
                 dtensor_shape_propagation_unrecorded(recorder),
                 streams.tracking(recorder.stream_tracker()),
                 garbage_collected_at_micro_batches(),
-                micro_batch_markers(recorder, program.roots(state)) as skipped_forward,
-                reused_chunks(recorder, comm, enabled=reuse_chunks),
+                # before the markers: they wrap the program's own steps around its reuse, so a
+                # chunk's template starts after its micro-batch's marker
+                reused_chunks(recorder, comm, own_steps, enabled=reuse_chunks),
+                micro_batch_markers(recorder, program.roots(state), own_steps) as skipped_forward,
                 reused_micro_batches(
                     recorder,
                     comm,

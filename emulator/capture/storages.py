@@ -52,6 +52,9 @@ class StorageLedger:
         self.live: dict[int, StorageRecord] = {}  # id(storage object) -> its record
         self.uids = itertools.count()
         self.copies: dict[int, list[int]] = {}  # storage uid -> uids of its injected copies
+        # injected copies adopted by a live tensor: they die live, and their category is the
+        # one the program's rule gives them then, not their original's
+        self.adopted: set[int] = set()
         self.held_frees: list[tuple[int, int]] | None = None
 
     def final_categories(self) -> dict[int, str]:
@@ -59,7 +62,8 @@ class StorageLedger:
         categories = dict(self.categories)
         for uid, copies in self.copies.items():
             for copy in copies:
-                categories[copy] = categories[uid]
+                if copy not in self.adopted:
+                    categories[copy] = categories[uid]
         return categories
 
     def see(self, storage, category: str | None, declared: bool = False) -> None:

@@ -196,10 +196,9 @@ def test_rows_the_spec_cannot_say_are_refused_with_reasons():
     # torchtitan's 405B rows: their compile and AsyncTP are sayable, their batch split is not
     assert reasons[45] == ["micro_batch not stated"]
     assert reasons[47] == ["micro_batch not stated", "global_batch not stated"]
-    assert reasons[163] == [
-        "spec: parallel.schedule='1f1b' needs micro-batches per iteration(N) >= pp(N) with "
-        "kernels.pipeline_recv='per-microbatch' (torch's Schedule1F1B)"
-    ]
+    # BLOOM's ramp-up row (one micro-batch on 12 stages) runs Megatron's 1F1B, as it did
+    assert 163 not in reasons
+    assert any(b.name.endswith("__r163") for b in made)
     assert len(made) + len(refused) == 230 and len(made) == len(SHIPPED)
 
 

@@ -77,3 +77,25 @@ def test_last_stage_frees_each_received_activation():
         for recv in ("per-transfer", "per-microbatch")
     }
     assert peaks["per-microbatch"] - peaks["per-transfer"] >= (m - pp) * activation_bytes
+
+
+@pytest.mark.integration
+def test_interleaved_stages_hold_only_the_buffers_in_flight():
+    # Megatron's interleaved 1F1B (workloads/megatron_interleaved.py) over a ring of 4 ranks:
+    # it replays (the ring's sends precede its receives, no cycle) and the first stage, which
+    # torch's stages give 2 buffers per micro-batch and chunk, holds the ones in flight
+    m, pp, vpp = 16, 4, 2
+    activation_bytes = SEQ_LEN * HIDDEN * 2
+    peaks = {}
+    for recv in ("per-transfer", "per-microbatch"):
+        job = job_spec_from_dict(
+            {
+                "model": {"name": "llama-debug", "layers": pp * vpp},
+                "parallel": {"pp": pp, "vpp": vpp, "schedule": "interleaved-1f1b"},
+                "batch": {"seq_len": SEQ_LEN, "global_batch": m},
+                "train": {"precision": "bf16"},
+                "kernels": {"pipeline_recv": recv},
+            }
+        )
+        peaks[recv] = emulate(job, workers=1).per_class[0].peak_memory_allocated_bytes
+    assert peaks["per-microbatch"] - peaks["per-transfer"] >= m * activation_bytes

@@ -2,8 +2,9 @@
 
 One spawn of 4 gloo processes trains every case 3 iterations (test_parallel_parity's
 harness: fp32, lr 1e-2); the mean loss over ranks that hold the last stage must equal
-the single-process loss, and, where torch's Schedule1F1B also runs the job, its losses.
-A pipeline of 4 stages with 2 micro-batches runs here; torch's schedule refuses it.
+the single-process loss, and, where torch's Schedule1F1B (ScheduleInterleaved1F1B) also
+runs the job, its losses. A pipeline of 4 stages with 2 micro-batches runs here; torch's
+schedule refuses it. The interleaved cases run workloads/megatron_interleaved.py.
 """
 
 from __future__ import annotations
@@ -16,13 +17,17 @@ from tests.workloads.test_parallel_parity import SEQ_LEN, reference_job, train_l
 from workloads.config import SpecError
 
 WORLD = 4
+INTERLEAVED = {"pp": 2, "vpp": 2, "schedule": "interleaved-1f1b"}
 
-# name: (model, parallel, global batch, kernels.pipeline_recv). Tied GPT cases are pp2
+# name: (model, parallel, global batch, kernels.pipeline_recv[, kernels.framework]); None: the
+# framework's choice. Tied GPT cases are pp2
 # only: the embedding group of a tied pp4 case (ranks 0 and 3) made with local
 # synchronization after one of pp2 hangs gloo's group creation in a shared spawn.
 CASES = {
     "pp4-m2-llama": ({"name": "llama-debug"}, {"pp": 4}, 2, "per-transfer"),
     "pp4-m8-llama": ({"name": "llama-debug"}, {"pp": 4}, 8, "per-transfer"),
+    # Megatron's preset: per-transfer, its vocabulary padding and loss
+    "pp4-m6-llama-megatron": ({"name": "llama-debug"}, {"pp": 4}, 6, None, "megatron"),
     "pp4-m8-llama-torch": ({"name": "llama-debug"}, {"pp": 4}, 8, "per-microbatch"),
     "pp2-dp2-zero1-gpt-tied": (
         {"name": "gpt-debug"},
@@ -38,17 +43,48 @@ CASES = {
         "per-transfer",
     ),
     "pp2-cp2-llama": ({"name": "llama-debug"}, {"pp": 2, "cp": 2}, 4, "per-transfer"),
+    # Megatron's interleaved 1F1B: 4 virtual stages of one layer; 2 micro-batches per dp rank
+    # are pp of them (every forward in the warm-up), 4 run the steady state
+    "pp2-vpp2-dp2-m2-llama": (
+        {"name": "llama-debug"},
+        {**INTERLEAVED, "dp": 2, "zero": 1},
+        4,
+        "per-transfer",
+    ),
+    "pp2-vpp2-dp2-m4-llama": ({"name": "llama-debug"}, {**INTERLEAVED, "dp": 2}, 8, "per-transfer"),
+    "pp2-vpp2-dp2-m4-llama-torch": (
+        {"name": "llama-debug"},
+        {**INTERLEAVED, "dp": 2},
+        8,
+        "per-microbatch",
+    ),
+    "pp2-vpp2-tp2-m6-gpt-tied": (
+        {"name": "gpt-debug"},
+        {**INTERLEAVED, "tp": 2},
+        6,
+        None,
+        "megatron",
+    ),
 }
 
 
-def make_job(model: dict, parallel: dict, global_batch: int, pipeline_recv: str):
+def make_job(
+    model: dict,
+    parallel: dict,
+    global_batch: int,
+    pipeline_recv: str | None,
+    framework: str = "prism-86a4f47",
+):
+    kernels = {"framework": framework}
+    if pipeline_recv is not None:
+        kernels["pipeline_recv"] = pipeline_recv
     return job_spec_from_dict(
         {
             "model": model,
             "parallel": parallel,
             "batch": {"seq_len": SEQ_LEN, "micro_batch": 1, "global_batch": global_batch},
             "train": {"precision": "fp32"},
-            "kernels": {"pipeline_recv": pipeline_recv},
+            "kernels": kernels,
         }
     )
 
@@ -82,8 +118,9 @@ def test_loss_matches_single_process(name, losses):
 
 
 @pytest.mark.integration
-def test_loss_matches_torch_schedule_1f1b(losses):
-    assert losses["pp4-m8-llama"] == pytest.approx(losses["pp4-m8-llama-torch"], rel=1e-6)
+@pytest.mark.parametrize("name", ["pp4-m8-llama", "pp2-vpp2-dp2-m4-llama"])
+def test_loss_matches_torchs_schedule(name, losses):
+    assert losses[name] == pytest.approx(losses[f"{name}-torch"], rel=1e-6)
 
 
 def test_fewer_micro_batches_than_stages_need_per_transfer():
@@ -93,23 +130,37 @@ def test_fewer_micro_batches_than_stages_need_per_transfer():
         make_job({"name": "llama-debug"}, {"pp": 4}, 2, "per-microbatch")
 
 
-def test_megatron_framework_keeps_torchs_receive_buffers_until_per_transfer_covers_it():
-    # workloads/kernels.py says why: interleaved Megatron baselines
-    job = job_spec_from_dict(
-        {
-            "model": {"name": "llama-debug"},
-            "parallel": {"pp": 4},
-            "batch": {"seq_len": SEQ_LEN, "global_batch": 4},
-            "kernels": {"framework": "megatron"},
-        }
-    )
+@pytest.mark.parametrize("framework", ["megatron", "nemo"])
+def test_megatron_frameworks_receive_per_transfer_where_the_executor_runs(framework):
+    # workloads/kernels.py: Megatron-core allocates per transfer in both of its 1F1B schedules;
+    # a pipeline our executor cannot run keeps torch's pipelining
+    def job(parallel: dict, global_batch: int = 4):
+        return make_job({"name": "llama-debug"}, parallel, global_batch, None, framework)
+
+    assert job({"pp": 4}).kernels.pipeline_recv == "per-transfer"
+    assert job({"pp": 4}, global_batch=2).num_microbatches == 2  # fewer than the stages
+    assert job(INTERLEAVED).kernels.pipeline_recv == "per-transfer"
+    # Megatron's interleaved schedule needs a multiple of pp micro-batches; torch's runs 3
+    assert job(INTERLEAVED, global_batch=3).kernels.pipeline_recv == "per-microbatch"
+    assert job({"pp": 2, "schedule": "gpipe"}).kernels.pipeline_recv == "per-microbatch"
+
+
+def test_a_receive_policy_given_in_the_spec_is_kept_and_checked():
+    with pytest.raises(SpecError, match="kernels.pipeline_recv.*parallel.schedule"):
+        make_job({"name": "llama-debug"}, {"pp": 2, "schedule": "gpipe"}, 8, "per-transfer", "nemo")
+    job = make_job({"name": "llama-debug"}, {"pp": 2}, 8, "per-microbatch", "megatron")
     assert job.kernels.pipeline_recv == "per-microbatch"
 
 
 @pytest.mark.parametrize(
     "parallel",
-    [{"pp": 2, "vpp": 2, "schedule": "interleaved-1f1b"}, {"pp": 2, "schedule": "gpipe"}],
+    [{"pp": 2, "schedule": "gpipe"}, {"pp": 2, "schedule": "zero-bubble"}],
 )
 def test_per_transfer_refuses_other_schedules_naming_both_fields(parallel):
     with pytest.raises(SpecError, match="kernels.pipeline_recv.*parallel.schedule"):
         make_job({"name": "llama-debug"}, parallel, 8, "per-transfer")
+
+
+def test_per_transfer_interleaving_needs_a_multiple_of_pp_micro_batches():
+    with pytest.raises(SpecError, match=r"micro-batches per iteration\(3\).*pp\(2\)"):
+        make_job({"name": "llama-debug"}, INTERLEAVED, 3, "per-transfer")
