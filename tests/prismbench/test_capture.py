@@ -483,22 +483,6 @@ REUSE_CASES = {
 }
 
 
-@pytest.fixture
-def stub_count(monkeypatch):
-    """How many chunks were stubbed (reused) since the test began."""
-    from emulator.capture.chunk_reuse import ChunkReuse
-
-    calls = {"n": 0}
-    original = ChunkReuse._stub
-
-    def counted(self, *args):
-        calls["n"] += 1
-        return original(self, *args)
-
-    monkeypatch.setattr(ChunkReuse, "_stub", counted)
-    return calls
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("case", list(REUSE_CASES))
 def test_reused_chunks_give_the_trace_every_chunk_gives(case, stub_count):
