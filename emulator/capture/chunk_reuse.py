@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 from torch.distributed.pipelining import schedules as pipeline_schedules
@@ -389,8 +390,23 @@ def reused_chunks(recorder, comm, own_steps=None, enabled: bool = True) -> Itera
         yield reuse
 
 
+class PipelineSteps(Protocol):
+    """A pipeline executor of the program's own (the workloads' Megatron 1F1B), as chunk reuse
+    sees it: the rank's model chunks, the micro-batches per iteration, and the two steps it
+    calls through itself, which capture replaces while the step runs."""
+
+    modules: Sequence[Any]
+    num_microbatches: int
+
+    def forward_step(self, chunk: int, micro_batch: int, inputs: Any) -> Any: ...
+
+    def backward_step(
+        self, chunk: int, micro_batch: int, output: Any, output_grad: Any, inputs: Any
+    ) -> Any: ...
+
+
 @contextlib.contextmanager
-def _reused_own_steps(reuse: ChunkReuse, steps) -> Iterator[None]:
+def _reused_own_steps(reuse: ChunkReuse, steps: PipelineSteps | None) -> Iterator[None]:
     """Chunk reuse for the steps of a pipeline executor of the program's own: a model chunk's
     forward and backward of one micro-batch (`RankProgram.pipeline_steps`); each chunk (a
     virtual stage) has templates of its own."""

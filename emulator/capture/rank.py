@@ -62,7 +62,7 @@ from torch.optim.optimizer import (
 
 from emulator import torch_compat
 from emulator.capture import streams
-from emulator.capture.chunk_reuse import reused_chunks, wrapped_attribute
+from emulator.capture.chunk_reuse import PipelineSteps, reused_chunks, wrapped_attribute
 from emulator.capture.compile_fusion import fuse_compiled_chains
 from emulator.capture.fused_ops import gpu_fused_ops
 from emulator.capture.micro_batch_reuse import reused_micro_batches
@@ -87,11 +87,9 @@ class RankProgram:
     # program has one: capture replaces the two while the step runs (micro-batch reuse)
     micro_batch_steps: Callable[[Any], Any] = lambda state: None
     # the pipeline executor of the program's own, if it runs one (the workloads' Megatron
-    # 1F1B): an object with `modules` (the rank's model chunks), `num_microbatches`, and the
-    # two steps it calls through itself, `forward_step(chunk, micro_batch, inputs) -> output`
-    # and `backward_step(chunk, micro_batch, output, output_grad, inputs) -> input gradient`;
-    # capture replaces the two while the step runs (micro-batch markers and chunk reuse)
-    pipeline_steps: Callable[[Any], Any] = lambda state: None
+    # 1F1B; emulator.capture.chunk_reuse.PipelineSteps): capture replaces its two steps while
+    # the step runs (micro-batch markers and chunk reuse)
+    pipeline_steps: Callable[[Any], PipelineSteps | None] = lambda state: None
     # entered around the recorded step with the recorder: how the program's kernels are
     # recorded where eager torch runs others (emulator.capture.fp8_casts)
     recording_rules: Callable[[OpRecorder], contextlib.AbstractContextManager] = lambda recorder: (
