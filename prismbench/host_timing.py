@@ -29,13 +29,14 @@ record_shapes), which adds host time to every recorded event. The figures here a
 from __future__ import annotations
 
 import bisect
-import gzip
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from prismbench.profile_readers import open_text
 
 CLASSES = ("forward", "backward", "optimizer")
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)
@@ -75,8 +76,7 @@ class LaunchGaps:
 
 
 def _events(path: Path) -> list[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as handle:
+    with open_text(path) as handle:
         return [json.loads(line) for line in handle if line.strip()]
 
 

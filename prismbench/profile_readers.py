@@ -47,7 +47,8 @@ class ProfiledOp:
         return float(sum(us for _, us in self.kernels))
 
 
-def _open_text(path: Path):
+def open_text(path: Path):
+    """A profile file for reading as text, gzipped or not (told by its first bytes)."""
     if not path.is_file():
         raise ProfileError(f"{path}: no such profile file")
     with path.open("rb") as handle:
@@ -63,7 +64,7 @@ def read_ops_jsonl(path: str | Path) -> list[ProfiledOp]:
     """The op events of a `<case>.ops.jsonl[.gz]` profile, in file (program) order."""
     path = Path(path)
     ops = []
-    with _open_text(path) as handle:
+    with open_text(path) as handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -138,7 +139,7 @@ def _dims(event: dict) -> tuple:
 
 
 def _chrome_events(path: Path) -> list[dict]:
-    with _open_text(path) as handle:
+    with open_text(path) as handle:
         try:
             data = json.load(handle)
         except json.JSONDecodeError as err:
@@ -189,7 +190,7 @@ def read_chrome_trace(path: str | Path) -> list[ProfiledOp]:
 def read_profile(path: str | Path) -> list[ProfiledOp]:
     """Either format, told apart by content: JSON lines with "op", or a Chrome trace."""
     path = Path(path)
-    with _open_text(path) as handle:
+    with open_text(path) as handle:
         first = handle.readline()
     try:
         head = json.loads(first)

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import math
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -61,26 +62,16 @@ EXTERN_NAMESPACES = ("fsdp",)  # torch.distributed.fsdp's custom ops (torch.ops.
 FUSED_ATEN = "inductor.fused"
 FUSED_NAME = "elementwise"
 _STORAGE_ROWS = (ALLOC, FREE)
-_ITEMSIZE: dict[str, int] = {}
 
 
+@functools.cache
 def _itemsize(dtype: str) -> int:
-    size = _ITEMSIZE.get(dtype)
-    if size is None:
-        size = _ITEMSIZE[dtype] = getattr(torch, dtype).itemsize
-    return size
-
-
-def _numel(shape: tuple) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    return getattr(torch, dtype).itemsize
 
 
 def _nbytes(tensor: tuple) -> int:
     shape, dtype, _ = tensor
-    return _numel(shape) * _itemsize(dtype)
+    return math.prod(shape) * _itemsize(dtype)
 
 
 def _chain_key(e: OpEvent, region_of: Callable[[str], str]) -> tuple | None:
@@ -96,7 +87,7 @@ def _chain_key(e: OpEvent, region_of: Callable[[str], str]) -> tuple | None:
 def _full_reduction(e: OpEvent) -> bool:
     """Rule 3: a reduction whose outputs hold one element each."""
     outs = [shape for shape, _, is_out in e.tensors if is_out]
-    return e.name == "reduction" and bool(outs) and all(_numel(s) == 1 for s in outs)
+    return e.name == "reduction" and bool(outs) and all(math.prod(s) == 1 for s in outs)
 
 
 def _outputs(e: OpEvent) -> set[int]:
