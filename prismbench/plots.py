@@ -18,7 +18,7 @@ from emulator.capture.trace import CATEGORIES, PHASES, RankTrace
 from emulator.graph.build import segment_rows
 from emulator.graph.execution_graph import COLLECTIVE, RECV, SEGMENT, SEND, ClassGraph
 from emulator.graph.results import Timeline
-from emulator.memory.events import WORKSPACE_CATEGORY
+from emulator.memory.events import KERNEL_WORKSPACE_CATEGORY, WORKSPACE_CATEGORY
 from emulator.memory.replay import MemoryResult
 
 _MAX_POINTS = 4000  # timeline points plotted (events are binned beyond this)
@@ -166,7 +166,7 @@ def _draw_curves(ax, result: MemoryResult, picks, x, to_x, scale: int) -> dict[s
         np.add.at(delta, t.alloc_event[mine], t.block_bytes[mine])
         np.add.at(delta, t.free_event[mine], -t.block_bytes[mine])
         stacks.append(np.cumsum(delta[:n])[picks] / scale)
-    known = (*CATEGORIES, WORKSPACE_CATEGORY)  # one colour per category in every figure
+    known = (*CATEGORIES, WORKSPACE_CATEGORY, KERNEL_WORKSPACE_CATEGORY)  # same colours everywhere
     order = [known.index(lab) if lab in known else len(known) + i for i, lab in enumerate(labels)]
     colours = {lab: f"C{k % 10}" for lab, k in zip(labels, order, strict=True)}
     if stacks:  # the table under the plot names the colours

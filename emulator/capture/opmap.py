@@ -214,7 +214,10 @@ def flash_bwd_workspace_bytes(query, key) -> int:
     FlashAttention-2 `mha_bwd` (csrc/flash_attn/flash_api.cpp, vendored by torch under
     aten/src/ATen/native/transformers/cuda/flash_attn/): softmax_d of B x H x S_q_rounded and
     dq_accum of B x S_q_rounded x H x D_rounded (S rounded to 128, D to 32), float32; with
-    GQA also dK, dV expanded to the query heads in the input dtype.
+    GQA also dK, dV expanded to the query heads in the input dtype. torch's cuDNN backward
+    (the default on an H100) holds the same buffers in one workspace: the shared H100 profiles
+    list its kernels (compute_dot_do_o, convert_dq_to_16bits, and fmha_reduce_head twice under
+    GQA), whose durations fit float32 dQ and 16-bit expanded dK/dV traffic.
     """
     b, h_q, s_q, s_k, d = _attention_dims(query, key)
     s_q_rounded, d_rounded = _round_up(s_q, 128), _round_up(d, 32)

@@ -14,12 +14,12 @@ API (sizes in bytes):
     result.to_dict()                            # JSON-ready
 
 `replay_memory(trace, *, gpu=None, alloc_conf="", memory_fraction=None, stage=None,
-top_modules=10, cublas_workspace=True, outside=None)`: `gpu` is a preset name or GpuPreset
+top_modules=10, workspaces=True, outside=None)`: `gpu` is a preset name or GpuPreset
 (None: unlimited memory, no outside-allocator figures); `alloc_conf` a PYTORCH_ALLOC_CONF string
 or an AllocatorConfig; `memory_fraction` as torch.cuda.set_per_process_memory_fraction (it is
 what enables garbage_collection_threshold, as in torch); `stage` is copied into the event
-reports; `cublas_workspace` injects torch's cuBLAS workspaces (allocated through the caching
-allocator, absent from a CPU trace). An OOM is data, never an exception: after the first
+reports; `workspaces` injects what the caching allocator hands out that a CPU trace does not hold:
+torch's cuBLAS workspaces and each kernel's own scratch (events.py). An OOM is data, never an exception: after the first
 allocation that does not fit, the replay goes on as on an unlimited device so every figure is
 still given.
 

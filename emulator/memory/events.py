@@ -1,8 +1,17 @@
-"""The event table a memory replay walks: a trace's alloc/free rows plus cuBLAS workspaces.
+"""The event table a memory replay walks: a trace's alloc/free rows plus workspaces.
+
+Two kinds of workspace come through the caching allocator without being tensors the capture
+sees: the cuBLAS workspace of each handle (made at its first matmul, kept), and the scratch
+a kernel allocates for its own duration (the trace's `workspace_bytes`, e.g. the attention
+backward's float32 dQ accumulator: torch's cuDNN SDPA backward takes it as one
+`CUDACachingAllocator::allocate(workspace_size)` after allocating dQ, dK, dV and frees it when
+the op returns, aten/src/ATen/native/cudnn/MHA.cpp run_cudnn_SDP_bprop). A kernel's scratch
+is one block allocated at the op's row, after its outputs, and freed right after.
 
 Per event: its trace row, whether it frees, size, storage uid (workspaces get uids -2, -3,
 ...), stream and category code (into `categories`: the trace's strings plus
-WORKSPACE_CATEGORY). emulator.memory.iterations cuts it into a first and a steady iteration.
+WORKSPACE_CATEGORY and KERNEL_WORKSPACE_CATEGORY). emulator.memory.iterations cuts it into a
+first and a steady iteration.
 """
 
 from __future__ import annotations
@@ -12,32 +21,54 @@ import numpy as np
 from emulator.capture.trace import ALLOC, COMPUTE, FREE, PHASES, RankTrace
 
 WORKSPACE_CATEGORY = "cublas_workspace"
+KERNEL_WORKSPACE_CATEGORY = "kernel_workspace"
 _MATMULS = ("mm", "addmm", "bmm", "linear", "scaled_mm")
 _BACKWARD_PHASES = (PHASES.index("backward"), PHASES.index("recompute"))
 
 
-def replay_events(trace: RankTrace, workspace_bytes: int) -> dict:
-    """The alloc/free rows, plus one cuBLAS workspace allocation (never freed) at the first
-    matmul of each (thread, stream): autograd runs backward on its own thread, whose cuBLAS
-    handle gets its own workspace (CublasHandlePool.cpp keys workspaces by handle and stream)."""
+def replay_events(trace: RankTrace, cublas_workspace_bytes: int, workspaces: bool = True) -> dict:
+    """The alloc/free rows and, with `workspaces`: one cuBLAS workspace allocation (never
+    freed) at the first matmul of each (thread, stream), since autograd runs backward on its own
+    thread, whose cuBLAS handle gets its own workspace (CublasHandlePool.cpp keys workspaces by
+    handle and stream); and each op's own scratch (`workspace_bytes` > 0), allocated and freed
+    at its row."""
     c = trace.columns
     kind = c["kind"]
     rows = np.flatnonzero((kind == ALLOC) | (kind == FREE))
-    categories = (*trace.strings, WORKSPACE_CATEGORY)
-    ws_rows = _first_matmuls(trace) if workspace_bytes else np.zeros(0, np.int64)
-    all_rows = np.concatenate([rows, ws_rows])
+    categories = (*trace.strings, WORKSPACE_CATEGORY, KERNEL_WORKSPACE_CATEGORY)
+    none = np.zeros(0, np.int64)
+    ws_rows = _first_matmuls(trace) if workspaces and cublas_workspace_bytes else none
+    op_rows = np.flatnonzero((kind == COMPUTE) & (c["workspace_bytes"] > 0)) if workspaces else none
+    n_ws, n_op = len(ws_rows), len(op_rows)
+    op_uids = -2 - n_ws - np.arange(n_op, dtype=np.int64)
+    # a stable sort keeps each op's scratch allocation before its free (same row)
+    all_rows = np.concatenate([rows, ws_rows, op_rows, op_rows])
     order = np.argsort(all_rows, kind="stable")
-    n_ws = len(ws_rows)
+    code = len(trace.strings)
     return {
         "rows": all_rows[order],
-        "is_free": np.concatenate([kind[rows] == FREE, np.zeros(n_ws, bool)])[order],
-        "size": np.concatenate([c["size_bytes"][rows], np.full(n_ws, workspace_bytes, np.int64)])[
-            order
-        ],
-        "uid": np.concatenate([c["storage"][rows], -2 - np.arange(n_ws, dtype=np.int64)])[order],
-        "stream": np.concatenate([c["stream"][rows], c["stream"][ws_rows]]).astype(np.int64)[order],
+        "is_free": np.concatenate(
+            [kind[rows] == FREE, np.zeros(n_ws + n_op, bool), np.ones(n_op, bool)]
+        )[order],
+        "size": np.concatenate(
+            [
+                c["size_bytes"][rows],
+                np.full(n_ws, cublas_workspace_bytes, np.int64),
+                np.tile(c["workspace_bytes"][op_rows].astype(np.int64), 2),
+            ]
+        )[order],
+        "uid": np.concatenate(
+            [c["storage"][rows], -2 - np.arange(n_ws, dtype=np.int64), op_uids, op_uids]
+        )[order],
+        "stream": np.concatenate(
+            [c["stream"][rows], c["stream"][ws_rows], np.tile(c["stream"][op_rows], 2)]
+        ).astype(np.int64)[order],
         "category": np.concatenate(
-            [c["category"][rows], np.full(n_ws, len(trace.strings), np.int32)]
+            [
+                c["category"][rows],
+                np.full(n_ws, code, np.int32),
+                np.full(2 * n_op, code + 1, np.int32),
+            ]
         )[order],
         "categories": categories,
     }

@@ -26,7 +26,7 @@ def snapshot(trace: RankTrace, **replay_kwargs) -> dict:
         "gpu": None,
         "alloc_conf": "",
         "memory_fraction": None,
-        "cublas_workspace": True,
+        "workspaces": True,
         "outside": None,
     }
     unknown = set(replay_kwargs) - set(kw)
@@ -35,7 +35,7 @@ def snapshot(trace: RankTrace, **replay_kwargs) -> dict:
     kw |= replay_kwargs
     _, allocator = _replay(
         trace, kw["gpu"], kw["alloc_conf"], kw["memory_fraction"], None, 10,
-        kw["cublas_workspace"], kw["outside"], history=True,
+        kw["workspaces"], kw["outside"], history=True,
     )  # fmt: skip
     frames = [{"filename": "prismbench", "line": 0, "name": "replay"}]
     traces = [dict(e, time_us=i, frames=frames) for i, e in enumerate(allocator.history)]

@@ -123,12 +123,12 @@ def replay_memory(
     memory_fraction: float | None = None,
     stage: int | None = None,
     top_modules: int = 10,
-    cublas_workspace: bool = True,
+    workspaces: bool = True,
     outside: OutsideMemory | None = None,
 ) -> MemoryResult:
     """Replay `trace` (see the package docstring for the API)."""
     return _replay(
-        trace, gpu, alloc_conf, memory_fraction, stage, top_modules, cublas_workspace, outside
+        trace, gpu, alloc_conf, memory_fraction, stage, top_modules, workspaces, outside
     )[0]
 
 
@@ -139,7 +139,7 @@ def _replay(
     memory_fraction,
     stage,
     top_modules,
-    cublas_workspace,
+    workspaces,
     outside,
     history=False,
 ):
@@ -150,10 +150,7 @@ def _replay(
     outside = outside or outside_memory(trace, arch)
     allocator = _allocator(config, preset, outside, memory_fraction, history)
     ev = replay_events(
-        trace,
-        CUBLAS_WORKSPACE_BYTES.get(arch, CUBLAS_WORKSPACE_BYTES["ampere"])
-        if cublas_workspace
-        else 0,
+        trace, CUBLAS_WORKSPACE_BYTES.get(arch, CUBLAS_WORKSPACE_BYTES["ampere"]), workspaces
     )
     runs = _iterations(allocator, *iteration_events(trace, ev))
     result = _result(trace, runs, allocator, outside, preset, conf_text, stage, top_modules)

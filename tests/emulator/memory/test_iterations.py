@@ -40,7 +40,7 @@ def program_trace():
 
 
 def test_the_first_iteration_creates_optimizer_state_at_its_step_and_steady_ones_reuse_it():
-    r = replay_memory(program_trace(), cublas_workspace=False)
+    r = replay_memory(program_trace(), workspaces=False)
     # first: 20 + 40 + 60 activations + 12 buffer = 132 MiB before the step; then the
     # activations are gone and the 80 MiB of moments arrive: 20 + 40 + 12 + 80 = 152 MiB
     assert r.first_iteration_peak_allocated_bytes == 152 * MiB
@@ -62,7 +62,7 @@ def test_the_first_iteration_creates_optimizer_state_at_its_step_and_steady_ones
 
 
 def test_steady_reserved_keeps_the_segments_the_first_iteration_left():
-    r = replay_memory(program_trace(), cublas_workspace=False)
+    r = replay_memory(program_trace(), workspaces=False)
     # the first iteration's activation segments (3 x 20 MiB) are cached when the moments
     # (2 x 40 MiB) need new ones; the steady iteration then reuses everything
     assert r.peak_reserved_bytes >= r.first_iteration_peak_reserved_bytes
@@ -80,5 +80,5 @@ def test_an_uncategorised_storage_is_added_to_other_not_written_over_it():
                           storage=9, category="activation"))  # fmt: skip
     events.append(OpEvent(next(seq), FREE, "", "", 0, "m", BACKWARD, 0, size_bytes=2 * MiB,
                           storage=9))  # fmt: skip
-    r = replay_memory(build_trace(events), cublas_workspace=False)
+    r = replay_memory(build_trace(events), workspaces=False)
     assert r.live_at_peak_by_category == {"other": 8 * MiB, "activation": 2 * MiB}

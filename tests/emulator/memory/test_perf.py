@@ -29,13 +29,13 @@ def test_reserved_never_below_allocated_and_allocated_never_below_requested(conf
 
 def test_a_capacity_40MiB_below_the_unlimited_reserved_peak_retries_then_reports_oom():
     trace = synthetic_trace(4000, seed=2)
-    free_run = replay_memory(trace, gpu="h100-sxm-80g", cublas_workspace=False)
+    free_run = replay_memory(trace, gpu="h100-sxm-80g", workspaces=False)
     need = free_run.peak_reserved_bytes
     none_outside = OutsideMemory(
         cuda_context_bytes=0, nccl_buffer_bytes=0, nccl_communicators=0, nccl_channels=0
     )
     tight = replace(gpu_preset("h100-sxm-80g"), usable_capacity_bytes=need - (40 << 20))
-    result = replay_memory(trace, gpu=tight, cublas_workspace=False, outside=none_outside)
+    result = replay_memory(trace, gpu=tight, workspaces=False, outside=none_outside)
     # Split segments cannot be released (release_cached_blocks frees unsplit ones only): the
     # retry after emptying the cache still fails.
     assert result.alloc_retries >= 1 and result.oom is not None

@@ -73,7 +73,7 @@ def test_categories_at_the_peak_sum_to_peak_allocated(trace):
 
 
 def test_without_workspaces_allocated_is_live_bytes_rounded_to_512(trace):
-    result = replay_memory(trace, cublas_workspace=False)
+    result = replay_memory(trace, workspaces=False)
     sizes = np.where(trace["kind"] == ALLOC, -(-trace["size_bytes"] // 512) * 512, 0)
     sizes -= np.where(trace["kind"] == FREE, -(-trace["size_bytes"] // 512) * 512, 0)
     # Every tensor here is small (<= 1 MiB): small-pool blocks are exactly the rounded size.
