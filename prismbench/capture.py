@@ -75,11 +75,12 @@ def library_versions(libraries: tuple[str, ...] = ("torch", "torchao")) -> str:
 
 def cache_key(job) -> str:
     """What a capture depends on: the job without its hardware (the GPU and network presets
-    only price a trace; the capture reads gpus_per_node alone, through `world_of`), the
-    capturing source, the libraries it calls and the trace schema. Jobs that differ only in
-    GPU or network share one."""
+    only price a trace; the capture reads gpus_per_node alone, through `world_of`; so does
+    `kernels.attention`, which only prices), the capturing source, the libraries it calls and
+    the trace schema. Jobs that differ only in GPU, network or attention kernel share one."""
     tables = job.to_dict()
     tables["cluster"] = {"gpus_per_node": job.cluster.gpus_per_node}
+    tables.get("kernels", {}).pop("attention", None)
     spec = json.dumps(tables, sort_keys=True)
     key = f"{spec}|{source_hash()}|{library_versions()}|{SCHEMA_VERSION}"
     return hashlib.sha256(key.encode()).hexdigest()[:20]

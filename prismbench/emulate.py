@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from emulator.costs.attention_rates import AttentionRates, load_attention_rates
 from emulator.costs.collectives import Topology
 from emulator.costs.host_dispatch import HostDispatch, from_figures
 from emulator.costs.kernel_table import PRICE_SOURCES, KernelTable, load_kernel_table
@@ -27,10 +28,13 @@ from emulator.memory.export import write_snapshot
 from prismbench.capture import JobCapture, capture_job
 from prismbench.explain import explain
 from prismbench.plots import memory_event_times_s, plot_memory_timeline
+from prismbench.spec import SpecError
 
 KERNEL_TABLES = Path(__file__).resolve().parents[1] / "results" / "kernels"
 # measured host time per op (built by results/kernels/build_host_dispatch.py)
 HOST_DISPATCH = KERNEL_TABLES / "host-dispatch.json"
+# published rates of the attention kernels the tables do not measure, by `[kernels] attention`
+ATTENTION_RATES = {"triton": KERNEL_TABLES / "triton-attention.csv"}
 # The dense peak MFU is taken against: the GEMM dtype of the job (fp8 jobs against the fp8
 # peak, as MosaicML reports its FP8 rows; torchtitan quotes bf16 peak, see METRICS.md).
 CRITICAL_PATH_SHOWN = 50
@@ -124,6 +128,22 @@ _PLAIN_TP_FRAMEWORKS = ("megatron", "nemo")
 _NATIVE_FRAMEWORKS = ("llm.c",)
 
 
+def attention_rates_for(job) -> AttentionRates | None:
+    """The rates that price `job`'s attention when its framework runs a kernel the kernel
+    tables did not measure (`[kernels] attention`, `ATTENTION_RATES`); None for "flash"."""
+    kernel = job.kernels.attention
+    if kernel not in ATTENTION_RATES:
+        return None
+    gpu = gpu_preset(job.cluster.gpu)
+    rates = load_attention_rates(ATTENTION_RATES[kernel], kernel, gpu.arch)
+    if rates is None:
+        raise SpecError(
+            f"kernels.attention={kernel!r}: no published rates of that kernel on {gpu.arch} "
+            f'GPUs (cluster.gpu={job.cluster.gpu!r}); use attention = "flash"'
+        )
+    return rates
+
+
 def host_framework(job) -> str | None:
     """Which host dispatch figures a job's rank pays: `dtensor` when tensor parallelism makes
     its layers DTensor modules (workloads.parallelize; torchtitan), `aten` for other eager
@@ -170,6 +190,7 @@ def cost_context(
         table=kernel_table,
         host=host_dispatch,
         async_tp=job.kernels.async_tp,
+        attention=attention_rates_for(job),
     )
 
 

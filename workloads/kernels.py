@@ -47,6 +47,14 @@ Fields:
   the eager op chain (what runs without torch.compile); `fused`, the two kernels per
   operand that Transformer Engine or torch.compile run (rule: `emulator.capture.fp8_casts`).
   The real CPU run is eager either way; the choice changes what the capture records.
+- `attention`: which fused attention kernel runs on the GPU: `flash`, a FlashAttention-2-class
+  kernel (torch's SDPA backends: cuDNN on an H100, FlashAttention-2 on an A100; Transformer
+  Engine's fused attention; flash-attn 2), priced by the kernel tables; `triton`, Tri Dao's
+  FlashAttention Triton kernel (flash-attn's `flash_attn_triton.py`, vendored by llm-foundry
+  for `attn_impl: triton`), about half as fast at long sequences, priced from its published
+  rates (`emulator.costs.attention_rates`). Both compute exact attention and keep the output
+  and a float32 logsumexp, so the program, its memory and its loss are the same: the choice
+  is what the kernel costs.
 - `pipeline_recv`: the pipeline's receive buffers. "per-microbatch": torch.distributed.
   pipelining, whose stages allocate a receive buffer per micro-batch at setup and keep it;
   "per-transfer": Megatron's 1F1B (`workloads.megatron_schedule`), a buffer allocated by
@@ -87,6 +95,7 @@ NORMS = ("torch",)
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao recipe names
 FP8_CASTS = ("unfused", "fused")
 PIPELINE_RECVS = ("per-microbatch", "per-transfer")
+ATTENTIONS = ("flash", "triton")
 
 
 def _same_for_all(value: Any) -> dict[str, Any]:
@@ -151,6 +160,13 @@ FP8_CASTS_BY_FRAMEWORK: dict[str, str] = {
     "nemo": "fused",
     "llm-foundry": "fused",
 }
+# llm-foundry's published throughput tables (scripts/train/benchmarking/README.md) were made by
+# sweep.sh, which passes no --attn_impl, so submit_benchmarks.py's default `--attn_impl triton`
+# set `model.attn_config.attn_impl` (both at b2a43a147, the Oct 2023 table update; the pretrain
+# yamls and MPT's configuration_mpt.py default say triton too). Megatron and NeMo run Transformer
+# Engine's fused attention (cuDNN) or flash-attn 2, torchtitan and prism-86a4f47 torch's SDPA,
+# llm.c cuDNN's: all FlashAttention-2-class.
+ATTENTION_BY_FRAMEWORK: dict[str, str] = {**_same_for_all("flash"), "llm-foundry": "triton"}
 # torchtitan's JobConfig: `compile.enable = False` and `parallelism.enable_async_tensor_parallel
 # = False` by default (torchtitan/config/job_config.py). Megatron, NeMo and llm-foundry train
 # eager (TE's and Apex's fused kernels are what `fp8_casts`, `norm` and `loss` say); llm.c is
@@ -182,6 +198,7 @@ CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {
     "fp8_recipe": (FP8_RECIPES, FP8_RECIPE_BY_FRAMEWORK),
     "fp8_casts": (FP8_CASTS, FP8_CASTS_BY_FRAMEWORK),
     "pipeline_recv": (PIPELINE_RECVS, PIPELINE_RECV_BY_FRAMEWORK),
+    "attention": (ATTENTIONS, ATTENTION_BY_FRAMEWORK),
 }
 
 
@@ -196,6 +213,7 @@ class KernelsSpec:
     fp8_recipe: str | None = None
     fp8_casts: str | None = None
     pipeline_recv: str | None = None
+    attention: str | None = None
     compile: bool | None = None
     async_tp: bool | None = None
 

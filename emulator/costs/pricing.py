@@ -2,7 +2,8 @@
 
 What the execution graph asks of the cost models, in one place: `compute_prices` (every
 compute row, through `costs.compute.op_price` and an optional kernel table, with which of
-exact row / interpolation / roofline priced it),
+exact row / interpolation / roofline priced it; attention through `costs.attention_rates`
+where the job runs a kernel the table did not measure),
 `row_slowdowns` (how much a row slows beside running communication, `costs.overlap`) and
 `CommPricer` (a collective's or p2p call's duration over its group's ranks,
 `costs.collectives`). `op_record` reads the cost-model record of one row from its tensors.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from emulator.capture.trace import COMPUTE, RankTrace
+from emulator.costs.attention_rates import AttentionRates
 from emulator.costs.collectives import Topology, collective_time_s
 from emulator.costs.compute import op_price
 from emulator.costs.host_dispatch import HostDispatch
@@ -37,15 +39,17 @@ _TORCH_DTYPES = {
 @dataclass(frozen=True, kw_only=True)
 class CostContext:
     """What durations are priced on: the cluster, an optional kernel table, overlap on/off,
-    an optional host dispatch model (`costs.host_dispatch`), and whether tensor parallelism
+    an optional host dispatch model (`costs.host_dispatch`), whether tensor parallelism
     runs asynchronously (`costs.overlap.async_tp_exposed_s`, applied by the graph builder to TP
-    collectives next to their GEMMs)."""
+    collectives next to their GEMMs), and the rates of the attention kernel the job runs when
+    it is not the table's (`costs.attention_rates`; None: the table's or the curves')."""
 
     topology: Topology
     table: KernelTable | None = None
     overlap: bool = True
     host: HostDispatch | None = None  # host dispatch per op (None: the host binds nothing)
     async_tp: bool = False
+    attention: AttentionRates | None = None
 
 
 def op_record(trace: RankTrace, row: int) -> OpRecord:
@@ -121,12 +125,20 @@ def compute_prices(trace: RankTrace, cost: CostContext) -> tuple[np.ndarray, np.
         axis=1,
     )
     _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-    gpu, table = cost.topology.gpu, cost.table
-    priced = [op_price(op_record(trace, int(rows[i])), gpu, table=table) for i in first]
+    priced = [_price(op_record(trace, int(rows[i])), cost) for i in first]
     out[rows] = np.array([t for t, _ in priced])[inverse.reshape(-1)]
     codes = np.array([PRICE_SOURCES.index(s) for _, s in priced], dtype=np.int8)
     sources[rows] = codes[inverse.reshape(-1)]
     return out, sources
+
+
+def _price(op: OpRecord, cost: CostContext) -> tuple[float, str]:
+    """(duration, price source) of one op: attention by the job's kernel rates when given (rates
+    interpolated between published measurements), everything else by `op_price`."""
+    gpu = cost.topology.gpu
+    if cost.attention is not None and op.name in ATTENTION_OPS:
+        return cost.attention.time_s(op, gpu), "interpolated"
+    return op_price(op, gpu, table=cost.table)
 
 
 def compute_durations_s(trace: RankTrace, cost: CostContext) -> np.ndarray:

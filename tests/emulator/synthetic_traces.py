@@ -47,6 +47,7 @@ class Stage:
         tensors=(),
         dispatch_s=0.0,
         module="",
+        causal=False,
     ):
         phase = self.phase if phase is None else phase
         seq = self._next()
@@ -63,6 +64,7 @@ class Stage:
                 self.mb if mb is None else mb,
                 flops=flops,
                 tensors=tensors,
+                causal=causal,
             )
         )
         self.durations[seq] = duration_s

@@ -6,7 +6,7 @@ import pytest
 
 from prismbench.cli import main
 from prismbench.emulate import RESULT_SCHEMA_VERSION, emulate
-from prismbench.spec import job_spec_from_dict
+from prismbench.spec import SpecError, job_spec_from_dict
 
 CONTRACT_KEYS = {
     "iteration_time_s",
@@ -96,7 +96,11 @@ def test_oom_is_an_answer_not_a_crash(tmp_path, model, oom):
         {
             "model": {"name": model},
             "batch": {"seq_len": 256, "global_batch": 1},
-            "cluster": {"gpu": "a100-sxm-40g", "intra_node": "nvlink3", "inter_node": "ib-hdr-8x200"},
+            "cluster": {
+                "gpu": "a100-sxm-40g",
+                "intra_node": "nvlink3",
+                "inter_node": "ib-hdr-8x200",
+            },
         }
     )
     result = emulate(job, workers=1)
@@ -106,3 +110,39 @@ def test_oom_is_an_answer_not_a_crash(tmp_path, model, oom):
     if oom:
         where = result.per_class[0].oom_detail["at"]
         assert where["phase"] and where["module"] is not None
+
+
+def test_a_job_running_triton_attention_is_priced_by_its_rates_and_slower(monkeypatch):
+    from prismbench import emulate as emulate_module
+    from prismbench.emulate import attention_rates_for, cost_context
+
+    # one layer of head dim 128 at 2k tokens: attention is a sizeable part of its kernels
+    model = {"family": "gpt", "layers": 1, "hidden": 512, "ffn_hidden": 2048, "heads": 4,
+             "vocab": 256, "max_seq_len": 2048}  # fmt: skip
+    tables = {
+        "model": model,
+        "batch": {"seq_len": 2048, "global_batch": 1},
+        "cluster": {"gpu": "a100-sxm-80g", "intra_node": "nvlink3", "inter_node": "ib-hdr-8x200"},
+    }
+    flash = job_spec_from_dict(tables)
+    triton = job_spec_from_dict({**tables, "kernels": {"attention": "triton"}})
+    assert attention_rates_for(flash) is None and cost_context(flash).attention is None
+    assert cost_context(triton).attention.arch == "ampere"
+    # without the host's launch queue, which binds so small a model, kernels alone set the time
+    slower, faster = (
+        emulate(j, workers=1, host_dispatch=None).iteration_time_s for j in (triton, flash)
+    )
+    assert slower > faster
+    # a GPU architecture the kernel was never measured on is refused, naming the field
+    monkeypatch.setitem(emulate_module.ATTENTION_RATES, "triton", _empty_rates())
+    with pytest.raises(SpecError, match=r"kernels.attention='triton': no published rates"):
+        attention_rates_for(triton)
+
+
+def _empty_rates():
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp()) / "rates.csv"
+    path.write_text("arch,causal,head_dim,seqlen,fwd_bwd_tflops,peak_bf16_tflops,source\n")
+    return path

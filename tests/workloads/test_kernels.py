@@ -27,6 +27,7 @@ def test_a_field_given_next_to_the_framework_overrides_its_choice():
         ({"loss": "magic"}, "kernels.loss"),
         ({"vocab_multiple": 0}, "kernels.vocab_multiple"),
         ({"pipeline_recv": "never"}, "kernels.pipeline_recv"),
+        ({"attention": "xformers"}, "kernels.attention"),
     ],
 )
 def test_bad_choices_name_the_field(kwargs, field):
@@ -119,3 +120,13 @@ def test_async_tp_needs_sequence_parallel_tensor_parallelism(parallel, message):
         _job(kernels, parallel)
     job = _job(kernels, {"tp": 2})
     assert job.kernels.async_tp and job.to_dict()["kernels"]["async_tp"] is True
+
+
+def test_llm_foundry_runs_the_triton_attention_kernel_and_the_others_flash():
+    assert KernelsSpec(framework="llm-foundry").attention == "triton"
+    assert {KernelsSpec(framework=f).attention for f in FRAMEWORKS if f != "llm-foundry"} == {
+        "flash"
+    }
+    assert KernelsSpec(framework="llm-foundry", attention="flash").overrides() == {
+        "attention": "flash"
+    }

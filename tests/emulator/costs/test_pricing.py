@@ -72,3 +72,27 @@ def test_comm_pricer_is_free_without_a_topology_and_names_p2p_as_send_recv():
         == priced.duration_s("send_recv", 1 << 20, pair)
         > 0
     )
+
+
+def test_attention_rates_price_attention_rows_and_leave_the_others_to_the_table():
+    from pathlib import Path
+
+    from emulator.costs.attention_rates import load_attention_rates
+    from emulator.costs.pricing import compute_prices
+
+    rates = load_attention_rates(
+        Path(__file__).resolve().parents[3] / "results/kernels/triton-attention.csv",
+        "triton", "hopper",
+    )  # fmt: skip
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    s = _mm_stage(world)
+    q = (1, 16, 8192, 128)
+    s.compute(0.0, name="flash_attn_fwd", flops=4 * 16 * 8192**2 * 128 // 2, causal=True,
+              tensors=((q, "bfloat16", False), (q, "bfloat16", False), (q, "bfloat16", True)))  # fmt: skip
+    trace, _ = s.trace()
+    plain, _ = compute_prices(trace, CostContext(topology=TOPO))
+    triton, sources = compute_prices(trace, CostContext(topology=TOPO, attention=rates))
+    assert triton[0] == plain[0]  # the GEMM
+    assert triton[1] == pytest.approx(rates.time_s(op_record(trace, 1), TOPO.gpu))
+    assert triton[1] > plain[1]
+    assert sources[1] == 1  # "interpolated": between published measurements

@@ -1,0 +1,78 @@
+"""Attention priced from a kernel's published rates (emulator.costs.attention_rates), on the
+committed FlashAttention Triton rates (results/kernels/triton-attention.csv)."""
+
+import csv
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from emulator.costs.attention_rates import load_attention_rates
+from emulator.costs.compute import LAUNCH_OVERHEAD_S
+from emulator.costs.ops import attention_op, gemm_op
+from emulator.hardware import gpu_preset
+
+RATES_CSV = Path(__file__).resolve().parents[3] / "results/kernels/triton-attention.csv"
+AMPERE = load_attention_rates(RATES_CSV, "triton", "ampere")
+HOPPER = load_attention_rates(RATES_CSV, "triton", "hopper")
+
+
+def committed_rate(arch, causal, head_dim, seqlen):
+    with RATES_CSV.open() as f:
+        for r in csv.DictReader(f):
+            if (r["arch"], r["causal"], r["head_dim"], r["seqlen"]) == (
+                arch, str(causal).lower(), str(head_dim), str(seqlen)):  # fmt: skip
+                return float(r["fwd_bwd_tflops"])
+    raise KeyError
+
+
+def test_at_a_measured_point_the_rate_is_the_figures():
+    # FlashAttention-2's A100 figure: the Triton kernel, causal, head dim 128, 4k: 74 TFLOP/s
+    assert AMPERE.tflops(causal=True, head_dim=128, seq_len=4096) == 74.0
+    assert HOPPER.tflops(causal=False, head_dim=64, seq_len=512) == committed_rate(
+        "hopper", False, 64, 512
+    )
+
+
+def test_between_points_it_interpolates_and_beyond_them_it_holds_the_nearest():
+    at_4k, at_8k = (AMPERE.tflops(causal=True, head_dim=128, seq_len=s) for s in (4096, 8192))
+    assert at_4k < AMPERE.tflops(causal=True, head_dim=128, seq_len=6000) < at_8k
+    assert AMPERE.tflops(causal=True, head_dim=128, seq_len=65536) == 80.0  # the 16k bar
+    d64, d128 = (AMPERE.tflops(causal=True, head_dim=d, seq_len=2048) for d in (64, 128))
+    assert AMPERE.tflops(causal=True, head_dim=96, seq_len=2048) == pytest.approx((d64 + d128) / 2)
+    assert AMPERE.tflops(causal=True, head_dim=256, seq_len=2048) == d128
+
+
+def test_forward_plus_backward_takes_the_figures_time():
+    gpu = gpu_preset("a100-sxm-80g")
+    shape = dict(batch=1, heads_q=16, heads_kv=16, seq_q=16384, seq_kv=16384, head_dim=128)
+    fwd, bwd = (attention_op(n, **shape) for n in ("flash_attn_fwd", "flash_attn_bwd"))
+    total_s = AMPERE.time_s(fwd, gpu) + AMPERE.time_s(bwd, gpu)
+    # the figure's 80 TFLOP/s over the pair's FLOPs (forward halved when causal, backward 2.5x)
+    assert total_s == pytest.approx((fwd.flops + bwd.flops) / 80e12 + 2 * LAUNCH_OVERHEAD_S)
+    # the same op on the 40 GB A100 (same chip and peak) costs the same
+    assert AMPERE.time_s(fwd, gpu_preset("a100-sxm-40g")) == AMPERE.time_s(fwd, gpu)
+
+
+def test_rates_refuse_another_architecture_and_other_ops():
+    op = attention_op("flash_attn_fwd", batch=1, heads_q=8, heads_kv=8, seq_q=1024, seq_kv=1024,
+                      head_dim=64)  # fmt: skip
+    with pytest.raises(ValueError, match="built for ampere"):
+        AMPERE.time_s(op, gpu_preset("h100-sxm-80g"))
+    with pytest.raises(ValueError, match="not attention"):
+        AMPERE.time_s(gemm_op("mm", 64, 64, 64), gpu_preset("a100-sxm-80g"))
+    assert load_attention_rates(RATES_CSV, "triton", "blackwell") is None
+
+
+def test_the_triton_kernel_is_slower_than_the_tables_flash_attention_at_long_sequences():
+    # on the A100 the table prices FlashAttention-2 (its figure: 189 TFLOP/s at 16k, causal,
+    # head dim 128); the Triton kernel ran at 80
+    from prismbench.emulate import kernel_table_for
+
+    gpu = gpu_preset("a100-sxm-80g")
+    op = attention_op("flash_attn_bwd", batch=1, heads_q=16, heads_kv=16, seq_q=16384,
+                      seq_kv=16384, head_dim=128)  # fmt: skip
+    op = replace(op, aten="aten._scaled_dot_product_flash_attention_backward")
+    table_s, how = kernel_table_for("a100-sxm-80g").lookup(op)
+    assert how == "exact"
+    assert AMPERE.time_s(op, gpu) > 2 * table_s
