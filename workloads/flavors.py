@@ -11,8 +11,11 @@ Names are `family-size` in lower case, the size as its source writes it:
 - `mcore-gpt-*`: Megatron-Core's weak-scaling table (NVIDIA/Megatron-LM README,
   images/model_table.png, r0.8.0): vocab 131072, 4096 positions. The table gives
   neither ffn nor kv heads: ffn = 4 * hidden and plain multi-head attention assumed.
-- `mpt-*`: llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (ALiBi, vocab 50368,
-  ffn 4 * hidden, tied embeddings).
+- `mpt-*`: llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (vocab 50368, ffn 4 * hidden,
+  tied embeddings), with ALiBi as the released MPT models use it. The yamls themselves set no
+  `alibi` and so keep MPT's learned position table (configuration_mpt.py defaults); the
+  llm-foundry baselines say so (results/baselines/make_baselines.py, checked against the
+  published parameter counts).
 - `bloom-176b`: bigscience/bloom config.json (ALiBi, vocab padded to 250880, tied).
   `bloom-proto-l{layers}-h{hidden}-a{heads}`: the BLOOM topology-search runs of
   bigscience train/tr11-176B-ml/chronicles-prequel.md (vocab "250k": 250880 assumed).

@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE.parents[1]))  # the repository root: runs without in
 
 from prismbench.baselines import Baseline, Measured, Provenance, baseline_to_toml  # noqa: E402
 from prismbench.spec import SpecError, job_spec_from_dict  # noqa: E402
-from workloads.flavors import FLAVORS, find_flavors  # noqa: E402
+from workloads.flavors import FLAVORS, find_flavors, parameter_count  # noqa: E402
 
 CSV_PATH = HERE / "published_baselines.csv"
 README_PATH = HERE / "README.md"
@@ -45,6 +45,9 @@ class SourceRule:
     sequence_parallel: bool | None  # None: read from the recompute text (Korthikanti)
     framework: str  # workloads.kernels framework whose kernels the source's code runs
     gpus_per_node_unstated: int | None = None  # used when the row leaves gpus_per_node empty
+    # the position encoding the source's runs used where it is not the flavor's (a learned
+    # table is sized to the run's seq_len, as the run's max_seq_len), with the reason
+    positions: tuple[str, str] | None = None
 
 
 # Keyed by the start of the `source` column; a row must match exactly one.
@@ -66,7 +69,11 @@ SOURCES = {
         sequence_parallel=True, framework="torchtitan"),
     "mosaicml/llm-foundry": SourceRule(
         "llmfoundry", "mpt-", "model", "model", None, sequence_parallel=False,
-        framework="llm-foundry", gpus_per_node_unstated=8),
+        framework="llm-foundry", gpus_per_node_unstated=8, positions=(
+            "learned", "model.positions: the benchmark's pretrain yamls set no `alibi`, so MPT's "
+            "defaults hold (llmfoundry/models/mpt/configuration_mpt.py: alibi False, "
+            "learned_pos_emb True) and submit_benchmarks.py sets max_seq_len to the run's "
+            "seq_len; the row's NumParams equals this model's parameter count (checked)")),
     "bigscience-workshop/bigscience": SourceRule(
         "bigscience", "bloom-", "hardware", "hardware", "nvidia_smi", sequence_parallel=False,
         framework="megatron"),
@@ -234,7 +241,12 @@ def model_table(row: dict, rule: SourceRule, assumptions: list[str]) -> dict:
                 f"model.vocab: the row gives none; flavor {names[0]}'s "
                 f"{FLAVORS[names[0]].vocab} is used (see workloads/flavors.py)"
             )
-        return {"name": names[0]}
+        if rule.positions is None:
+            return {"name": names[0]}
+        positions, why = rule.positions
+        assumptions.append(why)
+        table = {"name": names[0], "positions": positions}
+        return table | ({"max_seq_len": int(row["seq_len"])} if positions == "learned" else {})
     lacking = [k for k in ("ffn_hidden", "vocab") if dims[k] is None]
     if lacking:
         raise Refused(
@@ -378,6 +390,17 @@ def measured(row: dict, rule: SourceRule, derived: dict[str, str]) -> Measured:
     return Measured(**figures, **kinds)
 
 
+def check_parameter_count(model, row: dict) -> None:
+    """A row that states its model's parameter count ("NumParams=N" in its notes) must describe
+    the model the spec builds: the count decides what the program computes and holds."""
+    stated = re.search(r"NumParams=(\d+)", row["notes"])
+    if stated and int(stated[1]) != parameter_count(model):
+        raise SystemExit(
+            f"{row['source'][:40]!r} {row['model']} s{row['seq_len']}: NumParams={stated[1]} "
+            f"but the spec's model has {parameter_count(model)}; fix the flavor or the rule"
+        )
+
+
 def convert(line: int, row: dict) -> Baseline:
     """The baseline of one CSV row (line = its line in the file); raises Refused with reasons."""
     rule = source_rule(row["source"])
@@ -393,6 +416,7 @@ def convert(line: int, row: dict) -> Baseline:
     except SpecError as err:
         rule_text = re.sub(r"\(\d+\)", "(N)", str(err).split(":")[0])
         raise Refused(("spec: " + rule_text, str(err))) from None
+    check_parameter_count(job.model, row)
     derived: dict[str, str] = {}
     figures = measured(row, rule, derived)
     name = f"{rule.slug}__{_slug(job.model.name if job.model.name != 'custom' else row['model'])}"

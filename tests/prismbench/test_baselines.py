@@ -190,6 +190,29 @@ def test_torchtitan_rows_say_torch_compile_and_async_tp_as_their_notes_do():
     assert made[44].job.parallel.sequence_parallel
 
 
+def test_llm_foundry_rows_run_learned_positions_and_triton_attention_as_their_runs_did():
+    import re
+
+    from workloads.flavors import parameter_count
+
+    mpt = [b for b in load_baselines(BASELINES) if b.name.startswith("llmfoundry__")]
+    assert len(mpt) == 92
+    for b in mpt:
+        model = b.job.model
+        assert (model.positions, model.max_seq_len) == ("learned", b.job.batch.seq_len)
+        assert b.job.kernels.attention == "triton"
+        # the published parameter count is this model's, position table included
+        assert parameter_count(model) == int(re.search(r"NumParams=(\d+)", b.provenance.notes)[1])
+
+
+def test_a_stated_parameter_count_the_spec_does_not_build_stops_the_generator():
+    gen = _generator()
+    model = load_baselines(BASELINES)[0].job.model
+    row = {"source": "x", "model": "m", "seq_len": "2048", "notes": "NumParams=12345"}
+    with pytest.raises(SystemExit, match="NumParams=12345 but the spec's model has"):
+        gen.check_parameter_count(model, row)
+
+
 def test_rows_the_spec_cannot_say_are_refused_with_reasons():
     made, refused = _generator().convert_all(BASELINES / "published_baselines.csv")
     reasons = {line: [key for key, _ in why] for line, _, why in refused}
