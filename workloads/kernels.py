@@ -55,6 +55,11 @@ Fields:
   rates (`emulator.costs.attention_rates`). Both compute exact attention and keep the output
   and a float32 logsumexp, so the program, its memory and its loss are the same: the choice
   is what the kernel costs.
+- `grad_reduce`: when the data-parallel gradient reduction runs (zero 0 and 1):
+  `overlapped`, bucket by bucket as backward completes each (torch DDP, Megatron-core's
+  `overlap_grad_reduce`); `after-backward`, each model chunk's whole gradient buffer in one
+  collective once every micro-batch's backward is done, exposed (Megatron-LM's local DDP,
+  `workloads.zero.DistributedOptimizer(overlap=False)`). FSDP (zero 2, 3) is unaffected.
 - `pipeline_recv`: the pipeline's receive buffers. "per-microbatch": torch.distributed.
   pipelining, whose stages allocate a receive buffer per micro-batch at setup and keep it;
   "per-transfer": Megatron's 1F1B (`workloads.megatron_schedule`), a buffer allocated by
@@ -96,6 +101,7 @@ FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao recipe 
 FP8_CASTS = ("unfused", "fused")
 PIPELINE_RECVS = ("per-microbatch", "per-transfer")
 ATTENTIONS = ("flash", "triton")
+GRAD_REDUCES = ("overlapped", "after-backward")
 
 
 def _same_for_all(value: Any) -> dict[str, Any]:
@@ -167,6 +173,19 @@ FP8_CASTS_BY_FRAMEWORK: dict[str, str] = {
 # Engine's fused attention (cuDNN) or flash-attn 2, torchtitan and prism-86a4f47 torch's SDPA,
 # llm.c cuDNN's: all FlashAttention-2-class.
 ATTENTION_BY_FRAMEWORK: dict[str, str] = {**_same_for_all("flash"), "llm-foundry": "triton"}
+# Megatron-LM's train_step runs `forward_backward_func(...)` and then, under `--DDP-impl local`
+# (the default), `model_module.allreduce_gradients()`: one all-reduce per grad buffer, after the
+# whole backward (megatron/training.py and model/distributed.py at a8d172b31e, May 2021, and at
+# 2e90a342f5, May 2022; the distributed optimizer of 2022 reduce-scatters there too). Overlap
+# came with Megatron-core's DDP `overlap_grad_reduce` (2023), which NeMo 2's llm recipes turn on
+# (DistributedDataParallelConfig(overlap_grad_reduce=True, ...)). BLOOM's Megatron-DeepSpeed
+# reduces after the pipeline schedule too (DeepSpeed's PipelineEngine ReduceGrads step).
+# prism-86a4f47 runs workloads.zero with overlap; llm-foundry and torchtitan shard with FSDP
+# (not this field); llm.c's schedule was not checked: overlapped is assumed.
+GRAD_REDUCE_BY_FRAMEWORK: dict[str, str] = {
+    **_same_for_all("overlapped"),
+    "megatron": "after-backward",
+}
 # torchtitan's JobConfig: `compile.enable = False` and `parallelism.enable_async_tensor_parallel
 # = False` by default (torchtitan/config/job_config.py). Megatron, NeMo and llm-foundry train
 # eager (TE's and Apex's fused kernels are what `fp8_casts`, `norm` and `loss` say); llm.c is
@@ -199,6 +218,7 @@ CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {
     "fp8_casts": (FP8_CASTS, FP8_CASTS_BY_FRAMEWORK),
     "pipeline_recv": (PIPELINE_RECVS, PIPELINE_RECV_BY_FRAMEWORK),
     "attention": (ATTENTIONS, ATTENTION_BY_FRAMEWORK),
+    "grad_reduce": (GRAD_REDUCES, GRAD_REDUCE_BY_FRAMEWORK),
 }
 
 
@@ -214,6 +234,7 @@ class KernelsSpec:
     fp8_casts: str | None = None
     pipeline_recv: str | None = None
     attention: str | None = None
+    grad_reduce: str | None = None
     compile: bool | None = None
     async_tp: bool | None = None
 

@@ -349,6 +349,7 @@ def _build_optimizer(job: TrainingJob, mesh, dp_mesh, parts, lr, bucket_bytes):
         if pp > 1 and job.kernels.pipeline_recv == "per-microbatch"
         else 1.0,
         bucket_bytes=bucket_bytes,
+        overlap=job.kernels.grad_reduce == "overlapped",
     )
 
 

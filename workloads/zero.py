@@ -174,10 +174,15 @@ class DistributedOptimizer:
         microbatches: int = 1,
         grad_scale: float = 1.0,
         bucket_bytes: int | None = None,
+        overlap: bool = True,
     ) -> None:
         """chunks: the parameters of each model chunk in registration order; microbatches:
         backward passes per iteration (each parameter's hook fires once per pass);
-        grad_scale: multiplies the summed gradients before the dp reduction."""
+        grad_scale: multiplies the summed gradients before the dp reduction; overlap: reduce
+        each bucket as backward completes it (torch DDP, Megatron-core's overlap_grad_reduce),
+        else reduce every chunk's whole buffer in one collective once backward is done, as
+        Megatron-LM's local DDP did (`allreduce_gradients()` after `forward_backward_func`),
+        bucket_bytes then unused."""
         self.params = [p for chunk in chunks for p in chunk]
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1:
@@ -193,9 +198,12 @@ class DistributedOptimizer:
         self.norm_groups = [g for g in norm_groups if g is not None and dist.get_world_size(g) > 1]
         self.max_norm = max_norm
         self.grad_scale = grad_scale
+        self.overlap = overlap
         self.bucket_bytes = bucket_bytes or default_bucket_bytes(
             shard=self.shard, dp_size=self.dp_size
         )
+        if not overlap:  # one bucket per chunk (a split tied embedding still alone)
+            self.bucket_bytes = FP32_BYTES * sum(local_tensor(p).numel() for p in self.params)
         if self.bucket_bytes < FP32_BYTES:
             raise ValueError(f"bucket_bytes({self.bucket_bytes}) holds no fp32 gradient")
         self.buckets = self._layout(chunks, tp_size, microbatches)
@@ -300,7 +308,7 @@ class DistributedOptimizer:
         view.add_(grad)
         param.grad = None
         bucket.arrived += 1
-        if bucket.arrived == bucket.expected and not bucket.launched:
+        if self.overlap and bucket.arrived == bucket.expected and not bucket.launched:
             self._launch(bucket)
 
     def _launch(self, bucket: GradBucket) -> None:
@@ -339,9 +347,10 @@ class DistributedOptimizer:
     def finish_grad_sync(self) -> None:
         """Wait for every bucket's reduction (launch order), then sum Partial grads over tp.
 
-        Buckets that backward left incomplete (gradients assigned to `.grad` directly,
-        as when optimizer state is created from zero gradients) are reduced here, late;
-        `late_buckets` counts them (0 when every reduction overlapped backward).
+        Without overlap every bucket is reduced here. With it, buckets that backward left
+        incomplete (gradients assigned to `.grad` directly, as when optimizer state is
+        created from zero gradients) are reduced here, late; `late_buckets` counts them (0
+        when every reduction overlapped backward).
         """
         if self._synced:
             return
@@ -351,7 +360,7 @@ class DistributedOptimizer:
                 self.take_pending_grads(bucket.params)
             if not bucket.launched:
                 self._launch(bucket)
-                self.late_buckets += 1
+                self.late_buckets += self.overlap
         for work in self._works:
             work.wait()
         self._works.clear()

@@ -144,6 +144,23 @@ def test_one_collective_per_bucket_after_the_last_microbatch(events, shard, kind
         events.clear()
 
 
+@pytest.mark.parametrize(("shard", "kind"), [(False, "all_reduce"), (True, "reduce_scatter")])
+def test_without_overlap_the_whole_buffer_is_reduced_once_after_backward(events, shard, kind):
+    # Megatron-LM's local DDP: allreduce_gradients() after forward_backward_func
+    model = toy_model()
+    opt = DistributedOptimizer([list(model.parameters())], dp_group="dp", shard=shard,
+                               tp_size=1, max_norm=1.0, adamw=ADAMW, microbatches=2,
+                               bucket_bytes=512, overlap=False)  # fmt: skip
+    backward(model, seed=1)
+    backward(model, seed=2)
+    assert collectives(events) == []  # nothing during backward, whatever bucket_bytes says
+    opt.step()
+    # one collective over all 6 weights' fp32 gradients (6 x 64 elements); sharded, the step
+    # then all-reduces the gradient norm of its shards
+    assert collectives(events) == [(kind, 6 * 64)] + ([("all_reduce", 1)] if shard else [])
+    assert opt.late_buckets == 0  # reducing after backward is the plan, not a late bucket
+
+
 def test_grads_accumulate_into_one_persistent_fp32_buffer_and_are_freed():
     model = toy_model()
     opt = make_optimizer(model, microbatches=2, dp=False)
