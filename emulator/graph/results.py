@@ -5,7 +5,7 @@ the timelines.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from emulator.graph.execution_graph import (
     WAIT_NODE,
     ExecutionGraph,
 )
+
+# the critical path's name for the host thread issuing ops (emulator.costs.host_dispatch)
+HOST_EVENT = "host dispatch"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,7 +136,10 @@ def critical_path(graph: ExecutionGraph, reps: list[Timeline]) -> list[CriticalE
     predecessor (same stream, issuing stream, waited comm, matching send, the latest member of
     a pp-spanning join) whose end is the node's start. With per-rank factors a join may be set
     by another lane of the class; the path then continues from the representative's own
-    predecessors."""
+    predecessors. Where the host's dispatch binds instead (a node that starts when the host
+    issues it, `host_s`, or a compute segment whose kernels wait in the launch queue,
+    `host_end_s`), the path begins with a `host` event: the host issuing ops from the
+    iteration's start until then (HOST_EVENT)."""
     t = {x.pp: x for x in reps}
     total = max((float(x.end_s.max()) for x in reps if len(x.end_s)), default=0.0)
     eps = 1e-9 * max(total, 1e-9)
@@ -149,6 +155,13 @@ def critical_path(graph: ExecutionGraph, reps: list[Timeline]) -> list[CriticalE
         kind = int(g["kind"][i])
         if kind != WAIT_NODE:
             path.append(_event(g, p, i, tl))
+        issued = float(g["host_end_s"][i] - g["duration_s"][i])
+        if kind == SEGMENT and g["host_end_s"][i] > 0 and issued > tl.start_s[i] + eps:
+            # its end waited for the host's launches: the host until `issued`, then the
+            # segment's own work (end = issued + its duration)
+            path[-1] = replace(path[-1], start_s=issued, duration_s=float(tl.end_s[i]) - issued)
+            path.append(_host_event(p, issued))
+            break
         at, source = float(tl.start_s[i]), (p, i)
         if kind in (COLLECTIVE, RECV) and tl.ready_s[i] < at - eps:
             join = int(g["join"][i])
@@ -159,7 +172,16 @@ def critical_path(graph: ExecutionGraph, reps: list[Timeline]) -> list[CriticalE
                 source = max(graph.join_members(join), key=lambda m: t[m[0]].ready_s[m[1]])
             at = float(t[source[0]].ready_s[source[1]])
         cur = _binding(graph, t, source, at, eps)
+        src = graph.classes[source[0]]
+        if cur is None and at > eps and abs(float(src["host_s"][source[1]]) - at) <= eps:
+            path.append(_host_event(source[0], at))  # started when the host issued it
     return path[::-1]
+
+
+def _host_event(pp: int, until_s: float) -> CriticalEvent:
+    return CriticalEvent(
+        pp=pp, node=-1, name=HOST_EVENT, kind="host", start_s=0.0, duration_s=until_s
+    )
 
 
 def _binding(graph, t, node, at, eps):

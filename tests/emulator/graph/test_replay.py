@@ -298,3 +298,33 @@ def test_collective_waits_for_the_host_to_issue_it():
     s.collective("all_reduce", "dp", duration_s=5e-6, dispatch_s=50e-6)
     result = replay(build(world, [s], host=True))
     assert result.iteration_time_s == pytest.approx(51e-6 + 5e-6)
+
+
+def test_a_launch_bound_critical_path_begins_with_the_host_dispatch():
+    # kernels of 1 us issued every 10 us: the host sets the iteration, not the GPU
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    result = replay(build(world, [_ops(world, [1e-6] * 10, [10e-6] * 10)], host=True))
+    host, segment = result.critical_path
+    assert (host.kind, host.name, host.start_s) == ("host", "host dispatch", 0.0)
+    # the host issues the last kernel at 100 us; the segment's own 10 us of kernels end at 101
+    assert host.duration_s == pytest.approx(91e-6)
+    assert segment.start_s == pytest.approx(91e-6)
+    assert segment.start_s + segment.duration_s == pytest.approx(result.iteration_time_s)
+
+
+def test_a_collective_issued_late_by_the_host_starts_its_critical_path_with_the_host():
+    world = World.grid(dp=8, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    s.compute(2e-6, dispatch_s=1e-6)
+    s.collective("all_reduce", "dp", duration_s=5e-6, dispatch_s=50e-6)
+    path = replay(build(world, [s], host=True)).critical_path
+    assert [e.kind for e in path] == ["host", "collective"]
+    assert path[0].duration_s == pytest.approx(51e-6) == path[1].start_s
+
+
+def test_a_gpu_bound_critical_path_has_no_host_event():
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    result = replay(build(world, [_ops(world, [10e-6] * 10, [1e-6] * 10)], host=True))
+    # the first kernel waits 1 us for its launch; the GPU binds from there on
+    assert [e.kind for e in result.critical_path] == ["host", "compute"]
+    assert result.critical_path[0].duration_s == pytest.approx(1e-6)
