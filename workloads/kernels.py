@@ -181,7 +181,9 @@ ATTENTION_BY_FRAMEWORK: dict[str, str] = {**_same_for_all("flash"), "llm-foundry
 # (DistributedDataParallelConfig(overlap_grad_reduce=True, ...)). BLOOM's Megatron-DeepSpeed
 # reduces after the pipeline schedule too (DeepSpeed's PipelineEngine ReduceGrads step).
 # prism-86a4f47 runs workloads.zero with overlap; llm-foundry and torchtitan shard with FSDP
-# (not this field); llm.c's schedule was not checked: overlapped is assumed.
+# (not this field); llm.c reduces each layer's gradients on its NCCL stream as its backward
+# finishes the layer (llmc/zero.cuh multi_gpu_async_reduce_gradient, called per layer from
+# train_gpt2.cu's backward at karpathy/llm.c f1e2ace): overlapped, per layer not per bucket.
 GRAD_REDUCE_BY_FRAMEWORK: dict[str, str] = {
     **_same_for_all("overlapped"),
     "megatron": "after-backward",
