@@ -8,6 +8,7 @@ nccl (CUDA: rank r uses GPU r).
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import queue as queue_module
 import socket
@@ -29,6 +30,8 @@ BACKENDS = ("gloo", "nccl")
 
 def _worker(rank, world_size, port, threads, backend, fn, args, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # a crash in C++ (abort, segfault) prints where each Python thread was before the rank dies
+    faulthandler.enable()
     try:
         import torch
 
