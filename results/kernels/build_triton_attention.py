@@ -29,31 +29,41 @@ from __future__ import annotations
 
 import csv
 import statistics
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCE = HERE / "sources" / "fa_triton_fa1_fwd_bwd.csv"
+sys.path.insert(0, str(HERE.parents[1]))  # the repository root: runs without installing
+
+from emulator.hardware import gpu_preset  # noqa: E402
+
+SOURCES = HERE / "sources"
 OUT = HERE / "triton-attention.csv"
-# dense bf16 tensor-core peaks of the figures' GPUs (A100 and H100 SXM datasheets), as the
-# presets a100-sxm-80g and h100-sxm-80g carry them
-PEAK_BF16_TFLOPS = {"a100-sxm-80g": 312.0, "h100-sxm-80g": 989.5}
 COLUMNS = ("arch", "causal", "head_dim", "seqlen", "fwd_bwd_tflops", "peak_bf16_tflops", "source")
 
 
 def read_bars() -> dict[tuple, float]:
-    """(gpu, kernel, causal, head_dim, seqlen) -> forward+backward TFLOP/s."""
-    with SOURCE.open() as f:
-        return {
+    """(gpu, kernel, causal, head_dim, seqlen) -> forward+backward TFLOP/s, from both source
+    files (the FlashAttention-2 A100 bars are `fa2_a100_fwd_bwd.csv`'s, kernel "flash2")."""
+    with (SOURCES / "fa_triton_fa1_fwd_bwd.csv").open() as f:
+        bars = {
             (r["gpu"], r["kernel"], r["causal"], int(r["head_dim"]), int(r["seqlen"])): float(
                 r["fwd_bwd_tflops"]
             )
             for r in csv.DictReader(f)
         }
+    with (SOURCES / "fa2_a100_fwd_bwd.csv").open() as f:
+        for r in csv.DictReader(f):
+            key = ("a100-sxm-80g", "flash2", r["causal"], int(r["head_dim"]), int(r["seqlen"]))
+            bars[key] = float(r["fwd_bwd_tflops"])
+    return bars
 
 
 def build() -> tuple[list[dict], list[float]]:
     """The rows, and the relative gap between the two H100 rules at every point."""
     bars = read_bars()
+    # the dense bf16 peaks of the figures' GPUs, as their presets carry them
+    peak = {g: gpu_preset(g).peak_tflops("bf16") for g in ("a100-sxm-80g", "h100-sxm-80g")}
     points = sorted({k[2:] for k in bars if k[1] == "triton"})
     rows, gaps = [], []
     for causal, head_dim, seqlen in points:
@@ -63,25 +73,17 @@ def build() -> tuple[list[dict], list[float]]:
         h100_v2 = bars[("h100-sxm-80g", "flash2", causal, head_dim, seqlen)]
         ratio = a100["triton"] / a100["flash1"]
         hopper = h100_v1 * ratio
-        a100_v2 = _fa2_a100(causal, head_dim, seqlen)
+        a100_v2 = bars[("a100-sxm-80g", "flash2", causal, head_dim, seqlen)]
         gaps.append(h100_v2 * a100["triton"] / a100_v2 / hopper - 1)
         point = {"causal": causal, "head_dim": head_dim, "seqlen": seqlen}
         rows.append(point | {"arch": "ampere", "fwd_bwd_tflops": a100["triton"],
-                             "peak_bf16_tflops": PEAK_BF16_TFLOPS["a100-sxm-80g"],
+                             "peak_bf16_tflops": peak["a100-sxm-80g"],
                              "source": "fa2-figure:a100:triton"})  # fmt: skip
         rows.append(point | {"arch": "hopper", "fwd_bwd_tflops": round(hopper, 2),
-                             "peak_bf16_tflops": PEAK_BF16_TFLOPS["h100-sxm-80g"],
+                             "peak_bf16_tflops": peak["h100-sxm-80g"],
                              "source": f"rule:h100 flash1 {h100_v1:g} x a100 triton/flash1 "
                                        f"{a100['triton']:g}/{a100['flash1']:g}"})  # fmt: skip
     return rows, gaps
-
-
-def _fa2_a100(causal: str, head_dim: int, seqlen: int) -> float:
-    with (HERE / "sources" / "fa2_a100_fwd_bwd.csv").open() as f:
-        for r in csv.DictReader(f):
-            if (r["causal"], int(r["head_dim"]), int(r["seqlen"])) == (causal, head_dim, seqlen):
-                return float(r["fwd_bwd_tflops"])
-    raise KeyError((causal, head_dim, seqlen))
 
 
 def main() -> None:

@@ -15,7 +15,6 @@ import pytest
 
 from emulator.capture import rank as capture_rank_module
 from emulator.capture.chunk_reuse import ChunkReuseError
-from emulator.capture.micro_batch_reuse import MicroBatchReuse
 from emulator.capture.rank import capture_rank
 from prismbench.capture import world_of
 from prismbench.emulate import emulate
@@ -40,20 +39,6 @@ CASES = {
     "tp-fsdp": ({"dp": 2, "tp": 2, "zero": 3}, {}, "llama-debug", 4, 2),
     "tp-zero1": ({"dp": 2, "tp": 2, "zero": 1}, {}, "gpt-debug", 4, 1),
 }
-
-
-@pytest.fixture
-def stand_ins(monkeypatch):
-    """How many micro-batches were stood in for since the test began."""
-    calls = {"n": 0}
-    original = MicroBatchReuse._stand_in_forward
-
-    def counted(self, *args):
-        calls["n"] += 1
-        return original(self, *args)
-
-    monkeypatch.setattr(MicroBatchReuse, "_stand_in_forward", counted)
-    return calls
 
 
 def _job(parallel, train, model, micro_batches):
