@@ -6,9 +6,11 @@ and context parallelism: one FlashAttention kernel each way, which takes ALiBi s
 workloads/models/attention_ops.py), `prism::rope` (one fused elementwise kernel each way,
 as Megatron-core's fused RoPE; workloads/models/rope_ops.py), and the fused cross-entropy
 `prism::cross_entropy` with its backward, out of place or in place (`kernels.loss = "fused"`
-or "fused-inplace"; workloads/loss.py): memory-bound kernels priced by the bytes they move,
-which the recorder takes from their inputs and outputs (the in-place backward writes the
-logits it reads). This module says what they are;
+or "fused-inplace"; workloads/loss.py), and Megatron's fused causal softmax of the unfused
+attention with its in-place backward (`kernels.attention = "unfused"`;
+workloads/models/unfused_attention.py): memory-bound kernels priced by the bytes they move,
+which the recorder takes from their inputs and outputs (an in-place backward writes the
+tensor it reads). This module says what they are;
 `register_workload_ops()` registers them once per process, before any capture.
 """
 
@@ -53,6 +55,8 @@ WORKLOAD_OPS = (
     CustomOp(packet="prism.cross_entropy", name="cross_entropy"),
     CustomOp(packet="prism.cross_entropy_backward", name="cross_entropy"),
     CustomOp(packet="prism.cross_entropy_backward_", name="cross_entropy"),
+    CustomOp(packet="prism.causal_softmax", name="softmax"),
+    CustomOp(packet="prism.causal_softmax_backward_", name="softmax"),
 )
 
 

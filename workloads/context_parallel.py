@@ -21,6 +21,7 @@ from torch.distributed import _functional_collectives as funcol
 
 from workloads.models.attention_ops import position_masked_attention
 from workloads.models.common import alibi_slopes
+from workloads.models.eager_ops import eager_masked_attention
 
 # torch 2.13 renamed it (the old name warns); torch 2.11 has only the old one.
 _all_gather_autograd = getattr(funcol, "all_gather_single_autograd", None) or (
@@ -52,17 +53,20 @@ class AllGatherAttention(nn.Module):
 
     Called as core_attention(q, k, v, positions) with the rank's own positions;
     key positions are those of all cp ranks in rank order (the all-gather order),
-    computed locally. `alibi`, `total_heads` and `head_offset` mirror the replaced
+    computed locally. `alibi`, `total_heads`, `head_offset` and `eager` mirror the replaced
     module's (tensor parallelism may set head_offset afterwards).
     """
 
-    def __init__(self, *, group, cp: int, alibi: bool, total_heads: int, head_offset: int) -> None:
+    def __init__(
+        self, *, group, cp: int, alibi: bool, total_heads: int, head_offset: int, eager: bool
+    ) -> None:
         super().__init__()
         self.group = group
         self.cp = cp
         self.alibi = alibi
         self.total_heads = total_heads
         self.head_offset = head_offset
+        self.eager = eager
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
@@ -81,7 +85,8 @@ class AllGatherAttention(nn.Module):
             slopes = torch.tensor(slopes, dtype=torch.float32, device=q.device)
         else:
             slopes = torch.empty(0, dtype=torch.float32, device=q.device)
-        out = position_masked_attention(q, k, v, positions, k_pos, slopes)
+        attend = eager_masked_attention if self.eager else position_masked_attention
+        out = attend(q, k, v, positions, k_pos, slopes)
         return out.transpose(1, 2)
 
 
@@ -99,4 +104,5 @@ def apply_context_parallel(model: nn.Module, cp_mesh) -> None:
             alibi=old.alibi,
             total_heads=old.total_heads,
             head_offset=old.head_offset,
+            eager=old.eager,
         )

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 _GEMM_MULTIPLE = 16  # cuBLASLt fp8 GEMM needs dims divisible by 16
+PRISM_RECIPE = "prism-86a4f47"  # not torchao's: workloads.prism_float8
 
 
 def _eligible(module: nn.Module, fqn: str, skip: tuple[str, ...]) -> bool:
@@ -42,11 +43,17 @@ def convert_linears_to_float8(
 ) -> nn.Module:
     """Swap eligible nn.Linear modules (not named in `skip`) for torchao Float8Linear, in place.
 
-    `recipe` is a torchao recipe name (`workloads.kernels.FP8_RECIPES`)."""
+    `recipe` is a torchao recipe name (`workloads.kernels.FP8_RECIPES`), or "prism-86a4f47":
+    the workloads' own float8 linears of that commit (`workloads.prism_float8`)."""
+    eligible = functools.partial(_eligible, skip=skip)
+    if recipe == PRISM_RECIPE:
+        from workloads import prism_float8
+
+        return prism_float8.convert_linears_to_float8(model, eligible)
     Float8LinearConfig, convert_to_float8_training = _torchao_float8()
     return convert_to_float8_training(
         model,
-        module_filter_fn=functools.partial(_eligible, skip=skip),
+        module_filter_fn=eligible,
         config=Float8LinearConfig.from_recipe_name(recipe),
     )
 

@@ -93,11 +93,18 @@ class TrainSpec:
     precision: str = "bf16"  # fp8 = fp8 GEMMs in linear layers, bf16 elsewhere (torchtitan float8)
     recompute: str = "none"
     optimizer: str = "adamw"
+    # probability of dropping an attention probability (Megatron's --attention-dropout); only
+    # the unfused attention takes it (TrainingJob checks)
+    attention_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         check_choice("train", "precision", self.precision, PRECISIONS)
         check_choice("train", "recompute", self.recompute, RECOMPUTE_MODES)
         check_choice("train", "optimizer", self.optimizer, OPTIMIZERS)
+        p = self.attention_dropout
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+            raise SpecError(f"train.attention_dropout={p!r} must be a number in [0, 1)")
+        object.__setattr__(self, "attention_dropout", float(p))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +129,36 @@ class TrainingJob:
         object.__setattr__(self, "kernels", kernels)
         check_schedule(p.schedule, p.pp, p.vpp, self.num_microbatches, self.kernels.pipeline_recv)
         self._check_async_tp()
+        self._check_attention()
+        self._check_fp8()
+
+    def _check_fp8(self) -> None:
+        """The fused-cast rule knows torchao's casts only (emulator.capture.fp8_casts)."""
+        k = self.kernels
+        prism_casts = k.fp8_recipe == "prism-86a4f47" and k.fp8_casts == "fused"
+        if self.train.precision == "fp8" and prism_casts:
+            raise SpecError(
+                "kernels.fp8_casts='fused' (or kernels.compile=true) needs a torchao "
+                "kernels.fp8_recipe with train.precision='fp8': the fused-cast rule rewrites "
+                "torchao's casts, not those of the prism-86a4f47 float8 linears"
+            )
+
+    def _check_attention(self) -> None:
+        """The unfused attention masks by sequence order (no context parallelism, which Megatron
+        of 2021-22 did not have); dropout runs only there: the fused kernels' in-kernel dropout
+        is not modelled."""
+        if self.kernels.attention == "unfused" and self.parallel.cp > 1:
+            raise SpecError(
+                f"kernels.attention='unfused' needs parallel.cp=1 (cp={self.parallel.cp}): "
+                "context-parallel attention runs a fused kernel on gathered keys; set "
+                "kernels.attention='flash'"
+            )
+        if self.train.attention_dropout and self.kernels.attention != "unfused":
+            raise SpecError(
+                f"train.attention_dropout={self.train.attention_dropout} needs "
+                f"kernels.attention='unfused' (is {self.kernels.attention!r}): dropout inside "
+                "a fused attention kernel is not modelled"
+            )
 
     def _check_async_tp(self) -> None:
         """Async TP overlaps sequence parallelism's all-gathers and reduce-scatters with the

@@ -42,7 +42,9 @@ Fields:
   Labels stay below the true vocabulary; padded columns take part in the softmax.
 - `fp8_recipe`: torchao float8 scaling recipe for `train.precision = "fp8"` (`tensorwise`:
   one scale per tensor; `rowwise`: one per row, power-of-two scales; `rowwise_with_gw_hp`:
-  rowwise with the weight-gradient GEMM in high precision), `workloads.float8`.
+  rowwise with the weight-gradient GEMM in high precision), `workloads.float8`; or
+  `prism-86a4f47`, the workloads' own tensorwise float8 linears of that commit
+  (`workloads.prism_float8`), whose casts the `fused` rule below does not know.
 - `fp8_casts`: how the amax/scale/cast work around each fp8 GEMM is recorded: `unfused`,
   the eager op chain (what runs without torch.compile); `fused`, the two kernels per
   operand that Transformer Engine or torch.compile run (rule: `emulator.capture.fp8_casts`).
@@ -54,7 +56,11 @@ Fields:
   for `attn_impl: triton`), about half as fast at long sequences, priced from its published
   rates (`emulator.costs.attention_rates`). Both compute exact attention and keep the output
   and a float32 logsumexp, so the program, its memory and its loss are the same: the choice
-  is what the kernel costs.
+  is what the kernel costs. `unfused`: no fused kernel, the score matrix in memory, as
+  Megatron-LM ran attention before flash attention (a batched GEMM for the scores, Megatron's
+  fused masked-softmax kernel, attention dropout of `train.attention_dropout`, a batched GEMM
+  with V: `workloads.models.unfused_attention`); a different program, with the probabilities
+  kept for backward (5 a s^2 b bytes per layer with dropout). It needs cp = 1.
 - `grad_reduce`: when the data-parallel gradient reduction runs (zero 0 and 1):
   `overlapped`, bucket by bucket as backward completes each (torch DDP, Megatron-core's
   `overlap_grad_reduce`); `after-backward`, each model chunk's whole gradient buffer in one
@@ -67,6 +73,21 @@ Fields:
   micro-batches (fewer than pp included), and "interleaved-1f1b" with a multiple of pp
   micro-batches (`workloads.config.per_transfer_refusal`). `megatron` and `nemo` choose it
   and fall back to "per-microbatch" for a pipeline it cannot run (`for_pipeline`).
+- `custom_ops`: how the workloads' own ops run on a GPU, RoPE and position-masked attention
+  (ALiBi, context-parallel chunks): `fused`, one kernel each way (`prism::rope`,
+  `prism::masked_attention`: Megatron-core's and Transformer Engine's fused RoPE, FlexAttention
+  or flash-attn with ALiBi), what production frameworks run; `eager`, their float32 reference
+  math as a chain of eager kernels, the score matrix of the masked attention in memory
+  (`workloads.models.eager_ops`): what the workloads at 86a4f47 ran on a GPU, so the shared
+  H100 profiles of that commit stay comparable.
+- `selective_recompute`: what `train.recompute = "selective"` reruns (`workloads.recompute`):
+  `op`, torchtitan's op-level policy (pointwise ops and every second matmul of each block);
+  `core-attention`, Megatron's `--recompute-granularity selective` (Korthikanti et al. 2022):
+  each block's core attention only.
+- `recompute_reruns`: how much of a checkpointed region recomputation reruns: `needed`, until
+  backward has every tensor the region saved (torch's non-reentrant checkpoint, early stop: a
+  block's last GEMM is not rerun); `all`, the whole region (Megatron's reentrant
+  `CheckpointFunction`).
 - `compile`: true when the job runs its transformer blocks under `torch.compile` (torchtitan's
   `[compile] enable`, which wraps each TransformerBlock: `apply_compile` in
   torchtitan/models/llama3/infra/parallelize.py). The real CPU run stays eager; the capture
@@ -92,16 +113,20 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from workloads.config import SpecError, per_transfer_refusal
+from workloads.recompute import SELECTIVE_GRANULARITIES
 
 FRAMEWORKS = ("prism-86a4f47", "megatron", "nemo", "llm-foundry", "torchtitan", "llm.c")
 
 LOSSES = ("unfused-fp32", "fused", "fused-inplace")
 NORMS = ("torch",)
-FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao recipe names
+# torchao recipe names, and the workloads' own float8 of 86a4f47 (workloads.prism_float8)
+FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "prism-86a4f47")
 FP8_CASTS = ("unfused", "fused")
 PIPELINE_RECVS = ("per-microbatch", "per-transfer")
-ATTENTIONS = ("flash", "triton")
+ATTENTIONS = ("flash", "triton", "unfused")
 GRAD_REDUCES = ("overlapped", "after-backward")
+RECOMPUTE_RERUNS = ("needed", "all")
+CUSTOM_OPS = ("fused", "eager")
 
 
 def _same_for_all(value: Any) -> dict[str, Any]:
@@ -153,7 +178,12 @@ VOCAB_MULTIPLE_BY_FRAMEWORK: dict[str, int] = {
 # torchtitan's `float8.recipe_name` defaults to None, torchao's tensorwise config
 # (torchtitan/components/quantization/float8.py). llm.c has no fp8 (bf16/fp32 kernels only):
 # its entry only matters for an llm.c job that asks for fp8, which then runs the default.
-FP8_RECIPE_BY_FRAMEWORK: dict[str, str] = _same_for_all("tensorwise")
+# prism-86a4f47 ran its own tensorwise float8 linears (workloads.prism_float8), which its fp8
+# profile measured.
+FP8_RECIPE_BY_FRAMEWORK: dict[str, str] = {
+    **_same_for_all("tensorwise"),
+    "prism-86a4f47": "prism-86a4f47",
+}
 # Transformer Engine (Megatron, NeMo, llm-foundry) runs each cast as its own fused CUDA
 # kernels; torchtitan's float8 needs `--training.compile` "to fuse the float8 scaling/casting
 # kernels" (torchtitan docs/float8.md). prism-86a4f47 ran eager torchao-style casts; llm.c:
@@ -171,8 +201,16 @@ FP8_CASTS_BY_FRAMEWORK: dict[str, str] = {
 # set `model.attn_config.attn_impl` (both at b2a43a147, the Oct 2023 table update; the pretrain
 # yamls and MPT's configuration_mpt.py default say triton too). Megatron and NeMo run Transformer
 # Engine's fused attention (cuDNN) or flash-attn 2, torchtitan and prism-86a4f47 torch's SDPA,
-# llm.c cuDNN's: all FlashAttention-2-class.
-ATTENTION_BY_FRAMEWORK: dict[str, str] = {**_same_for_all("flash"), "llm-foundry": "triton"}
+# llm.c cuDNN's: all FlashAttention-2-class. Megatron-LM of 2021-22 (the code of the Narayanan,
+# Korthikanti and BLOOM runs; `megatron` stands for it, as for grad_reduce below) had no flash
+# attention: ParallelAttention / CoreAttention run baddbmm, FusedScaleMaskSoftmax, dropout and
+# bmm (megatron/model/transformer.py at a8d172b31e and 2e90a342f5); `--use-flash-attn` came in
+# 2023. So "unfused" for it.
+ATTENTION_BY_FRAMEWORK: dict[str, str] = {
+    **_same_for_all("flash"),
+    "llm-foundry": "triton",
+    "megatron": "unfused",
+}
 # Megatron-LM's train_step runs `forward_backward_func(...)` and then, under `--DDP-impl local`
 # (the default), `model_module.allreduce_gradients()`: one all-reduce per grad buffer, after the
 # whole backward (megatron/training.py and model/distributed.py at a8d172b31e, May 2021, and at
@@ -187,6 +225,33 @@ ATTENTION_BY_FRAMEWORK: dict[str, str] = {**_same_for_all("flash"), "llm-foundry
 GRAD_REDUCE_BY_FRAMEWORK: dict[str, str] = {
     **_same_for_all("overlapped"),
     "megatron": "after-backward",
+}
+# At 86a4f47 `prism::rope` and `prism::masked_attention` had only their reference math, which a
+# GPU ran as eager kernels (the shared profiles: mpt-7b's float32 SIMT GEMMs and softmax, Llama's
+# ~10 RoPE kernels per call). Megatron-core applies RoPE with one fused kernel
+# (`apply_rope_fusion`), NeMo likewise, llm-foundry runs ALiBi inside its attention kernel;
+# torchtitan's eager RoPE is a complex product of ~3 kernels each way, closer to one fused kernel
+# than to the reference chain, and one kernel under compile.
+CUSTOM_OPS_BY_FRAMEWORK: dict[str, str] = {**_same_for_all("fused"), "prism-86a4f47": "eager"}
+# Megatron-LM's `--recompute-granularity selective` checkpoints each layer's CoreAttention and
+# nothing else (`checkpoint_core_attention`, `_checkpointed_attention_forward` in
+# megatron/model/transformer.py at bbab79f869, May 2022, the code of Korthikanti et al. 2022);
+# Megatron-core's (NeMo) selective recompute defaults to the core attention too
+# (`recompute_modules = ["core_attn"]`). torchtitan's `selective` is its op-level policy, which
+# the workloads at 86a4f47 ran; llm-foundry and llm.c have no selective recompute.
+SELECTIVE_RECOMPUTE_BY_FRAMEWORK: dict[str, str] = {
+    **_same_for_all("op"),
+    "megatron": "core-attention",
+    "nemo": "core-attention",
+}
+# Megatron-LM recomputes through its reentrant `CheckpointFunction` (megatron/mpu/random.py at
+# a8d172b31e and bbab79f869: backward reruns `run_function(*detached_inputs)` whole), as does
+# Megatron-core's `tensor_parallel.checkpoint` (NeMo); torchtitan checkpoints with torch's
+# non-reentrant `checkpoint`, whose early stop is on by default, as are the workloads at 86a4f47.
+RECOMPUTE_RERUNS_BY_FRAMEWORK: dict[str, str] = {
+    **_same_for_all("needed"),
+    "megatron": "all",
+    "nemo": "all",
 }
 # torchtitan's JobConfig: `compile.enable = False` and `parallelism.enable_async_tensor_parallel
 # = False` by default (torchtitan/config/job_config.py). Megatron, NeMo and llm-foundry train
@@ -221,6 +286,9 @@ CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {
     "pipeline_recv": (PIPELINE_RECVS, PIPELINE_RECV_BY_FRAMEWORK),
     "attention": (ATTENTIONS, ATTENTION_BY_FRAMEWORK),
     "grad_reduce": (GRAD_REDUCES, GRAD_REDUCE_BY_FRAMEWORK),
+    "custom_ops": (CUSTOM_OPS, CUSTOM_OPS_BY_FRAMEWORK),
+    "selective_recompute": (SELECTIVE_GRANULARITIES, SELECTIVE_RECOMPUTE_BY_FRAMEWORK),
+    "recompute_reruns": (RECOMPUTE_RERUNS, RECOMPUTE_RERUNS_BY_FRAMEWORK),
 }
 
 
@@ -237,6 +305,9 @@ class KernelsSpec:
     pipeline_recv: str | None = None
     attention: str | None = None
     grad_reduce: str | None = None
+    custom_ops: str | None = None
+    selective_recompute: str | None = None
+    recompute_reruns: str | None = None
     compile: bool | None = None
     async_tp: bool | None = None
 

@@ -188,6 +188,20 @@ def apply_fsdp(model: nn.Module, dp_mesh, *, zero: int, precision: str) -> None:
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy)
 
 
+def set_kernels(model: nn.Module, job: TrainingJob) -> None:
+    """Make every block's attention run the kernels `job` names: unfused with attention dropout
+    (`kernels.attention = "unfused"`, `train.attention_dropout`) or a fused kernel; RoPE and
+    ALiBi attention fused or as eager math (`kernels.custom_ops`)."""
+    eager = job.kernels.custom_ops == "eager"
+    for block in model.layers.values():
+        core = block.attention.core_attention
+        core.unfused = job.kernels.attention == "unfused"
+        core.dropout = job.train.attention_dropout
+        core.eager = eager
+        if hasattr(block.attention, "eager_rope"):  # Llama's attention applies RoPE
+            block.attention.eager_rope = eager
+
+
 def parallelize_stage(model: nn.Module, mesh, job: TrainingJob, dp_mesh=None) -> None:
     """Apply everything but pipeline splitting (already done) to one stage model, in place.
 
@@ -196,12 +210,19 @@ def parallelize_stage(model: nn.Module, mesh, job: TrainingJob, dp_mesh=None) ->
     needed for zero 2/3 (flatten once per mesh, not once per stage).
     """
     par, precision = job.parallel, job.train.precision
+    set_kernels(model, job)
     if precision == "fp8":
         convert_linears_to_float8(model, job.kernels.fp8_recipe, skip=("output",))
     if mesh is not None:
         apply_tensor_parallel(model, mesh["tp"], sequence_parallel=par.sequence_parallel)
         apply_context_parallel(model, mesh["cp"])
-    apply_recompute(model, job.train.recompute)
+    apply_recompute(
+        model,
+        job.train.recompute,
+        selective=job.kernels.selective_recompute,
+        preserve_rng_state=job.train.attention_dropout > 0,
+        early_stop=job.kernels.recompute_reruns == "needed",
+    )
     if mesh is not None and par.zero >= 2:
         apply_fsdp(model, dp_mesh, zero=par.zero, precision=precision)
     else:

@@ -7,17 +7,22 @@
   (`create_selective_checkpoint_contexts`), per block: the outputs of matmuls
   and of attention are saved, all pointwise and normalisation ops are recomputed,
   and every second matmul is recomputed too (torchtitan's `_save_list` policy).
-  Chosen over Korthikanti et al.'s selective recompute (rerun core attention only)
-  because the models mirror torchtitan and its baselines use this policy; with
-  flash attention, Korthikanti's scheme saves little since the S x S scores are
-  never stored. `apply_recompute(..., selective="attention")` gives Korthikanti's
-  scheme for the Megatron baselines that name it.
+  `apply_recompute(..., selective="core-attention")` is Korthikanti et al.'s scheme
+  instead, Megatron's `--recompute-granularity selective`: only each block's core
+  attention (QK^T, softmax, dropout, AV) reruns (`kernels.selective_recompute`). With
+  flash attention it saves little, since the S x S scores are never stored; with
+  Megatron's unfused attention it is what keeps them out of memory.
 
 Both use the composable `torch.distributed._composable.checkpoint` (non-reentrant),
 which keeps parameter names unchanged, so tensor-parallel plans, pipeline splits
 and `init_weights` seeds still find them. Apply it after tensor/context
-parallelism and before FSDP, as torchtitan does. The blocks hold no random ops,
-so RNG state is not saved for the recomputation.
+parallelism and before FSDP, as torchtitan does. RNG state is saved for the
+recomputation only when a block draws random numbers (attention dropout,
+`preserve_rng_state`), as Megatron's checkpoint restores its RNG tracker.
+`early_stop`: torch's non-reentrant checkpoint (torchtitan) stops rerunning a region once
+backward has every tensor it saved (a block's last GEMM, whose output nothing saves, is not
+rerun); Megatron's reentrant `CheckpointFunction` reruns the whole region
+(`kernels.recompute_reruns`).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from torch.utils.checkpoint import (
 )
 
 MODES = ("none", "selective", "full")
-SELECTIVE_GRANULARITIES = ("op", "attention")
+SELECTIVE_GRANULARITIES = ("op", "core-attention")
 
 _aten = torch.ops.aten
 _MATMULS = {_aten.mm.default, _aten.addmm.default, _aten._scaled_mm.default}
@@ -92,7 +97,14 @@ def _op_context():
     return _ignoring_bookkeeping(forward), _ignoring_bookkeeping(recompute)
 
 
-def apply_recompute(model: nn.Module, mode: str, *, selective: str = "op") -> nn.Module:
+def apply_recompute(
+    model: nn.Module,
+    mode: str,
+    *,
+    selective: str = "op",
+    preserve_rng_state: bool = False,
+    early_stop: bool = True,
+) -> nn.Module:
     """Checkpoint each block of `model.layers` per `mode`; returns the same model."""
     if mode not in MODES:
         raise ValueError(f"train.recompute={mode!r} must be one of {MODES}")
@@ -101,10 +113,11 @@ def apply_recompute(model: nn.Module, mode: str, *, selective: str = "op") -> nn
     if mode == "none":
         return model
     for block in model.layers.values():
+        options = {"preserve_rng_state": preserve_rng_state, "early_stop": early_stop}
         if mode == "full":
-            checkpoint(block, preserve_rng_state=False)
+            checkpoint(block, **options)
         elif selective == "op":
-            checkpoint(block, context_fn=_op_context, preserve_rng_state=False)
+            checkpoint(block, context_fn=_op_context, **options)
         else:
-            checkpoint(block.attention.core_attention, preserve_rng_state=False)
+            checkpoint(block.attention.core_attention, **options)
     return model

@@ -130,6 +130,8 @@ NO_KERNEL = frozenset(
         "aten.sym_numel",
         "aten.sym_storage_offset",
         "aten.is_same_size",
+        "aten.promote_types",  # dtype arithmetic (RoPE's reference math asks it)
+        "aten.result_type",
         "aten._local_scalar_dense",
         "aten.record_stream",
     }

@@ -8,6 +8,7 @@ hidden 64), captured in this process (`workers=1`).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 
@@ -30,6 +31,7 @@ from tests.prismbench.capture_cases import (
     last_backward_row,
     normalised,
 )
+from workloads.kernels import KernelsSpec
 
 LAYERS = 4  # llama-debug and gpt-debug
 TP, DP, PP, CP = ("tp",), ("dp",), ("pp",), ("cp",)
@@ -574,6 +576,7 @@ def test_alibi_attention_is_one_flash_kernel_each_way_and_keeps_no_score_matrix(
     from emulator.capture.trace import ALLOC
 
     job = debug_job(model="gpt-debug", positions="alibi", seq_len=48, global_batch=2)
+    job = dataclasses.replace(job, kernels=KernelsSpec(custom_ops="fused"))
     trace = capture_rank(0, 1, rank_program(job))
     c, aten = trace.columns, np.array(trace.text("aten"))
     layers, micro_batches = job.model.layers, job.num_microbatches
@@ -587,3 +590,135 @@ def test_alibi_attention_is_one_flash_kernel_each_way_and_keeps_no_score_matrix(
     lse_bytes = job.batch.micro_batch * heads * s * 4
     allocated = c["size_bytes"][c["kind"] == ALLOC]
     assert np.count_nonzero(allocated == lse_bytes) >= layers * micro_batches
+
+
+def test_megatron_attention_keeps_the_score_matrix_and_runs_its_own_kernels():
+    """`kernels.attention = "unfused"` (Megatron-LM 2021-22) is captured kernel by kernel: per
+    layer and micro-batch a scores GEMM, the fused masked softmax, dropout and the PV GEMM,
+    then their backward; the probabilities, dropout's byte mask and its output are kept."""
+    from emulator.capture.trace import ALLOC
+    from prismbench.spec import job_spec_from_dict
+
+    job = job_spec_from_dict(
+        {
+            "model": {"name": "gpt-debug"},
+            "batch": {"seq_len": 48, "global_batch": 2},
+            "train": {"attention_dropout": 0.1},
+            "kernels": {"framework": "megatron"},
+        }
+    )
+    assert job.kernels.attention == "unfused"
+    trace = capture_rank(0, 1, rank_program(job))
+    c, aten = trace.columns, np.array(trace.text("aten"))
+    per_layer = job.model.layers * job.num_microbatches
+    compute = c["kind"] == COMPUTE
+    for op, per_call in (
+        ("aten.baddbmm", 1),
+        ("prism.causal_softmax", 1),
+        ("aten.native_dropout", 1),
+        ("aten.bmm", 1 + 4),  # PV forward; backward: two for PV, two for the scores GEMM
+        ("prism.causal_softmax_backward_", 1),
+        ("aten.native_dropout_backward", 1),
+    ):
+        assert np.count_nonzero(compute & (aten == op)) == per_call * per_layer, op
+    assert not np.count_nonzero(compute & np.char.startswith(aten.astype(str), "aten._scaled_dot"))
+    heads, s, b = job.model.heads, job.batch.seq_len, job.batch.micro_batch
+    scores_bytes = b * heads * s * s * 2  # bf16
+    allocated = c["size_bytes"][c["kind"] == ALLOC]
+    # per layer: scores, probabilities, dropout's output (bf16) and its mask (one byte each)
+    assert np.count_nonzero(allocated == scores_bytes) >= 3 * per_layer
+    assert np.count_nonzero(allocated == scores_bytes // 2) >= per_layer
+
+
+def test_fused_attention_kernels_share_a_capture_and_the_unfused_program_does_not():
+    from prismbench.capture import cache_key
+    from prismbench.spec import job_spec_from_dict
+
+    def job(attention):
+        return job_spec_from_dict(
+            {
+                "model": {"name": "gpt-debug"},
+                "batch": {"seq_len": 64, "global_batch": 2},
+                "kernels": {"attention": attention},
+            }
+        )
+
+    assert cache_key(job("flash")) == cache_key(job("triton"))  # the same program, priced apart
+    assert cache_key(job("unfused")) != cache_key(job("flash"))
+
+
+
+def test_the_workloads_at_86a4f47_ran_alibi_attention_and_rope_as_eager_float32_math():
+    """`kernels.custom_ops = "eager"` (the default framework, prism-86a4f47) records what a GPU
+    ran at that commit: float32 GEMMs over the s x s scores and a softmax for ALiBi attention,
+    RoPE's chain of elementwise kernels; no fused op of either."""
+    alibi = debug_job(model="gpt-debug", positions="alibi", seq_len=48, global_batch=2)
+    llama = debug_job(model="llama-debug", seq_len=48, global_batch=2)
+    assert alibi.kernels.custom_ops == llama.kernels.custom_ops == "eager"
+    s = alibi.batch.seq_len
+    trace = capture_rank(0, 1, rank_program(alibi))
+    aten, compute = np.array(trace.text("aten")), trace.columns["kind"] == COMPUTE
+    assert not np.count_nonzero(compute & np.char.startswith(aten.astype(str), "prism."))
+    fp32_scores = [
+        i
+        for i in np.flatnonzero(compute & (aten == "aten.bmm"))
+        if any(shape[-2:] == (s, s) and dtype == "float32" for shape, dtype, _ in trace.tensors(i))
+    ]
+    # forward QK^T and PV; backward recomputes QK^T and PV's probabilities, then four GEMMs
+    assert len(fp32_scores) == (2 + 1 + 4) * alibi.model.layers * alibi.num_microbatches
+    per_layer = alibi.model.layers * alibi.num_microbatches
+    assert np.count_nonzero(compute & (aten == "aten._softmax")) == 2 * per_layer
+    trace = capture_rank(0, 1, rank_program(llama))
+    aten, compute = np.array(trace.text("aten")), trace.columns["kind"] == COMPUTE
+    assert not np.count_nonzero(aten == "prism.rope")
+    in_layers = np.char.find(np.array(trace.text("module")).astype(str), ".layers.") >= 0
+    # q and k, forward and backward; nothing that only computes a dtype is a kernel
+    assert np.count_nonzero(compute & in_layers & (aten == "aten.stack")) == 4 * per_layer
+    assert not np.count_nonzero(compute & (aten == "aten.promote_types"))
+
+
+def test_megatron_selective_recompute_reruns_the_core_attention_and_nothing_else():
+    """Korthikanti et al.'s selective recompute (`kernels.selective_recompute =
+    "core-attention"`): the recompute phase holds the scores GEMM, softmax, dropout and PV GEMM
+    of each layer, and no projection or MLP GEMM."""
+    from emulator.capture.trace import PHASES
+    from prismbench.spec import job_spec_from_dict
+
+    job = job_spec_from_dict(
+        {
+            "model": {"name": "gpt-debug"},
+            "batch": {"seq_len": 48, "global_batch": 1},
+            "train": {"recompute": "selective", "attention_dropout": 0.1},
+            "kernels": {"framework": "megatron"},
+        }
+    )
+    trace = capture_rank(0, 1, rank_program(job))
+    c, aten = trace.columns, np.array(trace.text("aten"))
+    recompute = (c["kind"] == COMPUTE) & (c["phase"] == PHASES.index("recompute"))
+    rerun = collections.Counter(aten[recompute].tolist())
+    layers = job.model.layers
+    assert rerun["aten.baddbmm"] == rerun["prism.causal_softmax"] == layers
+    assert rerun["aten.native_dropout"] == rerun["aten.bmm"] == layers
+    assert not rerun["aten.mm"] and not rerun["aten.addmm"]
+
+
+@pytest.mark.parametrize(("reruns", "rerun_gemms"), [("needed", 5), ("all", 6)])
+def test_full_recompute_reruns_the_last_gemm_only_when_the_whole_block_reruns(reruns, rerun_gemms):
+    """torch's non-reentrant checkpoint stops once backward has what it saved: the MLP's second
+    GEMM, whose output nothing keeps, is not rerun; Megatron's reentrant checkpoint reruns it."""
+    from emulator.capture.trace import PHASES
+    from prismbench.spec import job_spec_from_dict
+
+    job = job_spec_from_dict(
+        {
+            "model": {"name": "gpt-debug"},
+            "batch": {"seq_len": 48, "global_batch": 1},
+            "train": {"recompute": "full"},
+            "kernels": {"recompute_reruns": reruns},
+        }
+    )
+    trace = capture_rank(0, 1, rank_program(job))
+    c, aten = trace.columns, np.array(trace.text("aten"))
+    recompute = (c["kind"] == COMPUTE) & (c["phase"] == PHASES.index("recompute"))
+    # six linears per block (wq, wk, wv, wo, w1, w2), all with biases
+    assert np.count_nonzero(recompute & (aten == "aten.addmm")) == rerun_gemms * job.model.layers

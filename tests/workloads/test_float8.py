@@ -45,6 +45,14 @@ def test_swap_keeps_parameters_and_skips_output():
     assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)
 
 
+def test_the_86a4f47_recipe_swaps_in_the_workloads_own_float8_linears():
+    from workloads import prism_float8
+
+    model = _model("llama-debug", fp8=True, recipe="prism-86a4f47")
+    assert type(model.layers["0"].attention.wq) is prism_float8.Float8Linear
+    assert type(model.output) is nn.Linear
+
+
 def test_linears_with_dims_not_divisible_by_16_stay_high_precision():
     model = nn.Sequential(nn.Linear(64, 24), nn.Linear(24, 64))
     convert_linears_to_float8(model)

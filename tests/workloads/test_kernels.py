@@ -122,11 +122,80 @@ def test_async_tp_needs_sequence_parallel_tensor_parallelism(parallel, message):
     assert job.kernels.async_tp and job.to_dict()["kernels"]["async_tp"] is True
 
 
-def test_llm_foundry_runs_the_triton_attention_kernel_and_the_others_flash():
+def test_llm_foundry_runs_triton_attention_megatron_unfused_and_the_others_flash():
     assert KernelsSpec(framework="llm-foundry").attention == "triton"
-    assert {KernelsSpec(framework=f).attention for f in FRAMEWORKS if f != "llm-foundry"} == {
-        "flash"
-    }
+    assert KernelsSpec(framework="megatron").attention == "unfused"
+    others = set(FRAMEWORKS) - {"llm-foundry", "megatron"}
+    assert {KernelsSpec(framework=f).attention for f in others} == {"flash"}
     assert KernelsSpec(framework="llm-foundry", attention="flash").overrides() == {
         "attention": "flash"
     }
+
+
+@pytest.mark.parametrize(
+    ("kernels", "parallel", "train", "message"),
+    [
+        (
+            {"framework": "megatron"},
+            {"cp": 2},
+            {},
+            "kernels.attention='unfused' needs parallel.cp=1",
+        ),
+        ({}, {}, {"attention_dropout": 0.1}, "train.attention_dropout=0.1 needs kernels.attention"),
+        (
+            {"attention": "unfused"},
+            {},
+            {"attention_dropout": 1.0},
+            "must be a number in \\[0, 1\\)",
+        ),
+        ({"attention": "unfused"}, {}, {"attention_dropout": True}, "must be a number"),
+    ],
+)
+def test_unfused_attention_and_its_dropout_name_the_field_and_rule(
+    kernels, parallel, train, message
+):
+    with pytest.raises(SpecError, match=message):
+        job_spec_from_dict(
+            {
+                "model": {"name": "gpt-debug"},
+                "parallel": parallel,
+                "batch": {"seq_len": 32, "global_batch": 2},
+                "train": train,
+                "kernels": kernels,
+            }
+        )
+
+
+def test_only_the_workloads_at_86a4f47_run_their_custom_ops_as_eager_math():
+    assert KernelsSpec(framework="prism-86a4f47").custom_ops == "eager"
+    others = set(FRAMEWORKS) - {"prism-86a4f47"}
+    assert {KernelsSpec(framework=f).custom_ops for f in others} == {"fused"}
+
+
+def test_megatron_and_nemo_recompute_only_the_core_attention_when_selective():
+    assert {KernelsSpec(framework=f).selective_recompute for f in ("megatron", "nemo")} == {
+        "core-attention"
+    }
+    others = set(FRAMEWORKS) - {"megatron", "nemo"}
+    assert {KernelsSpec(framework=f).selective_recompute for f in others} == {"op"}
+
+
+def test_megatron_and_nemo_recompute_a_checkpointed_region_whole():
+    assert {KernelsSpec(framework=f).recompute_reruns for f in ("megatron", "nemo")} == {"all"}
+    others = set(FRAMEWORKS) - {"megatron", "nemo"}
+    assert {KernelsSpec(framework=f).recompute_reruns for f in others} == {"needed"}
+
+
+def test_the_86a4f47_float8_linears_cannot_take_the_fused_cast_rule():
+    from workloads.kernels import KernelsSpec as Kernels
+
+    assert Kernels().fp8_recipe == "prism-86a4f47"
+    with pytest.raises(SpecError, match="needs a torchao kernels.fp8_recipe"):
+        job_spec_from_dict(
+            {
+                "model": {"name": "llama-debug"},
+                "batch": {"seq_len": 32, "global_batch": 2},
+                "train": {"precision": "fp8"},
+                "kernels": {"compile": True},
+            }
+        )

@@ -71,6 +71,8 @@ KERNELS = {
         "vocab_multiple": 100,
     },
     "pp2-1f1b-dp2-zero1-gpt-tied-grads-after-backward": {"grad_reduce": "after-backward"},
+    "tp2-nosp-dp2-zero1-gpt-unfused-attention": {"attention": "unfused"},
+    "tp2-sp-pp2-gpt-alibi-unfused-attention": {"attention": "unfused"},
 }
 CASES["tp2-sp-dp2-zero1-gpt-tied-fused-loss"] = (
     {"name": "gpt-debug"},
@@ -84,6 +86,18 @@ CASES["pp2-gpipe-tp2-llama-fused-inplace-loss-padded-vocab"] = (
     {"name": "llama-debug"},
     {"pp": 2, "schedule": "gpipe", "tp": 2},
 )
+CASES["tp2-nosp-dp2-zero1-gpt-unfused-attention"] = (
+    {"name": "gpt-debug"},
+    {"tp": 2, "sequence_parallel": False, "dp": 2, "zero": 1},
+)
+CASES["tp2-sp-pp2-gpt-alibi-unfused-attention"] = (  # ALiBi slopes of each tp rank's own heads
+    {"name": "gpt-debug", "positions": "alibi"},
+    {"tp": 2, "pp": 2},
+)
+# The unfused ALiBi scores carry slope * key position (up to 16 here) in float32, so the
+# parallel and single runs round differently enough for the third step's norm to drift by ~5e-5
+# (the single run's own flash/unfused norms differ by 8e-6); a wrong scale is off by >= 0.5.
+GRAD_NORM_RTOL = {"tp2-sp-pp2-gpt-alibi-unfused-attention": 1e-4}
 # about 1/16 of a debug model's fp32 gradients: 10-20 buckets per rank
 BUCKET_BYTES = {name: 64 * 1024 for name in CASES if name.endswith("-buckets")}
 
@@ -204,4 +218,4 @@ def test_grad_norm_matches_single_process(name, per_rank_results):
     job = case_job(name)
     expected = train_losses(reference_job(job), None).grad_norms
     for rank in per_rank_results:
-        assert rank[name].grad_norms == pytest.approx(expected, rel=1e-5)
+        assert rank[name].grad_norms == pytest.approx(expected, rel=GRAD_NORM_RTOL.get(name, 1e-5))

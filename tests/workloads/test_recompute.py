@@ -9,7 +9,7 @@ from workloads.flavors import get_flavor
 from workloads.models import build_model
 from workloads.recompute import apply_recompute
 
-SETTINGS = [("full", "op"), ("selective", "op"), ("selective", "attention")]
+SETTINGS = [("full", "op"), ("selective", "op"), ("selective", "core-attention")]
 
 
 def _model(name, mode="none", selective="op"):
@@ -36,6 +36,36 @@ def test_gradients_equal_no_recompute(name, mode, selective):
     reference = _grads(_model(name))
     recomputed = _grads(_model(name, mode, selective))
     assert reference.keys() == recomputed.keys()
+    for key, grad in reference.items():
+        torch.testing.assert_close(recomputed[key], grad, rtol=1e-6, atol=1e-7, msg=key)
+
+
+@pytest.mark.parametrize(("mode", "selective"), [("full", "op"), ("selective", "core-attention")])
+def test_recompute_replays_attention_dropout_with_the_same_mask(mode, selective):
+    """Megatron's attention drops probabilities at random; the recomputation restores the RNG
+    state, so backward sees the forward's mask and the gradients are those of no recompute."""
+    from prismbench.spec import job_spec_from_dict
+    from workloads.parallelize import set_kernels
+
+    job = job_spec_from_dict(
+        {
+            "model": {"name": "gpt-debug"},
+            "batch": {"seq_len": 32, "global_batch": 2},
+            "train": {"attention_dropout": 0.3},
+            "kernels": {"framework": "megatron"},
+        }
+    )
+
+    def grads(mode):
+        torch.manual_seed(0)
+        model = build_model(get_flavor("gpt-debug"))
+        model.init_weights(0)
+        set_kernels(model, job)
+        apply_recompute(model, mode, selective=selective, preserve_rng_state=True)
+        torch.manual_seed(1)
+        return _grads(model)
+
+    reference, recomputed = grads("none"), grads(mode)
     for key, grad in reference.items():
         torch.testing.assert_close(recomputed[key], grad, rtol=1e-6, atol=1e-7, msg=key)
 

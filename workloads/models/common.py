@@ -1,6 +1,7 @@
 """Pieces shared by the GPT and Llama modules: position encodings, causal core attention, init.
 
-Everything here is stateless apart from `head_offset`, so it survives building on
+Everything here is stateless apart from `head_offset` and the kernel choices (`unfused`,
+`dropout`, `eager`), so it survives building on
 `meta` followed by `to_empty(...)` (no buffers), fake tensors and DTensor sharding
 of the surrounding linears (local head counts come from tensor shapes).
 """
@@ -15,18 +16,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from workloads.models.attention_ops import position_masked_attention
+from workloads.models.eager_ops import eager_masked_attention, eager_rope
 from workloads.models.rope_ops import rope
+from workloads.models.unfused_attention import unfused_attention
 
 INIT_STD = 0.02  # GPT-2 / Megatron / torchtitan default normal init
 
 
-def rope_rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+def rope_rotate(
+    x: torch.Tensor, positions: torch.Tensor, theta: float, *, eager: bool = False
+) -> torch.Tensor:
     """Rotate pairs (2i, 2i+1) of the last dim of x [b, s, h, d] by positions * theta^(-2i/d).
 
     Meta's Llama layout (interleaved pairs, as its complex-number view does), computed
     in float32 from `positions` so context-parallel chunks get their absolute angles; one
-    fused op (`prism::rope`, see rope_ops.py), as Megatron-core's fused RoPE kernel runs it.
+    fused op (`prism::rope`, see rope_ops.py), as Megatron-core's fused RoPE kernel runs it,
+    or with `eager` its reference math as eager kernels (eager_ops.py, `kernels.custom_ops`).
     """
+    if eager:
+        return eager_rope(x, positions, float(theta))
     return rope(x, positions, float(theta), False)
 
 
@@ -55,7 +63,11 @@ class CausalAttention(nn.Module):
     replace this module. With `alibi=True` attention is `position_masked_attention` (one
     fused kernel on a GPU, see attention_ops.py): bias = -slope_h * (q_pos - k_pos), and
     masked where k_pos > q_pos. `head_offset` is the global index of the first local
-    head; tensor parallelism sets it to tp_rank * local_heads.
+    head; tensor parallelism sets it to tp_rank * local_heads. `unfused` (set by
+    `workloads.parallelize.set_kernels`, `kernels.attention = "unfused"`) runs
+    Megatron's attention with the score matrix in memory instead (unfused_attention.py),
+    with attention dropout of probability `dropout`; `eager` (`kernels.custom_ops = "eager"`)
+    runs the ALiBi attention as eager float32 math (eager_ops.py).
     """
 
     def __init__(self, *, alibi: bool, total_heads: int) -> None:
@@ -63,15 +75,22 @@ class CausalAttention(nn.Module):
         self.alibi = alibi
         self.total_heads = total_heads
         self.head_offset = 0
+        self.unfused = False
+        self.dropout = 0.0
+        self.eager = False
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor:
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # -> [b, h, s, d]
         gqa = k.shape[1] != q.shape[1]
-        if self.alibi:
+        if self.unfused:
+            slopes = self.local_slopes(q.shape[1], q.device) if self.alibi else None
+            out = unfused_attention(q, k, v, alibi_slopes=slopes, dropout=self.dropout)
+        elif self.alibi:
             slopes = self.local_slopes(q.shape[1], q.device)
-            out = position_masked_attention(q, k, v, positions, positions, slopes)
+            attend = eager_masked_attention if self.eager else position_masked_attention
+            out = attend(q, k, v, positions, positions, slopes)
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return out.transpose(1, 2)

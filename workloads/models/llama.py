@@ -35,14 +35,15 @@ class Attention(nn.Module):
         self.wv = nn.Linear(spec.hidden, kv_dim, bias=False)
         self.wo = nn.Linear(spec.hidden, spec.hidden, bias=False)
         self.core_attention = CausalAttention(alibi=False, total_heads=spec.heads)
+        self.eager_rope = False  # `kernels.custom_ops = "eager"` (workloads.parallelize)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
-        q = rope_rotate(q, positions, self.rope_theta)
-        k = rope_rotate(k, positions, self.rope_theta)
+        q = rope_rotate(q, positions, self.rope_theta, eager=self.eager_rope)
+        k = rope_rotate(k, positions, self.rope_theta, eager=self.eager_rope)
         out = self.core_attention(q, k, v, positions)
         return self.wo(out.reshape(b, s, -1))
 

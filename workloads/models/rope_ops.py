@@ -21,8 +21,9 @@ import torch
 from torch import Tensor
 
 
-@torch.library.custom_op("prism::rope", mutates_args=())
-def rope(x: Tensor, positions: Tensor, theta: float, inverse: bool) -> Tensor:
+def rotate(x: Tensor, positions: Tensor, theta: float, inverse: bool) -> Tensor:
+    """The reference math: x rotated by positions * theta^(-2i/d) (the opposite angle when
+    `inverse`), in float32 for bf16/fp16 inputs, returned in x's dtype."""
     head_dim = x.shape[-1]
     opmath = torch.promote_types(x.dtype, torch.float32)  # bf16/fp16 compute in float32
     exponents = torch.arange(0, head_dim, 2, device=x.device, dtype=opmath) / head_dim
@@ -35,6 +36,11 @@ def rope(x: Tensor, positions: Tensor, theta: float, inverse: bool) -> Tensor:
     even, odd = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
     return rotated.flatten(-2).to(x.dtype)
+
+
+@torch.library.custom_op("prism::rope", mutates_args=())
+def rope(x: Tensor, positions: Tensor, theta: float, inverse: bool) -> Tensor:
+    return rotate(x, positions, theta, inverse)
 
 
 @rope.register_fake
