@@ -48,19 +48,38 @@ class SourceRule:
     # the position encoding the source's runs used where it is not the flavor's (a learned
     # table is sized to the run's seq_len, as the run's max_seq_len), with the reason
     positions: tuple[str, str] | None = None
+    # the attention dropout of the source's runs where it is not 0, with the reason
+    attention_dropout: tuple[float, str] | None = None
 
+
+# Megatron-LM's `--attention-dropout` defaults to 0.1 (megatron/arguments.py at a8d172b31e and
+# 2e90a342f5; bigscience's Megatron-DeepSpeed fork the same, megatron/arguments.py at 007719ad5c)
+# and none of these sources' launch scripts sets it.
+_MEGATRON_DROPOUT = "train.attention_dropout: Megatron's default 0.1 (--attention-dropout in megatron/arguments.py); the source's launch script ({script}) does not set it"
+MEGATRON_DROPOUT = {
+    "narayanan2021": (0.1, _MEGATRON_DROPOUT.format(
+        script="examples/sc21/CONFIG.sh and run_table_1.sh at 4d1c207597^")),
+    "megatron-readme2022": (0.1, _MEGATRON_DROPOUT.format(
+        script="examples/pretrain_gpt3_175B.sh at 2e90a342f5")),
+    "korthikanti2022": (0.1, _MEGATRON_DROPOUT.format(
+        script="none published; the paper's activation count (section 4.1) includes the "
+        "attention dropout mask and output")),
+    "bigscience": (0.1, _MEGATRON_DROPOUT.format(
+        script="train/tr11-176B-ml/tr11-176B-ml.slurm at 003b250")),
+}
 
 # Keyed by the start of the `source` column; a row must match exactly one.
 SOURCES = {
     "Narayanan et al. 2021": SourceRule(
         "narayanan2021", "megatron-gpt-", "hardware", "hardware", None, sequence_parallel=False,
-        framework="megatron"),
+        framework="megatron", attention_dropout=MEGATRON_DROPOUT["narayanan2021"]),
     "NVIDIA/Megatron-LM README.md (commit 2e90a342f5": SourceRule(
         "megatron-readme2022", "megatron-gpt-", "hardware", "hardware", None,
-        sequence_parallel=False, framework="megatron"),
+        sequence_parallel=False, framework="megatron",
+        attention_dropout=MEGATRON_DROPOUT["megatron-readme2022"]),
     "Korthikanti et al. 2022": SourceRule(
         "korthikanti2022", "megatron-gpt-", "model", "model", None, sequence_parallel=None,
-        framework="megatron"),
+        framework="megatron", attention_dropout=MEGATRON_DROPOUT["korthikanti2022"]),
     "NVIDIA/Megatron-LM README.md 'Training Speed": SourceRule(
         "mcore2024", "mcore-gpt-", "model", "model", None, sequence_parallel=False,
         framework="megatron"),
@@ -76,7 +95,7 @@ SOURCES = {
             "seq_len; the row's NumParams equals this model's parameter count (checked)")),
     "bigscience-workshop/bigscience": SourceRule(
         "bigscience", "bloom-", "hardware", "hardware", "nvidia_smi", sequence_parallel=False,
-        framework="megatron"),
+        framework="megatron", attention_dropout=MEGATRON_DROPOUT["bigscience"]),
     "karpathy/llm.c": SourceRule(
         "llmc", "gpt2-", "model", "model", None, sequence_parallel=False, framework="llm.c"),
 }  # fmt: skip
@@ -195,11 +214,16 @@ NETWORK_ASSUMPTIONS = {
 
 # Settings in the notes that the spec cannot say (pattern -> reason): none at present.
 UNSAYABLE: dict[str, str] = {}
-# Settings in the notes that the spec says (pattern -> `[kernels]` field set true): torchtitan's
-# tables name torch.compile and AsyncTP per run ("FSDP + torch.compile", "2D + AsyncTP").
+# Settings in the notes that the spec says (pattern -> `[kernels]` field and value): torchtitan's
+# tables name torch.compile and AsyncTP per run ("FSDP + torch.compile", "2D + AsyncTP");
+# Narayanan's run_table_1.sh sets `--DDP-impl torch` for 1.7B-18B, and Megatron-LM then wraps
+# the model in torch DDP, which all-reduces gradient buckets during the last micro-batch's
+# backward (schedules.py runs the others under `no_sync`, at a8d172b31e): overlapped, where
+# `--DDP-impl local` (the framework's choice) reduces after backward.
 NOTED_KERNELS = {
-    r"\bcompile\b": "compile",
-    r"\bAsyncTP\b": "async_tp",
+    r"\bcompile\b": ("compile", True),
+    r"\bAsyncTP\b": ("async_tp", True),
+    r"DDP impl=torch": ("grad_reduce", "overlapped"),
 }
 REQUIRED = ("layers", "hidden", "heads", "seq_len", "tp", "pp", "dp", "zero_stage", "micro_batch",
             "global_batch", "precision", "recompute", "gpu")  # fmt: skip
@@ -341,12 +365,20 @@ def job_tables(row: dict, rule: SourceRule, assumptions: list[str]) -> dict:
         "batch": {"seq_len": int(row["seq_len"]), "micro_batch": int(row["micro_batch"]),
                   "global_batch": int(row["global_batch"])},
         "train": {"precision": precision, "recompute": RECOMPUTE[row["recompute"]],
-                  "optimizer": "adamw"},
+                  "optimizer": "adamw", **_attention_dropout(rule, assumptions)},
         "kernels": {"framework": rule.framework,
-                    **{field: True for pattern, field in NOTED_KERNELS.items()
+                    **{field: value for pattern, (field, value) in NOTED_KERNELS.items()
                        if re.search(pattern, row["notes"])}},
         "cluster": cluster,
     }  # fmt: skip
+
+
+def _attention_dropout(rule: SourceRule, assumptions: list[str]) -> dict:
+    if rule.attention_dropout is None:
+        return {}
+    probability, why = rule.attention_dropout
+    assumptions.append(why)
+    return {"attention_dropout": probability}
 
 
 def _num(text: str) -> float | None:

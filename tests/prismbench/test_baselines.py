@@ -190,6 +190,22 @@ def test_torchtitan_rows_say_torch_compile_and_async_tp_as_their_notes_do():
     assert made[44].job.parallel.sequence_parallel
 
 
+def test_megatron_rows_run_unfused_attention_with_dropout_and_their_ddp_as_their_scripts_say():
+    megatron = [
+        b
+        for b in load_baselines(BASELINES)
+        if b.name.split("__")[0]
+        in ("narayanan2021", "korthikanti2022", "megatron-readme2022", "bigscience")
+    ]
+    assert len(megatron) == 22
+    for b in megatron:
+        assert (b.job.kernels.attention, b.job.train.attention_dropout) == ("unfused", 0.1)
+        # run_table_1.sh: --DDP-impl torch (overlapped) for 1.7B-18B, local for the rest
+        torch_ddp = "DDP impl=torch" in b.provenance.notes
+        assert b.job.kernels.grad_reduce == ("overlapped" if torch_ddp else "after-backward")
+    assert sum("DDP impl=torch" in b.provenance.notes for b in megatron) == 4
+
+
 def test_llm_foundry_rows_run_learned_positions_and_triton_attention_as_their_runs_did():
     import re
 
