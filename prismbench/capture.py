@@ -77,12 +77,15 @@ def cache_key(job) -> str:
     """What a capture depends on: the job without its hardware (the GPU and network presets
     only price a trace; the capture reads gpus_per_node alone, through `world_of`; so does
     `kernels.attention` between fused kernels, which only prices: "unfused" is another
-    program), the capturing source, the libraries it calls and the trace schema. Jobs that
-    differ only in GPU, network or fused attention kernel share one."""
+    program; so does `kernels.launch_blocking`), the capturing source, the libraries it calls
+    and the trace schema. Jobs that differ only in GPU, network, fused attention kernel or
+    blocking launches share one."""
     tables = job.to_dict()
     tables["cluster"] = {"gpus_per_node": job.cluster.gpus_per_node}
+    kernels = tables.get("kernels", {})
+    kernels.pop("launch_blocking", None)
     if job.kernels.attention != "unfused":
-        tables.get("kernels", {}).pop("attention", None)
+        kernels.pop("attention", None)
     spec = json.dumps(tables, sort_keys=True)
     key = f"{spec}|{source_hash()}|{library_versions()}|{SCHEMA_VERSION}"
     return hashlib.sha256(key.encode()).hexdigest()[:20]

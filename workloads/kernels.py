@@ -105,6 +105,10 @@ Fields:
   `compile = true`, tp > 1 and sequence parallelism, as torchtitan requires (it refuses async TP
   without compile; its TP plan is sequence-parallel). It needs CUDA symmetric memory, so the
   overlap is a model only: the CPU run and the capture are the plain TP program.
+- `launch_blocking`: true when the run set `CUDA_LAUNCH_BLOCKING=1`, so every kernel launch
+  returns only once the kernel has run and the host cannot run ahead of the GPU: each op's
+  host dispatch time adds to its kernel time (`emulator.graph.build`). Not a framework's
+  choice (all default to false); BLOOM's launch script set it. The capture is unchanged.
 """
 
 from __future__ import annotations
@@ -260,6 +264,8 @@ RECOMPUTE_RERUNS_BY_FRAMEWORK: dict[str, str] = {
 # field: it is not modelled.
 COMPILE_BY_FRAMEWORK: dict[str, bool] = _same_for_all(False)
 ASYNC_TP_BY_FRAMEWORK: dict[str, bool] = _same_for_all(False)
+# No framework sets CUDA_LAUNCH_BLOCKING; a run's launch script may (BLOOM's did).
+LAUNCH_BLOCKING_BY_FRAMEWORK: dict[str, bool] = _same_for_all(False)
 # Megatron-core allocates each receive in p2p_communication.py (`_communicate`: torch.empty
 # per recv_prev/recv_next) and runs either 1F1B of schedules.py,
 # `forward_backward_pipelining_without_interleaving` or `..._with_interleaving` (the 2022
@@ -310,6 +316,7 @@ class KernelsSpec:
     recompute_reruns: str | None = None
     compile: bool | None = None
     async_tp: bool | None = None
+    launch_blocking: bool | None = None
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
@@ -339,6 +346,7 @@ class KernelsSpec:
         for name, by_framework in (
             ("compile", COMPILE_BY_FRAMEWORK),
             ("async_tp", ASYNC_TP_BY_FRAMEWORK),
+            ("launch_blocking", LAUNCH_BLOCKING_BY_FRAMEWORK),
         ):
             value = getattr(self, name)
             if value is None:

@@ -42,7 +42,9 @@ class CostContext:
     an optional host dispatch model (`costs.host_dispatch`), whether tensor parallelism
     runs asynchronously (`costs.overlap.async_tp_exposed_s`, applied by the graph builder to TP
     collectives next to their GEMMs), and the rates of the attention kernel the job runs when
-    it is not the table's (`costs.attention_rates`; None: the table's or the curves')."""
+    it is not the table's (`costs.attention_rates`; None: the table's or the curves'), and
+    whether every launch waits for its kernel (CUDA_LAUNCH_BLOCKING=1: the host's time per op
+    then adds to each compute op instead of running ahead, `graph.build`)."""
 
     topology: Topology
     table: KernelTable | None = None
@@ -50,6 +52,7 @@ class CostContext:
     host: HostDispatch | None = None  # host dispatch per op (None: the host binds nothing)
     async_tp: bool = False
     attention: AttentionRates | None = None
+    launch_blocking: bool = False
 
 
 def op_record(trace: RankTrace, row: int) -> OpRecord:

@@ -430,7 +430,10 @@ def build_graph(
     squares (emulator.variability). `comm_durations=False` makes every comm free (tests).
     `dispatch_s[p]` (optional, one entry per trace row): the host seconds spent issuing each
     row (emulator.costs.host_dispatch); without it, `cost.host` prices them, and with neither
-    the host binds nothing (`host_bounds`)."""
+    the host binds nothing (`host_bounds`). With `cost.launch_blocking` the host cannot run
+    ahead: a compute row's dispatch time adds to its duration instead (a collective's call
+    time is left out, and collectives still overlap compute where the program lets them, which
+    blocking launches would serialise: both under-count)."""
     if len(world.lane_axes) > 7:
         raise ValueError(
             f"world has {len(world.lane_axes)} lane axes; the graph's int8 mask holds 7"
@@ -451,6 +454,10 @@ def build_graph(
             durs = compute_durations_s(trace, cost)
         else:
             raise ValueError(f"class {p}: neither durations_s nor a cost context to price compute")
+        dispatch = _dispatch_of(trace, p, cost, dispatch_s)
+        blocking = dispatch is not None and cost is not None and cost.launch_blocking
+        if blocking:  # the host waits for each kernel: its dispatch time is on the stream
+            durs = durs + np.where(trace.columns["kind"] == COMPUTE, dispatch, 0.0)
         slows = row_slowdowns(trace, cost) if cost is not None else np.ones(len(trace))
         topology = cost.topology if (cost is not None and comm_durations) else None
         spreads = np.zeros(len(trace)) if spreads_s is None else np.asarray(spreads_s[p], float)
@@ -463,8 +470,7 @@ def build_graph(
             pairs = async_tp_pairs(trace, world)
             b.async_tp = {row: float(durs[gemms].sum()) for row, gemms in pairs.items()}
         graph = b.build()
-        dispatch = _dispatch_of(trace, p, cost, dispatch_s)
-        if dispatch is not None:
+        if dispatch is not None and not blocking:
             host_bounds(trace, graph, durs, dispatch)
         classes.append(graph)
         pp_keys.append(b.pp_keys)

@@ -50,6 +50,8 @@ class SourceRule:
     positions: tuple[str, str] | None = None
     # the attention dropout of the source's runs where it is not 0, with the reason
     attention_dropout: tuple[float, str] | None = None
+    # why the source's runs launched kernels blocking (CUDA_LAUNCH_BLOCKING=1), if they did
+    launch_blocking: str | None = None
 
 
 # Megatron-LM's `--attention-dropout` defaults to 0.1 (megatron/arguments.py at a8d172b31e and
@@ -95,7 +97,9 @@ SOURCES = {
             "seq_len; the row's NumParams equals this model's parameter count (checked)")),
     "bigscience-workshop/bigscience": SourceRule(
         "bigscience", "bloom-", "hardware", "hardware", "nvidia_smi", sequence_parallel=False,
-        framework="megatron", attention_dropout=MEGATRON_DROPOUT["bigscience"]),
+        framework="megatron", attention_dropout=MEGATRON_DROPOUT["bigscience"],
+        launch_blocking="kernels.launch_blocking: tr11-176B-ml.slurm (at 003b250) exports "
+        "CUDA_LAUNCH_BLOCKING=1 ('do not remove or the training will hang')"),
     "karpathy/llm.c": SourceRule(
         "llmc", "gpt2-", "model", "model", None, sequence_parallel=False, framework="llm.c"),
 }  # fmt: skip
@@ -368,9 +372,17 @@ def job_tables(row: dict, rule: SourceRule, assumptions: list[str]) -> dict:
                   "optimizer": "adamw", **_attention_dropout(rule, assumptions)},
         "kernels": {"framework": rule.framework,
                     **{field: value for pattern, (field, value) in NOTED_KERNELS.items()
-                       if re.search(pattern, row["notes"])}},
+                       if re.search(pattern, row["notes"])},
+                    **_launch_blocking(rule, assumptions)},
         "cluster": cluster,
     }  # fmt: skip
+
+
+def _launch_blocking(rule: SourceRule, assumptions: list[str]) -> dict:
+    if rule.launch_blocking is None:
+        return {}
+    assumptions.append(rule.launch_blocking)
+    return {"launch_blocking": True}
 
 
 def _attention_dropout(rule: SourceRule, assumptions: list[str]) -> dict:

@@ -204,6 +204,9 @@ def test_megatron_rows_run_unfused_attention_with_dropout_and_their_ddp_as_their
         torch_ddp = "DDP impl=torch" in b.provenance.notes
         assert b.job.kernels.grad_reduce == ("overlapped" if torch_ddp else "after-backward")
     assert sum("DDP impl=torch" in b.provenance.notes for b in megatron) == 4
+    # only BLOOM's launch script set CUDA_LAUNCH_BLOCKING=1
+    blocking = {b.name.split("__")[0] for b in load_baselines(BASELINES) if b.job.kernels.launch_blocking}
+    assert blocking == {"bigscience"}
 
 
 def test_llm_foundry_rows_run_learned_positions_and_triton_attention_as_their_runs_did():

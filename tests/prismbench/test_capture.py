@@ -645,6 +645,10 @@ def test_fused_attention_kernels_share_a_capture_and_the_unfused_program_does_no
 
     assert cache_key(job("flash")) == cache_key(job("triton"))  # the same program, priced apart
     assert cache_key(job("unfused")) != cache_key(job("flash"))
+    blocking = dataclasses.replace(
+        job("flash"), kernels=dataclasses.replace(job("flash").kernels, launch_blocking=True)
+    )
+    assert cache_key(blocking) == cache_key(job("flash"))
 
 
 

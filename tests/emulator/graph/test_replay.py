@@ -282,6 +282,26 @@ def test_launch_queue_end_is_the_max_over_ops():
     assert result.iteration_time_s == pytest.approx(gpu)
 
 
+def test_blocking_launches_put_the_host_time_on_the_stream():
+    # CUDA_LAUNCH_BLOCKING=1: the host waits for each kernel, so nothing of it is hidden, even
+    # where kernels are long enough to hide it otherwise
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    topo = Topology(
+        gpu=gpu_preset("a100-sxm-80g"),
+        gpus_per_node=8,
+        link=intra_node_link("nvlink3"),
+        network=inter_node_network("ib-hdr-8x200"),
+    )
+    kernels, dispatch = [10e-6] * 10, [1e-6] * 10
+    blocking = CostContext(topology=topo, launch_blocking=True)
+    queued = replay(
+        build(world, [_ops(world, kernels, dispatch)], CostContext(topology=topo), host=True)
+    )
+    waited = replay(build(world, [_ops(world, kernels, dispatch)], blocking, host=True))
+    assert queued.iteration_time_s == pytest.approx(1e-6 + 100e-6)
+    assert waited.iteration_time_s == pytest.approx(110e-6)
+
+
 def test_without_dispatch_the_host_binds_nothing():
     world = World.grid(dp=1, pp=1, cp=1, tp=1)
     with_zero = replay(build(world, [_ops(world, [1e-6] * 10, [0.0] * 10)], host=True))
