@@ -105,6 +105,11 @@ Fields:
   `compile = true`, tp > 1 and sequence parallelism, as torchtitan requires (it refuses async TP
   without compile; its TP plan is sequence-parallel). It needs CUDA symmetric memory, so the
   overlap is a model only: the CPU run and the capture are the plain TP program.
+- `optimizer_step`: how the AdamW step runs: `foreach`, torch's multi-tensor ops (several
+  passes over the fp32 state, with a full-size temporary for the second moment's square
+  root); `fused`, one kernel reading parameters, gradients and both moments and writing
+  them back (torch's `fused=True`, what apex's FusedAdam, Transformer Engine's and llm.c's
+  AdamW kernels do), no temporary.
 - `launch_blocking`: true when the run set `CUDA_LAUNCH_BLOCKING=1`, so every kernel launch
   returns only once the kernel has run and the host cannot run ahead of the GPU: each op's
   host dispatch time adds to its kernel time (`emulator.graph.build`). Not a framework's
@@ -130,6 +135,7 @@ PIPELINE_RECVS = ("per-microbatch", "per-transfer")
 ATTENTIONS = ("flash", "triton", "unfused")
 GRAD_REDUCES = ("overlapped", "after-backward")
 RECOMPUTE_RERUNS = ("needed", "all")
+OPTIMIZER_STEPS = ("foreach", "fused")
 CUSTOM_OPS = ("fused", "eager")
 
 
@@ -257,6 +263,20 @@ RECOMPUTE_RERUNS_BY_FRAMEWORK: dict[str, str] = {
     "megatron": "all",
     "nemo": "all",
 }
+# Megatron-LM steps apex's FusedAdam (`from apex.optimizers import FusedAdam as Adam`,
+# megatron/optimizer/__init__.py at a8d172b31e; Megatron-DeepSpeed the same), NeMo
+# Megatron-core's fused Adam (TE or apex), llm.c its own one-kernel AdamW (llmc/adamw.cuh
+# adamw_kernel3 at f1e2ace). The workloads at 86a4f47 ran torch's foreach AdamW. torchtitan's
+# `optimizer.implementation` defaults to "fused" in its current JobConfig, but its 2024 option
+# was `--optimizer.fused`, off by default, and which the published runs used is not stated:
+# "foreach" (not verified). llm-foundry trains with Composer's DecoupledAdamW, a per-parameter
+# loop of torch ops (not verified here): "foreach" is the nearer of the two.
+OPTIMIZER_STEP_BY_FRAMEWORK: dict[str, str] = {
+    **_same_for_all("foreach"),
+    "megatron": "fused",
+    "nemo": "fused",
+    "llm.c": "fused",
+}
 # torchtitan's JobConfig: `compile.enable = False` and `parallelism.enable_async_tensor_parallel
 # = False` by default (torchtitan/config/job_config.py). Megatron, NeMo and llm-foundry train
 # eager (TE's and Apex's fused kernels are what `fp8_casts`, `norm` and `loss` say); llm.c is
@@ -295,6 +315,7 @@ CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {
     "custom_ops": (CUSTOM_OPS, CUSTOM_OPS_BY_FRAMEWORK),
     "selective_recompute": (SELECTIVE_GRANULARITIES, SELECTIVE_RECOMPUTE_BY_FRAMEWORK),
     "recompute_reruns": (RECOMPUTE_RERUNS, RECOMPUTE_RERUNS_BY_FRAMEWORK),
+    "optimizer_step": (OPTIMIZER_STEPS, OPTIMIZER_STEP_BY_FRAMEWORK),
 }
 
 
@@ -314,6 +335,7 @@ class KernelsSpec:
     custom_ops: str | None = None
     selective_recompute: str | None = None
     recompute_reruns: str | None = None
+    optimizer_step: str | None = None
     compile: bool | None = None
     async_tp: bool | None = None
     launch_blocking: bool | None = None

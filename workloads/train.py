@@ -51,7 +51,7 @@ from workloads.pipeline import (
     split_model,
     stage_plans,
 )
-from workloads.zero import DistributedOptimizer, clip_fsdp_grad_norm_
+from workloads.zero import DistributedOptimizer, clip_fsdp_grad_norm_, step_options
 
 MESH_DIMS = ("dp", "pp", "cp", "tp")  # the job contract's mesh: emulator.world.mesh.JOB_AXES
 ADAMW = {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
@@ -331,7 +331,7 @@ def _build_optimizer(job: TrainingJob, mesh, dp_mesh, parts, lr, bucket_bytes):
     adamw = {**ADAMW, **({"lr": lr} if lr is not None else {})}
     if mesh is not None and job.parallel.zero >= 2:
         params = [p for part in parts for p in part.parameters()]
-        return torch.optim.AdamW(params, **adamw, foreach=True)
+        return torch.optim.AdamW(params, **adamw, **step_options(job.kernels.optimizer_step))
     pp = job.parallel.pp
     return DistributedOptimizer(
         [list(part.parameters()) for part in parts],
@@ -342,6 +342,7 @@ def _build_optimizer(job: TrainingJob, mesh, dp_mesh, parts, lr, bucket_bytes):
         norm_groups=[mesh["tp"].get_group(), mesh["pp"].get_group()] if mesh is not None else [],
         max_norm=MAX_GRAD_NORM,
         adamw=adamw,
+        step=job.kernels.optimizer_step,
         microbatches=job.num_microbatches,
         # torch's pipeline schedules scale by 1/num_microbatches in scale_grads, which finds
         # no .grad left; Megatron's 1F1B (per-transfer) divides each micro-batch's loss

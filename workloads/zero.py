@@ -25,7 +25,8 @@ Memory (what the emulator's allocator replay sees): the fp32 grad buffer (4 byte
 per local parameter, plus bucket padding) is allocated once and lives for the whole
 run, as Megatron's; a bf16/fp16 `.grad` lives only from its accumulation in backward
 to the hook. Step-time temporaries: foreach AdamW's square root of the second
-moment (the size of the master copy; Megatron's fused Adam has none), the rank's
+moment (the size of the master copy; the fused step, `kernels.optimizer_step = "fused"`
+as Megatron's apex FusedAdam, has none), the rank's
 reduced-gradient shards gathered into one tensor (zero=1), and one bucket's
 model-dtype shard and all-gather output at a time (zero=1; Megatron gathers into its
 parameter buffer). The grad norm (one multi-tensor norm over ranges) and the copy
@@ -61,6 +62,16 @@ DDP_BUCKET_BYTES = 25 * 1024 * 1024
 MEGATRON_BUCKET_PARAMS = 40_000_000
 MEGATRON_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 FP32_BYTES = 4
+
+
+def step_options(step: str) -> dict[str, bool]:
+    """torch AdamW's implementation flag for `kernels.optimizer_step`. Always explicit: torch's
+    default checks type(param) in (Tensor, Parameter), so a FakeTensor parameter would get the
+    per-tensor loop and its two extra full-size temporaries (sqrt, div), not the foreach ops a
+    GPU runs."""
+    if step not in ("foreach", "fused"):
+        raise ValueError(f"optimizer step {step!r} must be 'foreach' or 'fused'")
+    return {step: True}
 
 
 def default_bucket_bytes(*, shard: bool, dp_size: int) -> int:
@@ -175,6 +186,7 @@ class DistributedOptimizer:
         grad_scale: float = 1.0,
         bucket_bytes: int | None = None,
         overlap: bool = True,
+        step: str = "foreach",
     ) -> None:
         """chunks: the parameters of each model chunk in registration order; microbatches:
         backward passes per iteration (each parameter's hook fires once per pass);
@@ -233,10 +245,7 @@ class DistributedOptimizer:
                     local = local_tensor(param)
                     flat[start : start + local.numel()].copy_(local.reshape(-1))
             self.master = torch.nn.Parameter(self._gather_shards(flat))
-        # foreach, as torch picks on a GPU: its default checks type(param) in (Tensor,
-        # Parameter), so a FakeTensor master got the per-tensor loop and its two extra
-        # full-size temporaries (sqrt, div), ~8 bytes per parameter at the step's peak
-        self.optimizer = torch.optim.AdamW([self.master], **adamw, foreach=True)
+        self.optimizer = torch.optim.AdamW([self.master], **adamw, **step_options(step))
         self.last_grad_norm: torch.Tensor | None = None
 
     def _layout(self, chunks, tp_size: int, microbatches: int) -> list[GradBucket]:

@@ -726,3 +726,23 @@ def test_full_recompute_reruns_the_last_gemm_only_when_the_whole_block_reruns(re
     recompute = (c["kind"] == COMPUTE) & (c["phase"] == PHASES.index("recompute"))
     # six linears per block (wq, wk, wv, wo, w1, w2), all with biases
     assert np.count_nonzero(recompute & (aten == "aten.addmm")) == rerun_gemms * job.model.layers
+
+
+@pytest.mark.parametrize("parallel", [{}, {"dp": 2, "zero": 3}], ids=["master-copy", "fsdp"])
+def test_a_fused_optimizer_step_is_one_kernel_not_foreach_passes(tmp_path, parallel):
+    """`kernels.optimizer_step = "fused"` (Megatron's apex FusedAdam, llm.c): the AdamW step is
+    `_fused_adamw_`, not foreach's passes (lerp, addcmul, the second moment's square root)."""
+    from emulator.capture.trace import PHASES
+
+    def optimizer_ops(step):
+        job = debug_job(parallel, model="gpt-debug", global_batch=2)
+        job = dataclasses.replace(job, kernels=KernelsSpec(optimizer_step=step))
+        trace = capture(job, tmp_path / step).traces[0]
+        aten = np.array(trace.text("aten"))
+        step_rows = (trace["kind"] == COMPUTE) & (trace["phase"] == PHASES.index("optimizer"))
+        return collections.Counter(aten[step_rows].tolist())
+
+    fused, foreach = optimizer_ops("fused"), optimizer_ops("foreach")
+    assert fused["aten._fused_adamw_"] >= 1 and not foreach["aten._fused_adamw_"]
+    passes = ("aten._foreach_lerp_", "aten._foreach_addcmul_", "aten._foreach_sqrt")
+    assert all(foreach[op] for op in passes) and not any(fused[op] for op in passes)

@@ -199,3 +199,11 @@ def test_the_86a4f47_float8_linears_cannot_take_the_fused_cast_rule():
                 "kernels": {"compile": True},
             }
         )
+
+
+def test_megatron_nemo_and_llm_c_step_adamw_in_one_fused_kernel():
+    fused = {"megatron", "nemo", "llm.c"}
+    assert {KernelsSpec(framework=f).optimizer_step for f in fused} == {"fused"}
+    assert {KernelsSpec(framework=f).optimizer_step for f in set(FRAMEWORKS) - fused} == {
+        "foreach"
+    }

@@ -73,6 +73,8 @@ KERNELS = {
     "pp2-1f1b-dp2-zero1-gpt-tied-grads-after-backward": {"grad_reduce": "after-backward"},
     "tp2-nosp-dp2-zero1-gpt-unfused-attention": {"attention": "unfused"},
     "tp2-sp-pp2-gpt-alibi-unfused-attention": {"attention": "unfused"},
+    "dp2-tp2-zero1-gpt-fused-adamw": {"optimizer_step": "fused"},
+    "fsdp-zero3-dp2-tp2-llama-fused-adamw": {"optimizer_step": "fused"},
 }
 CASES["tp2-sp-dp2-zero1-gpt-tied-fused-loss"] = (
     {"name": "gpt-debug"},
@@ -93,6 +95,11 @@ CASES["tp2-nosp-dp2-zero1-gpt-unfused-attention"] = (
 CASES["tp2-sp-pp2-gpt-alibi-unfused-attention"] = (  # ALiBi slopes of each tp rank's own heads
     {"name": "gpt-debug", "positions": "alibi"},
     {"tp": 2, "pp": 2},
+)
+CASES["dp2-tp2-zero1-gpt-fused-adamw"] = ({"name": "gpt-debug"}, {"dp": 2, "tp": 2, "zero": 1})
+CASES["fsdp-zero3-dp2-tp2-llama-fused-adamw"] = (
+    {"name": "llama-debug"},
+    {"dp": 2, "tp": 2, "zero": 3},
 )
 # The unfused ALiBi scores carry slope * key position (up to 16 here) in float32, so the
 # parallel and single runs round differently enough for the third step's norm to drift by ~5e-5
