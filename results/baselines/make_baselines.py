@@ -82,9 +82,11 @@ SOURCES = {
     "Korthikanti et al. 2022": SourceRule(
         "korthikanti2022", "megatron-gpt-", "model", "model", None, sequence_parallel=None,
         framework="megatron", attention_dropout=MEGATRON_DROPOUT["korthikanti2022"]),
+    # Megatron-Core of 2024 (flash attention, overlapped gradient reduction) is the code NeMo
+    # trains with; the `megatron` framework is Megatron-LM of 2021-22 (workloads/kernels.py)
     "NVIDIA/Megatron-LM README.md 'Training Speed": SourceRule(
         "mcore2024", "mcore-gpt-", "model", "model", None, sequence_parallel=False,
-        framework="megatron"),
+        framework="nemo"),
     "pytorch/torchtitan": SourceRule(
         "torchtitan2024", "llama3.1-", "model", "model", "allocator_reserved",
         sequence_parallel=True, framework="torchtitan"),
