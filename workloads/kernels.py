@@ -122,7 +122,6 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from workloads.config import SpecError, per_transfer_refusal
-from workloads.recompute import SELECTIVE_GRANULARITIES
 
 FRAMEWORKS = ("prism-86a4f47", "megatron", "nemo", "llm-foundry", "torchtitan", "llm.c")
 
@@ -135,6 +134,7 @@ PIPELINE_RECVS = ("per-microbatch", "per-transfer")
 ATTENTIONS = ("flash", "triton", "unfused")
 GRAD_REDUCES = ("overlapped", "after-backward")
 RECOMPUTE_RERUNS = ("needed", "all")
+SELECTIVE_GRANULARITIES = ("op", "core-attention")  # workloads.recompute runs each
 OPTIMIZER_STEPS = ("foreach", "fused")
 CUSTOM_OPS = ("fused", "eager")
 

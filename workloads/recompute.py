@@ -39,8 +39,9 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from workloads.kernels import SELECTIVE_GRANULARITIES
+
 MODES = ("none", "selective", "full")
-SELECTIVE_GRANULARITIES = ("op", "core-attention")
 
 _aten = torch.ops.aten
 _MATMULS = {_aten.mm.default, _aten.addmm.default, _aten._scaled_mm.default}
