@@ -17,12 +17,10 @@ which the capture records one by one and a GPU runs as they are. The fused custo
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-from workloads.models.attention_ops import _expand_kv, _reduce_kv, _scores
+from workloads.models.attention_ops import _expand_kv, _scores, input_grads
 from workloads.models.rope_ops import rotate
 
 
@@ -59,23 +57,10 @@ class EagerMaskedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, q_positions, kv_positions, slopes = ctx.saved_tensors
-        heads, kv_heads = q.shape[1], k.shape[1]
+        heads = q.shape[1]
         k_full, v_full = _expand_kv(k, heads).float(), _expand_kv(v, heads).float()
         p = _probabilities(q, k_full, q_positions, kv_positions, slopes)
-        g = grad_out.float()
-        dv = p.transpose(-1, -2) @ g
-        dp = g @ v_full.transpose(-1, -2)
-        ds = p * (dp - (dp * p).sum(dim=-1, keepdim=True)) / math.sqrt(q.shape[-1])
-        dq = ds @ k_full
-        dk = ds.transpose(-1, -2) @ q.float()
-        return (
-            dq.to(q.dtype),
-            _reduce_kv(dk, kv_heads).to(k.dtype),
-            _reduce_kv(dv, kv_heads).to(v.dtype),
-            None,
-            None,
-            None,
-        )
+        return (*input_grads(q, k, v, k_full, v_full, p, grad_out.float()), None, None, None)
 
 
 def eager_rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
