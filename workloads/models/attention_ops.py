@@ -82,24 +82,16 @@ def masked_attention_backward(
     kv_positions: Tensor,
     slopes: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    k_full, v_full = _expand_kv(k, q.shape[1]).float(), _expand_kv(v, q.shape[1]).float()
+    heads, kv_heads = q.shape[1], k.shape[1]
+    k_full, v_full = _expand_kv(k, heads).float(), _expand_kv(v, heads).float()
     p = torch.exp(_scores(q, k_full, q_positions, kv_positions, slopes) - lse.unsqueeze(-1))
     g = grad_out.float()
-    delta = (g * out.float()).sum(dim=-1, keepdim=True)  # flash's D = rowsum(dO * O)
-    return input_grads(q, k, v, k_full, v_full, p, g, delta)
-
-
-def input_grads(q, k, v, k_full, v_full, p, g, delta=None) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv of softmax attention from the probabilities p and the output gradient g
-    (float32); `delta` = rowsum(g * out), or None to take it as rowsum(dp * p) (equal)."""
     dv = p.transpose(-1, -2) @ g
     dp = g @ v_full.transpose(-1, -2)
-    if delta is None:
-        delta = (dp * p).sum(dim=-1, keepdim=True)
+    delta = (g * out.float()).sum(dim=-1, keepdim=True)  # flash's D = rowsum(dO * O)
     ds = p * (dp - delta) / math.sqrt(q.shape[-1])
     dq = ds @ k_full
     dk = ds.transpose(-1, -2) @ q.float()
-    kv_heads = k.shape[1]
     return (
         dq.to(q.dtype),
         _reduce_kv(dk, kv_heads).to(k.dtype),
