@@ -73,6 +73,13 @@ Fields:
   micro-batches (fewer than pp included), and "interleaved-1f1b" with a multiple of pp
   micro-batches (`workloads.config.per_transfer_refusal`). `megatron` and `nemo` choose it
   and fall back to "per-microbatch" for a pipeline it cannot run (`for_pipeline`).
+- `pipeline_transfer`: what one stage sends the next (and its gradient back) under tensor
+  parallelism: `whole`, the full activation from every tp rank; `scatter-gather`,
+  Megatron-LM's `scatter_gather_tensors_in_pipeline`: each tp rank sends its 1/tp slice of the
+  flattened activation and the receiving stage all-gathers the slices over tp, so the
+  inter-stage link carries 1/tp of the bytes and an intra-node all-gather is added. Megatron
+  skips it under sequence parallelism (the activation is already split) and when tp does not
+  divide the activation; so does the workload. It needs `pipeline_recv = "per-transfer"`.
 - `custom_ops`: how the workloads' own ops run on a GPU, RoPE and position-masked attention
   (ALiBi, context-parallel chunks): `fused`, one kernel each way (`prism::rope`,
   `prism::masked_attention`: Megatron-core's and Transformer Engine's fused RoPE, FlexAttention
@@ -131,6 +138,7 @@ NORMS = ("torch",)
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "prism-86a4f47")
 FP8_CASTS = ("unfused", "fused")
 PIPELINE_RECVS = ("per-microbatch", "per-transfer")
+PIPELINE_TRANSFERS = ("whole", "scatter-gather")
 ATTENTIONS = ("flash", "triton", "unfused")
 GRAD_REDUCES = ("overlapped", "after-backward")
 RECOMPUTE_RERUNS = ("needed", "all")
@@ -304,12 +312,27 @@ PIPELINE_RECV_BY_FRAMEWORK: dict[str, str] = {
     "nemo": "per-transfer",
 }
 
+# Megatron-LM split each pipeline transfer over tp and all-gathered it on receive
+# (`--scatter-gather-tensors-in-pipeline`, on by default since 72e4230bb5 of Feb 2021;
+# megatron/p2p_communication.py `_communicate` at a8d172b31e, May 2021, and at bbab79f869, May
+# 2022, the latter skipping it under sequence parallelism), the code of the Narayanan and
+# Korthikanti runs. BLOOM's Megatron-DeepSpeed pipelines with DeepSpeed's PipelineEngine, which
+# partitions the same way (`is_pipe_partitioned` and `is_grad_partitioned` = model parallel,
+# runtime/pipe/engine.py of 2021-22: a PartitionedTensor sent, `.full()` all-gathered).
+# Megatron-core's p2p_communication.py (2023 on, NeMo 2) sends whole tensors. torchtitan's
+# pipelining sends whole stage outputs; the others have no pipeline.
+PIPELINE_TRANSFER_BY_FRAMEWORK: dict[str, str] = {
+    **_same_for_all("whole"),
+    "megatron": "scatter-gather",
+}
+
 CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {
     "loss": (LOSSES, LOSS_BY_FRAMEWORK),
     "norm": (NORMS, NORM_BY_FRAMEWORK),
     "fp8_recipe": (FP8_RECIPES, FP8_RECIPE_BY_FRAMEWORK),
     "fp8_casts": (FP8_CASTS, FP8_CASTS_BY_FRAMEWORK),
     "pipeline_recv": (PIPELINE_RECVS, PIPELINE_RECV_BY_FRAMEWORK),
+    "pipeline_transfer": (PIPELINE_TRANSFERS, PIPELINE_TRANSFER_BY_FRAMEWORK),
     "attention": (ATTENTIONS, ATTENTION_BY_FRAMEWORK),
     "grad_reduce": (GRAD_REDUCES, GRAD_REDUCE_BY_FRAMEWORK),
     "custom_ops": (CUSTOM_OPS, CUSTOM_OPS_BY_FRAMEWORK),
@@ -330,6 +353,7 @@ class KernelsSpec:
     fp8_recipe: str | None = None
     fp8_casts: str | None = None
     pipeline_recv: str | None = None
+    pipeline_transfer: str | None = None
     attention: str | None = None
     grad_reduce: str | None = None
     custom_ops: str | None = None
@@ -356,6 +380,7 @@ class KernelsSpec:
                 object.__setattr__(self, name, by_framework[self.framework])
             elif value not in allowed:
                 raise SpecError(f"kernels.{name}={value!r} must be one of {list(allowed)}")
+        self._resolve_pipeline_transfer()
         if self.vocab_multiple is None:
             object.__setattr__(self, "vocab_multiple", VOCAB_MULTIPLE_BY_FRAMEWORK[self.framework])
         value = self.vocab_multiple
@@ -388,6 +413,20 @@ class KernelsSpec:
                 "an Inductor pass (torchtitan refuses it without compile)"
             )
 
+    def _resolve_pipeline_transfer(self) -> None:
+        """Scatter-gather is a feature of Megatron's executor: a framework's choice of it
+        gives way to torch's pipelining, which sends whole tensors; a spec's is refused."""
+        if self.pipeline_transfer != "scatter-gather" or self.pipeline_recv == "per-transfer":
+            return
+        if "pipeline_transfer" in self._chosen:
+            object.__setattr__(self, "pipeline_transfer", "whole")
+            return
+        raise SpecError(
+            "kernels.pipeline_transfer='scatter-gather' needs kernels.pipeline_recv="
+            "'per-transfer': it is Megatron's p2p communication (workloads.megatron_schedule); "
+            "torch's pipelining sends whole tensors"
+        )
+
     def for_pipeline(self, schedule: str, pp: int, num_microbatches: int) -> KernelsSpec:
         """The kernels a pipeline of `schedule` runs: a framework's "per-transfer" receive
         policy, left as the framework's choice, holds where Megatron's 1F1B executor runs the
@@ -395,7 +434,8 @@ class KernelsSpec:
         pipelining, "per-microbatch". A policy given in the spec is kept as given."""
         chosen = "pipeline_recv" in self._chosen and self.pipeline_recv == "per-transfer"
         if chosen and pp > 1 and per_transfer_refusal(schedule, pp, num_microbatches):
-            return replace(self, pipeline_recv="per-microbatch")
+            transfer = "whole" if "pipeline_transfer" in self._chosen else self.pipeline_transfer
+            return replace(self, pipeline_recv="per-microbatch", pipeline_transfer=transfer)
         return self
 
     def overrides(self) -> dict[str, Any]:

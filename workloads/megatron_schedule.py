@@ -22,6 +22,12 @@ Megatron-core:
   `core_transformer_config_from_args`), and the backward runs through autograd's engine
   directly (Megatron's `custom_backward`), which skips the shape check the freed output
   would fail;
+- scatter-gather (`kernels.pipeline_transfer`, Megatron-LM's
+  `scatter_gather_tensors_in_pipeline`, `split_tensor_into_1d_equal_chunks` and
+  `gather_split_1d_tensor` of megatron/mpu at bbab79f869): with a `scatter_gather_group` (the
+  tp group) each rank sends only its 1/tp slice of the flattened tensor, receives a buffer of
+  that size and all-gathers the slices over the group into a fresh full buffer, which is what
+  the stage then holds;
 - the loss of each micro-batch is divided by m before its backward (Megatron's
   `forward_step`), so the gradients are the iteration mean without a later rescale.
 
@@ -42,6 +48,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from workloads.megatron_interleaved import with_interleaving
 from workloads.pipeline import StagePlan
+from workloads.zero import renamed_c10d
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,10 +75,19 @@ class PerTransferOneFOneB:
     num_microbatches: int
     activation: ActivationMeta
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    scatter_gather_group: dist.ProcessGroup | None = None
 
     def __post_init__(self) -> None:
         if self.num_microbatches < 1:
             raise ValueError(f"num_microbatches({self.num_microbatches}) must be >= 1")
+        if self.scatter_gather_group is not None:
+            parts = dist.get_world_size(self.scatter_gather_group)
+            numel = torch.Size(self.activation.shape).numel()
+            if numel % parts:
+                raise ValueError(
+                    f"an activation of {numel} elements does not split into {parts} equal "
+                    "parts for scatter-gather (Megatron then sends it whole)"
+                )
         if len(self.modules) != len(self.plans):
             raise ValueError(f"{len(self.modules)} modules for {len(self.plans)} stage plans")
 
@@ -175,8 +191,11 @@ class _Run:
         skipped, as Megatron's send_*/recv_* helpers skip it on the first and last stage."""
         recv_prev = recv_prev and self.prev is not None
         recv_next = recv_next and self.next is not None
-        from_prev = self._buffer(requires_grad=True) if recv_prev else None
-        from_next = self._buffer(requires_grad=False) if recv_next else None
+        from_prev = self._buffer() if recv_prev else None
+        from_next = self._buffer() if recv_next else None
+        if self.pipe.scatter_gather_group is not None:
+            send_next = self._own_slice(send_next)
+            send_prev = self._own_slice(send_prev)
         # Megatron lists send_prev, recv_prev, send_next, recv_next; a batch posts all of them
         # at once, so the order only matters where the calls are matched in order: sends go
         # first (a recv is matched in program order, and an interleaved ring of receives
@@ -194,14 +213,40 @@ class _Run:
         if ops:
             for request in dist.batch_isend_irecv(ops):
                 request.wait()
-        return from_prev, from_next
-
-    def _buffer(self, *, requires_grad: bool) -> torch.Tensor:
-        meta = self.pipe.activation
+        if self.pipe.scatter_gather_group is not None:
+            from_prev = self._gathered(from_prev)
+            from_next = self._gathered(from_next)
         # a received activation is a leaf of the stage's graph: its .grad is what goes back
-        return torch.empty(
-            meta.shape, dtype=meta.dtype, device=meta.device, requires_grad=requires_grad
-        )
+        return from_prev.requires_grad_() if from_prev is not None else None, from_next
+
+    def _buffer(self) -> torch.Tensor:
+        meta = self.pipe.activation
+        shape = meta.shape
+        if self.pipe.scatter_gather_group is not None:
+            shape = (torch.Size(shape).numel() // self.sg_parts,)
+        return torch.empty(shape, dtype=meta.dtype, device=meta.device)
+
+    @property
+    def sg_parts(self) -> int:
+        return dist.get_world_size(self.pipe.scatter_gather_group)
+
+    def _own_slice(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        """Megatron's split_tensor_into_1d_equal_chunks: this rank's part, a view."""
+        if tensor is None:
+            return None
+        size = tensor.numel() // self.sg_parts
+        start = size * dist.get_rank(self.pipe.scatter_gather_group)
+        return tensor.detach().view(-1)[start : start + size]
+
+    def _gathered(self, part: torch.Tensor | None) -> torch.Tensor | None:
+        """Megatron's gather_split_1d_tensor: the slices of every rank, in a fresh buffer."""
+        if part is None:
+            return None
+        whole = torch.empty(part.numel() * self.sg_parts, dtype=part.dtype, device=part.device)
+        all_gather = renamed_c10d("all_gather_single", "all_gather_into_tensor")
+        all_gather(whole, part, group=self.pipe.scatter_gather_group)
+        # no view of the flat buffer (Megatron's make_viewless_tensor): a plain leaf of its shape
+        return whole.view(self.pipe.activation.shape).detach()
 
     def is_first(self, chunk: int) -> bool:
         return self.pipe.plans[chunk].is_first

@@ -245,6 +245,7 @@ def build_training(
             num_microbatches=job.num_microbatches,
             activation=ActivationMeta(shape=tuple(hidden.shape), dtype=hidden.dtype, device=device),
             loss_fn=state.loss_fn,
+            scatter_gather_group=_scatter_gather_group(job, state.tp_group, hidden),
         )
     elif par.pp > 1:
         dtype = COMPUTE_DTYPES[job.train.precision]
@@ -264,6 +265,17 @@ def build_training(
             for stage in state.stages:
                 _hand_weight_grads_to(stage, state.optimizer)
     return state
+
+
+def _scatter_gather_group(job: TrainingJob, tp_group, hidden: torch.Tensor):
+    """The tp group a pipeline transfer is split over (`kernels.pipeline_transfer`), or None:
+    Megatron sends whole tensors under sequence parallelism (already split) and when tp does
+    not divide the activation (`override_scatter_gather_tensors_in_pipeline`)."""
+    if job.kernels.pipeline_transfer != "scatter-gather" or tp_group is None:
+        return None
+    if job.parallel.sequence_parallel or hidden.numel() % job.parallel.tp:
+        return None
+    return tp_group
 
 
 def _hand_weight_grads_to(stage, optimizer: DistributedOptimizer) -> None:

@@ -331,7 +331,7 @@ class DistributedOptimizer:
         if self.shard:
             lo, hi = self._shard_range(bucket)
             out = self.grad_buffer[lo:hi]  # in place, as Megatron's reduce-scatter
-            work = _renamed("reduce_scatter_single", "reduce_scatter_tensor")(
+            work = renamed_c10d("reduce_scatter_single", "reduce_scatter_tensor")(
                 out, data, group=self.dp_group, async_op=True
             )
         else:
@@ -421,7 +421,7 @@ class DistributedOptimizer:
             offset += hi - lo
             if self.shard:
                 gathered = torch.empty(bucket.numel, dtype=self.dtype, device=full.device)
-                _renamed("all_gather_single", "all_gather_into_tensor")(
+                renamed_c10d("all_gather_single", "all_gather_into_tensor")(
                     gathered, full.to(self.dtype), group=self.dp_group
                 )
                 full = gathered
@@ -461,6 +461,6 @@ def clip_fsdp_grad_norm_(
     return norm
 
 
-def _renamed(new: str, old: str):
+def renamed_c10d(new: str, old: str):
     """torch 2.13 renamed these c10d calls (the old names warn); torch 2.11 has only the old."""
     return getattr(dist, new, None) or getattr(dist, old)

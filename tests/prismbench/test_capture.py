@@ -22,6 +22,7 @@ from prismbench.capture import capture_job, world_of
 from prismbench.cli import main
 from prismbench.explain import explain
 from prismbench.program import rank_program
+from prismbench.spec import job_spec_from_dict
 from tests.prismbench.capture_cases import (
     capture,
     comm_rows,
@@ -249,6 +250,44 @@ def test_interleaved_pp_sends_across_every_virtual_stage_boundary(tmp_path):
         expected = sum(m * ((s < stages - 1) + (s > 0)) for s in held.virtual_stages)
         assert count(rows, kind="send", axes=PP) == expected
         assert count(rows, kind="recv", axes=PP) == expected
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_megatron_sends_each_tp_rank_its_slice_and_gathers_it_on_receive(
+    tmp_path, sequence_parallel
+):
+    m, tp = 4, 2
+
+    def stage_rows(transfer):
+        job = job_spec_from_dict(
+            {
+                "model": {"name": "llama-debug"},
+                "parallel": {"pp": 2, "tp": tp, "sequence_parallel": sequence_parallel},
+                "batch": {"seq_len": 32, "micro_batch": 1, "global_batch": m},
+                "kernels": {"framework": "megatron", "pipeline_transfer": transfer},
+            }
+        )
+        cap = capture(job, tmp_path / transfer)
+        return [rows_of(cap, class_id) for class_id in (0, 1)]
+
+    whole, split = stage_rows("whole"), stage_rows("scatter-gather")
+    for whole_rows, split_rows in zip(whole, split, strict=True):
+        p2p = [r for r in whole_rows if r.axes == PP and r.kind in ("send", "recv")]
+        p2p_split = [r for r in split_rows if r.axes == PP and r.kind in ("send", "recv")]
+        assert [r.kind for r in p2p_split] == [r.kind for r in p2p] and len(p2p) == 2 * m
+        gathers = [r for r in split_rows if r.axes == TP and r.kind == "all_gather"]
+        extra = len(gathers) - count(whole_rows, axes=TP, kind="all_gather")
+        if sequence_parallel:  # already split: Megatron sends it whole
+            assert [r.size_bytes for r in p2p_split] == [r.size_bytes for r in p2p]
+            assert extra == 0
+        else:  # 1/tp of each transfer crosses stages; each receive gathers the whole back
+            assert [r.size_bytes * tp for r in p2p_split] == [r.size_bytes for r in p2p]
+            assert extra == count(p2p, kind="recv") == m
+            after_recv = [
+                split_rows[split_rows.index(r) + 1] for r in p2p_split if r.kind == "recv"
+            ]
+            assert all(r.kind == "all_gather" and r.axes == TP for r in after_recv)
+            assert {r.size_bytes for r in after_recv} == {p2p[0].size_bytes}
 
 
 # ---- context parallelism --------------------------------------------------------------------
@@ -557,7 +596,6 @@ def test_a_one_gpu_build_leaves_its_freed_fp32_parameters_before_the_iteration(t
 
 def test_jobs_that_differ_only_in_hardware_share_a_capture():
     from prismbench.capture import cache_key
-    from prismbench.spec import job_spec_from_dict
 
     base = {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 64, "global_batch": 2}}
     a100 = job_spec_from_dict(base | {"cluster": {"gpu": "a100-sxm-80g", "intra_node": "nvlink3"}})
@@ -597,7 +635,6 @@ def test_megatron_attention_keeps_the_score_matrix_and_runs_its_own_kernels():
     layer and micro-batch a scores GEMM, the fused masked softmax, dropout and the PV GEMM,
     then their backward; the probabilities, dropout's byte mask and its output are kept."""
     from emulator.capture.trace import ALLOC
-    from prismbench.spec import job_spec_from_dict
 
     job = job_spec_from_dict(
         {
@@ -632,7 +669,6 @@ def test_megatron_attention_keeps_the_score_matrix_and_runs_its_own_kernels():
 
 def test_fused_attention_kernels_share_a_capture_and_the_unfused_program_does_not():
     from prismbench.capture import cache_key
-    from prismbench.spec import job_spec_from_dict
 
     def job(attention):
         return job_spec_from_dict(
@@ -649,7 +685,6 @@ def test_fused_attention_kernels_share_a_capture_and_the_unfused_program_does_no
         job("flash"), kernels=dataclasses.replace(job("flash").kernels, launch_blocking=True)
     )
     assert cache_key(blocking) == cache_key(job("flash"))
-
 
 
 def test_the_workloads_at_86a4f47_ran_alibi_attention_and_rope_as_eager_float32_math():
@@ -686,7 +721,6 @@ def test_megatron_selective_recompute_reruns_the_core_attention_and_nothing_else
     "core-attention"`): the recompute phase holds the scores GEMM, softmax, dropout and PV GEMM
     of each layer, and no projection or MLP GEMM."""
     from emulator.capture.trace import PHASES
-    from prismbench.spec import job_spec_from_dict
 
     job = job_spec_from_dict(
         {
@@ -711,7 +745,6 @@ def test_full_recompute_reruns_the_last_gemm_only_when_the_whole_block_reruns(re
     """torch's non-reentrant checkpoint stops once backward has what it saved: the MLP's second
     GEMM, whose output nothing keeps, is not rerun; Megatron's reentrant checkpoint reruns it."""
     from emulator.capture.trace import PHASES
-    from prismbench.spec import job_spec_from_dict
 
     job = job_spec_from_dict(
         {

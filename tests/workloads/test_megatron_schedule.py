@@ -58,6 +58,22 @@ CASES = {
         8,
         "per-microbatch",
     ),
+    # Megatron's scatter-gather transfers (kernels.pipeline_transfer): tp2 without sequence
+    # parallelism, each rank sends half of every activation and gradient and all-gathers
+    "pp2-tp2-nosp-m4-llama-megatron": (
+        {"name": "llama-debug"},
+        {"pp": 2, "tp": 2, "sequence_parallel": False},
+        4,
+        None,
+        "megatron",
+    ),
+    "pp2-vpp2-tp2-nosp-m4-gpt-megatron": (
+        {"name": "gpt-debug"},
+        {**INTERLEAVED, "tp": 2, "sequence_parallel": False},
+        4,
+        None,
+        "megatron",
+    ),
     "pp2-vpp2-tp2-m6-gpt-tied": (
         {"name": "gpt-debug"},
         {**INTERLEAVED, "tp": 2},
@@ -164,3 +180,25 @@ def test_per_transfer_refuses_other_schedules_naming_both_fields(parallel):
 def test_per_transfer_interleaving_needs_a_multiple_of_pp_micro_batches():
     with pytest.raises(SpecError, match=r"micro-batches per iteration\(3\).*pp\(2\)"):
         make_job({"name": "llama-debug"}, INTERLEAVED, 3, "per-transfer")
+
+
+def megatron_job(parallel: dict, **kernels):
+    return job_spec_from_dict(
+        {
+            "model": {"name": "llama-debug"},
+            "parallel": parallel,
+            "batch": {"seq_len": SEQ_LEN, "micro_batch": 1, "global_batch": 4},
+            "kernels": {"framework": "megatron", **kernels},
+        }
+    )
+
+
+def test_megatron_splits_pipeline_transfers_over_tp_only_where_its_executor_runs():
+    assert megatron_job({"pp": 2}).kernels.pipeline_transfer == "scatter-gather"
+    # torch's pipelining sends whole stage outputs: the framework's choice gives way with it
+    gpipe = megatron_job({"pp": 2, "schedule": "gpipe"})
+    assert gpipe.kernels.pipeline_transfer == "whole"
+    torch_recv = megatron_job({"pp": 2}, pipeline_recv="per-microbatch")
+    assert torch_recv.kernels.pipeline_transfer == "whole"
+    with pytest.raises(SpecError, match="kernels.pipeline_transfer.*kernels.pipeline_recv"):
+        megatron_job({"pp": 2}, pipeline_recv="per-microbatch", pipeline_transfer="scatter-gather")
