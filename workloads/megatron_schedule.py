@@ -223,18 +223,18 @@ class _Run:
         meta = self.pipe.activation
         shape = meta.shape
         if self.pipe.scatter_gather_group is not None:
-            shape = (torch.Size(shape).numel() // self.sg_parts,)
+            shape = (torch.Size(shape).numel() // self.scatter_gather_parts,)
         return torch.empty(shape, dtype=meta.dtype, device=meta.device)
 
     @property
-    def sg_parts(self) -> int:
+    def scatter_gather_parts(self) -> int:
         return dist.get_world_size(self.pipe.scatter_gather_group)
 
     def _own_slice(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
         """Megatron's split_tensor_into_1d_equal_chunks: this rank's part, a view."""
         if tensor is None:
             return None
-        size = tensor.numel() // self.sg_parts
+        size = tensor.numel() // self.scatter_gather_parts
         start = size * dist.get_rank(self.pipe.scatter_gather_group)
         return tensor.detach().view(-1)[start : start + size]
 
@@ -242,7 +242,9 @@ class _Run:
         """Megatron's gather_split_1d_tensor: the slices of every rank, in a fresh buffer."""
         if part is None:
             return None
-        whole = torch.empty(part.numel() * self.sg_parts, dtype=part.dtype, device=part.device)
+        whole = torch.empty(
+            part.numel() * self.scatter_gather_parts, dtype=part.dtype, device=part.device
+        )
         all_gather = renamed_c10d("all_gather_single", "all_gather_into_tensor")
         all_gather(whole, part, group=self.pipe.scatter_gather_group)
         # no view of the flat buffer (Megatron's make_viewless_tensor): a plain leaf of its shape
