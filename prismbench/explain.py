@@ -29,7 +29,8 @@ Conventions (stated once, used everywhere below):
   * zero 0/1, and any job of one rank: `workloads.zero.DistributedOptimizer` (Megatron's
     distributed optimizer): weights in the model dtype (2 B; fp8 jobs keep bf16 weights, fp8 is
     only the GEMM input format; fp32 4 B, `parallelize.cast_parameters`), a persistent fp32
-    main-grad buffer (4 B, plus bucket padding), an fp32 master copy (4 B, even for fp32 jobs)
+    main-grad buffer (4 B, plus bucket padding; in the weights' dtype with
+    `kernels.grad_accumulation = "model-dtype"`), an fp32 master copy (4 B, even for fp32 jobs)
     and AdamW's two fp32 moments (8 B); zero 1 shards master and moments over dp*cp.
   * zero 2/3 on several ranks: FSDP2 (`parallelize.apply_fsdp`): parameters stay fp32 and
     sharded over dp*cp (4 B / D), with fp32 sharded gradients (4 B / D) and AdamW's moments
@@ -220,11 +221,19 @@ def _stage_params(m: ModelSpec, tp: int, layers: int, first: bool, last: bool) -
 
 
 def model_state_bytes(
-    params: int, precision: str, zero: int, shard: int, *, fsdp: bool | None = None
+    params: int,
+    precision: str,
+    zero: int,
+    shard: int,
+    *,
+    fsdp: bool | None = None,
+    grads_in_model_dtype: bool = False,
 ) -> tuple[int, int, int, int]:
     """(weights, grads, master weights, moments) bytes on one rank holding `params` before
     data-parallel sharding over `shard` = dp*cp ranks (module docstring). `fsdp`: whether
-    the program shards with FSDP2 (default: zero >= 2 on more than one rank)."""
+    the program shards with FSDP2 (default: zero >= 2 on more than one rank);
+    `grads_in_model_dtype`: the distributed optimizer's grad buffer has the weights' dtype
+    (`kernels.grad_accumulation = "model-dtype"`)."""
     fsdp = zero >= 2 and shard > 1 if fsdp is None else fsdp
     sharded = _ceil_div(params, shard)
     if fsdp:
@@ -232,7 +241,7 @@ def model_state_bytes(
     optimizer_params = sharded if zero >= 1 else params
     return (
         WEIGHT_BYTES[precision] * params,
-        FP32 * params,
+        (WEIGHT_BYTES[precision] if grads_in_model_dtype else FP32) * params,
         FP32 * optimizer_params,
         2 * FP32 * optimizer_params,
     )
@@ -299,6 +308,7 @@ def _stages(job: Any) -> tuple[StageInfo, ...]:
     m, p = job.built_model, job.parallel  # the vocabulary as padded (kernels.vocab_multiple)
     counts = job.stage_layers
     total_stages = p.pp * p.vpp
+    model_dtype_grads = job.kernels.grad_accumulation == "model-dtype"
     shard = p.dp * p.cp
     stages = []
     for rank in range(p.pp):
@@ -308,12 +318,14 @@ def _stages(job: Any) -> tuple[StageInfo, ...]:
         params_tp = _stage_params(m, p.tp, sum(layers), first, last)
         fsdp = job.world_size > 1
         w, g, mw, o = model_state_bytes(
-            params_tp, job.train.precision, p.zero, shard, fsdp=fsdp and p.zero >= 2
-        )
+            params_tp, job.train.precision, p.zero, shard, fsdp=fsdp and p.zero >= 2,
+            grads_in_model_dtype=model_dtype_grads,
+        )  # fmt: skip
         by_zero = tuple(
-            sum(model_state_bytes(params_tp, job.train.precision, z, shard, fsdp=fsdp and z >= 2))
+            sum(model_state_bytes(params_tp, job.train.precision, z, shard, fsdp=fsdp and z >= 2,
+                                  grads_in_model_dtype=model_dtype_grads and z < 2))
             for z in range(4)
-        )
+        )  # fmt: skip
         stages.append(
             StageInfo(
                 pp_rank=rank,
@@ -365,8 +377,13 @@ def explain(job: Any) -> Explanation:
         zero_stage=p.zero,
         precision=job.train.precision,
         state_bytes_per_param=model_state_bytes(
-            1, job.train.precision, p.zero, 1, fsdp=p.zero >= 2 and job.world_size > 1
-        ),
+            1,
+            job.train.precision,
+            p.zero,
+            1,
+            fsdp=p.zero >= 2 and job.world_size > 1,
+            grads_in_model_dtype=job.kernels.grad_accumulation == "model-dtype",
+        ),  # fmt: skip
         stages=stages,
         flops=flops_info,
         max_model_state_bytes=max_state,
@@ -393,8 +410,9 @@ def explanation_to_dict(explanation: Explanation) -> dict[str, Any]:
         "flops": "2 per MAC; backward = 2 x forward; attention 4*s*h per layer per token, "
         "not halved for the causal mask",
         "narayanan_eq3": NARAYANAN_EQ3,
-        "state_bytes": "weights + fp32 grads + fp32 master + two fp32 AdamW moments per param, "
-        "as the workloads hold them (distributed optimizer: 2+4+4+8 mixed precision; FSDP: "
-        "4+4+0+8 sharded over dp*cp); see prismbench.explain",
+        "state_bytes": "weights + grads + fp32 master + two fp32 AdamW moments per param, "
+        "as the workloads hold them (distributed optimizer: 2+4+4+8 mixed precision, 2+2+4+8 "
+        "with kernels.grad_accumulation='model-dtype'; FSDP: 4+4+0+8 sharded over dp*cp); "
+        "see prismbench.explain",
     }
     return data

@@ -26,7 +26,7 @@ from emulator.capture.rank import RankProgram
 from prismbench.workload_ops import register_workload_ops
 
 # Tensors of workloads.zero.DistributedOptimizer that hold gradients, not optimizer state:
-# Megatron's persistent fp32 main-grad buffer.
+# Megatron's persistent main-grad buffer.
 _GRADIENT_ATTRIBUTES = ("grad_buffer",)
 
 

@@ -112,6 +112,13 @@ Fields:
   `compile = true`, tp > 1 and sequence parallelism, as torchtitan requires (it refuses async TP
   without compile; its TP plan is sequence-parallel). It needs CUDA symmetric memory, so the
   overlap is a model only: the CPU run and the capture are the plain TP program.
+- `grad_accumulation`: the dtype of the distributed optimizer's gradient buffer (zero 0 and 1),
+  in which gradients are accumulated over micro-batches and reduced over data parallelism:
+  `fp32` (Megatron's `accumulate_allreduce_grads_in_fp32`, what bf16 runs use) or
+  `model-dtype`, the parameters' dtype (Megatron-LM's default for fp16 runs; torch DDP's `.grad`).
+  With `model-dtype` the step casts the reduced gradients to float32 for the master copy (a
+  full-size float32 temporary, as Megatron's `_copy_model_grads_to_main_grads`). FSDP (zero 2,
+  3) reduces in its own dtype: `model-dtype` is refused there.
 - `optimizer_step`: how the AdamW step runs: `foreach`, torch's multi-tensor ops (several
   passes over the fp32 state, with a full-size temporary for the second moment's square
   root); `fused`, one kernel reading parameters, gradients and both moments and writing
@@ -141,6 +148,7 @@ PIPELINE_RECVS = ("per-microbatch", "per-transfer")
 PIPELINE_TRANSFERS = ("whole", "scatter-gather")
 ATTENTIONS = ("flash", "triton", "unfused")
 GRAD_REDUCES = ("overlapped", "after-backward")
+GRAD_ACCUMULATIONS = ("fp32", "model-dtype")
 RECOMPUTE_RERUNS = ("needed", "all")
 SELECTIVE_GRANULARITIES = ("op", "core-attention")  # workloads.recompute runs each
 OPTIMIZER_STEPS = ("foreach", "fused")
@@ -244,6 +252,21 @@ GRAD_REDUCE_BY_FRAMEWORK: dict[str, str] = {
     **_same_for_all("overlapped"),
     "megatron": "after-backward",
 }
+# Megatron-LM keeps its gradient buffer (`main_grad`, local DDP's contiguous buffers) in fp32
+# only under `--accumulate-allreduce-grads-in-fp32`, which arguments.py turns on for bf16 and
+# leaves off for fp16; otherwise the buffer has the parameters' dtype and `param_hook` adds
+# each micro-batch's gradient into it there, and the all-reduce runs on it
+# (megatron/model/distributed.py `_get_buffer_type` at bbab79f869, May 2022; at a8d172b31e, May
+# 2021, gradients without contiguous buffers stay in `.grad`, fp16 too). The Narayanan and
+# Korthikanti runs are fp16 (examples/sc21/CONFIG.sh passes `--fp16` and no fp32 flag), so
+# "model-dtype" for `megatron`, which gives way to "fp32" when the job is not fp16
+# (`KernelsSpec.for_precision`), as Megatron's bf16 default does. NeMo (Megatron-core,
+# `grad_reduce_in_fp32` in its recipes' DistributedDataParallelConfig) and the others'
+# distributed-optimizer paths keep fp32: the workloads at 86a4f47 did.
+GRAD_ACCUMULATION_BY_FRAMEWORK: dict[str, str] = {
+    **_same_for_all("fp32"),
+    "megatron": "model-dtype",
+}
 # At 86a4f47 `prism::rope` and `prism::masked_attention` had only their reference math, which a
 # GPU ran as eager kernels (the shared profiles: mpt-7b's float32 SIMT GEMMs and softmax, Llama's
 # ~10 RoPE kernels per call). Megatron-core applies RoPE with one fused kernel
@@ -335,10 +358,19 @@ CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {
     "pipeline_transfer": (PIPELINE_TRANSFERS, PIPELINE_TRANSFER_BY_FRAMEWORK),
     "attention": (ATTENTIONS, ATTENTION_BY_FRAMEWORK),
     "grad_reduce": (GRAD_REDUCES, GRAD_REDUCE_BY_FRAMEWORK),
+    "grad_accumulation": (GRAD_ACCUMULATIONS, GRAD_ACCUMULATION_BY_FRAMEWORK),
     "custom_ops": (CUSTOM_OPS, CUSTOM_OPS_BY_FRAMEWORK),
     "selective_recompute": (SELECTIVE_GRANULARITIES, SELECTIVE_RECOMPUTE_BY_FRAMEWORK),
     "recompute_reruns": (RECOMPUTE_RERUNS, RECOMPUTE_RERUNS_BY_FRAMEWORK),
     "optimizer_step": (OPTIMIZER_STEPS, OPTIMIZER_STEP_BY_FRAMEWORK),
+}
+
+
+# The boolean fields: the framework's choice of each.
+FLAGS: dict[str, dict[str, bool]] = {
+    "compile": COMPILE_BY_FRAMEWORK,
+    "async_tp": ASYNC_TP_BY_FRAMEWORK,
+    "launch_blocking": LAUNCH_BLOCKING_BY_FRAMEWORK,
 }
 
 
@@ -356,6 +388,7 @@ class KernelsSpec:
     pipeline_transfer: str | None = None
     attention: str | None = None
     grad_reduce: str | None = None
+    grad_accumulation: str | None = None
     custom_ops: str | None = None
     selective_recompute: str | None = None
     recompute_reruns: str | None = None
@@ -369,7 +402,7 @@ class KernelsSpec:
             raise SpecError(
                 f"kernels.framework={self.framework!r} must be one of {list(FRAMEWORKS)}"
             )
-        # the fields left to the framework (`for_schedule` may revise its pipeline choice)
+        # the fields left to the framework (`for_pipeline` and `for_precision` may revise them)
         object.__setattr__(
             self, "_chosen", frozenset(n for n in CHOICES if getattr(self, n) is None)
         )
@@ -388,13 +421,9 @@ class KernelsSpec:
             raise SpecError(f"kernels.vocab_multiple={value!r} must be a positive integer")
 
     def _resolve_compile(self) -> None:
-        """compile and async_tp: booleans, the framework's when not given; compile implies
+        """The boolean fields (FLAGS): the framework's when not given; compile implies
         fused fp8 casts, async_tp needs compile (module docstring)."""
-        for name, by_framework in (
-            ("compile", COMPILE_BY_FRAMEWORK),
-            ("async_tp", ASYNC_TP_BY_FRAMEWORK),
-            ("launch_blocking", LAUNCH_BLOCKING_BY_FRAMEWORK),
-        ):
+        for name, by_framework in FLAGS.items():
             value = getattr(self, name)
             if value is None:
                 object.__setattr__(self, name, by_framework[self.framework])
@@ -435,7 +464,31 @@ class KernelsSpec:
         chosen = "pipeline_recv" in self._chosen and self.pipeline_recv == "per-transfer"
         if chosen and pp > 1 and per_transfer_refusal(schedule, pp, num_microbatches):
             transfer = "whole" if "pipeline_transfer" in self._chosen else self.pipeline_transfer
-            return replace(self, pipeline_recv="per-microbatch", pipeline_transfer=transfer)
+            return self._revised(pipeline_recv="per-microbatch", pipeline_transfer=transfer)
+        return self
+
+    def _revised(self, **changes: Any) -> KernelsSpec:
+        """`replace`, keeping which fields the framework chose (a later revision asks)."""
+        revised = replace(self, **changes)
+        object.__setattr__(revised, "_chosen", self._chosen)
+        return revised
+
+    def for_precision(self, precision: str, zero: int) -> KernelsSpec:
+        """The gradient buffer a job of `precision` and ZeRO stage `zero` keeps: a framework's
+        "model-dtype" holds for fp16 only (Megatron keeps bf16 gradients in fp32); a spec's is
+        kept, and refused under FSDP (zero >= 2), whose reduction dtype is its own."""
+        if self.grad_accumulation != "model-dtype":
+            return self
+        if "grad_accumulation" in self._chosen:
+            if precision == "fp16" and zero < 2:
+                return self
+            return self._revised(grad_accumulation="fp32")
+        if zero >= 2:
+            raise SpecError(
+                f"kernels.grad_accumulation='model-dtype' needs parallel.zero 0 or 1 (zero="
+                f"{zero}): it is the distributed optimizer's gradient buffer; FSDP reduces in "
+                "float32"
+            )
         return self
 
     def overrides(self) -> dict[str, Any]:

@@ -1,13 +1,14 @@
 """Data parallelism for zero=0 and zero=1: a Megatron-style distributed optimizer.
 
 `DistributedOptimizer` keeps the gradients of every local parameter (the local
-shard of a DTensor under tensor parallelism) in one persistent fp32 buffer, as
-Megatron-LM's `main_grad` buffer, and reduces it over the data-parallel group
+shard of a DTensor under tensor parallelism) in one persistent buffer, as
+Megatron-LM's `main_grad` buffer (fp32, or the parameters' dtype as Megatron-LM's
+fp16 runs kept it: `kernels.grad_accumulation`), and reduces it over the data-parallel group
 (dp x cp) in buckets, overlapped with backward, as torch DDP and Megatron's
 overlap_grad_reduce do:
 - buckets are contiguous slices of the buffer holding the parameters in reverse
   order (the order backward makes their gradients ready), at most `bucket_bytes`
-  of fp32 gradient each (one larger parameter gets a bucket of its own); buckets
+  of gradient each (one larger parameter gets a bucket of its own); buckets
   never span two model chunks (virtual pipeline stages), as Megatron keeps one
   buffer per chunk, and a pipeline-split tied embedding gets a bucket of its own,
   as Megatron does so both copies are sharded alike over dp;
@@ -19,9 +20,9 @@ overlap_grad_reduce do:
 - zero=0 then steps AdamW on the whole fp32 master copy on every rank; zero=1 steps
   on the rank's 1/D share of every bucket and all-gathers each updated bucket.
 Default bucket size: zero=0 uses torch DDP's 25 MiB, zero=1 Megatron-core's
-max(40M, 1M x dp) parameters (x 4 bytes of fp32 gradient).
+max(40M, 1M x dp) parameters (x the gradient's bytes).
 
-Memory (what the emulator's allocator replay sees): the fp32 grad buffer (4 bytes
+Memory (what the emulator's allocator replay sees): the grad buffer (4 or 2 bytes
 per local parameter, plus bucket padding) is allocated once and lives for the whole
 run, as Megatron's; a bf16/fp16 `.grad` lives only from its accumulation in backward
 to the hook. Step-time temporaries: foreach AdamW's square root of the second
@@ -30,8 +31,11 @@ as Megatron's apex FusedAdam, has none), the rank's
 reduced-gradient shards gathered into one tensor (zero=1), and one bucket's
 model-dtype shard and all-gather output at a time (zero=1; Megatron gathers into its
 parameter buffer). The grad norm (one multi-tensor norm over ranges) and the copy
-back into the parameters (per parameter, converting) make none of the master's size.
-Gradients are reduced in fp32 (Megatron's accumulate_allreduce_grads_in_fp32).
+back into the parameters (per parameter, converting) make none of the master's size. A grad buffer in the model's
+dtype is cast to float32 at the step, a temporary of the master's size (Megatron's
+`_copy_model_grads_to_main_grads`: `main_grad.float()` per parameter).
+Gradients are reduced in the buffer's dtype (fp32: Megatron's
+accumulate_allreduce_grads_in_fp32).
 With bf16/fp16 model parameters the fp32 master copy is what keeps precision (the
 mixed-precision recipe of Micikevicius et al. 2018 and Megatron).
 
@@ -74,12 +78,13 @@ def step_options(step: str) -> dict[str, bool]:
     return {step: True}
 
 
-def default_bucket_bytes(*, shard: bool, dp_size: int) -> int:
-    """DDP's bucket for all-reduce (zero=0), Megatron's for reduce-scatter (zero=1)."""
+def default_bucket_bytes(*, shard: bool, dp_size: int, grad_bytes: int = FP32_BYTES) -> int:
+    """DDP's bucket for all-reduce (zero=0), Megatron's for reduce-scatter (zero=1), for
+    gradients of `grad_bytes` each."""
     if not shard:
         return DDP_BUCKET_BYTES
     params = max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_DP_RANK * dp_size)
-    return params * FP32_BYTES
+    return params * grad_bytes
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -187,6 +192,7 @@ class DistributedOptimizer:
         bucket_bytes: int | None = None,
         overlap: bool = True,
         step: str = "foreach",
+        grads_in_model_dtype: bool = False,
     ) -> None:
         """chunks: the parameters of each model chunk in registration order; microbatches:
         backward passes per iteration (each parameter's hook fires once per pass);
@@ -194,7 +200,8 @@ class DistributedOptimizer:
         each bucket as backward completes it (torch DDP, Megatron-core's overlap_grad_reduce),
         else reduce every chunk's whole buffer in one collective once backward is done, as
         Megatron-LM's local DDP did (`allreduce_gradients()` after `forward_backward_func`),
-        bucket_bytes then unused."""
+        bucket_bytes then unused; grads_in_model_dtype: keep the grad buffer in the
+        parameters' dtype, not float32."""
         self.params = [p for chunk in chunks for p in chunk]
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1:
@@ -202,6 +209,8 @@ class DistributedOptimizer:
         if microbatches < 1:
             raise ValueError(f"microbatches({microbatches}) must be >= 1")
         self.dtype = dtypes.pop()
+        self.grad_dtype = grad_dtype = self.dtype if grads_in_model_dtype else torch.float32
+        grad_bytes = grad_dtype.itemsize
         self.dp_group = dp_group
         self.dp_size = dist.get_world_size(dp_group) if dp_group is not None else 1
         self.dp_rank = dist.get_rank(dp_group) if dp_group is not None else 0
@@ -212,16 +221,16 @@ class DistributedOptimizer:
         self.grad_scale = grad_scale
         self.overlap = overlap
         self.bucket_bytes = bucket_bytes or default_bucket_bytes(
-            shard=self.shard, dp_size=self.dp_size
+            shard=self.shard, dp_size=self.dp_size, grad_bytes=grad_bytes
         )
         if not overlap:  # one bucket per chunk (a split tied embedding still alone)
-            self.bucket_bytes = FP32_BYTES * sum(local_tensor(p).numel() for p in self.params)
-        if self.bucket_bytes < FP32_BYTES:
-            raise ValueError(f"bucket_bytes({self.bucket_bytes}) holds no fp32 gradient")
+            self.bucket_bytes = grad_bytes * sum(local_tensor(p).numel() for p in self.params)
+        if self.bucket_bytes < grad_bytes:
+            raise ValueError(f"bucket_bytes({self.bucket_bytes}) holds no {grad_dtype} gradient")
         self.buckets = self._layout(chunks, tp_size, microbatches)
         device = local_tensor(self.params[0]).device
         total = sum(b.numel for b in self.buckets)
-        self.grad_buffer = torch.zeros(total, dtype=torch.float32, device=device)
+        self.grad_buffer = torch.zeros(total, dtype=grad_dtype, device=device)
         self._shard_ranges = [self._shard_range(b) for b in self.buckets]
         self._norm_ranges = self._master_norm_ranges(tp_size)
         self._views: dict[int, torch.Tensor] = {}
@@ -250,7 +259,7 @@ class DistributedOptimizer:
 
     def _layout(self, chunks, tp_size: int, microbatches: int) -> list[GradBucket]:
         parts = self.dp_size if self.shard else 1
-        cap_numel = self.bucket_bytes // FP32_BYTES
+        cap_numel = self.bucket_bytes // self.grad_dtype.itemsize
         buckets, offset = [], 0
         for params in plan_buckets(chunks, cap_numel=cap_numel):
             # by norm weight inside a bucket: each weight covers few contiguous ranges
@@ -349,7 +358,7 @@ class DistributedOptimizer:
                 self._hooks[id(param)](param)
 
     def main_grad(self, param: torch.Tensor) -> torch.Tensor:
-        """The parameter's slice of the fp32 grad buffer, laid out like its local tensor."""
+        """The parameter's slice of the grad buffer, laid out like its local tensor."""
         return self._views[id(param)]
 
     @torch.no_grad()
@@ -401,7 +410,7 @@ class DistributedOptimizer:
     @torch.no_grad()
     def step(self) -> None:
         self.finish_grad_sync()
-        grad = self._gather_shards(self.grad_buffer)
+        grad = self._gather_shards(self.grad_buffer).float()
         norm = self._grad_norm(grad)
         self.last_grad_norm = norm
         grad.mul_(torch.clamp(self.max_norm / (norm + 1e-6), max=1.0))

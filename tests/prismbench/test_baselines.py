@@ -203,6 +203,10 @@ def test_megatron_rows_run_unfused_attention_with_dropout_and_their_ddp_as_their
         # run_table_1.sh: --DDP-impl torch (overlapped) for 1.7B-18B, local for the rest
         torch_ddp = "DDP impl=torch" in b.provenance.notes
         assert b.job.kernels.grad_reduce == ("overlapped" if torch_ddp else "after-backward")
+        # fp16 runs keep fp16 gradients (no --accumulate-allreduce-grads-in-fp32); BLOOM is bf16
+        fp16 = b.job.train.precision == "fp16"
+        assert b.job.kernels.grad_accumulation == ("model-dtype" if fp16 else "fp32")
+    assert sum(b.job.train.precision == "fp16" for b in megatron) == 20
     assert sum("DDP impl=torch" in b.provenance.notes for b in megatron) == 4
     # only BLOOM's launch script set CUDA_LAUNCH_BLOCKING=1
     blocking = {b.name.split("__")[0] for b in load_baselines(BASELINES) if b.job.kernels.launch_blocking}

@@ -207,3 +207,50 @@ def test_megatron_nemo_and_llm_c_step_adamw_in_one_fused_kernel():
     assert {KernelsSpec(framework=f).optimizer_step for f in set(FRAMEWORKS) - fused} == {
         "foreach"
     }
+
+
+def _train_job(precision: str, kernels: dict, zero: int = 0):
+    return job_spec_from_dict(
+        {
+            "model": {"name": "gpt2-124m"},
+            "parallel": {"dp": 2, "zero": zero},
+            "batch": {"seq_len": 128, "global_batch": 2},
+            "train": {"precision": precision},
+            "kernels": kernels,
+        }
+    )
+
+
+def test_megatron_accumulates_fp16_gradients_in_fp16_and_bf16_ones_in_fp32():
+    # Megatron-LM turns accumulate_allreduce_grads_in_fp32 on for bf16 only
+    megatron = {"framework": "megatron"}
+    assert _train_job("fp16", megatron).kernels.grad_accumulation == "model-dtype"
+    assert _train_job("bf16", megatron).kernels.grad_accumulation == "fp32"
+    assert _train_job("fp16", megatron, zero=3).kernels.grad_accumulation == "fp32"
+    assert _train_job("fp16", {"framework": "nemo"}).kernels.grad_accumulation == "fp32"
+    # still the framework's choice after its pipeline fell back to torch's pipelining
+    fallback = job_spec_from_dict(
+        {
+            "model": {"name": "gpt-debug"},
+            "parallel": {"pp": 2, "vpp": 2, "schedule": "interleaved-1f1b"},
+            "batch": {"seq_len": 16, "micro_batch": 1, "global_batch": 3},
+            "train": {"precision": "bf16"},
+            "kernels": megatron,
+        }
+    ).kernels
+    assert (fallback.pipeline_recv, fallback.grad_accumulation) == ("per-microbatch", "fp32")
+    # a spec's own choice is kept (torch DDP keeps bf16 gradients in bf16)
+    given = {"framework": "megatron", "grad_accumulation": "model-dtype"}
+    assert _train_job("bf16", given).kernels.grad_accumulation == "model-dtype"
+
+
+def test_model_dtype_gradients_are_refused_under_fsdp_and_halve_explains_grad_bytes():
+    from prismbench.explain import explain
+
+    with pytest.raises(SpecError, match=r"grad_accumulation='model-dtype' needs parallel.zero"):
+        _train_job("bf16", {"grad_accumulation": "model-dtype"}, zero=3)
+    fp32 = explain(_train_job("fp16", {"framework": "megatron", "grad_accumulation": "fp32"}))
+    fp16 = explain(_train_job("fp16", {"framework": "megatron"}))
+    assert fp32.stages[0].grads_bytes == 2 * fp16.stages[0].grads_bytes
+    assert fp16.state_bytes_per_param == (2, 2, 4, 8)
+

@@ -72,6 +72,28 @@ def test_train_step_runs_in_low_precision_with_recompute(model, train):
     assert 4.0 < loss < 7.0
 
 
+def test_gradients_accumulated_in_bf16_train_like_fp32_accumulation():
+    # kernels.grad_accumulation = "model-dtype" (Megatron-LM's fp16 runs): the same program
+    # with a bf16 grad buffer; two micro-batches a step
+    runs = {}
+    for where in ("fp32", "model-dtype"):
+        job = job_spec_from_dict(
+            {
+                "model": {"name": "gpt-debug"},
+                "batch": {"seq_len": 16, "micro_batch": 2, "global_batch": 4},
+                "train": {"precision": "bf16"},
+                "kernels": {"grad_accumulation": where},
+            }
+        )
+        state = build_training(job, None, seed=0, lr=1e-2)
+        tokens, labels = batch(job)
+        runs[where] = [train_step(job, state, tokens, labels) for _ in range(3)]
+        buffer_dtype = torch.float32 if where == "fp32" else torch.bfloat16
+        assert state.optimizer.grad_buffer.dtype == buffer_dtype
+    assert runs["model-dtype"] == pytest.approx(runs["fp32"], rel=1e-2)
+    assert runs["model-dtype"][2] < runs["model-dtype"][0]
+
+
 def test_meta_init_builds_the_same_shapes():
     job = make_job("gpt-debug")
     state = build_training(job, None, device="cpu", init_device="meta", seed=0)

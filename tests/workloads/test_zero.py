@@ -70,7 +70,7 @@ def toy_model(layers: int = 6) -> nn.Sequential:
     return nn.Sequential(*[nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers)])
 
 
-def make_optimizer(model, *, shard=False, microbatches=1, bucket_bytes=512, dp=True):
+def make_optimizer(model, *, shard=False, microbatches=1, bucket_bytes=512, dp=True, **kwargs):
     return DistributedOptimizer(
         [list(model.parameters())],
         dp_group="dp" if dp else None,
@@ -80,12 +80,17 @@ def make_optimizer(model, *, shard=False, microbatches=1, bucket_bytes=512, dp=T
         adamw=ADAMW,
         microbatches=microbatches,
         bucket_bytes=bucket_bytes,
+        **kwargs,
     )
 
 
 def backward(model, seed: int = 0) -> None:
+    backward_in(model, seed, torch.float32)
+
+
+def backward_in(model, seed: int, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(seed)
-    model(torch.randn(4, WIDTH, generator=gen)).square().mean().backward()
+    model(torch.randn(4, WIDTH, generator=gen, dtype=dtype)).square().mean().backward()
 
 
 def collectives(events: list) -> list:
@@ -108,6 +113,9 @@ def test_default_bucket_sizes_are_ddp_and_megatron_defaults():
     assert default_bucket_bytes(shard=False, dp_size=8) == 25 * 2**20
     assert default_bucket_bytes(shard=True, dp_size=8) == 40_000_000 * 4
     assert default_bucket_bytes(shard=True, dp_size=64) == 64_000_000 * 4
+    # Megatron's bucket counts parameters, DDP's bytes
+    assert default_bucket_bytes(shard=True, dp_size=8, grad_bytes=2) == 40_000_000 * 2
+    assert default_bucket_bytes(shard=False, dp_size=8, grad_bytes=2) == 25 * 2**20
 
 
 def test_first_bucket_is_reduced_before_the_first_layer_runs_backward(events):
@@ -182,6 +190,31 @@ def test_grads_accumulate_into_one_persistent_fp32_buffer_and_are_freed():
     assert not opt.grad_buffer.any()
 
 
+def test_grads_in_the_model_dtype_accumulate_and_reduce_there_and_step_in_fp32(events):
+    # Megatron-LM's fp16 runs: the main_grad buffer has the parameters' dtype, each
+    # micro-batch's gradient is added there and the all-reduce runs on it; the step casts the
+    # buffer to float32 (one temporary of the master's size)
+    model = toy_model().to(torch.bfloat16)
+    opt = make_optimizer(model, microbatches=2, bucket_bytes=2 * 64, grads_in_model_dtype=True)
+    assert opt.grad_buffer.dtype == torch.bfloat16
+    assert [len(b.params) for b in opt.buckets] == [1] * 6  # 64 bf16 gradients a bucket
+    expected = [torch.zeros_like(p) for p in model.parameters()]
+    for seed in (1, 2):
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(4, WIDTH, generator=gen, dtype=torch.bfloat16)
+        grads = torch.autograd.grad(model(x).square().mean(), list(model.parameters()))
+        expected = [e + g for e, g in zip(expected, grads, strict=True)]
+        backward_in(model, seed, torch.bfloat16)
+    assert collectives(events) == [("all_reduce", 64)] * 6
+    for param, grad in zip(model.parameters(), expected, strict=True):
+        torch.testing.assert_close(opt.main_grad(param), grad)  # summed over 2 identical ranks / 2
+    with _OpLog() as ops:
+        opt.step()
+    casts = [n for n, numel in ops.outputs if numel == opt.master.numel() and n == "_to_copy"]
+    assert casts == ["_to_copy"]
+    assert opt.master.dtype == torch.float32
+
+
 def test_sharded_buckets_are_padded_to_a_multiple_of_the_dp_size(monkeypatch):
     monkeypatch.setattr(zero, "dist", SpyDist(4, []))
     model = nn.Sequential(nn.Linear(5, 3), nn.Linear(3, 7))  # 15, 3, 21, 7 elements
@@ -210,9 +243,10 @@ def _odd_model() -> nn.Sequential:
     return nn.Sequential(nn.Linear(5, 3), nn.Tanh(), nn.Linear(3, 7))
 
 
-def _train_odd_model(dp_group, shard: bool) -> list[list[float]]:
-    """Two steps of two micro-batches; every rank sees the same data."""
-    model = _odd_model()
+def _train_odd_model(dp_group, shard: bool, dtype=torch.float32) -> list[list[float]]:
+    """Two steps of two micro-batches; every rank sees the same data. In bf16 the gradients
+    accumulate and reduce in bf16 (`grads_in_model_dtype`)."""
+    model = _odd_model().to(dtype)
     opt = DistributedOptimizer(
         [list(model.parameters())],
         dp_group=dp_group,
@@ -221,16 +255,18 @@ def _train_odd_model(dp_group, shard: bool) -> list[list[float]]:
         max_norm=1.0,
         adamw=ADAMW,
         microbatches=2,
-        bucket_bytes=4 * 24,
+        bucket_bytes=dtype.itemsize * 24,
+        grads_in_model_dtype=dtype != torch.float32,
     )
     gen = torch.Generator().manual_seed(5)
     for _ in range(2):
         for _ in range(2):
-            (model(torch.randn(4, 5, generator=gen)).square().mean() / 2).backward()
+            x = torch.randn(4, 5, generator=gen, dtype=dtype)
+            (model(x).square().mean() / 2).backward()
         opt.step()
         opt.zero_grad()
     return [
-        p.detach().reshape(-1).tolist() for p in model.parameters()
+        p.detach().float().reshape(-1).tolist() for p in model.parameters()
     ]  # a queue can't hold tensors
 
 
@@ -240,10 +276,19 @@ def _zero1_on_gloo() -> list[list[float]]:
     return _train_odd_model(dist.group.WORLD, shard=True)
 
 
+def _zero1_on_gloo_bf16_grads() -> list[list[float]]:
+    import torch.distributed as dist
+
+    return _train_odd_model(dist.group.WORLD, shard=True, dtype=torch.bfloat16)
+
+
 @pytest.mark.integration
-def test_padded_zero1_buckets_on_two_ranks_match_one_process():
-    expected = _train_odd_model(None, shard=False)
-    for params in run_ranks(2, _zero1_on_gloo):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_padded_zero1_buckets_on_two_ranks_match_one_process(dtype):
+    # identical ranks: the bf16 sum of two equal gradients, halved, is exact
+    expected = _train_odd_model(None, shard=False, dtype=dtype)
+    ranks = _zero1_on_gloo if dtype == torch.float32 else _zero1_on_gloo_bf16_grads
+    for params in run_ranks(2, ranks):
         for got, want in zip(params, expected, strict=True):
             assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
 
