@@ -77,13 +77,15 @@ def cache_key(job) -> str:
     """What a capture depends on: the job without its hardware (the GPU and network presets
     only price a trace; the capture reads gpus_per_node alone, through `world_of`; so does
     `kernels.attention` between fused kernels, which only prices: "unfused" is another
-    program; so does `kernels.launch_blocking`), the capturing source, the libraries it calls
-    and the trace schema. Jobs that differ only in GPU, network, fused attention kernel or
-    blocking launches share one."""
+    program; so do `kernels.launch_blocking` and `kernels.tp_grad_overlap`), the capturing
+    source, the libraries it calls and the trace schema. Jobs that differ only in GPU,
+    network, fused attention kernel, blocking launches or Megatron's gradient overlap share
+    one."""
     tables = job.to_dict()
     tables["cluster"] = {"gpus_per_node": job.cluster.gpus_per_node}
     kernels = tables.get("kernels", {})
     kernels.pop("launch_blocking", None)
+    kernels.pop("tp_grad_overlap", None)
     if job.kernels.attention != "unfused":
         kernels.pop("attention", None)
     spec = json.dumps(tables, sort_keys=True)

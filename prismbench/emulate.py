@@ -190,6 +190,7 @@ def cost_context(
         table=kernel_table,
         host=host_dispatch,
         async_tp=job.kernels.async_tp,
+        tp_grad_overlap=job.kernels.tp_grad_overlap,
         launch_blocking=job.kernels.launch_blocking,
         attention=attention_rates_for(job),
     )

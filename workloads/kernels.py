@@ -124,6 +124,14 @@ Fields:
   root); `fused`, one kernel reading parameters, gradients and both moments and writing
   them back (torch's `fused=True`, what apex's FusedAdam, Transformer Engine's and llm.c's
   AdamW kernels do), no temporary.
+- `tp_grad_overlap`: true when the tensor-parallel collective of a column-parallel linear's
+  input gradient (all-reduce; reduce-scatter under sequence parallelism) runs while the
+  linear's weight-gradient GEMM computes, as Megatron-LM's
+  `LinearWithGradAccumulationAndAsyncCommunication` launches it between the two GEMMs
+  (`--async-tensor-model-parallel-allreduce`, on by default from Feb 2022). The workloads'
+  DTensor program reduces after both GEMMs; the overlap is priced by a documented rule (the
+  capture is unchanged: `emulator.graph.build`, `costs.overlap`). Without tensor parallelism
+  there is nothing to overlap and the field changes nothing.
 - `launch_blocking`: true when the run set `CUDA_LAUNCH_BLOCKING=1`, so every kernel launch
   returns only once the kernel has run and the host cannot run ahead of the GPU: each op's
   host dispatch time adds to its kernel time (`emulator.graph.build`). Not a framework's
@@ -314,6 +322,19 @@ OPTIMIZER_STEP_BY_FRAMEWORK: dict[str, str] = {
 # CUDA C. Megatron/NeMo's own TP overlap (`--tp-comm-overlap`, TE userbuffers) is not this
 # field: it is not modelled.
 COMPILE_BY_FRAMEWORK: dict[str, bool] = _same_for_all(False)
+# Megatron-LM launches a column-parallel linear's input-gradient all-reduce before its weight
+# gradient GEMM and waits after it (`async_grad_allreduce` in megatron/mpu/layers.py, from
+# 83b1e42f30 of Feb 2022: the code at 2e90a342f5 and bbab79f869, May 2022, the README and
+# Korthikanti runs), and under sequence parallelism the reduce-scatter the same way; Megatron-
+# core keeps it (tensor_parallel/layers.py), so NeMo too. Megatron-LM of 2021 (a8d172b31e, the
+# Narayanan runs) and BLOOM's Megatron-DeepSpeed fork reduce in `copy_to_tensor_model_
+# parallel_region`'s backward, after both GEMMs: their baselines say false. torchtitan's
+# DTensor TP reduces after both (async TP is `async_tp`); llm-foundry and llm.c have no TP.
+TP_GRAD_OVERLAP_BY_FRAMEWORK: dict[str, bool] = {
+    **_same_for_all(False),
+    "megatron": True,
+    "nemo": True,
+}
 ASYNC_TP_BY_FRAMEWORK: dict[str, bool] = _same_for_all(False)
 # No framework sets CUDA_LAUNCH_BLOCKING; a run's launch script may (BLOOM's did).
 LAUNCH_BLOCKING_BY_FRAMEWORK: dict[str, bool] = _same_for_all(False)
@@ -371,6 +392,7 @@ FLAGS: dict[str, dict[str, bool]] = {
     "compile": COMPILE_BY_FRAMEWORK,
     "async_tp": ASYNC_TP_BY_FRAMEWORK,
     "launch_blocking": LAUNCH_BLOCKING_BY_FRAMEWORK,
+    "tp_grad_overlap": TP_GRAD_OVERLAP_BY_FRAMEWORK,
 }
 
 
@@ -396,6 +418,7 @@ class KernelsSpec:
     compile: bool | None = None
     async_tp: bool | None = None
     launch_blocking: bool | None = None
+    tp_grad_overlap: bool | None = None
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:

@@ -20,6 +20,15 @@ computed). Rule: the fused op takes max(comm, gemm) + min(comm, gemm) / tp, the 
 two plus one chunk of the shorter (the pipeline's fill or drain); the comm time left exposed
 beside the GEMM is that minus the GEMM's time. The copies run on copy engines or a few SMs,
 so the GEMM's own slowdown beside them is the one above, unchanged.
+
+Megatron's asynchronous input-gradient collective (`weight_grad_overlap_exposed_s`): in the
+backward of a column-parallel linear, Megatron-LM launches the tensor-parallel all-reduce
+(reduce-scatter under sequence parallelism) of the input gradient right after the GEMM that
+computes it and runs the weight-gradient GEMM while it is in flight
+(`LinearWithGradAccumulationAndAsyncCommunication.backward`, megatron/mpu/layers.py at
+bbab79f869). Two streams, no pipelining: while the collective runs (comm seconds) the GEMMs run
+slowed by the factor above, so they get through comm / slowdown of their work; the collective
+then stays exposed for comm - min(gemm, comm / slowdown) beyond the GEMMs.
 """
 
 from __future__ import annotations
@@ -48,3 +57,14 @@ def async_tp_exposed_s(comm_s: float, gemm_s: float, tp: int) -> float:
     if comm_s < 0 or gemm_s < 0:
         raise ValueError(f"comm_s={comm_s} and gemm_s={gemm_s} must be >= 0")
     return max(comm_s, gemm_s) + min(comm_s, gemm_s) / tp - gemm_s
+
+
+def weight_grad_overlap_exposed_s(comm_s: float, gemm_s: float, slowdown: float) -> float:
+    """Time a collective overlapped with weight-gradient GEMMs of `gemm_s` seconds (alone) adds
+    beyond them, the GEMMs slowed by `slowdown` while it runs (module docstring):
+    comm - min(gemm, comm / slowdown)."""
+    if comm_s < 0 or gemm_s < 0:
+        raise ValueError(f"comm_s={comm_s} and gemm_s={gemm_s} must be >= 0")
+    if slowdown < 1:
+        raise ValueError(f"slowdown={slowdown} must be >= 1")
+    return comm_s - min(gemm_s, comm_s / slowdown)

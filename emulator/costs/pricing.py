@@ -41,7 +41,10 @@ class CostContext:
     """What durations are priced on: the cluster, an optional kernel table, overlap on/off,
     an optional host dispatch model (`costs.host_dispatch`), whether tensor parallelism
     runs asynchronously (`costs.overlap.async_tp_exposed_s`, applied by the graph builder to TP
-    collectives next to their GEMMs), and the rates of the attention kernel the job runs when
+    collectives next to their GEMMs), whether the tp collective of a column-parallel linear's
+    input gradient overlaps its weight-gradient GEMMs (Megatron's asynchronous all-reduce,
+    `costs.overlap.weight_grad_overlap_exposed_s`, applied by the graph builder), and the
+    rates of the attention kernel the job runs when
     it is not the table's (`costs.attention_rates`; None: the table's or the curves'), and
     whether every launch waits for its kernel (CUDA_LAUNCH_BLOCKING=1: the host's time per op
     then adds to each compute op instead of running ahead, `graph.build`)."""
@@ -51,6 +54,7 @@ class CostContext:
     overlap: bool = True
     host: HostDispatch | None = None  # host dispatch per op (None: the host binds nothing)
     async_tp: bool = False
+    tp_grad_overlap: bool = False
     attention: AttentionRates | None = None
     launch_blocking: bool = False
 

@@ -35,6 +35,12 @@ rule (`costs.overlap.async_tp_exposed_s`) leaves beyond the GEMMs, so that the c
 which waits for the all-gather and then runs its GEMMs (or runs the GEMM and then waits for the
 reduce-scatter), spends the fused op's time.
 
+Megatron's asynchronous input-gradient collective (`CostContext.tp_grad_overlap`,
+`weight_grad_pairs`): a backward tp-group all-reduce or reduce-scatter of a column-parallel
+input's gradient runs, in Megatron-LM, while the weight-gradient GEMMs of the linears that
+read that input compute; the workloads' program issues it after them, so its node keeps only
+the time the overlap rule (`costs.overlap.weight_grad_overlap_exposed_s`) leaves beyond them.
+
 Durations are not this module's business: it asks emulator.costs.pricing for every compute
 row's duration and overlap slowdown (or takes durations given per trace row, e.g. measured)
 and for each collective's duration over the representative's group ranks; replay applies a
@@ -51,7 +57,7 @@ from emulator.capture.compile_fusion import block_region
 from emulator.capture.trace import COMM, COMPUTE, PHASES, RECORD, STREAM_WAIT, WAIT, RankTrace
 from emulator.costs.host_dispatch import dispatch_times_s
 from emulator.costs.ops import GEMM_OPS
-from emulator.costs.overlap import async_tp_exposed_s
+from emulator.costs.overlap import async_tp_exposed_s, weight_grad_overlap_exposed_s
 from emulator.costs.pricing import (
     CommPricer,
     CostContext,
@@ -198,6 +204,63 @@ def async_tp_pairs(
     return pairs
 
 
+_LINEAR_GEMMS = ("mm", "addmm")  # what a linear layer's forward and backward GEMMs record
+
+
+def weight_grad_pairs(trace: RankTrace, world: World) -> dict[int, list[int]]:
+    """Backward tp-group all-reduce / reduce-scatter row -> the weight-gradient GEMM rows that
+    Megatron overlaps it with.
+
+    Read from the trace in program order. The collective's input holds a full activation (its
+    `numel`); the linears behind it are those whose backward, since the previous communication
+    or wait row, produced such a gradient: a GEMM (mm/addmm) with that many output elements is
+    an input-gradient GEMM, and its weight-gradient GEMM is the GEMM next to it (after it, else
+    before it: autograd runs the two of one linear back to back) that reads the same output
+    gradient (as many first-operand elements). Every linear of a sub-block counts (the
+    workloads' separate q, k and v stand for Megatron's fused QKV linear). Row-parallel linears'
+    input gradients are sharded, so they do not match."""
+    c = trace.columns
+    kinds, names = c["kind"], c["name"]
+    linear = {trace.strings.index(n) for n in _LINEAR_GEMMS if n in trace.strings}
+    backward = PHASES.index("backward")
+    wanted = {trace.strings.index(k) for k in ("all_reduce", _RS) if k in trace.strings}
+    tp = _tp_groups(trace, world)
+    pairs: dict[int, list[int]] = {}
+    window: list[int] = []  # linear GEMM rows since the last comm or wait
+    for row in np.flatnonzero((kinds == COMPUTE) | (kinds == COMM) | (kinds == WAIT)).tolist():
+        if kinds[row] == COMPUTE:
+            if names[row] in linear:
+                window.append(row)
+            continue
+        if (
+            kinds[row] == COMM
+            and names[row] in wanted
+            and c["group"][row] in tp
+            and c["phase"][row] == backward
+        ):
+            wgrads = _weight_grads(trace, window, int(c["numel"][row]))
+            if wgrads:
+                pairs[row] = wgrads
+        window = []
+    return pairs
+
+
+def _weight_grads(trace: RankTrace, gemms: list[int], numel: int) -> list[int]:
+    """The weight-gradient GEMMs paired with the input-gradient GEMMs (output: `numel`)."""
+    shapes = [_gemm_numels(trace, r) for r in gemms]
+    used: set[int] = set()
+    partners: list[int] = []
+    for i, (first, out) in enumerate(shapes):
+        if i in used or out != numel:
+            continue
+        for j in (i + 1, i - 1):
+            if 0 <= j < len(gemms) and j not in used and shapes[j][0] == first:
+                used.update((i, j))
+                partners.append(gemms[j])
+                break
+    return sorted(partners)
+
+
 # ---- building --------------------------------------------------------------------------------
 
 
@@ -224,6 +287,9 @@ class _Builder:
         self.group_info: dict[str, tuple] = {}
         # async TP: collective row -> summed duration of the GEMMs it overlaps
         self.async_tp: dict[int, float] = {}
+        # Megatron's async input-gradient collective row -> (weight-gradient GEMM seconds, their
+        # mean slowdown beside communication)
+        self.weight_grad_overlap: dict[int, tuple[float, float]] = {}
 
     def intern(self, s: str) -> int:
         return self.strings.setdefault(s, len(self.strings))
@@ -376,6 +442,8 @@ class _Builder:
         duration = self.comm.duration_s(kind, nbytes, ranks)
         if row in self.async_tp:
             duration = async_tp_exposed_s(duration, self.async_tp[row], len(ranks))
+        if row in self.weight_grad_overlap:
+            duration = weight_grad_overlap_exposed_s(duration, *self.weight_grad_overlap[row])
         n = self.add(
             kind=COLLECTIVE,
             stream=s,
@@ -469,6 +537,15 @@ def build_graph(
         if cost is not None and cost.async_tp:
             pairs = async_tp_pairs(trace, world)
             b.async_tp = {row: float(durs[gemms].sum()) for row, gemms in pairs.items()}
+        if cost is not None and cost.tp_grad_overlap:
+            b.weight_grad_overlap = {
+                row: (
+                    float(durs[gemms].sum()),
+                    float(np.average(slows[gemms], weights=durs[gemms])),
+                )
+                for row, gemms in weight_grad_pairs(trace, world).items()
+                if durs[gemms].sum() > 0
+            }
         graph = b.build()
         if dispatch is not None and not blocking:
             host_bounds(trace, graph, durs, dispatch)

@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # the repository root: runs without installing
@@ -52,6 +53,9 @@ class SourceRule:
     attention_dropout: tuple[float, str] | None = None
     # why the source's runs launched kernels blocking (CUDA_LAUNCH_BLOCKING=1), if they did
     launch_blocking: str | None = None
+    # `[kernels]` fields where the source's code is not its framework's choice: (field, value,
+    # why), each written to the baseline's assumptions
+    kernels: tuple[tuple[str, Any, str], ...] = ()
 
 
 # Megatron-LM's `--attention-dropout` defaults to 0.1 (megatron/arguments.py at a8d172b31e and
@@ -70,11 +74,17 @@ MEGATRON_DROPOUT = {
         script="train/tr11-176B-ml/tr11-176B-ml.slurm at 003b250")),
 }
 
+# Megatron-LM launched the input-gradient all-reduce of a column-parallel linear before its
+# weight-gradient GEMM from Feb 2022 (83b1e42f30); older code reduced after both.
+_NO_TP_GRAD_OVERLAP = "kernels.tp_grad_overlap: false, {code} reduces a column-parallel linear's input gradient in copy_to_tensor_model_parallel_region's backward, after its weight gradient (no async all-reduce)"
+
 # Keyed by the start of the `source` column; a row must match exactly one.
 SOURCES = {
     "Narayanan et al. 2021": SourceRule(
         "narayanan2021", "megatron-gpt-", "hardware", "hardware", None, sequence_parallel=False,
-        framework="megatron", attention_dropout=MEGATRON_DROPOUT["narayanan2021"]),
+        framework="megatron", attention_dropout=MEGATRON_DROPOUT["narayanan2021"],
+        kernels=(("tp_grad_overlap", False, _NO_TP_GRAD_OVERLAP.format(
+            code="Megatron-LM at a8d172b31e (megatron/mpu/layers.py)")),)),
     "NVIDIA/Megatron-LM README.md (commit 2e90a342f5": SourceRule(
         "megatron-readme2022", "megatron-gpt-", "hardware", "hardware", None,
         sequence_parallel=False, framework="megatron",
@@ -101,7 +111,9 @@ SOURCES = {
         "bigscience", "bloom-", "hardware", "hardware", "nvidia_smi", sequence_parallel=False,
         framework="megatron", attention_dropout=MEGATRON_DROPOUT["bigscience"],
         launch_blocking="kernels.launch_blocking: tr11-176B-ml.slurm (at 003b250) exports "
-        "CUDA_LAUNCH_BLOCKING=1 ('do not remove or the training will hang')"),
+        "CUDA_LAUNCH_BLOCKING=1 ('do not remove or the training will hang')",
+        kernels=(("tp_grad_overlap", False, _NO_TP_GRAD_OVERLAP.format(
+            code="bigscience-workshop/Megatron-DeepSpeed at b1359ee054 (megatron/mpu/layers.py)")),)),
     "karpathy/llm.c": SourceRule(
         "llmc", "gpt2-", "model", "model", None, sequence_parallel=False, framework="llm.c"),
 }  # fmt: skip
@@ -375,9 +387,15 @@ def job_tables(row: dict, rule: SourceRule, assumptions: list[str]) -> dict:
         "kernels": {"framework": rule.framework,
                     **{field: value for pattern, (field, value) in NOTED_KERNELS.items()
                        if re.search(pattern, row["notes"])},
-                    **_launch_blocking(rule, assumptions)},
+                    **_launch_blocking(rule, assumptions),
+                    **_source_kernels(rule, assumptions)},
         "cluster": cluster,
     }  # fmt: skip
+
+
+def _source_kernels(rule: SourceRule, assumptions: list[str]) -> dict:
+    assumptions.extend(why for _, _, why in rule.kernels)
+    return {field: value for field, value, _ in rule.kernels}
 
 
 def _launch_blocking(rule: SourceRule, assumptions: list[str]) -> dict:

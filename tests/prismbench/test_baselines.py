@@ -207,6 +207,10 @@ def test_megatron_rows_run_unfused_attention_with_dropout_and_their_ddp_as_their
         fp16 = b.job.train.precision == "fp16"
         assert b.job.kernels.grad_accumulation == ("model-dtype" if fp16 else "fp32")
     assert sum(b.job.train.precision == "fp16" for b in megatron) == 20
+    # Megatron-LM's async input-gradient all-reduce came in 2022: not in Narayanan's code of
+    # 2021 nor in BLOOM's Megatron-DeepSpeed fork
+    overlapped = {b.name.split("__")[0] for b in megatron if b.job.kernels.tp_grad_overlap}
+    assert overlapped == {"korthikanti2022", "megatron-readme2022"}
     assert sum("DDP impl=torch" in b.provenance.notes for b in megatron) == 4
     # only BLOOM's launch script set CUDA_LAUNCH_BLOCKING=1
     blocking = {b.name.split("__")[0] for b in load_baselines(BASELINES) if b.job.kernels.launch_blocking}

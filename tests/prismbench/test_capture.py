@@ -685,6 +685,10 @@ def test_fused_attention_kernels_share_a_capture_and_the_unfused_program_does_no
         job("flash"), kernels=dataclasses.replace(job("flash").kernels, launch_blocking=True)
     )
     assert cache_key(blocking) == cache_key(job("flash"))
+    overlapped = dataclasses.replace(
+        job("flash"), kernels=dataclasses.replace(job("flash").kernels, tp_grad_overlap=True)
+    )
+    assert cache_key(overlapped) == cache_key(job("flash"))  # pricing only
 
 
 def test_the_workloads_at_86a4f47_ran_alibi_attention_and_rope_as_eager_float32_math():

@@ -254,3 +254,12 @@ def test_model_dtype_gradients_are_refused_under_fsdp_and_halve_explains_grad_by
     assert fp32.stages[0].grads_bytes == 2 * fp16.stages[0].grads_bytes
     assert fp16.state_bytes_per_param == (2, 2, 4, 8)
 
+
+def test_megatron_and_nemo_overlap_the_input_gradient_collective_with_the_weight_gradient():
+    overlapped = {f for f in FRAMEWORKS if KernelsSpec(framework=f).tp_grad_overlap}
+    assert overlapped == {"megatron", "nemo"}
+    assert KernelsSpec(framework="megatron", tp_grad_overlap=False).overrides() == {
+        "tp_grad_overlap": False
+    }
+    with pytest.raises(SpecError, match="kernels.tp_grad_overlap='no' must be a boolean"):
+        KernelsSpec(tp_grad_overlap="no")

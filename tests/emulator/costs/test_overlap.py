@@ -2,7 +2,11 @@
 
 import pytest
 
-from emulator.costs.overlap import async_tp_exposed_s, compute_slowdown
+from emulator.costs.overlap import (
+    async_tp_exposed_s,
+    compute_slowdown,
+    weight_grad_overlap_exposed_s,
+)
 from emulator.hardware import gpu_preset
 
 H100 = gpu_preset("h100-sxm-80g")
@@ -49,3 +53,24 @@ def test_async_tp_exposes_the_longer_plus_one_chunk_of_the_shorter_beyond_the_ge
 def test_async_tp_needs_a_group_of_two():
     with pytest.raises(ValueError, match="tp=1"):
         async_tp_exposed_s(1.0, 1.0, 1)
+
+
+@pytest.mark.parametrize(
+    "comm_s, gemm_s, slowdown, exposed_s",
+    [
+        (1.0, 4.0, 1.25, 1.0 - 1.0 / 1.25),  # GEMMs outlast it: only their slowdown shows
+        (4.0, 1.0, 1.25, 3.0),  # the GEMMs finish inside it: the rest of it is exposed
+        (2.0, 2.0, 1.0, 0.0),  # no slowdown, as long as the GEMMs: hidden
+        (0.0, 3.0, 1.5, 0.0),
+    ],
+)
+def test_megatron_weight_grad_overlap_exposes_what_the_slowed_gemms_do_not_cover(
+    comm_s, gemm_s, slowdown, exposed_s
+):
+    assert weight_grad_overlap_exposed_s(comm_s, gemm_s, slowdown) == pytest.approx(exposed_s)
+    assert 0.0 <= weight_grad_overlap_exposed_s(comm_s, gemm_s, slowdown) <= comm_s
+
+
+def test_weight_grad_overlap_refuses_a_speed_up():
+    with pytest.raises(ValueError, match="slowdown=0.5"):
+        weight_grad_overlap_exposed_s(1.0, 1.0, 0.5)

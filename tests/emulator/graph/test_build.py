@@ -5,9 +5,14 @@ import numpy as np
 import pytest
 
 from emulator.costs.collectives import Topology
-from emulator.costs.overlap import async_tp_exposed_s
+from emulator.costs.overlap import async_tp_exposed_s, weight_grad_overlap_exposed_s
 from emulator.costs.pricing import CostContext
-from emulator.graph.build import async_tp_pairs, axes_of_group, segment_rows
+from emulator.graph.build import (
+    async_tp_pairs,
+    axes_of_group,
+    segment_rows,
+    weight_grad_pairs,
+)
 from emulator.graph.execution_graph import (
     COLLECTIVE,
     RECV,
@@ -295,3 +300,71 @@ def test_async_tp_leaves_a_tp_collective_only_the_time_beyond_its_gemms():
         assert fused["duration_s"][node] < plain["duration_s"][node]
     others = plain["kind"] != COLLECTIVE
     np.testing.assert_array_equal(plain["duration_s"][others], fused["duration_s"][others])
+
+
+def _column_parallel_backward(world, kind="all_reduce", tokens=2048, hidden=4096, tp=4):
+    """The backward of an attention block as the workloads record it without a fused QKV: the
+    row-parallel wo (input and weight gradient), then wv, wk and wq (input gradient, weight
+    gradient), then the tp collective of the block input's gradient."""
+    s = Stage(world, 0)
+    s.phase = "backward"
+    local = hidden // tp
+    grad_out, x = ((tokens, hidden), "bfloat16", False), ((tokens, local), "bfloat16", False)
+    s.compute(1e-3, name="mm", tensors=(grad_out, ((hidden, local), "bfloat16", False)))
+    s.compute(1e-3, name="mm", tensors=(((hidden, tokens), "bfloat16", False), x))
+    wgrads = []
+    for _ in ("wv", "wk", "wq"):
+        g = ((tokens, local), "bfloat16", False)
+        s.compute(1e-3, name="mm", tensors=(g, ((local, hidden), "bfloat16", False)))
+        gt, inp = ((local, tokens), "bfloat16", False), ((tokens, hidden), "bfloat16", False)
+        wgrads.append(s.compute(2e-3, name="mm", tensors=(gt, inp)))
+        s.compute(1e-5, name="add_", tensors=())  # the gradient into the grad buffer
+    comm = s.collective(kind, "tp", nbytes=2 * tokens * hidden, async_op=True)
+    s.wait(comm)
+    return s, wgrads, comm
+
+
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter"])
+def test_megatron_overlap_pairs_a_block_inputs_gradient_collective_with_its_weight_gradients(
+    kind,
+):
+    world = World.grid(dp=1, pp=1, cp=1, tp=4)
+    s, wgrads, comm = _column_parallel_backward(world, kind)
+    trace, _ = s.trace()
+    row = {int(q): i for i, q in enumerate(trace["seq"].tolist())}
+    # wq, wk, wv's weight gradients; not wo's (its input gradient is sharded)
+    assert weight_grad_pairs(trace, world) == {row[comm]: [row[w] for w in wgrads]}
+
+
+def test_megatron_overlap_pairs_only_backward_tp_collectives():
+    world = World.grid(dp=1, pp=1, cp=1, tp=4)
+    s, _, _ = _column_parallel_backward(world)
+    s.phase = "forward"  # a forward all-reduce after the same GEMMs is not Megatron's async one
+    s.compute(
+        1e-3,
+        name="mm",
+        tensors=(((2048, 1024), "bfloat16", False), ((1024, 4096), "bfloat16", False)),
+    )
+    s.compute(
+        2e-3,
+        name="mm",
+        tensors=(((1024, 2048), "bfloat16", False), ((2048, 4096), "bfloat16", False)),
+    )
+    forward = s.collective("all_reduce", "tp", nbytes=2 * 2048 * 4096, async_op=True)
+    trace, _ = s.trace()
+    row = {int(q): i for i, q in enumerate(trace["seq"].tolist())}
+    assert row[forward] not in weight_grad_pairs(trace, world)
+
+
+def test_megatron_overlap_leaves_the_collective_only_what_the_weight_gradients_do_not_hide():
+    world = World.grid(dp=1, pp=1, cp=1, tp=4)
+    s, _, _ = _column_parallel_backward(world, tokens=16384)
+    plain = build(world, [s], CostContext(topology=TOPO)).classes[0]
+    overlapped = build(world, [s], CostContext(topology=TOPO, tp_grad_overlap=True)).classes[0]
+    (node,) = np.flatnonzero(plain["kind"] == COLLECTIVE)
+    slowdown = TOPO.gpu.sm_count / (TOPO.gpu.sm_count - TOPO.link.channels)  # costs.overlap
+    expected = weight_grad_overlap_exposed_s(plain["duration_s"][node], 3 * 2e-3, slowdown)
+    assert overlapped["duration_s"][node] == pytest.approx(expected)
+    assert 0 < overlapped["duration_s"][node] < plain["duration_s"][node]
+    others = plain["kind"] != COLLECTIVE
+    np.testing.assert_array_equal(plain["duration_s"][others], overlapped["duration_s"][others])
