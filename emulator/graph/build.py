@@ -218,7 +218,8 @@ def weight_grad_pairs(trace: RankTrace, world: World) -> dict[int, list[int]]:
     before it: autograd runs the two of one linear back to back) that reads the same output
     gradient (as many first-operand elements). Every linear of a sub-block counts (the
     workloads' separate q, k and v stand for Megatron's fused QKV linear). Row-parallel linears'
-    input gradients are sharded, so they do not match."""
+    input gradients are sharded, so they do not match, unless a micro-batch's tokens equal the
+    linear's local input width (h/tp, ffn/tp): shapes alone cannot tell that one apart."""
     c = trace.columns
     kinds, names = c["kind"], c["name"]
     linear = {trace.strings.index(n) for n in _LINEAR_GEMMS if n in trace.strings}
