@@ -31,10 +31,10 @@ as Megatron's apex FusedAdam, has none), the rank's
 reduced-gradient shards gathered into one tensor (zero=1), and one bucket's
 model-dtype shard and all-gather output at a time (zero=1; Megatron gathers into its
 parameter buffer). The grad norm (one multi-tensor norm over ranges) and the copy
-back into the parameters (per parameter, converting) make none of the master's size. A grad buffer in the model's
-dtype is cast to float32 at the step, a temporary of the master's size (Megatron's
-`_copy_model_grads_to_main_grads`: `main_grad.float()` per parameter).
-Gradients are reduced in the buffer's dtype (fp32: Megatron's
+back into the parameters (per parameter, converting) make none of the master's size.
+A grad buffer in the model's dtype is cast to float32 at the step, one temporary of
+the master's size (Megatron's `_copy_model_grads_to_main_grads` casts parameter by
+parameter). Gradients are reduced in the buffer's dtype (fp32: Megatron's
 accumulate_allreduce_grads_in_fp32).
 With bf16/fp16 model parameters the fp32 master copy is what keeps precision (the
 mixed-precision recipe of Micikevicius et al. 2018 and Megatron).

@@ -539,14 +539,11 @@ def build_graph(
             pairs = async_tp_pairs(trace, world)
             b.async_tp = {row: float(durs[gemms].sum()) for row, gemms in pairs.items()}
         if cost is not None and cost.tp_grad_overlap:
-            b.weight_grad_overlap = {
-                row: (
-                    float(durs[gemms].sum()),
-                    float(np.average(slows[gemms], weights=durs[gemms])),
-                )
-                for row, gemms in weight_grad_pairs(trace, world).items()
-                if durs[gemms].sum() > 0
-            }
+            for row, gemms in weight_grad_pairs(trace, world).items():
+                gemm_s = float(durs[gemms].sum())
+                if gemm_s > 0:
+                    slowdown = float(np.average(slows[gemms], weights=durs[gemms]))
+                    b.weight_grad_overlap[row] = (gemm_s, slowdown)
         graph = b.build()
         if dispatch is not None and not blocking:
             host_bounds(trace, graph, durs, dispatch)
