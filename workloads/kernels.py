@@ -53,10 +53,11 @@ Fields:
   kernel (torch's SDPA backends: cuDNN on an H100, FlashAttention-2 on an A100; Transformer
   Engine's fused attention; flash-attn 2), priced by the kernel tables; `triton`, Tri Dao's
   FlashAttention Triton kernel (flash-attn's `flash_attn_triton.py`, vendored by llm-foundry
-  for `attn_impl: triton`), about half as fast at long sequences, priced from its published
-  rates (`emulator.costs.attention_rates`). Both compute exact attention and keep the output
-  and a float32 logsumexp, so the program, its memory and its loss are the same: the choice
-  is what the kernel costs. `unfused`: no fused kernel, the score matrix in memory, as
+  for `attn_impl: triton`), about half as fast at long sequences, priced at FlashAttention
+  v1's published rates, which its docstring puts it just behind
+  (`emulator.costs.attention_rates`). Both compute exact attention and keep the output and a
+  float32 logsumexp, so the program, its memory and its loss are the same: the choice is
+  what the kernel costs. `unfused`: no fused kernel, the score matrix in memory, as
   Megatron-LM ran attention before flash attention (a batched GEMM for the scores, Megatron's
   fused masked-softmax kernel, attention dropout of `train.attention_dropout`, a batched GEMM
   with V: `workloads.models.unfused_attention`); a different program, with the probabilities

@@ -6,7 +6,8 @@ priced here: llm-foundry's `attn_impl: triton` runs Tri Dao's FlashAttention Tri
 about half as fast at long sequences (workloads.kernels `attention`). The rates are
 forward+backward TFLOP/s measured at a grid of (causal, head dim, sequence) points
 (results/kernels/triton-attention.csv, built by results/kernels/build_triton_attention.py from
-published figures), with FLOPs counted as flash-attention's benchmark and our capture count
+published figures: for the Triton kernel, FlashAttention v1's, which its docstring puts it just
+behind), with FLOPs counted as flash-attention's benchmark and our capture count
 them (forward 4 s^2 d h b, halved when causal; backward 2.5x the forward).
 
 Between points: linear in log2(sequence) and linear in head dim; outside the grid the nearest
