@@ -133,6 +133,12 @@ Fields:
   DTensor program reduces after both GEMMs; the overlap is priced by a documented rule (the
   capture is unchanged: `emulator.graph.build`, `costs.overlap`). Without tensor parallelism
   there is nothing to overlap and the field changes nothing.
+- `sp_regather`: true when, under sequence parallelism, a column-parallel linear keeps only the
+  sequence shard of its input for backward and all-gathers it again there (Megatron-LM, Korthikanti
+  et al. 2022 sec. 4.2.2), where torch's DTensor plan keeps the gathered input, tp times larger
+  (`workloads.sp_regather`). A different program: one more all-gather per attention, MLP and
+  output layer in backward, and less memory. Moot without sequence parallelism, and where whole
+  blocks are checkpointed (full or op-level selective recompute), which keep only their input.
 - `launch_blocking`: true when the run set `CUDA_LAUNCH_BLOCKING=1`, so every kernel launch
   returns only once the kernel has run and the host cannot run ahead of the GPU: each op's
   host dispatch time adds to its kernel time (`emulator.graph.build`). Not a framework's
@@ -337,6 +343,16 @@ TP_GRAD_OVERLAP_BY_FRAMEWORK: dict[str, bool] = {
     "nemo": True,
 }
 ASYNC_TP_BY_FRAMEWORK: dict[str, bool] = _same_for_all(False)
+# Megatron-LM's `LinearWithGradAccumulationAndAsyncCommunication` saves its input, the sequence
+# shard, and all-gathers it again in backward when `ctx.sequence_parallel` (megatron/mpu/
+# layers.py at bbab79f869, May 2022, the code of the Korthikanti runs; Megatron-core's
+# tensor_parallel/layers.py keeps it, so NeMo too). torchtitan's DTensor plan keeps the gathered
+# input; the others run no sequence parallelism.
+SP_REGATHER_BY_FRAMEWORK: dict[str, bool] = {
+    **_same_for_all(False),
+    "megatron": True,
+    "nemo": True,
+}
 # No framework sets CUDA_LAUNCH_BLOCKING; a run's launch script may (BLOOM's did).
 LAUNCH_BLOCKING_BY_FRAMEWORK: dict[str, bool] = _same_for_all(False)
 # Megatron-core allocates each receive in p2p_communication.py (`_communicate`: torch.empty
@@ -394,6 +410,7 @@ FLAGS: dict[str, dict[str, bool]] = {
     "async_tp": ASYNC_TP_BY_FRAMEWORK,
     "launch_blocking": LAUNCH_BLOCKING_BY_FRAMEWORK,
     "tp_grad_overlap": TP_GRAD_OVERLAP_BY_FRAMEWORK,
+    "sp_regather": SP_REGATHER_BY_FRAMEWORK,
 }
 
 
@@ -420,6 +437,7 @@ class KernelsSpec:
     async_tp: bool | None = None
     launch_blocking: bool | None = None
     tp_grad_overlap: bool | None = None
+    sp_regather: bool | None = None
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:

@@ -39,7 +39,8 @@ from workloads.config import check_tensor_parallel
 from workloads.context_parallel import apply_context_parallel
 from workloads.float8 import convert_linears_to_float8
 from workloads.job import TrainingJob
-from workloads.recompute import apply_recompute
+from workloads.recompute import apply_recompute, checkpoints_whole_blocks
+from workloads.sp_regather import regather_in_backward
 
 # FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip the
 # pre-backward all-gather). Ours do under tensor parallelism (DTensor.to_local returns an
@@ -135,8 +136,14 @@ def distribute_tensor_replicated(tensor: torch.Tensor, mesh) -> DTensor:
     return DTensor.from_local(tensor.data, mesh, [Replicate()], run_check=False)
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh, *, sequence_parallel: bool) -> None:
-    """Shard one (stage) model over the tp mesh in place; no-op when tp == 1."""
+def apply_tensor_parallel(
+    model: nn.Module, tp_mesh, *, sequence_parallel: bool, regather: bool = False
+) -> None:
+    """Shard one (stage) model over the tp mesh in place; no-op when tp == 1.
+
+    `regather` (with sequence parallelism): the column-parallel inputs keep their sequence
+    shard for backward and are all-gathered again there, as Megatron-LM does
+    (`workloads.sp_regather`)."""
     tp = tp_mesh.size()
     if tp == 1:
         return
@@ -173,6 +180,12 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, *, sequence_parallel: bool)
             _replicate_params(block.attention_norm, tp_mesh)
             _replicate_params(block.ffn_norm, tp_mesh)
         block.attention.core_attention.head_offset = tp_mesh.get_local_rank() * local_heads
+    if sequence_parallel and regather:
+        for block in model.layers.values():
+            regather_in_backward(block.attention)
+            regather_in_backward(block.feed_forward)
+        if model.output is not None:
+            regather_in_backward(model.output)
 
 
 def apply_fsdp(model: nn.Module, dp_mesh, *, zero: int, precision: str) -> None:
@@ -214,7 +227,13 @@ def parallelize_stage(model: nn.Module, mesh, job: TrainingJob, dp_mesh=None) ->
     if precision == "fp8":
         convert_linears_to_float8(model, job.kernels.fp8_recipe, skip=("output",))
     if mesh is not None:
-        apply_tensor_parallel(model, mesh["tp"], sequence_parallel=par.sequence_parallel)
+        # a block checkpointed whole keeps only its input already: regathering is moot there
+        regather = job.kernels.sp_regather and not checkpoints_whole_blocks(
+            job.train.recompute, job.kernels.selective_recompute
+        )
+        apply_tensor_parallel(
+            model, mesh["tp"], sequence_parallel=par.sequence_parallel, regather=regather
+        )
         apply_context_parallel(model, mesh["cp"])
     apply_recompute(
         model,

@@ -263,3 +263,13 @@ def test_megatron_and_nemo_overlap_the_input_gradient_collective_with_the_weight
     }
     with pytest.raises(SpecError, match="kernels.tp_grad_overlap='no' must be a boolean"):
         KernelsSpec(tp_grad_overlap="no")
+
+
+def test_megatron_and_nemo_keep_the_sequence_shard_and_gather_it_again_in_backward():
+    regathered = {f for f in FRAMEWORKS if KernelsSpec(framework=f).sp_regather}
+    assert regathered == {"megatron", "nemo"}
+    assert KernelsSpec(framework="torchtitan", sp_regather=True).overrides() == {
+        "sp_regather": True
+    }
+    with pytest.raises(SpecError, match="kernels.sp_regather=1 must be a boolean"):
+        KernelsSpec(sp_regather=1)

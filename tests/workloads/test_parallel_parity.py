@@ -75,6 +75,8 @@ KERNELS = {
     "tp2-sp-pp2-gpt-alibi-unfused-attention": {"attention": "unfused"},
     "dp2-tp2-zero1-gpt-fused-adamw": {"optimizer_step": "fused"},
     "fsdp-zero3-dp2-tp2-llama-fused-adamw": {"optimizer_step": "fused"},
+    "tp2-sp-dp2-zero1-gpt-tied-sp-regather": {"sp_regather": True},
+    "pp2-1f1b-tp2-llama-sp-regather": {"sp_regather": True},
 }
 CASES["tp2-sp-dp2-zero1-gpt-tied-fused-loss"] = (
     {"name": "gpt-debug"},
@@ -101,6 +103,13 @@ CASES["fsdp-zero3-dp2-tp2-llama-fused-adamw"] = (
     {"name": "llama-debug"},
     {"dp": 2, "tp": 2, "zero": 3},
 )
+# Megatron's sequence-parallel inputs: the shard kept, all-gathered again in backward (the
+# pipelined case regathers the output layer's input on the last stage too)
+CASES["tp2-sp-dp2-zero1-gpt-tied-sp-regather"] = (
+    {"name": "gpt-debug"},
+    {"tp": 2, "dp": 2, "zero": 1},
+)
+CASES["pp2-1f1b-tp2-llama-sp-regather"] = ({"name": "llama-debug"}, {"pp": 2, "tp": 2})
 # The unfused ALiBi scores carry slope * key position (up to 16 here) in float32, so the
 # parallel and single runs round differently enough for the third step's norm to drift by ~5e-5
 # (the single run's own flash/unfused norms differ by 8e-6); a wrong scale is off by >= 0.5.
