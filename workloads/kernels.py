@@ -137,8 +137,10 @@ Fields:
   sequence shard of its input for backward and all-gathers it again there (Megatron-LM, Korthikanti
   et al. 2022 sec. 4.2.2), where torch's DTensor plan keeps the gathered input, tp times larger
   (`workloads.sp_regather`). A different program: one more all-gather per attention, MLP and
-  output layer in backward, and less memory. Moot without sequence parallelism, and where whole
-  blocks are checkpointed (full or op-level selective recompute), which keep only their input.
+  output layer in backward (beside the first input-gradient GEMM when a micro-batch is one
+  sequence; exposed otherwise), and less memory. Moot without sequence parallelism, and where
+  whole blocks are checkpointed (full or op-level selective recompute), which keep only their
+  input.
 - `launch_blocking`: true when the run set `CUDA_LAUNCH_BLOCKING=1`, so every kernel launch
   returns only once the kernel has run and the host cannot run ahead of the GPU: each op's
   host dispatch time adds to its kernel time (`emulator.graph.build`). Not a framework's

@@ -9,7 +9,10 @@ megatron/core/tensor_parallel/layers.py since): `regather_in_backward` makes a m
 input DTensor plan all-gathers do the same, with torch's saved-tensor hooks. While the module
 runs forward, every tensor autograd saves that is (a view of) the gathered input is packed as
 the shard; the first unpack in backward all-gathers once more, the later ones (wq, wk and wv
-read the same input) reuse it, and it is freed when the last of them has run.
+read the same input) reuse it, and it is freed when the last of them has run. Megatron runs that
+all-gather beside the input-gradient GEMM. Here, with one sequence per micro-batch, it runs
+beside the first linear's (Megatron's fused QKV linear hides it behind all three); with more,
+DTensor's copy after the all-gather reads it at once (`_all_gather`).
 
 The module's input plan must run as a forward pre-hook (PrepareModuleInput, ColwiseParallel)
 and be registered before this: the hooks here see the input before and after it.
@@ -18,8 +21,29 @@ and be registered before this: the hooks here see the input before and after it.
 from __future__ import annotations
 
 import torch
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
+
+
+def _all_gather(shard: DTensor, placements) -> DTensor:
+    """`shard` all-gathered into `placements` (Replicate over its one mesh dimension).
+
+    When every dimension before the sharded one has size 1 (a micro-batch of one sequence), the
+    shards lie one after another in the gathered tensor's memory, so the all-gather needs no
+    rearranging copy after it, as Megatron's along its leading sequence dimension: the gathered
+    tensor is then read first by the weight-gradient GEMM, and the transfer runs beside the
+    input-gradient GEMM before it. Otherwise DTensor's redistribute (all-gather, then a copy that
+    puts the shards in place)."""
+    (placement,) = shard.placements
+    local = shard._local_tensor
+    if any(size != 1 for size in local.shape[: placement.dim]) or not local.is_contiguous():
+        return shard.redistribute(shard.device_mesh, placements)
+    rows = local.reshape(-1, *local.shape[placement.dim + 1 :])
+    gathered = funcol.all_gather_single(rows, 0, (shard.device_mesh, 0))
+    shape = list(local.shape)
+    shape[placement.dim] *= shard.device_mesh.size()
+    return DTensor.from_local(gathered.view(shape), shard.device_mesh, placements, run_check=False)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -42,7 +66,7 @@ class _Gather:
     def again(self) -> DTensor:
         if self._again is None:
             with torch.no_grad():
-                self._again = self.shard.redistribute(self.shard.device_mesh, self.placements)
+                self._again = _all_gather(self.shard, self.placements)
         return self._again
 
 

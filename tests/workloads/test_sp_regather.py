@@ -5,7 +5,7 @@ of real gloo runs is in test_parallel_parity (the `-sp-regather` cases)."""
 import numpy as np
 import pytest
 
-from emulator.capture.trace import COMM, PHASES
+from emulator.capture.trace import COMM, COMPUTE, PHASES, WAIT
 from prismbench.capture import capture_job
 from prismbench.spec import job_spec_from_dict
 
@@ -13,20 +13,28 @@ LAYERS = 2
 MICRO_BATCHES = 2
 
 
-def job(*, regather: bool, recompute: str = "none", sequence_parallel: bool = True):
+def job(*, regather: bool, recompute="none", sequence_parallel=True, micro_batch=2):
     return job_spec_from_dict(
         {
             "model": {"name": "gpt-debug", "layers": LAYERS},
             "parallel": {"tp": 2, "sequence_parallel": sequence_parallel},
-            "batch": {"seq_len": 64, "micro_batch": 2, "global_batch": 2 * MICRO_BATCHES},
+            "batch": {
+                "seq_len": 64,
+                "micro_batch": micro_batch,
+                "global_batch": micro_batch * MICRO_BATCHES,
+            },
             "train": {"precision": "bf16", "recompute": recompute},
             "kernels": {"framework": "megatron", "sp_regather": regather},
         }
     )
 
 
+def capture(spec):
+    return capture_job(spec, use_cache=False, workers=1).traces[0]
+
+
 def gathers_and_peak(spec) -> tuple[dict[str, int], int]:
-    trace = capture_job(spec, use_cache=False, workers=1).traces[0]
+    trace = capture(spec)
     c = trace.columns
     comm = np.flatnonzero(c["kind"] == COMM)
     gathers = {phase: 0 for phase in PHASES}
@@ -37,9 +45,10 @@ def gathers_and_peak(spec) -> tuple[dict[str, int], int]:
 
 
 @pytest.mark.integration
-def test_the_shard_is_kept_and_gathered_again_in_backward():
-    kept, kept_peak = gathers_and_peak(job(regather=False))
-    regathered, regathered_peak = gathers_and_peak(job(regather=True))
+@pytest.mark.parametrize("micro_batch", [1, 2])  # the all-gather alone; DTensor's, with its copy
+def test_the_shard_is_kept_and_gathered_again_in_backward(micro_batch):
+    kept, kept_peak = gathers_and_peak(job(regather=False, micro_batch=micro_batch))
+    regathered, regathered_peak = gathers_and_peak(job(regather=True, micro_batch=micro_batch))
     # one more all-gather per attention, MLP and output layer of each micro-batch
     assert regathered["backward"] - kept["backward"] == (2 * LAYERS + 1) * MICRO_BATCHES
     assert regathered["forward"] == kept["forward"]
@@ -54,3 +63,22 @@ def test_it_changes_nothing_where_nothing_gathered_is_kept(variant):
     assert gathers_and_peak(job(regather=True, **variant)) == gathers_and_peak(
         job(regather=False, **variant)
     )
+
+
+@pytest.mark.integration
+def test_with_one_sequence_per_micro_batch_the_gather_runs_beside_the_input_gradient_gemm():
+    trace = capture(job(regather=True, micro_batch=1))
+    c = trace.columns
+    backward = c["phase"] == PHASES.index("backward")
+    rows = np.flatnonzero(backward & np.isin(c["kind"], (COMM, COMPUTE, WAIT)))
+    names = [trace.strings[c["name"][r]] for r in rows]
+    kinds = c["kind"][rows]
+    regathers = 0
+    for i in range(len(rows) - 2):
+        # the feed-forward's: issued, the input-gradient GEMM, then waited for the weight's
+        if names[i] == "all_gather" and trace.strings[c["module"][rows[i]]].endswith(
+            "feed_forward"
+        ):
+            assert (names[i + 1], kinds[i + 2]) == ("mm", WAIT)
+            regathers += 1
+    assert regathers == LAYERS * MICRO_BATCHES
