@@ -213,7 +213,9 @@ def weight_grad_pairs(trace: RankTrace, world: World) -> dict[int, list[int]]:
 
     Read from the trace in program order. The collective's input holds a full activation (its
     `numel`); the linears behind it are those whose backward, since the previous communication
-    or wait row, produced such a gradient: a GEMM (mm/addmm) with that many output elements is
+    row, produced such a gradient (a wait row does not end the window: Megatron's backward
+    all-gather of a sequence-parallel input, `kernels.sp_regather`, is waited between a linear's
+    two GEMMs): a GEMM (mm/addmm) with that many output elements is
     an input-gradient GEMM, and its weight-gradient GEMM is the GEMM next to it (after it, else
     before it: autograd runs the two of one linear back to back) that reads the same output
     gradient (as many first-operand elements). Every linear of a sub-block counts (the
@@ -227,8 +229,8 @@ def weight_grad_pairs(trace: RankTrace, world: World) -> dict[int, list[int]]:
     wanted = {trace.strings.index(k) for k in ("all_reduce", _RS) if k in trace.strings}
     tp = _tp_groups(trace, world)
     pairs: dict[int, list[int]] = {}
-    window: list[int] = []  # linear GEMM rows since the last comm or wait
-    for row in np.flatnonzero((kinds == COMPUTE) | (kinds == COMM) | (kinds == WAIT)).tolist():
+    window: list[int] = []  # linear GEMM rows since the last comm
+    for row in np.flatnonzero((kinds == COMPUTE) | (kinds == COMM)).tolist():
         if kinds[row] == COMPUTE:
             if names[row] in linear:
                 window.append(row)

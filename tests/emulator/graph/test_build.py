@@ -302,10 +302,14 @@ def test_async_tp_leaves_a_tp_collective_only_the_time_beyond_its_gemms():
     np.testing.assert_array_equal(plain["duration_s"][others], fused["duration_s"][others])
 
 
-def _column_parallel_backward(world, kind="all_reduce", tokens=2048, hidden=4096, tp=4):
+def _column_parallel_backward(
+    world, kind="all_reduce", tokens=2048, hidden=4096, tp=4, regather=False
+):
     """The backward of an attention block as the workloads record it without a fused QKV: the
     row-parallel wo (input and weight gradient), then wv, wk and wq (input gradient, weight
-    gradient), then the tp collective of the block input's gradient."""
+    gradient), then the tp collective of the block input's gradient. `regather`: the block
+    input all-gathered again when wv's backward starts and waited before its weight gradient
+    (`kernels.sp_regather`)."""
     s = Stage(world, 0)
     s.phase = "backward"
     local = hidden // tp
@@ -313,9 +317,14 @@ def _column_parallel_backward(world, kind="all_reduce", tokens=2048, hidden=4096
     s.compute(1e-3, name="mm", tensors=(grad_out, ((hidden, local), "bfloat16", False)))
     s.compute(1e-3, name="mm", tensors=(((hidden, tokens), "bfloat16", False), x))
     wgrads = []
-    for _ in ("wv", "wk", "wq"):
+    for linear in ("wv", "wk", "wq"):
+        gather = None
+        if regather and linear == "wv":
+            gather = s.collective("all_gather", "tp", nbytes=2 * tokens * hidden, async_op=True)
         g = ((tokens, local), "bfloat16", False)
         s.compute(1e-3, name="mm", tensors=(g, ((local, hidden), "bfloat16", False)))
+        if gather is not None:
+            s.wait(gather)
         gt, inp = ((local, tokens), "bfloat16", False), ((tokens, hidden), "bfloat16", False)
         wgrads.append(s.compute(2e-3, name="mm", tensors=(gt, inp)))
         s.compute(1e-5, name="add_", tensors=())  # the gradient into the grad buffer
@@ -325,11 +334,12 @@ def _column_parallel_backward(world, kind="all_reduce", tokens=2048, hidden=4096
 
 
 @pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter"])
+@pytest.mark.parametrize("regather", [False, True], ids=["kept", "regathered"])
 def test_megatron_overlap_pairs_a_block_inputs_gradient_collective_with_its_weight_gradients(
-    kind,
+    kind, regather
 ):
     world = World.grid(dp=1, pp=1, cp=1, tp=4)
-    s, wgrads, comm = _column_parallel_backward(world, kind)
+    s, wgrads, comm = _column_parallel_backward(world, kind, regather=regather)
     trace, _ = s.trace()
     row = {int(q): i for i, q in enumerate(trace["seq"].tolist())}
     # wq, wk, wv's weight gradients; not wo's (its input gradient is sharded)
