@@ -4,10 +4,12 @@ of real gloo runs is in test_parallel_parity (the `-sp-regather` cases)."""
 
 import numpy as np
 import pytest
+import torch
 
 from emulator.capture.trace import COMM, COMPUTE, PHASES, WAIT
 from prismbench.capture import capture_job
 from prismbench.spec import job_spec_from_dict
+from workloads.sp_regather import regather_in_backward
 
 LAYERS = 2
 MICRO_BATCHES = 2
@@ -82,3 +84,10 @@ def test_with_one_sequence_per_micro_batch_the_gather_runs_beside_the_input_grad
             assert (names[i + 1], kinds[i + 2]) == ("mm", WAIT)
             regathers += 1
     assert regathers == LAYERS * MICRO_BATCHES
+
+
+def test_a_module_without_a_sequence_parallel_plan_is_refused_when_it_runs():
+    linear = torch.nn.Linear(4, 4)
+    regather_in_backward(linear)
+    with pytest.raises(TypeError, match="needs DTensor inputs before and after"):
+        linear(torch.randn(2, 4))
