@@ -25,6 +25,8 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
+from workloads.zero import local_tensor
+
 
 def _all_gather(shard: DTensor, placements) -> DTensor:
     """`shard` all-gathered into `placements` (Replicate over its one mesh dimension).
@@ -36,7 +38,7 @@ def _all_gather(shard: DTensor, placements) -> DTensor:
     input-gradient GEMM before it. Otherwise DTensor's redistribute (all-gather, then a copy that
     puts the shards in place)."""
     (placement,) = shard.placements
-    local = shard._local_tensor
+    local = local_tensor(shard)
     if any(size != 1 for size in local.shape[: placement.dim]) or not local.is_contiguous():
         return shard.redistribute(shard.device_mesh, placements)
     rows = local.reshape(-1, *local.shape[placement.dim + 1 :])
@@ -46,12 +48,8 @@ def _all_gather(shard: DTensor, placements) -> DTensor:
     return DTensor.from_local(gathered.view(shape), shard.device_mesh, placements, run_check=False)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if isinstance(t, DTensor) else t
-
-
 def _storage_key(t: torch.Tensor) -> int:
-    return _local(t).untyped_storage()._cdata
+    return local_tensor(t).untyped_storage()._cdata
 
 
 class _Gather:
@@ -74,14 +72,14 @@ class _Saved:
     """A saved view of the gathered input, as its geometry over the gathered tensor."""
 
     def __init__(self, gather: _Gather, t: DTensor) -> None:
-        local = t._local_tensor
+        local = local_tensor(t)
         self.gather = gather
         self.geometry = (local.size(), local.stride(), local.storage_offset())
         self.shape, self.stride = t.shape, t.stride()
         self.mesh, self.placements = t.device_mesh, t.placements
 
     def unpack(self) -> DTensor:
-        local = self.gather.again()._local_tensor.as_strided(*self.geometry)
+        local = local_tensor(self.gather.again()).as_strided(*self.geometry)
         return DTensor.from_local(
             local, self.mesh, self.placements, run_check=False, shape=self.shape, stride=self.stride
         )

@@ -215,10 +215,10 @@ def weight_grad_pairs(trace: RankTrace, world: World) -> dict[int, list[int]]:
     `numel`); the linears behind it are those whose backward, since the previous communication
     row, produced such a gradient (a wait row does not end the window: Megatron's backward
     all-gather of a sequence-parallel input, `kernels.sp_regather`, is waited between a linear's
-    two GEMMs): a GEMM (mm/addmm) with that many output elements is
-    an input-gradient GEMM, and its weight-gradient GEMM is the GEMM next to it (after it, else
-    before it: autograd runs the two of one linear back to back) that reads the same output
-    gradient (as many first-operand elements). Every linear of a sub-block counts (the
+    two GEMMs): a GEMM (mm/addmm) with that many output elements is an input-gradient GEMM, and
+    its weight-gradient GEMM is the GEMM next to it (after it, else before it: autograd runs the
+    two of one linear back to back) that reads the same output gradient (as many first-operand
+    elements). Every linear of a sub-block counts (the
     workloads' separate q, k and v stand for Megatron's fused QKV linear). Row-parallel linears'
     input gradients are sharded, so they do not match, unless a micro-batch's tokens equal the
     linear's local input width (h/tp, ffn/tp): shapes alone cannot tell that one apart."""
