@@ -141,6 +141,13 @@ Fields:
   sequence; exposed otherwise), and less memory. Moot without sequence parallelism, and where
   whole blocks are checkpointed (full or op-level selective recompute), which keep only their
   input.
+- `sp_collectives`: how the sequence-parallel all-gathers and reduce-scatters run:
+  `dtensor`, DTensor's redistribute along the sequence dimension of the workloads' [b, s, h]
+  (a copy before each reduce-scatter, and after each all-gather unless a micro-batch is one
+  sequence: torchtitan's program); `first-dim`, Megatron's along the leading dimension of its
+  [s, b, h] layout, with no copy (`workloads.sp_collectives`). The workloads run `first-dim`
+  where a micro-batch is one sequence; with more, DTensor's copies stay (their layout has no
+  copy-free form). Moot without sequence parallelism.
 - `launch_blocking`: true when the run set `CUDA_LAUNCH_BLOCKING=1`, so every kernel launch
   returns only once the kernel has run and the host cannot run ahead of the GPU: each op's
   host dispatch time adds to its kernel time (`emulator.graph.build`). Not a framework's
@@ -170,6 +177,7 @@ RECOMPUTE_RERUNS = ("needed", "all")
 SELECTIVE_GRANULARITIES = ("op", "core-attention")  # workloads.recompute runs each
 OPTIMIZER_STEPS = ("foreach", "fused")
 CUSTOM_OPS = ("fused", "eager")
+SP_COLLECTIVES = ("dtensor", "first-dim")
 
 
 def _same_for_all(value: Any) -> dict[str, Any]:
@@ -355,6 +363,16 @@ SP_REGATHER_BY_FRAMEWORK: dict[str, bool] = {
     "megatron": True,
     "nemo": True,
 }
+# Megatron-LM gathers and reduce-scatters the sequence along the first dimension of [s, b, h]
+# (`_gather_along_first_dim`, `_reduce_scatter_along_first_dim` in megatron/mpu/mappings.py and
+# `_all_gather_base` in `LinearWithGradAccumulationAndAsyncCommunication`, layers.py, at
+# bbab79f869; Megatron-core's tensor_parallel keeps them, so NeMo too). torchtitan's DTensor
+# plan shards dimension 1 of [b, s, h] (torchtitan/models/llama3/infra/parallelize.py).
+SP_COLLECTIVES_BY_FRAMEWORK: dict[str, str] = {
+    **_same_for_all("dtensor"),
+    "megatron": "first-dim",
+    "nemo": "first-dim",
+}
 # No framework sets CUDA_LAUNCH_BLOCKING; a run's launch script may (BLOOM's did).
 LAUNCH_BLOCKING_BY_FRAMEWORK: dict[str, bool] = _same_for_all(False)
 # Megatron-core allocates each receive in p2p_communication.py (`_communicate`: torch.empty
@@ -403,6 +421,7 @@ CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {
     "selective_recompute": (SELECTIVE_GRANULARITIES, SELECTIVE_RECOMPUTE_BY_FRAMEWORK),
     "recompute_reruns": (RECOMPUTE_RERUNS, RECOMPUTE_RERUNS_BY_FRAMEWORK),
     "optimizer_step": (OPTIMIZER_STEPS, OPTIMIZER_STEP_BY_FRAMEWORK),
+    "sp_collectives": (SP_COLLECTIVES, SP_COLLECTIVES_BY_FRAMEWORK),
 }
 
 
@@ -435,6 +454,7 @@ class KernelsSpec:
     selective_recompute: str | None = None
     recompute_reruns: str | None = None
     optimizer_step: str | None = None
+    sp_collectives: str | None = None
     compile: bool | None = None
     async_tp: bool | None = None
     launch_blocking: bool | None = None

@@ -26,7 +26,7 @@ import warnings
 import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -40,6 +40,7 @@ from workloads.context_parallel import apply_context_parallel
 from workloads.float8 import convert_linears_to_float8
 from workloads.job import TrainingJob
 from workloads.recompute import apply_recompute, checkpoints_whole_blocks
+from workloads.sp_collectives import gather_sequence, scatter_sequence
 from workloads.sp_regather import regather_in_backward
 
 # FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip the
@@ -59,8 +60,17 @@ COMPUTE_DTYPES = {
 }
 
 
-def _block_plan(sequence_parallel: bool, family: str) -> dict:
-    if sequence_parallel:
+def _block_plan(sequence_parallel: bool, family: str, first_dim: bool = False) -> dict:
+    if sequence_parallel and first_dim:
+        # the attention/MLP input gathers and wo/w2's reduce-scatters are
+        # `_sequence_collectives_first_dim`'s hooks
+        plan = {
+            "attention_norm": SequenceParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Partial(), use_local_output=False),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Partial(), use_local_output=False),
+        }
+    elif sequence_parallel:
         plan = {
             "attention_norm": SequenceParallel(),
             "attention": PrepareModuleInput(
@@ -136,14 +146,46 @@ def distribute_tensor_replicated(tensor: torch.Tensor, mesh) -> DTensor:
     return DTensor.from_local(tensor.data, mesh, [Replicate()], run_check=False)
 
 
+def _sequence_collectives_first_dim(model: nn.Module, tp_mesh) -> None:
+    """The sequence-parallel all-gathers before attention, MLP and output layer and the
+    reduce-scatters after wo and w2 as `workloads.sp_collectives` runs them (Megatron's,
+    without DTensor's copies where a micro-batch is one sequence). The gathers run before the
+    modules' own input plans (prepended): the output layer's plan takes it as replicated."""
+
+    def gather_input(_mod, args):
+        x, *rest = args
+        if not isinstance(x, DTensor):
+            x = DTensor.from_local(x, tp_mesh, [Shard(1)], run_check=False)
+        return (gather_sequence(x), *rest)
+
+    def scatter_output(_mod, _args, partial):
+        return scatter_sequence(partial, 1).to_local()
+
+    for block in model.layers.values():
+        block.attention.register_forward_pre_hook(gather_input, prepend=True)
+        block.feed_forward.register_forward_pre_hook(gather_input, prepend=True)
+        block.attention.wo.register_forward_hook(scatter_output)
+        block.feed_forward.w2.register_forward_hook(scatter_output)
+    if model.output is not None:
+        model.output.register_forward_pre_hook(gather_input, prepend=True)
+
+
 def apply_tensor_parallel(
-    model: nn.Module, tp_mesh, *, sequence_parallel: bool, regather: bool = False
+    model: nn.Module,
+    tp_mesh,
+    *,
+    sequence_parallel: bool,
+    regather: bool = False,
+    first_dim: bool = False,
 ) -> None:
     """Shard one (stage) model over the tp mesh in place; no-op when tp == 1.
 
-    `regather` (with sequence parallelism): the column-parallel inputs keep their sequence
+    With sequence parallelism, `regather`: the column-parallel inputs keep their sequence
     shard for backward and are all-gathered again there, as Megatron-LM does
-    (`workloads.sp_regather`)."""
+    (`workloads.sp_regather`); `first_dim`: the sequence is gathered and reduce-scattered along
+    the leading dimension where a micro-batch is one sequence, without DTensor's copies, as
+    Megatron's [s, b, h] layout does (`workloads.sp_collectives`). The token embedding's
+    reduce-scatter stays DTensor's (its vocabulary-masked partial sum)."""
     tp = tp_mesh.size()
     if tp == 1:
         return
@@ -159,8 +201,13 @@ def apply_tensor_parallel(
     if model.tok_embeddings is not None:
         root_plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
     if model.output is not None:
+        # gathered before its plan under first_dim: a second redistribute there would make
+        # its backward an all-reduce
+        gathered = sequence_parallel and first_dim
         root_plan["output"] = ColwiseParallel(
-            input_layouts=seq, output_layouts=Shard(-1), use_local_output=True
+            input_layouts=Replicate() if gathered else seq,
+            output_layouts=Shard(-1),
+            use_local_output=True,
         )
     if root_plan:
         parallelize_module(model, tp_mesh, root_plan)
@@ -175,11 +222,13 @@ def apply_tensor_parallel(
         _parallelize_pos_embeddings(model.pos_embeddings, tp_mesh, sequence_parallel)
     local_heads = spec.heads // tp
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, _block_plan(sequence_parallel, spec.family))
+        parallelize_module(block, tp_mesh, _block_plan(sequence_parallel, spec.family, first_dim))
         if not sequence_parallel:
             _replicate_params(block.attention_norm, tp_mesh)
             _replicate_params(block.ffn_norm, tp_mesh)
         block.attention.core_attention.head_offset = tp_mesh.get_local_rank() * local_heads
+    if sequence_parallel and first_dim:
+        _sequence_collectives_first_dim(model, tp_mesh)
     if sequence_parallel and regather:
         for block in model.layers.values():
             regather_in_backward(block.attention)
@@ -232,7 +281,11 @@ def parallelize_stage(model: nn.Module, mesh, job: TrainingJob, dp_mesh=None) ->
             job.train.recompute, job.kernels.selective_recompute
         )
         apply_tensor_parallel(
-            model, mesh["tp"], sequence_parallel=par.sequence_parallel, regather=regather
+            model,
+            mesh["tp"],
+            sequence_parallel=par.sequence_parallel,
+            regather=regather,
+            first_dim=job.kernels.sp_collectives == "first-dim",
         )
         apply_context_parallel(model, mesh["cp"])
     apply_recompute(

@@ -204,9 +204,7 @@ def test_the_86a4f47_float8_linears_cannot_take_the_fused_cast_rule():
 def test_megatron_nemo_and_llm_c_step_adamw_in_one_fused_kernel():
     fused = {"megatron", "nemo", "llm.c"}
     assert {KernelsSpec(framework=f).optimizer_step for f in fused} == {"fused"}
-    assert {KernelsSpec(framework=f).optimizer_step for f in set(FRAMEWORKS) - fused} == {
-        "foreach"
-    }
+    assert {KernelsSpec(framework=f).optimizer_step for f in set(FRAMEWORKS) - fused} == {"foreach"}
 
 
 def _train_job(precision: str, kernels: dict, zero: int = 0):
@@ -273,3 +271,11 @@ def test_megatron_and_nemo_keep_the_sequence_shard_and_gather_it_again_in_backwa
     }
     with pytest.raises(SpecError, match="kernels.sp_regather=1 must be a boolean"):
         KernelsSpec(sp_regather=1)
+
+
+def test_megatron_and_nemo_run_the_sequence_collectives_along_the_first_dimension():
+    first_dim = {f for f in FRAMEWORKS if KernelsSpec(framework=f).sp_collectives == "first-dim"}
+    assert first_dim == {"megatron", "nemo"}
+    assert KernelsSpec(framework="torchtitan").sp_collectives == "dtensor"
+    with pytest.raises(SpecError, match="kernels.sp_collectives='sbh' must be one of"):
+        KernelsSpec(sp_collectives="sbh")

@@ -77,6 +77,11 @@ KERNELS = {
     "fsdp-zero3-dp2-tp2-llama-fused-adamw": {"optimizer_step": "fused"},
     "tp2-sp-dp2-zero1-gpt-tied-sp-regather": {"sp_regather": True},
     "pp2-1f1b-tp2-llama-sp-regather": {"sp_regather": True},
+    "tp2-sp-dp2-zero1-gpt-tied-sp-first-dim": {"sp_collectives": "first-dim"},
+    "pp2-1f1b-tp2-llama-sp-first-dim-regather": {
+        "sp_collectives": "first-dim",
+        "sp_regather": True,
+    },
 }
 CASES["tp2-sp-dp2-zero1-gpt-tied-fused-loss"] = (
     {"name": "gpt-debug"},
@@ -110,6 +115,15 @@ CASES["tp2-sp-dp2-zero1-gpt-tied-sp-regather"] = (
     {"tp": 2, "dp": 2, "zero": 1},
 )
 CASES["pp2-1f1b-tp2-llama-sp-regather"] = ({"name": "llama-debug"}, {"pp": 2, "tp": 2})
+# Megatron's sequence collectives along the leading dimension (one sequence per micro-batch)
+CASES["tp2-sp-dp2-zero1-gpt-tied-sp-first-dim"] = (
+    {"name": "gpt-debug"},
+    {"tp": 2, "dp": 2, "zero": 1},
+)
+CASES["pp2-1f1b-tp2-llama-sp-first-dim-regather"] = (
+    {"name": "llama-debug"},
+    {"pp": 2, "tp": 2},
+)
 # The unfused ALiBi scores carry slope * key position (up to 16 here) in float32, so the
 # parallel and single runs round differently enough for the third step's norm to drift by ~5e-5
 # (the single run's own flash/unfused norms differ by 8e-6); a wrong scale is off by >= 0.5.

@@ -1,0 +1,70 @@
+"""Megatron's sequence-parallel collectives (`kernels.sp_collectives = "first-dim"`,
+workloads.sp_collectives): captured on a virtual world of tp 2, the same all-gathers and
+reduce-scatters as DTensor's, without its copies where a micro-batch is one sequence. Loss
+parity of real gloo runs is in test_parallel_parity (the `-sp-first-dim` cases)."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from emulator.capture.trace import COMM, COMPUTE, PHASES
+from prismbench.capture import capture_job
+from prismbench.spec import job_spec_from_dict
+
+LAYERS = 2
+MICRO_BATCHES = 2
+
+
+def job(collectives: str, *, micro_batch=1, sequence_parallel=True):
+    return job_spec_from_dict(
+        {
+            "model": {"name": "gpt-debug", "layers": LAYERS},
+            "parallel": {"tp": 2, "sequence_parallel": sequence_parallel},
+            "batch": {
+                "seq_len": 64,
+                "micro_batch": micro_batch,
+                "global_batch": micro_batch * MICRO_BATCHES,
+            },
+            "train": {"precision": "bf16"},
+            "kernels": {"sp_collectives": collectives},
+        }
+    )
+
+
+def census(spec) -> tuple[Counter, Counter]:
+    """(phase, collective, bytes) of every collective; the cats of forward and backward."""
+    trace = capture_job(spec, use_cache=False, workers=1).traces[0]
+    c = trace.columns
+    collectives, cats = Counter(), Counter()
+    for i in np.flatnonzero(c["kind"] == COMM):
+        name = trace.strings[c["name"][i]]
+        collectives[(PHASES[c["phase"][i]], name, int(c["size_bytes"][i]))] += 1
+    for i in np.flatnonzero(c["kind"] == COMPUTE):
+        phase = PHASES[c["phase"][i]]
+        if trace.strings[c["aten"][i]] == "aten.cat" and phase in ("forward", "backward"):
+            cats[phase] += 1
+    return collectives, cats
+
+
+@pytest.mark.integration
+def test_one_sequence_per_micro_batch_gathers_and_scatters_without_copies():
+    dtensor_collectives, dtensor_cats = census(job("dtensor"))
+    collectives, cats = census(job("first-dim"))
+    assert collectives == dtensor_collectives  # the same transfers, of the same sizes
+    # DTensor reduce-scatters after wo and w2 and the embedding in forward, and in backward
+    # the input gradients of attention, MLP and output layer, each through a copy; only the
+    # embedding's (its vocabulary-masked sum stays DTensor's) is left
+    assert dtensor_cats == {
+        "forward": (2 * LAYERS + 1) * MICRO_BATCHES,
+        "backward": (2 * LAYERS + 1) * MICRO_BATCHES,
+    }
+    assert cats == {"forward": MICRO_BATCHES}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "variant", [{"micro_batch": 2}, {"sequence_parallel": False}], ids=["two-sequences", "no-sp"]
+)
+def test_it_changes_nothing_where_no_copy_free_form_exists(variant):
+    assert census(job("first-dim", **variant)) == census(job("dtensor", **variant))
