@@ -8,7 +8,8 @@ Tensor parallelism uses DTensor `parallelize_module` with torchtitan's Llama pla
 (Megatron-LM's column/row split; with sequence parallelism, Korthikanti et al.
 2022): norms run on sequence shards (SequenceParallel), the attention and MLP
 inputs are all-gathered (PrepareModuleInput), wq/wk/wv/w1/w3 are column-parallel,
-wo/w2 row-parallel with a reduce-scatter back to sequence shards. The token
+wo/w2 row-parallel with a reduce-scatter back to sequence shards (Megatron's collectives
+along the leading dimension instead, `kernels.sp_collectives`: workloads.sp_collectives). The token
 embedding is row-parallel over the vocabulary; the output layer is column-parallel
 and returns vocabulary-sharded local logits (the loss is vocab-parallel, see
 `workloads.train`). GPT's learned position embedding keeps a replicated table and

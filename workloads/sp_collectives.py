@@ -31,14 +31,16 @@ def _rows(t: DTensor, dim: int) -> DTensor | None:
     return t.view(t.shape[dim:])
 
 
-def gather_sequence(shard: DTensor) -> DTensor:
+def gather_sequence(shard: DTensor, *, async_op: bool = False) -> DTensor:
     """The sequence shard `shard` (Shard(d) over a 1-D mesh) all-gathered to Replicate; its
-    backward reduce-scatters the gradient."""
+    backward reduce-scatters the gradient. `async_op`: waited at first use, not at once (a
+    copy after the all-gather, where one is needed, reads it at once anyway)."""
     (placement,) = shard.placements
     rows = _rows(shard, placement.dim) if isinstance(placement, Shard) else None
     if rows is None:
-        return shard.redistribute(shard.device_mesh, [Replicate()])
-    return rows.redistribute(shard.device_mesh, [Replicate()]).view(shard.shape)
+        return shard.redistribute(shard.device_mesh, [Replicate()], async_op=async_op)
+    gathered = rows.redistribute(shard.device_mesh, [Replicate()], async_op=async_op)
+    return gathered.view(shard.shape)
 
 
 def scatter_sequence(partial: DTensor, dim: int) -> DTensor:

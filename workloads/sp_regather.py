@@ -10,9 +10,10 @@ input DTensor plan all-gathers do the same, with torch's saved-tensor hooks. Whi
 runs forward, every tensor autograd saves that is (a view of) the gathered input is packed as
 the shard; the first unpack in backward all-gathers once more, the later ones (wq, wk and wv
 read the same input) reuse it, and it is freed when the last of them has run. Megatron runs that
-all-gather beside the input-gradient GEMM. Here, with one sequence per micro-batch, it runs
-beside the first linear's (Megatron's fused QKV linear hides it behind all three); with more,
-DTensor's copy after the all-gather reads it at once (`_all_gather`).
+all-gather beside the input-gradient GEMM. Here, with one sequence per micro-batch, it is waited
+where the weight-gradient GEMM first reads it, so it runs beside the first linear's
+input-gradient GEMM (Megatron's fused QKV linear hides it behind all three); with more,
+DTensor's copy after the all-gather reads it at once (`workloads.sp_collectives`).
 
 The module's input plan must run as a forward pre-hook (PrepareModuleInput, ColwiseParallel)
 and be registered before this: the hooks here see the input before and after it.
@@ -21,31 +22,11 @@ and be registered before this: the hooks here see the input before and after it.
 from __future__ import annotations
 
 import torch
-import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
+from workloads.sp_collectives import gather_sequence
 from workloads.zero import local_tensor
-
-
-def _all_gather(shard: DTensor, placements) -> DTensor:
-    """`shard` all-gathered into `placements` (Replicate over its one mesh dimension).
-
-    When every dimension before the sharded one has size 1 (a micro-batch of one sequence), the
-    shards lie one after another in the gathered tensor's memory, so the all-gather needs no
-    rearranging copy after it, as Megatron's along its leading sequence dimension: the gathered
-    tensor is then read first by the weight-gradient GEMM, and the transfer runs beside the
-    input-gradient GEMM before it. Otherwise DTensor's redistribute (all-gather, then a copy that
-    puts the shards in place)."""
-    (placement,) = shard.placements
-    local = local_tensor(shard)
-    if any(size != 1 for size in local.shape[: placement.dim]) or not local.is_contiguous():
-        return shard.redistribute(shard.device_mesh, placements)
-    rows = local.reshape(-1, *local.shape[placement.dim + 1 :])
-    gathered = funcol.all_gather_single(rows, 0, (shard.device_mesh, 0))
-    shape = list(local.shape)
-    shape[placement.dim] *= shard.device_mesh.size()
-    return DTensor.from_local(gathered.view(shape), shard.device_mesh, placements, run_check=False)
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -58,13 +39,12 @@ class _Gather:
     def __init__(self, shard: DTensor, gathered: DTensor) -> None:
         self.shard = shard
         self.gathered_key = _storage_key(gathered)
-        self.placements = gathered.placements
         self._again: DTensor | None = None
 
     def again(self) -> DTensor:
         if self._again is None:
             with torch.no_grad():
-                self._again = _all_gather(self.shard, self.placements)
+                self._again = gather_sequence(self.shard, async_op=True)
         return self._again
 
 
