@@ -9,32 +9,20 @@ import numpy as np
 import pytest
 
 from emulator.capture.trace import COMM, COMPUTE, PHASES
-from prismbench.capture import capture_job
-from prismbench.spec import job_spec_from_dict
-
-LAYERS = 2
-MICRO_BATCHES = 2
+from tests.workloads.sp_jobs import LAYERS, MICRO_BATCHES, capture, sp_job
 
 
 def job(collectives: str, *, micro_batch=1, sequence_parallel=True):
-    return job_spec_from_dict(
-        {
-            "model": {"name": "gpt-debug", "layers": LAYERS},
-            "parallel": {"tp": 2, "sequence_parallel": sequence_parallel},
-            "batch": {
-                "seq_len": 64,
-                "micro_batch": micro_batch,
-                "global_batch": micro_batch * MICRO_BATCHES,
-            },
-            "train": {"precision": "bf16"},
-            "kernels": {"sp_collectives": collectives},
-        }
+    return sp_job(
+        {"sp_collectives": collectives},
+        micro_batch=micro_batch,
+        sequence_parallel=sequence_parallel,
     )
 
 
 def census(spec) -> tuple[Counter, Counter]:
     """(phase, collective, bytes) of every collective; the cats of forward and backward."""
-    trace = capture_job(spec, use_cache=False, workers=1).traces[0]
+    trace = capture(spec)
     c = trace.columns
     collectives, cats = Counter(), Counter()
     for i in np.flatnonzero(c["kind"] == COMM):

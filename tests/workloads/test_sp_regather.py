@@ -7,32 +7,17 @@ import pytest
 import torch
 
 from emulator.capture.trace import COMM, COMPUTE, PHASES, WAIT
-from prismbench.capture import capture_job
-from prismbench.spec import job_spec_from_dict
+from tests.workloads.sp_jobs import LAYERS, MICRO_BATCHES, capture, sp_job
 from workloads.sp_regather import regather_in_backward
-
-LAYERS = 2
-MICRO_BATCHES = 2
 
 
 def job(*, regather: bool, recompute="none", sequence_parallel=True, micro_batch=2):
-    return job_spec_from_dict(
-        {
-            "model": {"name": "gpt-debug", "layers": LAYERS},
-            "parallel": {"tp": 2, "sequence_parallel": sequence_parallel},
-            "batch": {
-                "seq_len": 64,
-                "micro_batch": micro_batch,
-                "global_batch": micro_batch * MICRO_BATCHES,
-            },
-            "train": {"precision": "bf16", "recompute": recompute},
-            "kernels": {"framework": "megatron", "sp_regather": regather},
-        }
+    return sp_job(
+        {"framework": "megatron", "sp_regather": regather},
+        micro_batch=micro_batch,
+        recompute=recompute,
+        sequence_parallel=sequence_parallel,
     )
-
-
-def capture(spec):
-    return capture_job(spec, use_cache=False, workers=1).traces[0]
 
 
 def gathers_and_peak(spec) -> tuple[dict[str, int], int]:
