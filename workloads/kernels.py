@@ -137,17 +137,19 @@ Fields:
   sequence shard of its input for backward and all-gathers it again there (Megatron-LM, Korthikanti
   et al. 2022 sec. 4.2.2), where torch's DTensor plan keeps the gathered input, tp times larger
   (`workloads.sp_regather`). A different program: one more all-gather per attention, MLP and
-  output layer in backward (beside the first input-gradient GEMM when a micro-batch is one
-  sequence; exposed otherwise), and less memory. Moot without sequence parallelism, and where
+  output layer in backward (beside the first input-gradient GEMM where no copy follows the
+  all-gather: one sequence per micro-batch, or `sp_collectives = "first-dim"`; exposed
+  otherwise), and less memory. Moot without sequence parallelism, and where
   whole blocks are checkpointed (full or op-level selective recompute), which keep only their
   input.
 - `sp_collectives`: how the sequence-parallel all-gathers and reduce-scatters run:
   `dtensor`, DTensor's redistribute along the sequence dimension of the workloads' [b, s, h]
-  (a copy before each reduce-scatter, and after each all-gather unless a micro-batch is one
-  sequence: torchtitan's program); `first-dim`, Megatron's along the leading dimension of its
-  [s, b, h] layout, with no copy (`workloads.sp_collectives`). The workloads run `first-dim`
-  where a micro-batch is one sequence; with more, DTensor's copies stay (their layout has no
-  copy-free form). Moot without sequence parallelism.
+  (a full-width copy before each reduce-scatter, and after each all-gather unless a
+  micro-batch is one sequence: torchtitan's program); `first-dim`, Megatron's along the
+  leading dimension of its [s, b, h] layout, with no copy (`workloads.sp_collectives`: the
+  workloads gather rows; with more than one sequence per micro-batch, attention's q, k, v and
+  wo's input, 1/tp of the width each, are reordered by a copy, and the output layer's
+  all-gather keeps DTensor's copy). Moot without sequence parallelism.
 - `launch_blocking`: true when the run set `CUDA_LAUNCH_BLOCKING=1`, so every kernel launch
   returns only once the kernel has run and the host cannot run ahead of the GPU: each op's
   host dispatch time adds to its kernel time (`emulator.graph.build`). Not a framework's

@@ -41,7 +41,12 @@ from workloads.context_parallel import apply_context_parallel
 from workloads.float8 import convert_linears_to_float8
 from workloads.job import TrainingJob
 from workloads.recompute import apply_recompute, checkpoints_whole_blocks
-from workloads.sp_collectives import gather_sequence, scatter_sequence
+from workloads.sp_collectives import (
+    gather_sequence,
+    scatter_sequence,
+    to_rank_order,
+    to_sequence_order,
+)
 from workloads.sp_regather import regather_in_backward
 
 # FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip the
@@ -149,26 +154,49 @@ def distribute_tensor_replicated(tensor: torch.Tensor, mesh) -> DTensor:
 
 def _sequence_collectives_first_dim(model: nn.Module, tp_mesh) -> None:
     """The sequence-parallel all-gathers before attention, MLP and output layer and the
-    reduce-scatters after wo and w2 as `workloads.sp_collectives` runs them (Megatron's,
-    without DTensor's copies where a micro-batch is one sequence). The gathers run before the
-    modules' own input plans (prepended): the output layer's plan takes it as replicated."""
+    reduce-scatters after wo and w2 as `workloads.sp_collectives` runs them (Megatron's, without
+    DTensor's copies). Attention and MLP take their gathered rows in rank order; attention puts
+    q, k and v in sequence order and wo's input back in rank order (a no-op for one sequence
+    per micro-batch). The output layer's input is gathered in sequence order (the loss reads
+    its rows against the labels): DTensor's copy stays there for more than one sequence. The
+    gathers run before the modules' own input plans (prepended): the output layer's plan
+    takes its input as replicated."""
+    tp = tp_mesh.size()
 
-    def gather_input(_mod, args):
+    def as_shard(x):
+        if isinstance(x, DTensor):
+            return x
+        return DTensor.from_local(x, tp_mesh, [Shard(1)], run_check=False)
+
+    def gather_rank_order(_mod, args):
         x, *rest = args
-        if not isinstance(x, DTensor):
-            x = DTensor.from_local(x, tp_mesh, [Shard(1)], run_check=False)
-        return (gather_sequence(x), *rest)
+        return (gather_sequence(as_shard(x), rank_order=True), *rest)
+
+    def gather_sequence_order(_mod, args):
+        x, *rest = args
+        return (gather_sequence(as_shard(x)), *rest)
 
     def scatter_output(_mod, _args, partial):
-        return scatter_sequence(partial, 1).to_local()
+        return scatter_sequence(partial, 1, rank_order=True)
+
+    def sequence_order(_mod, _args, out):
+        return out if out.shape[0] == 1 else to_sequence_order(out, tp)
+
+    def rank_order(_mod, args):
+        x, *rest = args
+        return (x if x.shape[0] == 1 else to_rank_order(x, tp), *rest)
 
     for block in model.layers.values():
-        block.attention.register_forward_pre_hook(gather_input, prepend=True)
-        block.feed_forward.register_forward_pre_hook(gather_input, prepend=True)
-        block.attention.wo.register_forward_hook(scatter_output)
-        block.feed_forward.w2.register_forward_hook(scatter_output)
+        attention, feed_forward = block.attention, block.feed_forward
+        attention.register_forward_pre_hook(gather_rank_order, prepend=True)
+        feed_forward.register_forward_pre_hook(gather_rank_order, prepend=True)
+        for linear in (attention.wq, attention.wk, attention.wv):
+            linear.register_forward_hook(sequence_order)
+        attention.wo.register_forward_pre_hook(rank_order, prepend=True)
+        attention.wo.register_forward_hook(scatter_output)
+        feed_forward.w2.register_forward_hook(scatter_output)
     if model.output is not None:
-        model.output.register_forward_pre_hook(gather_input, prepend=True)
+        model.output.register_forward_pre_hook(gather_sequence_order, prepend=True)
 
 
 def apply_tensor_parallel(
@@ -183,10 +211,11 @@ def apply_tensor_parallel(
 
     With sequence parallelism, `regather`: the column-parallel inputs keep their sequence
     shard for backward and are all-gathered again there, as Megatron-LM does
-    (`workloads.sp_regather`); `first_dim`: the sequence is gathered and reduce-scattered along
-    the leading dimension where a micro-batch is one sequence, without DTensor's copies, as
-    Megatron's [s, b, h] layout does (`workloads.sp_collectives`). The token embedding's
-    reduce-scatter stays DTensor's (its vocabulary-masked partial sum)."""
+    (`workloads.sp_regather`); `first_dim`: the sequence is gathered and reduce-scattered as
+    rows, without DTensor's copies, as Megatron's [s, b, h] layout does
+    (`workloads.sp_collectives`). The token embedding's reduce-scatter stays DTensor's (its
+    vocabulary-masked partial sum), and so does the output layer's all-gather of more than one
+    sequence."""
     tp = tp_mesh.size()
     if tp == 1:
         return
@@ -232,8 +261,8 @@ def apply_tensor_parallel(
         _sequence_collectives_first_dim(model, tp_mesh)
     if sequence_parallel and regather:
         for block in model.layers.values():
-            regather_in_backward(block.attention)
-            regather_in_backward(block.feed_forward)
+            regather_in_backward(block.attention, rank_order=first_dim)
+            regather_in_backward(block.feed_forward, rank_order=first_dim)
         if model.output is not None:
             regather_in_backward(model.output)
 

@@ -10,10 +10,11 @@ input DTensor plan all-gathers do the same, with torch's saved-tensor hooks. Whi
 runs forward, every tensor autograd saves that is (a view of) the gathered input is packed as
 the shard; the first unpack in backward all-gathers once more, the later ones (wq, wk and wv
 read the same input) reuse it, and it is freed when the last of them has run. Megatron runs that
-all-gather beside the input-gradient GEMM. Here, with one sequence per micro-batch, it is waited
+all-gather beside the input-gradient GEMM. Here, where the all-gather needs no copy after it
+(one sequence per micro-batch, or rows in rank order: `workloads.sp_collectives`), it is waited
 where the weight-gradient GEMM first reads it, so it runs beside the first linear's
-input-gradient GEMM (Megatron's fused QKV linear hides it behind all three); with more,
-DTensor's copy after the all-gather reads it at once (`workloads.sp_collectives`).
+input-gradient GEMM (Megatron's fused QKV linear hides it behind all three); otherwise DTensor's
+copy after the all-gather reads it at once.
 
 The module's input plan must run as a forward pre-hook (PrepareModuleInput, ColwiseParallel)
 and be registered before this: the hooks here see the input before and after it.
@@ -36,15 +37,16 @@ def _storage_key(t: torch.Tensor) -> int:
 class _Gather:
     """One forward all-gather of one module call: the shard it gathered, and again in backward."""
 
-    def __init__(self, shard: DTensor, gathered: DTensor) -> None:
+    def __init__(self, shard: DTensor, gathered: DTensor, rank_order: bool) -> None:
         self.shard = shard
         self.gathered_key = _storage_key(gathered)
+        self.rank_order = rank_order
         self._again: DTensor | None = None
 
     def again(self) -> DTensor:
         if self._again is None:
             with torch.no_grad():
-                self._again = gather_sequence(self.shard, async_op=True)
+                self._again = gather_sequence(self.shard, rank_order=self.rank_order, async_op=True)
         return self._again
 
 
@@ -65,8 +67,10 @@ class _Saved:
         )
 
 
-def regather_in_backward(module: nn.Module) -> None:
-    """Make `module` keep its sequence-sharded input for backward instead of the gathered one."""
+def regather_in_backward(module: nn.Module, *, rank_order: bool = False) -> None:
+    """Make `module` keep its sequence-sharded input for backward instead of the gathered one.
+    `rank_order`: the module's input plan gathers the rows in rank order
+    (`workloads.sp_collectives`), and so does the gather here."""
     state: dict = {}
 
     def before_plan(_mod, args):
@@ -86,7 +90,7 @@ def regather_in_backward(module: nn.Module) -> None:
                 f"{type(module).__name__}: its input plan must all-gather a shard "
                 f"({shard.placements} -> {gathered.placements})"
             )
-        gather = _Gather(shard, gathered)
+        gather = _Gather(shard, gathered, rank_order)
 
         def pack(t: torch.Tensor):
             if isinstance(t, DTensor) and _storage_key(t) == gather.gathered_key:

@@ -82,6 +82,11 @@ KERNELS = {
         "sp_collectives": "first-dim",
         "sp_regather": True,
     },
+    "tp2-sp-dp2-zero1-gpt-tied-sp-first-dim-mb2": {"sp_collectives": "first-dim"},
+    "pp2-1f1b-tp2-llama-sp-first-dim-regather-mb2": {
+        "sp_collectives": "first-dim",
+        "sp_regather": True,
+    },
 }
 CASES["tp2-sp-dp2-zero1-gpt-tied-fused-loss"] = (
     {"name": "gpt-debug"},
@@ -124,6 +129,17 @@ CASES["pp2-1f1b-tp2-llama-sp-first-dim-regather"] = (
     {"name": "llama-debug"},
     {"pp": 2, "tp": 2},
 )
+# two sequences per micro-batch: the gathered rows in rank order, q/k/v put back in sequence
+# order before RoPE and attention (workloads.sp_collectives)
+CASES["tp2-sp-dp2-zero1-gpt-tied-sp-first-dim-mb2"] = (
+    {"name": "gpt-debug"},
+    {"tp": 2, "dp": 2, "zero": 1},
+)
+CASES["pp2-1f1b-tp2-llama-sp-first-dim-regather-mb2"] = (
+    {"name": "llama-debug"},
+    {"pp": 2, "tp": 2},
+)
+MICRO_BATCH = {name: 2 for name in CASES if name.endswith("-mb2")}
 # The unfused ALiBi scores carry slope * key position (up to 16 here) in float32, so the
 # parallel and single runs round differently enough for the third step's norm to drift by ~5e-5
 # (the single run's own flash/unfused norms differ by 8e-6); a wrong scale is off by >= 0.5.
@@ -132,12 +148,16 @@ GRAD_NORM_RTOL = {"tp2-sp-pp2-gpt-alibi-unfused-attention": 1e-4}
 BUCKET_BYTES = {name: 64 * 1024 for name in CASES if name.endswith("-buckets")}
 
 
-def make_job(model: dict, parallel: dict, kernels: dict | None = None):
+def make_job(model: dict, parallel: dict, kernels: dict | None = None, micro_batch: int = 1):
     return job_spec_from_dict(
         {
             "model": model,
             "parallel": parallel,
-            "batch": {"seq_len": SEQ_LEN, "micro_batch": 1, "global_batch": GLOBAL_BATCH},
+            "batch": {
+                "seq_len": SEQ_LEN,
+                "micro_batch": micro_batch,
+                "global_batch": GLOBAL_BATCH,
+            },
             "train": {"precision": "fp32"},
             "kernels": kernels or {},
         }
@@ -145,7 +165,7 @@ def make_job(model: dict, parallel: dict, kernels: dict | None = None):
 
 
 def case_job(name: str):
-    return make_job(*CASES[name], KERNELS.get(name))
+    return make_job(*CASES[name], KERNELS.get(name), MICRO_BATCH.get(name, 1))
 
 
 @dataclasses.dataclass

@@ -11,9 +11,9 @@ from tests.workloads.sp_jobs import LAYERS, MICRO_BATCHES, capture, sp_job
 from workloads.sp_regather import regather_in_backward
 
 
-def job(*, regather: bool, recompute="none", sequence_parallel=True, micro_batch=2):
+def job(*, regather: bool, recompute="none", sequence_parallel=True, micro_batch=2, **kernels):
     return sp_job(
-        {"framework": "megatron", "sp_regather": regather},
+        {"framework": "megatron", "sp_regather": regather, **kernels},
         micro_batch=micro_batch,
         recompute=recompute,
         sequence_parallel=sequence_parallel,
@@ -32,7 +32,7 @@ def gathers_and_peak(spec) -> tuple[dict[str, int], int]:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("micro_batch", [1, 2])  # the all-gather alone; DTensor's, with its copy
+@pytest.mark.parametrize("micro_batch", [1, 2])
 def test_the_shard_is_kept_and_gathered_again_in_backward(micro_batch):
     kept, kept_peak = gathers_and_peak(job(regather=False, micro_batch=micro_batch))
     regathered, regathered_peak = gathers_and_peak(job(regather=True, micro_batch=micro_batch))
@@ -53,22 +53,28 @@ def test_it_changes_nothing_where_nothing_gathered_is_kept(variant):
 
 
 @pytest.mark.integration
-def test_with_one_sequence_per_micro_batch_the_gather_runs_beside_the_input_gradient_gemm():
-    trace = capture(job(regather=True, micro_batch=1))
+@pytest.mark.parametrize(
+    "micro_batch, collectives, beside",
+    [(1, "first-dim", True), (2, "first-dim", True), (1, "dtensor", True), (2, "dtensor", False)],
+)
+def test_where_no_copy_follows_the_gather_it_runs_beside_the_input_gradient_gemm(
+    micro_batch, collectives, beside
+):
+    # rows in rank order need no copy; DTensor's gather of two sequences ends in one, at once
+    trace = capture(job(regather=True, micro_batch=micro_batch, sp_collectives=collectives))
     c = trace.columns
     backward = c["phase"] == PHASES.index("backward")
     rows = np.flatnonzero(backward & np.isin(c["kind"], (COMM, COMPUTE, WAIT)))
     names = [trace.strings[c["name"][r]] for r in rows]
     kinds = c["kind"][rows]
-    regathers = 0
+    overlapped = []
     for i in range(len(rows) - 2):
         # the feed-forward's: issued, the input-gradient GEMM, then waited for the weight's
         if names[i] == "all_gather" and trace.strings[c["module"][rows[i]]].endswith(
             "feed_forward"
         ):
-            assert (names[i + 1], kinds[i + 2]) == ("mm", WAIT)
-            regathers += 1
-    assert regathers == LAYERS * MICRO_BATCHES
+            overlapped.append((names[i + 1], kinds[i + 2]) == ("mm", WAIT))
+    assert overlapped == [beside] * (LAYERS * MICRO_BATCHES)
 
 
 def test_a_module_without_a_sequence_parallel_plan_is_refused_when_it_runs():
