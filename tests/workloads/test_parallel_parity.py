@@ -233,7 +233,8 @@ def reference_job(job):
 
 @pytest.fixture(scope="module")
 def per_rank_results() -> list[dict[str, Run]]:
-    return run_ranks(WORLD, _run_cases, list(CASES))
+    # the timeout guards against a hang: every case's 4 ranks share CI's 2 cores
+    return run_ranks(WORLD, _run_cases, list(CASES), timeout_s=600)
 
 
 @pytest.fixture(scope="module")
