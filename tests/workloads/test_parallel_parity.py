@@ -87,6 +87,7 @@ KERNELS = {
         "sp_collectives": "first-dim",
         "sp_regather": True,
     },
+    "cp2-tp2-llama-sp-first-dim-regather-mb2": {"sp_collectives": "first-dim", "sp_regather": True},
 }
 CASES["tp2-sp-dp2-zero1-gpt-tied-fused-loss"] = (
     {"name": "gpt-debug"},
@@ -139,6 +140,7 @@ CASES["pp2-1f1b-tp2-llama-sp-first-dim-regather-mb2"] = (
     {"name": "llama-debug"},
     {"pp": 2, "tp": 2},
 )
+CASES["cp2-tp2-llama-sp-first-dim-regather-mb2"] = ({"name": "llama-debug"}, {"cp": 2, "tp": 2})
 MICRO_BATCH = {name: 2 for name in CASES if name.endswith("-mb2")}
 # The unfused ALiBi scores carry slope * key position (up to 16 here) in float32, so the
 # parallel and single runs round differently enough for the third step's norm to drift by ~5e-5
