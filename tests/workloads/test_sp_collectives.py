@@ -1,7 +1,7 @@
 """Megatron's sequence-parallel collectives (`kernels.sp_collectives = "first-dim"`,
 workloads.sp_collectives): captured on a virtual world of tp 2, the same all-gathers and
-reduce-scatters as DTensor's, without its copies. Loss
-parity of real gloo runs is in test_parallel_parity (the `-sp-first-dim` cases)."""
+reduce-scatters as DTensor's, without its copies. Loss parity of real gloo runs is in
+test_parallel_parity (the `-sp-first-dim` cases)."""
 
 from collections import Counter
 
