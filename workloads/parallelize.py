@@ -67,28 +67,22 @@ COMPUTE_DTYPES = {
 
 
 def _block_plan(sequence_parallel: bool, family: str, first_dim: bool = False) -> dict:
-    if sequence_parallel and first_dim:
-        # the attention/MLP input gathers and wo/w2's reduce-scatters are
-        # `_sequence_collectives_first_dim`'s hooks
-        plan = {
-            "attention_norm": SequenceParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Partial(), use_local_output=False),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Partial(), use_local_output=False),
-        }
-    elif sequence_parallel:
-        plan = {
-            "attention_norm": SequenceParallel(),
-            "attention": PrepareModuleInput(
-                input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
-            ),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-            ),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-        }
+    if sequence_parallel:
+        plan = {"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()}
+        if first_dim:  # the gathers and reduce-scatters: `_sequence_collectives_first_dim`
+            for name in ("attention.wo", "feed_forward.w2"):
+                plan[name] = RowwiseParallel(output_layouts=Partial(), use_local_output=False)
+        else:
+            plan |= {
+                "attention": PrepareModuleInput(
+                    input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+                ),
+                "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                "feed_forward": PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                ),
+                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            }
     else:
         # Megatron's f operator: the block input enters as one Replicate DTensor, so backward
         # sums the gradients of wq/wk/wv (w1/w3) locally and all-reduces once per sub-block
@@ -163,18 +157,14 @@ def _sequence_collectives_first_dim(model: nn.Module, tp_mesh) -> None:
     takes its input as replicated."""
     tp = tp_mesh.size()
 
-    def as_shard(x):
-        if isinstance(x, DTensor):
-            return x
-        return DTensor.from_local(x, tp_mesh, [Shard(1)], run_check=False)
-
+    # the inputs are the sequence-parallel norms' Shard(1) DTensors
     def gather_rank_order(_mod, args):
         x, *rest = args
-        return (gather_sequence(as_shard(x), rank_order=True), *rest)
+        return (gather_sequence(x, rank_order=True), *rest)
 
     def gather_sequence_order(_mod, args):
         x, *rest = args
-        return (gather_sequence(as_shard(x)), *rest)
+        return (gather_sequence(x), *rest)
 
     def scatter_output(_mod, _args, partial):
         return scatter_sequence(partial, 1, rank_order=True)

@@ -132,14 +132,12 @@ CASES["pp2-1f1b-tp2-llama-sp-first-dim-regather"] = (
 )
 # two sequences per micro-batch: the gathered rows in rank order, q/k/v put back in sequence
 # order before RoPE and attention (workloads.sp_collectives)
-CASES["tp2-sp-dp2-zero1-gpt-tied-sp-first-dim-mb2"] = (
-    {"name": "gpt-debug"},
-    {"tp": 2, "dp": 2, "zero": 1},
-)
-CASES["pp2-1f1b-tp2-llama-sp-first-dim-regather-mb2"] = (
-    {"name": "llama-debug"},
-    {"pp": 2, "tp": 2},
-)
+CASES["tp2-sp-dp2-zero1-gpt-tied-sp-first-dim-mb2"] = CASES[
+    "tp2-sp-dp2-zero1-gpt-tied-sp-first-dim"
+]
+CASES["pp2-1f1b-tp2-llama-sp-first-dim-regather-mb2"] = CASES[
+    "pp2-1f1b-tp2-llama-sp-first-dim-regather"
+]
 CASES["cp2-tp2-llama-sp-first-dim-regather-mb2"] = ({"name": "llama-debug"}, {"cp": 2, "tp": 2})
 MICRO_BATCH = {name: 2 for name in CASES if name.endswith("-mb2")}
 # The unfused ALiBi scores carry slope * key position (up to 16 here) in float32, so the
