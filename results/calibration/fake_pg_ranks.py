@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 sys.path.insert(0, str(ROOT / "results"))
-from shared_h100 import SHARED  # noqa: E402
+from shared_gpu import SHARED  # noqa: E402
 
 FAKE = SHARED / "fake-pg-ranks"
 

@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_h100 import SHARED  # noqa: E402
+from shared_gpu import SHARED  # noqa: E402
 
 DISPATCH = ROOT / "results" / "kernels" / "host-dispatch.json"
 

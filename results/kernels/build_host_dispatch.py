@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_h100 import SHARED  # noqa: E402
+from shared_gpu import SHARED  # noqa: E402
 
 OUT = ROOT / "results" / "kernels" / "host-dispatch.json"
 HOST_BOUND = 1.2  # unprofiled iteration / profiled kernel sum above which a run is host-bound

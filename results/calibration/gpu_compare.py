@@ -1,26 +1,24 @@
-"""Per-op-class predicted vs measured compute of the eight shared H100 jobs, leave-one-out.
+"""Per-op-class predicted vs measured compute of the eight shared jobs on one GPU, leave-one-out.
 
-    python results/calibration/h100_compare.py [--only CASE] [--out FILE] [--top N]
+    python results/calibration/gpu_compare.py [--gpu h100-sxm-80g|h200-141g] [--only CASE]
+                                              [--out FILE] [--top N]
 
 For each case: `prismbench.compare.compare_profile` of specs/<case>.toml against
-profiles/<case>.ops.jsonl.gz (../shared/data/gpu/h100-sxm-80g), priced with
-results/kernels/h100-sxm-80g.csv without the rows of the case's own profile. The same as
-`prismbench compare SPEC --profile PROFILE --kernel-table results/kernels/h100-sxm-80g.csv
---skip-source profile:CASE`. Then, over all cases, the error per op kind (GEMM, attention,
+profiles/<case>.ops.jsonl.gz (../shared/data/gpu/<gpu>), priced with results/kernels/<gpu>.csv
+without the rows of the case's own profile. The same as `prismbench compare SPEC --profile
+PROFILE --kernel-table results/kernels/<gpu>.csv --skip-source profile:CASE`. Then, over all cases, the error per op kind (GEMM, attention,
 memory-bound), which the issue's goal (GEMM and attention classes within 5 %) is about.
 """
 
 from __future__ import annotations
 
-import argparse
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "results"))
-from shared_h100 import SHARED, leave_one_out_table  # noqa: E402
+from shared_gpu import cases_from_cli, commit_label, leave_one_out_table, shared_dir  # noqa: E402
 
 
 def kind(op: str) -> str:
@@ -32,24 +30,21 @@ def kind(op: str) -> str:
 
 
 def main() -> None:
-    import json
-
     from prismbench.compare import compare_profile
     from prismbench.spec import load_job_spec
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", action="append", help="case name (repeatable)")
-    parser.add_argument("--out", type=Path, help="also write the markdown here")
-    parser.add_argument("--top", type=int, default=6, help="classes shown per case")
-    args = parser.parse_args()
-    cases = args.only or list(json.loads((SHARED / "summary.json").read_text()))
+    def top(parser):
+        parser.add_argument("--top", type=int, default=6, help="classes shown per case")
+
+    args, cases, _ = cases_from_cli(__doc__.splitlines()[0], top)
+    shared = shared_dir(args.gpu)
     lines, by_kind = [], defaultdict(lambda: defaultdict(float))
     for i, case in enumerate(cases, 1):
         print(f"[{i}/{len(cases)}] {case}", file=sys.stderr, flush=True)
-        table = leave_one_out_table(case)
+        table = leave_one_out_table(case, args.gpu)
         result = compare_profile(
-            load_job_spec(SHARED / "specs" / f"{case}.toml"),
-            SHARED / "profiles" / f"{case}.ops.jsonl.gz",
+            load_job_spec(shared / "specs" / f"{case}.toml"),
+            shared / "profiles" / f"{case}.ops.jsonl.gz",
             name=case,
             kernel_table=table,
         )
@@ -87,8 +82,6 @@ def main() -> None:
                 else "-"
             )
         summary.append(f"| {case} | " + " | ".join(cells) + " |")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()  # fmt: skip
     text = "\n".join(
         [
             "Error of predicted compute per op kind, (predicted - measured) / measured:",
@@ -96,7 +89,7 @@ def main() -> None:
             *summary,
             "",
             *lines,
-            f"(commit {commit})",
+            f"({args.gpu}, commit {commit_label()})",
         ]  # fmt: skip
     )
     print(text)

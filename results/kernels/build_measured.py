@@ -1,10 +1,11 @@
-"""Build results/kernels/h100-sxm-80g.csv from the shared H100 measurements.
+"""Build results/kernels/<gpu>.csv from the shared measurements of one GPU (H100 or H200).
 
-    python results/kernels/build_h100.py            (from the repository root; captures the
-                                                      eight shared jobs once, then cached)
+    python results/kernels/build_measured.py [--gpu h100-sxm-80g|h200-141g]
+                                   (from the repository root; captures the eight shared jobs
+                                    once, then cached)
 
-Sources (all in ../shared/data/gpu/h100-sxm-80g, one H100 80GB HBM3 SXM at 700 W, driver
-580.159.04, torch 2.11.0+cu130; see its README), each row's `source` column names its own:
+Sources (all in ../shared/data/gpu/<gpu>: one H100 80GB HBM3 SXM or one H200, each at 700 W,
+driver 580.159.04, torch 2.11.0+cu130; see their READMEs), each row's `source` names its own:
 - `profile:<case>`: the kernel time of every op of one profiled iteration of the eight shared
   jobs, matched to the capture of the same job (`prismbench.profile_ingest`); identical ops of
   one job are averaged (`repetitions` = how many).
@@ -16,10 +17,12 @@ at the 15 shapes it shares with the two sources above it reads 1.0-1.9x their ti
 1.2x), also far above 100 us (8192x4096x4096: 490 us against 343 us in the microbenchmark and
 347 us in situ), not only the launch time its README warns of. `calibrate_vs_kernel_only`
 prints that comparison. The file only supplies the provenance fields (same machine and software).
+The H200 folder has no such file: its provenance fields are its README's (`H200_PROVENANCE`).
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import sys
@@ -27,20 +30,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "results"))
-from shared_h100 import SHARED  # noqa: E402
+from shared_gpu import MEASURED_GPUS, shared_dir  # noqa: E402
 
-OUT = ROOT / "results" / "kernels" / "h100-sxm-80g.csv"
+# ../shared/data/gpu/h200-141g/README.md's first paragraph (its profiles do not name the GPU)
+H200_PROVENANCE = {"gpu": "NVIDIA H200", "driver": "580.159.04", "torch": "2.11.0+cu130",
+                   "clocks": "sm_max=1980 MHz", "date": "2026-11-23"}  # fmt: skip
 
 
-def provenance() -> dict:
-    """gpu, driver, torch, clocks, date of the shared measurements (the calibrate CSV's rows
-    state them; the README says the microbenchmarks and profiles ran on the same setup)."""
-    with (SHARED / "kernels-calibrate.csv").open(newline="") as handle:
+def provenance(shared: Path) -> dict:
+    """gpu, driver, torch, clocks, date of the shared measurements (the H100's calibrate CSV's
+    rows state them; its README says the microbenchmarks and profiles ran on the same setup)."""
+    if not (shared / "kernels-calibrate.csv").exists():
+        return H200_PROVENANCE
+    with (shared / "kernels-calibrate.csv").open(newline="") as handle:
         first = next(csv.DictReader(handle))
     return {k: first[k] for k in ("gpu", "driver", "torch", "clocks")} | {"date": "2026-11-23"}
 
 
-def calibrate_vs_kernel_only(rows: list[dict]) -> list[str]:
+def calibrate_vs_kernel_only(rows: list[dict], shared: Path) -> list[str]:
     """kernels-calibrate.csv's time over the kernel-only time (microbenchmark or profile) at
     every GEMM shape both have: why the former is left out."""
     kernel_only: dict[tuple, list[float]] = {}
@@ -50,7 +57,7 @@ def calibrate_vs_kernel_only(rows: list[dict]) -> list[str]:
                 row["time_us"]
             )
     lines = []
-    with (SHARED / "kernels-calibrate.csv").open(newline="") as handle:
+    with (shared / "kernels-calibrate.csv").open(newline="") as handle:
         for row in csv.DictReader(handle):
             shape = (int(row["m"] or 0), int(row["n"] or 0), int(row["k"] or 0))
             if row["op"] == "mm" and shape in kernel_only:
@@ -62,16 +69,16 @@ def calibrate_vs_kernel_only(rows: list[dict]) -> list[str]:
     return lines
 
 
-def profile_rows(common: dict) -> tuple[list[dict], list[str]]:
+def profile_rows(common: dict, shared: Path) -> tuple[list[dict], list[str]]:
     from prismbench.profile_ingest import ingest_profile
     from prismbench.spec import load_job_spec
 
     rows, report = [], []
-    cases = list(json.loads((SHARED / "summary.json").read_text()))
+    cases = list(json.loads((shared / "summary.json").read_text()))
     for i, case in enumerate(cases, 1):
         print(f"[{i}/{len(cases)}] ingesting profile of {case}", flush=True)
-        job = load_job_spec(SHARED / "specs" / f"{case}.toml")
-        result = ingest_profile(SHARED / "profiles" / f"{case}.ops.jsonl.gz", job)
+        job = load_job_spec(shared / "specs" / f"{case}.toml")
+        result = ingest_profile(shared / "profiles" / f"{case}.ops.jsonl.gz", job)
         rows += [row | common | {"source": f"profile:{case}"} for row in result.rows]
         share = 100 * result.attributed_kernel_us / result.total_kernel_us
         report.append(
@@ -85,17 +92,22 @@ def main() -> None:
     from prismbench.microbench_rows import microbench_rows
     from prismbench.profile_ingest import write_rows_csv
 
-    common = provenance()
-    micro, skipped = microbench_rows(SHARED / "microbench-kernels.csv", common)
-    profiles, report = profile_rows(common)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu", default="h100-sxm-80g", choices=MEASURED_GPUS)
+    gpu = parser.parse_args().gpu
+    shared, out = shared_dir(gpu), ROOT / "results" / "kernels" / f"{gpu}.csv"
+    common = provenance(shared)
+    micro, skipped = microbench_rows(shared / "microbench-kernels.csv", common)
+    profiles, report = profile_rows(common, shared)
     rows = profiles + micro
-    write_rows_csv(rows, OUT)
+    write_rows_csv(rows, out)
     print("\n".join(report))
-    print("kernels-calibrate.csv (left out) against kernel-only times at the same GEMM shapes:")
-    print("\n".join(calibrate_vs_kernel_only(rows)))
+    if (shared / "kernels-calibrate.csv").exists():
+        print("kernels-calibrate.csv (left out) against kernel-only times at the same GEMM shapes:")
+        print("\n".join(calibrate_vs_kernel_only(rows, shared)))
     print(f"microbenchmark rows skipped: {len(skipped)}")
     print("\n".join(f"  {s}" for s in skipped))
-    print(f"wrote {len(rows)} rows to {OUT.relative_to(ROOT)}")
+    print(f"wrote {len(rows)} rows to {out.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -1,37 +1,37 @@
-"""Predicted vs measured peak memory of the eight shared H100 jobs: first and steady iteration.
+"""Predicted vs measured peak memory of the eight shared jobs on one GPU: first and steady iteration.
 
-    python results/fidelity/memory_h100.py [--only CASE] [--out results/fidelity/memory_h100.md]
+    python results/fidelity/memory_gpu.py [--gpu h100-sxm-80g|h200-141g] [--only CASE]
+                                          [--out results/fidelity/memory_<gpu>.md]
 
-Measurements: ../shared/data/gpu/h100-sxm-80g/summary.json (`peak_first_iteration`: the first
+Measurements: ../shared/data/gpu/<gpu>/summary.json (`peak_first_iteration`: the first
 training iteration from an empty allocator; `peak_steady`: after reset_peak_memory_stats()
-following three warm-up iterations), torch 2.11 / CUDA 13 on an H100 80GB HBM3, workloads at
-commit 86a4f47. Prediction: each job's spec (specs/<case>.toml) captured on CPU (cached) and
-its one class replayed by emulator.memory for the h100-sxm-80g preset, default allocator
+following three warm-up iterations), torch 2.11 / CUDA 13 on an H100 80GB HBM3 or an H200,
+workloads at commit 86a4f47. Prediction: each job's spec (specs/<case>.toml) captured on CPU
+(cached) and its one class replayed by emulator.memory for the GPU's preset, default allocator
 settings. Error = (predicted - measured) / measured.
 """
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "results"))
-from shared_h100 import SHARED, cases_from_cli  # noqa: E402
+from shared_gpu import cases_from_cli, commit_label, shared_dir  # noqa: E402
 
 FIGURES = ("allocated", "reserved", "requested")
 
 
-def predict(case: str) -> dict:
+def predict(case: str, gpu: str) -> dict:
     from emulator.memory import replay_memory
     from prismbench.capture import capture_job
     from prismbench.spec import load_job_spec
 
-    job = load_job_spec(SHARED / "specs" / f"{case}.toml")
+    job = load_job_spec(shared_dir(gpu) / "specs" / f"{case}.toml")
     capture = capture_job(job)
     (trace,) = capture.traces.values()
-    r = replay_memory(trace, gpu="h100-sxm-80g")
+    r = replay_memory(trace, gpu=gpu)
     return {
         "peak_first_iteration": {
             "allocated": r.first_iteration_peak_allocated_bytes,
@@ -68,19 +68,17 @@ def table(rows: dict, measured: dict) -> list[str]:
 
 
 def main() -> None:
-    cases, measured, out = cases_from_cli(__doc__.splitlines()[0])
+    args, cases, measured = cases_from_cli(__doc__.splitlines()[0])
     rows = {}
     for i, case in enumerate(cases, 1):
         print(f"[{i}/{len(cases)}] {case}: capturing and replaying", flush=True)
-        rows[case] = predict(case)
+        rows[case] = predict(case, args.gpu)
     lines = table(rows, measured)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    text = "\n".join([f"Commit {commit}; `python results/fidelity/memory_h100.py`.", "", *lines])
+    command = f"python results/fidelity/memory_gpu.py --gpu {args.gpu}"
+    text = "\n".join([f"Commit {commit_label()}; `{command}`.", "", *lines])
     print(text)
-    if out:
-        out.write_text(text + "\n")
+    if args.out:
+        args.out.write_text(text + "\n")
 
 
 if __name__ == "__main__":

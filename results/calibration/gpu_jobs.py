@@ -1,0 +1,118 @@
+"""Predicted vs measured iteration time of the eight shared jobs (world size 1) on one GPU.
+
+    python results/calibration/gpu_jobs.py [--gpu h100-sxm-80g|h200-141g] [--only CASE]
+                                           [--table measured|rule-from-h100] [--out FILE]
+
+Measured: ../shared/data/gpu/<gpu>/summary.json `iteration_s_median` (eight timed iterations
+after three warm-up ones, torch 2.11 / CUDA 13, workloads at 86a4f47; an H100 80GB HBM3 or an
+H200). Predicted: `prismbench.emulate.emulate` of specs/<case>.toml (capture cached), priced
+with results/kernels/<gpu>.csv LEAVE-ONE-OUT: the rows ingested from the case's own profile
+(source `profile:<case>`) are left out of the table that predicts it, and the host dispatch
+figures (results/kernels/host-dispatch.json, `emulator.costs.host_dispatch`, measured in the
+H100 profiles) are taken without the case's own profile (per-op intervals and profiler
+inflation). `--table rule-from-h100` (H200 only) prices with the H100 table instead, less the
+case's own H100 profile, carried to the H200 by the rule that builds the tables of GPUs not
+measured here (results/kernels/build_a100.py, `transfer_factor`): what that rule is worth on
+a GPU where it can be checked. Error =
+(predicted - measured) / measured. "no host" is the same prediction with the host binding
+nothing (kernels back to back), the model before host dispatch. "priced by" counts the compute
+ops of one iteration by how the table priced them (exact shape, interpolated, roofline curves).
+Progress goes to stderr, the table to stdout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
+sys.path.insert(0, str(ROOT / "results"))
+from shared_gpu import cases_from_cli, commit_label, leave_one_out_table, shared_dir  # noqa: E402
+
+
+def without_host_s(priced) -> float:
+    """The iteration time of the same priced job with the host binding nothing."""
+    from emulator.graph.build import build_graph
+    from emulator.graph.replay import replay
+
+    cost = dataclasses.replace(priced.cost, host=None)
+    capture = priced.capture
+    graph = build_graph(capture.traces, capture.world, cost, durations_s=priced.durations_s)
+    return replay(graph).iteration_time_s
+
+
+def rule_from_h100_table(case: str, gpu: str):
+    """The H100 table less `case`'s own profile, every row carried to `gpu` by
+    build_a100.py's `transferred` (the rule the A100 and H100 HBM2e tables are built with)."""
+    import csv
+
+    from emulator.hardware import gpu_preset
+    from prismbench.emulate import KERNEL_TABLES
+
+    spec = importlib.util.spec_from_file_location("build_a100", KERNEL_TABLES / "build_a100.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    with (KERNEL_TABLES / "h100-sxm-80g.csv").open(newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["source"] != f"profile:{case}"]
+    return build.as_table(build.transferred(rows, gpu_preset("h100-sxm-80g"), gpu_preset(gpu)))
+
+
+def _options(parser) -> None:
+    parser.add_argument("--table", choices=("measured", "rule-from-h100"), default="measured",
+                        help="price with the GPU's own table or the H100's carried by the rule")  # fmt: skip
+
+
+def main() -> None:
+    from prismbench.emulate import emulate, host_dispatch_for, price_job
+    from prismbench.spec import load_job_spec
+
+    args, cases, measured = cases_from_cli(__doc__.splitlines()[0], _options)
+    if args.table == "rule-from-h100" and args.gpu == "h100-sxm-80g":
+        sys.exit("--table rule-from-h100: give --gpu h200-141g (the H100 is measured)")
+    shared = shared_dir(args.gpu)
+    lines = [
+        "| case | predicted (s) | measured (s) | error | no host (s) | no-host error "
+        "| priced by: exact / interpolated / roofline |",
+        "|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    errors, before = [], []
+    for i, case in enumerate(cases, 1):
+        print(f"[{i}/{len(cases)}] {case}", file=sys.stderr, flush=True)
+        if args.table == "measured":
+            table = leave_one_out_table(case, args.gpu)
+        else:
+            table = rule_from_h100_table(case, args.gpu)
+        job = load_job_spec(shared / "specs" / f"{case}.toml")
+        host = host_dispatch_for(job, skip_profiles=(case,))
+        priced = price_job(job, kernel_table=table, host_dispatch=host)
+        result = emulate(job, name=case, priced=priced)
+        by = result.compute_priced_by
+        real = measured[case]["iteration_s_median"]
+        errors.append(100 * (result.iteration_time_s - real) / real)
+        no_host = without_host_s(priced)
+        before.append(100 * (no_host - real) / real)
+        lines.append(
+            f"| {case} | {result.iteration_time_s:.4f} | {real:.4f} | {errors[-1]:+.1f} % "
+            f"| {no_host:.4f} | {before[-1]:+.1f} % | "
+            + " / ".join(f"{int(by[s]['ops'])}" for s in ("exact", "interpolated", "roofline"))
+            + " |"
+        )
+    commit = commit_label()
+    absolute = [abs(e) for e in errors]
+    lines.append("")
+    lines.append(f"median |error| {statistics.median(absolute):.1f} %, max {max(absolute):.1f} %; "
+                 f"no host: median {statistics.median(abs(e) for e in before):.1f} %, "
+                 f"max {max(abs(e) for e in before):.1f} % ({args.gpu}, table {args.table}, "
+                 f"commit {commit})")  # fmt: skip
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The shared GPU measurements (../shared/data/gpu/<gpu>/: an H100 80GB HBM3 and an H200, the same
+eight world-size-1 jobs on each): where they are, the command line the scripts comparing against
+them share (--gpu GPU, --only CASE..., --out FILE), and the leave-one-out kernel table they score
+with."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_GPU = ROOT.parent / "shared" / "data" / "gpu"
+# preset name -> its folder of measurements (the folders are named after the presets)
+MEASURED_GPUS = ("h100-sxm-80g", "h200-141g")
+SHARED = SHARED_GPU / "h100-sxm-80g"
+
+
+def shared_dir(gpu: str) -> Path:
+    if gpu not in MEASURED_GPUS:
+        raise ValueError(f"gpu={gpu!r}: measured GPUs are {MEASURED_GPUS}")
+    return SHARED_GPU / gpu
+
+
+def cases_from_cli(description: str, extra=None) -> tuple[argparse.Namespace, list[str], dict]:
+    """(the parsed arguments, the cases asked for, the GPU's summary.json). `extra(parser)` adds
+    a script's own options."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--gpu", default="h100-sxm-80g", choices=MEASURED_GPUS)
+    parser.add_argument("--only", action="append", help="case name (repeatable)")
+    parser.add_argument("--out", type=Path, help="also write the markdown table here")
+    if extra is not None:
+        extra(parser)
+    args = parser.parse_args()
+    summary = shared_dir(args.gpu) / "summary.json"
+    measured = json.loads(summary.read_text())
+    cases = args.only or list(measured)
+    unknown = sorted(set(cases) - set(measured))
+    if unknown:
+        parser.exit(2, f"--only: {unknown} not in {summary}\n")
+    return args, cases, measured
+
+
+def leave_one_out_table(case: str, gpu: str = "h100-sxm-80g"):
+    """The committed kernel table of `gpu` without the rows of `case`'s own profile."""
+    from emulator.costs.kernel_table import load_kernel_table
+    from prismbench.emulate import KERNEL_TABLES
+
+    return load_kernel_table(KERNEL_TABLES / f"{gpu}.csv", skip_sources=(f"profile:{case}",))
+
+
+def commit_label() -> str:
+    """HEAD's short hash, `-dirty` when tracked files differ from it."""
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
+
+    dirty = git("status", "--porcelain", "--untracked-files=no").strip()
+    return git("rev-parse", "--short", "HEAD").strip() + ("-dirty" if dirty else "")
