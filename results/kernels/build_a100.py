@@ -30,7 +30,8 @@ min(dense peak of the dtype, intensity x achieved HBM bandwidth) at the op's ari
 intensity (FLOPs / bytes; memory-bound classes: 0, i.e. the ratio of achieved bandwidths), with
 datasheet peaks and the presets' achieved HBM figures (`hbm_bandwidth_GBps x hbm_efficiency`).
 That is "the same fraction of the attainable roofline at the same intensity"; `vidur_pair_check`
-tests it on vidur's own A100/H100 pairs. Which rows are transferred:
+tests it on vidur's own A100/H100 pairs, `h200_pair_check` on the shared H100 and H200
+microbenchmarks (same shapes, same method, both measured). Which rows are transferred:
 - h100-sxm-80g -> a100-sxm-80g: every H100 row whose shape no published A100 row of its own group
   covers within the interpolation radius (factor 2), except fp8 (no fp8 on A100) and attention
   (on the H100 torch's SDPA ran cuDNN's kernel; the A100 runs FlashAttention-2, measured above).
@@ -356,6 +357,39 @@ def vidur_pair_check() -> list[str]:
     ]
 
 
+# the columns that name an op and its shape (the rest say how, where and when it was measured)
+_MEASUREMENT_COLUMNS = ("time_us", "repetitions", "spread_us", "gpu", "driver", "torch", "clocks",
+                        "date", "source")  # fmt: skip
+
+
+def h200_pair_ratios() -> dict[str, list[float]]:
+    """The H200's measured time over the rule's transfer of the H100's, for every op and shape
+    both shared microbenchmarks measured (the same 171-row script on both GPUs), per op class
+    ("op dtype aten")."""
+    names = [c for c in COLUMNS if c not in _MEASUREMENT_COLUMNS]
+
+    def microbench(gpu: str) -> dict[tuple, float]:
+        return {
+            tuple(r[c] for c in names): float(r["time_us"])
+            for r in read_csv(KERNELS / f"{gpu}.csv")
+            if r["source"].startswith("microbench-kernels.csv:")
+        }
+
+    h100, h200 = gpu_preset("h100-sxm-80g"), gpu_preset("h200-141g")
+    h100_time, ratios = microbench("h100-sxm-80g"), {}
+    for key, time_us in microbench("h200-141g").items():
+        if key in h100_time:
+            op = row_op(dict(zip(names, key, strict=True)))
+            predicted = h100_time[key] * transfer_factor(op, h100, h200)
+            ratios.setdefault(f"{op.name} {op.dtype} {op.aten}", []).append(time_us / predicted)
+    return dict(sorted(ratios.items()))
+
+
+def h200_pair_check() -> list[str]:
+    """`h200_pair_ratios`: median and 10-90 % range per op class."""
+    return [summary(f"H200 / rule(H100), {k}", v) for k, v in h200_pair_ratios().items()]
+
+
 def summary(what: str, values: list[float]) -> str:
     q = statistics.quantiles(values, n=10) if len(values) > 1 else values * 9
     spread = statistics.median(abs(math.log(v)) for v in values)
@@ -417,6 +451,8 @@ def main() -> None:
         print(f"wrote {len(rows)} rows to results/kernels/{name}.csv: {kinds}")
     print("the transfer rule on vidur's paired profiles (1 = the rule is exact):")
     print("\n".join(vidur_pair_check()))
+    print("the transfer rule on the shared H100 and H200 microbenchmarks (1 = the rule is exact):")
+    print("\n".join(h200_pair_check()))
     print("published A100 sources against the rule applied to the H100 table:")
     print("\n".join(source_checks(a100_80, h100_rows)))
 
