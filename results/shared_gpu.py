@@ -51,10 +51,11 @@ def leave_one_out_table(case: str, gpu: str = "h100-sxm-80g"):
 
 
 def commit_label() -> str:
-    """HEAD's short hash, `-dirty` when tracked files differ from it."""
+    """HEAD's short hash, `-dirty` when tracked files other than markdown (the reports these
+    scripts write) differ from it."""
 
     def git(*args):
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
 
-    dirty = git("status", "--porcelain", "--untracked-files=no").strip()
-    return git("rev-parse", "--short", "HEAD").strip() + ("-dirty" if dirty else "")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)*.md")
+    return git("rev-parse", "--short", "HEAD").strip() + ("-dirty" if dirty.strip() else "")
