@@ -213,7 +213,9 @@ def test_megatron_rows_run_unfused_attention_with_dropout_and_their_ddp_as_their
     assert overlapped == {"korthikanti2022", "megatron-readme2022"}
     assert sum("DDP impl=torch" in b.provenance.notes for b in megatron) == 4
     # only BLOOM's launch script set CUDA_LAUNCH_BLOCKING=1
-    blocking = {b.name.split("__")[0] for b in load_baselines(BASELINES) if b.job.kernels.launch_blocking}
+    blocking = {
+        b.name.split("__")[0] for b in load_baselines(BASELINES) if b.job.kernels.launch_blocking
+    }
     assert blocking == {"bigscience"}
 
 
@@ -253,36 +255,37 @@ def test_rows_the_spec_cannot_say_are_refused_with_reasons():
 
 
 RECORDED = BASELINES / "recorded"
-SHARED_H100 = ROOT.parent / "shared" / "data" / "gpu" / "h100-sxm-80g"
+SHARED_GPU = ROOT.parent / "shared" / "data" / "gpu"
 
 
 def _recorded_generator():
-    spec = importlib.util.spec_from_file_location(
-        "make_recorded_h100", BASELINES / "make_recorded_h100.py"
-    )
+    spec = importlib.util.spec_from_file_location("make_recorded", BASELINES / "make_recorded.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 @pytest.mark.skipif(
-    not SHARED_H100.is_dir(), reason="../shared/data/gpu/h100-sxm-80g is not beside the repo"
+    not (SHARED_GPU / "h100-sxm-80g").is_dir() or not (SHARED_GPU / "h200-141g").is_dir(),
+    reason="../shared/data/gpu/{h100-sxm-80g,h200-141g} are not beside the repo",
 )
-def test_recorded_h100_baselines_are_what_the_generator_writes(tmp_path):
-    _recorded_generator().write(tmp_path, SHARED_H100)
+def test_recorded_baselines_are_what_the_generator_writes(tmp_path):
+    _recorded_generator().write(tmp_path, SHARED_GPU)
     written = sorted(tmp_path.glob("*.toml"))
     assert [p.name for p in written] == [p.name for p in sorted(RECORDED.glob("*.toml"))]
     assert all(p.read_bytes() == (RECORDED / p.name).read_bytes() for p in written)
 
 
 def test_recorded_baselines_load_with_their_spread_and_provenance():
-    baselines = load_baselines(RECORDED)
-    assert len(baselines) == 8
-    b = next(b for b in baselines if b.name == "h100shared__gpt3-125m-s2048-mb8-none")
-    assert b.provenance.kind == "recorded" and b.provenance.commit == "86a4f47"
-    assert b.measured.iterations == 8 and b.measured.peak_mem_kind == "allocator_reserved"
-    assert 0 < b.measured.iteration_time_relative_spread < 0.01
-    assert baseline_from_dict(b.name, tomllib.loads(baseline_to_toml(b))) == b
+    baselines = {b.name: b for b in load_baselines(RECORDED)}
+    assert len(baselines) == 16  # the eight shared jobs on the H100 and on the H200
+    for gpu in ("h100", "h200"):
+        b = baselines[f"{gpu}shared__gpt3-125m-s2048-mb8-none"]
+        assert b.provenance.kind == "recorded" and b.provenance.commit == "86a4f47"
+        assert gpu.upper() in b.provenance.machine and b.job.cluster.gpu.startswith(gpu)
+        assert b.measured.iterations == 8 and b.measured.peak_mem_kind == "allocator_reserved"
+        assert 0 < b.measured.iteration_time_relative_spread < 0.01
+        assert baseline_from_dict(b.name, tomllib.loads(baseline_to_toml(b))) == b
 
 
 def test_recorded_provenance_and_spread_are_checked():
