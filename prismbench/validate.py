@@ -49,8 +49,8 @@ PEAK_MEMORY_FIELD = {
     "allocator_allocated": "peak_memory_allocated_bytes",
     "nvidia_smi": "device_total_estimate_bytes",
 }
-# What `validate` runs when no --select/--all is given: one or two baselines per source, both
-# GPU generations, and every parallelism the baselines use (DDP/ZeRO-1, FSDP, TP with SP,
+# What `validate` runs when no --select/--all is given: one or two baselines per source, every
+# GPU generation, and every parallelism the baselines use (DDP/ZeRO-1, FSDP, TP with SP,
 # 1F1B and interleaved pipelines, FP8), cheap captures first. Cold (nothing cached) it runs in
 # minutes on 2 cores; `results/perf/validate.md` has the measurement.
 DEFAULT_SELECTION = (
@@ -66,6 +66,7 @@ DEFAULT_SELECTION = (
     "megatron-readme2022__megatron-gpt-175b__1024g__r012",  # 16 stages on 1 024 GPUs
     "h100shared__gpt3-125m-s2048-mb8-none",  # recorded on one H100
     "h100shared__llama3-8b-l2-s8192-mb2-none",  # recorded: Llama 3, GQA
+    "h200shared__gpt3-125m-s2048-mb8-none",  # recorded on one H200 (its own kernel table)
 )
 RECORDED_DIR = "recorded"  # recorded baselines live in this sub-folder of the baselines folder
 

@@ -129,13 +129,13 @@ def test_artifacts_are_written_and_logged(tmp_path, baselines_dir):
     assert {"timeline.json", "memory", "result.json"} <= names
 
 
-def test_the_default_selection_covers_every_source_and_both_gpu_generations():
+def test_the_default_selection_covers_every_source_and_every_gpu_generation():
     from prismbench.validate import load_all_baselines
 
     chosen = select_baselines(load_all_baselines("results/baselines"), None, False)
     everything = load_all_baselines("results/baselines")
     assert {b.name.split("__")[0] for b in chosen} == {b.name.split("__")[0] for b in everything}
-    assert {b.job.cluster.gpu.split("-")[0] for b in chosen} == {"a100", "h100"}
+    assert {b.job.cluster.gpu.split("-")[0] for b in chosen} == {"a100", "h100", "h200"}
     assert any(b.job.parallel.vpp > 1 for b in chosen) and any(
         b.job.parallel.zero == 3 for b in chosen
     )
