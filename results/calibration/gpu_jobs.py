@@ -23,6 +23,7 @@ Progress goes to stderr, the table to stdout.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import statistics
 import sys
@@ -45,19 +46,27 @@ def without_host_s(priced) -> float:
     return replay(graph).iteration_time_s
 
 
-def rule_from_h100_table(case: str, gpu: str):
-    """The H100 table less `case`'s own profile, every row carried to `gpu` by
-    build_a100.py's `transferred` (the rule the A100 and H100 HBM2e tables are built with)."""
+@functools.cache
+def _h100_rows_and_rule():
+    """The H100 table's rows and build_a100.py (the transfer rule), read once per run."""
     import csv
 
-    from emulator.hardware import gpu_preset
     from prismbench.emulate import KERNEL_TABLES
 
     spec = importlib.util.spec_from_file_location("build_a100", KERNEL_TABLES / "build_a100.py")
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
     with (KERNEL_TABLES / "h100-sxm-80g.csv").open(newline="") as handle:
-        rows = [r for r in csv.DictReader(handle) if r["source"] != f"profile:{case}"]
+        return list(csv.DictReader(handle)), build
+
+
+def rule_from_h100_table(case: str, gpu: str):
+    """The H100 table less `case`'s own profile, every row carried to `gpu` by
+    build_a100.py's `transferred` (the rule the A100 and H100 HBM2e tables are built with)."""
+    from emulator.hardware import gpu_preset
+
+    rows, build = _h100_rows_and_rule()
+    rows = [r for r in rows if r["source"] != f"profile:{case}"]
     return build.as_table(build.transferred(rows, gpu_preset("h100-sxm-80g"), gpu_preset(gpu)))
 
 
@@ -72,7 +81,9 @@ def main() -> None:
 
     args, cases, measured = cases_from_cli(__doc__.splitlines()[0], _options)
     if args.table == "rule-from-h100" and args.gpu == "h100-sxm-80g":
-        sys.exit("--table rule-from-h100: give --gpu h200-141g (the H100 is measured)")
+        print("--table rule-from-h100: give --gpu h200-141g (the H100 is measured)",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(2)
     shared = shared_dir(args.gpu)
     lines = [
         "| case | predicted (s) | measured (s) | error | no host (s) | no-host error "

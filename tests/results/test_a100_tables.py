@@ -2,9 +2,7 @@
 rule does what its docstring says on SYNTHETIC rows, and an A100 job is priced from its table."""
 
 import csv
-import importlib.util
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -14,22 +12,7 @@ from emulator.hardware import gpu_preset
 from prismbench.emulate import KERNEL_TABLES, cost_context, kernel_table_for
 from prismbench.spec import job_spec_from_dict
 
-ROOT = Path(__file__).resolve().parents[2]
 DERIVED = ("a100-sxm-80g", "a100-sxm-40g", "h100-hbm2e-96g")
-
-
-def _build_module():
-    spec = importlib.util.spec_from_file_location(
-        "build_a100", ROOT / "results/kernels/build_a100.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def build():
-    return _build_module()
 
 
 @pytest.mark.parametrize("gpu", DERIVED)

@@ -3,15 +3,12 @@ load, every row names a shared file, and the H100-to-H200 pair checks the transf
 both GPUs measured the same op and shape."""
 
 import csv
-import importlib.util
 import statistics
-from pathlib import Path
 
 import pytest
 
 from prismbench.emulate import KERNEL_TABLES, kernel_table_for
 
-ROOT = Path(__file__).resolve().parents[2]
 MEASURED = ("h100-sxm-80g", "h200-141g")
 
 
@@ -24,12 +21,7 @@ def test_measured_table_loads_and_every_row_names_a_shared_file(gpu):
     assert kinds == {"profile", "microbench-kernels.csv"}
 
 
-def test_h200_pairs_price_gemms_and_attention_as_the_rule_says():
-    spec = importlib.util.spec_from_file_location(
-        "build_a100", ROOT / "results/kernels/build_a100.py"
-    )
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
+def test_h200_pairs_price_gemms_and_attention_as_the_rule_says(build):
     ratios = build.h200_pair_ratios()  # measured H200 time / the rule's, per op class
     # compute-bound classes keep their time on the faster-memory H200, as the rule says
     for name in ("mm bf16 aten.mm", "scaled_mm fp8 aten._scaled_mm",
