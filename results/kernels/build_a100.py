@@ -60,6 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from emulator.costs.kernel_table import (  # noqa: E402
     COLUMNS,
+    SHAPE_FIELDS,
     KernelTable,
     _features,
     group_key,
@@ -357,16 +358,11 @@ def vidur_pair_check() -> list[str]:
     ]
 
 
-# the columns that name an op and its shape (the rest say how, where and when it was measured)
-_MEASUREMENT_COLUMNS = ("time_us", "repetitions", "spread_us", "gpu", "driver", "torch", "clocks",
-                        "date", "source")  # fmt: skip
-
-
 def h200_pair_ratios() -> dict[str, list[float]]:
     """The H200's measured time over the rule's transfer of the H100's, for every op and shape
     both shared microbenchmarks measured (the same 171-row script on both GPUs), per op class
     ("op dtype aten")."""
-    names = [c for c in COLUMNS if c not in _MEASUREMENT_COLUMNS]
+    names = ("op", "dtype", "aten", *SHAPE_FIELDS)  # what names an op and its shape
 
     def microbench(gpu: str) -> dict[tuple, float]:
         return {
