@@ -37,10 +37,10 @@ H200_PROVENANCE = {"gpu": "NVIDIA H200", "driver": "580.159.04", "torch": "2.11.
                    "clocks": "sm_max=1980 MHz", "date": "2026-11-23"}  # fmt: skip
 
 
-def provenance(shared: Path) -> dict:
+def provenance(gpu: str, shared: Path) -> dict:
     """gpu, driver, torch, clocks, date of the shared measurements (the H100's calibrate CSV's
     rows state them; its README says the microbenchmarks and profiles ran on the same setup)."""
-    if not (shared / "kernels-calibrate.csv").exists():
+    if gpu == "h200-141g":
         return H200_PROVENANCE
     with (shared / "kernels-calibrate.csv").open(newline="") as handle:
         first = next(csv.DictReader(handle))
@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--gpu", default="h100-sxm-80g", choices=MEASURED_GPUS)
     gpu = parser.parse_args().gpu
     shared, out = shared_dir(gpu), ROOT / "results" / "kernels" / f"{gpu}.csv"
-    common = provenance(shared)
+    common = provenance(gpu, shared)
     micro, skipped = microbench_rows(shared / "microbench-kernels.csv", common)
     profiles, report = profile_rows(common, shared)
     rows = profiles + micro
