@@ -250,7 +250,9 @@ def garbage_collected_at_micro_batches() -> Iterator[None]:
     fixed points (after each backward pipeline action, a young-generation pass after each
     forward one, before each root forward) makes the trace deterministic, and stands for a
     collector that runs at least that often, as it does in training. What exists before
-    the iteration is frozen out of the collections, which keeps them cheap.
+    the iteration is frozen out of the collections, which keeps them cheap; `capture_rank`
+    freezes what existed before the capture too (a test session's objects, a worker's earlier
+    captures), so even the first full collection here scans only what the capture built.
     """
     was_enabled = gc.isenabled()
     gc.collect()
@@ -286,6 +288,7 @@ def capture_rank(
     micro-batch (emulator.capture.micro_batch_reuse); raises ChunkReuseError when that turns
     out not to hold for this program (capture again with False)."""
     init_virtual_world(rank, world_size)
+    gc.freeze()  # see garbage_collected_at_micro_batches: the caller's heap is not ours to scan
     try:
         context = program.setup()
         sequence = EventSequence()
@@ -335,4 +338,5 @@ def capture_rank(
                 )
         return recorder.trace(comm.events, comm.groups)
     finally:
+        gc.unfreeze()
         destroy_virtual_world()
