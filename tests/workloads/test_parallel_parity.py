@@ -1,9 +1,9 @@
 """Real multi-process CPU runs (gloo) of the parallel workloads match a single-process run.
 
-One spawn of 4 processes runs every case in turn (each builds its own mesh on the
-same process group); each case trains 3 iterations of a debug flavor and the mean
-loss over ranks of each iteration must equal the single-process loss of the same
-model, seed and global batch (fp32, rtol 1e-5). AdamW's update does not depend on
+A spawn of 4 processes runs the cases in turn (each builds its own mesh on the same
+process group; context-parallel cases get a spawn each, see SPAWNS); each case trains 3
+iterations of a debug flavor and the mean loss over ranks of each iteration must equal the
+single-process loss of the same model, seed and global batch (fp32, rtol 1e-5). AdamW's update does not depend on
 the scale of the gradient, so the learning rate is large (1e-2) to make a wrong
 gradient direction show up in the later losses.
 
@@ -231,10 +231,22 @@ def reference_job(job):
     return dataclasses.replace(job, parallel=single, kernels=kernels)
 
 
+# Context-parallel cases each get a spawn of their own: run one after another in one process,
+# they corrupted the heap inside torch/gloo in 2 of 15 tries (SIGSEGV / "malloc(): unaligned
+# tcache chunk detected" after the functional all-gather of K/V); each alone, 0 of 20.
+SPAWNS = [[name for name in CASES if not name.startswith("cp")]] + [
+    [name] for name in CASES if name.startswith("cp")
+]
+
+
 @pytest.fixture(scope="module")
 def per_rank_results() -> list[dict[str, Run]]:
-    # the timeout guards against a hang: every case's 4 ranks share CI's 2 cores
-    return run_ranks(WORLD, _run_cases, list(CASES), timeout_s=600)
+    merged: list[dict[str, Run]] = [{} for _ in range(WORLD)]
+    for names in SPAWNS:
+        # the timeout guards against a hang: every case's 4 ranks share CI's 2 cores
+        for rank, results in enumerate(run_ranks(WORLD, _run_cases, names, timeout_s=600)):
+            merged[rank].update(results)
+    return merged
 
 
 @pytest.fixture(scope="module")
