@@ -133,3 +133,20 @@ def test_attention_variants_do_not_price_each_other(tmp_path):
     table = load_kernel_table(write_kernel_csv([row], tmp_path / "t.csv", SYNTHETIC))
     assert table.lookup(sdpa) == (pytest.approx(1e-3), "exact")
     assert table.lookup(replace(sdpa, aten="prism.masked_attention")) is None
+
+
+def _attention_row(head_dim, time_us, seq=2048):
+    return {"op": "flash_attn_fwd", "dtype": "bf16", "aten": "aten._scaled_dot_product_flash_attention",
+            "batch": 4, "heads_q": 16, "heads_kv": 16, "seq_q": seq, "seq_kv": seq, "head_dim": head_dim,
+            "causal": "true", "time_us": time_us, "repetitions": 1, "spread_us": 0.0}  # fmt: skip
+
+
+def test_attention_is_priced_as_the_head_dim_tile_its_kernel_runs(tmp_path):
+    table = load_kernel_table(write_kernel_csv([_attention_row(128, 142.0)], tmp_path / "t.csv", SYNTHETIC))
+    op = replace(attention_op("flash_attn_fwd", batch=4, heads_q=16, heads_kv=16, seq_q=2048, seq_kv=2048,
+                              head_dim=96), aten="aten._scaled_dot_product_flash_attention")  # fmt: skip
+    seconds, how = table.lookup(op)
+    # head dim 96 runs the 128-wide kernel, padded: the same time, not 96/128 of it
+    assert seconds == pytest.approx(142e-6)
+    assert how == "interpolated"  # a neighbour of another head dim, not this shape
+    assert table.lookup(replace(op, head_dim=64)) is None  # the 64-wide tile is another kernel
