@@ -3,9 +3,9 @@
 A spawn of 4 processes runs the cases in turn (each builds its own mesh on the same
 process group; context-parallel cases get a spawn each, see SPAWNS); each case trains 3
 iterations of a debug flavor and the mean loss over ranks of each iteration must equal the
-single-process loss of the same model, seed and global batch (fp32, rtol 1e-5). AdamW's update does not depend on
-the scale of the gradient, so the learning rate is large (1e-2) to make a wrong
-gradient direction show up in the later losses.
+single-process loss of the same model, seed and global batch (fp32, rtol 1e-5). AdamW's
+update does not depend on the scale of the gradient, so the learning rate is large (1e-2) to
+make a wrong gradient direction show up in the later losses.
 
 Cases named in BUCKET_BYTES reduce zero 0/1 gradients in many small buckets during
 backward (several buckets per micro-batch pass; GLOBAL_BATCH / dp micro-batches are
