@@ -28,6 +28,19 @@ def free_port() -> int:
 BACKENDS = ("gloo", "nccl")
 
 
+class RanksDied(RuntimeError):
+    """Ranks exited without reporting a result; `exit_codes` maps rank -> exit code (negative:
+    killed by that signal, as multiprocessing reports it)."""
+
+    def __init__(self, exit_codes: dict[int, int]) -> None:
+        super().__init__(f"ranks died without a result (exit codes {exit_codes})")
+        self.exit_codes = exit_codes
+
+    @property
+    def by_signal(self) -> bool:
+        return any(code < 0 for code in self.exit_codes.values())
+
+
 def _worker(rank, world_size, port, threads, backend, fn, args, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # a crash in C++ (abort, segfault) prints where each Python thread was before the rank dies
@@ -57,8 +70,8 @@ def run_ranks(
 ) -> list:
     """fn(*args) on every rank of a fresh world of `backend`; its return values in rank order.
 
-    A rank that dies without reporting (a crash in C++, a kill) fails the run with its
-    exit code instead of leaving the parent waiting forever.
+    A rank that dies without reporting (a crash in C++, a kill) fails the run with RanksDied,
+    naming its exit code, instead of leaving the parent waiting forever.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} must be one of {BACKENDS}")
@@ -87,10 +100,7 @@ def run_ranks(
                     if r not in results and p.exitcode not in (None, 0)
                 ]
                 if dead:
-                    codes = {r: procs[r].exitcode for r in dead}
-                    raise RuntimeError(
-                        f"ranks died without a result (exit codes {codes})"
-                    ) from None
+                    raise RanksDied({r: procs[r].exitcode for r in dead}) from None
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"ranks gave no result within {timeout_s} s") from None
                 continue

@@ -15,11 +15,12 @@ accumulated per iteration, with pp == 1 and pp == 2).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
 
-from prismbench.launch import run_ranks
+from prismbench.launch import RanksDied, run_ranks
 from prismbench.spec import job_spec_from_dict
 
 WORLD = 4
@@ -233,18 +234,31 @@ def reference_job(job):
 
 # Context-parallel cases each get a spawn of their own: run one after another in one process,
 # they corrupted the heap inside torch/gloo in 2 of 15 tries (SIGSEGV / "malloc(): unaligned
-# tcache chunk detected" after the functional all-gather of K/V); each alone, 0 of 20.
+# tcache chunk detected" after the functional all-gather of K/V). Alone it is rarer, not gone
+# (1 of 45 spawns): a spawn whose ranks a signal killed is run once more, with a warning.
 SPAWNS = [[name for name in CASES if not name.startswith("cp")]] + [
     [name] for name in CASES if name.startswith("cp")
 ]
+
+
+def _run_spawn(names: list[str]) -> list[dict[str, Run]]:
+    # the timeout guards against a hang: every case's 4 ranks share CI's 2 cores
+    try:
+        return run_ranks(WORLD, _run_cases, names, timeout_s=600)
+    except RanksDied as died:
+        if not died.by_signal:
+            raise
+        warnings.warn(
+            f"parity spawn {names}: {died}; running it once more (see SPAWNS)", stacklevel=2
+        )
+        return run_ranks(WORLD, _run_cases, names, timeout_s=600)
 
 
 @pytest.fixture(scope="module")
 def per_rank_results() -> list[dict[str, Run]]:
     merged: list[dict[str, Run]] = [{} for _ in range(WORLD)]
     for names in SPAWNS:
-        # the timeout guards against a hang: every case's 4 ranks share CI's 2 cores
-        for rank, results in enumerate(run_ranks(WORLD, _run_cases, names, timeout_s=600)):
+        for rank, results in enumerate(_run_spawn(names)):
             merged[rank].update(results)
     return merged
 
