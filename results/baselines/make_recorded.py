@@ -18,7 +18,9 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED_GPU = ROOT.parent / "shared" / "data" / "gpu"
+sys.path.insert(0, str(ROOT / "results"))
+from shared_gpu import MEASURED_GPUS, SHARED_GPU  # noqa: E402
+
 OUT = Path(__file__).resolve().parent / "recorded"
 # baseline name prefix -> (folder under SHARED_GPU, the machine as its README states it)
 MACHINES = {
@@ -27,6 +29,7 @@ MACHINES = {
     "h200shared": ("h200-141g",
                    "one NVIDIA H200 (143 771 MiB, 700 W, SM clock 1980 MHz), driver 580.159.04"),
 }  # fmt: skip
+assert sorted(folder for folder, _ in MACHINES.values()) == sorted(MEASURED_GPUS)
 SOFTWARE = "torch 2.11.0+cu130, CUDA 13.0"  # both READMEs
 COMMIT = "86a4f47"
 
