@@ -34,7 +34,10 @@ KERNEL_TABLES = Path(__file__).resolve().parents[1] / "results" / "kernels"
 # measured host time per op (built by results/kernels/build_host_dispatch.py)
 HOST_DISPATCH = KERNEL_TABLES / "host-dispatch.json"
 # published rates of the attention kernels the tables do not measure, by `[kernels] attention`
-ATTENTION_RATES = {"triton": KERNEL_TABLES / "triton-attention.csv"}
+ATTENTION_RATES = {
+    "triton": KERNEL_TABLES / "triton-attention.csv",
+    "flash2": KERNEL_TABLES / "flash2-attention.csv",
+}
 # The dense peak MFU is taken against: the GEMM dtype of the job (fp8 jobs against the fp8
 # peak, as MosaicML reports its FP8 rows; torchtitan quotes bf16 peak, see METRICS.md).
 CRITICAL_PATH_SHOWN = 50
@@ -130,7 +133,8 @@ _NATIVE_FRAMEWORKS = ("llm.c",)
 
 def attention_rates_for(job) -> AttentionRates | None:
     """The rates that price `job`'s attention when its framework runs a kernel the kernel
-    tables did not measure (`[kernels] attention`, `ATTENTION_RATES`); None for "flash"."""
+    tables did not measure (`[kernels] attention`, `ATTENTION_RATES`); None for "flash" and
+    "unfused"."""
     kernel = job.kernels.attention
     if kernel not in ATTENTION_RATES:
         return None

@@ -21,19 +21,24 @@ Fields:
   `fused` (one kernel each way over the low-precision logits, keeping a float32 logsumexp
   per token; the backward writes a new gradient in the logits' dtype), `fused-inplace` (the
   same, the gradient written over the logits).
-- `norm`: which norm kernels run. One value, `torch`: the models' `nn.LayerNorm` /
-  `nn.RMSNorm` on bf16 parameters run one fused kernel each way on a CUDA build
-  (`aten.native_layer_norm`, and `aten._fused_rms_norm` as `emulator.capture.fused_ops`
-  routes it), computing in float32 inside the kernel and keeping the input plus a float32
-  mean/rstd per token. The frameworks' norms run the same kernels and keep the same memory:
-  llm-foundry's `LPLayerNorm` (llmfoundry/models/layers/norm.py) casts input and weight to
-  the autocast dtype and runs `F.layer_norm` with autocast off, so that a norm under
-  `amp_bf16` is a bf16 kernel, which is what the workloads' bf16 parameters already give;
-  Megatron's fused layer norm (Apex `FusedLayerNormAffineFunction`, `persist_layer_norm`'s
-  `FastLayerNormFN`, Transformer Engine's `LayerNorm`/`RMSNorm`) is one kernel each way that
-  saves the input and float32 mean/rstd; torchtitan runs `nn.RMSNorm` (or its Triton
-  `fused_rmsnorm`, the same saved tensors). Their speed differences are the kernel tables'
-  business, not a different program; so no second value.
+- `norm`: which norm kernels run. `torch`: the models' `nn.LayerNorm` / `nn.RMSNorm` on bf16
+  parameters run one fused kernel each way on a CUDA build (`aten.native_layer_norm`, and
+  `aten._fused_rms_norm` as `emulator.capture.fused_ops` routes it), computing in float32
+  inside the kernel and keeping the input plus a float32 mean/rstd per token. Most
+  frameworks' norms run the same kernels and keep the same memory: llm-foundry's
+  `LPLayerNorm` (llmfoundry/models/layers/norm.py) casts input and weight to the autocast
+  dtype and runs `F.layer_norm` with autocast off, so that a norm under `amp_bf16` is a bf16
+  kernel, which is what the workloads' bf16 parameters already give; Megatron's fused layer
+  norm (Apex `FusedLayerNormAffineFunction`, `persist_layer_norm`'s `FastLayerNormFN`,
+  Transformer Engine's `LayerNorm`/`RMSNorm`) is one kernel each way that saves the input and
+  float32 mean/rstd; torchtitan has run `nn.RMSNorm` since Mar 2025. Their speed differences
+  are the kernel tables' business, not a different program. `eager-fp32`: RMSNorm as the
+  float32 eager math of torchtitan's own RMSNorm class before that (`norm_type = "rmsnorm"`
+  at 9dec370, the code of its Dec 2024 benchmarks: upcast, square, mean, rsqrt, multiply,
+  downcast, weight; `workloads.models.norms`), a different program: eight kernels forward,
+  more backward, float32 intermediates kept for backward where nothing recomputes them. It
+  is an RMSNorm: a GPT model's LayerNorm (torchtitan's `layernorm` was `nn.LayerNorm`) stays
+  `torch` when the framework chose it, and a spec that asks for it there is refused.
 - `vocab_multiple`: the embedding and output layer are padded to a multiple of this many
   rows times the tensor-parallel size, as Megatron's `make_vocab_size_divisible_by` does
   (`_vocab_size_with_padding` in megatron/training/tokenizer/tokenizer.py: multiple =
@@ -55,9 +60,13 @@ Fields:
   FlashAttention Triton kernel (flash-attn's `flash_attn_triton.py`, vendored by llm-foundry
   for `attn_impl: triton`), about half as fast at long sequences, priced at FlashAttention
   v1's published rates, which its docstring puts it just behind
-  (`emulator.costs.attention_rates`). Both compute exact attention and keep the output and a
-  float32 logsumexp, so the program, its memory and its loss are the same: the choice is
-  what the kernel costs. `unfused`: no fused kernel, the score matrix in memory, as
+  (`emulator.costs.attention_rates`); `flash2`, FlashAttention-2 itself where the tables
+  measured another kernel (torch's SDPA on an H100 while cuDNN attention was opt-in, from
+  torch 2.5.1 until torch 2.11, whose SDPA the shared profiles show running cuDNN; flash-attn
+  2), priced at its published rates, 1.3-1.7x slower than the cuDNN kernels of the H100
+  table. All three compute exact attention and keep the output and a float32 logsumexp, so
+  the program, its memory and its loss are the same: the choice is what the kernel costs.
+  `unfused`: no fused kernel, the score matrix in memory, as
   Megatron-LM ran attention before flash attention (a batched GEMM for the scores, Megatron's
   fused masked-softmax kernel, attention dropout of `train.attention_dropout`, a batched GEMM
   with V: `workloads.models.unfused_attention`); a different program, with the probabilities
@@ -166,13 +175,13 @@ from workloads.config import SpecError, per_transfer_refusal
 FRAMEWORKS = ("prism-86a4f47", "megatron", "nemo", "llm-foundry", "torchtitan", "llm.c")
 
 LOSSES = ("unfused-fp32", "fused", "fused-inplace")
-NORMS = ("torch",)
+NORMS = ("torch", "eager-fp32")
 # torchao recipe names, and the workloads' own float8 of 86a4f47 (workloads.prism_float8)
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "prism-86a4f47")
 FP8_CASTS = ("unfused", "fused")
 PIPELINE_RECVS = ("per-microbatch", "per-transfer")
 PIPELINE_TRANSFERS = ("whole", "scatter-gather")
-ATTENTIONS = ("flash", "triton", "unfused")
+ATTENTIONS = ("flash", "flash2", "triton", "unfused")
 GRAD_REDUCES = ("overlapped", "after-backward")
 GRAD_ACCUMULATIONS = ("fp32", "model-dtype")
 RECOMPUTE_RERUNS = ("needed", "all")
@@ -207,7 +216,9 @@ LOSS_BY_FRAMEWORK: dict[str, str] = {
     # over the logits buffer.
     "llm.c": "fused-inplace",
 }
-NORM_BY_FRAMEWORK: dict[str, str] = _same_for_all("torch")  # see the module docstring
+# torchtitan's published runs (Dec 2024, 9dec370) used its own RMSNorm class (the module
+# docstring); the others run fused norm kernels.
+NORM_BY_FRAMEWORK: dict[str, str] = {**_same_for_all("torch"), "torchtitan": "eager-fp32"}
 VOCAB_MULTIPLE_BY_FRAMEWORK: dict[str, int] = {
     "prism-86a4f47": 1,
     # Megatron-LM arguments.py --make-vocab-size-divisible-by, default 128
@@ -253,15 +264,20 @@ FP8_CASTS_BY_FRAMEWORK: dict[str, str] = {
 # sweep.sh, which passes no --attn_impl, so submit_benchmarks.py's default `--attn_impl triton`
 # set `model.attn_config.attn_impl` (both at b2a43a147, the Oct 2023 table update; the pretrain
 # yamls and MPT's configuration_mpt.py default say triton too). Megatron and NeMo run Transformer
-# Engine's fused attention (cuDNN) or flash-attn 2, torchtitan and prism-86a4f47 torch's SDPA,
-# llm.c cuDNN's: all FlashAttention-2-class. Megatron-LM of 2021-22 (the code of the Narayanan,
-# Korthikanti and BLOOM runs; `megatron` stands for it, as for grad_reduce below) had no flash
+# Engine's fused attention (cuDNN) or flash-attn 2, prism-86a4f47 torch's SDPA (cuDNN on the
+# shared profiles' H100 and H200, torch 2.11), llm.c cuDNN's: all FlashAttention-2-class.
+# torchtitan's published runs used torch 1963fc8 (2024-12-23; its benchmarks/
+# llama3_h100_202412_torchtitan.md), where torch's SDPA tried FlashAttention-2 first and cuDNN
+# last on every GPU (pytorch#138522, Oct 2024, "Make CuDNN Attention Opt in"; torchtitan's Llama
+# calls F.scaled_dot_product_attention with no backend chosen): "flash2" for it. Megatron-LM of
+# 2021-22 (the code of the Narayanan, Korthikanti and BLOOM runs; `megatron` stands for it, as for grad_reduce below) had no flash
 # attention: ParallelAttention / CoreAttention run baddbmm, FusedScaleMaskSoftmax, dropout and
 # bmm (megatron/model/transformer.py at a8d172b31e and 2e90a342f5); `--use-flash-attn` came in
 # 2023. So "unfused" for it.
 ATTENTION_BY_FRAMEWORK: dict[str, str] = {
     **_same_for_all("flash"),
     "llm-foundry": "triton",
+    "torchtitan": "flash2",
     "megatron": "unfused",
 }
 # Megatron-LM's train_step runs `forward_backward_func(...)` and then, under `--DDP-impl local`
@@ -556,6 +572,18 @@ class KernelsSpec:
                 "float32"
             )
         return self
+
+    def for_model(self, family: str) -> KernelsSpec:
+        """The norm a model of `family` runs: "eager-fp32" is an RMSNorm, so a framework's
+        choice of it gives way to "torch" for GPT's LayerNorm; a spec's is refused there."""
+        if self.norm != "eager-fp32" or family == "llama":
+            return self
+        if "norm" in self._chosen:
+            return self._revised(norm="torch")
+        raise SpecError(
+            f"kernels.norm='eager-fp32' needs model.family='llama' (is {family!r}): it is "
+            "torchtitan's RMSNorm; a GPT model's LayerNorm runs one fused kernel"
+        )
 
     def overrides(self) -> dict[str, Any]:
         """The fields that differ from the framework's own choices."""

@@ -40,6 +40,7 @@ from workloads.config import check_tensor_parallel
 from workloads.context_parallel import apply_context_parallel
 from workloads.float8 import convert_linears_to_float8
 from workloads.job import TrainingJob
+from workloads.models.norms import RMSNorm
 from workloads.recompute import apply_recompute, checkpoints_whole_blocks
 from workloads.sp_collectives import (
     gather_sequence,
@@ -273,8 +274,12 @@ def apply_fsdp(model: nn.Module, dp_mesh, *, zero: int, precision: str) -> None:
 def set_kernels(model: nn.Module, job: TrainingJob) -> None:
     """Make every block's attention run the kernels `job` names: unfused with attention dropout
     (`kernels.attention = "unfused"`, `train.attention_dropout`) or a fused kernel; RoPE and
-    ALiBi attention fused or as eager math (`kernels.custom_ops`)."""
+    ALiBi attention fused or as eager math (`kernels.custom_ops`); RMSNorm as one fused kernel
+    or torchtitan's float32 eager math (`kernels.norm`)."""
     eager = job.kernels.custom_ops == "eager"
+    for norm in model.modules():
+        if isinstance(norm, RMSNorm):
+            norm.eager_fp32 = job.kernels.norm == "eager-fp32"
     for block in model.layers.values():
         core = block.attention.core_attention
         core.unfused = job.kernels.attention == "unfused"

@@ -3,11 +3,13 @@
 A job whose framework runs an attention kernel other than the FlashAttention-2-class one the
 kernel tables measured (torch's SDPA: cuDNN on an H100, FlashAttention-2 on an A100) has it
 priced here: llm-foundry's `attn_impl: triton` runs Tri Dao's FlashAttention Triton kernel,
-about half as fast at long sequences (workloads.kernels `attention`). The rates are
+about half as fast at long sequences, and torch's SDPA ran FlashAttention-2 on an H100 where the
+H100 table measured cuDNN's kernels (workloads.kernels `attention`). The rates are
 forward+backward TFLOP/s measured at a grid of (causal, head dim, sequence) points
-(results/kernels/triton-attention.csv, built by results/kernels/build_triton_attention.py from
-published figures: for the Triton kernel, FlashAttention v1's, which its docstring puts it just
-behind), with FLOPs counted as flash-attention's benchmark and our capture count
+(results/kernels/triton-attention.csv and flash2-attention.csv, built by
+results/kernels/build_attention_rates.py from published figures: for the Triton kernel,
+FlashAttention v1's, which its docstring puts it just behind; for FlashAttention-2, its own),
+with FLOPs counted as flash-attention's benchmark and our capture count
 them (forward 4 s^2 d h b, halved when causal; backward 2.5x the forward).
 
 Between points: linear in log2(sequence) and linear in head dim; outside the grid the nearest
@@ -81,7 +83,7 @@ class AttentionRates:
 
 
 def load_attention_rates(path: str | Path, kernel: str, arch: str) -> AttentionRates | None:
-    """The rates of `kernel` for `arch` from a CSV of build_triton_attention.py's columns; None
+    """The rates of `kernel` for `arch` from a CSV of build_attention_rates.py's columns; None
     when the file has no row for that architecture."""
     points: dict[tuple[bool, int], list[tuple[float, float]]] = {}
     peaks = set()

@@ -139,6 +139,20 @@ def test_a_job_running_triton_attention_is_priced_by_its_rates_and_slower(monkey
         attention_rates_for(triton)
 
 
+def test_a_torchtitan_job_on_an_h100_prices_attention_as_flash_attention_2():
+    from prismbench.emulate import attention_rates_for
+
+    job = job_spec_from_dict({
+        "model": {"family": "llama", "layers": 1, "hidden": 512, "ffn_hidden": 1024, "heads": 4,
+                  "kv_heads": 2, "vocab": 256, "max_seq_len": 2048, "positions": "rope"},
+        "batch": {"seq_len": 2048, "global_batch": 1},
+        "kernels": {"framework": "torchtitan"},
+        "cluster": {"gpu": "h100-hbm2e-96g", "intra_node": "nvlink4", "inter_node": "roce-8x400"},
+    })  # fmt: skip
+    rates = attention_rates_for(job)
+    assert (rates.kernel, rates.arch) == ("flash2", "hopper")
+
+
 def _empty_rates():
     import tempfile
     from pathlib import Path

@@ -125,7 +125,9 @@ def test_async_tp_needs_sequence_parallel_tensor_parallelism(parallel, message):
 def test_llm_foundry_runs_triton_attention_megatron_unfused_and_the_others_flash():
     assert KernelsSpec(framework="llm-foundry").attention == "triton"
     assert KernelsSpec(framework="megatron").attention == "unfused"
-    others = set(FRAMEWORKS) - {"llm-foundry", "megatron"}
+    # torchtitan's published runs: torch of Dec 2024, whose SDPA tried FlashAttention-2 first
+    assert KernelsSpec(framework="torchtitan").attention == "flash2"
+    others = set(FRAMEWORKS) - {"llm-foundry", "megatron", "torchtitan"}
     assert {KernelsSpec(framework=f).attention for f in others} == {"flash"}
     assert KernelsSpec(framework="llm-foundry", attention="flash").overrides() == {
         "attention": "flash"

@@ -89,6 +89,7 @@ KERNELS = {
         "sp_regather": True,
     },
     "cp2-tp2-llama-sp-first-dim-regather-mb2": {"sp_collectives": "first-dim", "sp_regather": True},
+    "fsdp-zero3-dp2-tp2-llama-eager-fp32-norm": {"norm": "eager-fp32"},
 }
 CASES["tp2-sp-dp2-zero1-gpt-tied-fused-loss"] = (
     {"name": "gpt-debug"},
@@ -111,6 +112,11 @@ CASES["tp2-sp-pp2-gpt-alibi-unfused-attention"] = (  # ALiBi slopes of each tp r
     {"tp": 2, "pp": 2},
 )
 CASES["dp2-tp2-zero1-gpt-fused-adamw"] = ({"name": "gpt-debug"}, {"dp": 2, "tp": 2, "zero": 1})
+# torchtitan's RMSNorm of Dec 2024 on sequence-parallel DTensors and FSDP's sharded weight
+CASES["fsdp-zero3-dp2-tp2-llama-eager-fp32-norm"] = (
+    {"name": "llama-debug"},
+    {"dp": 2, "tp": 2, "zero": 3},
+)
 CASES["fsdp-zero3-dp2-tp2-llama-fused-adamw"] = (
     {"name": "llama-debug"},
     {"dp": 2, "tp": 2, "zero": 3},

@@ -22,6 +22,7 @@ from workloads.models.common import (
     init_parameter,
     rope_rotate,
 )
+from workloads.models.norms import RMSNorm
 
 
 class Attention(nn.Module):
@@ -62,9 +63,9 @@ class FeedForward(nn.Module):
 class TransformerBlock(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.attention_norm = nn.RMSNorm(spec.hidden, eps=spec.norm_eps)
+        self.attention_norm = RMSNorm(spec.hidden, eps=spec.norm_eps)
         self.attention = Attention(spec)
-        self.ffn_norm = nn.RMSNorm(spec.hidden, eps=spec.norm_eps)
+        self.ffn_norm = RMSNorm(spec.hidden, eps=spec.norm_eps)
         self.feed_forward = FeedForward(spec)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -82,7 +83,7 @@ class Llama(nn.Module):
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab, spec.hidden)
         ids = range(spec.layers) if layer_ids is None else layer_ids
         self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in ids})
-        self.norm: nn.RMSNorm | None = nn.RMSNorm(spec.hidden, eps=spec.norm_eps)
+        self.norm: RMSNorm | None = RMSNorm(spec.hidden, eps=spec.norm_eps)
         self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
         self._tie_embeddings()
 

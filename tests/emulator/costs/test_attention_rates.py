@@ -1,6 +1,7 @@
 """Attention priced from a kernel's published rates (emulator.costs.attention_rates), on the
 committed FlashAttention Triton rates (results/kernels/triton-attention.csv: FlashAttention v1's
-bars, which the Triton kernel's docstring puts it just behind)."""
+bars, which the Triton kernel's docstring puts it just behind) and FlashAttention-2's
+(results/kernels/flash2-attention.csv)."""
 
 import csv
 from dataclasses import replace
@@ -16,6 +17,7 @@ from emulator.hardware import gpu_preset
 RATES_CSV = Path(__file__).resolve().parents[3] / "results/kernels/triton-attention.csv"
 AMPERE = load_attention_rates(RATES_CSV, "triton", "ampere")
 HOPPER = load_attention_rates(RATES_CSV, "triton", "hopper")
+FLASH2_CSV = RATES_CSV.with_name("flash2-attention.csv")
 
 
 def committed_rate(arch, causal, head_dim, seqlen):
@@ -77,3 +79,24 @@ def test_the_triton_kernel_is_slower_than_the_tables_flash_attention_at_long_seq
     table_s, how = kernel_table_for("a100-sxm-80g").lookup(op)
     assert how == "exact"
     assert AMPERE.time_s(op, gpu) > 2 * table_s
+
+
+def test_flash_attention_2_on_an_h100_is_priced_at_its_figure_and_slower_than_the_table():
+    # FlashAttention-2's H100 figure: causal, head dim 128, 8k: 308 TFLOP/s forward+backward
+    hopper = load_attention_rates(FLASH2_CSV, "flash2", "hopper")
+    assert hopper.tflops(causal=True, head_dim=128, seq_len=8192) == 308.0
+    # and its A100 figure is the one the A100 table's attention rows were split from
+    ampere = load_attention_rates(FLASH2_CSV, "flash2", "ampere")
+    assert ampere.tflops(causal=True, head_dim=128, seq_len=16384) == 189.0
+    from prismbench.emulate import kernel_table_for
+
+    # Llama 3 8B's attention at 8k tokens, a shape the H100 table measured (cuDNN's kernels)
+    gpu = gpu_preset("h100-sxm-80g")
+    table = kernel_table_for("h100-sxm-80g")
+    shape = dict(batch=2, heads_q=32, heads_kv=8, seq_q=8192, seq_kv=8192, head_dim=128)
+    for name, aten in (("flash_attn_fwd", "aten._scaled_dot_product_flash_attention"),
+                       ("flash_attn_bwd", "aten._scaled_dot_product_flash_attention_backward")):
+        op = replace(attention_op(name, **shape), aten=aten)
+        table_s, how = table.lookup(op)
+        assert how == "exact"
+        assert hopper.time_s(op, gpu) > 1.3 * table_s
