@@ -16,18 +16,26 @@ divisible by 16 are left alone (`_scaled_mm` on GPUs needs multiples of 16), as 
 output projection: torchtitan's `Float8LinearConverter` skips both
 (torchtitan/components/quantization/float8.py, `_module_filter_fn` with
 `filter_fqns=["output"]`).
+
+Under tensor and sequence parallelism the tensorwise recipe shards with torchao's float8 styles
+(`float8_tensor_parallel_styles`), as torchtitan does: the block inputs are cast on their
+sequence shard and all-gathered as float8, half the bytes of a bf16 all-gather.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 _GEMM_MULTIPLE = 16  # cuBLASLt fp8 GEMM needs dims divisible by 16
 PRISM_RECIPE = "prism-86a4f47"  # not torchao's: workloads.prism_float8
+# the recipes torchao's float8 tensor-parallel styles take (one scale per tensor)
+TENSOR_PARALLEL_RECIPES = ("tensorwise",)
 
 
 def _eligible(module: nn.Module, fqn: str, skip: tuple[str, ...]) -> bool:
@@ -58,17 +66,38 @@ def convert_linears_to_float8(
     )
 
 
-def _torchao_float8():
-    """torchao.float8, imported on first use: torchao's import loads its CUDA extensions and,
-    on a CPU-only torch, logs a warning per library it cannot load; float8 training needs
-    none of them (its casts and `_scaled_mm` are torch ops), so on such a build the import
-    runs with torchao's logger quiet rather than print that noise in every command."""
+@contextlib.contextmanager
+def _quiet_torchao() -> Iterator[None]:
+    """Import torchao with its logger quiet on a CPU-only torch: torchao's import loads its
+    CUDA extensions and logs a warning per library it cannot load; float8 training needs none
+    of them (its casts and `_scaled_mm` are torch ops), so that noise would only clutter every
+    command."""
     torchao_logger = logging.getLogger("torchao")
     level = torchao_logger.level
     if not torch.cuda.is_available():
         torchao_logger.setLevel(logging.ERROR)
     try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        yield
     finally:
         torchao_logger.setLevel(level)
+
+
+def _torchao_float8():
+    """torchao.float8, imported on first use (`_quiet_torchao`)."""
+    with _quiet_torchao():
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     return Float8LinearConfig, convert_to_float8_training
+
+
+def float8_tensor_parallel_styles() -> tuple[type, type, type]:
+    """torchao's float8 tensor-parallel styles (column, row, module input), which cast a
+    sequence-parallel input to float8 on its shard and all-gather it in float8: torchtitan's TP
+    plan for float8 linears (`apply_tp` in torchtitan/parallelisms/parallelize_llama.py at
+    9dec370). They exist for tensorwise scaling only (`TENSOR_PARALLEL_RECIPES`)."""
+    with _quiet_torchao():
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel,
+            Float8RowwiseParallel,
+            PrepareFloat8ModuleInput,
+        )
+    return Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput

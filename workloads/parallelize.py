@@ -38,7 +38,11 @@ from torch.distributed.tensor.parallel import (
 
 from workloads.config import check_tensor_parallel
 from workloads.context_parallel import apply_context_parallel
-from workloads.float8 import convert_linears_to_float8
+from workloads.float8 import (
+    TENSOR_PARALLEL_RECIPES,
+    convert_linears_to_float8,
+    float8_tensor_parallel_styles,
+)
 from workloads.job import TrainingJob
 from workloads.models.norms import RMSNorm
 from workloads.recompute import apply_recompute, checkpoints_whole_blocks
@@ -67,7 +71,12 @@ COMPUTE_DTYPES = {
 }
 
 
-def _block_plan(sequence_parallel: bool, family: str, first_dim: bool = False) -> dict:
+def _block_plan(
+    sequence_parallel: bool, family: str, first_dim: bool = False, float8: bool = False
+) -> dict:
+    colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput
+    if sequence_parallel and float8 and not first_dim:
+        colwise, rowwise, prepare_input = float8_tensor_parallel_styles()
     if sequence_parallel:
         plan = {"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()}
         if first_dim:  # the gathers and reduce-scatters: `_sequence_collectives_first_dim`
@@ -75,14 +84,14 @@ def _block_plan(sequence_parallel: bool, family: str, first_dim: bool = False) -
                 plan[name] = RowwiseParallel(output_layouts=Partial(), use_local_output=False)
         else:
             plan |= {
-                "attention": PrepareModuleInput(
+                "attention": prepare_input(
                     input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
                 ),
-                "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-                "feed_forward": PrepareModuleInput(
+                "attention.wo": rowwise(output_layouts=Shard(1)),
+                "feed_forward": prepare_input(
                     input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
                 ),
-                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+                "feed_forward.w2": rowwise(output_layouts=Shard(1)),
             }
     else:
         # Megatron's f operator: the block input enters as one Replicate DTensor, so backward
@@ -98,9 +107,9 @@ def _block_plan(sequence_parallel: bool, family: str, first_dim: bool = False) -
             "feed_forward.w2": RowwiseParallel(),
         }
     for name in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1"):
-        plan[name] = ColwiseParallel()
+        plan[name] = colwise()
     if family == "llama":
-        plan["feed_forward.w3"] = ColwiseParallel()
+        plan["feed_forward.w3"] = colwise()
     return plan
 
 
@@ -197,8 +206,14 @@ def apply_tensor_parallel(
     sequence_parallel: bool,
     regather: bool = False,
     first_dim: bool = False,
+    float8: bool = False,
 ) -> None:
     """Shard one (stage) model over the tp mesh in place; no-op when tp == 1.
+
+    `float8`: the blocks' linears are torchao tensorwise float8 linears; with sequence
+    parallelism (DTensor's collectives, not `first_dim`) their inputs are cast on the sequence
+    shard and all-gathered as float8 (torchao's float8 styles, torchtitan's plan:
+    workloads.float8).
 
     With sequence parallelism, `regather`: the column-parallel inputs keep their sequence
     shard for backward and are all-gathered again there, as Megatron-LM does
@@ -243,7 +258,8 @@ def apply_tensor_parallel(
         _parallelize_pos_embeddings(model.pos_embeddings, tp_mesh, sequence_parallel)
     local_heads = spec.heads // tp
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, _block_plan(sequence_parallel, spec.family, first_dim))
+        plan = _block_plan(sequence_parallel, spec.family, first_dim, float8)
+        parallelize_module(block, tp_mesh, plan)
         if not sequence_parallel:
             _replicate_params(block.attention_norm, tp_mesh)
             _replicate_params(block.ffn_norm, tp_mesh)
@@ -311,6 +327,10 @@ def parallelize_stage(model: nn.Module, mesh, job: TrainingJob, dp_mesh=None) ->
             sequence_parallel=par.sequence_parallel,
             regather=regather,
             first_dim=job.kernels.sp_collectives == "first-dim",
+            # Megatron's regather keeps and gathers a bf16 shard (workloads.sp_regather)
+            float8=precision == "fp8"
+            and job.kernels.fp8_recipe in TENSOR_PARALLEL_RECIPES
+            and not regather,
         )
         apply_context_parallel(model, mesh["cp"])
     apply_recompute(

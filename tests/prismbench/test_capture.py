@@ -140,6 +140,23 @@ def test_tp_with_sequence_parallel_matches_megatron_per_layer(tmp_path, model):
     assert count(rows, kind="all_reduce", phase="optimizer") == 2
 
 
+def test_tensorwise_fp8_gathers_the_block_inputs_as_float8(tmp_path):
+    # torchtitan's float8 TP plan (workloads.float8): a block input is cast on its sequence
+    # shard and all-gathered as float8, one byte per element where bf16 takes two
+    def forward_gathers(precision):
+        job = job_spec_from_dict({
+            "model": {"name": "llama-debug"}, "parallel": {"tp": 2},
+            "batch": {"seq_len": 32, "micro_batch": 1, "global_batch": 1},
+            "train": {"precision": precision}, "kernels": {"framework": "torchtitan"},
+        })  # fmt: skip
+        rows = layer_rows(rows_of(capture(job, tmp_path / precision)), 0)
+        return [r.size_bytes for r in rows if r.kind == "all_gather"]
+
+    bf16, fp8 = forward_gathers("bf16"), forward_gathers("fp8")
+    assert len(bf16) == len(fp8) == 2
+    assert fp8 == [size // 2 for size in bf16]
+
+
 def test_dtensor_shape_propagation_adds_no_kernels_to_the_first_micro_batch(tmp_path):
     # DTensor runs each new sharding once on fake tensors to learn the output's shape; on a
     # GPU that costs no kernel, so micro-batch 0's layers compute exactly what micro-batch
