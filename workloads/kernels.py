@@ -342,8 +342,9 @@ RECOMPUTE_RERUNS_BY_FRAMEWORK: dict[str, str] = {
 # Megatron-core's fused Adam (TE or apex), llm.c its own one-kernel AdamW (llmc/adamw.cuh
 # adamw_kernel3 at f1e2ace). The workloads at 86a4f47 ran torch's foreach AdamW. torchtitan's
 # `optimizer.implementation` defaults to "fused" in its current JobConfig, but its 2024 option
-# was `--optimizer.fused`, off by default, and which the published runs used is not stated:
-# "foreach" (not verified). llm-foundry trains with Composer's DecoupledAdamW, a per-parameter
+# was `--optimizer.fused`, off by default (torchtitan/optimizer.py at 9dec370 passes
+# foreach=not fused; its train_configs do not set it); the published runs' flags are not
+# stated: "foreach", the default. llm-foundry trains with Composer's DecoupledAdamW, a per-parameter
 # loop of torch ops (not verified here): "foreach" is the nearer of the two.
 OPTIMIZER_STEP_BY_FRAMEWORK: dict[str, str] = {
     **_same_for_all("foreach"),
