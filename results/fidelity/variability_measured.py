@@ -21,7 +21,6 @@ iteration times fitted (OS noise, not GPU variation).
 """
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +30,9 @@ from scipy import stats
 from emulator.variability.calibration import estimate_kernel_noise, expected_range, step_cv_of
 from emulator.variability.distributions import fit_durations, from_moments
 from prismbench.variability_calibration import read_jobs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # results/: shared_gpu
+from shared_gpu import SHARED_GPU, commit_label  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RANGE_DRAWS = 200_000
@@ -141,9 +143,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args(argv)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    commit = commit_label()
     rng = np.random.default_rng(0)
     lines = [
         "## Measured temporal variation, scored leave-one-out",
@@ -152,7 +152,7 @@ def main(argv: list[str]) -> None:
         f"{' --record' if args.record else ''}` at commit {commit} (module docstring: method).",
         "",
     ]
-    for gpu_dir in sorted((ROOT.parent / "shared" / "data" / "gpu").glob("*/")):
+    for gpu_dir in sorted(SHARED_GPU.glob("*/")):
         lines += score_gpu(gpu_dir, rng)
     if args.record:
         lines += record_check()

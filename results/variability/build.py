@@ -6,7 +6,6 @@ Each GPU directory holds profiled iterations and repeated iteration times of the
 (see its README); prismbench.variability_calibration says what is measured and how.
 """
 
-import subprocess
 import sys
 from datetime import date
 from pathlib import Path
@@ -19,13 +18,12 @@ from prismbench.variability_calibration import (
     write_table,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # results/: shared_gpu
+from shared_gpu import ROOT, SHARED_GPU, commit_label  # noqa: E402
 
 
 def main(gpu_dirs: list[Path]) -> None:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    commit = commit_label()
     for gpu_dir in gpu_dirs:
         jobs = read_jobs(gpu_dir)
         provenance = {
@@ -43,5 +41,5 @@ def main(gpu_dirs: list[Path]) -> None:
 
 
 if __name__ == "__main__":
-    dirs = [Path(a) for a in sys.argv[1:]] or sorted((ROOT.parent / "shared/data/gpu").glob("*/"))
+    dirs = [Path(a) for a in sys.argv[1:]] or sorted(SHARED_GPU.glob("*/"))
     main(dirs)
