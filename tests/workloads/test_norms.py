@@ -6,8 +6,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from emulator.capture.fused_ops import gpu_fused_ops
-from emulator.capture.op_recorder import OpRecorder
-from emulator.capture.trace import COMPUTE, PHASES
+from tests.emulator.capture.recorded_rows import compute_rows
 from workloads.config import SpecError
 from workloads.flavors import get_flavor
 from workloads.job import BatchSpec, TrainingJob
@@ -48,17 +47,7 @@ def _recorded(eager_fp32: bool) -> list[tuple[str, str]]:
         norm = RMSNorm(HIDDEN, eps=1e-5, dtype=torch.bfloat16)
         norm.eager_fp32 = eager_fp32
         x = torch.empty(2, 8, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
-        recorder = OpRecorder()
-        with recorder:
-            norm(x).sum().backward()
-    trace = recorder.trace()
-    c, s = trace.columns, trace.strings
-    return [
-        (s[c["aten"][i]], PHASES[c["phase"][i]])
-        for i in range(len(trace))
-        # not the loss's sum and the gradient of ones it starts backward with
-        if c["kind"][i] == COMPUTE and s[c["aten"][i]] not in ("aten.sum", "aten.ones_like")
-    ]
+        return compute_rows(lambda: norm(x).sum().backward())
 
 
 def test_the_capture_records_torchtitans_eight_forward_kernels_instead_of_one():

@@ -8,8 +8,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from emulator.capture.fused_ops import gpu_fused_ops
-from emulator.capture.op_recorder import OpRecorder
-from emulator.capture.trace import COMPUTE, PHASES
+from tests.emulator.capture.recorded_rows import compute_rows
 
 HIDDEN = 64
 
@@ -19,16 +18,7 @@ def _record_norm(weight_dtype=torch.bfloat16, fused=True):
     with gpu_fused_ops() if fused else contextlib.nullcontext(), FakeTensorMode():
         norm = nn.RMSNorm(HIDDEN, eps=1e-5, dtype=weight_dtype)
         x = torch.empty(2, 8, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
-        recorder = OpRecorder()
-        with recorder:
-            norm(x).sum().backward()
-    trace = recorder.trace()
-    c, s = trace.columns, trace.strings
-    rows = [
-        (s[c["aten"][i]], PHASES[c["phase"][i]])
-        for i in range(len(trace))
-        if c["kind"][i] == COMPUTE and s[c["aten"][i]] != "aten.sum"
-    ]
+        rows = compute_rows(lambda: norm(x).sum().backward(), skip=("aten.sum",))
     return rows, x.grad, norm.weight.grad
 
 
