@@ -101,3 +101,12 @@ def float8_tensor_parallel_styles() -> tuple[type, type, type]:
             PrepareFloat8ModuleInput,
         )
     return Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
+
+
+def is_float8_linear(module: nn.Module) -> bool:
+    """Whether `convert_linears_to_float8` made `module` a torchao float8 linear."""
+    if type(module) is nn.Linear:  # torchao not imported for a plain linear
+        return False
+    with _quiet_torchao():
+        from torchao.float8.float8_linear import Float8Linear
+    return isinstance(module, Float8Linear)

@@ -42,6 +42,7 @@ from workloads.float8 import (
     TENSOR_PARALLEL_RECIPES,
     convert_linears_to_float8,
     float8_tensor_parallel_styles,
+    is_float8_linear,
 )
 from workloads.job import TrainingJob
 from workloads.models.norms import RMSNorm
@@ -71,45 +72,53 @@ COMPUTE_DTYPES = {
 }
 
 
+# each part of a block: the input it takes besides the activation (attention: the positions),
+# its column-parallel linears (fed by that input) and its row-parallel output linear
+_BLOCK_PARTS = {
+    "attention": ((None,), ("attention.wq", "attention.wk", "attention.wv"), "attention.wo"),
+    "feed_forward": ((), ("feed_forward.w1", "feed_forward.w3"), "feed_forward.w2"),
+}
+
+
 def _block_plan(
-    sequence_parallel: bool, family: str, first_dim: bool = False, float8: bool = False
+    sequence_parallel: bool,
+    family: str,
+    first_dim: bool = False,
+    float8_parts: frozenset[str] = frozenset(),
 ) -> dict:
-    colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput
-    if sequence_parallel and float8 and not first_dim:
-        colwise, rowwise, prepare_input = float8_tensor_parallel_styles()
+    """`float8_parts`: the parts of `_BLOCK_PARTS` whose linears are all torchao float8 linears;
+    with sequence parallelism and DTensor's collectives they take torchao's float8 styles
+    (workloads.float8), which refuse a plain linear; every other part the plain styles."""
+
+    def styles(part: str) -> tuple[type, type, type]:
+        if sequence_parallel and not first_dim and part in float8_parts:
+            return float8_tensor_parallel_styles()
+        return ColwiseParallel, RowwiseParallel, PrepareModuleInput
+
+    plan = {}
     if sequence_parallel:
         plan = {"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()}
-        if first_dim:  # the gathers and reduce-scatters: `_sequence_collectives_first_dim`
-            for name in ("attention.wo", "feed_forward.w2"):
-                plan[name] = RowwiseParallel(output_layouts=Partial(), use_local_output=False)
+    for part, (extra, _, out_linear) in _BLOCK_PARTS.items():
+        _, rowwise, prepare_input = styles(part)
+        if sequence_parallel and first_dim:  # the gathers, reduce-scatters: see below
+            plan[out_linear] = RowwiseParallel(output_layouts=Partial(), use_local_output=False)
+        elif sequence_parallel:
+            plan[part] = prepare_input(
+                input_layouts=(Shard(1), *extra), desired_input_layouts=(Replicate(), *extra)
+            )
+            plan[out_linear] = rowwise(output_layouts=Shard(1))
         else:
-            plan |= {
-                "attention": prepare_input(
-                    input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
-                ),
-                "attention.wo": rowwise(output_layouts=Shard(1)),
-                "feed_forward": prepare_input(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-                ),
-                "feed_forward.w2": rowwise(output_layouts=Shard(1)),
-            }
-    else:
-        # Megatron's f operator: the block input enters as one Replicate DTensor, so backward
-        # sums the gradients of wq/wk/wv (w1/w3) locally and all-reduces once per sub-block
-        plan = {
-            "attention": PrepareModuleInput(
-                input_layouts=(Replicate(), None), desired_input_layouts=(Replicate(), None)
-            ),
-            "attention.wo": RowwiseParallel(),
-            "feed_forward": PrepareModuleInput(
-                input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),)
-            ),
-            "feed_forward.w2": RowwiseParallel(),
-        }
-    for name in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1"):
-        plan[name] = colwise()
-    if family == "llama":
-        plan["feed_forward.w3"] = colwise()
+            # Megatron's f operator: the block input enters as one Replicate DTensor, so
+            # backward sums the gradients of wq/wk/wv (w1/w3) locally and all-reduces once
+            plan[part] = PrepareModuleInput(
+                input_layouts=(Replicate(), *extra), desired_input_layouts=(Replicate(), *extra)
+            )
+            plan[out_linear] = RowwiseParallel()
+    for part, (_, column_linears, _) in _BLOCK_PARTS.items():
+        colwise = styles(part)[0]
+        for name in column_linears:
+            if name != "feed_forward.w3" or family == "llama":
+                plan[name] = colwise()
     return plan
 
 
@@ -258,7 +267,17 @@ def apply_tensor_parallel(
         _parallelize_pos_embeddings(model.pos_embeddings, tp_mesh, sequence_parallel)
     local_heads = spec.heads // tp
     for block in model.layers.values():
-        plan = _block_plan(sequence_parallel, spec.family, first_dim, float8)
+        float8_parts = frozenset(
+            part
+            for part, (_, column_linears, out_linear) in _BLOCK_PARTS.items()
+            if float8
+            and all(
+                is_float8_linear(block.get_submodule(name))
+                for name in (*column_linears, out_linear)
+                if name != "feed_forward.w3" or spec.family == "llama"
+            )
+        )
+        plan = _block_plan(sequence_parallel, spec.family, first_dim, float8_parts)
         parallelize_module(block, tp_mesh, plan)
         if not sequence_parallel:
             _replicate_params(block.attention_norm, tp_mesh)

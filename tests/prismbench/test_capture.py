@@ -157,6 +157,19 @@ def test_tensorwise_fp8_gathers_the_block_inputs_as_float8(tmp_path):
     assert fp8 == [size // 2 for size in bf16]
 
 
+def test_a_block_part_with_a_linear_left_in_bf16_gathers_bf16(tmp_path):
+    # head dim 12: wk and wv are 48 x 24, not a multiple of 16, so they stay plain linears
+    # (workloads.float8) and the attention's input is gathered in bf16; the MLP's in float8
+    job = job_spec_from_dict({
+        "model": {"name": "llama-debug", "hidden": 48, "heads": 4, "kv_heads": 2},
+        "parallel": {"tp": 2}, "batch": {"seq_len": 32, "micro_batch": 1, "global_batch": 1},
+        "train": {"precision": "fp8"}, "kernels": {"framework": "torchtitan"},
+    })  # fmt: skip
+    rows = layer_rows(rows_of(capture(job, tmp_path)), 0)
+    bf16_gather = 32 * 48 * 2  # the whole sequence of the block input, 2 bytes an element
+    assert [r.size_bytes for r in rows if r.kind == "all_gather"] == [bf16_gather, bf16_gather // 2]
+
+
 def test_dtensor_shape_propagation_adds_no_kernels_to_the_first_micro_batch(tmp_path):
     # DTensor runs each new sharding once on fake tensors to learn the output's shape; on a
     # GPU that costs no kernel, so micro-batch 0's layers compute exactly what micro-batch
