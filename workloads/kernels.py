@@ -12,7 +12,9 @@ the source of each):
 - `megatron`: Megatron-LM / Megatron-DeepSpeed.
 - `nemo`: NVIDIA NeMo (Megatron-core with Transformer Engine).
 - `llm-foundry`: MosaicML llm-foundry (Composer).
-- `torchtitan`: PyTorch torchtitan.
+- `torchtitan`: PyTorch torchtitan as its published benchmarks ran it (torchtitan 9dec370,
+  torch 1963fc8, Dec 2024: FlashAttention-2 through SDPA, its own float32 RMSNorm); a job of
+  today's torchtitan overrides `attention = "flash"` and `norm = "torch"`.
 - `llm.c`: Karpathy's llm.c.
 
 Fields:
