@@ -80,6 +80,11 @@ _BLOCK_PARTS = {
 }
 
 
+def _column_linears(part: str, family: str) -> tuple[str, ...]:
+    """A part's column-parallel linears in a model of `family` (GPT's MLP has no w3)."""
+    return tuple(n for n in _BLOCK_PARTS[part][1] if n != "feed_forward.w3" or family == "llama")
+
+
 def _block_plan(
     sequence_parallel: bool,
     family: str,
@@ -114,11 +119,10 @@ def _block_plan(
                 input_layouts=(Replicate(), *extra), desired_input_layouts=(Replicate(), *extra)
             )
             plan[out_linear] = RowwiseParallel()
-    for part, (_, column_linears, _) in _BLOCK_PARTS.items():
+    for part in _BLOCK_PARTS:
         colwise = styles(part)[0]
-        for name in column_linears:
-            if name != "feed_forward.w3" or family == "llama":
-                plan[name] = colwise()
+        for name in _column_linears(part, family):
+            plan[name] = colwise()
     return plan
 
 
@@ -269,12 +273,11 @@ def apply_tensor_parallel(
     for block in model.layers.values():
         float8_parts = frozenset(
             part
-            for part, (_, column_linears, out_linear) in _BLOCK_PARTS.items()
+            for part, (_, _, out_linear) in _BLOCK_PARTS.items()
             if float8
             and all(
                 is_float8_linear(block.get_submodule(name))
-                for name in (*column_linears, out_linear)
-                if name != "feed_forward.w3" or spec.family == "llama"
+                for name in (*_column_linears(part, spec.family), out_linear)
             )
         )
         plan = _block_plan(sequence_parallel, spec.family, first_dim, float8_parts)
