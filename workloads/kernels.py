@@ -272,10 +272,10 @@ FP8_CASTS_BY_FRAMEWORK: dict[str, str] = {
 # llama3_h100_202412_torchtitan.md), where torch's SDPA tried FlashAttention-2 first and cuDNN
 # last on every GPU (pytorch#138522, Oct 2024, "Make CuDNN Attention Opt in"; torchtitan's Llama
 # calls F.scaled_dot_product_attention with no backend chosen): "flash2" for it. Megatron-LM of
-# 2021-22 (the code of the Narayanan, Korthikanti and BLOOM runs; `megatron` stands for it, as for grad_reduce below) had no flash
-# attention: ParallelAttention / CoreAttention run baddbmm, FusedScaleMaskSoftmax, dropout and
-# bmm (megatron/model/transformer.py at a8d172b31e and 2e90a342f5); `--use-flash-attn` came in
-# 2023. So "unfused" for it.
+# 2021-22 (the code of the Narayanan, Korthikanti and BLOOM runs; `megatron` stands for it, as
+# for grad_reduce below) had no flash attention: ParallelAttention / CoreAttention run baddbmm,
+# FusedScaleMaskSoftmax, dropout and bmm (megatron/model/transformer.py at a8d172b31e and
+# 2e90a342f5); `--use-flash-attn` came in 2023. So "unfused" for it.
 ATTENTION_BY_FRAMEWORK: dict[str, str] = {
     **_same_for_all("flash"),
     "llm-foundry": "triton",
@@ -346,8 +346,8 @@ RECOMPUTE_RERUNS_BY_FRAMEWORK: dict[str, str] = {
 # `optimizer.implementation` defaults to "fused" in its current JobConfig, but its 2024 option
 # was `--optimizer.fused`, off by default (torchtitan/optimizer.py at 9dec370 passes
 # foreach=not fused; its train_configs do not set it); the published runs' flags are not
-# stated: "foreach", the default. llm-foundry trains with Composer's DecoupledAdamW, a per-parameter
-# loop of torch ops (not verified here): "foreach" is the nearer of the two.
+# stated: "foreach", the default. llm-foundry trains with Composer's DecoupledAdamW, a
+# per-parameter loop of torch ops (not verified here): "foreach" is the nearer of the two.
 OPTIMIZER_STEP_BY_FRAMEWORK: dict[str, str] = {
     **_same_for_all("foreach"),
     "megatron": "fused",
