@@ -19,9 +19,9 @@ top_modules=10, workspaces=True, outside=None)`: `gpu` is a preset name or GpuPr
 or an AllocatorConfig; `memory_fraction` as torch.cuda.set_per_process_memory_fraction (it is
 what enables garbage_collection_threshold, as in torch); `stage` is copied into the event
 reports; `workspaces` injects what the caching allocator hands out that a CPU trace does not
-hold: torch's cuBLAS workspaces and each kernel's own scratch (events.py). An OOM is data,
-never an exception: after the first allocation that does not fit, the replay goes on as on an
-unlimited device so every figure is still given.
+hold: torch's cuBLAS and cuBLASLt workspaces and each kernel's own scratch (events.py). An OOM
+is data, never an exception: after the first allocation that does not fit, the replay goes on
+as on an unlimited device so every figure is still given.
 
 The replay runs a first iteration and then steady ones (iterations.py). Exports:
 `prismbench.plots.plot_memory_timeline(result, path, title, trace=, event_times_s=)` (PNG, with

@@ -20,6 +20,13 @@
   4096 KiB x 8 = 32 MiB on sm90 (Hopper), else 4096 KiB x 2 + 16 KiB x 8 = 8 MiB + 128 KiB;
   one per (cuBLAS handle, stream), allocated *through the caching allocator* (getNewWorkspace),
   so `replay` injects it into the allocation sequence instead of adding it here.
+- cuBLASLt workspace: the same file's getCUDABlasLtWorkspace() allocates a second workspace
+  per (handle, stream) through the caching allocator at the first cuBLASLt matmul (addmm with
+  a bias, _scaled_mm), unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=1 makes it share the cuBLAS one;
+  its size is parseCUDABlasLtWorkspaceSize(): CUBLASLT_WORKSPACE_SIZE, default 1024 KiB on CUDA
+  (pytorch#73328). Injected by `replay` too. The shared H100 measurements agree: every job with
+  addmm-with-bias or _scaled_mm had 1 MiB (2 MiB with its backward thread's) more allocated than
+  predicted without it, and the Llama jobs, whose matmuls are all plain mm, none.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ CUBLAS_WORKSPACE_BYTES = {
     "hopper": 4096 * 1024 * 8,  # CublasHandlePool.cpp: sm90 default ":4096:8"
     "ampere": 4096 * 1024 * 2 + 16 * 1024 * 8,  # default ":4096:2:16:8"
 }
+CUBLASLT_WORKSPACE_BYTES = 1024 * 1024  # CublasHandlePool.cpp: CUBLASLT_WORKSPACE_SIZE default
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,7 +25,12 @@ from emulator.memory.allocator import CachingAllocator
 from emulator.memory.config import AllocatorConfig, parse_alloc_conf
 from emulator.memory.events import replay_events
 from emulator.memory.iterations import iteration_events
-from emulator.memory.outside import CUBLAS_WORKSPACE_BYTES, OutsideMemory, outside_memory
+from emulator.memory.outside import (
+    CUBLAS_WORKSPACE_BYTES,
+    CUBLASLT_WORKSPACE_BYTES,
+    OutsideMemory,
+    outside_memory,
+)
 
 MAX_STEADY_ITERATIONS = 8
 
@@ -150,7 +155,10 @@ def _replay(
     outside = outside or outside_memory(trace, arch)
     allocator = _allocator(config, preset, outside, memory_fraction, history)
     ev = replay_events(
-        trace, CUBLAS_WORKSPACE_BYTES.get(arch, CUBLAS_WORKSPACE_BYTES["ampere"]), workspaces
+        trace,
+        CUBLAS_WORKSPACE_BYTES.get(arch, CUBLAS_WORKSPACE_BYTES["ampere"]),
+        workspaces,
+        CUBLASLT_WORKSPACE_BYTES,
     )
     runs = _iterations(allocator, *iteration_events(trace, ev))
     result = _result(trace, runs, allocator, outside, preset, conf_text, stage, top_modules)

@@ -36,25 +36,32 @@ def _job(micro_batch: int = 1):
     )
 
 
-def test_fit_on_a_gpu_whose_capacity_is_exactly_what_two_sequences_need(monkeypatch, tmp_path):
+def test_fit_on_a_gpu_whose_capacity_is_exactly_what_a_micro_batch_needs(monkeypatch, tmp_path):
     monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path))
-    need, need_one = check_memory(_job(2)), check_memory(_job(1))
+    # reserved memory is a staircase of segments: take the last micro-batch of its first step
+    need = {1: check_memory(_job(1))}
+    for n in range(2, 9):
+        need[n] = check_memory(_job(n))
+        if need[n].peak_reserved_bytes > need[n - 1].peak_reserved_bytes:
+            break
+    line = n - 1
+    assert need[n].peak_reserved_bytes > need[line].peak_reserved_bytes
     real = emulator.hardware.gpu_preset("h100-sxm-80g")
-    exact = need.outside_bytes + need.peak_reserved_bytes
+    exact = need[line].outside_bytes + need[line].peak_reserved_bytes
     tiny = dataclasses.replace(real, usable_capacity_bytes=exact)
     monkeypatch.setattr(emulator.hardware, "gpu_preset", lambda name: tiny)
     result = fit(_job(1), "micro_batch")
-    assert result.largest_fitting == 2 and result.headroom_bytes == 0
+    assert result.largest_fitting == line and result.headroom_bytes == 0
     by_value = {p.value: p.memory for p in result.probes}
-    assert by_value[2].fits and not by_value[3].fits and "iteration" in by_value[3].oom_at
-    # one byte less and two sequences no longer fit (nor one, if it needs as many segments)
+    assert by_value[line].fits and not by_value[n].fits and "iteration" in by_value[n].oom_at
+    # one byte less and the step's micro-batches no longer fit (every one of them, here)
     monkeypatch.setattr(
         emulator.hardware,
         "gpu_preset",
         lambda name: dataclasses.replace(real, usable_capacity_bytes=exact - 1),
     )
-    one_fits = need_one.peak_reserved_bytes < need.peak_reserved_bytes
-    assert fit(_job(1), "micro_batch").largest_fitting == (1 if one_fits else None)
+    below = [v for v, m in need.items() if m.peak_reserved_bytes < need[line].peak_reserved_bytes]
+    assert fit(_job(1), "micro_batch").largest_fitting == (max(below) if below else None)
 
 
 def test_varying_an_unknown_setting_is_refused():

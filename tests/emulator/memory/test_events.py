@@ -3,6 +3,7 @@
 from emulator.capture.trace import ALLOC, COMPUTE, FREE, PHASES, OpEvent, build_trace
 from emulator.memory import replay_memory
 from emulator.memory.events import KERNEL_WORKSPACE_CATEGORY
+from emulator.memory.outside import CUBLAS_WORKSPACE_BYTES, CUBLASLT_WORKSPACE_BYTES
 
 MiB = 1 << 20
 FORWARD, BACKWARD = PHASES.index("forward"), PHASES.index("backward")
@@ -45,3 +46,34 @@ def test_without_workspaces_the_scratch_is_not_allocated():
 
 def test_an_op_without_scratch_allocates_nothing_more():
     assert replay_memory(attention_step(0)).peak_allocated_bytes == (40 + 64 + 32) * MiB
+
+
+def matmul_step(*rows):
+    """A trace of compute rows (name, phase, tensors) and nothing else."""
+    events = [
+        OpEvent(seq, COMPUTE, name, "", 0, "linear", phase, 0, tensors=tensors)
+        for seq, (name, phase, tensors) in enumerate(rows)
+    ]
+    return build_trace(events)
+
+
+BIAS_ADDMM = ((8,), "bfloat16", False), ((4, 16), "bfloat16", False), ((16, 8), "bfloat16", False)
+FULL_ADDMM = ((4, 8), "bfloat16", False), ((4, 16), "bfloat16", False), ((16, 8), "bfloat16", False)
+RECOMPUTE = PHASES.index("recompute")
+
+
+def test_cublaslt_workspace_per_thread_at_its_first_biased_addmm_or_scaled_mm():
+    cublas, cublaslt = CUBLAS_WORKSPACE_BYTES["hopper"], CUBLASLT_WORKSPACE_BYTES
+    step = matmul_step(
+        ("addmm", FORWARD, BIAS_ADDMM),  # main thread: cuBLAS + cuBLASLt workspaces
+        ("addmm", FORWARD, BIAS_ADDMM),  # nothing new
+        ("mm", BACKWARD, ()),  # autograd's thread: its cuBLAS workspace only
+        ("addmm", RECOMPUTE, BIAS_ADDMM),  # the recompute's biased linear: its cuBLASLt one
+    )
+    r = replay_memory(step, gpu="h100-sxm-80g")
+    assert r.peak_allocated_bytes == 2 * cublas + 2 * cublaslt
+    plain = matmul_step(("addmm", FORWARD, FULL_ADDMM), ("mm", BACKWARD, ()))  # cuBLAS only
+    assert replay_memory(plain, gpu="h100-sxm-80g").peak_allocated_bytes == 2 * cublas
+    fp8 = matmul_step(("scaled_mm", FORWARD, ()), ("scaled_mm", BACKWARD, ()))
+    assert replay_memory(fp8, gpu="h100-sxm-80g").peak_allocated_bytes == 2 * (cublas + cublaslt)
+    assert replay_memory(step, gpu="h100-sxm-80g", workspaces=False).peak_allocated_bytes == 0
