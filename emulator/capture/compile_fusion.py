@@ -38,7 +38,8 @@ allocation of the chain's outputs. Rows need storage ids (`OpEvent.flows`, recor
 What the rule leaves out: horizontal fusion of independent chains separated by a row that
 ends a chain (counted as separate kernels), fusion into GEMM epilogues (max-autotune only),
 AOTAutograd's min-cut partitioner recomputing cheap pointwise ops in the backward instead of
-saving them (saved activations are kept as recorded: memory is not lowered for it), and
+saving them (saved activations are kept as recorded, less what no backward row reads:
+emulator.capture.compile_saved), and
 Inductor splitting a chain it cannot fuse (mismatched iteration ranges other than rule 3).
 On CPU Inductor generates C++ and fuses by the same scheduler but with other heuristics, so a
 CPU kernel count is a proxy; the `gpu` tests count kernels of a CUDA profile.

@@ -37,7 +37,8 @@ torch-level patches active only during capture:
   optimizer hooks) run in the "optimizer" phase.
 
 A compiled program (`RankProgram.compiled_region`) has its recorded kernels fused as Inductor
-fuses them, once the step is recorded (emulator.capture.compile_fusion).
+fuses them, once the step is recorded (emulator.capture.compile_fusion), and keeps for backward
+only the activations its backward reads (emulator.capture.compile_saved).
 
 Repeated micro-batches are recorded once and copied: a pipeline stage's chunks
 (emulator.capture.chunk_reuse) and, without pipelining, the program's gradient-accumulation
@@ -64,6 +65,7 @@ from emulator import torch_compat
 from emulator.capture import streams
 from emulator.capture.chunk_reuse import PipelineSteps, reused_chunks, wrapped_attribute
 from emulator.capture.compile_fusion import fuse_compiled_chains
+from emulator.capture.compile_saved import free_unread_saved
 from emulator.capture.fused_ops import gpu_fused_ops
 from emulator.capture.micro_batch_reuse import reused_micro_batches
 from emulator.capture.op_recorder import OpRecorder
@@ -332,11 +334,15 @@ def capture_rank(
                 program.recording_rules(recorder),
             ):
                 program.step(state, recorder.phase)
+            comm_events = comm.events
             if program.compiled_region is not None:
                 recorder.events[:] = fuse_compiled_chains(
                     recorder.events, (e.seq for e in comm.events), program.compiled_region
                 )
-        return recorder.trace(comm.events, comm.groups)
+                recorder.events[:], comm_events = free_unread_saved(
+                    recorder.events, comm.events, program.compiled_region
+                )
+        return recorder.trace(comm_events, comm.groups)
     finally:
         gc.unfreeze()
         destroy_virtual_world()
