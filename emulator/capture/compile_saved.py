@@ -15,10 +15,9 @@ under torchtitan's policy on CPU: it saves the last GEMM's output no more, and n
 SAC keeps goes missing.
 
 Rule (`free_unread_saved`, applied after compile_fusion's): a storage allocated in the forward
-inside a compiled region (category "activation") that no compute row reads after the forward
-(in backward or recompute) before its free, and that is freed after the forward, is freed right
-after its last forward row instead. Rows need storage ids (`OpEvent.flows`, as compile_fusion);
-if one compute row has none, nothing moves.
+inside a compiled region (category "activation"), freed after the forward, and read by no
+backward or recompute compute row is freed right after its last forward row instead. Rows need
+storage ids (`OpEvent.flows`, as compile_fusion); if one compute row has none, nothing moves.
 To make room for the moved frees, every seq (the comm events' `seq` and `comm_seq` too) is
 multiplied by one more than the most frees moved behind one row.
 
@@ -79,8 +78,8 @@ def unread_saved(events: Sequence[OpEvent], region_of: Callable[[str], str]) -> 
 def free_unread_saved(
     events: Sequence[OpEvent], comm_events: Sequence, region_of: Callable[[str], str]
 ) -> tuple[list[OpEvent], list]:
-    """(`events`, `comm_events`) with the rule's frees moved and every seq rescaled (the inputs
-    themselves when nothing moves)."""
+    """(`events`, `comm_events`) with the rule's frees moved and every seq rescaled (unchanged
+    when nothing moves)."""
     moves = unread_saved(events, region_of)
     if not moves:
         return list(events), list(comm_events)

@@ -1,13 +1,13 @@
 """The event table a memory replay walks: a trace's alloc/free rows plus workspaces.
 
 Two kinds of workspace come through the caching allocator without being tensors the capture
-sees: the cuBLAS and cuBLASLt workspaces of each handle (made at its first matmul and its first
-cuBLASLt matmul, kept), and the scratch
-a kernel allocates for its own duration (the trace's `workspace_bytes`, e.g. the attention
-backward's float32 dQ accumulator: torch's cuDNN SDPA backward takes it as one
-`CUDACachingAllocator::allocate(workspace_size)` after allocating dQ, dK, dV and frees it when
-the op returns, aten/src/ATen/native/cudnn/MHA.cpp run_cudnn_SDP_bprop). A kernel's scratch
-is one block allocated at the op's row, after its outputs, and freed right after.
+sees: the cuBLAS and cuBLASLt workspaces of each handle (made at its first matmul and at its
+first cuBLASLt matmul, kept), and the scratch a kernel allocates for its own duration (the
+trace's `workspace_bytes`, e.g. the attention backward's float32 dQ accumulator: torch's cuDNN
+SDPA backward takes it as one `CUDACachingAllocator::allocate(workspace_size)` after
+allocating dQ, dK, dV and frees it when the op returns, aten/src/ATen/native/cudnn/MHA.cpp
+run_cudnn_SDP_bprop). A kernel's scratch is one block allocated at the op's row, after its
+outputs, and freed right after.
 
 Per event: its trace row, whether it frees, size, storage uid (workspaces get uids -2, -3,
 ...), stream and category code (into `categories`: the trace's strings plus
