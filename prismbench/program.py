@@ -112,6 +112,7 @@ def rank_program(job) -> RankProgram:
         # torchtitan compiles each TransformerBlock (`apply_compile`); the workloads' blocks
         # are `layers.<i>` as torchtitan's are
         compiled_region=block_region("layers") if job.kernels.compile else None,
+        collectives_read_activations=job.kernels.sp_regather and job.parallel.sequence_parallel,
     )
 
 

@@ -22,9 +22,10 @@ To make room for the moved frees, every seq (the comm events' `seq` and `comm_se
 multiplied by one more than the most frees moved behind one row.
 
 Left out: the partitioner's other choices (recomputing cheap ops rather than saving them, saving
-a GEMM's input rather than its output), and reads by collectives, which the rule cannot see: an
-activation only a backward collective reads would be freed early (Megatron's `sp_regather` is
-the one such program, and it is never compiled).
+a GEMM's input rather than its output). Reads by collectives the rule cannot see: a program
+where a backward collective reads a forward activation no kernel reads (Megatron's
+`sp_regather`) says so (`RankProgram.collectives_read_activations`), and the capture does not
+apply the rule to it.
 """
 
 from __future__ import annotations

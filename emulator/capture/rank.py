@@ -101,6 +101,10 @@ class RankProgram:
     # runs in, "" outside them; the recorded step's kernels are then fused as Inductor fuses
     # them (emulator.capture.compile_fusion). None: an eager program
     compiled_region: Callable[[str], str] | None = None
+    # a backward collective reads a forward activation that no backward kernel reads (Megatron's
+    # sequence-parallel regather); the capture cannot see collectives' reads, so a compiled
+    # program then keeps its activations as recorded (emulator.capture.compile_saved)
+    collectives_read_activations: bool = False
 
 
 @contextlib.contextmanager
@@ -339,9 +343,10 @@ def capture_rank(
                 recorder.events[:] = fuse_compiled_chains(
                     recorder.events, (e.seq for e in comm.events), program.compiled_region
                 )
-                recorder.events[:], comm_events = free_unread_saved(
-                    recorder.events, comm.events, program.compiled_region
-                )
+                if not program.collectives_read_activations:
+                    recorder.events[:], comm_events = free_unread_saved(
+                        recorder.events, comm.events, program.compiled_region
+                    )
         return recorder.trace(comm_events, comm.groups)
     finally:
         gc.unfreeze()

@@ -192,3 +192,22 @@ def test_aotautograd_saves_no_gemm_output_its_backward_does_not_read():
     torch.compile(_Block(), backend=backend, fullgraph=True)(x).sum().backward()
     gemm_outputs = collections.Counter(s for s in saved if s in ((1 * TOKENS, D), (TOKENS, FFN)))
     assert gemm_outputs == {(TOKENS, D): 2, (TOKENS, FFN): 1}
+
+
+def test_a_program_whose_collectives_read_saved_activations_keeps_them(tmp_path):
+    """Megatron's regather all-gathers a saved sequence shard in backward, a read the rule
+    cannot see: the capture leaves such a program's activations as recorded."""
+    parallel = {"tp": 2, "sequence_parallel": True}
+    job = debug_job(parallel, global_batch=2, seq_len=256, train={"recompute": "selective"})
+    called = []
+
+    def spy(*args):
+        called.append(args)
+        return free_unread_saved(*args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(emulator.capture.rank, "free_unread_saved", spy)
+        for regather in (True, False):
+            kernels = KernelsSpec(compile=True, sp_regather=regather)
+            capture(dataclasses.replace(job, kernels=kernels), tmp_path)
+            assert bool(called) is not regather
