@@ -19,7 +19,9 @@ the source of each):
 
 Fields:
 - `loss`: how the cross-entropy runs (`workloads.loss` implements each value):
-  `unfused-fp32` (logits upcast to float32, log-softmax and NLL as separate kernels),
+  `unfused-fp32` (logits upcast to float32, log-softmax and NLL as separate kernels;
+  with tp > 1 Megatron's vocab-parallel formulation), `loss-parallel` (the same at tp = 1;
+  with tp > 1 torch's DTensor `loss_parallel()`, as torchtitan: other float32 temporaries),
   `fused` (one kernel each way over the low-precision logits, keeping a float32 logsumexp
   per token; the backward writes a new gradient in the logits' dtype), `fused-inplace` (the
   same, the gradient written over the logits).
@@ -176,7 +178,7 @@ from workloads.config import SpecError, per_transfer_refusal
 
 FRAMEWORKS = ("prism-86a4f47", "megatron", "nemo", "llm-foundry", "torchtitan", "llm.c")
 
-LOSSES = ("unfused-fp32", "fused", "fused-inplace")
+LOSSES = ("unfused-fp32", "loss-parallel", "fused", "fused-inplace")
 NORMS = ("torch", "eager-fp32")
 # torchao recipe names, and the workloads' own float8 of 86a4f47 (workloads.prism_float8)
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "prism-86a4f47")
@@ -212,8 +214,11 @@ LOSS_BY_FRAMEWORK: dict[str, str] = {
     # CrossEntropyLoss(ignore_index=-100, reduction="none") (models/mpt/modeling_mpt.py);
     # inplace_backward stays False.
     "llm-foundry": "fused",
-    # torchtitan components/loss.py cross_entropy_loss: F.cross_entropy(pred.float(), ...).
-    "torchtitan": "unfused-fp32",
+    # torchtitan train.py (9dec370) loss_fn: F.cross_entropy(pred.flatten(0, 1).float(), ...),
+    # with tp > 1 inside torch's loss_parallel() (training.disable_loss_parallel defaults to
+    # False; train_context enters it around forward and backward); today's
+    # components/loss.py cross_entropy_loss is the same call.
+    "torchtitan": "loss-parallel",
     # llm.c train_gpt2.cu fused_classifier: loss and dlogits in one kernel, dlogits written
     # over the logits buffer.
     "llm.c": "fused-inplace",

@@ -4,6 +4,13 @@
   `F.cross_entropy` runs log-softmax and NLL as separate kernels that keep float32 copies of
   the [tokens, vocab] matrix; with tp > 1, `vocab_parallel_cross_entropy` (Megatron-LM's
   formulation, float32 too).
+- `loss-parallel` (torchtitan): the same `F.cross_entropy(logits.float(), ...)`; with tp > 1
+  the logits are a vocab-sharded DTensor and torch's `loss_parallel()` context runs it
+  (`loss_parallel_cross_entropy`; torch/distributed/tensor/parallel/loss.py): its own
+  log-softmax (upcast, max, shift, exp, sum, log: float32 temporaries of the local logits'
+  size) and one backward pass for NLL and log-softmax together, which holds the saved
+  log-probabilities, a zeros-with-minus-one scatter, their exp and the sum at once. The
+  backward must run in the context too (`loss_context`). At tp = 1 it is `unfused-fp32`.
 - `fused`: one kernel forward and one backward over the low-precision logits, as flash-attn's
   `CrossEntropyLoss` runs (llm-foundry's `loss_fn: fused_crossentropy`): the forward keeps
   the logits and a float32 logsumexp per token, the backward writes a new gradient in the
@@ -25,10 +32,14 @@ Padded vocabulary columns (`kernels.vocab_multiple`) take part in the softmax, a
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.parallel import loss_parallel
 
 FUSED_LOSSES = ("fused", "fused-inplace")
 
@@ -173,9 +184,48 @@ def vocab_parallel_cross_entropy(logits, labels, group, vocab: int) -> Tensor:
     return per_token.mean()
 
 
-def cross_entropy(kind: str, logits: Tensor, labels: Tensor, group, vocab: int) -> Tensor:
+def loss_parallel_cross_entropy(logits: Tensor, labels: Tensor, tp_mesh) -> Tensor:
+    """Mean cross-entropy of vocab-sharded logits [..., V/tp] as torchtitan runs it: the local
+    logits wrapped as a DTensor sharded on the vocabulary over `tp_mesh`, `F.cross_entropy` of
+    its float32 upcast; returns the local (replicated) loss. Runs inside `loss_context`, with
+    the backward (torch's context does not nest: an inner one would unregister the backward
+    handlers on exit)."""
+    if not _in_loss_parallel:
+        raise RuntimeError(
+            "kernels.loss = 'loss-parallel' with tp > 1 runs its forward and backward inside "
+            "workloads.loss.loss_context (torch's loss_parallel())"
+        )
+    sharded = DTensor.from_local(logits, tp_mesh, [Shard(-1)], run_check=False)
+    return F.cross_entropy(sharded.flatten(0, -2).float(), labels.flatten()).to_local()
+
+
+_in_loss_parallel = False
+
+
+@contextlib.contextmanager
+def loss_context(kind: str, tp_mesh):
+    """The context a micro-batch's forward and backward run in: torch's `loss_parallel()`
+    for `loss-parallel` with vocab-sharded logits (its backward handlers are registered
+    only inside it), else none."""
+    global _in_loss_parallel
+    if kind != "loss-parallel" or tp_mesh is None:
+        yield
+        return
+    with loss_parallel():
+        _in_loss_parallel = True
+        try:
+            yield
+        finally:
+            _in_loss_parallel = False
+
+
+def cross_entropy(kind: str, logits: Tensor, labels: Tensor, tp_mesh, vocab: int) -> Tensor:
     """Token-mean cross-entropy as `kernels.loss` = `kind` runs it (module docstring);
-    `vocab`: rows of the output layer (padded), `group`: tp group of sharded logits or None."""
+    `vocab`: rows of the output layer (padded), `tp_mesh`: the 1-D DeviceMesh of the tp group
+    the logits are vocab-sharded over, or None."""
+    if kind == "loss-parallel" and tp_mesh is not None:
+        return loss_parallel_cross_entropy(logits, labels, tp_mesh)
+    group = tp_mesh.get_group() if tp_mesh is not None else None
     if kind in FUSED_LOSSES:
         return fused_cross_entropy(logits, labels, group, vocab, inplace=kind == "fused-inplace")
     if group is None:

@@ -41,7 +41,7 @@ from torch.distributed.tensor import DTensor
 from workloads.config import check_schedule
 from workloads.context_parallel import chunk_positions, shard_sequence
 from workloads.job import TrainingJob
-from workloads.loss import cross_entropy
+from workloads.loss import cross_entropy, loss_context
 from workloads.megatron_schedule import ActivationMeta, PerTransferOneFOneB
 from workloads.models import build_model
 from workloads.parallelize import COMPUTE_DTYPES, data_parallel_mesh, parallelize_stage
@@ -88,13 +88,17 @@ class TrainingState:
     stages: list = field(default_factory=list)
     cp_rank: int = 0
     cp: int = 1
-    tp_group: object | None = None
+    tp_mesh: object | None = None  # the tp DeviceMesh when tp > 1
     pp_group: object | None = None
     embedding_group: object | None = None  # first + last pipeline rank, tied embeddings only
     # the two halves of a gradient-accumulation micro-batch, called through the state so that
     # a caller may wrap them (the emulator's capture stands recorded ones in for them)
     forward: Callable[..., torch.Tensor] = micro_batch_forward
     backward: Callable[[torch.Tensor, int], None] = micro_batch_backward
+
+    @property
+    def tp_group(self):
+        return self.tp_mesh.get_group() if self.tp_mesh is not None else None
 
     @property
     def has_first(self) -> bool:
@@ -105,7 +109,7 @@ class TrainingState:
         return any(plan.is_last for plan in self.plans)
 
     def loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return cross_entropy(self.loss, logits, labels, self.tp_group, self.vocab)
+        return cross_entropy(self.loss, logits, labels, self.tp_mesh, self.vocab)
 
 
 def _positions_hook(seq_len: int, cp_rank: int, cp: int):
@@ -230,7 +234,7 @@ def build_training(
         fsdp=mesh is not None and par.zero >= 2,
         cp_rank=cp_rank,
         cp=par.cp,
-        tp_group=mesh["tp"].get_group() if mesh is not None and par.tp > 1 else None,
+        tp_mesh=mesh["tp"] if mesh is not None and par.tp > 1 else None,
         pp_group=mesh["pp"].get_group() if mesh is not None and par.pp > 1 else None,
     )
     if job.model.tie_embeddings and par.pp > 1 and (state.has_first or state.has_last):
@@ -384,6 +388,17 @@ def train_step(
     """
     tokens = shard_sequence(tokens, state.cp_rank, state.cp)
     labels = shard_sequence(labels, state.cp_rank, state.cp)
+    with loss_context(state.loss, state.tp_mesh):
+        loss = _forward_backward(job, state, tokens, labels)
+    with phase("optimizer") if phase is not None else contextlib.nullcontext():
+        _optimizer_step(state)
+    if loss is None or is_fake(loss):
+        return None
+    return loss.item()
+
+
+def _forward_backward(job: TrainingJob, state: TrainingState, tokens, labels):
+    """Every micro-batch's forward and backward; the mean loss on ranks of the last stage."""
     if state.schedule is not None:
         losses: list[torch.Tensor] = []
         args = (tokens,) if state.has_first else ()
@@ -394,14 +409,8 @@ def train_step(
             # the losses are all this step needs: return_outputs (torch's default) would keep
             # every micro-batch's logits on the last stage and concatenate them at the end
             state.schedule.step(*args, target=target, losses=losses, return_outputs=False)
-        loss = torch.stack([x.detach() for x in losses]).mean() if state.has_last else None
-    else:
-        loss = _accumulate(job, state, tokens, labels)
-    with phase("optimizer") if phase is not None else contextlib.nullcontext():
-        _optimizer_step(state)
-    if loss is None or is_fake(loss):
-        return None
-    return loss.item()
+        return torch.stack([x.detach() for x in losses]).mean() if state.has_last else None
+    return _accumulate(job, state, tokens, labels)
 
 
 def _accumulate(job: TrainingJob, state: TrainingState, tokens, labels) -> torch.Tensor:

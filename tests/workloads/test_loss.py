@@ -6,21 +6,24 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.device_mesh import init_device_mesh
 
 from emulator.capture.op_recorder import OpRecorder
-from emulator.capture.trace import ALLOC, COMPUTE
+from emulator.capture.trace import ALLOC, COMPUTE, FREE
+from emulator.world.virtual_world import destroy_virtual_world, init_virtual_world
 from prismbench.launch import free_port
 from prismbench.workload_ops import register_workload_ops
 from workloads.kernels import LOSSES
-from workloads.loss import cross_entropy
+from workloads.loss import cross_entropy, loss_context
 
 VOCAB = 11
 
 
-def _loss_and_grad(kind, logits, labels, group=None):
+def _loss_and_grad(kind, logits, labels, tp_mesh=None):
     x = logits.detach().clone().requires_grad_(True)
-    loss = cross_entropy(kind, x * 1.0, labels, group, VOCAB)  # * 1.0: logits are an activation
-    (grad,) = torch.autograd.grad(loss, x)
+    with loss_context(kind, tp_mesh):  # loss-parallel's backward runs in torch's context too
+        loss = cross_entropy(kind, x * 1.0, labels, tp_mesh, VOCAB)  # * 1.0: an activation
+        (grad,) = torch.autograd.grad(loss, x)
     return loss, grad
 
 
@@ -65,7 +68,7 @@ def test_vocab_parallel_loss_with_one_rank_matches_cross_entropy(kind):
     try:
         logits = torch.randn(2, 5, VOCAB)
         labels = torch.randint(VOCAB, (2, 5))
-        loss, grad = _loss_and_grad(kind, logits, labels, dist.group.WORLD)
+        loss, grad = _loss_and_grad(kind, logits, labels, init_device_mesh("cpu", (1,)))
     finally:
         dist.destroy_process_group()
     ref_loss, ref_grad = _loss_and_grad("unfused-fp32", logits, labels)
@@ -121,3 +124,41 @@ def test_fused_loss_is_captured_as_one_op_each_way_without_a_float32_copy(kind):
 def test_unfused_loss_keeps_float32_copies_the_fused_one_does_not():
     _, allocs = _capture("unfused-fp32")
     assert sum(size >= 2 * LOGITS_BYTES for size in allocs) >= 2
+
+
+def _most_float32_logits_live(kind, tp=2):
+    """The most float32 [TOKENS, BIG_VOCAB / tp] buffers live at once in the loss's forward and
+    backward, captured on rank 0 of a virtual world of `tp` ranks (vocab-sharded logits)."""
+    register_workload_ops()
+    init_virtual_world(0, tp)
+    try:
+        tp_mesh = init_device_mesh("cpu", (tp,))
+        local_vocab = BIG_VOCAB // tp
+        with FakeTensorMode():
+            logits = torch.empty(1, TOKENS, local_vocab, dtype=torch.bfloat16, requires_grad=True)
+            labels = torch.zeros(1, TOKENS, dtype=torch.long)
+            recorder = OpRecorder()
+            with recorder, loss_context(kind, tp_mesh):
+                cross_entropy(kind, logits * 1.0, labels, tp_mesh, BIG_VOCAB).backward()
+    finally:
+        destroy_virtual_world()
+    trace = recorder.trace()
+    c = trace.columns
+    size = TOKENS * local_vocab * 4
+    live, most = set(), 0
+    for i in range(len(trace)):
+        if c["kind"][i] == ALLOC and c["size_bytes"][i] == size:
+            live.add(int(c["storage"][i]))
+        elif c["kind"][i] == FREE:
+            live.discard(int(c["storage"][i]))
+        most = max(most, len(live))
+    return most
+
+
+def test_loss_parallel_holds_one_more_float32_logits_copy_than_megatrons_formula():
+    # torch's loss_parallel backward: the saved log-probabilities, the zeros-with-minus-one
+    # scatter, exp of the log-probabilities and their sum live together; Megatron's keeps
+    # the softmax, its clone and the scaled gradient (the forward's upcast, shifted logits and
+    # exp peak at three in both)
+    assert _most_float32_logits_live("unfused-fp32") == 3
+    assert _most_float32_logits_live("loss-parallel") == 4

@@ -89,7 +89,11 @@ KERNELS = {
         "sp_regather": True,
     },
     "cp2-tp2-llama-sp-first-dim-regather-mb2": {"sp_collectives": "first-dim", "sp_regather": True},
-    "fsdp-zero3-dp2-tp2-llama-eager-fp32-norm": {"norm": "eager-fp32"},
+    "fsdp-zero3-dp2-tp2-llama-eager-fp32-norm-loss-parallel": {
+        "norm": "eager-fp32",
+        "loss": "loss-parallel",
+    },
+    "pp2-1f1b-tp2-llama-loss-parallel": {"loss": "loss-parallel"},
 }
 CASES["tp2-sp-dp2-zero1-gpt-tied-fused-loss"] = (
     {"name": "gpt-debug"},
@@ -112,11 +116,14 @@ CASES["tp2-sp-pp2-gpt-alibi-unfused-attention"] = (  # ALiBi slopes of each tp r
     {"tp": 2, "pp": 2},
 )
 CASES["dp2-tp2-zero1-gpt-fused-adamw"] = ({"name": "gpt-debug"}, {"dp": 2, "tp": 2, "zero": 1})
-# torchtitan's RMSNorm of Dec 2024 on sequence-parallel DTensors and FSDP's sharded weight
-CASES["fsdp-zero3-dp2-tp2-llama-eager-fp32-norm"] = (
+# torchtitan's RMSNorm of Dec 2024 on sequence-parallel DTensors and FSDP's sharded weight,
+# and its loss: torch's loss_parallel() on vocab-sharded DTensor logits
+CASES["fsdp-zero3-dp2-tp2-llama-eager-fp32-norm-loss-parallel"] = (
     {"name": "llama-debug"},
     {"dp": 2, "tp": 2, "zero": 3},
 )
+# loss_parallel() inside torch's pipeline schedule (the last stage's loss_fn and backward)
+CASES["pp2-1f1b-tp2-llama-loss-parallel"] = ({"name": "llama-debug"}, {"pp": 2, "tp": 2})
 CASES["fsdp-zero3-dp2-tp2-llama-fused-adamw"] = (
     {"name": "llama-debug"},
     {"dp": 2, "tp": 2, "zero": 3},
