@@ -138,6 +138,17 @@ Fields:
   root); `fused`, one kernel reading parameters, gradients and both moments and writing
   them back (torch's `fused=True`, what apex's FusedAdam, Transformer Engine's and llm.c's
   AdamW kernels do), no temporary.
+- `fsdp_reshard`: which FSDP units free their gathered parameters after forward under
+  `parallel.zero = 3` (FSDP2's `reshard_after_forward`; zero 2 keeps every unit gathered):
+  `all`, every transformer block and the root (embedding, final norm, output layer), each
+  gathered again in backward; `not-root-or-last`, every block but the last, whose
+  parameters backward needs first, and not the root: the torchtitan of the Dec 2024
+  benchmarks passed `reshard_after_forward=False` for the last block
+  (torchtitan/parallelisms/parallelize_llama.py `apply_fsdp` at 9dec370), and the FSDP2 of
+  its torch (1963fc8) kept the root gathered unconditionally (`FSDPState._lazy_init`: "For
+  the root, do not reshard after forward"; torch 2.13 does so only when the root's
+  `reshard_after_forward` is left None, which is how the workloads ask for it). More memory
+  from the end of forward to the start of backward, two fewer all-gathers a micro-batch.
 - `tp_grad_overlap`: true when the tensor-parallel collective of a column-parallel linear's
   input gradient (all-reduce; reduce-scatter under sequence parallelism) runs while the
   linear's weight-gradient GEMM computes, as Megatron-LM's
@@ -193,6 +204,7 @@ SELECTIVE_GRANULARITIES = ("op", "core-attention")  # workloads.recompute runs e
 OPTIMIZER_STEPS = ("foreach", "fused")
 CUSTOM_OPS = ("fused", "eager")
 SP_COLLECTIVES = ("dtensor", "first-dim")
+FSDP_RESHARDS = ("all", "not-root-or-last")
 
 
 def _same_for_all(value: Any) -> dict[str, Any]:
@@ -433,6 +445,14 @@ PIPELINE_TRANSFER_BY_FRAMEWORK: dict[str, str] = {
     "megatron": "scatter-gather",
 }
 
+# The frameworks' FSDP (zero 3) reshards every unit after forward (Megatron-core's and
+# llm-foundry's own FSDP, as the workloads' apply_fsdp asks of FSDP2), except torchtitan, whose
+# Dec 2024 code kept the last block and the root gathered (the field's docstring).
+FSDP_RESHARD_BY_FRAMEWORK: dict[str, str] = {
+    **_same_for_all("all"),
+    "torchtitan": "not-root-or-last",
+}
+
 CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {
     "loss": (LOSSES, LOSS_BY_FRAMEWORK),
     "norm": (NORMS, NORM_BY_FRAMEWORK),
@@ -448,6 +468,7 @@ CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {
     "recompute_reruns": (RECOMPUTE_RERUNS, RECOMPUTE_RERUNS_BY_FRAMEWORK),
     "optimizer_step": (OPTIMIZER_STEPS, OPTIMIZER_STEP_BY_FRAMEWORK),
     "sp_collectives": (SP_COLLECTIVES, SP_COLLECTIVES_BY_FRAMEWORK),
+    "fsdp_reshard": (FSDP_RESHARDS, FSDP_RESHARD_BY_FRAMEWORK),
 }
 
 
@@ -481,6 +502,7 @@ class KernelsSpec:
     recompute_reruns: str | None = None
     optimizer_step: str | None = None
     sp_collectives: str | None = None
+    fsdp_reshard: str | None = None
     compile: bool | None = None
     async_tp: bool | None = None
     launch_blocking: bool | None = None

@@ -296,17 +296,23 @@ def apply_tensor_parallel(
             regather_in_backward(model.output)
 
 
-def apply_fsdp(model: nn.Module, dp_mesh, *, zero: int, precision: str) -> None:
-    """FSDP2 per transformer block, then the root (zero=2 keeps params after forward)."""
+def apply_fsdp(model: nn.Module, dp_mesh, *, zero: int, precision: str, reshard: str) -> None:
+    """FSDP2 per transformer block, then the root. zero 2 keeps every unit's parameters
+    gathered after forward; zero 3 frees them, for every unit (`reshard` = "all") or all but
+    the last block and the root ("not-root-or-last": FSDP2 leaves a root whose
+    `reshard_after_forward` is None gathered; `kernels.fsdp_reshard`)."""
     mp_policy = MixedPrecisionPolicy()
     if precision != "fp32":
         mp_policy = MixedPrecisionPolicy(
             param_dtype=COMPUTE_DTYPES[precision], reduce_dtype=torch.float32
         )
-    reshard = zero == 3
-    for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy)
+    blocks = list(model.layers.values())
+    keep_ends = zero == 3 and reshard == "not-root-or-last"
+    for i, block in enumerate(blocks):
+        block_reshards = zero == 3 and not (keep_ends and i == len(blocks) - 1)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=block_reshards, mp_policy=mp_policy)
+    root_reshards = None if keep_ends else zero == 3
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=root_reshards, mp_policy=mp_policy)
 
 
 def set_kernels(model: nn.Module, job: TrainingJob) -> None:
@@ -363,7 +369,9 @@ def parallelize_stage(model: nn.Module, mesh, job: TrainingJob, dp_mesh=None) ->
         early_stop=job.kernels.recompute_reruns == "needed",
     )
     if mesh is not None and par.zero >= 2:
-        apply_fsdp(model, dp_mesh, zero=par.zero, precision=precision)
+        apply_fsdp(
+            model, dp_mesh, zero=par.zero, precision=precision, reshard=job.kernels.fsdp_reshard
+        )
     else:
         cast_parameters(model, COMPUTE_DTYPES[precision])
 

@@ -111,6 +111,25 @@ def test_fsdp_zero2_keeps_parameters_between_forward_and_backward(tmp_path):
     assert count(rows, kind="all_gather", phase="backward") == 0
 
 
+def test_fsdp_keeping_the_root_and_last_block_gathered_skips_their_backward_all_gathers(tmp_path):
+    # kernels.fsdp_reshard = "not-root-or-last" (torchtitan, Dec 2024): the last block and the
+    # root keep their parameters from forward to backward, so backward gathers only the
+    # LAYERS - 1 other blocks again (LAYERS + 1 when every unit reshards); post-backward frees
+    # them, so every micro-batch's forward still gathers every unit
+    job = debug_job({"dp": 2, "zero": 3}, global_batch=4)
+    job = dataclasses.replace(
+        job, kernels=dataclasses.replace(job.kernels, fsdp_reshard="not-root-or-last")
+    )
+    rows = rows_of(capture(job, tmp_path))
+    for mb in (0, 1):
+        assert count(rows, kind="all_gather", axes=DP, phase="backward", micro_batch=mb) == (
+            LAYERS - 1
+        )
+        assert count(rows, kind="all_gather", axes=DP, phase="forward", micro_batch=mb) == (
+            LAYERS + 1
+        )
+
+
 # ---- tensor parallelism ---------------------------------------------------------------------
 
 

@@ -89,9 +89,10 @@ KERNELS = {
         "sp_regather": True,
     },
     "cp2-tp2-llama-sp-first-dim-regather-mb2": {"sp_collectives": "first-dim", "sp_regather": True},
-    "fsdp-zero3-dp2-tp2-llama-eager-fp32-norm-loss-parallel": {
+    "fsdp-zero3-dp2-tp2-llama-torchtitan-2024": {
         "norm": "eager-fp32",
         "loss": "loss-parallel",
+        "fsdp_reshard": "not-root-or-last",
     },
     "pp2-1f1b-tp2-llama-loss-parallel": {"loss": "loss-parallel"},
 }
@@ -116,9 +117,10 @@ CASES["tp2-sp-pp2-gpt-alibi-unfused-attention"] = (  # ALiBi slopes of each tp r
     {"tp": 2, "pp": 2},
 )
 CASES["dp2-tp2-zero1-gpt-fused-adamw"] = ({"name": "gpt-debug"}, {"dp": 2, "tp": 2, "zero": 1})
-# torchtitan's RMSNorm of Dec 2024 on sequence-parallel DTensors and FSDP's sharded weight,
-# and its loss: torch's loss_parallel() on vocab-sharded DTensor logits
-CASES["fsdp-zero3-dp2-tp2-llama-eager-fp32-norm-loss-parallel"] = (
+# torchtitan's Dec 2024 program: its RMSNorm on sequence-parallel DTensors and FSDP's sharded
+# weight, its loss (torch's loss_parallel() on vocab-sharded DTensor logits), the root and last
+# block gathered from forward to backward
+CASES["fsdp-zero3-dp2-tp2-llama-torchtitan-2024"] = (
     {"name": "llama-debug"},
     {"dp": 2, "tp": 2, "zero": 3},
 )
