@@ -389,28 +389,24 @@ def train_step(
     tokens = shard_sequence(tokens, state.cp_rank, state.cp)
     labels = shard_sequence(labels, state.cp_rank, state.cp)
     with loss_context(state.loss, state.tp_mesh):
-        loss = _forward_backward(job, state, tokens, labels)
+        if state.schedule is not None:
+            losses: list[torch.Tensor] = []
+            args = (tokens,) if state.has_first else ()
+            target = labels if state.has_last else None
+            if isinstance(state.schedule, PerTransferOneFOneB):
+                losses = state.schedule.step(tokens if state.has_first else None, target)
+            else:
+                # the losses are all this step needs: return_outputs (torch's default) would
+                # keep every micro-batch's logits on the last stage and concatenate them
+                state.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+            loss = torch.stack([x.detach() for x in losses]).mean() if state.has_last else None
+        else:
+            loss = _accumulate(job, state, tokens, labels)
     with phase("optimizer") if phase is not None else contextlib.nullcontext():
         _optimizer_step(state)
     if loss is None or is_fake(loss):
         return None
     return loss.item()
-
-
-def _forward_backward(job: TrainingJob, state: TrainingState, tokens, labels):
-    """Every micro-batch's forward and backward; the mean loss on ranks of the last stage."""
-    if state.schedule is not None:
-        losses: list[torch.Tensor] = []
-        args = (tokens,) if state.has_first else ()
-        target = labels if state.has_last else None
-        if isinstance(state.schedule, PerTransferOneFOneB):
-            losses = state.schedule.step(tokens if state.has_first else None, target)
-        else:
-            # the losses are all this step needs: return_outputs (torch's default) would keep
-            # every micro-batch's logits on the last stage and concatenate them at the end
-            state.schedule.step(*args, target=target, losses=losses, return_outputs=False)
-        return torch.stack([x.detach() for x in losses]).mean() if state.has_last else None
-    return _accumulate(job, state, tokens, labels)
 
 
 def _accumulate(job: TrainingJob, state: TrainingState, tokens, labels) -> torch.Tensor:
