@@ -31,8 +31,9 @@ Rule, applied to the recorded events of one rank (`fuse_compiled_chains`):
    the chain writes that outlives the chain, likewise. A storage written
    by the chain and freed before the next row that is not an allocation or free is an
    intermediate: its allocation and free rows are dropped (not materialised). FLOPs add up.
-The fused row takes the chain's last row's place (its seq, module, phase), after every
-allocation of the chain's outputs. Rows need storage ids (`OpEvent.flows`, recorded when
+The fused row takes the chain's last row's place (its module, phase), after every
+allocation of the chain's outputs and before the free of any storage it reads that eager code
+freed inside the chain (the kernel reads it to the end). Rows need storage ids (`OpEvent.flows`, recorded when
 `OpRecorder.record_flows` is set); a row without them does not fuse.
 
 What the rule leaves out: horizontal fusion of independent chains separated by a row that
@@ -216,21 +217,47 @@ def fused_event(
     )
 
 
+def _reads(e: OpEvent) -> set[int]:
+    return {u for u, (_, _, is_out) in zip(e.flows, e.tensors, strict=True) if not is_out}
+
+
 def fuse_compiled_chains(
     events: Sequence[OpEvent], boundary_seqs: Iterable[int], region_of: Callable[[str], str]
 ) -> list[OpEvent]:
     """`events` with every chain (rules 1-3) replaced by its fused kernel and its
-    intermediates' allocation and free rows dropped (rule 4)."""
+    intermediates' allocation and free rows dropped (rule 4). A storage the fused kernel reads
+    and eager code freed before the chain's last row is freed after the fused kernel (it runs
+    where the chain ends); the rows of the chain's place take its seqs again in their new
+    order."""
     events = list(events)
     sizes = {e.storage: e.size_bytes for e in events if e.kind == ALLOC}
-    replace: dict[int, OpEvent] = {}
+    found = [
+        (chain, *_intermediates(events, chain))
+        for chain in chains(events, boundary_seqs, region_of)
+    ]
     drop: set[int] = set()
-    for chain in chains(events, boundary_seqs, region_of):
-        inner, storage_rows = _intermediates(events, chain)
-        replace[chain[-1]] = fused_event(events, chain, inner, sizes)
+    for chain, _, storage_rows in found:
         drop.update(chain[:-1])
         drop.update(storage_rows)
-    return [replace.get(i, e) for i, e in enumerate(events) if i not in drop]
+    placed: dict[int, tuple[int, list[OpEvent]]] = {}  # first row -> (last row, new rows)
+    for chain, inner, _ in found:
+        fused = fused_event(events, chain, inner, sizes)
+        kept = [j for j in range(chain[0], chain[-1]) if j not in drop]
+        late = {j for j in kept if events[j].kind == FREE and events[j].storage in _reads(fused)}
+        rows = [events[j] for j in kept if j not in late] + [fused]
+        rows += [events[j] for j in kept if j in late]
+        seqs = sorted(e.seq for e in rows)
+        placed[chain[0]] = (chain[-1], [e._replace(seq=q) for e, q in zip(rows, seqs, strict=True)])
+    out: list[OpEvent] = []
+    i = 0
+    while i < len(events):
+        if i in placed:
+            i, rows = placed[i]
+            out += rows
+        elif i not in drop:
+            out.append(events[i])
+        i += 1
+    return out
 
 
 def block_region(container: str = "layers") -> Callable[[str], str]:

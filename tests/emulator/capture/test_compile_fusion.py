@@ -161,6 +161,23 @@ def test_a_gemm_that_does_not_read_the_chain_does_not_end_it():
     assert kernels[2].read_bytes == 2 * 4 * N * D and kernels[2].write_bytes == 4 * N * D
 
 
+def test_an_input_eager_code_frees_inside_the_chain_is_freed_after_the_fused_kernel():
+    rows = _Rows()  # y = mm(x, w); del x; ...: a = y * 2; b = a + 1, y freed after the mul
+    rows.alloc(2)
+    rows.op("mm", (0, 1), (2,))
+    rows.alloc(3)
+    rows.op("mul", (2,), (3,))
+    rows.free(2)  # eager frees y here; the fused kernel still reads it
+    rows.alloc(4)
+    rows.op("add", (3,), (4,))
+    rows.free(3)
+    fused = fuse_compiled_chains(_elementwise(rows.events), (), REGION)
+    order = [(e.kind, e.storage) if e.kind != COMPUTE else e.aten for e in fused]
+    assert order == [(ALLOC, 2), "aten.mm", (ALLOC, 4), FUSED_ATEN, (FREE, 2)]
+    seqs = [e.seq for e in fused]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
 # ---- a recorded block ----------------------------------------------------------------------
 
 
