@@ -14,11 +14,13 @@ measured, reserved bytes of the steady iteration.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "results"))
+from shared_gpu import commit_label  # noqa: E402
+
 SETTINGS = {"default": "", "expandable": "expandable_segments:True"}
 GIB = 2**30
 
@@ -41,14 +43,6 @@ def predict(path: Path) -> tuple[float, dict[str, tuple[float, float]]]:
         top = max(peaks, key=lambda r: r.peak_reserved_bytes)
         figures[setting] = (top.peak_allocated_bytes / GIB, top.peak_reserved_bytes / GIB)
     return baseline.measured.peak_mem_bytes / GIB, figures
-
-
-def commit_label() -> str:
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
-
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)*.md")
-    return git("rev-parse", "--short", "HEAD").strip() + ("-dirty" if dirty.strip() else "")
 
 
 def main() -> None:
@@ -79,5 +73,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     main()
