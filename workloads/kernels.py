@@ -445,9 +445,12 @@ PIPELINE_TRANSFER_BY_FRAMEWORK: dict[str, str] = {
     "megatron": "scatter-gather",
 }
 
-# The frameworks' FSDP (zero 3) reshards every unit after forward (Megatron-core's and
-# llm-foundry's own FSDP, as the workloads' apply_fsdp asks of FSDP2), except torchtitan, whose
-# Dec 2024 code kept the last block and the root gathered (the field's docstring).
+# torchtitan's Dec 2024 code kept the last block and the root gathered (the field's
+# docstring). The others keep the workloads' earlier behaviour, every unit resharded; only
+# llm-foundry runs FSDP in the baselines (Megatron and NeMo shard with zero 1), and its
+# Composer FSDP is FSDP1, whose `_post_forward_reshard` keeps the root gathered too ("Do not
+# free the root's parameters in the post-forward for FULL_SHARD"): a root-only value for it
+# is not modelled yet.
 FSDP_RESHARD_BY_FRAMEWORK: dict[str, str] = {
     **_same_for_all("all"),
     "torchtitan": "not-root-or-last",
