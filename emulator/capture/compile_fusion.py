@@ -242,8 +242,9 @@ def fuse_compiled_chains(
     placed: dict[int, tuple[int, list[OpEvent]]] = {}  # first row -> (last row, new rows)
     for chain, inner, _ in found:
         fused = fused_event(events, chain, inner, sizes)
+        reads = _reads(fused)
         kept = [j for j in range(chain[0], chain[-1]) if j not in drop]
-        late = {j for j in kept if events[j].kind == FREE and events[j].storage in _reads(fused)}
+        late = {j for j in kept if events[j].kind == FREE and events[j].storage in reads}
         rows = [events[j] for j in kept if j not in late] + [fused]
         rows += [events[j] for j in kept if j in late]
         seqs = sorted(e.seq for e in rows)
