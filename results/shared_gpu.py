@@ -59,3 +59,11 @@ def commit_label() -> str:
 
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)*.md")
     return git("rev-parse", "--short", "HEAD").strip() + ("-dirty" if dirty.strip() else "")
+
+
+def report(command: str, lines: list[str], out: Path | None) -> None:
+    """Print a table headed by the commit and the command that made it; write it to `out`."""
+    text = "\n".join([f"Commit {commit_label()}; `{command}`.", "", *lines])
+    print(text)
+    if out:
+        out.write_text(text + "\n")

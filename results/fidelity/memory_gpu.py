@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import cases_from_cli, commit_label, shared_dir  # noqa: E402
+from shared_gpu import cases_from_cli, report, shared_dir  # noqa: E402
 
 FIGURES = ("allocated", "reserved", "requested")
 
@@ -74,11 +74,7 @@ def main() -> None:
         print(f"[{i}/{len(cases)}] {case}: capturing and replaying", flush=True)
         rows[case] = predict(case, args.gpu)
     lines = table(rows, measured)
-    command = f"python results/fidelity/memory_gpu.py --gpu {args.gpu}"
-    text = "\n".join([f"Commit {commit_label()}; `{command}`.", "", *lines])
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    report(f"python results/fidelity/memory_gpu.py --gpu {args.gpu}", lines, args.out)
 
 
 if __name__ == "__main__":

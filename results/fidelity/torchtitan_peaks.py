@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import commit_label  # noqa: E402
+from shared_gpu import report  # noqa: E402
 
 SETTINGS = {"default": "", "expandable": "expandable_segments:True"}
 GIB = 2**30
@@ -65,11 +65,7 @@ def main() -> None:
             cells += [f"{allocated:.2f} / {reserved:.2f} GiB", f"{error:+.1f} %"]
         row = path.stem.removeprefix("torchtitan2024__")
         lines.append(f"| {row} | {measured:.2f} GiB | " + " | ".join(cells) + " |")
-    command = "python results/fidelity/torchtitan_peaks.py"
-    text = "\n".join([f"Commit {commit_label()}; `{command}`.", "", *lines])
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    report("python results/fidelity/torchtitan_peaks.py", lines, args.out)
 
 
 if __name__ == "__main__":
