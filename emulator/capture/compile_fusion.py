@@ -33,8 +33,9 @@ Rule, applied to the recorded events of one rank (`fuse_compiled_chains`):
    intermediate: its allocation and free rows are dropped (not materialised). FLOPs add up.
 The fused row takes the chain's last row's place (its module, phase), after every
 allocation of the chain's outputs and before the free of any storage it reads that eager code
-freed inside the chain (the kernel reads it to the end). Rows need storage ids (`OpEvent.flows`, recorded when
-`OpRecorder.record_flows` is set); a row without them does not fuse.
+freed inside the chain (the kernel reads it to the end). Rows need storage ids
+(`OpEvent.flows`, recorded when `OpRecorder.record_flows` is set); a row without them does
+not fuse.
 
 What the rule leaves out: horizontal fusion of independent chains separated by a row that
 ends a chain (counted as separate kernels), fusion into GEMM epilogues (max-autotune only),
@@ -96,6 +97,10 @@ def _outputs(e: OpEvent) -> set[int]:
     return {u for u, (_, _, is_out) in zip(e.flows, e.tensors, strict=True) if is_out and u >= 0}
 
 
+def _reads(e: OpEvent) -> set[int]:
+    return {u for u, (_, _, is_out) in zip(e.flows, e.tensors, strict=True) if not is_out}
+
+
 def _independent_extern(e: OpEvent, key, written: set[int], region_of) -> bool:
     """Rule 2's exception: a GEMM or attention row of the chain's block that reads nothing the
     chain wrote; Inductor schedules by data dependence, so the chain fuses across it."""
@@ -103,8 +108,7 @@ def _independent_extern(e: OpEvent, key, written: set[int], region_of) -> bool:
         return False
     if (region_of(e.module), e.stream, e.phase, e.micro_batch) != key:
         return False
-    reads = {u for u, (_, _, is_out) in zip(e.flows, e.tensors, strict=True) if not is_out}
-    return not reads & written
+    return not _reads(e) & written
 
 
 def chains(
@@ -215,10 +219,6 @@ def fused_event(
         workspace_bytes=0,
         causal=False,
     )
-
-
-def _reads(e: OpEvent) -> set[int]:
-    return {u for u, (_, _, is_out) in zip(e.flows, e.tensors, strict=True) if not is_out}
 
 
 def fuse_compiled_chains(
