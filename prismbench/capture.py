@@ -32,6 +32,7 @@ import numpy as np
 
 from emulator.capture.trace import SCHEMA_VERSION, RankTrace
 from emulator.world.mesh import World
+from prismbench.orphans import exit_with_parent
 
 _SOURCE_PACKAGES = ("emulator", "workloads")
 
@@ -191,7 +192,7 @@ def _run_workers(job, class_ids, paths, workers, progress) -> None:
         )
 
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers - 1) as pool:
+    with context.Pool(workers - 1, exit_with_parent, (os.getpid(),)) as pool:
         for _ in range(workers - 1):
             submit(pool)
         while not failures and (class_id := next_class()) is not None:

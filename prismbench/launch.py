@@ -18,6 +18,8 @@ import traceback
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from prismbench.orphans import exit_with_parent
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -41,7 +43,8 @@ class RanksDied(RuntimeError):
         return any(code < 0 for code in self.exit_codes.values())
 
 
-def _worker(rank, world_size, port, threads, backend, fn, args, queue) -> None:
+def _worker(rank, world_size, port, threads, backend, fn, args, queue, parent_pid) -> None:
+    exit_with_parent(parent_pid)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # a crash in C++ (abort, segfault) prints where each Python thread was before the rank dies
     faulthandler.enable()
@@ -80,7 +83,8 @@ def run_ranks(
     port = free_port()
     procs = [
         ctx.Process(
-            target=_worker, args=(rank, world_size, port, threads, backend, fn, args, results_queue)
+            target=_worker,
+            args=(rank, world_size, port, threads, backend, fn, args, results_queue, os.getpid()),
         )
         for rank in range(world_size)
     ]

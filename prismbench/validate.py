@@ -30,6 +30,7 @@ from pathlib import Path
 from prismbench import history
 from prismbench.fidelity import measured_iteration_s
 from prismbench.files import write_atomically
+from prismbench.orphans import exit_with_parent
 from prismbench.thresholds import Threshold
 from prismbench.validate_variability import VariabilitySettings, measured_spread
 from workloads.config import SpecError
@@ -268,7 +269,12 @@ def validate(
                       machine=f"{platform.node()} ({os.cpu_count()} cores)", settings=settings)  # fmt: skip
     started = time.perf_counter()
     try:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        with ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=get_context("spawn"),
+            initializer=exit_with_parent,
+            initargs=(os.getpid(),),
+        ) as pool:
             futures = {
                 pool.submit(
                     _emulate_one,

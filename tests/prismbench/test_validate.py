@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -12,6 +13,7 @@ from prismbench.emulate import emulate
 from prismbench.spec import job_spec_from_dict
 from prismbench.thresholds import parse_thresholds
 from prismbench.validate import gate_failures, select_baselines, summarize, validate
+from tests.prismbench.processes import HAS_PROC, alive, children
 from workloads.config import SpecError
 
 TINY_JOB = """[job.model]
@@ -155,24 +157,37 @@ def test_a_malformed_baseline_is_refused_with_exit_2(tmp_path, baselines_dir, ca
     )
 
 
-def test_a_killed_validation_is_not_recorded_complete(tmp_path, baselines_dir):
+@pytest.mark.skipif(not HAS_PROC, reason="finds the workers in Linux /proc")
+def test_a_killed_validation_is_not_recorded_complete_and_leaves_no_workers(
+    tmp_path, baselines_dir
+):
     import signal
     import subprocess
     import sys
     import time
 
     from prismbench import history
+    from prismbench.orphans import PARENT_POLL_S
 
     db = tmp_path / "h.duckdb"
     args = _validate_args(baselines_dir, "--all", "--db", str(db), "--no-mlflow", "--no-cache")
     proc = subprocess.Popen([sys.executable, "-m", "prismbench", *args], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
+    # killed once the run is recorded and both emulation workers (and the resource tracker) run
     while (
         not (db.exists() and history.read(db, "SELECT run_id FROM runs"))
-        and time.monotonic() < deadline
-    ):
+        or len(children(proc.pid)) < 3
+    ) and time.monotonic() < deadline:
         time.sleep(0.05)
+    workers = children(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
+    deadline = time.monotonic() + 10 * PARENT_POLL_S
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survivors = [pid for pid in workers if alive(pid)]
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
     (run,) = history.read(db, "SELECT status, ended_at FROM runs")
     assert run == {"status": "running", "ended_at": None}
+    assert len(workers) == 3 and survivors == []

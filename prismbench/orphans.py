@@ -1,0 +1,30 @@
+"""Worker processes that end when the process that started them dies.
+
+`validate`, the capture and `record` start spawn workers. A spawn worker waits on a queue its
+parent fills, and holds a copy of that queue's write end, so a parent killed by a signal it
+cannot catch (SIGKILL, the OOM killer) leaves it waiting forever, holding torch and its
+captures in memory. `exit_with_parent` is the workers' initializer: a daemon thread notices the
+parent is gone (the worker is reparented, so `os.getppid()` changes) and ends the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+# How often a worker looks for its parent: a dead parent's workers are gone within this.
+PARENT_POLL_S = 0.5
+# Exit status of a worker ended because its parent died (distinct from a crash's 1).
+PARENT_LOST_EXIT_CODE = 71
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """Initializer of a worker process: end it (`os._exit`) once `parent_pid` has died."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(PARENT_LOST_EXIT_CODE)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()

@@ -1,0 +1,35 @@
+"""Helpers for tests that kill processes: which processes live, and whose children they are.
+
+Read from Linux's /proc (the tests that use them are skipped elsewhere).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HAS_PROC = Path("/proc/self/stat").exists()
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (state, ppid, ...); None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped, does not)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields is not None and fields[0] != "Z" and int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found

@@ -1,0 +1,77 @@
+"""Workers started with `exit_with_parent` end when their parent is killed."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prismbench.orphans import PARENT_LOST_EXIT_CODE, PARENT_POLL_S
+from tests.prismbench.processes import HAS_PROC, alive
+
+pytestmark = pytest.mark.skipif(not HAS_PROC, reason="needs Linux /proc")
+
+# A parent that starts two spawn workers (a multiprocessing Pool, as the capture does, or a
+# ProcessPoolExecutor, as validate does), lets both run a task, prints their pids and waits.
+_PARENT = """
+import concurrent.futures, multiprocessing, os, time
+from prismbench.orphans import exit_with_parent
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context("spawn")
+    if "{kind}" == "pool":
+        workers = context.Pool(2, {initializer}, (os.getpid(),))
+    else:
+        workers = concurrent.futures.ProcessPoolExecutor(
+            2, mp_context=context, initializer={initializer}, initargs=(os.getpid(),))
+    list(workers.map(time.sleep, [0.5, 0.5], chunksize=1))
+    print(*(worker.pid for worker in multiprocessing.active_children()), flush=True)
+    time.sleep(600)
+"""
+
+
+def _workers_after_parent_killed(kind: str, initializer: str) -> tuple[list[int], bool]:
+    """Kill the parent with SIGKILL; its workers' pids and whether any outlives it by 10 polls."""
+    root = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT.format(kind=kind, initializer=initializer)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+    )
+    pids = [int(pid) for pid in parent.stdout.readline().split()]
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 10 * PARENT_POLL_S
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survivors = [pid for pid in pids if alive(pid)]
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    return pids, bool(survivors)
+
+
+@pytest.mark.parametrize("kind", ["pool", "executor"])
+def test_workers_end_when_their_parent_is_killed(kind):
+    pids, outlived = _workers_after_parent_killed(kind, "exit_with_parent")
+    assert len(pids) == 2 and not outlived
+
+
+def test_without_it_executor_workers_outlive_a_killed_parent():
+    # why validate needs it: an executor's workers wait on a queue whose write end they hold
+    pids, outlived = _workers_after_parent_killed("executor", "None")
+    assert len(pids) == 2 and outlived
+
+
+def test_a_worker_whose_parent_is_gone_exits_with_its_own_status():
+    # the parent pid given is not this worker's parent: it counts as gone at once
+    code = subprocess.run(
+        [sys.executable, "-c",
+         "import time; from prismbench.orphans import exit_with_parent; "
+         "exit_with_parent(1); time.sleep(30)"],
+        cwd=Path(__file__).resolve().parents[2], timeout=30,
+    ).returncode  # fmt: skip
+    assert code == PARENT_LOST_EXIT_CODE
