@@ -148,7 +148,10 @@ Fields:
   its torch (1963fc8) kept the root gathered unconditionally (`FSDPState._lazy_init`: "For
   the root, do not reshard after forward"; torch 2.13 does so only when the root's
   `reshard_after_forward` is left None, which is how the workloads ask for it). More memory
-  from the end of forward to the start of backward, two fewer all-gathers a micro-batch.
+  from the end of forward to the start of backward, two fewer all-gathers a micro-batch;
+  `none`, no unit (the program of zero 2): what the same torchtitan passes for every block
+  and the root when pipeline parallelism is on ("to avoid per-microbatch all-gathers",
+  9dec370), so torchtitan's choice is `none` for pp > 1 (`for_pipeline`).
 - `tp_grad_overlap`: true when the tensor-parallel collective of a column-parallel linear's
   input gradient (all-reduce; reduce-scatter under sequence parallelism) runs while the
   linear's weight-gradient GEMM computes, as Megatron-LM's
@@ -204,7 +207,7 @@ SELECTIVE_GRANULARITIES = ("op", "core-attention")  # workloads.recompute runs e
 OPTIMIZER_STEPS = ("foreach", "fused")
 CUSTOM_OPS = ("fused", "eager")
 SP_COLLECTIVES = ("dtensor", "first-dim")
-FSDP_RESHARDS = ("all", "not-root-or-last")
+FSDP_RESHARDS = ("all", "not-root-or-last", "none")
 
 
 def _same_for_all(value: Any) -> dict[str, Any]:
@@ -455,6 +458,12 @@ FSDP_RESHARD_BY_FRAMEWORK: dict[str, str] = {
     **_same_for_all("all"),
     "torchtitan": "not-root-or-last",
 }
+# With pipeline parallelism the same torchtitan keeps every unit gathered after forward
+# (`reshard_after_forward=False` for the blocks, `not pp_enabled` for the root); the other
+# frameworks' choices do not depend on it.
+FSDP_RESHARD_PIPELINED_BY_FRAMEWORK: dict[str, str] = FSDP_RESHARD_BY_FRAMEWORK | {
+    "torchtitan": "none"
+}
 
 CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {
     "loss": (LOSSES, LOSS_BY_FRAMEWORK),
@@ -575,12 +584,21 @@ class KernelsSpec:
         """The kernels a pipeline of `schedule` runs: a framework's "per-transfer" receive
         policy, left as the framework's choice, holds where Megatron's 1F1B executor runs the
         pipeline (`workloads.config.per_transfer_refusal`); elsewhere the job runs torch's
-        pipelining, "per-microbatch". A policy given in the spec is kept as given."""
+        pipelining, "per-microbatch". With pp > 1 a framework's FSDP reshard choice is its
+        pipelined one (FSDP_RESHARD_PIPELINED_BY_FRAMEWORK). Fields given in the spec are
+        kept as given."""
+        if pp == 1:
+            return self
+        revised = self
         chosen = "pipeline_recv" in self._chosen and self.pipeline_recv == "per-transfer"
-        if chosen and pp > 1 and per_transfer_refusal(schedule, pp, num_microbatches):
+        if chosen and per_transfer_refusal(schedule, pp, num_microbatches):
             transfer = "whole" if "pipeline_transfer" in self._chosen else self.pipeline_transfer
-            return self._revised(pipeline_recv="per-microbatch", pipeline_transfer=transfer)
-        return self
+            revised = revised._revised(pipeline_recv="per-microbatch", pipeline_transfer=transfer)
+        if "fsdp_reshard" in self._chosen:
+            pipelined = FSDP_RESHARD_PIPELINED_BY_FRAMEWORK[self.framework]
+            if pipelined != self.fsdp_reshard:
+                revised = revised._revised(fsdp_reshard=pipelined)
+        return revised
 
     def _revised(self, **changes: Any) -> KernelsSpec:
         """`replace`, keeping which fields the framework chose (a later revision asks)."""

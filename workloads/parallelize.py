@@ -298,20 +298,21 @@ def apply_tensor_parallel(
 
 def apply_fsdp(model: nn.Module, dp_mesh, *, zero: int, precision: str, reshard: str) -> None:
     """FSDP2 per transformer block, then the root. zero 2 keeps every unit's parameters
-    gathered after forward; zero 3 frees them, for every unit (`reshard` = "all") or all but
+    gathered after forward; zero 3 frees them, for every unit (`reshard` = "all"), all but
     the last block and the root ("not-root-or-last": FSDP2 leaves a root whose
-    `reshard_after_forward` is None gathered; `kernels.fsdp_reshard`)."""
+    `reshard_after_forward` is None gathered) or none (`kernels.fsdp_reshard`)."""
     mp_policy = MixedPrecisionPolicy()
     if precision != "fp32":
         mp_policy = MixedPrecisionPolicy(
             param_dtype=COMPUTE_DTYPES[precision], reduce_dtype=torch.float32
         )
     blocks = list(model.layers.values())
-    keep_ends = zero == 3 and reshard == "not-root-or-last"
+    resharding = zero == 3 and reshard != "none"
+    keep_ends = resharding and reshard == "not-root-or-last"
     for i, block in enumerate(blocks):
-        block_reshards = zero == 3 and not (keep_ends and i == len(blocks) - 1)
+        block_reshards = resharding and not (keep_ends and i == len(blocks) - 1)
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=block_reshards, mp_policy=mp_policy)
-    root_reshards = None if keep_ends else zero == 3
+    root_reshards = None if keep_ends else resharding
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=root_reshards, mp_policy=mp_policy)
 
 

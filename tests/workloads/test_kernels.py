@@ -281,3 +281,26 @@ def test_megatron_and_nemo_run_the_sequence_collectives_along_the_first_dimensio
     assert KernelsSpec(framework="torchtitan").sp_collectives == "dtensor"
     with pytest.raises(SpecError, match="kernels.sp_collectives='sbh' must be one of"):
         KernelsSpec(sp_collectives="sbh")
+
+
+def test_torchtitan_keeps_every_fsdp_unit_gathered_when_it_pipelines():
+    # torchtitan's apply_fsdp (9dec370): reshard_after_forward=False for every unit with pp,
+    # every block but the last (and not the root) without it
+    def job(pp: int, kernels: dict):
+        return job_spec_from_dict(
+            {
+                "model": {"name": "llama-debug"},
+                "parallel": {"pp": pp, "dp": 2, "zero": 3},
+                "batch": {"seq_len": 16, "micro_batch": 1, "global_batch": 4},
+                "kernels": kernels,
+            }
+        ).kernels
+
+    torchtitan = {"framework": "torchtitan"}
+    assert job(1, torchtitan).fsdp_reshard == "not-root-or-last"
+    assert job(2, torchtitan).fsdp_reshard == "none"
+    assert job(2, {"framework": "llm-foundry"}).fsdp_reshard == "all"
+    # a spec's own choice is kept under pipelining
+    assert job(2, torchtitan | {"fsdp_reshard": "all"}).fsdp_reshard == "all"
+    with pytest.raises(SpecError, match="kernels.fsdp_reshard='some' must be one of"):
+        KernelsSpec(fsdp_reshard="some")
