@@ -141,7 +141,10 @@ Fields:
 - `fsdp_reshard`: which FSDP units free their gathered parameters after forward under
   `parallel.zero = 3` (FSDP2's `reshard_after_forward`; zero 2 keeps every unit gathered):
   `all`, every transformer block and the root (embedding, final norm, output layer), each
-  gathered again in backward; `not-root-or-last`, every block but the last, whose
+  gathered again in backward; `not-root`, every block but not the root: FSDP1 (Composer's
+  FSDP, llm-foundry) never frees the root's parameters after forward (`_post_forward_reshard`
+  in torch/distributed/fsdp/_runtime_utils.py: "Do not free the root's parameters in the
+  post-forward for FULL_SHARD"); `not-root-or-last`, every block but the last, whose
   parameters backward needs first, and not the root: the torchtitan of the Dec 2024
   benchmarks passed `reshard_after_forward=False` for the last block
   (torchtitan/parallelisms/parallelize_llama.py `apply_fsdp` at 9dec370), and the FSDP2 of
@@ -207,7 +210,7 @@ SELECTIVE_GRANULARITIES = ("op", "core-attention")  # workloads.recompute runs e
 OPTIMIZER_STEPS = ("foreach", "fused")
 CUSTOM_OPS = ("fused", "eager")
 SP_COLLECTIVES = ("dtensor", "first-dim")
-FSDP_RESHARDS = ("all", "not-root-or-last", "none")
+FSDP_RESHARDS = ("all", "not-root", "not-root-or-last", "none")
 
 
 def _same_for_all(value: Any) -> dict[str, Any]:
@@ -448,15 +451,13 @@ PIPELINE_TRANSFER_BY_FRAMEWORK: dict[str, str] = {
     "megatron": "scatter-gather",
 }
 
-# torchtitan's Dec 2024 code kept the last block and the root gathered (the field's
-# docstring). The others keep the workloads' earlier behaviour, every unit resharded; only
-# llm-foundry runs FSDP in the baselines (Megatron and NeMo shard with zero 1), and its
-# Composer FSDP is FSDP1, whose `_post_forward_reshard` keeps the root gathered too ("Do not
-# free the root's parameters in the post-forward for FULL_SHARD"): a root-only value for it
-# is not modelled yet.
+# torchtitan's Dec 2024 code kept the last block and the root gathered, llm-foundry's
+# Composer FSDP (FSDP1) the root (the field's docstring). The others keep every unit
+# resharded; none of them runs FSDP in the baselines (Megatron and NeMo shard with zero 1).
 FSDP_RESHARD_BY_FRAMEWORK: dict[str, str] = {
     **_same_for_all("all"),
     "torchtitan": "not-root-or-last",
+    "llm-foundry": "not-root",
 }
 # With pipeline parallelism the same torchtitan keeps every unit gathered after forward
 # (`reshard_after_forward=False` for the blocks, `not pp_enabled` for the root); the other

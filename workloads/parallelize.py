@@ -298,9 +298,9 @@ def apply_tensor_parallel(
 
 def apply_fsdp(model: nn.Module, dp_mesh, *, zero: int, precision: str, reshard: str) -> None:
     """FSDP2 per transformer block, then the root. zero 2 keeps every unit's parameters
-    gathered after forward; zero 3 frees them, for every unit (`reshard` = "all"), all but
-    the last block and the root ("not-root-or-last": FSDP2 leaves a root whose
-    `reshard_after_forward` is None gathered) or none (`kernels.fsdp_reshard`)."""
+    gathered after forward; zero 3 frees them, for every unit (`reshard` = "all"), every
+    block ("not-root": FSDP2 leaves a root whose `reshard_after_forward` is None gathered),
+    every block but the last ("not-root-or-last") or none (`kernels.fsdp_reshard`)."""
     mp_policy = MixedPrecisionPolicy()
     if precision != "fp32":
         mp_policy = MixedPrecisionPolicy(
@@ -308,11 +308,12 @@ def apply_fsdp(model: nn.Module, dp_mesh, *, zero: int, precision: str, reshard:
         )
     blocks = list(model.layers.values())
     resharding = zero == 3 and reshard != "none"
-    keep_ends = resharding and reshard == "not-root-or-last"
+    keep_last = resharding and reshard == "not-root-or-last"
     for i, block in enumerate(blocks):
-        block_reshards = resharding and not (keep_ends and i == len(blocks) - 1)
+        block_reshards = resharding and not (keep_last and i == len(blocks) - 1)
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=block_reshards, mp_policy=mp_policy)
-    root_reshards = None if keep_ends else resharding
+    keep_root = resharding and reshard in ("not-root", "not-root-or-last")
+    root_reshards = None if keep_root else resharding
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=root_reshards, mp_policy=mp_policy)
 
 

@@ -130,6 +130,17 @@ def test_fsdp_keeping_the_root_and_last_block_gathered_skips_their_backward_all_
         )
 
 
+def test_fsdp_keeping_the_root_gathered_skips_its_backward_all_gather(tmp_path):
+    # kernels.fsdp_reshard = "not-root" (llm-foundry: FSDP1 never frees the root after forward)
+    job = debug_job({"dp": 2, "zero": 3}, global_batch=4)
+    job = dataclasses.replace(
+        job, kernels=dataclasses.replace(job.kernels, fsdp_reshard="not-root")
+    )
+    rows = rows_of(capture(job, tmp_path))
+    for mb in (0, 1):
+        assert count(rows, kind="all_gather", axes=DP, phase="backward", micro_batch=mb) == LAYERS
+
+
 def test_fsdp_resharding_no_unit_gathers_nothing_in_backward_as_zero2(tmp_path):
     # kernels.fsdp_reshard = "none" (torchtitan's choice under pipeline parallelism): zero 3
     # then runs zero 2's program, every unit gathered once per micro-batch, in forward

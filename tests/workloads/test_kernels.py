@@ -299,7 +299,7 @@ def test_torchtitan_keeps_every_fsdp_unit_gathered_when_it_pipelines():
     torchtitan = {"framework": "torchtitan"}
     assert job(1, torchtitan).fsdp_reshard == "not-root-or-last"
     assert job(2, torchtitan).fsdp_reshard == "none"
-    assert job(2, {"framework": "llm-foundry"}).fsdp_reshard == "all"
+    assert job(2, {"framework": "llm-foundry"}).fsdp_reshard == "not-root"
     # a spec's own choice is kept under pipelining
     assert job(2, torchtitan | {"fsdp_reshard": "all"}).fsdp_reshard == "all"
     with pytest.raises(SpecError, match="kernels.fsdp_reshard='some' must be one of"):
