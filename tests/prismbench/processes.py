@@ -5,6 +5,9 @@ Read from Linux's /proc (the tests that use them are skipped elsewhere).
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 HAS_PROC = Path("/proc/self/stat").exists()
@@ -33,3 +36,14 @@ def children(pid: int) -> list[int]:
             if fields is not None and fields[0] != "Z" and int(fields[1]) == pid:
                 found.append(int(entry.name))
     return found
+
+
+def kill_survivors(pids: list[int], wait_s: float) -> list[int]:
+    """Wait up to `wait_s` for `pids` to end; SIGKILL those still running and return them."""
+    deadline = time.monotonic() + wait_s
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survivors = [pid for pid in pids if alive(pid)]
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    return survivors

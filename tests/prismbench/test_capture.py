@@ -111,46 +111,31 @@ def test_fsdp_zero2_keeps_parameters_between_forward_and_backward(tmp_path):
     assert count(rows, kind="all_gather", phase="backward") == 0
 
 
-def test_fsdp_keeping_the_root_and_last_block_gathered_skips_their_backward_all_gathers(tmp_path):
-    # kernels.fsdp_reshard = "not-root-or-last" (torchtitan, Dec 2024): the last block and the
-    # root keep their parameters from forward to backward, so backward gathers only the
-    # LAYERS - 1 other blocks again (LAYERS + 1 when every unit reshards); post-backward frees
-    # them, so every micro-batch's forward still gathers every unit
+@pytest.mark.parametrize(
+    "reshard, gathered_again",
+    [
+        ("all", LAYERS + 1),
+        # llm-foundry: FSDP1 never frees the root (embedding, final norm, output) after forward
+        ("not-root", LAYERS),
+        # torchtitan, Dec 2024: nor the last block, whose parameters backward needs first
+        ("not-root-or-last", LAYERS - 1),
+        # torchtitan under pipeline parallelism: no unit (zero 2's program)
+        ("none", 0),
+    ],
+)
+def test_fsdp_reshard_says_which_units_backward_gathers_again(tmp_path, reshard, gathered_again):
+    # kernels.fsdp_reshard: the units that free their parameters after forward are gathered
+    # again in backward; post-backward frees every unit, so each forward gathers all of them
     job = debug_job({"dp": 2, "zero": 3}, global_batch=4)
-    job = dataclasses.replace(
-        job, kernels=dataclasses.replace(job.kernels, fsdp_reshard="not-root-or-last")
-    )
+    job = dataclasses.replace(job, kernels=dataclasses.replace(job.kernels, fsdp_reshard=reshard))
     rows = rows_of(capture(job, tmp_path))
     for mb in (0, 1):
-        assert count(rows, kind="all_gather", axes=DP, phase="backward", micro_batch=mb) == (
-            LAYERS - 1
+        assert (
+            count(rows, kind="all_gather", axes=DP, phase="backward", micro_batch=mb)
+            == gathered_again
         )
-        assert count(rows, kind="all_gather", axes=DP, phase="forward", micro_batch=mb) == (
-            LAYERS + 1
-        )
-
-
-def test_fsdp_keeping_the_root_gathered_skips_its_backward_all_gather(tmp_path):
-    # kernels.fsdp_reshard = "not-root" (llm-foundry: FSDP1 never frees the root after forward)
-    job = debug_job({"dp": 2, "zero": 3}, global_batch=4)
-    job = dataclasses.replace(
-        job, kernels=dataclasses.replace(job.kernels, fsdp_reshard="not-root")
-    )
-    rows = rows_of(capture(job, tmp_path))
-    for mb in (0, 1):
-        assert count(rows, kind="all_gather", axes=DP, phase="backward", micro_batch=mb) == LAYERS
-
-
-def test_fsdp_resharding_no_unit_gathers_nothing_in_backward_as_zero2(tmp_path):
-    # kernels.fsdp_reshard = "none" (torchtitan's choice under pipeline parallelism): zero 3
-    # then runs zero 2's program, every unit gathered once per micro-batch, in forward
-    job = debug_job({"dp": 2, "zero": 3}, global_batch=4)
-    job = dataclasses.replace(job, kernels=dataclasses.replace(job.kernels, fsdp_reshard="none"))
-    rows = rows_of(capture(job, tmp_path))
-    assert count(rows, kind="all_gather", phase="backward") == 0
-    for mb in (0, 1):
-        assert count(rows, kind="all_gather", axes=DP, phase="forward", micro_batch=mb) == (
-            LAYERS + 1
+        assert (
+            count(rows, kind="all_gather", axes=DP, phase="forward", micro_batch=mb) == LAYERS + 1
         )
 
 

@@ -1,16 +1,14 @@
 """Workers started with `exit_with_parent` end when their parent is killed."""
 
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from prismbench.orphans import PARENT_LOST_EXIT_CODE, PARENT_POLL_S
-from tests.prismbench.processes import HAS_PROC, alive
+from tests.prismbench.processes import HAS_PROC, kill_survivors
 
 pytestmark = pytest.mark.skipif(not HAS_PROC, reason="needs Linux /proc")
 
@@ -45,13 +43,7 @@ def _workers_after_parent_killed(kind: str, initializer: str) -> tuple[list[int]
     pids = [int(pid) for pid in parent.stdout.readline().split()]
     parent.send_signal(signal.SIGKILL)
     parent.wait(timeout=30)
-    deadline = time.monotonic() + 10 * PARENT_POLL_S
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    survivors = [pid for pid in pids if alive(pid)]
-    for pid in survivors:
-        os.kill(pid, signal.SIGKILL)
-    return pids, bool(survivors)
+    return pids, bool(kill_survivors(pids, 10 * PARENT_POLL_S))
 
 
 @pytest.mark.parametrize("kind", ["pool", "executor"])

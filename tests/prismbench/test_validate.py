@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -13,7 +12,7 @@ from prismbench.emulate import emulate
 from prismbench.spec import job_spec_from_dict
 from prismbench.thresholds import parse_thresholds
 from prismbench.validate import gate_failures, select_baselines, summarize, validate
-from tests.prismbench.processes import HAS_PROC, alive, children
+from tests.prismbench.processes import HAS_PROC, children, kill_survivors
 from workloads.config import SpecError
 
 TINY_JOB = """[job.model]
@@ -182,12 +181,7 @@ def test_a_killed_validation_is_not_recorded_complete_and_leaves_no_workers(
     workers = children(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    deadline = time.monotonic() + 10 * PARENT_POLL_S
-    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    survivors = [pid for pid in workers if alive(pid)]
-    for pid in survivors:
-        os.kill(pid, signal.SIGKILL)
+    survivors = kill_survivors(workers, 10 * PARENT_POLL_S)
     (run,) = history.read(db, "SELECT status, ended_at FROM runs")
     assert run == {"status": "running", "ended_at": None}
     assert len(workers) == 3 and survivors == []
