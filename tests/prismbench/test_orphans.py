@@ -32,7 +32,7 @@ if __name__ == "__main__":
 
 
 def _workers_after_parent_killed(kind: str, initializer: str) -> tuple[list[int], bool]:
-    """Kill the parent with SIGKILL; its workers' pids and whether any outlives it by 10 polls."""
+    """Kill the parent with SIGKILL; its workers' pids and whether any outlives it by 4 polls."""
     root = Path(__file__).resolve().parents[2]
     parent = subprocess.Popen(
         [sys.executable, "-c", _PARENT.format(kind=kind, initializer=initializer)],
@@ -43,7 +43,7 @@ def _workers_after_parent_killed(kind: str, initializer: str) -> tuple[list[int]
     pids = [int(pid) for pid in parent.stdout.readline().split()]
     parent.send_signal(signal.SIGKILL)
     parent.wait(timeout=30)
-    return pids, bool(kill_survivors(pids, 10 * PARENT_POLL_S))
+    return pids, bool(kill_survivors(pids, 4 * PARENT_POLL_S))
 
 
 @pytest.mark.parametrize("kind", ["pool", "executor"])
