@@ -2,7 +2,9 @@
 
 A row gives one measured kernel (or the kernels one op launched); the table answers "how long
 does this GPU take for an op of this shape". `KernelTable.lookup` tries, in order:
-1. **exact**: rows of the op's group with the same shape (mean of their times);
+1. **exact**: rows of the op's group with the same shape: the mean of their times, each row
+   weighted by its `repetitions` (the kernels it averages; 1 where not given), so that two
+   kernels measured once do not outweigh the same op measured a hundred times elsewhere;
 2. **interpolated**: the achieved rate (FLOP/s for GEMM and attention, bytes/s for memory-bound
    ops) of the `NEIGHBOURS` nearest rows of the group within a factor of 2 on every shape field,
    inverse-distance weighted (power 2) in log-shape space; memory-bound ops whose own aten op
@@ -131,7 +133,7 @@ def row_fields(op: OpRecord) -> dict:
 
 @dataclass(frozen=True)
 class KernelTable:
-    """Measured rows grouped by `group_key`: log-shape features and achieved rates."""
+    """Measured rows grouped by `group_key`: log-shape features, achieved rates and repetitions."""
 
     gpu: str
     groups: dict
@@ -145,10 +147,12 @@ class KernelTable:
         for k in keys:
             if k not in self.groups:
                 continue
-            features, rates = self.groups[k]
+            features, rates, repetitions = self.groups[k]
             distance = np.max(np.abs(features - target), axis=1)
             if k == key and (distance == 0).any():
-                return _work(op) / float(np.mean(rates[distance == 0])), "exact"
+                same = distance == 0
+                seconds_per_work = np.average(1.0 / rates[same], weights=repetitions[same])
+                return _work(op) * float(seconds_per_work), "exact"
             near = np.flatnonzero(distance <= max_log2_distance)
             if not len(near):
                 continue
@@ -173,7 +177,7 @@ def load_kernel_table(
     scoring: a job's own profile must not price that job). label: how results name the table
     (default: the path as given)."""
     path = Path(path)
-    grouped: dict[tuple, tuple[list, list]] = {}
+    grouped: dict[tuple, tuple[list, list, list]] = {}
     gpu = ""
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
@@ -185,16 +189,20 @@ def load_kernel_table(
                 continue
             try:
                 time_us = float(row["time_us"])
+                repetitions = float(row["repetitions"] or 1)
                 op = row_op(row)
             except ValueError as err:
                 raise ValueError(f"{path}:{line}: {err}") from None
             if not time_us > 0:
                 raise ValueError(f"{path}:{line}: time_us={row['time_us']!r} must be > 0")
+            if not repetitions > 0:
+                raise ValueError(f"{path}:{line}: repetitions={row['repetitions']!r} must be > 0")
             gpu = row["gpu"]
             for key in lookup_keys(op):
-                features, rates = grouped.setdefault(key, ([], []))
+                features, rates, weights = grouped.setdefault(key, ([], [], []))
                 features.append(_features(op))
                 rates.append(_work(op) / (time_us * 1e-6))
-    groups = {key: (np.array(f), np.array(r)) for key, (f, r) in grouped.items()}
+                weights.append(repetitions)
+    groups = {key: tuple(np.array(column) for column in group) for key, group in grouped.items()}
     label = (label or str(path)) + (f" without {', '.join(skip_sources)}" if skip_sources else "")
     return KernelTable(gpu=gpu, groups=groups, label=label)

@@ -116,6 +116,26 @@ def test_neighbours_are_capped(tmp_path):
     assert NEIGHBOURS == 8
 
 
+def test_rows_of_one_shape_give_the_mean_time_of_every_kernel_they_measured(tmp_path):
+    # the H100 table's case: one residual add of 75 MB measured 168 times at 22.5 us in one
+    # profile, and twice at 47.7 us (another kernel, same bytes) in another
+    rows = [
+        _memory_row("aten.add", 75497472, 22.47, op="elementwise") | {"repetitions": 168},
+        _memory_row("aten.add", 75497472, 47.70, op="elementwise") | {"repetitions": 2},
+    ]
+    table = load_kernel_table(write_kernel_csv(rows, tmp_path / "t.csv", SYNTHETIC))
+    add = replace(
+        memory_op("elementwise", bytes_read=75497472 / 2, bytes_written=75497472 / 2),
+        aten="aten.add",
+    )
+    expected_s = (168 * 22.47 + 2 * 47.70) / 170 * 1e-6
+    assert table.lookup(add) == (pytest.approx(expected_s), "exact")
+    # a mean of times, not of rates: 10 and 30 us once each give 20 us (rates would give 15)
+    rows = [_gemm_row(2048, 10.0), _gemm_row(2048, 30.0) | {"repetitions": ""}]
+    table = load_kernel_table(write_kernel_csv(rows, tmp_path / "u.csv", SYNTHETIC))
+    assert table.lookup(gemm_op("mm", 2048, 2048, 2048)) == (pytest.approx(20e-6), "exact")
+
+
 def test_skip_sources_leaves_rows_out(tmp_path):
     rows = [_gemm_row(2048, 1.0) | {"source": "profile:a"}, _gemm_row(4096, 1.0) | {"source": "micro:1"}]
     path = write_kernel_csv(rows, tmp_path / "t.csv", SYNTHETIC)
