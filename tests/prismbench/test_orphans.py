@@ -11,6 +11,7 @@ from prismbench.orphans import PARENT_LOST_EXIT_CODE, PARENT_POLL_S
 from tests.prismbench.processes import HAS_PROC, kill_survivors
 
 pytestmark = pytest.mark.skipif(not HAS_PROC, reason="needs Linux /proc")
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: the children import prismbench from it
 
 # A parent that starts two spawn workers (a multiprocessing Pool, as the capture does, or a
 # ProcessPoolExecutor, as validate does), lets both run a task, prints their pids and waits.
@@ -33,12 +34,11 @@ if __name__ == "__main__":
 
 def _workers_after_parent_killed(kind: str, initializer: str) -> tuple[list[int], bool]:
     """Kill the parent with SIGKILL; its workers' pids and whether any outlives it by 4 polls."""
-    root = Path(__file__).resolve().parents[2]
     parent = subprocess.Popen(
         [sys.executable, "-c", _PARENT.format(kind=kind, initializer=initializer)],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=root,
+        cwd=ROOT,
     )
     pids = [int(pid) for pid in parent.stdout.readline().split()]
     parent.send_signal(signal.SIGKILL)
@@ -64,6 +64,6 @@ def test_a_worker_whose_parent_is_gone_exits_with_its_own_status():
         [sys.executable, "-c",
          "import time; from prismbench.orphans import exit_with_parent; "
          "exit_with_parent(1); time.sleep(30)"],
-        cwd=Path(__file__).resolve().parents[2], timeout=30,
+        cwd=ROOT, timeout=30,
     ).returncode  # fmt: skip
     assert code == PARENT_LOST_EXIT_CODE
