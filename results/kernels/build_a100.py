@@ -37,11 +37,12 @@ microbenchmarks (same shapes, same method, both measured). Which rows are transf
   (on the H100 torch's SDPA ran cuDNN's kernel; the A100 runs FlashAttention-2, measured above).
 - a100-sxm-80g -> a100-sxm-40g: every row (same SMs and peaks; HBM2 at 1555 against HBM2e at
   2039 GB/s [A100-DS], the same achieved fraction assumed: the 40 GB preset has no own figure).
-- h100-sxm-80g -> h100-hbm2e-96g: every row (same GH100 SXM5 peaks; HBM2e 2.4 TB/s, from
-  torchtitan's benchmark notes as emulator/hardware/h100-hbm2e-96g.toml cites them). Its 500 W
-  power cap is NOT modelled: no published bf16 tensor-core throughput at 500 W was found (arXiv
-  2604.11391 power-caps an H100 HBM2e 94 GB, but with fp64 DGEMM); POWER_CAP_COMPUTE_FACTOR
-  stays 1 until one is.
+- h100-sxm-80g -> h100-hbm2e-96g: every row (HBM2e 2.4 TB/s, from torchtitan's benchmark notes
+  as emulator/hardware/h100-hbm2e-96g.toml cites them). Its 500 W power cap enters through the
+  preset's peaks: torchtitan puts the part's peak between the SXM's and the NVL's, and the
+  preset takes the midpoint (its comment cites both figures). No published bf16 tensor-core
+  throughput at 500 W was found (arXiv 2604.11391 power-caps an H100 HBM2e 94 GB, but with fp64
+  DGEMM), so this is a documented assumption, not a measurement.
 """
 
 from __future__ import annotations
@@ -78,8 +79,6 @@ SOURCES = KERNELS / "sources"
 FA2_BWD_OVER_FWD_RATE = 63 / 73
 # LLMCompass rows are kept when at least this many times the sweep's host overhead.
 HOST_OVERHEAD_MULTIPLE = 10
-# Sustained-clock factor of the 500 W H100 HBM2e on compute-bound work: 1 (not modelled, above).
-POWER_CAP_COMPUTE_FACTOR = 1.0
 SIXTEEN_BIT = {"fp16": "bf16", "bf16": "fp16"}
 VIDUR_GEMMS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 
@@ -95,8 +94,6 @@ def attainable_per_s(gpu: GpuPreset, dtype: str, intensity: float) -> float:
     if intensity <= 0:
         return bandwidth
     peak = gpu.peak_tflops(dtype) * 1e12
-    if gpu.name == "h100-hbm2e-96g":
-        peak *= POWER_CAP_COMPUTE_FACTOR
     return min(peak, intensity * bandwidth)
 
 
