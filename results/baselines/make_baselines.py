@@ -26,6 +26,7 @@ sys.path.insert(0, str(HERE.parents[1]))  # the repository root: runs without in
 
 from prismbench.baselines import Baseline, Measured, Provenance, baseline_to_toml  # noqa: E402
 from prismbench.spec import SpecError, job_spec_from_dict  # noqa: E402
+from workloads.config import stage_layer_counts  # noqa: E402
 from workloads.flavors import FLAVORS, find_flavors, parameter_count  # noqa: E402
 
 CSV_PATH = HERE / "published_baselines.csv"
@@ -267,6 +268,63 @@ class Refused(Exception):
     """A row the spec cannot express; args are its (key, message) reasons."""
 
 
+_TORCHTITAN = "torchtitan at 9dec370, the benchmark's commit"
+
+
+def torchtitan_stage_layers(layers: int, stages: int) -> tuple[int, ...]:
+    """The layers per stage torchtitan's generate_split_points gives when no split points are
+    set (torchtitan/parallelisms/pipelining_utils.py at 9dec370): layers // stages each, the
+    remainder one layer each to the middle stages from the second on."""
+    base, extra = divmod(layers, stages)
+    counts = [base] * stages
+    for stage in range(1, 1 + extra):
+        counts[stage] += 1
+    return tuple(counts)
+
+
+def torchtitan_unstated(row: dict) -> tuple[dict[str, str], list[str]]:
+    """Columns a torchtitan row leaves empty that torchtitan's code fixes when the command
+    line does not set them, and why. The pipelined runs (Tables 5 and 6) state only their
+    local batch; with pp > 1 torchtitan splits it into pp micro-batches, and a looped schedule
+    without split points gets 2 stages per rank. A row whose generated layer split is not the
+    spec's gets nothing filled (and is refused for what it lacks)."""
+    local = re.search(r"local batch (\d+)", row["notes"])
+    pp, dp, layers = _int(row["pp"]) or 1, _int(row["dp"]), _int(row["layers"])
+    if local is None or pp == 1 or dp is None or layers is None:
+        return {}, []
+    local_batch = int(local[1])
+    filled, why = {}, []
+    if not row["vpp"].strip() and "interleaved 1f1b" in row["notes"].lower():
+        filled["vpp"] = "2"
+        why.append("parallel.vpp: not stated; with no --experimental.pipeline_parallel_split_points "
+                   f"torchtitan's generate_split_points ({_TORCHTITAN}) gives a looped schedule "
+                   "2 stages per rank")  # fmt: skip
+    stages = pp * int(filled.get("vpp") or row["vpp"].strip() or 1)
+    counts = stage_layer_counts(layers, stages)
+    if torchtitan_stage_layers(layers, stages) != counts:
+        return {}, []
+    if not row["micro_batch"].strip() and local_batch % pp == 0:
+        filled["micro_batch"] = str(local_batch // pp)
+        why.append("batch.micro_batch: not stated; torchtitan's build_pipeline_schedule "
+                   f"({_TORCHTITAN}) splits the local batch into pipeline_parallel_degree "
+                   "micro-batches when --experimental.pipeline_parallel_microbatches is not set: "
+                   f"{local_batch} / {pp}")  # fmt: skip
+    if not row["global_batch"].strip():
+        filled["global_batch"] = str(local_batch * dp)
+        why.append("batch.global_batch: not stated; the local batch times the data-parallel "
+                   "(FSDP) degree, torchtitan's global batch (as Table 2's rows derive it): "
+                   f"{local_batch} x {dp}")  # fmt: skip
+    if filled:
+        why.append(f"parallel.pp: torchtitan's generated split of {layers} layers into {stages} "
+                   f"stages ({', '.join(map(str, counts))}) is the spec's "
+                   "(workloads.config.stage_layer_counts)")  # fmt: skip
+    return filled, why
+
+
+# Per framework: the columns its code fixes where a row leaves them empty.
+UNSTATED_BY_FRAMEWORK = {"torchtitan": torchtitan_unstated}
+
+
 def model_table(row: dict, rule: SourceRule, assumptions: list[str]) -> dict:
     """The registry flavor with the row's dims (exactly one under the source's prefix), else dims."""
     dims = {"layers": _int(row["layers"]), "hidden": _int(row["hidden"]), "heads": _int(row["heads"]),
@@ -468,8 +526,13 @@ def check_parameter_count(model, row: dict) -> None:
 def convert(line: int, row: dict) -> Baseline:
     """The baseline of one CSV row (line = its line in the file); raises Refused with reasons."""
     rule = source_rule(row["source"])
-    check_row(row)
     assumptions: list[str] = []
+    fill = UNSTATED_BY_FRAMEWORK.get(rule.framework)
+    if fill is not None:
+        filled, why = fill(row)
+        row = {**row, **filled}
+        assumptions += why
+    check_row(row)
     if rule.peak_mem_kind == "nvidia_smi" and row["peak_mem_gib"].strip():
         assumptions.append(
             "measured.peak_mem_bytes: the source's 'GB' read as GiB (nvidia-smi reports MiB)"

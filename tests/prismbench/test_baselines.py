@@ -245,13 +245,45 @@ def test_a_stated_parameter_count_the_spec_does_not_build_stops_the_generator():
 def test_rows_the_spec_cannot_say_are_refused_with_reasons():
     made, refused = _generator().convert_all(BASELINES / "published_baselines.csv")
     reasons = {line: [key for key, _ in why] for line, _, why in refused}
-    # torchtitan's 405B rows: their compile and AsyncTP are sayable, their batch split is not
-    assert reasons[45] == ["micro_batch not stated"]
-    assert reasons[47] == ["micro_batch not stated", "global_batch not stated"]
+    assert reasons[22][:4] == ["zero_stage not stated", "micro_batch not stated"] + [
+        "precision not stated",
+        "recompute not stated",
+    ]
     # BLOOM's ramp-up row (one micro-batch on 12 stages) runs Megatron's 1F1B, as it did
     assert 163 not in reasons
     assert any(b.name.endswith("__r163") for b in made)
     assert len(made) + len(refused) == 230 and len(made) == len(SHIPPED)
+
+
+def test_torchtitan_pipelined_rows_take_the_batch_split_torchtitan_makes_when_unset():
+    # Table 5: local batch 32 in pp = 8 micro-batches; the interleaved run, 2 stages per rank
+    one_f_one_b = load_baseline(BASELINES / "torchtitan2024__llama3.1-405b__512g__r045.toml")
+    interleaved = load_baseline(BASELINES / "torchtitan2024__llama3.1-405b__512g__r046.toml")
+    for b in (one_f_one_b, interleaved):
+        assert (b.job.batch.micro_batch, b.job.batch.global_batch) == (4, 256)
+        assert b.job.num_microbatches == 8
+    assert (one_f_one_b.job.parallel.vpp, interleaved.job.parallel.vpp) == (1, 2)
+    assert interleaved.job.parallel.schedule == "interleaved-1f1b"
+    # Table 6 (FSDP 4, CP 2): local batch 8, one sequence a micro-batch, global = 8 x FSDP
+    cp2 = load_baseline(BASELINES / "torchtitan2024__llama3.1-405b__512g__r048.toml")
+    assert (cp2.job.parallel.dp, cp2.job.parallel.cp) == (4, 2)
+    assert (cp2.job.batch.micro_batch, cp2.job.batch.global_batch) == (1, 32)
+    assert any("9dec370" in a and "32 / 8" in a for a in one_f_one_b.provenance.assumptions)
+
+
+def test_torchtitan_generated_split_is_checked_against_the_spec_split():
+    gen = _generator()
+    # torchtitan gives the remainder to the middle stages from the second on
+    assert gen.torchtitan_stage_layers(126, 16) == (7,) + (8,) * 14 + (7,)
+    assert gen.torchtitan_stage_layers(10, 4) == (2, 3, 3, 2)
+    assert gen.torchtitan_stage_layers(13, 4) == (3, 4, 3, 3)
+    row = {"notes": "local batch 8", "pp": "4", "dp": "2", "layers": "13", "vpp": "",
+           "micro_batch": "", "global_batch": ""}  # fmt: skip
+    # the spec splits 13 layers 3, 3, 4, 3: another program, so nothing is filled (refused)
+    assert gen.stage_layer_counts(13, 4) == (3, 3, 4, 3)
+    assert gen.torchtitan_unstated(row) == ({}, [])
+    filled, why = gen.torchtitan_unstated(row | {"layers": "10"})
+    assert filled == {"micro_batch": "2", "global_batch": "16"} and len(why) == 3
 
 
 RECORDED = BASELINES / "recorded"
