@@ -12,7 +12,7 @@ whose smaller probes all fit and the bisection's answer (at most MAX_SCAN of the
 answer is the largest value below which everything probed fits, and larger values found to
 fit are reported apart (`fits_above`). Values step by `step` (default: 1 micro-batch, the sequence-length
 unit the job's parallelism needs, one layer per pipeline stage), and the job's other
-settings follow the rules in `_varied`.
+settings follow the rules in `varied_job`.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def fit(
     def probe(value: int) -> MemoryCheck:
         if value not in probes:
             say(f"{vary} = {value}: capturing and replaying memory")
-            check = check_memory(_varied(job, vary, value), alloc_conf=alloc_conf)
+            check = check_memory(varied_job(job, vary, value), alloc_conf=alloc_conf)
             probes[value] = FitProbe(value=value, memory=check)
             verdict = "fits" if check.fits else "does not fit"
             say(f"{vary} = {value}: {verdict}, headroom {check.headroom_bytes / 2**30:.2f} GiB")
@@ -197,7 +197,7 @@ def _default_step(job: JobSpec, vary: str) -> int:
     return 1
 
 
-def _varied(job: JobSpec, vary: str, value: int) -> JobSpec:
+def varied_job(job: JobSpec, vary: str, value: int) -> JobSpec:
     """`job` with `vary` set to `value`. A new micro-batch keeps the number of micro-batches
     (the global batch follows); a new sequence length or layer count changes nothing else."""
     tables = job.to_dict()

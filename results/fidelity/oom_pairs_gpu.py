@@ -1,0 +1,158 @@
+"""Run the predicted out-of-memory pairs for real on this machine's GPU (issue 16's OOM goal).
+
+    python3 results/fidelity/oom_pairs_gpu.py --out DIR              (on a CUDA machine)
+    python3 results/fidelity/oom_pairs_gpu.py --out DIR --dry-run --gpu h100-sxm-80g   (anywhere)
+
+For each case in CASES, a shared job (its recorded baseline under results/baselines/recorded/,
+the spec the shared measurements ran) and the setting to vary:
+1. `prismbench.fit.fit` predicts, on the preset of this machine's GPU, the largest value that
+   fits and the next step up: the pair, predicted before anything runs;
+2. each value of the pair trains for real in a fresh process (`prismbench.record.record` on
+   cuda: 2 warm-up and 2 timed iterations, the allocator's default settings) and is classed
+   `fits` (the run ended), `oom` (torch's out-of-memory error) or `error` (anything else, with
+   its last line);
+3. DIR/oom_pairs_gpu.json and DIR/oom_pairs_gpu.md hold predicted against real, with the
+   allocator's measured steady peak where the run ended.
+--dry-run stops after step 1 (a CPU machine can check the predictions and the plumbing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+RECORDED = ROOT / "results" / "baselines" / "recorded"
+# shared job, setting to vary (results/fidelity/oom_pairs.md: the pairs predicted for the H100)
+CASES = (
+    ("gpt3-125m-s2048-mb8-none", "micro_batch"),
+    ("gpt3-1.3b-s2048-mb4-full-ga2", "micro_batch"),
+    ("llama2-7b-l4-s4096-mb1-sel", "layers"),
+)
+# torch.cuda.get_device_name() -> (GPU preset, prefix of the recorded baselines measured on it)
+PRESET_BY_DEVICE_NAME = {
+    "NVIDIA H100 80GB HBM3": ("h100-sxm-80g", "h100shared"),
+    "NVIDIA H200": ("h200-141g", "h200shared"),
+}
+PREFIX_BY_PRESET = dict(PRESET_BY_DEVICE_NAME.values())
+OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
+RUN_TIMEOUT_S = 240
+RESULT = "oom_pairs_gpu result: "  # the child's last line: this prefix, then its record as JSON
+
+
+def outcome_of(returncode: int, output: str) -> str:
+    """`fits`, `oom` or `error` for a finished run: its exit status and what it printed."""
+    if any(marker in output for marker in OOM_MARKERS):
+        return "oom"
+    return "fits" if returncode == 0 else "error"
+
+
+def case_job(name: str, gpu: str):
+    from prismbench.baselines import load_baseline
+
+    return load_baseline(RECORDED / f"{PREFIX_BY_PRESET[gpu]}__{name}.toml").job
+
+
+def predict_pair(name: str, vary: str, gpu: str) -> dict:
+    """The fit prediction for one case: the largest fitting value and the next step up."""
+    from prismbench.fit import fit
+
+    result = fit(case_job(name, gpu), vary)
+    if result.largest_fitting is None:
+        raise SystemExit(f"{name}: not even the smallest {vary} fits on {gpu}")
+    return {
+        "case": name,
+        "vary": vary,
+        "gpu": gpu,
+        "fits": result.largest_fitting,
+        "does_not_fit": result.largest_fitting + result.step,
+        "headroom_bytes": result.headroom_bytes,
+        "fits_above": list(result.fits_above),
+    }
+
+
+def run_one(name: str, vary: str, value: int, gpu: str) -> dict:
+    """Train the varied job for real here (called in a fresh process); its record as a dict."""
+    from prismbench.fit import varied_job
+    from prismbench.record import record
+
+    recording = record(varied_job(case_job(name, gpu), vary, value), iterations=2, warmup=2,
+                       device="cuda")  # fmt: skip
+    return {"peak_steady": recording.peak_steady, "iteration_s": recording.iteration_s}
+
+
+def run_real(name: str, vary: str, value: int, gpu: str) -> dict:
+    command = [sys.executable, __file__, "--run-one", name, vary, str(value), "--gpu", gpu]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"value": value, "outcome": "error", "detail": f"timed out after {RUN_TIMEOUT_S} s"}
+    output = done.stdout + done.stderr
+    row = {"value": value, "outcome": outcome_of(done.returncode, output)}
+    results = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
+    if row["outcome"] == "fits" and results:
+        row |= json.loads(results[-1].removeprefix(RESULT))
+    else:
+        row["detail"] = (output.strip().splitlines() or [""])[-1][:300]
+    return row
+
+
+def detected_gpu() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA device here: run with --dry-run --gpu PRESET")
+    name = torch.cuda.get_device_name()
+    if name not in PRESET_BY_DEVICE_NAME:
+        raise SystemExit(f"GPU {name!r} has no preset here ({sorted(PRESET_BY_DEVICE_NAME)})")
+    return PRESET_BY_DEVICE_NAME[name][0]
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| case | setting | predicted fits | real | predicted does not fit | real |",
+        "|---|---|--:|---|--:|---|",
+    ]
+    for r in rows:
+        real = {run["value"]: run["outcome"] for run in r.get("runs", [])}
+        lines.append(f"| {r['case']} | {r['vary']} | {r['fits']} | {real.get(r['fits'], '-')} | "
+                     f"{r['does_not_fit']} | {real.get(r['does_not_fit'], '-')} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--gpu", choices=sorted(PREFIX_BY_PRESET), help="default: detected")
+    parser.add_argument("--dry-run", action="store_true", help="predict only")
+    parser.add_argument("--run-one", nargs=3, metavar=("CASE", "VARY", "VALUE"))
+    args = parser.parse_args(argv)
+    if args.run_one:
+        name, vary, value = args.run_one
+        print(RESULT + json.dumps(run_one(name, vary, int(value), args.gpu)))
+        return 0
+    if args.out is None:
+        parser.error("--out is required")
+    gpu = args.gpu or detected_gpu()
+    rows = []
+    for name, vary in CASES:
+        row = predict_pair(name, vary, gpu)
+        print(f"{name}: {vary} {row['fits']} predicted to fit, {row['does_not_fit']} not", flush=True)
+        if not args.dry_run:
+            row["runs"] = [run_real(name, vary, v, gpu) for v in (row["fits"], row["does_not_fit"])]
+            print(f"  real: {[(r['value'], r['outcome']) for r in row['runs']]}", flush=True)
+        rows.append(row)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "oom_pairs_gpu.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (args.out / "oom_pairs_gpu.md").write_text(table(rows) + "\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,46 @@
+"""The OOM-pair runner's plumbing (results/fidelity/oom_pairs_gpu.py): how a real run is classed
+and reported. Its predictions and real runs need captures and a GPU (the script's --dry-run)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "results" / "fidelity" / "oom_pairs_gpu.py"
+
+
+@pytest.fixture(scope="module")
+def runner():
+    spec = importlib.util.spec_from_file_location("oom_pairs_gpu", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("returncode", "output", "outcome"),
+    [
+        (0, "oom_pairs_gpu result: {}", "fits"),
+        (1, "RuntimeError: rank 0:\ntorch.OutOfMemoryError: CUDA out of memory. Tried ...", "oom"),
+        (1, "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", "oom"),
+        (1, "RuntimeError: NCCL error", "error"),
+        (-9, "", "error"),
+    ],
+)
+def test_a_run_is_classed_by_its_exit_status_and_torch_s_message(runner, returncode, output, outcome):
+    assert runner.outcome_of(returncode, output) == outcome
+
+
+def test_every_case_has_a_recorded_spec_on_each_measured_gpu(runner):
+    for gpu in runner.PREFIX_BY_PRESET:
+        for name, _ in runner.CASES:
+            assert runner.case_job(name, gpu).cluster.gpu == gpu
+
+
+def test_the_table_sets_each_prediction_beside_what_happened(runner):
+    row = {"case": "c", "vary": "micro_batch", "fits": 33, "does_not_fit": 34,
+           "runs": [{"value": 33, "outcome": "fits"}, {"value": 34, "outcome": "oom"}]}  # fmt: skip
+    assert runner.table([row]).splitlines()[-1] == "| c | micro_batch | 33 | fits | 34 | oom |"
+    assert runner.table([row | {"runs": []}]).splitlines()[-1].endswith("| 33 | - | 34 | - |")
