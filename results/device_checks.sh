@@ -35,10 +35,10 @@ case "$(nvidia-smi --query-gpu=name --format=csv,noheader)" in
     *) shared=h100shared ;;
 esac
 
-step oom_pairs 270 $py results/fidelity/oom_pairs_gpu.py --out "$OUT"
+step oom_pairs 330 $py results/fidelity/oom_pairs_gpu.py --out "$OUT"
 
 for job in gpt3-125m-s2048-mb8-none llama3-8b-l2-s8192-mb2-none; do
-    step "repeat_$job" 75 $py -c '
+    step "repeat_$job" 60 $py -c '
 import json, sys
 from prismbench.baselines import load_baseline
 from prismbench.record import record
@@ -50,7 +50,7 @@ print("median", recording.iteration_s_median, "s over", len(recording.iteration_
 ' "${shared}__$job" "$OUT/repeat_$job.json"
 done
 
-step gpu_tests 120 $py -m pytest -q -m gpu -p no:cacheprovider \
+step gpu_tests 90 $py -m pytest -q -m gpu -p no:cacheprovider \
     tests/workloads/test_attention_ops.py tests/emulator/costs/test_calibrate.py \
     tests/emulator/capture/test_compile_fusion.py tests/prismbench/test_record.py
 tail -n 40 "$LOG"
