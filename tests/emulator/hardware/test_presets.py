@@ -25,6 +25,16 @@ def test_every_gpu_preset_loads(name):
     assert gpu.name == name and gpu.peak_tflops("bf16") > gpu.peak_tflops("fp32")
 
 
+def test_the_500w_h100_takes_one_clock_factor_for_every_dtype():
+    # torchtitan brackets its 500 W part's peak between the H100 SXM's and NVL's (989 and 835
+    # TFLOP/s bf16, the same 132 SMs): a clock bracket, so every dtype gets its midpoint
+    sxm, capped = gpu_preset("h100-sxm-80g"), gpu_preset("h100-hbm2e-96g")
+    midpoint = (989 + 835) / 2 / 989
+    for dtype in ("fp32", "tf32", "bf16", "fp16", "fp8"):
+        assert capped.peak_tflops(dtype) == pytest.approx(sxm.peak_tflops(dtype) * midpoint, rel=1e-3)
+    assert capped.sm_count == sxm.sm_count
+
+
 @pytest.mark.parametrize("name", LINK_NAMES)
 def test_every_link_preset_loads(name):
     link = intra_node_link(name)
