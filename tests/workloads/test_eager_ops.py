@@ -1,6 +1,9 @@
 """The eager custom ops (the workloads at 86a4f47) compute what the fused ops compute."""
 
+import weakref
+
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from workloads.models.attention_ops import masked_attention
 from workloads.models.eager_ops import eager_masked_attention, eager_rope
@@ -36,3 +39,31 @@ def test_eager_ops_keep_only_their_inputs_for_backward():
     x = torch.randn(1, 4, 2, 8, requires_grad=True)
     out = eager_rope(x, torch.arange(4), 10_000.0)
     assert [t.shape for t in out.grad_fn.saved_tensors] == [torch.Size([4])]  # the positions
+
+
+class _ScoreMatricesAtSoftmax(TorchDispatchMode):
+    """Counts the live float32 [b, h, s, s] tensors when the softmax is called."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape, self.made, self.live_at_softmax = torch.Size(shape), [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._softmax.default:
+            self.live_at_softmax.append(sum(r() is not None for r in self.made))
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.shape == self.shape:
+            self.made.append(weakref.ref(out))
+        return out
+
+
+def test_eager_masked_attention_frees_its_score_matrices_when_86a4f47_did():
+    # 86a4f47's body keeps the scaled scores in a local until the softmax returns: two score
+    # matrices are live when it is called (the allocator replay of mpt-7b depends on it)
+    q, k, v = (torch.randn(1, 2, 6, 4, requires_grad=True) for _ in range(3))
+    positions, slopes = torch.arange(6), torch.tensor([0.5, 0.25])
+    counter = _ScoreMatricesAtSoftmax((1, 2, 6, 6))
+    with counter:
+        out = eager_masked_attention(q, k, v, positions, positions, slopes)
+        out.sum().backward()
+    assert counter.live_at_softmax == [2, 2]  # forward, and backward's recomputation

@@ -22,7 +22,7 @@ import math
 import torch
 from torch import Tensor
 
-from workloads.models.attention_ops import _expand_kv, _reduce_kv, _scores
+from workloads.models.attention_ops import _bias, _expand_kv, _reduce_kv
 from workloads.models.rope_ops import rotate
 
 
@@ -42,7 +42,11 @@ class EagerRope(torch.autograd.Function):
 
 
 def _probabilities(q, k_full, q_positions, kv_positions, slopes) -> Tensor:
-    return torch.softmax(_scores(q, k_full, q_positions, kv_positions, slopes), dim=-1)
+    # 86a4f47's body, line for line: the local `scores` keeps the scaled score matrix alive
+    # until the softmax has returned, so three float32 score matrices are live at once, not
+    # two; where they sit decides which segments the caching allocator reuses for the logits
+    scores = (q.float() @ k_full.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    return torch.softmax(scores + _bias(q_positions, kv_positions, slopes), dim=-1)
 
 
 class EagerMaskedAttention(torch.autograd.Function):
