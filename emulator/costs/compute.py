@@ -1,7 +1,7 @@
 """Compute cost model: duration of one normalized op (`ops.OpRecord`) on a GPU preset.
 
 GEMM: roofline max(flops / (peak_dtype * eff), bytes / (hbm * hbm_eff)) with eff = the GPU's
-measured large-GEMM fraction times a wave-quantization factor over SMs. Flash attention:
+measured large-GEMM fraction times a wave-quantization factor over SMs (`gemm_tiles`). Flash attention:
 causal-aware FLOPs over peak times a head-dim dependent efficiency. Memory-bound ops: bytes over
 the achieved HBM bandwidth. Every kernel pays a launch overhead. Where a measured kernel table
 covers the shape, its interpolated rate replaces the curves. Constants and sources: docs/MODELS.md.
@@ -9,8 +9,7 @@ covers the shape, its interpolated rate replaces the curves. Constants and sourc
 
 from __future__ import annotations
 
-import math
-
+from emulator.costs.gemm_tiles import gemm_wave_efficiency
 from emulator.costs.kernel_table import KernelTable
 from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS, OpRecord
 from emulator.hardware import GpuPreset
@@ -18,9 +17,6 @@ from emulator.hardware import GpuPreset
 # DEFAULT (to be replaced by a global fit on measured kernel tables): GPU-side cost of one kernel
 # launch on a busy stream. Not fitted to any baseline.
 LAUNCH_OVERHEAD_S = 2e-6
-# Output tile of one CTA in the wave-quantization model: 128 x 128 is the common cuBLAS/CUTLASS
-# tensor-core tile for large bf16 GEMMs (CUTLASS default GEMM configurations); a DEFAULT.
-GEMM_TILE = 128
 # DEFAULT head-dim scale of flash-attention efficiency: eff(d) = e_max * d / (d + 32), anchored on
 # each GPU's one published point (preset `attention`, `attention_head_dim`). FlashAttention-2
 # (Dao 2023) reports higher utilisation at head_dim 128 than 64; the 32 is not fitted.
@@ -28,13 +24,6 @@ ATTN_HEAD_DIM_SCALE = 32.0
 # DEFAULT: backward attention kernels reach this fraction of the forward efficiency (FlashAttention-2
 # reports its backward pass below its forward in TFLOP/s; the figure is not fitted).
 ATTN_BWD_EFFICIENCY_RATIO = 0.8
-
-
-def gemm_wave_efficiency(m: int, n: int, batch: int, sm_count: int) -> float:
-    """Fraction of the last wave's SMs kept busy: tiles / (waves * SMs)."""
-    tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) * batch
-    waves = math.ceil(tiles / sm_count)
-    return tiles / (waves * sm_count)
 
 
 def gemm_efficiency(op: OpRecord, gpu: GpuPreset) -> float:
@@ -72,7 +61,7 @@ def op_price(op: OpRecord, gpu: GpuPreset, *, table: KernelTable | None = None) 
     if op.name in GEMM_OPS or op.name in ATTENTION_OPS:
         gpu.peak_tflops(op.dtype)  # refuse a dtype the GPU lacks even when a table would answer
     if table is not None:
-        found = table.lookup(op)
+        found = table.lookup(op, gpu.sm_count)
         if found is not None:
             return found
     return curve_time_s(op, gpu), "roofline"

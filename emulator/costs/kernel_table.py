@@ -8,7 +8,10 @@ does this GPU take for an op of this shape". `KernelTable.lookup` tries, in orde
 2. **interpolated**: the achieved rate (FLOP/s for GEMM and attention, bytes/s for memory-bound
    ops) of the `NEIGHBOURS` nearest rows of the group within a factor of 2 on every shape field,
    inverse-distance weighted (power 2) in log-shape space; memory-bound ops whose own aten op
-   has no row nearby use the rows of their op class (any aten op) the same way;
+   has no row nearby use the rows of their op class (any aten op) the same way. A GEMM's rate
+   is interpolated per busy tile slot: each row's rate over its tile utilisation (padding and
+   wave quantization on the table's GPU, `gemm_tiles`), times the op's own, so that a 1 600-wide
+   GEMM priced from 1 536- and 2 048-wide rows pays for the 1 664 columns its tiles compute;
 3. nothing (None): the caller prices the op with its roofline curves (`costs.compute`).
 
 Groups: (op class, dtype, causal, variant). The variant keeps apart kernels that one op class
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from emulator.costs.gemm_tiles import gemm_tile_utilisation
 from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS, OpRecord, attention_op, gemm_op
 
 SHAPE_FIELDS = ("m", "n", "k", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim", "causal", "nbytes")
@@ -139,8 +143,11 @@ class KernelTable:
     groups: dict
     label: str = ""  # where it was read from, and which sources were left out
 
-    def lookup(self, op: OpRecord, *, max_log2_distance: float = 1.0) -> tuple[float, str] | None:
-        """(seconds, "exact" | "interpolated") for `op`, or None where the table has no row near."""
+    def lookup(
+        self, op: OpRecord, sm_count: int, *, max_log2_distance: float = 1.0
+    ) -> tuple[float, str] | None:
+        """(seconds, "exact" | "interpolated") for `op`, or None where the table has no row near.
+        `sm_count`: the SMs of the table's GPU (a GEMM's tile utilisation depends on them)."""
         keys = lookup_keys(op)
         key = keys[0]
         target = _features(op)
@@ -159,13 +166,24 @@ class KernelTable:
             near = near[np.argsort(distance[near], kind="stable")[:NEIGHBOURS]]
             d = np.maximum(distance[near], 1e-9)  # class-level rows may sit at distance 0
             weights = 1.0 / d**2
-            rate = float(np.exp(np.sum(weights * np.log(rates[near])) / np.sum(weights)))
+            near_rates = rates[near]
+            if op.name in GEMM_OPS:
+                near_rates = near_rates / _tile_utilisation(features[near], sm_count)
+            rate = float(np.exp(np.sum(weights * np.log(near_rates)) / np.sum(weights)))
+            if op.name in GEMM_OPS:
+                rate *= gemm_tile_utilisation(op.m, op.n, op.batch, sm_count)
             return _work(op) / rate, "interpolated"
         return None
 
-    def time_s(self, op: OpRecord, **kwargs) -> float | None:
-        found = self.lookup(op, **kwargs)
+    def time_s(self, op: OpRecord, sm_count: int, **kwargs) -> float | None:
+        found = self.lookup(op, sm_count, **kwargs)
         return None if found is None else found[0]
+
+
+def _tile_utilisation(features: np.ndarray, sm_count: int) -> np.ndarray:
+    """`gemm_tile_utilisation` of GEMM rows from their log2 (m, n, k, batch) features."""
+    shapes = np.rint(np.exp2(features)).astype(np.int64)
+    return np.array([gemm_tile_utilisation(m, n, b, sm_count) for m, n, _, b in shapes])
 
 
 def load_kernel_table(

@@ -399,7 +399,7 @@ def source_checks(a100_rows: list[dict], h100_rows: list[dict]) -> list[str]:
         if r["source"].startswith("rule:") or "[as" in r["source"] or r["op"] not in GEMM_OPS:
             continue
         op = replace(row_op(r), dtype="bf16")
-        found = h100_table.lookup(op)
+        found = h100_table.lookup(op, h100.sm_count)
         if found is not None:
             predicted = found[0] * 1e6 * transfer_factor(op, h100, a100)
             ratios.setdefault(r["source"].split(":")[0], []).append(float(r["time_us"]) / predicted)
@@ -411,14 +411,14 @@ def source_checks(a100_rows: list[dict], h100_rows: list[dict]) -> list[str]:
     for r in read_csv(SOURCES / "vidur_mlp.csv"):
         if r["gpu"] == "h100" and r["op"] in VIDUR_GEMMS:
             n, k, _ = vidur_gemm_shape(r)[r["op"]]
-            found = h100_table.lookup(gemm_op("mm", int(r["num_tokens"]), n, k))
+            found = h100_table.lookup(gemm_op("mm", int(r["num_tokens"]), n, k), h100.sm_count)
             if found is not None:
                 same_chip.append(float(r["median_ms"]) * 1e-3 / found[0])
     lines.append(summary("vidur H100 GEMMs / H100 table (same chip)", same_chip))
     for r in read_csv(SOURCES / "mamf.csv"):
         if "H100" in r["accelerator"]:
             op = replace(gemm_op("mm", int(r["m"]), int(r["n"]), int(r["k"])), aten="aten.mm")
-            found = h100_table.lookup(op)
+            found = h100_table.lookup(op, h100.sm_count)
             mamf_us = op.flops / (float(r["mamf_tflops"]) * 1e12) * 1e6
             lines.append(
                 f"  mamf H100 {r['m']}x{r['n']}x{r['k']}: {mamf_us:.1f} us, H100 table ({found[1]}) {found[0] * 1e6:.1f} us"

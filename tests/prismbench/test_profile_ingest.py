@@ -15,6 +15,7 @@ import pytest
 
 from emulator.capture.trace import COMPUTE
 from emulator.costs.kernel_table import load_kernel_table, op_class, row_op
+from emulator.hardware import gpu_preset
 from prismbench.capture import capture_job
 from prismbench.cli import main
 from prismbench.profile_ingest import collapse_to_recorded, ingest_ops, write_rows_csv
@@ -134,7 +135,7 @@ def test_rows_aggregate_and_round_trip_through_load_kernel_table(trace, tmp_path
     assert len(alone) > 10
     for row in alone:  # the only row at its table point: the table answers its time
         if "flash" not in row["op"]:
-            seconds = table.time_s(row_op(row))
+            seconds = table.time_s(row_op(row), gpu_preset("h100-sxm-80g").sm_count)
             assert seconds == pytest.approx(float(row["time_us"]) * 1e-6, rel=1e-9)
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from emulator.costs.compute import LAUNCH_OVERHEAD_S, gemm_wave_efficiency, op_time_s
+from emulator.costs.compute import LAUNCH_OVERHEAD_S, op_time_s
 from emulator.costs.ops import MEMORY_OPS, attention_op, gemm_op, memory_op
 from emulator.hardware import gpu_preset
 
@@ -30,12 +30,6 @@ def test_fp8_gemm_faster_than_bf16_on_h100():
 def test_fp8_gemm_refused_on_a100():
     with pytest.raises(ValueError, match="no fp8"):
         op_time_s(gemm_op("scaled_mm", 1024, 1024, 1024, dtype="fp8"), A100)
-
-
-def test_wave_quantization_penalises_one_tile_too_many():
-    full = gemm_wave_efficiency(128 * 132, 128, 1, 132)
-    spill = gemm_wave_efficiency(128 * 133, 128, 1, 132)
-    assert full == 1.0 and spill < 0.51
 
 
 def test_skinny_gemm_is_memory_bound():

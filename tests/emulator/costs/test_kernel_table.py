@@ -6,6 +6,7 @@ import pytest
 
 from emulator.costs.calibrate import write_kernel_csv
 from emulator.costs.compute import curve_time_s, op_price, op_time_s
+from emulator.costs.gemm_tiles import gemm_tile_utilisation
 from emulator.costs.kernel_table import NEIGHBOURS, load_kernel_table
 from emulator.costs.ops import attention_op, gemm_op, memory_op
 from emulator.hardware import gpu_preset
@@ -36,10 +37,18 @@ def test_linear_shares_the_gemm_rows(table):
     assert op_time_s(op, H100, table=table) == pytest.approx(op.flops / 400e12)
 
 
-def test_interpolates_in_log_space_between_rows(table):
+def _utilisation(s):
+    return gemm_tile_utilisation(s, s, 1, H100.sm_count)
+
+
+def test_interpolates_in_log_space_between_rows_per_busy_tile_slot(table):
     op = gemm_op("mm", 2896, 2896, 2896)  # ~ geometric middle of 2048 and 4096
     rate = op.flops / op_time_s(op, H100, table=table)
-    assert 190e12 < rate < 210e12  # geometric mean of 100 and 400 is 200
+    # the geometric mean of the rows' rates per busy tile slot, at the op's own utilisation:
+    # 2 896 = 22.6 tiles of 128 pads to 23, and 529 tiles leave 131 of 5 x 132 slots idle
+    per_slot = (100e12 / _utilisation(2048) * 400e12 / _utilisation(4096)) ** 0.5
+    assert rate == pytest.approx(per_slot * _utilisation(2896), rel=0.01)
+    assert _utilisation(2896) < 0.8 < 0.96 < _utilisation(2048) == _utilisation(4096)
 
 
 def test_falls_back_to_curves_far_from_rows(table):
@@ -79,9 +88,9 @@ def mixed_table(tmp_path):
 
 
 def test_lookup_says_exact_then_interpolated(mixed_table):
-    assert mixed_table.lookup(gemm_op("mm", 2048, 2048, 2048))[1] == "exact"
-    assert mixed_table.lookup(gemm_op("mm", 2896, 2896, 2896))[1] == "interpolated"
-    assert mixed_table.lookup(gemm_op("mm", 65536, 65536, 512)) is None
+    assert mixed_table.lookup(gemm_op("mm", 2048, 2048, 2048), H100.sm_count)[1] == "exact"
+    assert mixed_table.lookup(gemm_op("mm", 2896, 2896, 2896), H100.sm_count)[1] == "interpolated"
+    assert mixed_table.lookup(gemm_op("mm", 65536, 65536, 512), H100.sm_count) is None
 
 
 def test_op_price_names_the_roofline_where_the_table_is_silent(mixed_table):
@@ -93,26 +102,33 @@ def test_memory_ops_are_told_apart_by_their_aten_op(mixed_table):
         return memory_op("norm", bytes_read=5e8, bytes_written=5e8) if not aten else replace(
             memory_op("norm", bytes_read=5e8, bytes_written=5e8), aten=aten)
 
-    assert mixed_table.lookup(op("aten.native_layer_norm_backward")) == (pytest.approx(1e-3), "exact")
-    assert mixed_table.lookup(op("aten.native_layer_norm")) == (pytest.approx(5e-4), "exact")
+    assert mixed_table.lookup(op("aten.native_layer_norm_backward"), H100.sm_count) == (pytest.approx(1e-3), "exact")
+    assert mixed_table.lookup(op("aten.native_layer_norm"), H100.sm_count) == (pytest.approx(5e-4), "exact")
     # an aten op without rows borrows its class's rows (both, at distance 0): interpolated
-    seconds, source = mixed_table.lookup(op("aten.native_group_norm"))
+    seconds, source = mixed_table.lookup(op("aten.native_group_norm"), H100.sm_count)
     assert source == "interpolated" and 5e-4 < seconds < 1e-3
 
 
 def test_unaligned_gemms_never_borrow_aligned_rows(mixed_table):
     unaligned = gemm_op("mm", 2048, 2047, 2048)
-    rate = unaligned.flops / mixed_table.lookup(unaligned)[0]
-    assert rate == pytest.approx(10e12, rel=0.01)
+    rate = unaligned.flops / mixed_table.lookup(unaligned, H100.sm_count)[0]
+    # the unaligned row's 10 TFLOP/s (2 048 x 2 049: 17 tiles wide), moved to the op's 16 tiles
+    tiles = gemm_tile_utilisation(2048, 2047, 1, H100.sm_count) / gemm_tile_utilisation(
+        2048, 2049, 1, H100.sm_count
+    )
+    assert rate == pytest.approx(10e12 * tiles, rel=0.01) and tiles != pytest.approx(1, abs=0.05)
 
 
 def test_neighbours_are_capped(tmp_path):
     # 20 rows around 4096^3, the nearest at 100 TFLOP/s, the 12 farthest at 1 TFLOP/s
-    rows = [_gemm_row(4096 + d, 2 * (4096 + d) ** 3 / (100e12 if d <= 8 * 64 else 1e12) * 1e6)
+    # (rates per busy tile slot)
+    rows = [_gemm_row(4096 + d, 2 * (4096 + d) ** 3 / (100e12 if d <= 8 * 64 else 1e12)
+                      / _utilisation(4096 + d) * 1e6)
             for d in range(64, 20 * 64 + 1, 64)]
     table = load_kernel_table(write_kernel_csv(rows, tmp_path / "t.csv", SYNTHETIC))
     op = gemm_op("mm", 4096, 4096, 4096)
-    assert op.flops / table.lookup(op)[0] == pytest.approx(100e12, rel=1e-6)
+    rate = op.flops / table.lookup(op, H100.sm_count)[0]
+    assert rate == pytest.approx(100e12 * _utilisation(4096), rel=1e-6)
     assert NEIGHBOURS == 8
 
 
@@ -129,18 +145,18 @@ def test_rows_of_one_shape_give_the_mean_time_of_every_kernel_they_measured(tmp_
         aten="aten.add",
     )
     expected_s = (168 * 22.47 + 2 * 47.70) / 170 * 1e-6
-    assert table.lookup(add) == (pytest.approx(expected_s), "exact")
+    assert table.lookup(add, H100.sm_count) == (pytest.approx(expected_s), "exact")
     # a mean of times, not of rates: 10 and 30 us once each give 20 us (rates would give 15)
     rows = [_gemm_row(2048, 10.0), _gemm_row(2048, 30.0) | {"repetitions": ""}]
     table = load_kernel_table(write_kernel_csv(rows, tmp_path / "u.csv", SYNTHETIC))
-    assert table.lookup(gemm_op("mm", 2048, 2048, 2048)) == (pytest.approx(20e-6), "exact")
+    assert table.lookup(gemm_op("mm", 2048, 2048, 2048), H100.sm_count) == (pytest.approx(20e-6), "exact")
 
 
 def test_skip_sources_leaves_rows_out(tmp_path):
     rows = [_gemm_row(2048, 1.0) | {"source": "profile:a"}, _gemm_row(4096, 1.0) | {"source": "micro:1"}]
     path = write_kernel_csv(rows, tmp_path / "t.csv", SYNTHETIC)
     table = load_kernel_table(path, skip_sources=("profile:a",))
-    assert table.lookup(gemm_op("mm", 2048, 2048, 2048))[1] == "interpolated"
+    assert table.lookup(gemm_op("mm", 2048, 2048, 2048), H100.sm_count)[1] == "interpolated"
     assert "without profile:a" in table.label
 
 
@@ -151,8 +167,8 @@ def test_attention_variants_do_not_price_each_other(tmp_path):
            "heads_kv": 32, "seq_q": 8192, "seq_kv": 8192, "head_dim": 128, "causal": "true",
            "time_us": 1000.0, "repetitions": 1, "spread_us": 0.0}  # fmt: skip
     table = load_kernel_table(write_kernel_csv([row], tmp_path / "t.csv", SYNTHETIC))
-    assert table.lookup(sdpa) == (pytest.approx(1e-3), "exact")
-    assert table.lookup(replace(sdpa, aten="prism.masked_attention")) is None
+    assert table.lookup(sdpa, H100.sm_count) == (pytest.approx(1e-3), "exact")
+    assert table.lookup(replace(sdpa, aten="prism.masked_attention"), H100.sm_count) is None
 
 
 def _attention_row(head_dim, time_us, seq=2048):
@@ -165,8 +181,8 @@ def test_attention_is_priced_as_the_head_dim_tile_its_kernel_runs(tmp_path):
     table = load_kernel_table(write_kernel_csv([_attention_row(128, 142.0)], tmp_path / "t.csv", SYNTHETIC))
     op = replace(attention_op("flash_attn_fwd", batch=4, heads_q=16, heads_kv=16, seq_q=2048, seq_kv=2048,
                               head_dim=96), aten="aten._scaled_dot_product_flash_attention")  # fmt: skip
-    seconds, how = table.lookup(op)
+    seconds, how = table.lookup(op, H100.sm_count)
     # head dim 96 runs the 128-wide kernel, padded: the same time, not 96/128 of it
     assert seconds == pytest.approx(142e-6)
     assert how == "interpolated"  # a neighbour of another head dim, not this shape
-    assert table.lookup(replace(op, head_dim=64)) is None  # the 64-wide tile is another kernel
+    assert table.lookup(replace(op, head_dim=64), H100.sm_count) is None  # the 64-wide tile is another kernel
