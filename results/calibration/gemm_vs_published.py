@@ -1,0 +1,40 @@
+"""Predicted vs published cuBLASLt GEMM throughput: prints the GEMM table of README.md.
+
+Run: python results/calibration/gemm_vs_published.py   (from the repository root)
+
+The published points (`published_gemm_tflops.csv`, transcribed from the Azure AI-benchmarking-
+guide result files named in each row) against the roofline curves alone
+(`emulator.costs.compute.curve_time_s`: no kernel table), so that the curves' constants, which
+each GPU preset anchors on its largest square shape, are checked on the other shapes.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from emulator.costs.compute import curve_time_s
+from emulator.costs.ops import gemm_op
+from emulator.hardware import gpu_preset
+
+
+def main() -> None:
+    path = Path(__file__).with_name("published_gemm_tflops.csv")
+    print("| GPU | dtype | m x n x k | published TFLOP/s | predicted | error |")
+    print("|---|---|---|---:|---:|---:|")
+    for row in csv.DictReader(path.open()):
+        m, n, k = (int(row[f]) for f in ("m", "n", "k"))
+        gpu = gpu_preset(row["gpu"])
+        dtype = row["dtype"]
+        op = gemm_op("scaled_mm" if dtype == "fp8" else "mm", m, n, k, dtype=dtype)
+        predicted = op.flops / curve_time_s(op, gpu) / 1e12
+        published = float(row["tflops"])
+        error = (predicted - published) / published
+        print(
+            f"| {row['gpu']} | {row['dtype']} | {m}x{n}x{k} | {published:.1f} | {predicted:.1f} "
+            f"| {100 * error:+.1f}% |"
+        )
+
+
+if __name__ == "__main__":
+    main()
