@@ -1,0 +1,132 @@
+"""Which part of a source's predicted iteration is off: attention or the rest (a diagnosis).
+
+    python results/fidelity/attention_split.py DB [--source llmfoundry] [--out FILE]
+
+For every row of `--source` in the DB's latest complete `validate` run: the job's compute priced
+as `emulate` prices it (class 0's trace), split into attention kernels (flash_attn_fwd/bwd)
+and everything else, the predicted iteration time the run stored, and the measured one. Then,
+per GPU and precision, the two factors (rest, attention) that scale the prediction's parts to
+the measurements best, in the least-squares sense on relative error:
+
+    measured ~ f_rest * (predicted - attention) + f_attention * attention
+
+with each fit's residuals. This is a diagnosis, not a calibration: nothing here is applied to a
+prediction, and a factor far from 1 says where a model is wrong, not by how much it should be
+corrected. Captures come from the capture cache (run `validate` first; PRISMBENCH_CACHE as it
+used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tomllib
+from collections import defaultdict
+from pathlib import Path
+
+import duckdb
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+BASELINES = ROOT / "results" / "baselines"
+ATTENTION = ("flash_attn_fwd", "flash_attn_bwd")
+
+
+def latest_rows(db: str, source: str) -> tuple[str, dict[str, float]]:
+    con = duckdb.connect(db, read_only=True)
+    (run_id,) = con.execute(
+        "SELECT run_id FROM runs WHERE status = 'complete' ORDER BY ended_at DESC LIMIT 1"
+    ).fetchone()
+    rows = con.execute(
+        "SELECT baseline, predicted FROM metric_results WHERE run_id = ? "
+        "AND metric = 'iteration_time_s' AND baseline LIKE ?",
+        [run_id, f"{source}__%"],
+    ).fetchall()
+    return run_id, dict(rows)
+
+
+def attention_seconds(job) -> float:
+    """Predicted attention kernel time of class 0's iteration."""
+    from emulator.costs.pricing import compute_prices
+    from prismbench.capture import capture_job
+    from prismbench.emulate import cost_context
+
+    traces = capture_job(job).traces
+    trace = traces[min(traces)]
+    times, _ = compute_prices(trace, cost_context(job, "preset"))
+    names = np.array(trace.strings)[trace.columns["name"]]
+    return float(times[np.isin(names, ATTENTION)].sum())
+
+
+def fit(rows: list[dict]) -> tuple[float, float, list[float]]:
+    parts = np.array([[r["predicted_s"] - r["attention_s"], r["attention_s"]] for r in rows])
+    measured = np.array([r["measured_s"] for r in rows])
+    (rest, attention), *_ = np.linalg.lstsq(parts / measured[:, None], np.ones(len(rows)), rcond=None)
+    residuals = (parts @ [rest, attention] - measured) / measured
+    return float(rest), float(attention), [float(x) for x in residuals]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("db")
+    parser.add_argument("--source", default="llmfoundry")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    from prismbench.spec import job_spec_from_dict
+
+    run_id, predicted = latest_rows(args.db, args.source)
+    rows = []
+    for i, (name, predicted_s) in enumerate(sorted(predicted.items()), 1):
+        print(f"[{i}/{len(predicted)}] {name}", file=sys.stderr, flush=True)
+        spec = tomllib.loads((BASELINES / f"{name}.toml").read_text())
+        job = job_spec_from_dict(spec["job"])
+        rows.append(
+            {
+                "name": name,
+                "group": (job.cluster.gpu, job.train.precision),
+                "seq_len": job.batch.seq_len,
+                "predicted_s": predicted_s,
+                "measured_s": spec["measured"]["iteration_time_s"],
+                "attention_s": attention_seconds(job),
+            }
+        )
+    groups = defaultdict(list)
+    for row in rows:
+        groups[row["group"]].append(row)
+    lines = [
+        f"Run {run_id}, source {args.source}: measured ~ f_rest * (predicted - attention) "
+        "+ f_attention * attention (a diagnosis; nothing applied).",
+        "",
+        "| GPU | precision | rows | f_rest | f_attention | error now: median / max abs "
+        "| residual of the fit: median / max abs |",
+        "|---|---|--:|--:|--:|--:|--:|",
+    ]
+    for (gpu, precision), members in sorted(groups.items()):
+        errors = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in members]
+        if len(members) < 3:
+            lines.append(f"| {gpu} | {precision} | {len(members)} | - | - | "
+                         f"{100 * statistics.median(errors):.1f} / {100 * max(errors):.1f} % | - |")
+            continue
+        rest, attention, residuals = fit(members)
+        absolute = [abs(x) for x in residuals]
+        lines.append(
+            f"| {gpu} | {precision} | {len(members)} | {rest:.3f} | {attention:.3f} | "
+            f"{100 * statistics.median(errors):.1f} / {100 * max(errors):.1f} % | "
+            f"{100 * statistics.median(absolute):.1f} / {100 * max(absolute):.1f} % |"
+        )
+    lines += ["", "| row | GPU | precision | seq | attention share | error |", "|---|---|---|--:|--:|--:|"]
+    for row in sorted(rows, key=lambda r: r["predicted_s"] / r["measured_s"]):
+        share = row["attention_s"] / row["predicted_s"]
+        error = row["predicted_s"] / row["measured_s"] - 1
+        gpu, precision = row["group"]
+        lines.append(f"| {row['name']} | {gpu} | {precision} | {row['seq_len']} | "
+                     f"{100 * share:.0f} % | {100 * error:+.1f} % |")
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
