@@ -1,8 +1,8 @@
 """Which part of a source's predicted iteration is off: attention or the rest (a diagnosis).
 
-    python results/fidelity/attention_split.py DB [--source llmfoundry] [--out FILE]
+    python results/fidelity/attention_split.py DB [--source llmfoundry] [--run RUN_ID] [--out FILE]
 
-For every row of `--source` in the DB's latest complete `validate` run: the job's compute priced
+For every row of `--source` in the DB's latest complete `validate` run (or run RUN_ID): the job's compute priced
 as `emulate` prices it (class 0's trace), split into attention kernels (flash_attn_fwd/bwd)
 and everything else, the predicted iteration time the run stored, and the measured one. Then,
 per GPU and precision, the two factors (rest, attention) that scale the prediction's parts to
@@ -33,11 +33,12 @@ BASELINES = ROOT / "results" / "baselines"
 ATTENTION = ("flash_attn_fwd", "flash_attn_bwd")
 
 
-def latest_rows(db: str, source: str) -> tuple[str, dict[str, float]]:
+def run_rows(db: str, source: str, run_id: str | None) -> tuple[str, dict[str, float]]:
     con = duckdb.connect(db, read_only=True)
-    (run_id,) = con.execute(
-        "SELECT run_id FROM runs WHERE status = 'complete' ORDER BY ended_at DESC LIMIT 1"
-    ).fetchone()
+    if run_id is None:
+        (run_id,) = con.execute(
+            "SELECT run_id FROM runs WHERE status = 'complete' ORDER BY ended_at DESC LIMIT 1"
+        ).fetchone()
     rows = con.execute(
         "SELECT baseline, predicted FROM metric_results WHERE run_id = ? "
         "AND metric = 'iteration_time_s' AND baseline LIKE ?",
@@ -71,11 +72,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("db")
     parser.add_argument("--source", default="llmfoundry")
+    parser.add_argument("--run", help="a run id (default: the latest complete run)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from prismbench.spec import job_spec_from_dict
 
-    run_id, predicted = latest_rows(args.db, args.source)
+    run_id, predicted = run_rows(args.db, args.source, args.run)
     rows = []
     for i, (name, predicted_s) in enumerate(sorted(predicted.items()), 1):
         print(f"[{i}/{len(predicted)}] {name}", file=sys.stderr, flush=True)
