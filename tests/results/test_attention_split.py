@@ -1,0 +1,39 @@
+"""results/fidelity/attention_split.py: the two-factor fit behind its diagnosis."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def split():
+    spec = importlib.util.spec_from_file_location(
+        "attention_split", ROOT / "results/fidelity/attention_split.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(rest_s, attention_s, f_rest, f_attention):
+    return {"predicted_s": rest_s + attention_s, "attention_s": attention_s,
+            "measured_s": f_rest * rest_s + f_attention * attention_s}  # fmt: skip
+
+
+def test_fit_recovers_the_factors_that_made_the_measurements(split):
+    # short sequences (little attention) to long ones (mostly attention), as llm-foundry's rows
+    rows = [_row(rest, attention, 1.25, 0.8) for rest, attention in
+            ((1.5, 0.2), (1.2, 0.25), (1.7, 5.4), (1.8, 10.8))]  # fmt: skip
+    f_rest, f_attention, residuals = split.fit(rows)
+    assert (f_rest, f_attention) == (pytest.approx(1.25), pytest.approx(0.8))
+    assert max(abs(r) for r in residuals) < 1e-9
+
+
+def test_a_row_the_split_cannot_explain_shows_as_a_residual(split):
+    rows = [_row(1.0, 0.1 * i, 1.0, 1.0) for i in range(1, 6)]
+    rows[2]["measured_s"] *= 1.3  # one row 30 % slower than any factor says
+    *_, residuals = split.fit(rows)
+    assert max(range(5), key=lambda i: abs(residuals[i])) == 2
