@@ -1,9 +1,9 @@
 """Compute cost model: duration of one normalized op (`ops.OpRecord`) on a GPU preset.
 
 GEMM: roofline max(flops / (peak_dtype * eff), bytes / (hbm * hbm_eff)) with eff = the GPU's
-measured large-GEMM fraction times a wave-quantization factor over SMs (`gemm_tiles`). Flash attention:
-causal-aware FLOPs over peak times a head-dim dependent efficiency. Memory-bound ops: bytes over
-the achieved HBM bandwidth. Every kernel pays a launch overhead. Where a measured kernel table
+measured large-GEMM fraction times a wave-quantization factor over SMs (`gemm_tiles`). Flash
+attention: causal-aware FLOPs over peak times a head-dim dependent efficiency. Memory-bound ops:
+bytes over the achieved HBM bandwidth. Every kernel pays a launch overhead. Where a measured kernel table
 covers the shape, its interpolated rate replaces the curves. Constants and sources: docs/MODELS.md.
 """
 

@@ -1,11 +1,13 @@
 """How much of the GPU a GEMM's output tiles keep busy: the one model of tile and wave
-quantization, shared by the roofline curves (`costs.compute`) and the kernel tables' interpolation
+quantization, used by the roofline curves (`costs.compute`) and the kernel tables' interpolation
 (`costs.kernel_table`).
 
 cuBLAS and CUTLASS split a GEMM's m x n output into tiles, one per CTA, and run them in waves of
 one CTA per SM. The last tile in m and in n is computed whole even where the matrix ends inside
 it (padding), and the last wave leaves SMs idle when the tile count is not a multiple of the SM
-count (wave quantization).
+count (wave quantization). The curves take the wave efficiency alone: with one fixed tile, the
+padding would price a GEMV (m = 1) at 1/128 of the rate, where cuBLAS runs another kernel. The
+tables' interpolation, between neighbours within a factor of 2, takes the whole utilisation.
 """
 
 from __future__ import annotations
