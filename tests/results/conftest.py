@@ -1,6 +1,7 @@
-"""The kernel-table builder under results/kernels (a script, not a package), loaded once."""
+"""The scripts under results/ (scripts, not a package), each loaded once as a module."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,12 +9,29 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
-def build():
-    """results/kernels/build_a100.py as a module: the transfer rule and its checks."""
-    spec = importlib.util.spec_from_file_location(
-        "build_a100", ROOT / "results/kernels/build_a100.py"
-    )
+def load_script(path: str):
+    """results/<path> as a module named after its file (registered, so its dataclasses and
+    pickling find it)."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / "results" / path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def build():
+    """results/kernels/build_a100.py: the transfer rule and its checks."""
+    return load_script("kernels/build_a100.py")
+
+
+@pytest.fixture(scope="session")
+def runner():
+    """results/fidelity/oom_pairs_gpu.py: the OOM-pair runner."""
+    return load_script("fidelity/oom_pairs_gpu.py")
+
+
+@pytest.fixture(scope="session")
+def split():
+    """results/fidelity/attention_split.py: the attention-or-the-rest diagnosis."""
+    return load_script("fidelity/attention_split.py")

@@ -1,21 +1,6 @@
 """results/fidelity/attention_split.py: the two-factor fit behind its diagnosis."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def split():
-    spec = importlib.util.spec_from_file_location(
-        "attention_split", ROOT / "results/fidelity/attention_split.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _row(rest_s, attention_s, f_rest, f_attention):

@@ -1,22 +1,7 @@
 """The OOM-pair runner's plumbing (results/fidelity/oom_pairs_gpu.py): how a real run is classed
 and reported. Its predictions and real runs need captures and a GPU (the script's --dry-run)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "results" / "fidelity" / "oom_pairs_gpu.py"
-
-
-@pytest.fixture(scope="module")
-def runner():
-    spec = importlib.util.spec_from_file_location("oom_pairs_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize(
