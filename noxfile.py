@@ -20,9 +20,11 @@ def install_project(session: nox.Session, extras: str = "test") -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The test suite CI runs: everything except `slow` and `gpu` tests."""
+    """The test suite CI runs: everything except `slow` and `gpu` tests, one pytest-xdist
+    worker per core; a file's tests stay on one worker, so its module fixtures (the gloo
+    spawns, the captures) run once (`-- -n 0` runs them in one process)."""
     install_project(session)
-    session.run("pytest", *session.posargs)
+    session.run("pytest", "-n", "auto", "--dist", "loadfile", *session.posargs)
 
 
 @nox.session
