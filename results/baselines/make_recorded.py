@@ -19,17 +19,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import MEASURED_GPUS, SHARED_GPU  # noqa: E402
+from shared_gpu import RECORDED_PREFIX, SHARED_GPU  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "recorded"
-# baseline name prefix -> (folder under SHARED_GPU, the machine as its README states it)
+# folder under SHARED_GPU (= the GPU's preset) -> the machine as its README states it
+MACHINE_BY_FOLDER = {
+    "h100-sxm-80g": "one NVIDIA H100 80GB HBM3 (SXM, 700 W, SM clock 1980 MHz), driver 580.159.04",
+    "h200-141g": "one NVIDIA H200 (143 771 MiB, 700 W, SM clock 1980 MHz), driver 580.159.04",
+}
+# baseline name prefix -> (folder, machine)
 MACHINES = {
-    "h100shared": ("h100-sxm-80g",
-                   "one NVIDIA H100 80GB HBM3 (SXM, 700 W, SM clock 1980 MHz), driver 580.159.04"),
-    "h200shared": ("h200-141g",
-                   "one NVIDIA H200 (143 771 MiB, 700 W, SM clock 1980 MHz), driver 580.159.04"),
-}  # fmt: skip
-assert sorted(folder for folder, _ in MACHINES.values()) == sorted(MEASURED_GPUS)
+    RECORDED_PREFIX[folder]: (folder, machine) for folder, machine in MACHINE_BY_FOLDER.items()
+}
 SOFTWARE = "torch 2.11.0+cu130, CUDA 13.0"  # both READMEs
 COMMIT = "86a4f47"
 

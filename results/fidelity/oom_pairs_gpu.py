@@ -26,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "results"))
+from shared_gpu import RECORDED_PREFIX, local_gpu_preset  # noqa: E402
 
 RECORDED = ROOT / "results" / "baselines" / "recorded"
 # shared job, setting to vary (results/fidelity/oom_pairs.md: the pairs predicted for the H100)
@@ -34,12 +36,6 @@ CASES = (
     ("gpt3-1.3b-s2048-mb4-full-ga2", "micro_batch"),
     ("llama2-7b-l4-s4096-mb1-sel", "layers"),
 )
-# torch.cuda.get_device_name() -> (GPU preset, prefix of the recorded baselines measured on it)
-PRESET_BY_DEVICE_NAME = {
-    "NVIDIA H100 80GB HBM3": ("h100-sxm-80g", "h100shared"),
-    "NVIDIA H200": ("h200-141g", "h200shared"),
-}
-PREFIX_BY_PRESET = dict(PRESET_BY_DEVICE_NAME.values())
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
 RUN_TIMEOUT_S = 90  # a run builds in seconds and takes 4 iterations of at most ~1.5 s
 RESULT = "oom_pairs_gpu result: "  # the child's last line: this prefix, then its record as JSON
@@ -55,7 +51,7 @@ def outcome_of(returncode: int, output: str) -> str:
 def case_job(name: str, gpu: str):
     from prismbench.baselines import load_baseline
 
-    return load_baseline(RECORDED / f"{PREFIX_BY_PRESET[gpu]}__{name}.toml").job
+    return load_baseline(RECORDED / f"{RECORDED_PREFIX[gpu]}__{name}.toml").job
 
 
 def predict_pair(name: str, vary: str, gpu: str) -> dict:
@@ -101,17 +97,6 @@ def run_real(name: str, vary: str, value: int, gpu: str) -> dict:
     return row
 
 
-def detected_gpu() -> str:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise SystemExit("no CUDA device here: run with --dry-run --gpu PRESET")
-    name = torch.cuda.get_device_name()
-    if name not in PRESET_BY_DEVICE_NAME:
-        raise SystemExit(f"GPU {name!r} has no preset here ({sorted(PRESET_BY_DEVICE_NAME)})")
-    return PRESET_BY_DEVICE_NAME[name][0]
-
-
 def table(rows: list[dict]) -> str:
     lines = [
         "| case | setting | predicted fits | real | predicted does not fit | real |",
@@ -127,7 +112,7 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--gpu", choices=sorted(PREFIX_BY_PRESET), help="default: detected")
+    parser.add_argument("--gpu", choices=sorted(RECORDED_PREFIX), help="default: detected")
     parser.add_argument("--dry-run", action="store_true", help="predict only")
     parser.add_argument("--run-one", nargs=3, metavar=("CASE", "VARY", "VALUE"))
     args = parser.parse_args(argv)
@@ -137,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         parser.error("--out is required")
-    gpu = args.gpu or detected_gpu()
+    gpu = args.gpu or local_gpu_preset()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, vary in CASES:

@@ -35,3 +35,15 @@ def runner():
 def split():
     """results/fidelity/attention_split.py: the attention-or-the-rest diagnosis."""
     return load_script("fidelity/attention_split.py")
+
+
+@pytest.fixture(scope="session")
+def repeat():
+    """results/fidelity/repeat_gpu.py: repeated real iterations of shared jobs on a GPU."""
+    return load_script("fidelity/repeat_gpu.py")
+
+
+@pytest.fixture(scope="session")
+def sac_host():
+    """results/calibration/sac_host_gpu.py: selective recompute's host time on a GPU."""
+    return load_script("calibration/sac_host_gpu.py")

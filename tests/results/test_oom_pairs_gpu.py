@@ -19,7 +19,7 @@ def test_a_run_is_classed_by_its_exit_status_and_torch_s_message(runner, returnc
 
 
 def test_every_case_has_a_recorded_spec_on_each_measured_gpu(runner):
-    for gpu in runner.PREFIX_BY_PRESET:
+    for gpu in runner.RECORDED_PREFIX:
         for name, _ in runner.CASES:
             assert runner.case_job(name, gpu).cluster.gpu == gpu
 
