@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import cases_from_cli, commit_label, shared_dir  # noqa: E402
+from shared_gpu import cases_from_cli, report, shared_dir  # noqa: E402
 
 from prismbench.host_timing import read_launch_gaps  # noqa: E402
 
@@ -64,11 +64,8 @@ def main() -> None:
             f"| {per_block / np.median(ops):.0f} "
             f"| {run['iteration_s_min']:.4f} .. {run['iteration_s_max']:.4f} |"
         )
-    lines += ["", f"({args.gpu} profiles, commit {commit_label()})"]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    gpu = "" if args.gpu == "h100-sxm-80g" else f" --gpu {args.gpu}"
+    report(f"python results/calibration/recompute_host_blocks.py{gpu}", lines, args.out)
 
 
 if __name__ == "__main__":
