@@ -1,6 +1,8 @@
 """Sessions: `tests` (what CI runs), `lint` (ruff), `emulate` (the quick-start job), `explain`,
 `emulate-validate` (score baselines, record the run, draw the dashboard), `dashboard`, `bench`."""
 
+import os
+
 import nox
 
 nox.options.reuse_venv = "yes"
@@ -21,10 +23,17 @@ def install_project(session: nox.Session, extras: str = "test") -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The test suite CI runs: everything except `slow` and `gpu` tests, one pytest-xdist
-    worker per core; a file's tests stay on one worker, so its module fixtures (the gloo
-    spawns, the captures) run once (`-- -n 0` runs them in one process)."""
+    worker per core (at most 8); a file's tests stay on one worker, so its module fixtures
+    (the gloo spawns, the captures) run once (`-- -n 0` runs them in one process)."""
     install_project(session)
-    session.run("pytest", "-n", "auto", "--dist", "loadfile", *session.posargs)
+    session.run("pytest", "-n", str(_test_workers()), "--dist", "loadfile", *session.posargs)
+
+
+def _test_workers() -> int:
+    """One pytest-xdist worker per usable core, at most 8: each worker imports torch and the gloo
+    tests spawn 2-4 ranks, so more would trade memory for no speed."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cores or 1, 8))
 
 
 @nox.session
