@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (RECORDED / f"{RECORDED_PREFIX[gpu]}__{args.case}.toml").is_file():
         parser.error(f"--case {args.case!r}: no recorded baseline of it on {gpu}")
     figures = {"case": args.case, "gpu": gpu, "device": args.device, "modes": {}}
+    args.out.mkdir(parents=True, exist_ok=True)
     for mode in MODES:
         job = job_of(args.case, gpu, mode, args.layers)
         host_s = forward_host_s(job, args.device, args.iterations)
@@ -122,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
             "median_s": median,
             "per_block_us": 1e6 * median / job.model.layers,
         }
+        # written after every mode: a run cut at its time limit keeps what it measured
+        (args.out / "sac_host.json").write_text(json.dumps(figures, indent=1))
         print(f"{mode}: forward host {1e3 * median:.2f} ms, "
               f"{1e6 * median / job.model.layers:.0f} us per block", flush=True)  # fmt: skip
     table = profiled_forward(job_of(args.case, gpu, "selective", args.layers), args.device)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sac_host.json").write_text(json.dumps(figures, indent=1))
     (args.out / "sac_host.txt").write_text(table)
     return 0
 
