@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The open issues' GPU checks as one prepared run, sized for one device call: steps 1-4 at most
 # about 9 minutes after the machine's start, step 5 in what is left of 10 (each step has its own
-# limit; the script goes on after a failure). From the repository root on the device machine, with $OUT the folder that comes back:
+# limit; the script goes on after a failure). From the repository root on the device machine,
+# with $OUT the folder that comes back:
 #     bash results/device_checks.sh
 # Writes $OUT/device_checks.log (every step's output) and, where the steps get that far,
 # oom_pairs_gpu.json / .md, repeat_<job>.json and sac_host.json / .txt: at most 7 files (the

@@ -21,6 +21,12 @@ PRESET_BY_DEVICE_NAME = {"NVIDIA H100 80GB HBM3": "h100-sxm-80g", "NVIDIA H200":
 # (results/baselines/recorded/<prefix>__<case>.toml, results/baselines/make_recorded.py)
 RECORDED_PREFIX = {"h100-sxm-80g": "h100shared", "h200-141g": "h200shared"}
 assert sorted(PRESET_BY_DEVICE_NAME.values()) == sorted(RECORDED_PREFIX) == sorted(MEASURED_GPUS)
+RECORDED = ROOT / "results" / "baselines" / "recorded"
+
+
+def recorded_baseline_path(case: str, gpu: str) -> Path:
+    """Where the recorded baseline of shared job `case` measured on `gpu` is (or would be)."""
+    return RECORDED / f"{RECORDED_PREFIX[gpu]}__{case}.toml"
 
 
 def local_gpu_preset() -> str:

@@ -19,9 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import RECORDED_PREFIX, SHARED_GPU  # noqa: E402
+from shared_gpu import RECORDED, RECORDED_PREFIX, SHARED_GPU  # noqa: E402
 
-OUT = Path(__file__).resolve().parent / "recorded"
 # folder under SHARED_GPU (= the GPU's preset) -> the machine as its README states it
 MACHINE_BY_FOLDER = {
     "h100-sxm-80g": "one NVIDIA H100 80GB HBM3 (SXM, 700 W, SM clock 1980 MHz), driver 580.159.04",
@@ -80,7 +79,7 @@ def _baselines(prefix: str, folder: str, machine: str, shared: Path) -> dict[str
     return out
 
 
-def write(out_dir: Path = OUT, shared_gpu: Path = SHARED_GPU) -> None:
+def write(out_dir: Path = RECORDED, shared_gpu: Path = SHARED_GPU) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.glob("*.toml"):
         stale.unlink()
@@ -93,4 +92,6 @@ if __name__ == "__main__":
     if missing:
         sys.exit(f"{SHARED_GPU}: the shared measurements {missing} are not beside the repository")
     write()
-    print(f"wrote {len(list(OUT.glob('*.toml')))} recorded baselines to {OUT.relative_to(ROOT)}")
+    print(
+        f"wrote {len(list(RECORDED.glob('*.toml')))} recorded baselines to {RECORDED.relative_to(ROOT)}"
+    )

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT / "results"))
 from shared_gpu import cases_from_cli, report, shared_dir  # noqa: E402
 
 from prismbench.host_timing import read_launch_gaps  # noqa: E402
+from prismbench.spec import load_job_spec  # noqa: E402
 
 NORMS = ("aten::native_layer_norm", "aten::_fused_rms_norm")
 
@@ -48,7 +49,8 @@ def forward_blocks(path: Path) -> tuple[list[int], list[float]]:
 
 def main() -> None:
     args, cases, measured = cases_from_cli(__doc__.splitlines()[0])
-    folder = shared_dir(args.gpu) / "profiles"
+    shared = shared_dir(args.gpu)
+    folder = shared / "profiles"
     lines = [
         "| case | recompute | blocks | launching ops / block | host us / block | host us / op "
         "| unprofiled iteration min .. max (s) |",
@@ -56,7 +58,7 @@ def main() -> None:
     ]
     for case in cases:
         ops, host = forward_blocks(folder / f"{case}.ops.jsonl.gz")
-        recompute = case.rsplit("-", 1)[-1] if not case.endswith("-ga2") else "full"
+        recompute = load_job_spec(shared / "specs" / f"{case}.toml").train.recompute
         per_block = float(np.median(host))
         run = measured[case]
         lines.append(

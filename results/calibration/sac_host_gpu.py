@@ -31,9 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import RECORDED_PREFIX, local_gpu_preset  # noqa: E402
+from shared_gpu import RECORDED_PREFIX, local_gpu_preset, recorded_baseline_path  # noqa: E402
 
-RECORDED = ROOT / "results" / "baselines" / "recorded"
 MODES = ("none", "selective", "full")
 WARMUP = 3
 
@@ -42,11 +41,22 @@ def job_of(case: str, gpu: str, recompute: str, layers: int | None):
     """CASE's recorded job on `gpu` under `recompute` (and `layers` blocks, when given)."""
     from prismbench.baselines import load_baseline
 
-    job = load_baseline(RECORDED / f"{RECORDED_PREFIX[gpu]}__{case}.toml").job
+    job = load_baseline(recorded_baseline_path(case, gpu)).job
     job = dataclasses.replace(job, train=dataclasses.replace(job.train, recompute=recompute))
     if layers is not None:
         job = dataclasses.replace(job, model=dataclasses.replace(job.model, layers=layers))
     return job
+
+
+def model_and_tokens(job, device: str):
+    """`job`'s (one-stage) model built on `device`, and a micro-batch of token ids for it."""
+    import torch
+
+    from workloads.train import build_training
+
+    state = build_training(job, None, device=device, initialize=device != "meta")
+    shape = (job.batch.micro_batch, job.batch.seq_len)
+    return state.parts[0], torch.zeros(shape, dtype=torch.long, device=device)
 
 
 def forward_host_s(job, device: str, iterations: int) -> list[float]:
@@ -54,12 +64,7 @@ def forward_host_s(job, device: str, iterations: int) -> list[float]:
     its backward (so checkpointing's state is what training leaves), after WARMUP of them."""
     import torch
 
-    from workloads.train import build_training
-
-    state = build_training(job, None, device=device, initialize=device != "meta")
-    model = state.parts[0]
-    shape = (job.batch.micro_batch, job.batch.seq_len)
-    tokens = torch.zeros(shape, dtype=torch.long, device=device)
+    model, tokens = model_and_tokens(job, device)
     out_s = []
     for i in range(WARMUP + iterations):
         if device == "cuda":
@@ -78,15 +83,9 @@ def forward_host_s(job, device: str, iterations: int) -> list[float]:
 def profiled_forward(job, device: str) -> str:
     """One forward (after a warm-up iteration) under torch.profiler with Python stacks: the
     largest self-CPU-time entries, grouped by their innermost frames."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from workloads.train import build_training
-
-    state = build_training(job, None, device=device, initialize=device != "meta")
-    model = state.parts[0]
-    tokens = torch.zeros((job.batch.micro_batch, job.batch.seq_len), dtype=torch.long,
-                         device=device)  # fmt: skip
+    model, tokens = model_and_tokens(job, device)
     model(tokens).float().sum().backward()
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
         logits = model(tokens)
@@ -110,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.layers is not None and args.layers < 1:
         parser.error(f"--layers={args.layers}: at least 1")
     gpu = args.gpu or local_gpu_preset()
-    if not (RECORDED / f"{RECORDED_PREFIX[gpu]}__{args.case}.toml").is_file():
+    if not recorded_baseline_path(args.case, gpu).is_file():
         parser.error(f"--case {args.case!r}: no recorded baseline of it on {gpu}")
     figures = {"case": args.case, "gpu": gpu, "device": args.device, "modes": {}}
     args.out.mkdir(parents=True, exist_ok=True)

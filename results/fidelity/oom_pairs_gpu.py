@@ -27,9 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import RECORDED_PREFIX, local_gpu_preset  # noqa: E402
+from shared_gpu import RECORDED_PREFIX, local_gpu_preset, recorded_baseline_path  # noqa: E402
 
-RECORDED = ROOT / "results" / "baselines" / "recorded"
 # shared job, setting to vary (results/fidelity/oom_pairs.md: the pairs predicted for the H100)
 CASES = (
     ("gpt3-125m-s2048-mb8-none", "micro_batch"),
@@ -51,7 +50,7 @@ def outcome_of(returncode: int, output: str) -> str:
 def case_job(name: str, gpu: str):
     from prismbench.baselines import load_baseline
 
-    return load_baseline(RECORDED / f"{RECORDED_PREFIX[gpu]}__{name}.toml").job
+    return load_baseline(recorded_baseline_path(name, gpu)).job
 
 
 def predict_pair(name: str, vary: str, gpu: str) -> dict:
@@ -127,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, vary in CASES:
         row = predict_pair(name, vary, gpu)
-        print(f"{name}: {vary} {row['fits']} predicted to fit, {row['does_not_fit']} not", flush=True)
+        print(
+            f"{name}: {vary} {row['fits']} predicted to fit, {row['does_not_fit']} not", flush=True
+        )
         if not args.dry_run and row["fits"] is not None:
             row["runs"] = [run_real(name, vary, v, gpu) for v in (row["fits"], row["does_not_fit"])]
             print(f"  real: {[(r['value'], r['outcome']) for r in row['runs']]}", flush=True)

@@ -4,8 +4,9 @@
 
 For each CASE (a shared job, e.g. gpt3-125m-s2048-mb8-none): the recorded baseline measured on
 this GPU (results/baselines/recorded/<prefix>__CASE.toml; the GPU is detected and must be one
-of the measured ones, `shared_gpu.local_gpu_preset`; an unknown CASE exits 2 before anything runs) trains for real (`prismbench.record.record`
-on cuda, 3 warm-up iterations, then ITERATIONS timed ones), and DIR/repeat_CASE.json holds the
+of the measured ones, `shared_gpu.local_gpu_preset`; an unknown CASE exits 2 before anything
+runs) trains for real (`prismbench.record.record` on cuda, 3 warm-up iterations, then
+ITERATIONS timed ones), and DIR/repeat_CASE.json holds the
 recording (`Recording.to_dict`: every iteration's seconds, the allocator's peaks, the machine).
 The variability model's KS goal is scored against these distributions
 (`results/fidelity/variability_measured.py`).
@@ -21,15 +22,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import RECORDED_PREFIX, local_gpu_preset  # noqa: E402
+from shared_gpu import local_gpu_preset, recorded_baseline_path  # noqa: E402
 
-RECORDED = ROOT / "results" / "baselines" / "recorded"
 WARMUP = 3
 
 
 def recorded_path(case: str, gpu: str) -> Path:
     """The recorded baseline of `case` measured on `gpu`."""
-    path = RECORDED / f"{RECORDED_PREFIX[gpu]}__{case}.toml"
+    path = recorded_baseline_path(case, gpu)
     if not path.is_file():
         raise ValueError(f"CASE {case!r}: no recorded baseline {path.name} for {gpu}")
     return path
