@@ -1,7 +1,8 @@
 """Predicted vs measured compute, op class by op class: where the emulator's time goes wrong.
 
 `compare_profile(job, profile)` captures the job, prices every compute row as `emulate` does
-(kernel table, then roofline; `emulator.costs.pricing`), aligns the rows with a torch.profiler
+(kernel table, then roofline; `emulator.costs.pricing`) but without the time a stream idles
+between kernels, which a profile's kernel records do not hold either, aligns the rows with a torch.profiler
 record of a real run of the same program (`prismbench.profile_ingest.align_profile`) and sums,
 per op class (normalized op and the aten op the capture records), the predicted and the
 measured GPU time. Ops on one side only are kept, not dropped: measured kernels with no
@@ -123,7 +124,7 @@ def compare_profile(
     from prismbench.capture import capture_job
     from prismbench.emulate import cost_context
 
-    cost = cost_context(job, kernel_table)
+    cost = cost_context(job, kernel_table, kernel_gap_s=0.0)
     ops = read_profile(profile_path)
     traces = capture_job(job).traces
     return Comparison(

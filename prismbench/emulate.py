@@ -16,7 +16,7 @@ from pathlib import Path
 
 from emulator.costs.attention_rates import AttentionRates, load_attention_rates
 from emulator.costs.collectives import Topology
-from emulator.costs.host_dispatch import HostDispatch, from_figures
+from emulator.costs.host_dispatch import HostDispatch, from_figures, kernel_gap_from_figures
 from emulator.costs.kernel_table import PRICE_SOURCES, KernelTable, load_kernel_table
 from emulator.costs.pricing import CostContext, compute_prices, price_source_summary
 from emulator.graph.build import build_graph
@@ -171,14 +171,24 @@ def host_dispatch_for(job, *, skip_profiles=()) -> HostDispatch | None:
     return from_figures(data, framework, skip_profiles=skip_profiles)
 
 
+def kernel_gap_for(*, skip_profiles=()) -> float:
+    """The measured seconds a stream idles between kernels (results/kernels/host-dispatch.json,
+    `kernel_gap_from_figures`), less the profiles named in `skip_profiles` (leave-one-out)."""
+    return kernel_gap_from_figures(
+        json.loads(HOST_DISPATCH.read_text()), skip_profiles=skip_profiles
+    )
+
+
 def cost_context(
     job,
     kernel_table: KernelTable | None | str = "preset",
     host_dispatch: HostDispatch | None | str = "preset",
+    kernel_gap_s: float | str = "preset",
 ) -> CostContext:
     """What `job`'s ops are priced on: its cluster, and "preset" (the GPU's committed table, if
     any), a loaded table, or None (roofline curves only); the host dispatch figures: "preset"
-    (the measured ones, `host_dispatch_for`), given ones, or None (the host binds nothing)."""
+    (the measured ones, `host_dispatch_for`), given ones, or None (the host binds nothing); the
+    idle time between kernels: "preset" (the measured one, `kernel_gap_for`) or seconds."""
     if isinstance(kernel_table, str):
         if kernel_table != "preset":
             raise ValueError(f"kernel_table={kernel_table!r}: give 'preset', a KernelTable or None")
@@ -189,6 +199,10 @@ def cost_context(
                 f"host_dispatch={host_dispatch!r}: give 'preset', a HostDispatch or None"
             )
         host_dispatch = host_dispatch_for(job)
+    if isinstance(kernel_gap_s, str):
+        if kernel_gap_s != "preset":
+            raise ValueError(f"kernel_gap_s={kernel_gap_s!r}: give 'preset' or seconds")
+        kernel_gap_s = kernel_gap_for()
     return CostContext(
         topology=topology_of(job),
         table=kernel_table,
@@ -197,6 +211,7 @@ def cost_context(
         tp_grad_overlap=job.kernels.tp_grad_overlap,
         launch_blocking=job.kernels.launch_blocking,
         attention=attention_rates_for(job),
+        kernel_gap_s=kernel_gap_s,
     )
 
 
@@ -223,13 +238,14 @@ def price_job(
     progress: Callable[[str], None] | None = None,
     kernel_table: KernelTable | None | str = "preset",
     host_dispatch: HostDispatch | None | str = "preset",
+    kernel_gap_s: float | str = "preset",
 ) -> PricedJob:
     """Capture `job` (prismbench.capture, cached) and price every compute op once."""
     say = progress or (lambda _msg: None)
     say(f"capture: {job.parallel.pp} class(es) of {job.world_size:,} ranks")
     capture = capture_job(job, workers=workers, use_cache=use_cache, progress=progress)
     say(f"capture done in {capture.wall_s:.1f} s ({'cache' if capture.cached else 'captured'})")
-    cost = cost_context(job, kernel_table, host_dispatch)
+    cost = cost_context(job, kernel_table, host_dispatch, kernel_gap_s)
     prices = {p: compute_prices(trace, cost) for p, trace in capture.traces.items()}
     return PricedJob(capture, cost, prices)
 

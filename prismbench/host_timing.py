@@ -49,12 +49,14 @@ _FOREACH = "aten::_foreach_"
 @dataclass(frozen=True)
 class LaunchGaps:
     """The launching ops of one profiled iteration in host order: name, phase class, CPU start
-    (us), kernel time (us); `gap_us[i]` = start[i + 1] - start[i] (the host time of op i)."""
+    (us), kernel time (us), kernels launched; `gap_us[i]` = start[i + 1] - start[i] (the host
+    time of op i)."""
 
     ops: list[str]
     classes: list[str]
     start_us: np.ndarray
     kernel_us: np.ndarray
+    kernel_count: np.ndarray
 
     @property
     def gap_us(self) -> np.ndarray:
@@ -150,6 +152,7 @@ def read_launch_gaps(path: str | Path) -> LaunchGaps:
         classes=classes,
         start_us=np.array([e["cpu_start_us"] for e in launches], float),
         kernel_us=np.array([sum(us for _, us in e["kernels"]) for e in launches], float),
+        kernel_count=np.array([len(e["kernels"]) for e in launches], np.int64),
     )
 
 
@@ -172,6 +175,7 @@ def profile_figures(gaps: LaunchGaps) -> dict:
         "launching_ops": len(gaps.ops),
         "host_span_us": round(float(gaps.start_us[-1] - gaps.start_us[0]), 1),
         "kernel_sum_us": round(float(gaps.kernel_us.sum()), 1),
+        "kernels": int(gaps.kernel_count.sum()),
         "per_op": {c: summarize(gaps.per_op_gaps(c)) for c in CLASSES},
         "entry": {c: summarize(gaps.entry_gaps(c)) for c in CLASSES},
         "ops_per_class": {c: gaps.classes.count(c) for c in CLASSES},

@@ -142,17 +142,21 @@ class IngestResult:
         }
 
 
-def _aggregate(samples: dict[tuple, list[float]]) -> list[dict]:
+def _aggregate(samples: dict[tuple, list[tuple[float, int]]]) -> list[dict]:
+    """One row per key from its (kernel us, kernels launched) samples: the means, and the spread
+    of the times."""
     rows = []
-    for key, times in samples.items():
-        times = [t for t in times if t > 0]
-        if times:
+    for key, pairs in samples.items():
+        pairs = [(t, n) for t, n in pairs if t > 0]
+        if pairs:
+            times = [t for t, _ in pairs]
             rows.append(
                 dict(key)
                 | {
                     "time_us": float(np.mean(times)),
                     "repetitions": len(times),
                     "spread_us": float(np.std(times)),
+                    "kernels": round(float(np.mean([n for _, n in pairs])), 3),
                 }
             )
     return rows
@@ -195,9 +199,10 @@ def ingest_ops(ops: list[ProfiledOp], trace: RankTrace, provenance: dict | None 
     """Align profiled ops with the trace's compute rows and turn the pairs into kernel rows."""
     aligned = align_profile(ops, trace)
     ops, compute, pairs = aligned.ops, aligned.compute_rows, aligned.pairs
-    samples: dict[tuple, list[float]] = defaultdict(list)
+    samples: dict[tuple, list[tuple[float, int]]] = defaultdict(list)
     for i, j in pairs:
-        samples[tuple(row_fields(op_record(trace, compute[j])).items())].append(ops[i].kernel_us)
+        key = tuple(row_fields(op_record(trace, compute[j])).items())
+        samples[key].append((ops[i].kernel_us, len(ops[i].kernels)))
     rows = [row | (provenance or {}) for row in _aggregate(samples)]
     matched_ops = {i for i, _ in pairs}
     matched_rows = {j for _, j in pairs}

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 
-from emulator.costs.compute import LAUNCH_OVERHEAD_S
 from emulator.costs.ops import ATTENTION_OPS, OpRecord
 from emulator.hardware import GpuPreset
 
@@ -69,7 +68,7 @@ class AttentionRates:
         return float(np.interp(math.log2(seq_len), log_seq, rates))
 
     def time_s(self, op: OpRecord, gpu: GpuPreset) -> float:
-        """Duration of attention op `op` (forward or backward) on `gpu`."""
+        """Kernel seconds of attention op `op` (forward or backward) on `gpu`."""
         if op.name not in ATTENTION_OPS:
             raise ValueError(f"op {op.name!r} is not attention; these rates price {ATTENTION_OPS}")
         if gpu.arch != self.arch:
@@ -79,7 +78,7 @@ class AttentionRates:
             )
         rate = self.tflops(causal=op.causal, head_dim=op.head_dim, seq_len=op.seq_kv)
         scale = gpu.peak_tflops("bf16") / self.peak_bf16_tflops
-        return op.flops / (rate * scale * 1e12) + LAUNCH_OVERHEAD_S
+        return op.flops / (rate * scale * 1e12)
 
 
 def load_attention_rates(path: str | Path, kernel: str, arch: str) -> AttentionRates | None:

@@ -3,8 +3,11 @@
 GEMM: roofline max(flops / (peak_dtype * eff), bytes / (hbm * hbm_eff)) with eff = the GPU's
 measured large-GEMM fraction times a wave-quantization factor over SMs (`gemm_tiles`). Flash
 attention: causal-aware FLOPs over peak times a head-dim dependent efficiency. Memory-bound ops:
-bytes over the achieved HBM bandwidth. Every kernel pays a launch overhead. Where a measured kernel table
-covers the shape, its interpolated rate replaces the curves. Constants and sources: docs/MODELS.md.
+bytes over the achieved HBM bandwidth. Where a measured kernel table covers the shape, its
+interpolated rate replaces the curves. These are kernel times: the time a stream idles between
+kernels is the pricing's (`costs.pricing`, measured in `costs.host_dispatch`), per kernel the
+op launches (the table says how many; one where the curves price it). Constants and sources:
+docs/MODELS.md.
 """
 
 from __future__ import annotations
@@ -14,9 +17,6 @@ from emulator.costs.kernel_table import KernelTable
 from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS, OpRecord
 from emulator.hardware import GpuPreset
 
-# DEFAULT (to be replaced by a global fit on measured kernel tables): GPU-side cost of one kernel
-# launch on a busy stream. Not fitted to any baseline.
-LAUNCH_OVERHEAD_S = 2e-6
 # DEFAULT head-dim scale of flash-attention efficiency: eff(d) = e_max * d / (d + 32), anchored on
 # each GPU's one published point (preset `attention`, `attention_head_dim`). FlashAttention-2
 # (Dao 2023) reports higher utilisation at head_dim 128 than 64; the 32 is not fitted.
@@ -43,7 +43,7 @@ def _memory_s(op: OpRecord, gpu: GpuPreset) -> float:
 
 
 def curve_time_s(op: OpRecord, gpu: GpuPreset) -> float:
-    """Duration from the analytic curves alone (no kernel table), launch overhead included."""
+    """Kernel time from the analytic curves alone (no kernel table)."""
     if op.name in GEMM_OPS:
         peak = gpu.peak_tflops(op.dtype) * 1e12
         busy = max(op.flops / (peak * gemm_efficiency(op, gpu)), _memory_s(op, gpu))
@@ -52,21 +52,24 @@ def curve_time_s(op: OpRecord, gpu: GpuPreset) -> float:
         busy = max(op.flops / (peak * attention_efficiency(op, gpu)), _memory_s(op, gpu))
     else:
         busy = _memory_s(op, gpu)
-    return busy + LAUNCH_OVERHEAD_S
+    return busy
 
 
-def op_price(op: OpRecord, gpu: GpuPreset, *, table: KernelTable | None = None) -> tuple[float, str]:
-    """(duration, how it was priced) of `op` on `gpu`: the kernel table's exact or interpolated
-    row where it has one (`kernel_table.PRICE_SOURCES`), the roofline curves elsewhere."""
+def op_price(
+    op: OpRecord, gpu: GpuPreset, *, table: KernelTable | None = None
+) -> tuple[float, str, float]:
+    """(kernel seconds, how it was priced, kernels launched) of `op` on `gpu`: the kernel
+    table's exact or interpolated row where it has one (`kernel_table.PRICE_SOURCES`), the
+    roofline curves elsewhere (one kernel)."""
     if op.name in GEMM_OPS or op.name in ATTENTION_OPS:
         gpu.peak_tflops(op.dtype)  # refuse a dtype the GPU lacks even when a table would answer
     if table is not None:
         found = table.lookup(op, gpu.sm_count)
         if found is not None:
             return found
-    return curve_time_s(op, gpu), "roofline"
+    return curve_time_s(op, gpu), "roofline", 1.0
 
 
 def op_time_s(op: OpRecord, gpu: GpuPreset, *, table: KernelTable | None = None) -> float:
-    """Duration of `op` on `gpu` (`op_price` without the source)."""
+    """Kernel seconds of `op` on `gpu` (`op_price`'s first figure)."""
     return op_price(op, gpu, table=table)[0]

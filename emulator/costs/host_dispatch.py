@@ -25,6 +25,13 @@ records of real runs by `results/kernels/build_host_dispatch.py`); `from_figures
 per framework (`aten`: plain tensors; `dtensor`: tensor-parallel DTensor ranks) and class,
 the median over profiles of each profile's mean host interval per launching op, divided by the
 profiler's measured inflation of host time (the profiles were taken under torch.profiler).
+
+The GPU side of the launch path: even when the host runs ahead, a stream does not start a
+kernel the moment the one before it ends. In the shared world-size-1 profiles whose GPU waits
+for no host (the unprofiled iteration within 1.2 x the profile's kernel sum), the unprofiled
+iteration exceeds the profile's summed kernel times by 1.9-2.8 us per kernel launched
+(`kernel_gap_from_figures`: the median over those profiles). The pricing adds it to every
+kernel an op launches (`costs.pricing`), on every GPU: only the H100 node measured it.
 """
 
 from __future__ import annotations
@@ -102,6 +109,20 @@ def from_figures(data: dict, framework: str, *, skip_profiles=()) -> HostDispatc
         entry[cls] = _median([m for m in entries if m is not None]) * 1e-6 / inflation
     label = f"{framework}: {len(profiles)} profile(s), profiler inflation {inflation:.3f}"
     return HostDispatch(per_op_s=per_op, entry_s=entry, framework=framework, source=label)
+
+
+def kernel_gap_from_figures(data: dict, *, skip_profiles=()) -> float:
+    """Seconds a stream idles between two back-to-back kernels: the median over the measured
+    file's GPU-bound profiles (less `skip_profiles`) of (unprofiled iteration - kernel sum) /
+    kernels launched (`host-dispatch.json`, "kernel_gap")."""
+    gaps = [
+        p["gap_us_per_kernel"]
+        for name, p in data["kernel_gap"]["profiles"].items()
+        if p["gpu_bound"] and name not in skip_profiles
+    ]
+    if not gaps:
+        raise ValueError(f"kernel gap: no GPU-bound profile left (skipped {list(skip_profiles)})")
+    return float(np.median(gaps)) * 1e-6
 
 
 def dispatch_times_s(trace: RankTrace, host: HostDispatch) -> np.ndarray:

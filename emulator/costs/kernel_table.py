@@ -13,6 +13,10 @@ does this GPU take for an op of this shape". `KernelTable.lookup` tries, in orde
    wave quantization on the table's GPU, `gemm_tiles`), times the op's own, so that a 1 600-wide
    GEMM priced from 1 536- and 2 048-wide rows pays for the 1 664 columns its tiles compute;
 3. nothing (None): the caller prices the op with its roofline curves (`costs.compute`).
+Each answer also says how many kernels the op launches (`kernels`: the mean over the same
+rows, with the same weights, of the rows that state it; 1 where none does), for the time a
+stream idles between kernels (`costs.pricing`). Profiles state it; the shared microbenchmarks
+list kernel names, not launches, so their rows leave it blank.
 
 Groups: (op class, dtype, causal, variant). The variant keeps apart kernels that one op class
 covers but that run at very different rates: GEMMs with a dimension not divisible by 8 run
@@ -37,7 +41,9 @@ from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS, OpRecord, attention_op, 
 
 SHAPE_FIELDS = ("m", "n", "k", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim", "causal", "nbytes")
 PROVENANCE_FIELDS = ("gpu", "driver", "torch", "clocks", "date")
-COLUMNS = ("op", "dtype", "aten", *SHAPE_FIELDS, "time_us", "repetitions", "spread_us", *PROVENANCE_FIELDS, "source")
+COLUMNS = ("op", "dtype", "aten", *SHAPE_FIELDS, "time_us", "repetitions", "spread_us", "kernels", *PROVENANCE_FIELDS, "source")
+# Tables written before kernel counts were recorded are still read (every count then 1).
+OPTIONAL_COLUMNS = ("kernels",)
 # How a compute op was priced: from the table (exact shape or interpolated) or by the curves.
 PRICE_SOURCES = ("exact", "interpolated", "roofline")
 # Interpolation uses at most this many nearest rows (within the radius): enough to straddle a
@@ -137,7 +143,8 @@ def row_fields(op: OpRecord) -> dict:
 
 @dataclass(frozen=True)
 class KernelTable:
-    """Measured rows grouped by `group_key`: log-shape features, achieved rates and repetitions."""
+    """Measured rows grouped by `group_key`: log-shape features, achieved rates, repetitions and
+    kernels per call (NaN where a row does not say)."""
 
     gpu: str
     groups: dict
@@ -145,21 +152,23 @@ class KernelTable:
 
     def lookup(
         self, op: OpRecord, sm_count: int, *, max_log2_distance: float = 1.0
-    ) -> tuple[float, str] | None:
-        """(seconds, "exact" | "interpolated") for `op`, or None where the table has no row near.
-        `sm_count`: the SMs of the table's GPU (a GEMM's tile utilisation depends on them)."""
+    ) -> tuple[float, str, float] | None:
+        """(seconds, "exact" | "interpolated", kernels launched) for `op`, or None where the
+        table has no row near. `sm_count`: the SMs of the table's GPU (a GEMM's tile utilisation
+        depends on them)."""
         keys = lookup_keys(op)
         key = keys[0]
         target = _features(op)
         for k in keys:
             if k not in self.groups:
                 continue
-            features, rates, repetitions = self.groups[k]
+            features, rates, repetitions, kernels = self.groups[k]
             distance = np.max(np.abs(features - target), axis=1)
             if k == key and (distance == 0).any():
                 same = distance == 0
                 seconds_per_work = np.average(1.0 / rates[same], weights=repetitions[same])
-                return _work(op) * float(seconds_per_work), "exact"
+                count = _kernel_count(kernels[same], repetitions[same])
+                return _work(op) * float(seconds_per_work), "exact", count
             near = np.flatnonzero(distance <= max_log2_distance)
             if not len(near):
                 continue
@@ -172,12 +181,18 @@ class KernelTable:
             rate = float(np.exp(np.sum(weights * np.log(near_rates)) / np.sum(weights)))
             if op.name in GEMM_OPS:
                 rate *= gemm_tile_utilisation(op.m, op.n, op.batch, sm_count)
-            return _work(op) / rate, "interpolated"
+            return _work(op) / rate, "interpolated", _kernel_count(kernels[near], weights)
         return None
 
     def time_s(self, op: OpRecord, sm_count: int, **kwargs) -> float | None:
         found = self.lookup(op, sm_count, **kwargs)
         return None if found is None else found[0]
+
+
+def _kernel_count(kernels: np.ndarray, weights: np.ndarray) -> float:
+    """Weighted mean of the stated kernel counts (NaN: not stated); 1 where none is stated."""
+    stated = ~np.isnan(kernels)
+    return float(np.average(kernels[stated], weights=weights[stated])) if stated.any() else 1.0
 
 
 def _tile_utilisation(features: np.ndarray, sm_count: int) -> np.ndarray:
@@ -195,11 +210,12 @@ def load_kernel_table(
     scoring: a job's own profile must not price that job). label: how results name the table
     (default: the path as given)."""
     path = Path(path)
-    grouped: dict[tuple, tuple[list, list, list]] = {}
+    grouped: dict[tuple, tuple[list, list, list, list]] = {}
     gpu = ""
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
-        missing = [column for column in COLUMNS if column not in (reader.fieldnames or ())]
+        required = [column for column in COLUMNS if column not in OPTIONAL_COLUMNS]
+        missing = [column for column in required if column not in (reader.fieldnames or ())]
         if missing:
             raise ValueError(f"{path}: kernel table lacks columns {missing}")
         for line, row in enumerate(reader, start=2):
@@ -208,6 +224,7 @@ def load_kernel_table(
             try:
                 time_us = float(row["time_us"])
                 repetitions = float(row["repetitions"] or 1)
+                kernels = float(row.get("kernels") or "nan")
                 op = row_op(row)
             except ValueError as err:
                 raise ValueError(f"{path}:{line}: {err}") from None
@@ -215,12 +232,15 @@ def load_kernel_table(
                 raise ValueError(f"{path}:{line}: time_us={row['time_us']!r} must be > 0")
             if not repetitions > 0:
                 raise ValueError(f"{path}:{line}: repetitions={row['repetitions']!r} must be > 0")
+            if not (np.isnan(kernels) or kernels >= 1):
+                raise ValueError(f"{path}:{line}: kernels={row['kernels']!r} must be blank or >= 1")
             gpu = row["gpu"]
             for key in lookup_keys(op):
-                features, rates, weights = grouped.setdefault(key, ([], [], []))
+                features, rates, weights, counts = grouped.setdefault(key, ([], [], [], []))
                 features.append(_features(op))
                 rates.append(_work(op) / (time_us * 1e-6))
                 weights.append(repetitions)
+                counts.append(kernels)
     groups = {key: tuple(np.array(column) for column in group) for key, group in grouped.items()}
     label = (label or str(path)) + (f" without {', '.join(skip_sources)}" if skip_sources else "")
     return KernelTable(gpu=gpu, groups=groups, label=label)

@@ -47,7 +47,9 @@ class CostContext:
     rates of the attention kernel the job runs when
     it is not the table's (`costs.attention_rates`; None: the table's or the curves'), and
     whether every launch waits for its kernel (CUDA_LAUNCH_BLOCKING=1: the host's time per op
-    then adds to each compute op instead of running ahead, `graph.build`)."""
+    then adds to each compute op instead of running ahead, `graph.build`), and the seconds a
+    stream idles between two kernels, added per kernel an op launches (measured:
+    `costs.host_dispatch.kernel_gap_from_figures`; 0 prices kernel time alone)."""
 
     topology: Topology
     table: KernelTable | None = None
@@ -57,6 +59,11 @@ class CostContext:
     tp_grad_overlap: bool = False
     attention: AttentionRates | None = None
     launch_blocking: bool = False
+    kernel_gap_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.kernel_gap_s >= 0:
+            raise ValueError(f"kernel_gap_s={self.kernel_gap_s!r} must be >= 0")
 
 
 def op_record(trace: RankTrace, row: int) -> OpRecord:
@@ -141,11 +148,14 @@ def compute_prices(trace: RankTrace, cost: CostContext) -> tuple[np.ndarray, np.
 
 def _price(op: OpRecord, cost: CostContext) -> tuple[float, str]:
     """(duration, price source) of one op: attention by the job's kernel rates when given (rates
-    interpolated between published measurements), everything else by `op_price`."""
+    interpolated between published measurements: one kernel), everything else by `op_price`;
+    plus the stream's idle time before each kernel it launches."""
     gpu = cost.topology.gpu
     if cost.attention is not None and op.name in ATTENTION_OPS:
-        return cost.attention.time_s(op, gpu), "interpolated"
-    return op_price(op, gpu, table=cost.table)
+        seconds, source, kernels = cost.attention.time_s(op, gpu), "interpolated", 1.0
+    else:
+        seconds, source, kernels = op_price(op, gpu, table=cost.table)
+    return seconds + kernels * cost.kernel_gap_s, source
 
 
 def compute_durations_s(trace: RankTrace, cost: CostContext) -> np.ndarray:

@@ -10,12 +10,14 @@ with results/kernels/<gpu>.csv LEAVE-ONE-OUT: the rows ingested from the case's 
 (source `profile:<case>`) are left out of the table that predicts it, and the host dispatch
 figures (results/kernels/host-dispatch.json, `emulator.costs.host_dispatch`, measured in the
 H100 profiles) are taken without the case's own profile (per-op intervals and profiler
-inflation). `--table rule-from-h100` (H200 only) prices with the H100 table instead, less the
+inflation), as is the time a stream idles between kernels (`kernel_gap_from_figures`, same
+file). `--table rule-from-h100` (H200 only) prices with the H100 table instead, less the
 case's own H100 profile, carried to the H200 by the rule that builds the tables of GPUs not
 measured here (results/kernels/build_a100.py, `transfer_factor`): what that rule is worth on
 a GPU where it can be checked. Error =
 (predicted - measured) / measured. "no host" is the same prediction with the host binding
-nothing (kernels back to back), the model before host dispatch. "priced by" counts the compute
+nothing (kernels back to back, the idle time between them kept), the model before host
+dispatch. "priced by" counts the compute
 ops of one iteration by how the table priced them (exact shape, interpolated, roofline curves).
 Progress goes to stderr, the table to stdout.
 """
@@ -76,7 +78,7 @@ def _options(parser) -> None:
 
 
 def main() -> None:
-    from prismbench.emulate import emulate, host_dispatch_for, price_job
+    from prismbench.emulate import emulate, host_dispatch_for, kernel_gap_for, price_job
     from prismbench.spec import load_job_spec
 
     args, cases, measured = cases_from_cli(__doc__.splitlines()[0], _options)
@@ -99,7 +101,8 @@ def main() -> None:
             table = rule_from_h100_table(case, args.gpu)
         job = load_job_spec(shared / "specs" / f"{case}.toml")
         host = host_dispatch_for(job, skip_profiles=(case,))
-        priced = price_job(job, kernel_table=table, host_dispatch=host)
+        gap = kernel_gap_for(skip_profiles=(case,))
+        priced = price_job(job, kernel_table=table, host_dispatch=host, kernel_gap_s=gap)
         result = emulate(job, name=case, priced=priced)
         by = result.compute_priced_by
         real = measured[case]["iteration_s_median"]

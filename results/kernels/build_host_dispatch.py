@@ -19,6 +19,12 @@ profiled iteration over the unprofiled one measures that inflation: 760m (profil
 summary.json's median) and the tp8 rank (the profile's host span over results.json's median; a
 later run of the same code). `emulator.costs.host_dispatch.from_figures` divides the measured
 intervals by the geometric mean of these ratios: one global factor, its residuals printed here.
+
+Kernel gap (the launch path's GPU side): for each world-size-1 profile, (summary.json's
+unprofiled median iteration - the profile's kernel sum) / the kernels its launching ops
+launched; `emulator.costs.host_dispatch.kernel_gap_from_figures` takes the median over the
+profiles that are not host-bound by the rule above (their GPU never waits for the host, so what
+the kernels do not account for is time between kernels).
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ def _profiled_s(case: str, figures: dict) -> float:
 
 
 def build() -> dict:
-    from emulator.costs.host_dispatch import FRAMEWORKS, from_figures
+    from emulator.costs.host_dispatch import FRAMEWORKS, from_figures, kernel_gap_from_figures
     from prismbench.host_timing import profile_figures, read_launch_gaps
 
     profiles, inflation = {}, {}
@@ -92,6 +98,7 @@ def build() -> dict:
         "profiler_inflation": inflation,
         "profiles": profiles,
     }
+    data["kernel_gap"] = _kernel_gaps(profiles, unprofiled)
     data["model"] = {}
     for framework in FRAMEWORKS:
         host = from_figures(data, framework)
@@ -100,7 +107,28 @@ def build() -> dict:
             "entry_us": {c: round(v * 1e6, 2) for c, v in host.entry_s.items()},
             "source": host.source,
         }
+    data["kernel_gap"]["model_us"] = round(kernel_gap_from_figures(data) * 1e6, 3)
     return data
+
+
+def _kernel_gaps(profiles: dict, unprofiled: dict) -> dict:
+    """Per world-size-1 profile: the unprofiled iteration's time beyond the kernel sum, per
+    kernel launched, and whether the run is GPU-bound (module docstring)."""
+    summary = json.loads((SHARED / "summary.json").read_text())
+    out = {}
+    for case, figures in profiles.items():
+        if case not in summary:
+            continue
+        kernel_s = figures["kernel_sum_us"] * 1e-6
+        out[case] = {
+            "unprofiled_s": round(unprofiled[case], 6),
+            "kernel_sum_s": round(kernel_s, 6),
+            "kernels": figures["kernels"],
+            "gap_us_per_kernel": round((unprofiled[case] - kernel_s) / figures["kernels"] * 1e6, 3),
+            "gpu_bound": unprofiled[case] <= HOST_BOUND * kernel_s,
+        }
+    return {"rule": "median over the GPU-bound profiles of (unprofiled - kernel sum) / kernels",
+            "profiles": out}  # fmt: skip
 
 
 def main() -> None:
@@ -118,6 +146,13 @@ def main() -> None:
     for framework, m in data["model"].items():
         for cls, us in m["per_op_us"].items():
             print(f"| {framework} | {cls} | {us:.1f} | {m['entry_us'][cls]:.1f} |")
+    print("| case | kernels | beyond the kernel sum (us per kernel) | GPU-bound |")
+    print("|---|--:|--:|---|")
+    for case, g in data["kernel_gap"]["profiles"].items():
+        print(f"| {case} | {g['kernels']} | {g['gap_us_per_kernel']:.2f} | {g['gpu_bound']} |")
+    print(
+        f"kernel gap (median over the GPU-bound profiles): {data['kernel_gap']['model_us']:.2f} us"
+    )
 
 
 if __name__ == "__main__":

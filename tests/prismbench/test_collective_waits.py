@@ -26,13 +26,18 @@ from emulator.graph.execution_graph import COLLECTIVE, SEGMENT
 from emulator.graph.replay import replay
 from emulator.world.comm_events import CommEvent, current_recorder
 from prismbench.capture import capture_job, world_of
-from prismbench.emulate import kernel_table_for, topology_of
+from prismbench.emulate import kernel_gap_for, kernel_table_for, topology_of
 from prismbench.program import rank_program
 from tests.prismbench.capture_cases import debug_job
 
 
 def _replayed(job, traces):
-    cost = CostContext(topology=topology_of(job), table=kernel_table_for(job.cluster.gpu))
+    # priced as `emulate` prices (the table, the stream's idle time between kernels), no host
+    cost = CostContext(
+        topology=topology_of(job),
+        table=kernel_table_for(job.cluster.gpu),
+        kernel_gap_s=kernel_gap_for(),
+    )
     graph = build_graph(traces, world_of(job), cost)
     return graph, replay(graph)
 

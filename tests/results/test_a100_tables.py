@@ -90,9 +90,9 @@ def test_an_a100_jobs_gemm_is_priced_from_the_a100_table():
     # vidur's Llama-2-7B qkv projection at 4096 tokens, TP 1 (fp16, given as bf16 too): two
     # profiled runs, 1.8865 and 1.911 ms; an exact lookup takes the mean of their times
     op = gemm_op("mm", 4096, 12288, 4096, dtype="bf16")
-    seconds, how = op_price(op, cost.topology.gpu, table=cost.table)
+    seconds, how, _ = op_price(op, cost.topology.gpu, table=cost.table)
     assert how == "exact" and seconds == pytest.approx((1886.5e-6 + 1911.0e-6) / 2)
-    h100_seconds, _ = op_price(
+    h100_seconds, _, _ = op_price(
         op, gpu_preset("h100-sxm-80g"), table=kernel_table_for("h100-sxm-80g")
     )
     assert h100_seconds < seconds / 2

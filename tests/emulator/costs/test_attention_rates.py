@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from emulator.costs.attention_rates import load_attention_rates
-from emulator.costs.compute import LAUNCH_OVERHEAD_S
 from emulator.costs.ops import attention_op, gemm_op
 from emulator.hardware import gpu_preset
 
@@ -52,7 +51,7 @@ def test_forward_plus_backward_takes_the_figures_time():
     fwd, bwd = (attention_op(n, **shape) for n in ("flash_attn_fwd", "flash_attn_bwd"))
     total_s = AMPERE.time_s(fwd, gpu) + AMPERE.time_s(bwd, gpu)
     # the figure's 83 TFLOP/s over the pair's FLOPs (forward halved when causal, backward 2.5x)
-    assert total_s == pytest.approx((fwd.flops + bwd.flops) / 83e12 + 2 * LAUNCH_OVERHEAD_S)
+    assert total_s == pytest.approx((fwd.flops + bwd.flops) / 83e12)
     # the same op on the 40 GB A100 (same chip and peak) costs the same
     assert AMPERE.time_s(fwd, gpu_preset("a100-sxm-40g")) == AMPERE.time_s(fwd, gpu)
 
@@ -76,7 +75,7 @@ def test_the_triton_kernel_is_slower_than_the_tables_flash_attention_at_long_seq
     op = attention_op("flash_attn_bwd", batch=1, heads_q=16, heads_kv=16, seq_q=16384,
                       seq_kv=16384, head_dim=128)  # fmt: skip
     op = replace(op, aten="aten._scaled_dot_product_flash_attention_backward")
-    table_s, how = kernel_table_for("a100-sxm-80g").lookup(op, gpu.sm_count)
+    table_s, how, _ = kernel_table_for("a100-sxm-80g").lookup(op, gpu.sm_count)
     assert how == "exact"
     assert AMPERE.time_s(op, gpu) > 2 * table_s
 
@@ -97,6 +96,6 @@ def test_flash_attention_2_on_an_h100_is_priced_at_its_figure_and_slower_than_th
     for name, aten in (("flash_attn_fwd", "aten._scaled_dot_product_flash_attention"),
                        ("flash_attn_bwd", "aten._scaled_dot_product_flash_attention_backward")):
         op = replace(attention_op(name, **shape), aten=aten)
-        table_s, how = table.lookup(op, gpu.sm_count)
+        table_s, how, _ = table.lookup(op, gpu.sm_count)
         assert how == "exact"
         assert hopper.time_s(op, gpu) > 1.3 * table_s

@@ -3,7 +3,12 @@
 import numpy as np
 import pytest
 
-from emulator.costs.host_dispatch import HostDispatch, dispatch_times_s, from_figures
+from emulator.costs.host_dispatch import (
+    HostDispatch,
+    dispatch_times_s,
+    from_figures,
+    kernel_gap_from_figures,
+)
 from emulator.world.mesh import World
 from tests.emulator.synthetic_traces import Stage
 
@@ -78,3 +83,15 @@ def test_figures_are_medians_over_profiles_over_the_global_inflation():
     assert left_out.per_op_s["forward"] == pytest.approx(15e-6)
     with pytest.raises(ValueError, match="no dtensor profile left"):
         from_figures(data, "dtensor", skip_profiles=("d",))
+
+
+def test_the_kernel_gap_is_the_median_over_gpu_bound_profiles():
+    def gap(us, gpu_bound=True):
+        return {"gap_us_per_kernel": us, "gpu_bound": gpu_bound}
+
+    data = {"kernel_gap": {"profiles": {"a": gap(2.0), "b": gap(3.0), "c": gap(1.0),
+                                        "host-bound": gap(17.0, gpu_bound=False)}}}  # fmt: skip
+    assert kernel_gap_from_figures(data) == pytest.approx(2e-6)
+    assert kernel_gap_from_figures(data, skip_profiles=("c",)) == pytest.approx(2.5e-6)
+    with pytest.raises(ValueError, match="no GPU-bound profile left"):
+        kernel_gap_from_figures(data, skip_profiles=("a", "b", "c"))

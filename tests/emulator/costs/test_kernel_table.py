@@ -102,10 +102,10 @@ def test_memory_ops_are_told_apart_by_their_aten_op(mixed_table):
         return memory_op("norm", bytes_read=5e8, bytes_written=5e8) if not aten else replace(
             memory_op("norm", bytes_read=5e8, bytes_written=5e8), aten=aten)
 
-    assert mixed_table.lookup(op("aten.native_layer_norm_backward"), H100.sm_count) == (pytest.approx(1e-3), "exact")
-    assert mixed_table.lookup(op("aten.native_layer_norm"), H100.sm_count) == (pytest.approx(5e-4), "exact")
+    assert mixed_table.lookup(op("aten.native_layer_norm_backward"), H100.sm_count)[:2] == (pytest.approx(1e-3), "exact")
+    assert mixed_table.lookup(op("aten.native_layer_norm"), H100.sm_count)[:2] == (pytest.approx(5e-4), "exact")
     # an aten op without rows borrows its class's rows (both, at distance 0): interpolated
-    seconds, source = mixed_table.lookup(op("aten.native_group_norm"), H100.sm_count)
+    seconds, source, _ = mixed_table.lookup(op("aten.native_group_norm"), H100.sm_count)
     assert source == "interpolated" and 5e-4 < seconds < 1e-3
 
 
@@ -145,11 +145,11 @@ def test_rows_of_one_shape_give_the_mean_time_of_every_kernel_they_measured(tmp_
         aten="aten.add",
     )
     expected_s = (168 * 22.47 + 2 * 47.70) / 170 * 1e-6
-    assert table.lookup(add, H100.sm_count) == (pytest.approx(expected_s), "exact")
+    assert table.lookup(add, H100.sm_count)[:2] == (pytest.approx(expected_s), "exact")
     # a mean of times, not of rates: 10 and 30 us once each give 20 us (rates would give 15)
     rows = [_gemm_row(2048, 10.0), _gemm_row(2048, 30.0) | {"repetitions": ""}]
     table = load_kernel_table(write_kernel_csv(rows, tmp_path / "u.csv", SYNTHETIC))
-    assert table.lookup(gemm_op("mm", 2048, 2048, 2048), H100.sm_count) == (pytest.approx(20e-6), "exact")
+    assert table.lookup(gemm_op("mm", 2048, 2048, 2048), H100.sm_count)[:2] == (pytest.approx(20e-6), "exact")
 
 
 def test_skip_sources_leaves_rows_out(tmp_path):
@@ -167,7 +167,7 @@ def test_attention_variants_do_not_price_each_other(tmp_path):
            "heads_kv": 32, "seq_q": 8192, "seq_kv": 8192, "head_dim": 128, "causal": "true",
            "time_us": 1000.0, "repetitions": 1, "spread_us": 0.0}  # fmt: skip
     table = load_kernel_table(write_kernel_csv([row], tmp_path / "t.csv", SYNTHETIC))
-    assert table.lookup(sdpa, H100.sm_count) == (pytest.approx(1e-3), "exact")
+    assert table.lookup(sdpa, H100.sm_count)[:2] == (pytest.approx(1e-3), "exact")
     assert table.lookup(replace(sdpa, aten="prism.masked_attention"), H100.sm_count) is None
 
 
@@ -181,8 +181,40 @@ def test_attention_is_priced_as_the_head_dim_tile_its_kernel_runs(tmp_path):
     table = load_kernel_table(write_kernel_csv([_attention_row(128, 142.0)], tmp_path / "t.csv", SYNTHETIC))
     op = replace(attention_op("flash_attn_fwd", batch=4, heads_q=16, heads_kv=16, seq_q=2048, seq_kv=2048,
                               head_dim=96), aten="aten._scaled_dot_product_flash_attention")  # fmt: skip
-    seconds, how = table.lookup(op, H100.sm_count)
+    seconds, how, _ = table.lookup(op, H100.sm_count)
     # head dim 96 runs the 128-wide kernel, padded: the same time, not 96/128 of it
     assert seconds == pytest.approx(142e-6)
     assert how == "interpolated"  # a neighbour of another head dim, not this shape
     assert table.lookup(replace(op, head_dim=64), H100.sm_count) is None  # the 64-wide tile is another kernel
+
+
+def test_kernels_per_call_come_from_the_rows_that_state_them(tmp_path):
+    # a profile row says its op launched 2 kernels a call (GEMM + split-K reduce, say); a
+    # microbenchmark row at the same shape lists kernel names, not launches: blank
+    rows = [_gemm_row(2048, 20.0) | {"kernels": 2, "repetitions": 3},
+            _gemm_row(2048, 20.0) | {"kernels": "", "repetitions": 10},
+            _gemm_row(4096, 100.0) | {"kernels": 1}]  # fmt: skip
+    table = load_kernel_table(write_kernel_csv(rows, tmp_path / "t.csv", SYNTHETIC))
+    assert table.lookup(gemm_op("mm", 2048, 2048, 2048), H100.sm_count)[2] == 2
+    # interpolated: the neighbours' counts with the neighbours' weights, here equally near
+    assert table.lookup(gemm_op("mm", 2896, 2896, 2896), H100.sm_count)[2] == pytest.approx(1.5, rel=0.01)
+    # no row states it: one kernel, as the curves assume
+    blank = load_kernel_table(write_kernel_csv([_gemm_row(2048, 20.0)], tmp_path / "u.csv", SYNTHETIC))
+    assert blank.lookup(gemm_op("mm", 2048, 2048, 2048), H100.sm_count)[2] == 1
+    assert op_price(gemm_op("mm", 65536, 65536, 512), H100, table=table)[1:] == ("roofline", 1)
+
+
+def test_tables_without_a_kernels_column_are_read(tmp_path):
+    path = tmp_path / "old.csv"
+    write_kernel_csv([_gemm_row(2048, 20.0)], path, SYNTHETIC)
+    lines = path.read_text().splitlines()
+    column = lines[0].split(",").index("kernels")
+    path.write_text("\n".join(",".join(c for i, c in enumerate(line.split(",")) if i != column)
+                              for line in lines) + "\n")  # fmt: skip
+    assert load_kernel_table(path).lookup(gemm_op("mm", 2048, 2048, 2048), H100.sm_count)[1:] == ("exact", 1)
+
+
+def test_a_kernel_count_below_one_is_refused_with_its_line(tmp_path):
+    path = write_kernel_csv([_gemm_row(2048, 20.0) | {"kernels": 0}], tmp_path / "t.csv", SYNTHETIC)
+    with pytest.raises(ValueError, match=r"t.csv:2: kernels='0' must be blank or >= 1"):
+        load_kernel_table(path)

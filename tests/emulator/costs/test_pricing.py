@@ -96,3 +96,14 @@ def test_attention_rates_price_attention_rows_and_leave_the_others_to_the_table(
     assert triton[1] == pytest.approx(rates.time_s(op_record(trace, 1), TOPO.gpu))
     assert triton[1] > plain[1]
     assert sources[1] == 1  # "interpolated": between published measurements
+
+
+def test_each_kernel_an_op_launches_pays_the_streams_idle_time_before_it():
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    trace, _ = _mm_stage(world).trace()
+    kernel = compute_durations_s(trace, CostContext(topology=TOPO))[0]
+    # no table: the curves price one kernel
+    with_gap = compute_durations_s(trace, CostContext(topology=TOPO, kernel_gap_s=2e-6))[0]
+    assert with_gap == pytest.approx(kernel + 2e-6)
+    with pytest.raises(ValueError, match="kernel_gap_s=-1e-06 must be >= 0"):
+        CostContext(topology=TOPO, kernel_gap_s=-1e-6)
