@@ -1,21 +1,41 @@
-"""Context parallelism over the mesh's "cp" dim: Llama 3's all-gather attention.
+"""Context parallelism over the mesh's "cp" dim: Llama 3's all-gather attention, or torch's ring.
 
-torch's `torch.distributed.tensor.experimental.context_parallel` is not used: it
-shards SDPA by intercepting the CUDA flash / efficient / cuDNN attention ops, and
-the CPU build dispatches SDPA to `_scaled_dot_product_flash_attention_for_cpu`,
-which it does not handle. Instead, as the Llama 3 paper (Dubey et al. 2024, 3.3.2)
-describes: the sequence is cut into 2 * cp chunks and cp rank i holds chunks i and
-2 * cp - 1 - i (so every rank has the same amount of causal work); each block's
-`attention.core_attention` is replaced by `AllGatherAttention`, which all-gathers K
-and V over the cp group with an autograd-aware functional collective (backward is
-a reduce-scatter of dK/dV) and attends the local queries to all keys with a mask
-built from absolute positions (causal, plus the ALiBi bias for ALiBi models).
+The sequence is cut into 2 * cp chunks and cp rank i holds chunks i and 2 * cp - 1 - i (so
+every rank has the same amount of causal work); each block's `attention.core_attention` is
+replaced by one of two programs (`kernels.cp_attention`):
+
+- `AllGatherAttention` ("all-gather"), as the Llama 3 paper (Dubey et al. 2024, 3.3.2)
+  describes: K and V all-gathered over the cp group with an autograd-aware functional
+  collective (backward: a reduce-scatter of dK/dV), the local queries attended to all keys
+  with a mask built from absolute positions (causal, plus the ALiBi bias for ALiBi models):
+  one fused kernel each way.
+- `RingAttention` ("ring"): torch's ring attention, the program of
+  `torch.distributed.tensor.experimental.context_parallel` as torchtitan's Dec 2024 runs ran it
+  (torch 1963fc8, torchtitan 9dec370: `_templated_ring_attention` and its backward in
+  torch/distributed/tensor/experimental/_attention.py, load balancing on, float32 merging,
+  torchtitan's default `context_parallel_rotate_method = "allgather"`; read there, written
+  here). K and V, repeated to every query head as torchtitan's `repeat_kv` does before SDPA,
+  are concatenated and all-gathered once; then cp flash-attention calls: step 0 the local
+  queries against the local keys, causal; step i the queries against rank (r - i)'s keys,
+  without a mask, on half of one side (all queries against the first key chunk when i <= r,
+  the second query chunk against all keys otherwise). Each step's output and logsumexp are
+  merged into running float32 ones (out -= sigmoid(lse_i - lse) * (out - out_i); lse -=
+  logsigmoid(lse - lse_i)), a half merge rebuilt with `torch.cat`. Backward runs the flash
+  backward per step with the merged output and logsumexp, all-gathers K and V again,
+  accumulates dQ, dK, dV in float32 and passes dK/dV on around the ring with an all-to-all
+  permutation each step (torch's `permute_tensor`). torch does not run it on CPU (it intercepts
+  the CUDA attention ops); this is the same algorithm over the CPU flash op, the same shapes
+  and collectives, so that capture records what the GPU runs. It takes no attention bias, as
+  torch's does not: ALiBi models run "all-gather".
+
 Rule: seq_len % (2 * cp) == 0.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed import _functional_collectives as funcol
 
@@ -27,6 +47,7 @@ from workloads.models.eager_ops import eager_masked_attention
 _all_gather_autograd = getattr(funcol, "all_gather_single_autograd", None) or (
     funcol.all_gather_tensor_autograd
 )
+_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
 
 
 def chunk_positions(seq_len: int, cp_rank: int, cp: int, device=None) -> torch.Tensor:
@@ -90,14 +111,186 @@ class AllGatherAttention(nn.Module):
         return out.transpose(1, 2)
 
 
-def apply_context_parallel(model: nn.Module, cp_mesh) -> None:
-    """Replace every block's core attention by the all-gather one (no-op when cp == 1)."""
+def _wait(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.wait() if isinstance(tensor, funcol.AsyncCollectiveTensor) else tensor
+
+
+def _flash(q, k, v, causal: bool) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """(out, float32 logsumexp [b, h, s], the rest of the op's outputs) of one flash-attention
+    call: the CUDA kernel torch's ring calls on a GPU, its CPU counterpart elsewhere (capture,
+    CPU runs), which returns nothing more."""
+    if q.is_cuda:
+        out, lse, *rest = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)
+        return out, lse, tuple(rest[:6])  # sequence offsets, max lengths, RNG seed and offset
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
+    return out, lse, ()
+
+
+def _flash_backward(grad_out, q, k, v, out, lse, causal: bool, rest: tuple):
+    """(dq, dk, dv) of a `_flash` call; on CUDA `rest` is what the forward's last call returned
+    beyond out and logsumexp (torch's ring passes the same to every backward step)."""
+    if q.is_cuda:
+        cum_q, cum_k, _, _, seed, offset = rest
+        return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            grad_out, q, k, v, out, lse, cum_q, cum_k, q.shape[2], k.shape[2], 0.0, causal,
+            seed, offset,
+        )  # fmt: skip
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out, q, k, v, out, lse, 0.0, causal
+    )
+
+
+def _replace_half(full: torch.Tensor, half: torch.Tensor, index: int, add: bool) -> torch.Tensor:
+    """`full` with its `index`-th half along the sequence (dim 2) replaced by (or, with `add`,
+    increased by) `half`, rebuilt with `torch.cat` as torch's `_partial_update` does."""
+    chunks = list(full.chunk(2, dim=2))
+    if add:
+        chunks[index] += half
+    else:
+        chunks[index] = half
+    return torch.cat(chunks, dim=2)
+
+
+def _step_inputs(step: int, rank: int, q, k, v):
+    """(q, k, v, causal, partial) of ring step `step` on cp rank `rank` (module docstring)."""
+    if step == 0:
+        return q, k, v, True, False
+    if step <= rank:
+        return q, k.chunk(2, dim=2)[0], v.chunk(2, dim=2)[0], False, False
+    return q.chunk(2, dim=2)[1], k, v, False, True
+
+
+def _kv_of(buffer: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return buffer[: k.numel()].view(k.shape), buffer[k.numel() :].view(k.shape)
+
+
+class _RingFlashAttention(torch.autograd.Function):
+    """torch's `_templated_ring_attention` (forward) and its backward, over [b, h, s, d]."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, group):
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        k, v = k.contiguous(), v.contiguous()
+        buffers = None
+        out = lse = None
+        for step in range(size):
+            if step > 0:
+                k_i, v_i = _kv_of(buffers[(rank - step) % size], k)
+            else:
+                k_i, v_i = k, v
+            if step < size - 1:
+                # torch concatenates K and V to send on every step; with the all-gather
+                # rotation only the first concatenation is sent, the others are made anyway
+                sent = torch.cat([k_i.flatten(), v_i.flatten()])
+                if buffers is None:
+                    gathered = _wait(_all_gather(sent, 0, group))
+                    buffers = list(gathered.chunk(size))
+            q_s, k_s, v_s, causal, partial = _step_inputs(step, rank, q, k_i, v_i)
+            block_out, block_lse, rest = _flash(q_s, k_s, v_s, causal)
+            block_out, block_lse = block_out.float(), block_lse.float().unsqueeze(-1)
+            if out is None:
+                out, lse = block_out, block_lse
+                continue
+            run_out = out.chunk(2, dim=2)[1] if partial else out
+            run_lse = lse.chunk(2, dim=2)[1] if partial else lse
+            run_out = run_out - F.sigmoid(block_lse - run_lse) * (run_out - block_out)
+            run_lse = run_lse - F.logsigmoid(run_lse - block_lse)
+            if partial:
+                lse = _replace_half(lse, run_lse, 1, add=False)
+                out = _replace_half(out, run_out, 1, add=False)
+            else:
+                out, lse = run_out, run_lse
+        out, lse = out.to(q.dtype), lse.squeeze(-1)
+        ctx.group, ctx.rest = group, rest
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        group = ctx.group
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        grad_q = torch.zeros_like(q, dtype=torch.float32)
+        grad_k = torch.zeros_like(k, dtype=torch.float32)
+        grad_v = torch.zeros_like(v, dtype=torch.float32)
+        to_next = list(range(1, size)) + [0]
+        buffers = None
+        grad_kv = None
+        for step in range(size):
+            if step > 0:
+                k_i, v_i = _kv_of(buffers[(rank - step) % size], k)
+            else:
+                k_i, v_i = k, v
+            if step < size - 1:
+                sent = torch.cat([k_i.flatten(), v_i.flatten()])
+                if buffers is None:
+                    gathered = _wait(_all_gather(sent, 0, group))
+                    buffers = list(gathered.chunk(size))
+            q_s, k_s, v_s, causal, partial = _step_inputs(step, rank, q, k_i, v_i)
+            if partial:
+                out_s, dout_s = out.chunk(2, dim=2)[1], grad_out.chunk(2, dim=2)[1]
+                lse_s = lse.chunk(2, dim=2)[1].contiguous()
+            else:
+                out_s, dout_s, lse_s = out, grad_out, lse
+            dq, dk, dv = _flash_backward(dout_s, q_s, k_s, v_s, out_s, lse_s, causal, ctx.rest)
+            if step > 0:
+                # the dK/dV accumulated so far for the keys this step used, from the last rank
+                grad_k, grad_v = _kv_of(_wait(grad_kv), grad_k)
+                if step <= rank:
+                    grad_k = _replace_half(grad_k, dk, 0, add=True)
+                    grad_v = _replace_half(grad_v, dv, 0, add=True)
+                else:
+                    grad_k += dk
+                    grad_v += dv
+            else:
+                grad_k += dk
+                grad_v += dv
+            sent_grads = torch.cat([grad_k.flatten(), grad_v.flatten()])
+            grad_kv = funcol.permute_tensor(sent_grads, to_next, group)
+            if step <= rank:
+                grad_q += dq
+            else:
+                grad_q = _replace_half(grad_q, dq, 1, add=True)
+        grad_k, grad_v = _kv_of(_wait(grad_kv).to(k.dtype), k)
+        return grad_q.to(q.dtype), grad_k, grad_v, None
+
+
+class RingAttention(nn.Module):
+    """torch's ring attention over the cp group (module docstring); called as
+    core_attention(q, k, v, positions) with q [b, s, h, d], k/v [b, s, h_kv, d]."""
+
+    def __init__(self, *, group, cp: int) -> None:
+        super().__init__()
+        self.group = group
+        self.cp = cp
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        repeats = q.shape[2] // k.shape[2]
+        if repeats > 1:  # torchtitan's repeat_kv: expand, then a copy
+            b, s, h_kv, d = k.shape
+            k, v = (t.unsqueeze(3).expand(b, s, h_kv, repeats, d).reshape(b, s, h_kv * repeats, d)
+                    for t in (k, v))  # fmt: skip
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # -> [b, h, s, d]
+        out = _RingFlashAttention.apply(q, k, v, self.group)
+        return out.transpose(1, 2)
+
+
+def apply_context_parallel(model: nn.Module, cp_mesh, *, method: str = "all-gather") -> None:
+    """Replace every block's core attention by the context-parallel one of `method`
+    (`kernels.cp_attention`; no-op when cp == 1)."""
     cp = cp_mesh.size()
     if cp == 1:
         return
     group = cp_mesh.get_group()
     for block in model.layers.values():
         old = block.attention.core_attention
+        if method == "ring":
+            if old.alibi or old.unfused:
+                raise ValueError("ring attention takes no attention bias and no unfused kernel")
+            block.attention.core_attention = RingAttention(group=group, cp=cp)
+            continue
         block.attention.core_attention = AllGatherAttention(
             group=group,
             cp=cp,

@@ -127,7 +127,7 @@ class TrainingJob:
         self._check_batch()
         kernels = self.kernels.for_pipeline(p.schedule, p.pp, self.num_microbatches)
         kernels = kernels.for_precision(self.train.precision, p.zero)
-        kernels = kernels.for_model(self.model.family)
+        kernels = kernels.for_model(self.model.family, self.model.positions)
         object.__setattr__(self, "kernels", kernels)
         check_schedule(p.schedule, p.pp, p.vpp, self.num_microbatches, self.kernels.pipeline_recv)
         self._check_async_tp()

@@ -180,6 +180,14 @@ Fields:
   workloads gather rows; with more than one sequence per micro-batch, attention's q, k, v and
   wo's input, 1/tp of the width each, are reordered by a copy, and the output layer's
   all-gather keeps DTensor's copy). Moot without sequence parallelism.
+- `cp_attention`: the context-parallel attention program (`workloads.context_parallel`; moot at
+  cp = 1): `all-gather`, K and V all-gathered and one fused kernel each way over the gathered
+  keys, masked by position (the Llama 3 paper's; it takes ALiBi); `ring`, torch's ring attention
+  of `context_parallel` (Dec 2024), what torchtitan's context-parallel runs ran: K and V
+  repeated to every query head and all-gathered once, cp flash-attention calls forward and
+  backward, float32 merging of their outputs and float32 accumulation of the gradients, dK/dV
+  passed around the ring by an all-to-all permutation each backward step. No bias: an ALiBi
+  model runs `all-gather` (a framework's choice gives way; a spec's is refused).
 - `launch_blocking`: true when the run set `CUDA_LAUNCH_BLOCKING=1`, so every kernel launch
   returns only once the kernel has run and the host cannot run ahead of the GPU: each op's
   host dispatch time adds to its kernel time (`emulator.graph.build`). Not a framework's
@@ -211,6 +219,7 @@ OPTIMIZER_STEPS = ("foreach", "fused")
 CUSTOM_OPS = ("fused", "eager")
 SP_COLLECTIVES = ("dtensor", "first-dim")
 FSDP_RESHARDS = ("all", "not-root", "not-root-or-last", "none")
+CP_ATTENTIONS = ("all-gather", "ring")
 
 
 def _same_for_all(value: Any) -> dict[str, Any]:
@@ -466,6 +475,13 @@ FSDP_RESHARD_PIPELINED_BY_FRAMEWORK: dict[str, str] = FSDP_RESHARD_BY_FRAMEWORK 
     "torchtitan": "none"
 }
 
+# torchtitan (9dec370) enters torch's `context_parallel` (utils.create_context_parallel_ctx) with
+# `experimental.context_parallel_rotate_method = "allgather"` by default, and repeats K and V
+# before SDPA (models/llama/model.py `repeat_kv`). Megatron-core and NeMo run Transformer
+# Engine's own ring (`AttnFuncWithCPAndKVP2P`: p2p per step, fused output correction), which is
+# neither program; no published row of theirs runs context parallelism. The others have none.
+CP_ATTENTION_BY_FRAMEWORK: dict[str, str] = {**_same_for_all("all-gather"), "torchtitan": "ring"}
+
 CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {
     "loss": (LOSSES, LOSS_BY_FRAMEWORK),
     "norm": (NORMS, NORM_BY_FRAMEWORK),
@@ -482,6 +498,7 @@ CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {
     "optimizer_step": (OPTIMIZER_STEPS, OPTIMIZER_STEP_BY_FRAMEWORK),
     "sp_collectives": (SP_COLLECTIVES, SP_COLLECTIVES_BY_FRAMEWORK),
     "fsdp_reshard": (FSDP_RESHARDS, FSDP_RESHARD_BY_FRAMEWORK),
+    "cp_attention": (CP_ATTENTIONS, CP_ATTENTION_BY_FRAMEWORK),
 }
 
 
@@ -516,6 +533,7 @@ class KernelsSpec:
     optimizer_step: str | None = None
     sp_collectives: str | None = None
     fsdp_reshard: str | None = None
+    cp_attention: str | None = None
     compile: bool | None = None
     async_tp: bool | None = None
     launch_blocking: bool | None = None
@@ -625,17 +643,26 @@ class KernelsSpec:
             )
         return self
 
-    def for_model(self, family: str) -> KernelsSpec:
+    def for_model(self, family: str, positions: str = "rope") -> KernelsSpec:
         """The norm a model of `family` runs: "eager-fp32" is an RMSNorm, so a framework's
-        choice of it gives way to "torch" for GPT's LayerNorm; a spec's is refused there."""
-        if self.norm != "eager-fp32" or family == "llama":
-            return self
-        if "norm" in self._chosen:
-            return self._revised(norm="torch")
-        raise SpecError(
-            f"kernels.norm='eager-fp32' needs model.family='llama' (is {family!r}): it is "
-            "torchtitan's RMSNorm; a GPT model's LayerNorm runs one fused kernel"
-        )
+        choice of it gives way to "torch" for GPT's LayerNorm; a spec's is refused there. The
+        same for the ring attention, which takes no ALiBi bias (`positions`)."""
+        revised = self
+        if self.norm == "eager-fp32" and family != "llama":
+            if "norm" not in self._chosen:
+                raise SpecError(
+                    f"kernels.norm='eager-fp32' needs model.family='llama' (is {family!r}): it "
+                    "is torchtitan's RMSNorm; a GPT model's LayerNorm runs one fused kernel"
+                )
+            revised = revised._revised(norm="torch")
+        if self.cp_attention == "ring" and positions == "alibi":
+            if "cp_attention" not in self._chosen:
+                raise SpecError(
+                    "kernels.cp_attention='ring' needs a model without ALiBi (model.positions="
+                    "'alibi'): torch's ring attention takes no attention bias; use 'all-gather'"
+                )
+            revised = revised._revised(cp_attention="all-gather")
+        return revised
 
     def overrides(self) -> dict[str, Any]:
         """The fields that differ from the framework's own choices."""

@@ -362,7 +362,7 @@ def parallelize_stage(model: nn.Module, mesh, job: TrainingJob, dp_mesh=None) ->
             and job.kernels.fp8_recipe in TENSOR_PARALLEL_RECIPES
             and not regather,
         )
-        apply_context_parallel(model, mesh["cp"])
+        apply_context_parallel(model, mesh["cp"], method=job.kernels.cp_attention)
     apply_recompute(
         model,
         job.train.recompute,

@@ -19,9 +19,17 @@ from prismbench.spec import job_spec_from_dict
 
 
 def debug_job(
-    parallel=None, *, model="llama-debug", seq_len=32, global_batch=None, train=None, **dims
+    parallel=None,
+    *,
+    model="llama-debug",
+    seq_len=32,
+    global_batch=None,
+    train=None,
+    kernels=None,
+    **dims,
 ):
-    """A small job: `model` flavor (dims override it), micro-batch 1, pp micro-batches per dp rank."""
+    """A small job: `model` flavor (dims override it), micro-batch 1, pp micro-batches per dp
+    rank; `kernels`: the `[kernels]` table (default: the default framework's)."""
     parallel = dict(parallel or {})
     if global_batch is None:
         global_batch = parallel.get("dp", 1) * max(2, parallel.get("pp", 1))
@@ -31,6 +39,7 @@ def debug_job(
             "parallel": parallel,
             "batch": {"seq_len": seq_len, "micro_batch": 1, "global_batch": global_batch},
             "train": dict(train or {}),
+            "kernels": dict(kernels or {}),
         }
     )
 

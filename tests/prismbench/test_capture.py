@@ -363,6 +363,29 @@ def test_cp_gathers_k_and_v_per_layer_and_reduce_scatters_their_gradients(tmp_pa
     assert len(rows) == 4 * LAYERS + 1
 
 
+def test_ring_cp_runs_torchs_ring_attention(tmp_path):
+    cp = 4
+    job = debug_job({"cp": cp}, global_batch=1, kernels={"cp_attention": "ring"})
+    cap = capture(job, tmp_path)
+    trace, rows = cap.traces[0], rows_of(cap)
+    # K and V (repeated to every query head) concatenated and gathered once each way
+    assert count(rows, kind="all_gather", axes=CP, phase="forward") == LAYERS
+    assert count(rows, kind="all_gather", axes=CP, phase="backward") == LAYERS
+    # dK/dV (float32) passed on around the ring after every backward step
+    assert count(rows, kind="all_to_all", axes=CP, phase="backward") == cp * LAYERS
+    assert count(rows, kind="reduce_scatter", axes=CP) == 0
+    c = trace.columns
+    names = np.array(trace.strings)[c["name"]]
+    for name in ("flash_attn_fwd", "flash_attn_bwd"):
+        # per layer one causal call on the local chunks, then cp - 1 unmasked ones
+        causal = c["causal"][names == name]
+        assert len(causal) == cp * LAYERS and causal.sum() == LAYERS
+    # the repeated K/V: all heads, 4 bytes a float32 element, K and V, local tokens
+    model = job.built_model
+    kv_bytes = 2 * (job.batch.seq_len // cp) * model.heads * (model.hidden // model.heads) * 4
+    assert {r.size_bytes for r in rows if r.kind == "all_to_all"} == {kv_bytes}
+
+
 # ---- the class claim on the real workload ---------------------------------------------------
 
 

@@ -155,6 +155,13 @@ CASES["pp2-1f1b-tp2-llama-sp-first-dim-regather-mb2"] = CASES[
     "pp2-1f1b-tp2-llama-sp-first-dim-regather"
 ]
 CASES["cp2-tp2-llama-sp-first-dim-regather-mb2"] = ({"name": "llama-debug"}, {"cp": 2, "tp": 2})
+# torch's ring attention (torchtitan's context parallelism): both halves of the load-balanced
+# schedule at cp 2 (rank 0 attends its second chunk only, rank 1 the first key chunk), and
+# three merges and a ring of four dK/dV permutations at cp 4
+KERNELS["cp2-dp2-zero3-llama-ring"] = {"cp_attention": "ring"}
+CASES["cp2-dp2-zero3-llama-ring"] = ({"name": "llama-debug"}, {"cp": 2, "dp": 2, "zero": 3})
+KERNELS["cp4-llama-ring"] = {"cp_attention": "ring"}
+CASES["cp4-llama-ring"] = ({"name": "llama-debug"}, {"cp": 4})
 MICRO_BATCH = {name: 2 for name in CASES if name.endswith("-mb2")}
 # The unfused ALiBi scores carry slope * key position (up to 16 here) in float32, so the
 # parallel and single runs round differently enough for the third step's norm to drift by ~5e-5
