@@ -42,7 +42,8 @@ for job in gpt3-125m-s2048-mb8-none llama3-8b-l2-s8192-mb2-none; do
 done
 
 step gpu_tests 90 $py -m pytest -q -m gpu -p no:cacheprovider \
-    tests/workloads/test_attention_ops.py tests/emulator/costs/test_calibrate.py \
+    tests/workloads/test_attention_ops.py tests/workloads/test_context_parallel.py \
+    tests/emulator/costs/test_calibrate.py \
     tests/emulator/capture/test_compile_fusion.py tests/prismbench/test_record.py
 step sac_host 60 $py results/calibration/sac_host_gpu.py --out "$OUT"
 tail -n 40 "$LOG"
