@@ -164,27 +164,31 @@ def _kv_of(buffer: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return buffer[: k.numel()].view(k.shape), buffer[k.numel() :].view(k.shape)
 
 
+def _ring_kv(k: torch.Tensor, v: torch.Tensor, group):
+    """(step, K, V of cp rank (r - step)) for each ring step, as torch's all-gather rotation
+    gives them: the local K and V concatenated and all-gathered at step 0; torch concatenates
+    the step's K and V to send on every step but the last, and with this rotation only the
+    first concatenation is sent: the others are made anyway."""
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    buffers = None
+    for step in range(size):
+        k_i, v_i = (k, v) if step == 0 else _kv_of(buffers[(rank - step) % size], k)
+        if step < size - 1:
+            sent = torch.cat([k_i.flatten(), v_i.flatten()])
+            if buffers is None:
+                buffers = list(_wait(_all_gather(sent, 0, group)).chunk(size))
+        yield step, k_i, v_i
+
+
 class _RingFlashAttention(torch.autograd.Function):
     """torch's `_templated_ring_attention` (forward) and its backward, over [b, h, s, d]."""
 
     @staticmethod
     def forward(ctx, q, k, v, group):
-        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        rank = dist.get_rank(group)
         k, v = k.contiguous(), v.contiguous()
-        buffers = None
         out = lse = None
-        for step in range(size):
-            if step > 0:
-                k_i, v_i = _kv_of(buffers[(rank - step) % size], k)
-            else:
-                k_i, v_i = k, v
-            if step < size - 1:
-                # torch concatenates K and V to send on every step; with the all-gather
-                # rotation only the first concatenation is sent, the others are made anyway
-                sent = torch.cat([k_i.flatten(), v_i.flatten()])
-                if buffers is None:
-                    gathered = _wait(_all_gather(sent, 0, group))
-                    buffers = list(gathered.chunk(size))
+        for step, k_i, v_i in _ring_kv(k, v, group):
             q_s, k_s, v_s, causal, partial = _step_inputs(step, rank, q, k_i, v_i)
             block_out, block_lse, rest = _flash(q_s, k_s, v_s, causal)
             block_out, block_lse = block_out.float(), block_lse.float().unsqueeze(-1)
@@ -214,18 +218,8 @@ class _RingFlashAttention(torch.autograd.Function):
         grad_k = torch.zeros_like(k, dtype=torch.float32)
         grad_v = torch.zeros_like(v, dtype=torch.float32)
         to_next = list(range(1, size)) + [0]
-        buffers = None
         grad_kv = None
-        for step in range(size):
-            if step > 0:
-                k_i, v_i = _kv_of(buffers[(rank - step) % size], k)
-            else:
-                k_i, v_i = k, v
-            if step < size - 1:
-                sent = torch.cat([k_i.flatten(), v_i.flatten()])
-                if buffers is None:
-                    gathered = _wait(_all_gather(sent, 0, group))
-                    buffers = list(gathered.chunk(size))
+        for step, k_i, v_i in _ring_kv(k, v, group):
             q_s, k_s, v_s, causal, partial = _step_inputs(step, rank, q, k_i, v_i)
             if partial:
                 out_s, dout_s = out.chunk(2, dim=2)[1], grad_out.chunk(2, dim=2)[1]
