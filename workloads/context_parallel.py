@@ -164,20 +164,30 @@ def _kv_of(buffer: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return buffer[: k.numel()].view(k.shape), buffer[k.numel() :].view(k.shape)
 
 
-def _ring_kv(k: torch.Tensor, v: torch.Tensor, group):
-    """(step, K, V of cp rank (r - step)) for each ring step, as torch's all-gather rotation
+def _ring_kv(k: torch.Tensor, v: torch.Tensor, group, *, keep_sent: bool):
+    """(step, K, V of cp rank (r - step), the kept concatenation) for each ring step, as torch's
+    all-gather rotation
     gives them: the local K and V concatenated and all-gathered at step 0; torch concatenates
     the step's K and V to send on every step but the last, and with this rotation only the
-    first concatenation is sent: the others are made anyway."""
+    first concatenation is sent (its all-gather waited for at step 1, so it overlaps step 0's
+    kernel): the others are made anyway. Its forward drops each
+    concatenation at once (`exchange_buffers` returns None into the same name), its backward
+    keeps it until the next one and the last to its end (`keep_sent`: the caller's loop
+    variable holds it)."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
-    buffers = None
+    gathered = buffers = sent = None
     for step in range(size):
-        k_i, v_i = (k, v) if step == 0 else _kv_of(buffers[(rank - step) % size], k)
+        if step > 0:
+            if buffers is None:  # waited for only now, after step 0's kernel (`next_buffer`)
+                buffers = list(_wait(gathered).chunk(size))
+            k, v = _kv_of(buffers[(rank - step) % size], k)
         if step < size - 1:
-            sent = torch.cat([k_i.flatten(), v_i.flatten()])
-            if buffers is None:
-                buffers = list(_wait(_all_gather(sent, 0, group)).chunk(size))
-        yield step, k_i, v_i
+            sent = torch.cat([k.flatten(), v.flatten()])
+            if gathered is None:
+                gathered = _all_gather(sent, 0, group)
+            if not keep_sent:
+                sent = None
+        yield step, k, v, sent
 
 
 class _RingFlashAttention(torch.autograd.Function):
@@ -188,7 +198,7 @@ class _RingFlashAttention(torch.autograd.Function):
         rank = dist.get_rank(group)
         k, v = k.contiguous(), v.contiguous()
         out = lse = None
-        for step, k_i, v_i in _ring_kv(k, v, group):
+        for step, k_i, v_i, _ in _ring_kv(k, v, group, keep_sent=False):
             q_s, k_s, v_s, causal, partial = _step_inputs(step, rank, q, k_i, v_i)
             block_out, block_lse, rest = _flash(q_s, k_s, v_s, causal)
             block_out, block_lse = block_out.float(), block_lse.float().unsqueeze(-1)
@@ -219,7 +229,7 @@ class _RingFlashAttention(torch.autograd.Function):
         grad_v = torch.zeros_like(v, dtype=torch.float32)
         to_next = list(range(1, size)) + [0]
         grad_kv = None
-        for step, k_i, v_i in _ring_kv(k, v, group):
+        for step, k_i, v_i, _sent in _ring_kv(k, v, group, keep_sent=True):
             q_s, k_s, v_s, causal, partial = _step_inputs(step, rank, q, k_i, v_i)
             if partial:
                 out_s, dout_s = out.chunk(2, dim=2)[1], grad_out.chunk(2, dim=2)[1]
