@@ -166,14 +166,12 @@ def _kv_of(buffer: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 def _ring_kv(k: torch.Tensor, v: torch.Tensor, group, *, keep_sent: bool):
     """(step, K, V of cp rank (r - step), the kept concatenation) for each ring step, as torch's
-    all-gather rotation
-    gives them: the local K and V concatenated and all-gathered at step 0; torch concatenates
-    the step's K and V to send on every step but the last, and with this rotation only the
-    first concatenation is sent (its all-gather waited for at step 1, so it overlaps step 0's
-    kernel): the others are made anyway. Its forward drops each
-    concatenation at once (`exchange_buffers` returns None into the same name), its backward
-    keeps it until the next one and the last to its end (`keep_sent`: the caller's loop
-    variable holds it)."""
+    all-gather rotation gives them: the local K and V concatenated and all-gathered at step 0,
+    waited for at step 1 (so the gather overlaps step 0's kernel). torch concatenates the step's
+    K and V to send on every step but the last; with this rotation only the first is sent, the
+    others are made anyway. Its forward drops each concatenation at once (`exchange_buffers`
+    returns None into the same name); its backward keeps each until the next and the last to
+    its end (`keep_sent`: the caller's loop variable holds it)."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     gathered = buffers = sent = None
     for step in range(size):
@@ -263,10 +261,9 @@ class RingAttention(nn.Module):
     """torch's ring attention over the cp group (module docstring); called as
     core_attention(q, k, v, positions) with q [b, s, h, d], k/v [b, s, h_kv, d]."""
 
-    def __init__(self, *, group, cp: int) -> None:
+    def __init__(self, *, group) -> None:
         super().__init__()
         self.group = group
-        self.cp = cp
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
@@ -293,7 +290,7 @@ def apply_context_parallel(model: nn.Module, cp_mesh, *, method: str = "all-gath
         if method == "ring":
             if old.alibi or old.unfused:
                 raise ValueError("ring attention takes no attention bias and no unfused kernel")
-            block.attention.core_attention = RingAttention(group=group, cp=cp)
+            block.attention.core_attention = RingAttention(group=group)
             continue
         block.attention.core_attention = AllGatherAttention(
             group=group,

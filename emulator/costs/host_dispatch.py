@@ -29,8 +29,8 @@ profiler's measured inflation of host time (the profiles were taken under torch.
 The GPU side of the launch path: even when the host runs ahead, a stream does not start a
 kernel the moment the one before it ends. In the shared world-size-1 profiles whose GPU waits
 for no host (the unprofiled iteration within 1.2 x the profile's kernel sum), the unprofiled
-iteration exceeds the profile's summed kernel times by 1.9-2.8 us per kernel launched
-(`kernel_gap_from_figures`: the median over those profiles). The pricing adds it to every
+iteration exceeds the profile's summed kernel times by 1.8-3.9 us per kernel launched
+(`kernel_gap_from_figures`: the median over those profiles, 2.18 us). The pricing adds it to every
 kernel an op launches (`costs.pricing`), on every GPU: only the H100 node measured it.
 """
 

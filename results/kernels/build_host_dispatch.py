@@ -112,12 +112,11 @@ def build() -> dict:
 
 
 def _kernel_gaps(profiles: dict, unprofiled: dict) -> dict:
-    """Per world-size-1 profile: the unprofiled iteration's time beyond the kernel sum, per
-    kernel launched, and whether the run is GPU-bound (module docstring)."""
-    summary = json.loads((SHARED / "summary.json").read_text())
+    """Per world-size-1 profile (the `aten` ones): the unprofiled iteration's time beyond the
+    kernel sum, per kernel launched, and whether the run is GPU-bound (module docstring)."""
     out = {}
     for case, figures in profiles.items():
-        if case not in summary:
+        if figures["framework"] != "aten":
             continue
         kernel_s = figures["kernel_sum_us"] * 1e-6
         out[case] = {
