@@ -64,14 +64,15 @@ def measure_cases(
     progress: Callable[[str], None] | None = None,
 ) -> tuple[list[dict], list[str]]:
     """(kernel-table rows, the cases that could not run with why) for `cases` on `device`;
-    `time_fn(fn, repetitions, warmup) -> (median us, spread us)` times a callable."""
+    `time_fn(fn, repetitions, warmup) -> (median us, spread us, kernels a call)` times a
+    callable (`time_kernels_us`)."""
     import torch
 
     rows, skipped = [], []
     for i, (op, shape) in enumerate(cases, 1):
         try:
             fn = CALLS[op][0](*shape, device=device)
-            median_us, spread_us = time_fn(fn, repetitions, warmup)
+            median_us, spread_us, kernels = time_fn(fn, repetitions, warmup)
         except (RuntimeError, torch.OutOfMemoryError) as err:  # a shape this GPU cannot run
             skipped.append(f"{op} {shape}: {str(err).splitlines()[0]}")
             continue
@@ -81,7 +82,12 @@ def measure_cases(
                 torch.cuda.empty_cache()
         rows.append(
             recorded_fields(op, shape)
-            | {"time_us": median_us, "repetitions": repetitions, "spread_us": spread_us}
+            | {
+                "time_us": median_us,
+                "repetitions": repetitions,
+                "spread_us": spread_us,
+                "kernels": kernels,
+            }
         )
         if progress:
             progress(f"[{i}/{len(cases)}] {op} {shape}: {median_us:.1f} us")

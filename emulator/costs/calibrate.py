@@ -92,17 +92,17 @@ def _measure(quick: bool, progress: Callable[[str], None] | None) -> list[dict]:
     rows, dev, bf16 = [], "cuda", torch.bfloat16
     for m, n, k in gemm_grid(quick):
         a, b = torch.randn(m, k, device=dev, dtype=bf16), torch.randn(k, n, device=dev, dtype=bf16)
-        t, s = time_kernels_us(lambda a=a, b=b: a @ b, reps, warm)
+        t, s, kernels = time_kernels_us(lambda a=a, b=b: a @ b, reps, warm)
         rows.append({"op": "mm", "dtype": "bf16", "aten": "aten.mm", "m": m, "n": n, "k": k, "batch": 1,
-                     "time_us": t, "repetitions": reps, "spread_us": s})
+                     "time_us": t, "repetitions": reps, "spread_us": s, "kernels": kernels})
         del a, b
         if progress:
             progress(f"mm {m}x{n}x{k}: {t:.1f} us")
     for nbytes in HBM_SWEEP_BYTES[:4] if quick else HBM_SWEEP_BYTES:
         src, dst = torch.empty(nbytes, dtype=torch.uint8, device=dev), torch.empty(nbytes, dtype=torch.uint8, device=dev)
-        t, s = time_kernels_us(lambda dst=dst, src=src: dst.copy_(src), reps, warm)
+        t, s, kernels = time_kernels_us(lambda dst=dst, src=src: dst.copy_(src), reps, warm)
         rows.append({"op": "copy", "dtype": "bf16", "aten": "aten.copy_", "nbytes": 2 * nbytes, "time_us": t,
-                     "repetitions": reps, "spread_us": s})
+                     "repetitions": reps, "spread_us": s, "kernels": kernels})
         del src, dst
     return rows
 

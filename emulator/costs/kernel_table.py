@@ -15,8 +15,8 @@ does this GPU take for an op of this shape". `KernelTable.lookup` tries, in orde
 3. nothing (None): the caller prices the op with its roofline curves (`costs.compute`).
 Each answer also says how many kernels the op launches (`kernels`: the mean over the same
 rows, with the same weights, of the rows that state it; 1 where none does), for the time a
-stream idles between kernels (`costs.pricing`). Profiles state it; the shared microbenchmarks
-list kernel names, not launches, so their rows leave it blank.
+stream idles between kernels (`costs.pricing`). Profiles and `prismbench calibrate` state it;
+the shared microbenchmarks list kernel names, not launches, so their rows leave it blank.
 
 Groups: (op class, dtype, causal, variant). The variant keeps apart kernels that one op class
 covers but that run at very different rates: GEMMs with a dimension not divisible by 8 run

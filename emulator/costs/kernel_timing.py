@@ -9,12 +9,14 @@ to the CPU op that launched it by correlation id (`FunctionEvent.kernels`, with 
 in `cpu_children`; torch/autograd/profiler_util.py, `device_time_total`).
 
 - `range_times_us(events, label)`: per `record_function(label)` range, in order, the device
-  time of every kernel launched inside it;
+  time of every kernel launched inside it; `range_kernel_counts` how many kernels that was
+  (a kernel table states it per row: every kernel pays the stream's idle time before it,
+  `costs.pricing`);
 - `op_records(events)`: per op that launched kernels itself, in program order: op name,
   input shapes, its kernels and their summed time, in the format of the shared profiles
   (`profiles/*.ops.jsonl.gz`: op, shapes, self_cuda_us, kernels, cpu_start_us);
 - `time_kernels_us(fn, repetitions, warmup)`: `fn` repeated under the profiler: the median
-  and spread of its kernel time (GPU only);
+  and spread of its kernel time, and the kernels it launches (GPU only);
 - `profile_iteration(step, warmup)`: one call of `step` (a training iteration) under the
   profiler after `warmup` calls: its op records.
 """
@@ -30,6 +32,16 @@ _RANGE = "prismbench.repetition"
 def range_times_us(events: Iterable, label: str) -> list[float]:
     """Device time (us) of the kernels launched inside each `record_function(label)` range."""
     return [float(e.device_time_total) for e in events if e.name == label]
+
+
+def range_kernel_counts(events: Iterable, label: str) -> list[int]:
+    """Kernels launched inside each `record_function(label)` range: the range's own and those
+    of the ops under it (torch attaches a kernel to the innermost op that launched it)."""
+
+    def launched(event) -> int:
+        return len(event.kernels) + sum(launched(child) for child in event.cpu_children)
+
+    return [launched(e) for e in events if e.name == label]
 
 
 def op_records(events: Iterable) -> list[dict]:
@@ -53,8 +65,11 @@ def op_records(events: Iterable) -> list[dict]:
     return sorted(records, key=lambda r: r["cpu_start_us"])
 
 
-def time_kernels_us(fn: Callable[[], object], repetitions: int, warmup: int) -> tuple[float, float]:
-    """(median, population std) of the kernel time of `fn` over `repetitions` calls (us)."""
+def time_kernels_us(
+    fn: Callable[[], object], repetitions: int, warmup: int
+) -> tuple[float, float, int]:
+    """(median, population std) of the kernel time of `fn` over `repetitions` calls (us), and
+    the kernels one call launches (the median over the calls)."""
     import torch
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
@@ -67,13 +82,15 @@ def time_kernels_us(fn: Callable[[], object], repetitions: int, warmup: int) -> 
             with record_function(_RANGE):
                 fn()
         torch.cuda.synchronize()
-    samples = range_times_us(prof.events(), _RANGE)
+    events = prof.events()
+    samples = range_times_us(events, _RANGE)
     if len(samples) != repetitions or not all(samples):
         raise RuntimeError(
             f"the profiler saw {len(samples)} of {repetitions} repetitions with kernels: "
             f"{samples[:4]}... (is this a CUDA build with CUPTI?)"
         )
-    return statistics.median(samples), statistics.pstdev(samples)
+    kernels = round(statistics.median(range_kernel_counts(events, _RANGE)))
+    return statistics.median(samples), statistics.pstdev(samples), kernels
 
 
 def profile_iteration(

@@ -23,7 +23,7 @@ def test_rows_name_the_captured_op_and_carry_the_measured_time():
     def fake_clock(fn, repetitions, warmup):
         fn()  # the callable runs for real (on CPU here)
         seen.append(repetitions)
-        return 12.5, 0.5
+        return 12.5, 0.5, 4
 
     cases = [
         ("layer_norm_bwd", [64, 32]),
@@ -35,6 +35,7 @@ def test_rows_name_the_captured_op_and_carry_the_measured_time():
     assert skipped == [] and seen == [3, 3, 3, 3]
     norm, add, attention, unaligned = rows
     assert norm["aten"] == "aten.native_layer_norm_backward" and norm["time_us"] == 12.5
+    assert all(row["kernels"] == 4 for row in rows)  # what the clock counted, for the idle gaps
     assert add["op"] == "elementwise" and add["nbytes"] == 3 * 64 * 32 * 2
     assert attention["op"] == "flash_attn_bwd" and attention["causal"] == "true"
     assert (unaligned["m"], unaligned["n"], unaligned["k"]) == (8, 50257, 4)

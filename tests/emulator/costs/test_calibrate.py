@@ -46,5 +46,8 @@ def test_without_cuda_raises_clear_error(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_quick_calibration_on_gpu(tmp_path):
-    table = load_kernel_table(run_calibration(tmp_path / "k.csv", quick=True))
+    path = run_calibration(tmp_path / "k.csv", quick=True)
+    table = load_kernel_table(path)
     assert table.groups
+    with path.open(newline="") as handle:  # every row says how many kernels it timed
+        assert all(int(row["kernels"]) >= 1 for row in csv.DictReader(handle))

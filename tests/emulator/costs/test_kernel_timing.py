@@ -4,7 +4,12 @@ clock: torch's own FunctionEvent, with kernel durations we choose), and on a CPU
 import torch
 from torch.autograd.profiler_util import FunctionEvent
 
-from emulator.costs.kernel_timing import op_records, profile_iteration, range_times_us
+from emulator.costs.kernel_timing import (
+    op_records,
+    profile_iteration,
+    range_kernel_counts,
+    range_times_us,
+)
 
 
 def _op(name, start_us, end_us, kernels=(), children=(), shapes=None):
@@ -26,6 +31,17 @@ def test_a_repetition_is_the_time_of_its_kernels_not_of_its_host_range():
         _op("prismbench.repetition", 60, 110, children=[_op("aten::mm", 61, 109, [("gemm", 6.0)])]),
     ]
     assert range_times_us(rep, "prismbench.repetition") == [5.0, 6.0]
+
+
+def test_a_repetition_counts_every_kernel_launched_under_it():
+    # SDPA's backward: a memset and three kernels, launched by ops two levels down
+    bwd = _op("aten::_efficient_attention_backward", 3, 40,
+              [("Memset (Device)", 0.5), ("bprop", 30.0), ("dot_do_o", 3.0), ("convert_dq", 2.0)])  # fmt: skip
+    sdpa = _op("aten::_scaled_dot_product_efficient_attention_backward", 2, 41, children=[bwd])
+    add = _op("aten::add", 42, 44, [("add_kernel", 1.0)])
+    rep = _op("prismbench.repetition", 0, 50, children=[sdpa, add])
+    assert range_kernel_counts([rep, sdpa, bwd, add], "prismbench.repetition") == [5]
+    assert range_times_us([rep], "prismbench.repetition") == [36.5]
 
 
 def test_op_records_keep_ops_that_launch_kernels_in_program_order():
