@@ -58,6 +58,9 @@ ROWS = (
     Collective(kind="broadcast", bus_factor=_one, nccl="tuned"),
     Collective(kind="reduce", bus_factor=_one, nccl="tuned"),
     Collective(kind="all_to_all", bus_factor=_ring, nccl="point_to_point"),
+    # an all_to_all in which every rank sends its whole buffer to one other rank (torch's
+    # `permute_tensor`: the ring attention's rotation): one transfer a rank, as a send/recv
+    Collective(kind="permute", priced_as="send_recv"),
     Collective(kind="send_recv", bus_factor=_one, nccl="point_to_point", recorded=False),
     Collective(kind="barrier", nccl="barrier"),  # torch all-reduces one small tensor
     Collective(kind="send", priced_as="send_recv", joins="peer"),
@@ -90,6 +93,14 @@ TABLE = _index(ROWS)
 RECORDED_KINDS = frozenset(k for k, row in TABLE.items() if row.recorded)
 COST_KINDS = tuple(k for k, row in TABLE.items() if row.nccl != "priced_as_other")
 TUNED_KINDS = tuple(k for k, row in TABLE.items() if row.nccl == "tuned")
+
+
+def all_to_all_kind(input_split_sizes, rank: int) -> str:
+    """"permute" where an all_to_all's send splits put everything on one other rank (group rank
+    `rank` sends to one peer: torch's `permute_tensor`), else "all_to_all"."""
+    sizes = list(input_split_sizes or ())
+    to = [peer for peer, size in enumerate(sizes) if size]
+    return "permute" if len(to) == 1 and to[0] != rank else "all_to_all"
 
 
 def collective(kind: str) -> Collective:

@@ -30,6 +30,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from emulator import torch_compat
 from emulator.world import comm_events
+from emulator.world.collectives import all_to_all_kind
 from emulator.world.virtual_pg import VirtualProcessGroup
 from emulator.world.work import VirtualWork
 
@@ -63,8 +64,8 @@ def _record(pg: VirtualProcessGroup, name: str, args, out) -> list[VirtualWork]:
         return [pg.record("reduce_scatter", [a[0]], op=a[1].upper())]
     if name == "reduce_scatter_tensor_coalesced":
         return [pg.record("reduce_scatter_coalesced", a[0], op=a[1].upper(), coalesced=True)]
-    if name == "all_to_all_single":
-        return [pg.record("all_to_all", [a[0]])]
+    if name == "all_to_all_single":  # (input, output splits, input splits, group)
+        return [pg.record(all_to_all_kind(a[2], pg.rank()), [a[0]])]
     if name in ("broadcast", "broadcast_"):
         return [pg.record("broadcast", [a[0]], root=pg.global_rank(a[1]))]
     if name in ("isend", "irecv"):  # functional p2p takes global peers

@@ -46,6 +46,7 @@ from torch._C._distributed_c10d import (
 from torch._subclasses.fake_tensor import FakeTensor
 
 from emulator.world import comm_events
+from emulator.world.collectives import all_to_all_kind
 from emulator.world.comm_events import CommEvent
 from emulator.world.work import VirtualWork
 
@@ -301,7 +302,8 @@ class VirtualProcessGroup(dist.ProcessGroup):
     ):
         if _holds_values(output):
             _copy_prefix(output, input)
-        return self.record("all_to_all", [input], async_op=_async(opts), result=[output])
+        kind = all_to_all_kind(input_split_sizes, self.rank())
+        return self.record(kind, [input], async_op=_async(opts), result=[output])
 
     alltoall_base = all_to_all_single
 

@@ -371,8 +371,10 @@ def test_ring_cp_runs_torchs_ring_attention(tmp_path):
     # K and V (repeated to every query head) concatenated and gathered once each way
     assert count(rows, kind="all_gather", axes=CP, phase="forward") == LAYERS
     assert count(rows, kind="all_gather", axes=CP, phase="backward") == LAYERS
-    # dK/dV (float32) passed on around the ring after every backward step
-    assert count(rows, kind="all_to_all", axes=CP, phase="backward") == cp * LAYERS
+    # dK/dV (float32) passed on around the ring after every backward step: each rank's whole
+    # buffer to the next rank (torch's permute_tensor), priced as one transfer, not an all_to_all
+    assert count(rows, kind="permute", axes=CP, phase="backward") == cp * LAYERS
+    assert count(rows, kind="all_to_all") == 0
     assert count(rows, kind="reduce_scatter", axes=CP) == 0
     c = trace.columns
     names = np.array(trace.strings)[c["name"]]
@@ -383,7 +385,7 @@ def test_ring_cp_runs_torchs_ring_attention(tmp_path):
     # the repeated K/V: all heads, 4 bytes a float32 element, K and V, local tokens
     model = job.built_model
     kv_bytes = 2 * (job.batch.seq_len // cp) * model.heads * (model.hidden // model.heads) * 4
-    assert {r.size_bytes for r in rows if r.kind == "all_to_all"} == {kv_bytes}
+    assert {r.size_bytes for r in rows if r.kind == "permute"} == {kv_bytes}
 
 
 # ---- the class claim on the real workload ---------------------------------------------------

@@ -11,7 +11,13 @@ from emulator.costs.pricing import CostContext
 from emulator.graph.execution_graph import COLLECTIVE, RECV, SEND
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
 from emulator.world import collectives
-from emulator.world.collectives import RECORDED_KINDS, TABLE, Collective, collective
+from emulator.world.collectives import (
+    RECORDED_KINDS,
+    TABLE,
+    Collective,
+    all_to_all_kind,
+    collective,
+)
 from emulator.world.mesh import World
 from tests.emulator.synthetic_traces import Stage, build
 
@@ -64,6 +70,25 @@ def test_peer_kinds_become_send_and_recv_nodes_priced_as_send_recv():
     assert graph.classes[0]["kind"][0] == SEND and graph.classes[1]["kind"][0] == RECV
     assert {collective(k).cost_kind for k in ("send", "recv")} == {"send_recv"}
     assert graph.classes[0]["duration_s"][0] > 0
+
+
+def test_an_all_to_all_that_sends_everything_to_one_other_rank_is_a_permutation():
+    assert all_to_all_kind([0, 0, 96, 0], rank=1) == "permute"
+    assert all_to_all_kind([24, 24, 24, 24], rank=1) == "all_to_all"
+    assert all_to_all_kind([0, 96, 0, 0], rank=1) == "all_to_all"  # to itself: a local copy
+    assert all_to_all_kind([], rank=0) == "all_to_all"  # no splits given: even
+
+
+def test_a_permutation_costs_one_transfer_of_the_whole_buffer():
+    nbytes = 1 << 30
+    node, one_a_node = np.arange(8), np.arange(0, 64, 8)
+    for ranks in (node, one_a_node):
+        permute = collective_time_s(collective("permute").cost_kind, nbytes, ranks, TOPO)
+        send = collective_time_s("send_recv", nbytes, ranks[:2], TOPO)
+        even = collective_time_s("all_to_all", nbytes, ranks, TOPO)
+        assert permute == pytest.approx(send)
+        # an even all_to_all keeps 1/8 at home and spreads the rest: 7/8 of the bytes on the link
+        assert permute > even
 
 
 def test_bus_factors_are_nccl_tests():

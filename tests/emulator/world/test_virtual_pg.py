@@ -239,3 +239,15 @@ def test_a_send_work_does_not_keep_the_sent_tensor_alive(world):
     assert alive() is None
     for work in works:
         work.wait()
+
+
+@pytest.mark.parametrize("world", [(2, 4)], indirect=True)
+def test_an_all_to_all_to_one_peer_is_recorded_as_a_permutation(world):
+    group = dist.new_group(list(range(4)))
+    rec = Recorder()
+    with recording(rec):
+        out = torch.empty(6)
+        dist.all_to_all_single(out, torch.ones(6), [0, 0, 0, 6], [0, 6, 0, 0], group=group)
+        dist.all_to_all_single(torch.empty(8), torch.ones(8), group=group)  # even splits
+        funcol.permute_tensor(torch.ones(6), [1, 2, 3, 0], group) + 1  # the ring's rotation
+    assert [e.kind for e in comms(rec)] == ["permute", "all_to_all", "permute"]
