@@ -279,6 +279,31 @@ def render_emulation(r, console: Console) -> None:
             "YES" if c.oom else "no",
         )
     console.print(table)
+    for c in r.per_class:
+        if c.oom_detail is not None:
+            console.print(oom_message(c.pp, c.members, c.oom_detail))
+
+
+def oom_message(pp: int, members: int, detail: dict) -> str:
+    """What torch's OOM error says, for the first allocation of a rank class that did not fit
+    (`emulator.memory.replay.OomReport` as a dict): where, the request, what the allocator held
+    and could hold, and what was live by category, largest first."""
+    at = detail["at"]
+    where = f"{detail['iteration']} iteration, {at['phase']}"
+    if at["phase"] in ("forward", "backward", "recompute") and at["micro_batch"] >= 0:
+        where += f" mb{at['micro_batch']}"  # the timeline's name: mb0 is the first
+    allocated, reserved = detail["allocated_bytes"], detail["reserved_bytes"]
+    capacity = detail["allocator_capacity_bytes"]
+    live = sorted(detail["live_by_category"].items(), key=lambda item: -item[1])
+    return (
+        f"Out of memory on pipeline rank {pp} ({members:,} ranks): {where}, in "
+        f"{at['module'] or '<top>'}. Tried to allocate {format_bytes(detail['request_bytes'])}; "
+        f"the allocator may reserve {format_bytes(capacity)} (CUDA offers "
+        f"{format_bytes(detail['gpu_capacity_bytes'])}, less the memory outside the allocator), "
+        f"of which {format_bytes(allocated)} is allocated, {format_bytes(reserved - allocated)} "
+        f"reserved but unallocated and {format_bytes(max(capacity - reserved, 0))} free. "
+        "Live: " + ", ".join(f"{name} {format_bytes(size)}" for name, size in live) + "."
+    )
 
 
 def _priced_by(priced_by: dict[str, dict[str, float]]) -> str:

@@ -1,0 +1,48 @@
+"""Tests for prismbench/report.py: the figures the CLI prints, with their units."""
+
+from __future__ import annotations
+
+from prismbench.report import GIB, format_bytes, oom_message
+
+
+def test_bytes_take_the_largest_binary_unit():
+    assert format_bytes(1536) == "1.50 KiB"
+    assert format_bytes(3 * GIB) == "3.00 GiB"
+    assert format_bytes(12) == "12 B"
+
+
+def test_an_oom_says_where_what_was_asked_and_what_was_live():
+    detail = {
+        "iteration": "first",
+        "at": {"event_index": 7, "seq": 9, "stage": 0, "phase": "forward", "micro_batch": 1,
+               "module": "Llama.layers.9.feed_forward.w2"},  # fmt: skip
+        "request_bytes": 512 << 20,
+        "allocated_bytes": 77 * GIB,
+        "reserved_bytes": 77 * GIB + (256 << 20),
+        "allocator_capacity_bytes": 78 * GIB,
+        "gpu_capacity_bytes": 79 * GIB,
+        "live_by_category": {"gradient": 8 * GIB, "activation": 65 * GIB, "parameter": 4 * GIB},
+    }
+    message = oom_message(1, 2048, detail)
+    assert message.startswith("Out of memory on pipeline rank 1 (2,048 ranks): first iteration, "
+                              "forward mb1, in Llama.layers.9.feed_forward.w2.")  # fmt: skip
+    assert "Tried to allocate 512.00 MiB" in message
+    assert "78.00 GiB (CUDA offers 79.00 GiB" in message
+    assert "77.00 GiB is allocated, 256.00 MiB reserved but unallocated and 768.00 MiB free" in message
+    assert message.endswith("Live: activation 65.00 GiB, gradient 8.00 GiB, parameter 4.00 GiB.")
+
+
+def test_an_oom_outside_a_micro_batch_names_its_phase_only():
+    detail = {
+        "iteration": "steady",
+        "at": {"event_index": 1, "seq": 1, "stage": 0, "phase": "optimizer", "micro_batch": -1,
+               "module": ""},  # fmt: skip
+        "request_bytes": GIB,
+        "allocated_bytes": 10 * GIB,
+        "reserved_bytes": 10 * GIB,
+        "allocator_capacity_bytes": 10 * GIB,
+        "gpu_capacity_bytes": 11 * GIB,
+        "live_by_category": {},
+    }
+    message = oom_message(0, 1, detail)
+    assert "steady iteration, optimizer, in <top>." in message and "0 B free" in message
