@@ -67,6 +67,10 @@ class ClassFigures:
     device_total_estimate_bytes: int
     oom: bool
     oom_detail: dict | None
+    # torch's num_alloc_retries (requests served only after freeing the cache) in the first and
+    # in a steady iteration; steady ones recur every step and are not priced in the time
+    first_iteration_alloc_retries: int
+    steady_alloc_retries: int
     # Per kernel_table.PRICE_SOURCES: compute ops of one iteration of this class it priced
     # and their summed duration (s).
     compute_priced_by: dict[str, dict[str, float]]
@@ -370,6 +374,8 @@ def _class_figures(world, breakdown, mem, priced_by) -> ClassFigures:
         device_total_estimate_bytes=mem.device_total_estimate_bytes,
         oom=mem.oom is not None,
         oom_detail=asdict(mem.oom) if mem.oom is not None else None,
+        first_iteration_alloc_retries=mem.first_iteration_alloc_retries,
+        steady_alloc_retries=mem.steady_alloc_retries,
         compute_priced_by=priced_by,
     )
 

@@ -282,6 +282,17 @@ def render_emulation(r, console: Console) -> None:
     for c in r.per_class:
         if c.oom_detail is not None:
             console.print(oom_message(c.pp, c.members, c.oom_detail))
+        elif c.steady_alloc_retries:
+            console.print(alloc_retries_message(c.pp, c.steady_alloc_retries))
+
+
+def alloc_retries_message(pp: int, retries: int) -> str:
+    """The warning for a rank class whose steady iteration fits only by freeing the cache."""
+    return (
+        f"Pipeline rank {pp} fits only by freeing the allocator's cache: {retries} cudaMalloc "
+        "retries every steady iteration (torch's num_alloc_retries; each synchronizes the device "
+        "and frees and maps segments again), a slowdown the iteration time above does not include."
+    )
 
 
 def oom_message(pp: int, members: int, detail: dict) -> str:

@@ -104,7 +104,13 @@ class MemoryResult:
     oom: OomReport | None
     alloc_conf: str
     events: int
+    # torch's num_alloc_retries: requests served (or refused) only after freeing the whole
+    # cache (a device synchronize, cudaFree of every unused segment, cudaMalloc again): over
+    # every replayed iteration, in the first, and in the last steady one (which every later
+    # step repeats)
     alloc_retries: int
+    first_iteration_alloc_retries: int
+    steady_alloc_retries: int
     unmatched_frees: int
     timeline: MemoryTimeline = field(repr=False, compare=False)
 
@@ -175,6 +181,7 @@ def _iterations(allocator: CachingAllocator, first_ev: dict, steady_ev: dict) ->
             allocator.peak_reserved,
             allocator.peak_requested,
         ),
+        "first_retries": allocator.num_alloc_retries,
         "oom": None if oom is None else ("first", first, oom),
         "unmatched": unmatched,
         "converged": False,
@@ -184,7 +191,9 @@ def _iterations(allocator: CachingAllocator, first_ev: dict, steady_ev: dict) ->
         allocator.reset_peak_stats()
         if allocator.history is not None:  # a snapshot records the last iteration only
             allocator.history.clear()
+        retries = allocator.num_alloc_retries
         steady, oom, unmatched = _run(allocator, steady_ev, live)
+        runs["steady_retries"] = allocator.num_alloc_retries - retries
         runs["oom"] = runs["oom"] or (None if oom is None else ("steady", steady, oom))
         runs["unmatched"] = max(runs["unmatched"], unmatched)
         state, previous = _blocks_state(allocator), state
@@ -356,6 +365,8 @@ def _result(trace, runs, allocator, outside, preset, conf_text, stage, top) -> M
         alloc_conf=conf_text,
         events=n,
         alloc_retries=allocator.num_alloc_retries,
+        first_iteration_alloc_retries=runs["first_retries"],
+        steady_alloc_retries=runs["steady_retries"],
         unmatched_frees=runs["unmatched"],
         timeline=t,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prismbench.report import GIB, format_bytes, oom_message
+from prismbench.report import GIB, alloc_retries_message, format_bytes, oom_message
 
 
 def test_bytes_take_the_largest_binary_unit():
@@ -14,8 +14,14 @@ def test_bytes_take_the_largest_binary_unit():
 def test_an_oom_says_where_what_was_asked_and_what_was_live():
     detail = {
         "iteration": "first",
-        "at": {"event_index": 7, "seq": 9, "stage": 0, "phase": "forward", "micro_batch": 1,
-               "module": "Llama.layers.9.feed_forward.w2"},  # fmt: skip
+        "at": {
+            "event_index": 7,
+            "seq": 9,
+            "stage": 0,
+            "phase": "forward",
+            "micro_batch": 1,
+            "module": "Llama.layers.9.feed_forward.w2",
+        },
         "request_bytes": 512 << 20,
         "allocated_bytes": 77 * GIB,
         "reserved_bytes": 77 * GIB + (256 << 20),
@@ -28,15 +34,23 @@ def test_an_oom_says_where_what_was_asked_and_what_was_live():
                               "forward mb1, in Llama.layers.9.feed_forward.w2.")  # fmt: skip
     assert "Tried to allocate 512.00 MiB" in message
     assert "78.00 GiB (CUDA offers 79.00 GiB" in message
-    assert "77.00 GiB is allocated, 256.00 MiB reserved but unallocated and 768.00 MiB free" in message
+    assert (
+        "77.00 GiB is allocated, 256.00 MiB reserved but unallocated and 768.00 MiB free" in message
+    )
     assert message.endswith("Live: activation 65.00 GiB, gradient 8.00 GiB, parameter 4.00 GiB.")
 
 
 def test_an_oom_outside_a_micro_batch_names_its_phase_only():
     detail = {
         "iteration": "steady",
-        "at": {"event_index": 1, "seq": 1, "stage": 0, "phase": "optimizer", "micro_batch": -1,
-               "module": ""},  # fmt: skip
+        "at": {
+            "event_index": 1,
+            "seq": 1,
+            "stage": 0,
+            "phase": "optimizer",
+            "micro_batch": -1,
+            "module": "",
+        },
         "request_bytes": GIB,
         "allocated_bytes": 10 * GIB,
         "reserved_bytes": 10 * GIB,
@@ -46,3 +60,9 @@ def test_an_oom_outside_a_micro_batch_names_its_phase_only():
     }
     message = oom_message(0, 1, detail)
     assert "steady iteration, optimizer, in <top>." in message and "0 B free" in message
+
+
+def test_retries_every_step_are_a_warning_that_says_they_are_not_priced():
+    message = alloc_retries_message(2, 3)
+    assert message.startswith("Pipeline rank 2 fits only by freeing the allocator's cache: 3 ")
+    assert "does not include" in message

@@ -47,3 +47,24 @@ def test_benchmark_replay_of_1e5_events(benchmark):
     trace = synthetic_trace(100_000)
     result = benchmark(replay_memory, trace, gpu="h100-sxm-80g")
     assert result.events == 100_000
+
+
+def test_retries_that_every_step_repeats_are_the_steady_ones():
+    none_outside = OutsideMemory(
+        cuda_context_bytes=0, nccl_buffer_bytes=0, nccl_communicators=0, nccl_channels=0
+    )
+
+    def at_capacity_below_need(seed: int, below_mib: int):
+        trace = synthetic_trace(4000, seed=seed)
+        need = replay_memory(trace, gpu="h100-sxm-80g", workspaces=False).peak_reserved_bytes
+        tight = replace(gpu_preset("h100-sxm-80g"), usable_capacity_bytes=need - (below_mib << 20))
+        return replay_memory(trace, gpu=tight, workspaces=False, outside=none_outside)
+
+    # freeing the cache once rearranges the segments for good: a total, not a steady cost
+    once = at_capacity_below_need(2, 36)
+    assert once.oom is None and once.steady_converged
+    assert once.alloc_retries >= 1 and once.steady_alloc_retries == 0
+    # here every steady iteration frees the cache again: what each later step would pay
+    every_step = at_capacity_below_need(3, 36)
+    assert every_step.oom is None and every_step.steady_alloc_retries >= 1
+    assert every_step.alloc_retries > every_step.steady_alloc_retries
