@@ -38,6 +38,9 @@ class MemoryCheck:
     capacity_bytes: int  # what CUDA offers the process (the preset's usable capacity)
     headroom_bytes: int  # capacity - outside - peak reserved
     oom_at: str | None  # where the first OOM happened, as "class p, iteration, phase, module"
+    # cache-freeing cudaMalloc retries every steady step, the most over classes: a value that
+    # fits only this way runs slower than the emulated time (emulator.memory.replay)
+    steady_alloc_retries: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,9 +117,10 @@ def check_memory(job: JobSpec, *, alloc_conf: str = "") -> MemoryCheck:
 
     gpu = gpu_preset(job.cluster.gpu)
     capture = capture_job(job)
-    worst, oom_at = None, None
+    worst, oom_at, retries = None, None, 0
     for p, trace in capture.traces.items():
         m = replay_memory(trace, gpu=gpu, alloc_conf=alloc_conf, stage=p)
+        retries = max(retries, m.steady_alloc_retries)
         reserved = max(m.peak_reserved_bytes, m.first_iteration_peak_reserved_bytes)
         headroom = gpu.usable_capacity_bytes - m.outside.total_bytes - reserved
         if worst is None or headroom < worst[0]:
@@ -132,6 +136,7 @@ def check_memory(job: JobSpec, *, alloc_conf: str = "") -> MemoryCheck:
         capacity_bytes=gpu.usable_capacity_bytes,
         headroom_bytes=headroom,
         oom_at=oom_at,
+        steady_alloc_retries=retries,
     )
 
 

@@ -327,7 +327,9 @@ def _priced_by(priced_by: dict[str, dict[str, float]]) -> str:
 def render_fit(result, console: Console) -> None:
     """Each emulated value (in the order tried), then the answer."""
     table = Table(title=f"What fits on {result.gpu}: {result.vary} (step {result.step})")
-    for column in ("value", "fits", "peak reserved", "outside allocator", "headroom", "OOM at"):
+    columns = ("value", "fits", "peak reserved", "outside allocator", "headroom",
+               "retries a step", "OOM at")  # fmt: skip
+    for column in columns:
         table.add_column(column, justify="left" if column == "OOM at" else "right")
     for p in result.probes:
         m = p.memory
@@ -337,6 +339,7 @@ def render_fit(result, console: Console) -> None:
             format_bytes(m.peak_reserved_bytes),
             format_bytes(m.outside_bytes),
             format_bytes(m.headroom_bytes),
+            str(m.steady_alloc_retries) if m.fits else "",
             m.oom_at or "",
         )
     console.print(table)

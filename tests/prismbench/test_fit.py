@@ -54,6 +54,8 @@ def test_fit_on_a_gpu_whose_capacity_is_exactly_what_a_micro_batch_needs(monkeyp
     assert result.largest_fitting == line and result.headroom_bytes == 0
     by_value = {p.value: p.memory for p in result.probes}
     assert by_value[line].fits and not by_value[n].fits and "iteration" in by_value[n].oom_at
+    # exactly the segments it needs: never a cache-freeing retry
+    assert by_value[line].steady_alloc_retries == 0
     # one byte less and the step's micro-batches no longer fit (every one of them, here)
     monkeypatch.setattr(
         emulator.hardware,
@@ -80,6 +82,7 @@ def test_a_value_that_fits_past_one_that_does_not_is_reported_apart(monkeypatch)
         return prismbench.fit.MemoryCheck(
             fits=fits, peak_reserved_bytes=mb, outside_bytes=0, capacity_bytes=0,
             headroom_bytes=1 if fits else -1, oom_at=None if fits else "here",
+            steady_alloc_retries=0,
         )  # fmt: skip
 
     monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, alloc_conf="": check(job))
