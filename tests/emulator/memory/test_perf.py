@@ -20,6 +20,12 @@ from memory_replay_bench import synthetic_trace  # noqa: E402
 CONFS = ["", "expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4"]
 
 
+# no CUDA context or NCCL buffers: the capacity is the allocator's alone
+NOTHING_OUTSIDE = OutsideMemory(
+    cuda_context_bytes=0, nccl_buffer_bytes=0, nccl_communicators=0, nccl_channels=0
+)
+
+
 @pytest.mark.parametrize("conf", CONFS)
 def test_reserved_never_below_allocated_and_allocated_never_below_requested(conf):
     t = replay_memory(synthetic_trace(4000, seed=1), alloc_conf=conf).timeline
@@ -31,11 +37,8 @@ def test_a_capacity_40MiB_below_the_unlimited_reserved_peak_retries_then_reports
     trace = synthetic_trace(4000, seed=2)
     free_run = replay_memory(trace, gpu="h100-sxm-80g", workspaces=False)
     need = free_run.peak_reserved_bytes
-    none_outside = OutsideMemory(
-        cuda_context_bytes=0, nccl_buffer_bytes=0, nccl_communicators=0, nccl_channels=0
-    )
     tight = replace(gpu_preset("h100-sxm-80g"), usable_capacity_bytes=need - (40 << 20))
-    result = replay_memory(trace, gpu=tight, workspaces=False, outside=none_outside)
+    result = replay_memory(trace, gpu=tight, workspaces=False, outside=NOTHING_OUTSIDE)
     # Split segments cannot be released (release_cached_blocks frees unsplit ones only): the
     # retry after emptying the cache still fails.
     assert result.alloc_retries >= 1 and result.oom is not None
@@ -50,15 +53,12 @@ def test_benchmark_replay_of_1e5_events(benchmark):
 
 
 def test_retries_that_every_step_repeats_are_the_steady_ones():
-    none_outside = OutsideMemory(
-        cuda_context_bytes=0, nccl_buffer_bytes=0, nccl_communicators=0, nccl_channels=0
-    )
 
     def at_capacity_below_need(seed: int, below_mib: int):
         trace = synthetic_trace(4000, seed=seed)
         need = replay_memory(trace, gpu="h100-sxm-80g", workspaces=False).peak_reserved_bytes
         tight = replace(gpu_preset("h100-sxm-80g"), usable_capacity_bytes=need - (below_mib << 20))
-        return replay_memory(trace, gpu=tight, workspaces=False, outside=none_outside)
+        return replay_memory(trace, gpu=tight, workspaces=False, outside=NOTHING_OUTSIDE)
 
     # freeing the cache once rearranges the segments for good: a total, not a steady cost
     once = at_capacity_below_need(2, 36)
