@@ -84,21 +84,27 @@ class AttentionRates:
 def load_attention_rates(path: str | Path, kernel: str, arch: str) -> AttentionRates | None:
     """The rates of `kernel` for `arch` from a CSV of build_attention_rates.py's columns; None
     when the file has no row for that architecture."""
+    with Path(path).open() as f:
+        return attention_rates_from_rows(list(csv.DictReader(f)), kernel, arch, source=str(path))
+
+
+def attention_rates_from_rows(
+    rows: list[dict], kernel: str, arch: str, *, source: str = "rows"
+) -> AttentionRates | None:
+    """The rates of `kernel` for `arch` from rows with build_attention_rates.py's columns (values
+    as the CSV holds them, or numbers); None when no row is of that architecture."""
     points: dict[tuple[bool, int], list[tuple[float, float]]] = {}
     peaks = set()
-    with Path(path).open() as f:
-        for r in csv.DictReader(f):
-            if r["arch"] != arch:
-                continue
-            key = (r["causal"] == "true", int(r["head_dim"]))
-            points.setdefault(key, []).append(
-                (math.log2(int(r["seqlen"])), float(r["fwd_bwd_tflops"]))
-            )
-            peaks.add(float(r["peak_bf16_tflops"]))
+    for r in rows:
+        if r["arch"] != arch:
+            continue
+        key = (str(r["causal"]).lower() == "true", int(r["head_dim"]))
+        points.setdefault(key, []).append((math.log2(int(r["seqlen"])), float(r["fwd_bwd_tflops"])))
+        peaks.add(float(r["peak_bf16_tflops"]))
     if not points:
         return None
     if len(peaks) != 1:
-        raise ValueError(f"{path}: rows of {arch} name several peaks {sorted(peaks)}")
+        raise ValueError(f"{source}: rows of {arch} name several peaks {sorted(peaks)}")
     curves = {
         key: (np.array([s for s, _ in sorted(pts)]), np.array([t for _, t in sorted(pts)]))
         for key, pts in points.items()
