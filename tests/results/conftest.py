@@ -47,3 +47,15 @@ def repeat():
 def sac_host():
     """results/calibration/sac_host_gpu.py: selective recompute's host time on a GPU."""
     return load_script("calibration/sac_host_gpu.py")
+
+
+@pytest.fixture(scope="session")
+def triton_fit():
+    """results/kernels/fit_triton_attention.py: the Triton kernel's ratio over FlashAttention v1."""
+    return load_script("kernels/fit_triton_attention.py")
+
+
+@pytest.fixture(scope="session")
+def attention_build():
+    """results/kernels/build_attention_rates.py: the published attention rates."""
+    return load_script("kernels/build_attention_rates.py")
