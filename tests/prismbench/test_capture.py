@@ -525,6 +525,7 @@ def test_full_recompute_flops_equal_hardware_flops_up_to_conventions(tmp_path):
 # ---- scale -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 28 s; CI's scale tests are the 131 072-rank world and mesh
 @pytest.mark.integration
 def test_a_131072_rank_job_captures_every_class(tmp_path):
     job = debug_job({"tp": 2, "pp": 2, "dp": 32768}, global_batch=65536)
