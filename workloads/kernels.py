@@ -63,8 +63,8 @@ Fields:
   Engine's fused attention; flash-attn 2), priced by the kernel tables; `triton`, Tri Dao's
   FlashAttention Triton kernel (flash-attn's `flash_attn_triton.py`, vendored by llm-foundry
   for `attn_impl: triton`), about half as fast at long sequences, priced at FlashAttention
-  v1's published rates, which its docstring puts it just behind
-  (`emulator.costs.attention_rates`); `flash2`, FlashAttention-2 itself where the tables
+  v1's published rates times a ratio per head dim fitted on llm-foundry's rows
+  (`emulator.costs.attention_rates`, results/kernels/fit_triton_attention.py); `flash2`, FlashAttention-2 itself where the tables
   measured another kernel (torch's SDPA on an H100 while cuDNN attention was opt-in, from
   torch 2.5.1 until torch 2.11, whose SDPA the shared profiles show running cuDNN; flash-attn
   2), priced at its published rates, 1.3-1.7x slower than the cuDNN kernels of the H100

@@ -8,7 +8,8 @@ H100 table measured cuDNN's kernels (workloads.kernels `attention`). The rates a
 forward+backward TFLOP/s measured at a grid of (causal, head dim, sequence) points
 (results/kernels/triton-attention.csv and flash2-attention.csv, built by
 results/kernels/build_attention_rates.py from published figures: for the Triton kernel,
-FlashAttention v1's, which its docstring puts it just behind; for FlashAttention-2, its own),
+FlashAttention v1's times a ratio per head dim fitted on llm-foundry's rows, since no figure of
+the kernel exists and its docstring gives no number; for FlashAttention-2, its own),
 with FLOPs counted as flash-attention's benchmark and our capture count
 them (forward 4 s^2 d h b, halved when causal; backward 2.5x the forward).
 
@@ -17,8 +18,8 @@ point's rate (the curves are flat at 8k-16k, and head dims 64 and 128 bracket ev
 price). Forward and backward run at the pair's rate (the figure measures the pair; the kernel's
 docstring says its forward is the faster half, so the split is an approximation, the sum is
 not). The rate scales with the GPU's dense bf16 peak over the measured GPU's. Like every
-kernel of the curves (`costs.compute`), a call also pays the launch overhead: the figures'
-shapes are large enough that it is lost in them, a small call's is not.
+kernel, a call also pays the stream's idle time before it (`pricing._price`, one kernel a
+call): the figures' shapes are large enough that it is lost in them, a small call's is not.
 """
 
 from __future__ import annotations
