@@ -4,6 +4,7 @@
                                             [--min-work LAYER_PASSES] [--max-work LAYER_PASSES]
                                             [--update]
     python results/fidelity/run_fidelity.py --merge N [--update]
+    python results/fidelity/run_fidelity.py --from-db DB [--run RUN_ID]
 
 Shards let N processes share the baselines (most are one class, so one core each);
 `--merge N` then combines their files into fidelity.csv and the README. With `--update`,
@@ -15,15 +16,21 @@ block of results/fidelity/README.md (per-source error statistics and every row).
 are cached (~/.cache/prismbench or $PRISMBENCH_CACHE), so a re-run after a cost-model
 change only re-prices. A baseline that fails to emulate is listed with its error, never
 dropped silently. Progress goes to stderr.
+
+`--from-db` emulates nothing: it writes the same two outputs from a stored `prismbench validate`
+run (DB's latest complete run, or RUN_ID), so the table and the harness's history give the same
+figures from one run. The run's commit and id head the generated block.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from prismbench.baselines import load_baselines
 from prismbench.emulate import emulate
@@ -79,6 +86,36 @@ def run(
             flush=True,
         )
     return records, failures
+
+
+def from_db(db: Path, run_id: str | None) -> tuple[list[FidelityRecord], list[tuple[str, str]], str]:
+    """The records and failures of a stored validate run (DB's latest complete one when
+    `run_id` is None) for every comparable baseline it emulated, and a line naming the run."""
+    from prismbench.history import read
+
+    runs = read(db, "SELECT run_id, commit, dirty, ended_at FROM runs WHERE status = 'complete' "
+                    "ORDER BY ended_at")  # fmt: skip
+    if run_id is not None:
+        runs = [r for r in runs if r["run_id"] == run_id]
+    if not runs:
+        raise SystemExit(f"--from-db {db}: no complete run{f' {run_id}' if run_id else ''}")
+    run_row = runs[-1]
+    cases = read(db, "SELECT baseline, status, error_message, result FROM cases WHERE run_id = ?",
+                 [run_row["run_id"]])  # fmt: skip
+    by_name = {b.name: b for b in comparable_baselines()}
+    records, failures = [], []
+    for case in sorted(cases, key=lambda c: c["baseline"]):
+        baseline = by_name.get(case["baseline"])
+        if baseline is None:
+            continue  # recorded (results/baselines/recorded/) or no iteration time to compare
+        if case["status"] != "ok":
+            failures.append((case["baseline"], case["error_message"] or case["status"]))
+            continue
+        result = json.loads(case["result"])
+        records.append(compare(baseline, SimpleNamespace(**result)))
+    dirty = " (uncommitted changes)" if run_row["dirty"] else ""
+    label = f"From `prismbench validate` run {run_row['run_id']} at {run_row['commit'][:7]}{dirty}."
+    return records, failures, label
 
 
 def write_csv(records: list[FidelityRecord], path: Path) -> None:
@@ -184,7 +221,16 @@ def main() -> int:
     parser.add_argument(
         "--update", action="store_true", help="keep fidelity.csv's rows of baselines not run"
     )
+    parser.add_argument("--from-db", type=Path, metavar="DB", help="a validate run's DuckDB")
+    parser.add_argument("--run", metavar="RUN_ID", help="with --from-db: this run, not the latest")
     args = parser.parse_args()
+    if args.from_db:
+        records, failures, label = from_db(args.from_db, args.run)
+        write_csv(records, HERE / "fidelity.csv")
+        write_readme(f"{label}\n\n{markdown(records, failures)}", HERE / "README.md")
+        print(label)
+        print(markdown(records, failures))
+        return 0
     if args.merge:
         records, failures = [], []
         for k in range(args.merge):

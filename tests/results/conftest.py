@@ -59,3 +59,9 @@ def triton_fit():
 def attention_build():
     """results/kernels/build_attention_rates.py: the published attention rates."""
     return load_script("kernels/build_attention_rates.py")
+
+
+@pytest.fixture(scope="session")
+def fidelity_table():
+    """results/fidelity/run_fidelity.py: the fidelity table's writer."""
+    return load_script("fidelity/run_fidelity.py")

@@ -1,0 +1,58 @@
+"""The fidelity table written from a stored validate run (results/fidelity/run_fidelity.py
+--from-db): the harness's history and the table give the same figures."""
+
+import pytest
+
+from prismbench import history
+from prismbench.validate import CaseResult
+
+ROW = "narayanan2021__megatron-gpt-1.7b__32g__r002"
+
+
+def result(iteration_time_s: float) -> dict:
+    """The keys of an emulation result that the table reads."""
+    return {
+        "iteration_time_s": iteration_time_s,
+        "peak_memory_allocated_bytes": 10,
+        "peak_memory_reserved_bytes": 12,
+        "device_total_estimate_bytes": 13,
+        "oom": False,
+        "breakdown": {"compute_s": 1.0, "exposed_comm_s": 0.5, "bubble_s": 0.25},
+        "wall_s": 2.0,
+    }
+
+
+def store(db, run_id: str, status: str, cases: list[CaseResult]) -> None:
+    history.start_run(db, run_id, commit="abcdef0123", dirty=False, machine="test", settings={})
+    for case in cases:
+        history.add_case(db, run_id, case)
+    history.finish_run(db, run_id, status)
+
+
+def case(baseline: str, **fields) -> CaseResult:
+    return CaseResult(baseline=baseline, source=baseline.split("__")[0], gpu="a100-sxm-80g",
+                      world_size=8, wall_s=1.0, **fields)  # fmt: skip
+
+
+def test_the_latest_complete_run_gives_each_case_its_record_and_failure(fidelity_table, tmp_path):
+    db = tmp_path / "h.duckdb"
+    measured_s = fidelity_table.measured_iteration_s(
+        next(b for b in fidelity_table.comparable_baselines() if b.name == ROW)
+    )[0]
+    store(db, "old", "complete", [case(ROW, status="ok", result=result(2 * measured_s))])
+    store(db, "new", "complete", [
+        case(ROW, status="ok", result=result(1.1 * measured_s)),
+        case("llmc__gpt2-124m__8g__r228", status="failed", error_message="Boom: it broke"),
+        case("not-a-baseline", status="ok", result=result(1.0)),
+    ])  # fmt: skip
+    store(db, "stopped", "failed", [case(ROW, status="ok", result=result(3 * measured_s))])
+    records, failures, label = fidelity_table.from_db(db, None)
+    assert [r.baseline for r in records] == [ROW]
+    assert records[0].error == pytest.approx(0.1)
+    assert records[0].bubble_s == 0.25
+    assert failures == [("llmc__gpt2-124m__8g__r228", "Boom: it broke")]
+    assert label == "From `prismbench validate` run new at abcdef0."
+    records, _, _ = fidelity_table.from_db(db, "old")
+    assert records[0].error == pytest.approx(1.0)
+    with pytest.raises(SystemExit, match="no complete run stopped"):
+        fidelity_table.from_db(db, "stopped")
