@@ -23,6 +23,7 @@ ratio fitted without that row), so the fit's effect can be judged on rows it did
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -46,7 +47,8 @@ from emulator.graph.execution_graph import SEGMENT  # noqa: E402
 from emulator.graph.replay import replay_samples  # noqa: E402
 from emulator.hardware import gpu_preset  # noqa: E402
 from prismbench.baselines import load_baseline  # noqa: E402
-from prismbench.emulate import price_job  # noqa: E402
+from prismbench.capture import capture_job  # noqa: E402
+from prismbench.emulate import cost_context  # noqa: E402
 
 RATIOS = np.round(np.arange(0.70, 1.6001, 0.005), 3)
 OUT_JSON = ROOT / "results" / "kernels" / "triton-attention-fit.json"
@@ -57,22 +59,25 @@ def head_dim(job) -> int:
     return job.model.hidden // job.model.heads
 
 
+@functools.cache
+def fa1_rates(arch: str):
+    """FlashAttention v1's bars on `arch` as the Triton kernel's rates: ratio 1."""
+    return attention_rates_from_rows(rows_of(read_bars(), "flash1"), "triton", arch)
+
+
 def row_times(path: Path) -> dict:
     """One baseline's measured iteration and its predicted one at every ratio in RATIOS, with
     the Triton kernel priced at FlashAttention v1's bars times the ratio."""
     baseline = load_baseline(path)
     job = baseline.job
-    priced = price_job(job)
-    fa1 = attention_rates_from_rows(
-        rows_of(read_bars(), "flash1"), "triton", gpu_preset(job.cluster.gpu).arch
-    )
-    cost = replace(priced.cost, attention=fa1)
-    durations = {p: compute_prices(trace, cost)[0] for p, trace in priced.capture.traces.items()}
-    graph = build_graph(priced.capture.traces, priced.capture.world, cost, durations_s=durations)
+    capture = capture_job(job)
+    cost = replace(cost_context(job), attention=fa1_rates(gpu_preset(job.cluster.gpu).arch))
+    durations = {p: compute_prices(trace, cost)[0] for p, trace in capture.traces.items()}
+    graph = build_graph(capture.traces, capture.world, cost, durations_s=durations)
     # the part of each segment the ratio divides: its attention kernels, less the stream's idle
     # time before each (one kernel an attention call, `pricing._price`)
     attention = []
-    for p, trace in priced.capture.traces.items():
+    for p, trace in capture.traces.items():
         rows, node = segment_rows(trace, graph.classes[p])
         names = np.array(trace.strings)[trace.columns["name"][rows]]
         is_attention = np.isin(names, ATTENTION_OPS)
