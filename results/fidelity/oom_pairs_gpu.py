@@ -2,6 +2,7 @@
 
     python3 results/fidelity/oom_pairs_gpu.py --out DIR              (on a CUDA machine)
     python3 results/fidelity/oom_pairs_gpu.py --out DIR --dry-run --gpu h100-sxm-80g   (anywhere)
+    python3 results/fidelity/oom_pairs_gpu.py --out DIR --predicted FILE   (on a CUDA machine)
 
 For each case in CASES, a shared job (its recorded baseline under results/baselines/recorded/,
 the spec the shared measurements ran) and the setting to vary:
@@ -14,6 +15,9 @@ the spec the shared measurements ran) and the setting to vary:
 3. DIR/oom_pairs_gpu.json and DIR/oom_pairs_gpu.md hold predicted against real, with the
    allocator's measured steady peak where the run ended.
 --dry-run stops after step 1 (a CPU machine can check the predictions and the plumbing).
+--predicted FILE takes step 1 from a dry run's oom_pairs_gpu.json instead (the pairs predicted
+where the project's own torch and torchao are installed, before the GPU machine is asked for; a
+device machine's image has another torch, and a capture there would not be the tool's).
 """
 
 from __future__ import annotations
@@ -70,6 +74,16 @@ def predict_pair(name: str, vary: str, gpu: str) -> dict:
     }
 
 
+def load_predicted(path: Path, gpu: str) -> dict[str, dict]:
+    """A dry run's predicted pairs by case, each checked to be for `gpu` and this script's cases."""
+    rows = {row["case"]: row for row in json.loads(path.read_text())}
+    for name, vary in CASES:
+        row = rows.get(name)
+        if row is None or row["vary"] != vary or row["gpu"] != gpu:
+            raise ValueError(f"--predicted {path}: no {name} pair varying {vary} on {gpu}")
+    return rows
+
+
 def run_one(name: str, vary: str, value: int, gpu: str) -> dict:
     """Train the varied job for real here (called in a fresh process); its record as a dict."""
     from prismbench.fit import varied_job
@@ -113,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--gpu", choices=sorted(RECORDED_PREFIX), help="default: detected")
     parser.add_argument("--dry-run", action="store_true", help="predict only")
+    parser.add_argument("--predicted", type=Path, help="a dry run's oom_pairs_gpu.json")
     parser.add_argument("--run-one", nargs=3, metavar=("CASE", "VARY", "VALUE"))
     args = parser.parse_args(argv)
     if args.run_one:
@@ -122,10 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         parser.error("--out is required")
     gpu = args.gpu or local_gpu_preset()
+    try:
+        predicted = load_predicted(args.predicted, gpu) if args.predicted else {}
+    except (OSError, ValueError, KeyError) as bad:
+        parser.error(str(bad))
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, vary in CASES:
-        row = predict_pair(name, vary, gpu)
+        row = dict(predicted[name]) if predicted else predict_pair(name, vary, gpu)
         print(
             f"{name}: {vary} {row['fits']} predicted to fit, {row['does_not_fit']} not", flush=True
         )

@@ -29,3 +29,17 @@ def test_the_table_sets_each_prediction_beside_what_happened(runner):
            "runs": [{"value": 33, "outcome": "fits"}, {"value": 34, "outcome": "oom"}]}  # fmt: skip
     assert runner.table([row]).splitlines()[-1] == "| c | micro_batch | 33 | fits | 34 | oom |"
     assert runner.table([row | {"runs": []}]).splitlines()[-1].endswith("| 33 | - | 34 | - |")
+
+
+def test_the_committed_predictions_name_every_case_on_their_own_gpu(runner):
+    folder = runner.ROOT / "results" / "fidelity" / "oom_pairs_predicted"
+    for gpu in runner.RECORDED_PREFIX:
+        pairs = runner.load_predicted(folder / f"{gpu}.json", gpu)
+        for name, _ in runner.CASES:
+            assert pairs[name]["does_not_fit"] == pairs[name]["fits"] + 1
+
+
+def test_predictions_for_another_gpu_are_refused(runner):
+    folder = runner.ROOT / "results" / "fidelity" / "oom_pairs_predicted"
+    with pytest.raises(ValueError, match="on h100-sxm-80g"):
+        runner.load_predicted(folder / "h200-141g.json", "h100-sxm-80g")
