@@ -2,7 +2,7 @@
 # The open issues' GPU checks as one prepared run, sized for one 10-minute device call (each step
 # has its own limit, together 560 s; the script goes on after a failure). From the repository
 # root on the device machine, with $OUT the folder that comes back:
-#     bash results/device_checks.sh
+#     bash results/device_checks.sh [STEP...]      (default: every step, in this order)
 # Writes $OUT/device_checks.log (every step's output) and, where the steps get that far,
 # oom_pairs_gpu.json / .md, repeat_<job>.json and sac_host.json / .txt: at most 7 files (the
 # device tool brings 8 back).
@@ -17,8 +17,8 @@
 #      (results/calibration/sac_host_gpu.py); last, so a cut leaves the earlier steps' files.
 # The machine's python3 has torch (2.11, not the project's 2.13) but not this project's other
 # dependencies: the steps use only torch, numpy, rich and the repository (PYTHONPATH). torchao
-# travels as a wheel in .whl/ (carry it) because a capture's cache key reads its version; fp8
-# jobs would also need it importable.
+# travels as a wheel in .whl/ (carry it) because a capture's cache key reads its version, and
+# duckdb because `record` reads the commit through prismbench.validate, which imports it.
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -30,6 +30,10 @@ if compgen -G ".whl/*.whl" > /dev/null; then
         --target /tmp/site .whl/*.whl >> "$LOG" 2>&1 && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
+STEPS=" ${*:-gpu torch oom_pairs repeat gpu_tests sac_host} "
+
+wanted() { [[ $STEPS == *" $1 "* ]]; }
+
 step() {  # step NAME LIMIT_S COMMAND...: run it, log it, say how it ended
     local name=$1 limit=$2
     shift 2
@@ -38,20 +42,20 @@ step() {  # step NAME LIMIT_S COMMAND...: run it, log it, say how it ended
     echo "== $name: exit $?" | tee -a "$LOG"
 }
 
-step gpu 30 nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version \
+wanted gpu && step gpu 30 nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version \
     --format=csv
-step torch 30 $py -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
-gpu=$($py -c "import sys; sys.path[:0] = ['results']; import shared_gpu; print(shared_gpu.local_gpu_preset())")
-step oom_pairs 260 $py results/fidelity/oom_pairs_gpu.py --out "$OUT" \
+wanted torch && step torch 30 $py -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
+wanted oom_pairs && gpu=$($py -c "import sys; sys.path[:0] = ['results']; import shared_gpu; print(shared_gpu.local_gpu_preset())")
+wanted oom_pairs && step oom_pairs 260 $py results/fidelity/oom_pairs_gpu.py --out "$OUT" \
     --predicted "results/fidelity/oom_pairs_predicted/$gpu.json"
 
-for job in gpt3-125m-s2048-mb8-none llama3-8b-l2-s8192-mb2-none; do
+wanted repeat && for job in gpt3-125m-s2048-mb8-none llama3-8b-l2-s8192-mb2-none; do
     step "repeat_$job" 50 $py results/fidelity/repeat_gpu.py --out "$OUT" --iterations 40 "$job"
 done
 
-step gpu_tests 90 $py -m pytest -q -m gpu -p no:cacheprovider \
+wanted gpu_tests && step gpu_tests 90 $py -m pytest -q -m gpu -p no:cacheprovider \
     tests/workloads/test_attention_ops.py tests/workloads/test_context_parallel.py \
     tests/emulator/costs/test_calibrate.py \
     tests/emulator/capture/test_compile_fusion.py tests/prismbench/test_record.py
-step sac_host 60 $py results/calibration/sac_host_gpu.py --out "$OUT"
+wanted sac_host && step sac_host 60 $py results/calibration/sac_host_gpu.py --out "$OUT"
 tail -n 40 "$LOG"

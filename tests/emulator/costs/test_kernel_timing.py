@@ -2,6 +2,7 @@
 clock: torch's own FunctionEvent, with kernel durations we choose), and on a CPU profile."""
 
 import torch
+from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
 from emulator.costs.kernel_timing import (
@@ -12,10 +13,10 @@ from emulator.costs.kernel_timing import (
 )
 
 
-def _op(name, start_us, end_us, kernels=(), children=(), shapes=None):
+def _op(name, start_us, end_us, kernels=(), children=(), shapes=None, device=DeviceType.CPU):
     event = FunctionEvent(
         id=start_us, name=name, thread=0, start_us=start_us, end_us=end_us,
-        input_shapes=shapes, use_device="cuda",
+        input_shapes=shapes, use_device="cuda", device_type=device,
     )  # fmt: skip
     for kernel, us in kernels:
         event.append_kernel(kernel, 0, us)
@@ -31,6 +32,13 @@ def test_a_repetition_is_the_time_of_its_kernels_not_of_its_host_range():
         _op("prismbench.repetition", 60, 110, children=[_op("aten::mm", 61, 109, [("gemm", 6.0)])]),
     ]
     assert range_times_us(rep, "prismbench.repetition") == [5.0, 6.0]
+
+
+def test_a_repetition_s_annotation_on_the_gpu_timeline_is_not_a_second_repetition():
+    host = _op("prismbench.repetition", 0, 50, children=[_op("aten::mm", 1, 49, [("gemm", 5.0)])])
+    on_gpu = _op("prismbench.repetition", 20, 26, device=DeviceType.CUDA)  # gpu_user_annotation
+    assert range_times_us([host, on_gpu], "prismbench.repetition") == [5.0]
+    assert range_kernel_counts([host, on_gpu], "prismbench.repetition") == [1]
 
 
 def test_a_repetition_counts_every_kernel_launched_under_it():
