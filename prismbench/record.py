@@ -155,7 +155,7 @@ def provenance() -> dict:
     """machine, software, commit, date of a recording made here."""
     import torch
 
-    from prismbench.validate import git_version
+    from prismbench.checkout import git_version
 
     commit, dirty = git_version()
     cpu = platform.processor() or platform.machine()

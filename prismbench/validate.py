@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import time
 import uuid
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from prismbench import history
+from prismbench.checkout import git_version
 from prismbench.fidelity import measured_iteration_s
 from prismbench.files import write_atomically
 from prismbench.orphans import exit_with_parent
@@ -35,7 +35,6 @@ from prismbench.thresholds import Threshold
 from prismbench.validate_variability import VariabilitySettings, measured_spread
 from workloads.config import SpecError
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DB = Path(".prismbench") / "prismbench.duckdb"
 VALIDATED_METRICS = (
     "iteration_time_s",
@@ -218,18 +217,6 @@ def _emulate_fresh(job, name: str, artifact_dir: Path | None, priced) -> dict:
             "memory_dir": artifact_dir / "memory",
         }
     return emulate(job, name=name, priced=priced, **extra).to_dict()
-
-
-def git_version() -> tuple[str, bool]:
-    """(commit, dirty) of the checkout this package runs from; ("unknown", True) outside git."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True, check=True).stdout.strip()  # fmt: skip
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                                capture_output=True, text=True, check=True).stdout  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown", True
-    return commit, bool(status.strip())
 
 
 @dataclass

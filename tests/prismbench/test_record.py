@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -97,3 +100,10 @@ def test_a_profile_needs_cuda():
     )
     with pytest.raises(SpecError, match="--profile"):
         record(job, profile=True)
+
+
+def test_a_recording_s_provenance_needs_no_harness_storage():
+    # GPU machines run `record` with torch alone installed: it must not import duckdb
+    code = "import sys; from prismbench.record import provenance; provenance(); print('duckdb' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
