@@ -9,6 +9,17 @@
   currently used ~300MB ... Before CUDA 11.7, *all* kernels were loaded into the context ...
   which took >1000MB"): the context alone, a floor (the H100 figure is 2.6 x that).
   `results/fidelity/memory_gpu_check.py` measures it on a real GPU.
+- NCCL in the process: the first NCCL communicator adds 585 105 408 B outside the allocator on
+  Hopper, measured on an H200 (torch 2.11.0+cu130 and its NCCL, one rank: 734 855 168 B outside
+  after a GEMM, SDPA and a cross-entropy ran, 1 319 960 576 B after a one-rank process group's
+  barrier and all-reduce; `results/fidelity/outside_memory_gpu.py`,
+  `results/gpu_runs/h200-2026-11-27/outside/`). One rank has no peers, so this is not the ring
+  buffers below; it is what NCCL loads and allocates at its setup. Every program the tool
+  models runs under torch.distributed on NCCL (`record` launches even one rank on it, with a
+  barrier around each iteration), so every rank pays it. A real llama2-7b run on that H200 held
+  1.29 GiB outside when it ran out of memory: the two figures together, to within the OOM
+  message's rounding. Whether a second communicator adds more than its buffers is not measured.
+  Ampere: not measured, counted as 0 (a floor).
 - NCCL buffers, per communicator: channels x receive connections per channel x (Simple + LL +
   LL128 buffer). NCCL src/init.cc: DEFAULT_BUFFSIZE = 4 MiB (NCCL_BUFFSIZE, documented in the
   NCCL user guide's environment variables page), DEFAULT_LL_BUFFSIZE = 8 lines x 512 threads x
@@ -37,6 +48,7 @@ from emulator.capture.trace import COMM, RankTrace
 
 MiB = 1 << 20
 CUDA_CONTEXT_BYTES = {"ampere": 300 * MiB, "hopper": 804_061_184}  # see the docstring
+NCCL_SETUP_BYTES = {"ampere": 0, "hopper": 585_105_408}  # see the docstring
 NCCL_SIMPLE_BUFFER_BYTES = 4 * MiB  # NCCL_BUFFSIZE default (src/init.cc DEFAULT_BUFFSIZE)
 NCCL_LL_BUFFER_BYTES = 8 * 512 * 8 * 16  # DEFAULT_LL_BUFFSIZE
 NCCL_LL128_BUFFER_BYTES = 120 * 640 * 8 * 8  # DEFAULT_LL128_BUFFSIZE
@@ -53,6 +65,7 @@ class OutsideMemory:
     """Bytes held outside the caching allocator (what nvidia-smi adds to `reserved`)."""
 
     cuda_context_bytes: int
+    nccl_setup_bytes: int
     nccl_buffer_bytes: int
     nccl_communicators: int
     nccl_channels: int
@@ -60,6 +73,7 @@ class OutsideMemory:
     def __post_init__(self) -> None:
         for name in (
             "cuda_context_bytes",
+            "nccl_setup_bytes",
             "nccl_buffer_bytes",
             "nccl_communicators",
             "nccl_channels",
@@ -69,7 +83,7 @@ class OutsideMemory:
 
     @property
     def total_bytes(self) -> int:
-        return self.cuda_context_bytes + self.nccl_buffer_bytes
+        return self.cuda_context_bytes + self.nccl_setup_bytes + self.nccl_buffer_bytes
 
     def to_dict(self) -> dict:
         return asdict(self) | {"total_bytes": self.total_bytes}
@@ -98,6 +112,7 @@ def outside_memory(
     comms = nccl_communicators(trace)
     return OutsideMemory(
         cuda_context_bytes=CUDA_CONTEXT_BYTES[arch] if arch else 0,
+        nccl_setup_bytes=NCCL_SETUP_BYTES[arch] if arch else 0,
         nccl_buffer_bytes=nccl_buffer_bytes(comms, channels) if arch else 0,
         nccl_communicators=comms,
         nccl_channels=channels,

@@ -22,7 +22,11 @@ CONFS = ["", "expandable_segments:True", "max_split_size_mb:64", "roundup_power2
 
 # no CUDA context or NCCL buffers: the capacity is the allocator's alone
 NOTHING_OUTSIDE = OutsideMemory(
-    cuda_context_bytes=0, nccl_buffer_bytes=0, nccl_communicators=0, nccl_channels=0
+    cuda_context_bytes=0,
+    nccl_setup_bytes=0,
+    nccl_buffer_bytes=0,
+    nccl_communicators=0,
+    nccl_channels=0,
 )
 
 
