@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The open issues' GPU checks as one prepared run, sized for one 10-minute device call (each step
-# has its own limit, together 560 s; the script goes on after a failure). From the repository
-# root on the device machine, with $OUT the folder that comes back:
+# has its own limit, together 620 s; on an H200 on 2026-11-27 the first six steps took 230 s).
+# The script goes on after a failure. From the repository root on the device machine, with $OUT
+# the folder that comes back, and .whl/ carried (below):
 #     bash results/device_checks.sh [STEP...]      (default: every step, in this order)
 # Writes $OUT/device_checks.log (every step's output) and, where the steps get that far,
-# oom_pairs_gpu.json / .md, repeat_<job>.json and sac_host.json / .txt: at most 7 files (the
-# device tool brings 8 back).
+# oom_pairs_gpu.json, repeat_<job>.json, sac_host.json / .txt and llama/sac_host.json / .txt:
+# at most 8 files, what the device tool brings back (oom_pairs_gpu.md is removed: the json and
+# the log hold its table).
 #   1. the GPU as nvidia-smi reports it, and the machine's torch;
 #   2. issue 16: the OOM pairs predicted here (results/fidelity/oom_pairs_predicted/<gpu>.json,
 #      made by oom_pairs_gpu.py --dry-run under the project's torch) run for real;
@@ -13,12 +15,15 @@
 #      repeated measurements its KS goal is scored against;
 #   4. issues 14/15: the `gpu`-marked tests (CUDA attention kernels, kernel-only timing,
 #      compiled kernel counts, record on cuda);
-#   5. issue 14: where selective recompute's host time goes in the 760M job's forward
-#      (results/calibration/sac_host_gpu.py); last, so a cut leaves the earlier steps' files.
+#   5. issue 14: where selective recompute's host time goes in the 760M job's forward, and in
+#      Llama 2's (results/calibration/sac_host_gpu.py); last, so a cut leaves the earlier
+#      steps' files.
 # The machine's python3 has torch (2.11, not the project's 2.13) but not this project's other
 # dependencies: the steps use only torch, numpy, rich and the repository (PYTHONPATH). torchao
-# travels as a wheel in .whl/ (carry it) because a capture's cache key reads its version, and
-# duckdb because `record` reads the commit through prismbench.validate, which imports it.
+# travels as a wheel in .whl/ because a capture's cache key reads its version, and duckdb for
+# the tests that touch the harness's history (`record` itself no longer needs it):
+#     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#         --implementation cp --platform manylinux_2_28_x86_64 -d .whl torchao==0.18.0 duckdb==2.0.1
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -30,7 +35,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
         --target /tmp/site .whl/*.whl >> "$LOG" 2>&1 && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
-STEPS=" ${*:-gpu torch oom_pairs repeat gpu_tests sac_host} "
+STEPS=" ${*:-gpu torch oom_pairs repeat gpu_tests sac_host sac_host_llama} "
 
 wanted() { [[ $STEPS == *" $1 "* ]]; }
 
@@ -58,4 +63,8 @@ wanted gpu_tests && step gpu_tests 90 $py -m pytest -q -m gpu -p no:cacheprovide
     tests/emulator/costs/test_calibrate.py \
     tests/emulator/capture/test_compile_fusion.py tests/prismbench/test_record.py
 wanted sac_host && step sac_host 60 $py results/calibration/sac_host_gpu.py --out "$OUT"
+# the other selective job, whose ops the shared profiles show issued at no extra host cost
+wanted sac_host_llama && step sac_host_llama 60 $py results/calibration/sac_host_gpu.py \
+    --out "$OUT/llama" --case llama2-7b-l4-s4096-mb1-sel
+rm -f "$OUT/oom_pairs_gpu.md"
 tail -n 40 "$LOG"
