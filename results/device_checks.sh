@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The open issues' GPU checks as one prepared run, sized for one 10-minute device call (each step
-# has its own limit, together 620 s; on an H200 on 2026-11-27 the first six steps took 230 s).
-# The script goes on after a failure. From the repository root on the device machine, with $OUT
-# the folder that comes back, and .whl/ carried (below):
+# The open issues' GPU checks, each step with its own limit (together 820 s, more than one
+# 10-minute device call: name the steps a session still needs; on an H200 on 2026-11-27 gpu,
+# torch, oom_pairs, repeat and gpu_tests took 230 s). The script goes on after a failure.
+# From the repository root on the device machine, with $OUT the folder that comes back, and
+# .whl/ carried (below):
 #     bash results/device_checks.sh [STEP...]      (default: every step, in this order)
 # Writes $OUT/device_checks.log (every step's output) and, where the steps get that far,
-# oom_pairs_gpu.json, repeat_<job>.json, sac_host.json / .txt and llama/sac_host.json / .txt:
-# at most 8 files, what the device tool brings back (oom_pairs_gpu.md is removed: the json and
-# the log hold its table).
+# oom_pairs_gpu.json, repeat_<job>.json, reprofile.tar.gz, sac_host.json / .txt and
+# llama/sac_host.json / .txt: 9 files if every step runs, one more than the device tool brings
+# back (oom_pairs_gpu.md is removed: the json and the log hold its table).
 #   1. the GPU as nvidia-smi reports it, and the machine's torch;
 #   2. issue 16: the OOM pairs predicted here (results/fidelity/oom_pairs_predicted/<gpu>.json,
 #      made by oom_pairs_gpu.py --dry-run under the project's torch) run for real;
@@ -15,7 +16,9 @@
 #      repeated measurements its KS goal is scored against;
 #   4. issues 14/15: the `gpu`-marked tests (CUDA attention kernels, kernel-only timing,
 #      compiled kernel counts, record on cuda);
-#   5. issue 14: where selective recompute's host time goes in the 760M job's forward, and in
+#   5. issue 15: the eight shared jobs profiled again with the production frameworks' kernels
+#      (results/calibration/reprofile_gpu.py), to commit beside the shared profiles;
+#   6. issue 14: where selective recompute's host time goes in the 760M job's forward, and in
 #      Llama 2's (results/calibration/sac_host_gpu.py); last, so a cut leaves the earlier
 #      steps' files.
 # The machine's python3 has torch (2.11, not the project's 2.13) but not this project's other
@@ -35,7 +38,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
         --target /tmp/site .whl/*.whl >> "$LOG" 2>&1 && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
-STEPS=" ${*:-gpu torch oom_pairs repeat gpu_tests sac_host sac_host_llama} "
+STEPS=" ${*:-gpu torch oom_pairs repeat gpu_tests reprofile sac_host sac_host_llama} "
 
 wanted() { [[ $STEPS == *" $1 "* ]]; }
 
@@ -62,6 +65,7 @@ wanted gpu_tests && step gpu_tests 90 $py -m pytest -q -m gpu -p no:cacheprovide
     tests/workloads/test_attention_ops.py tests/workloads/test_context_parallel.py \
     tests/emulator/costs/test_calibrate.py \
     tests/emulator/capture/test_compile_fusion.py tests/prismbench/test_record.py
+wanted reprofile && step reprofile 200 $py results/calibration/reprofile_gpu.py --out "$OUT"
 wanted sac_host && step sac_host 60 $py results/calibration/sac_host_gpu.py --out "$OUT"
 # the other selective job, whose ops the shared profiles show issued at no extra host cost
 wanted sac_host_llama && step sac_host_llama 60 $py results/calibration/sac_host_gpu.py \

@@ -65,3 +65,9 @@ def attention_build():
 def fidelity_table():
     """results/fidelity/run_fidelity.py: the fidelity table's writer."""
     return load_script("fidelity/run_fidelity.py")
+
+
+@pytest.fixture(scope="session")
+def reprofile():
+    """results/calibration/reprofile_gpu.py: the shared jobs with production kernels."""
+    return load_script("calibration/reprofile_gpu.py")
