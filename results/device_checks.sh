@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The open issues' GPU checks, each step with its own limit (together 820 s, more than one
+# The open issues' GPU checks, each step with its own limit (together 940 s, more than one
 # 10-minute device call: name the steps a session still needs; on an H200 on 2026-11-27 gpu,
 # torch, oom_pairs, repeat and gpu_tests took 230 s). The script goes on after a failure.
 # From the repository root on the device machine, with $OUT the folder that comes back, and
 # .whl/ carried (below):
 #     bash results/device_checks.sh [STEP...]      (default: every step, in this order)
 # Writes $OUT/device_checks.log (every step's output) and, where the steps get that far,
-# oom_pairs_gpu.json, repeat_<job>.json, reprofile.tar.gz, sac_host.json / .txt and
-# llama/sac_host.json / .txt: 9 files if every step runs, one more than the device tool brings
-# back (oom_pairs_gpu.md is removed: the json and the log hold its table).
+# oom_pairs_gpu.json, repeat_<job>.json, reprofile.tar.gz, expandable_gpu.json, sac_host.json /
+# .txt and llama/sac_host.json / .txt: 10 files if every step runs, two more than the device
+# tool brings back (oom_pairs_gpu.md is removed: the json and the log hold its table).
 #   1. the GPU as nvidia-smi reports it, and the machine's torch;
 #   2. issue 16: the OOM pairs predicted here (results/fidelity/oom_pairs_predicted/<gpu>.json,
 #      made by oom_pairs_gpu.py --dry-run under the project's torch) run for real;
@@ -18,7 +18,9 @@
 #      compiled kernel counts, record on cuda);
 #   5. issue 15: the eight shared jobs profiled again with the production frameworks' kernels
 #      (results/calibration/reprofile_gpu.py), to commit beside the shared profiles;
-#   6. issue 14: where selective recompute's host time goes in the 760M job's forward, and in
+#   6. issue 16: steady peaks under torch's default allocator and under expandable segments,
+#      four shared jobs (results/fidelity/expandable_gpu.py; --compare scores them here);
+#   7. issue 14: where selective recompute's host time goes in the 760M job's forward, and in
 #      Llama 2's (results/calibration/sac_host_gpu.py); last, so a cut leaves the earlier
 #      steps' files.
 # The machine's python3 has torch (2.11, not the project's 2.13) but not this project's other
@@ -38,7 +40,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
         --target /tmp/site .whl/*.whl >> "$LOG" 2>&1 && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
-STEPS=" ${*:-gpu torch oom_pairs repeat gpu_tests reprofile sac_host sac_host_llama} "
+STEPS=" ${*:-gpu torch oom_pairs repeat gpu_tests reprofile expandable sac_host sac_host_llama} "
 
 wanted() { [[ $STEPS == *" $1 "* ]]; }
 
@@ -66,6 +68,7 @@ wanted gpu_tests && step gpu_tests 90 $py -m pytest -q -m gpu -p no:cacheprovide
     tests/emulator/costs/test_calibrate.py \
     tests/emulator/capture/test_compile_fusion.py tests/prismbench/test_record.py
 wanted reprofile && step reprofile 200 $py results/calibration/reprofile_gpu.py --out "$OUT"
+wanted expandable && step expandable 120 $py results/fidelity/expandable_gpu.py --out "$OUT"
 wanted sac_host && step sac_host 60 $py results/calibration/sac_host_gpu.py --out "$OUT"
 # the other selective job, whose ops the shared profiles show issued at no extra host cost
 wanted sac_host_llama && step sac_host_llama 60 $py results/calibration/sac_host_gpu.py \
