@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from emulator.costs.kernel_table import PRICE_SOURCES
 from prismbench.explain import NARAYANAN_EQ3, Explanation
 
 GIB = 1024**3
@@ -318,7 +319,8 @@ def oom_message(pp: int, members: int, detail: dict) -> str:
 
 
 def _priced_by(priced_by: dict[str, dict[str, float]]) -> str:
-    """ "exact 812 ops (0.201 s), interpolated 40 ops (0.010 s), roofline 3 ops (0.000 s)"."""
+    """ "exact 812 ops (0.201 s), interpolated 40 ops (0.010 s), extrapolated 0 ops (0.000 s),
+    roofline 3 ops (0.000 s)"."""
     return ", ".join(
         f"{source} {int(v['ops'])} ops ({v['time_s']:.3f} s)" for source, v in priced_by.items()
     )
@@ -393,7 +395,7 @@ def render_comparison(result, console: Console, top: int = 15) -> None:
         title=f"Op classes, largest absolute error first (top {top} of {len(result.classes)})"
     )
     for column in ("op", "aten op", "ops (trace/profile)", "predicted ms", "measured ms",
-                   "error ms", "error", "priced by (exact/interp/roofline)"):  # fmt: skip
+                   "error ms", "error", "priced by (exact/interp/extrap/roofline)"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("op", "aten op") else "right")
     for c in result.classes[:top]:
         rel = f"{c.error_s / c.measured_s:+.1%}" if c.measured_s else "n/a (not measured)"
@@ -405,7 +407,7 @@ def render_comparison(result, console: Console, top: int = 15) -> None:
             f"{c.measured_s * 1e3:,.3f}",
             f"{c.error_s * 1e3:+,.3f}",
             rel,
-            "/".join(str(c.priced_by[s]) for s in ("exact", "interpolated", "roofline")),
+            "/".join(str(c.priced_by[s]) for s in PRICE_SOURCES),
         )
     console.print(table)
 

@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "results"))
 from shared_gpu import cases_from_cli, commit_label, leave_one_out_table, shared_dir  # noqa: E402
 
+from emulator.costs.kernel_table import PRICE_SOURCES  # noqa: E402
+
 
 def kind(op: str) -> str:
     from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS
@@ -55,12 +57,12 @@ def main() -> None:
             f"Compute predicted {result.predicted_s * 1e3:.2f} ms, kernels measured "
             f"{result.measured_s * 1e3:.2f} ms ({100 * error:+.1f} %).",
             "",
-            "| op | aten op | ops (trace/profile) | predicted ms | measured ms | error | priced by (exact/interp/roofline) |",
+            "| op | aten op | ops (trace/profile) | predicted ms | measured ms | error | priced by (exact/interp/extrap/roofline) |",
             "|---|---|--:|--:|--:|--:|--:|",
         ]
         for c in result.classes[: args.top]:
             rel = f"{100 * c.error_s / c.measured_s:+.1f} %" if c.measured_s else "not measured"
-            by = "/".join(str(c.priced_by[s]) for s in ("exact", "interpolated", "roofline"))
+            by = "/".join(str(c.priced_by[s]) for s in PRICE_SOURCES)
             lines.append(
                 f"| {c.op} | {c.aten} | {c.trace_ops}/{c.profile_ops} | {c.predicted_s * 1e3:.2f} | "
                 f"{c.measured_s * 1e3:.2f} | {rel} | {by} |"

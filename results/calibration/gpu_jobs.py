@@ -18,7 +18,7 @@ a GPU where it can be checked. Error =
 (predicted - measured) / measured. "no host" is the same prediction with the host binding
 nothing (kernels back to back, the idle time between them kept), the model before host
 dispatch. "priced by" counts the compute
-ops of one iteration by how the table priced them (exact shape, interpolated, roofline curves).
+ops of one iteration by how the table priced them (exact shape, interpolated, extrapolated, roofline curves).
 Progress goes to stderr, the table to stdout.
 """
 
@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 sys.path.insert(0, str(ROOT / "results"))
 from shared_gpu import cases_from_cli, commit_label, leave_one_out_table, shared_dir  # noqa: E402
+
+from emulator.costs.kernel_table import PRICE_SOURCES  # noqa: E402
 
 
 def without_host_s(priced) -> float:
@@ -89,7 +91,7 @@ def main() -> None:
     shared = shared_dir(args.gpu)
     lines = [
         "| case | predicted (s) | measured (s) | error | no host (s) | no-host error "
-        "| priced by: exact / interpolated / roofline |",
+        "| priced by: exact / interpolated / extrapolated / roofline |",
         "|---|--:|--:|--:|--:|--:|--:|",
     ]
     errors, before = [], []
@@ -112,7 +114,7 @@ def main() -> None:
         lines.append(
             f"| {case} | {result.iteration_time_s:.4f} | {real:.4f} | {errors[-1]:+.1f} % "
             f"| {no_host:.4f} | {before[-1]:+.1f} % | "
-            + " / ".join(f"{int(by[s]['ops'])}" for s in ("exact", "interpolated", "roofline"))
+            + " / ".join(f"{int(by[s]['ops'])}" for s in PRICE_SOURCES)
             + " |"
         )
     commit = commit_label()

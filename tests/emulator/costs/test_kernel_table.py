@@ -51,9 +51,38 @@ def test_interpolates_in_log_space_between_rows_per_busy_tile_slot(table):
     assert _utilisation(2896) < 0.8 < 0.96 < _utilisation(2048) == _utilisation(4096)
 
 
-def test_falls_back_to_curves_far_from_rows(table):
-    op = gemm_op("mm", 65536, 65536, 512)
+def test_falls_back_to_curves_far_from_rows_it_is_not_larger_than(table):
+    op = gemm_op("mm", 65536, 65536, 512)  # larger than the rows in m and n, smaller in k
+    assert op_price(op, H100, table=table)[1:] == ("roofline", 1.0)
     assert op_time_s(op, H100, table=table) == curve_time_s(op, H100)
+    small = gemm_op("mm", 256, 256, 256)  # smaller than every row
+    assert op_price(small, H100, table=table)[1] == "roofline"
+
+
+def test_an_op_larger_than_every_row_takes_the_nearest_rows_rate_per_busy_tile_slot(table):
+    op = gemm_op("mm", 65536, 4096, 4096)  # 16x the largest row's m
+    seconds, source, kernels = op_price(op, H100, table=table)
+    assert source == "extrapolated" and kernels == 1.0
+    # inverse-distance weights over both rows (at log2 distances 4 and 5), per busy tile slot
+    w4, w5 = 1 / 4**2, 1 / 5**2
+    per_slot = ((400e12 / _utilisation(4096)) ** w4 * (100e12 / _utilisation(2048)) ** w5) ** (
+        1 / (w4 + w5)
+    )
+    rate = per_slot * gemm_tile_utilisation(65536, 4096, 1, H100.sm_count)
+    assert seconds == pytest.approx(op.flops / rate)
+    # a floor below the roofline curves' generic efficiency, not above the largest measured rate
+    assert op.flops / 400e12 * 0.99 < seconds
+
+
+def test_a_memory_bound_op_larger_than_every_row_takes_their_bandwidth(tmp_path):
+    rows = [{"op": "elementwise", "dtype": "bf16", "aten": "aten.add", "nbytes": n, "time_us": n / rate * 1e6,
+             "repetitions": 1, "spread_us": 0.0} for n, rate in ((1 << 20, 1e12), (1 << 30, 3e12))]  # fmt: skip
+    table = load_kernel_table(write_kernel_csv(rows, tmp_path / "t.csv", SYNTHETIC))
+    op = replace(memory_op("elementwise", bytes_read=1 << 32, bytes_written=1 << 32), aten="aten.add")
+    seconds, source, _ = op_price(op, H100, table=table)
+    assert source == "extrapolated"
+    # the 1 GiB row's 3 TB/s alone: the 1 MiB row, 2^10 smaller, runs below saturation
+    assert seconds == pytest.approx(op.bytes_total / 3e12)
 
 
 def test_other_dtype_falls_back(table):
@@ -218,3 +247,12 @@ def test_a_kernel_count_below_one_is_refused_with_its_line(tmp_path):
     path = write_kernel_csv([_gemm_row(2048, 20.0) | {"kernels": 0}], tmp_path / "t.csv", SYNTHETIC)
     with pytest.raises(ValueError, match=r"t.csv:2: kernels='0' must be blank or >= 1"):
         load_kernel_table(path)
+
+
+def test_a_row_too_short_to_run_at_its_throughput_lends_no_rate_upwards(tmp_path):
+    # 1 MiB in 4 us: mostly a kernel's fixed cost; carried to 8 GiB it would price 33 ms
+    row = {"op": "elementwise", "dtype": "bf16", "aten": "aten.add", "nbytes": 1 << 20, "time_us": 4.0,
+           "repetitions": 1, "spread_us": 0.0}  # fmt: skip
+    table = load_kernel_table(write_kernel_csv([row], tmp_path / "t.csv", SYNTHETIC))
+    op = replace(memory_op("elementwise", bytes_read=1 << 32, bytes_written=1 << 32), aten="aten.add")
+    assert op_price(op, H100, table=table)[1] == "roofline"
