@@ -29,6 +29,13 @@ def recorded_baseline_path(case: str, gpu: str) -> Path:
     return RECORDED / f"{RECORDED_PREFIX[gpu]}__{case}.toml"
 
 
+def recorded_job(case: str, gpu: str):
+    """The job spec of shared job `case` as its recorded baseline on `gpu` holds it."""
+    from prismbench.baselines import load_baseline
+
+    return load_baseline(recorded_baseline_path(case, gpu)).job
+
+
 def local_gpu_preset() -> str:
     """The preset of this machine's CUDA GPU, which must be one of the measured GPUs (else it
     exits with the reason: the GPU scripts compare against that GPU's own measurements)."""

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import RECORDED, RECORDED_PREFIX, local_gpu_preset  # noqa: E402
+from shared_gpu import RECORDED, RECORDED_PREFIX, local_gpu_preset, recorded_job  # noqa: E402
 
 # model name prefix -> the framework whose kernels the production runs of that family use; GPT
 # takes NeMo's (Megatron-Core: flash attention, fused optimizer, padded vocabulary), not the
@@ -46,10 +46,9 @@ def shared_cases(gpu: str) -> list[str]:
 
 def production_job(case: str, gpu: str):
     """The shared job `case` as recorded on `gpu`, with its family's framework kernels."""
-    from prismbench.baselines import load_baseline
     from prismbench.spec import job_spec_from_dict
 
-    job = load_baseline(RECORDED / f"{RECORDED_PREFIX[gpu]}__{case}.toml").job
+    job = recorded_job(case, gpu)
     name = job.model.name
     framework = next(fw for prefix, fw in FRAMEWORK_OF.items() if name.startswith(prefix))
     return job_spec_from_dict(job.to_dict() | {"kernels": {"framework": framework}})

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import RECORDED_PREFIX, local_gpu_preset, recorded_baseline_path  # noqa: E402
+from shared_gpu import RECORDED_PREFIX, local_gpu_preset, recorded_baseline_path, recorded_job  # noqa: E402
 
 MODES = ("none", "selective", "full")
 WARMUP = 3
@@ -39,9 +39,7 @@ WARMUP = 3
 
 def job_of(case: str, gpu: str, recompute: str, layers: int | None):
     """CASE's recorded job on `gpu` under `recompute` (and `layers` blocks, when given)."""
-    from prismbench.baselines import load_baseline
-
-    job = load_baseline(recorded_baseline_path(case, gpu)).job
+    job = recorded_job(case, gpu)
     job = dataclasses.replace(job, train=dataclasses.replace(job.train, recompute=recompute))
     if layers is not None:
         job = dataclasses.replace(job, model=dataclasses.replace(job.model, layers=layers))

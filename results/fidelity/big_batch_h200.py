@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import recorded_baseline_path, report  # noqa: E402
+from shared_gpu import recorded_job, report  # noqa: E402
 
 GPU = "h200-141g"
 RUNS = ROOT / "results" / "gpu_runs" / "h200-2026-11-27" / "checks_second"
@@ -43,7 +43,6 @@ def measured_runs() -> list[tuple[str, str, int, list[float]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from prismbench.baselines import load_baseline
     from prismbench.emulate import emulate
     from prismbench.fit import varied_job
 
@@ -55,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         "|---|--:|--:|--:|---|",
     ]
     for case, vary, value, seconds in measured_runs():
-        job = varied_job(load_baseline(recorded_baseline_path(case, GPU)).job, vary, value)
+        job = varied_job(recorded_job(case, GPU), vary, value)
         result = emulate(job).to_dict()
         measured, predicted = statistics.median(seconds), result["iteration_time_s"]
         by = result["compute_priced_by"]

@@ -24,17 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import local_gpu_preset, recorded_baseline_path  # noqa: E402
+from shared_gpu import local_gpu_preset, recorded_baseline_path, recorded_job  # noqa: E402
 
 CASES = ("gpt3-125m-s2048-mb8-none", "gpt3-1.3b-s2048-mb4-full-ga2",
          "llama2-7b-l4-s4096-mb1-sel", "llama3-8b-l2-s8192-mb2-none")  # fmt: skip
 SETTINGS = {"default": "", "expandable": "expandable_segments:True"}
-
-
-def case_job(case: str, gpu: str):
-    from prismbench.baselines import load_baseline
-
-    return load_baseline(recorded_baseline_path(case, gpu)).job
 
 
 def measure(cases: list[str], gpu: str, out: Path) -> None:
@@ -45,7 +39,7 @@ def measure(cases: list[str], gpu: str, out: Path) -> None:
         row = {"case": case, "gpu": gpu}
         for name, conf in SETTINGS.items():
             os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
-            recording = record(case_job(case, gpu), iterations=2, warmup=3, device="cuda")
+            recording = record(recorded_job(case, gpu), iterations=2, warmup=3, device="cuda")
             row[name] = recording.peak_steady
             print(f"{case} {name}: {recording.peak_steady}", flush=True)
         rows.append(row)
@@ -61,7 +55,7 @@ def compare(path: Path) -> list[str]:
     lines = ["| case | allocator | allocated, measured | error | reserved, measured | error |",
              "|---|---|--:|--:|--:|--:|"]  # fmt: skip
     for row in json.loads(path.read_text()):
-        trace = capture_job(case_job(row["case"], row["gpu"])).traces[0]
+        trace = capture_job(recorded_job(row["case"], row["gpu"])).traces[0]
         for name, conf in SETTINGS.items():
             m = replay_memory(trace, gpu=gpu_preset(row["gpu"]), alloc_conf=conf, stage=0)
             real = row[name]

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import RECORDED_PREFIX, local_gpu_preset, recorded_baseline_path  # noqa: E402
+from shared_gpu import RECORDED_PREFIX, local_gpu_preset, recorded_job  # noqa: E402
 
 # shared job, setting to vary (results/fidelity/oom_pairs.md: the pairs predicted for the H100)
 CASES = (
@@ -51,17 +51,11 @@ def outcome_of(returncode: int, output: str) -> str:
     return "fits" if returncode == 0 else "error"
 
 
-def case_job(name: str, gpu: str):
-    from prismbench.baselines import load_baseline
-
-    return load_baseline(recorded_baseline_path(name, gpu)).job
-
-
 def predict_pair(name: str, vary: str, gpu: str) -> dict:
     """The fit prediction for one case: the largest fitting value and the next step up."""
     from prismbench.fit import fit
 
-    result = fit(case_job(name, gpu), vary)
+    result = fit(recorded_job(name, gpu), vary)
     largest = result.largest_fitting
     return {
         "case": name,
@@ -89,7 +83,7 @@ def run_one(name: str, vary: str, value: int, gpu: str) -> dict:
     from prismbench.fit import varied_job
     from prismbench.record import record
 
-    recording = record(varied_job(case_job(name, gpu), vary, value), iterations=2, warmup=2,
+    recording = record(varied_job(recorded_job(name, gpu), vary, value), iterations=2, warmup=2,
                        device="cuda")  # fmt: skip
     return {"peak_steady": recording.peak_steady, "iteration_s": recording.iteration_s}
 

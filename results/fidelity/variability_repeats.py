@@ -50,7 +50,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import recorded_baseline_path, report  # noqa: E402
+from shared_gpu import recorded_job, report  # noqa: E402
 
 GPU = "h200-141g"
 REPEATS = ROOT / "results" / "gpu_runs" / "h200-2026-11-27" / "checks_second"
@@ -144,13 +144,12 @@ def p95_interval(times, seed: int, resamples: int = 2000) -> tuple[float, float]
 def load_repeat(path: Path):
     """(case, job spec, measured iteration seconds) of a repeat_CASE.json; the job must be its
     recorded baseline's, on GPU."""
-    from prismbench.baselines import load_baseline
     from prismbench.spec import job_spec_from_dict
 
     recording = json.loads(path.read_text())
     case = path.stem.removeprefix("repeat_")
     job = job_spec_from_dict(recording["job"])
-    if job != load_baseline(recorded_baseline_path(case, GPU)).job:
+    if job != recorded_job(case, GPU):
         raise SystemExit(f"{path}: its job differs from the recorded baseline of {case}")
     if job.cluster.gpu != GPU:
         raise SystemExit(f"{path}: gpu {job.cluster.gpu!r}, expected {GPU!r}")

@@ -21,7 +21,7 @@ def test_a_run_is_classed_by_its_exit_status_and_torch_s_message(runner, returnc
 def test_every_case_has_a_recorded_spec_on_each_measured_gpu(runner):
     for gpu in runner.RECORDED_PREFIX:
         for name, _ in runner.CASES:
-            assert runner.case_job(name, gpu).cluster.gpu == gpu
+            assert runner.recorded_job(name, gpu).cluster.gpu == gpu
 
 
 def test_the_table_sets_each_prediction_beside_what_happened(runner):
