@@ -172,12 +172,15 @@ class KernelTable:
         """(seconds, "exact" | "interpolated" | "extrapolated", kernels launched) for `op`, or
         None where the table has no row near or below it. `sm_count`: the SMs of the table's GPU
         (a GEMM's tile utilisation depends on them)."""
-        own, *_ = all_keys = lookup_keys(op)
-        keys = [k for k in all_keys if k in self.groups]
+        own = lookup_keys(op)[0]
         target = _features(op)
-        for k in keys:
-            features, rates, repetitions, kernels, _ = self.groups[k]
-            distance = np.max(np.abs(features - target), axis=1)
+        distances = {
+            k: np.max(np.abs(self.groups[k][0] - target), axis=1)
+            for k in lookup_keys(op)
+            if k in self.groups
+        }
+        for k, distance in distances.items():
+            _, rates, repetitions, kernels, _ = self.groups[k]
             if k == own and (distance == 0).any():
                 same = distance == 0
                 seconds_per_work = np.average(1.0 / rates[same], weights=repetitions[same])
@@ -186,14 +189,13 @@ class KernelTable:
             near = np.flatnonzero(distance <= max_log2_distance)
             if len(near):
                 return self._from_rows(op, k, near, distance, sm_count, "interpolated")
-        for k in keys:
-            features, times = self.groups[k][0], self.groups[k][4]
+        for k, distance in distances.items():
+            features, _, _, _, times = self.groups[k]
             below = np.flatnonzero(
                 np.all(features <= target, axis=1) & (times >= MIN_EXTRAPOLATED_ROW_S)
             )
             if len(below):
                 # the largest shapes only: far smaller rows run below saturation
-                distance = np.max(np.abs(features - target), axis=1)
                 largest = below[distance[below] <= distance[below].min() + max_log2_distance]
                 return self._from_rows(op, k, largest, distance, sm_count, "extrapolated")
         return None
