@@ -125,9 +125,14 @@ def _own_pipeline(state):
 
 
 def _recording_rules(job):
-    """The job's kernels that eager torch does not run: fused fp8 casts (`kernels.fp8_casts`)."""
+    """The job's kernels that eager torch does not run: fp8 casts as torch.compile or Transformer
+    Engine run them (`kernels.fp8_casts`)."""
     if job.train.precision == "fp8" and job.kernels.fp8_casts == "fused":
         from emulator.capture.fp8_casts import fused_fp8_casts
 
         return functools.partial(fused_fp8_casts, compiled=job.kernels.compile)
+    if job.train.precision == "fp8" and job.kernels.fp8_casts == "transformer-engine":
+        from emulator.capture.fp8_casts import transformer_engine_fp8_casts
+
+        return transformer_engine_fp8_casts
     return lambda recorder: contextlib.nullcontext()

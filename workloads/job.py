@@ -135,14 +135,22 @@ class TrainingJob:
         self._check_fp8()
 
     def _check_fp8(self) -> None:
-        """The fused-cast rule knows torchao's casts only (emulator.capture.fp8_casts)."""
+        """The cast rules know torchao's casts only, and Transformer Engine's delayed scaling
+        keeps one scale per tensor (emulator.capture.fp8_casts)."""
         k = self.kernels
-        prism_casts = k.fp8_recipe == "prism-86a4f47" and k.fp8_casts == "fused"
-        if self.train.precision == "fp8" and prism_casts:
+        if self.train.precision != "fp8":
+            return
+        if k.fp8_recipe == "prism-86a4f47" and k.fp8_casts != "unfused":
             raise SpecError(
-                "kernels.fp8_casts='fused' (or kernels.compile=true) needs a torchao "
-                "kernels.fp8_recipe with train.precision='fp8': the fused-cast rule rewrites "
+                f"kernels.fp8_casts={k.fp8_casts!r} (or kernels.compile=true) needs a torchao "
+                "kernels.fp8_recipe with train.precision='fp8': the cast rules rewrite "
                 "torchao's casts, not those of the prism-86a4f47 float8 linears"
+            )
+        if k.fp8_casts == "transformer-engine" and k.fp8_recipe != "tensorwise":
+            raise SpecError(
+                f"kernels.fp8_casts='transformer-engine' needs kernels.fp8_recipe='tensorwise' "
+                f"(got {k.fp8_recipe!r}): Transformer Engine's delayed scaling keeps one scale "
+                "per tensor"
             )
 
     def _check_attention(self) -> None:

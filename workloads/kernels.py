@@ -55,9 +55,13 @@ Fields:
   `prism-86a4f47`, the workloads' own tensorwise float8 linears of that commit
   (`workloads.prism_float8`), whose casts the `fused` rule below does not know.
 - `fp8_casts`: how the amax/scale/cast work around each fp8 GEMM is recorded: `unfused`,
-  the eager op chain (what runs without torch.compile); `fused`, the two kernels per
-  operand that Transformer Engine or torch.compile run (rule: `emulator.capture.fp8_casts`).
-  The real CPU run is eager either way; the choice changes what the capture records.
+  the eager op chain (what runs without torch.compile); `fused`, the two kernels per operand
+  cast (amax, then cast) that torch.compile generates, dynamic scaling with this step's amax;
+  `transformer-engine`, Transformer Engine's delayed scaling: one cast-transpose kernel per
+  operand that records the amax as it casts, no per-cast amax collective, no scale
+  reciprocals (rules: `emulator.capture.fp8_casts`). It takes the `tensorwise` recipe (one
+  scale per tensor, as delayed scaling keeps). The real CPU run is eager either way; the
+  choice changes what the capture records.
 - `attention`: which fused attention kernel runs on the GPU: `flash`, a FlashAttention-2-class
   kernel (torch's SDPA backends: cuDNN on an H100, FlashAttention-2 on an A100; Transformer
   Engine's fused attention; flash-attn 2), priced by the kernel tables; `triton`, Tri Dao's
@@ -207,7 +211,7 @@ LOSSES = ("unfused-fp32", "loss-parallel", "fused", "fused-inplace")
 NORMS = ("torch", "eager-fp32")
 # torchao recipe names, and the workloads' own float8 of 86a4f47 (workloads.prism_float8)
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "prism-86a4f47")
-FP8_CASTS = ("unfused", "fused")
+FP8_CASTS = ("unfused", "fused", "transformer-engine")
 PIPELINE_RECVS = ("per-microbatch", "per-transfer")
 PIPELINE_TRANSFERS = ("whole", "scatter-gather")
 ATTENTIONS = ("flash", "flash2", "triton", "unfused")
@@ -283,16 +287,17 @@ FP8_RECIPE_BY_FRAMEWORK: dict[str, str] = {
     "prism-86a4f47": "prism-86a4f47",
 }
 # Transformer Engine (Megatron, NeMo, llm-foundry) runs each cast as its own fused CUDA
-# kernels; torchtitan's float8 needs `--training.compile` "to fuse the float8 scaling/casting
+# kernel, with its default DelayedScaling recipe (Megatron-LM `--fp8-recipe delayed`, NeMo's
+# MegatronMixedPrecision, Composer's te.fp8_autocast); torchtitan's float8 needs `--training.compile` "to fuse the float8 scaling/casting
 # kernels" (torchtitan docs/float8.md). prism-86a4f47 ran eager torchao-style casts; llm.c:
 # as for the recipe, the default.
 # torchtitan without compile runs torchao's eager casts ("unfused"); `compile = true` makes it
 # "fused" (KernelsSpec).
 FP8_CASTS_BY_FRAMEWORK: dict[str, str] = {
     **_same_for_all("unfused"),
-    "megatron": "fused",
-    "nemo": "fused",
-    "llm-foundry": "fused",
+    "megatron": "transformer-engine",
+    "nemo": "transformer-engine",
+    "llm-foundry": "transformer-engine",
 }
 # llm-foundry's published throughput tables (scripts/train/benchmarking/README.md) were made by
 # sweep.sh, which passes no --attn_impl, so submit_benchmarks.py's default `--attn_impl triton`

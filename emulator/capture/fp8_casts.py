@@ -1,32 +1,46 @@
-"""Fused fp8 casts: each fp8 GEMM operand's amax/scale/cast work recorded as the kernels
-torch.compile or Transformer Engine run, instead of torchao's eager op chain.
+"""fp8 casts as production runs them: each fp8 GEMM operand's amax/scale/cast work recorded as
+the kernels torch.compile or Transformer Engine run, instead of torchao's eager op chain.
 
 Eager torchao (`hp_tensor_to_float8_dynamic`) casts an operand with ~10 separate kernels
 (abs, max, scale arithmetic, an fp32 upcast, multiply, clamp, the fp8 copy), each reading
-and writing the whole tensor, some in float32. Production fp8 does not run that chain:
-- Transformer Engine's current (dynamic) scaling, `Float8CurrentScalingQuantizer::quantize`
-  (transformer_engine/pytorch/csrc/quantizer.cpp), runs `nvte_compute_amax` (one pass over
-  the input), an optional amax all-reduce, `nvte_compute_scale_from_amax` (a one-thread
-  kernel on the scalar) and `nvte_quantize_v2` (one pass reading the input, writing fp8).
-- torchtitan's float8 (torchao) needs `--training.compile` "to fuse the float8
-  scaling/casting kernels" (torchtitan docs/float8.md); Inductor turns each cast into a
-  reduction kernel (amax) and one pointwise kernel (scale, multiply, clamp, cast).
+and writing the whole tensor, some in float32. Production fp8 does not run that chain.
 
-Rule (`fp8_casts = "fused"`), per operand cast, i.e. per call of
+Rule `fp8_casts = "fused"` (torch.compile: torchtitan's float8 needs `--training.compile` "to
+fuse the float8 scaling/casting kernels", torchtitan docs/float8.md; Inductor turns each cast
+into a reduction kernel and one pointwise kernel), per operand cast, i.e. per call of
 `hp_tensor_to_float8_dynamic`:
 1. an amax reduction (`aten.amax`): reads the high-precision tensor, writes its scale(s);
 2. a cast kernel (`aten._to_copy`): reads the high-precision tensor and the scale(s), writes
    the fp8 tensor. The scale arithmetic on the scalar (per-row) amax folds into it.
 The eager chain's compute rows are replaced by these two (the first keeps the chain's first
-sequence number, the second its last, so a TP amax all-reduce in between stays in between);
-its allocations stay as recorded, so transient float32 copies are still counted in peak
-memory (an overestimate of at most one fp32 copy of one operand); under torch.compile
-(`compiled`) the storages the eager chain allocated and freed are dropped too, since Inductor
-never materialises them.
-What the rule leaves out, each making it conservative: TE's default delayed scaling computes
-the amax inside the cast kernel (no separate pass); TE's cast-transpose writes both layouts
-of an operand from one read, and Inductor may share one amax between an operand's two
-casts (torchao casts input, weight and output gradient twice each per linear).
+sequence number, the second its last, so a TP amax all-reduce in between stays in between:
+dynamic scaling needs this step's amax before it can cast); its allocations stay as recorded,
+so transient float32 copies are still counted in peak memory (an overestimate of at most one
+fp32 copy of one operand); under torch.compile (`compiled`) the storages the eager chain
+allocated and freed are dropped too, since Inductor never materialises them. Left out, making
+it conservative: Inductor may share one amax between an operand's two casts (torchao casts
+input, weight and output gradient twice each per linear, once per GEMM that reads them).
+
+Rule `fp8_casts = "transformer-engine"` (Megatron, NeMo and llm-foundry run Transformer Engine
+with its default recipe, `DelayedScaling`: transformer_engine/common/recipe/__init__.py), per
+operand:
+1. one cast kernel that also records the operand's amax (TE's `cast_transpose` /
+   `quantize` kernels update the amax history as they cast, with the scale taken from the
+   history of earlier steps): reads the high-precision tensor once, writes the fp8 tensor;
+2. no kernel for the operand's second cast: TE's cast-transpose writes both layouts the two
+   GEMMs read from one read (torchao casts the same tensor again, transposed, for the second
+   GEMM): the first kernel writes the second layout's bytes too;
+3. no collective per cast: delayed scaling reduces the amax history once per fp8_autocast
+   region (`FP8GlobalStateManager.reduce_and_update_fp8_tensors`: one coalesced all-reduce of
+   a few bytes per micro-batch, not recorded), so the amax all-reduces torchao issues for a
+   sharded operand under tensor parallelism are dropped with their waits;
+4. no scale reciprocals before the GEMM (torchao's `addmm_float8_unwrapped` inverts both
+   scales, two scalar kernels per GEMM; TE's cast writes `scale_inv` with the fp8 data).
+The eager chain's transient storages are dropped as under `compiled` (TE's kernels keep them in
+registers); the fp8 copies torchao allocates stay as recorded. Left out, making it
+conservative: TE fuses the cast of a LayerNormLinear's input into the norm kernel and, under
+sequence parallelism, casts before the all-gather and gathers fp8; here the gathered bf16
+tensor is cast.
 """
 
 from __future__ import annotations
@@ -39,6 +53,7 @@ import torch
 
 from emulator.capture import opmap
 from emulator.capture.trace import ALLOC, COMPUTE, FREE, OpEvent
+from emulator.world.comm_events import CommEvent, WaitEvent, current_recorder
 
 # torchao modules that call the dynamic cast (each imported it by name)
 _CALLERS = (
@@ -48,6 +63,8 @@ _CALLERS = (
 )
 _AMAX = torch.ops.aten.amax.default
 _CAST = torch.ops.aten._to_copy.default
+_GEMM_CALLERS = ("torchao.float8.float8_ops",)  # they call addmm_float8_unwrapped by name
+_RECIPROCAL_ATEN = opmap.op_info(torch.ops.aten.reciprocal.default).aten
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -124,21 +141,140 @@ def _fuse_since(recorder, start: int, hp: torch.Tensor, fp8, compiled: bool) -> 
 
 
 @contextlib.contextmanager
-def fused_fp8_casts(recorder, compiled: bool = False) -> Iterator[None]:
-    """Record torchao's dynamic fp8 casts as the rule's fused kernels (module docstring);
-    `compiled` (the job runs torch.compile): the eager chain's transient storages are not
-    allocated either (Inductor keeps them in registers)."""
+def _rewriting_casts(recorder, on_cast) -> Iterator[None]:
+    """Call `on_cast(start, world_start, hp, fp8)` after each of torchao's dynamic casts, with
+    the recorder's and the virtual world's event counts before it: the casts of
+    `hp_tensor_to_float8_dynamic` (where `_CALLERS` call it) and the output-gradient casts of
+    torchao's float8 tensor-parallel styles (`NoopFwToFloat8BwDynamic.backward`)."""
     import torchao.float8.float8_scaling_utils as scaling
 
     eager = scaling.hp_tensor_to_float8_dynamic
+    eager_backward = scaling.NoopFwToFloat8BwDynamic.backward
+
+    def counts() -> tuple[int, int]:
+        world = current_recorder()
+        return len(recorder.events), len(world.events) if world is not None else 0
 
     def cast(hp_tensor, *args, **kwargs):
-        start = len(recorder.events)
+        before = counts()
         out = eager(hp_tensor, *args, **kwargs)
-        _fuse_since(recorder, start, hp_tensor, out, compiled)
+        on_cast(*before, hp_tensor, out)
+        return out
+
+    def cast_gradient(ctx, grad):
+        before = counts()
+        out = eager_backward(ctx, grad)
+        if out[0] is not grad:  # not already fp8
+            on_cast(*before, grad, out[0])
         return out
 
     with contextlib.ExitStack() as stack:
         for module in _CALLERS:
             stack.enter_context(mock.patch(f"{module}.hp_tensor_to_float8_dynamic", cast))
+        stack.enter_context(mock.patch.object(
+            scaling.NoopFwToFloat8BwDynamic, "backward", staticmethod(cast_gradient)
+        ))  # fmt: skip
+        yield
+
+
+@contextlib.contextmanager
+def fused_fp8_casts(recorder, compiled: bool = False) -> Iterator[None]:
+    """Record torchao's dynamic fp8 casts as the `fused` rule's kernels (module docstring);
+    `compiled` (the job runs torch.compile): the eager chain's transient storages are not
+    allocated either (Inductor keeps them in registers)."""
+
+    def on_cast(start, _world_start, hp, fp8):
+        _fuse_since(recorder, start, hp, fp8, compiled)
+
+    with _rewriting_casts(recorder, on_cast):
+        yield
+
+
+def _drop_collectives_since(start: int) -> None:
+    """Drop the collectives (and their waits) the virtual world recorded from event `start` on."""
+    world = current_recorder()
+    if world is None or len(world.events) <= start:
+        return
+    new = world.events[start:]
+    dropped = {e.seq for e in new if isinstance(e, CommEvent)}
+    kept = [e for e in new if not isinstance(e, CommEvent)
+            and not (isinstance(e, WaitEvent) and e.comm_seq in dropped)]  # fmt: skip
+    del world.events[start:]
+    world.events.extend(kept)
+
+
+class _TransformerEngineCasts:
+    """The `transformer-engine` rule's state for one recording (module docstring)."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self.uid = _storage_uid(recorder)
+        # (storage uid, offset, numel) of a cast operand -> (event index, seq) of its kernel
+        self.cast_of: dict[tuple[int, int, int], tuple[int, int]] = {}
+
+    def _operand_key(self, hp: torch.Tensor) -> tuple[int, int, int] | None:
+        hp = _local(hp)
+        uid = self.uid(hp)
+        return None if uid < 0 else (uid, hp.storage_offset(), hp.numel())
+
+    def _event_index(self, index: int, seq: int) -> int:
+        events = self.recorder.events
+        if index < len(events) and events[index].seq == seq:
+            return index
+        return next(i for i in range(len(events) - 1, -1, -1) if events[i].seq == seq)
+
+    def record(self, start: int, hp: torch.Tensor, fp8) -> None:
+        events = self.recorder.events
+        chain = [i for i in range(start, len(events)) if events[i].kind == COMPUTE]
+        if not chain:
+            return  # nothing recorded (paused, another fake mode): nothing to replace
+        key = self._operand_key(hp)
+        earlier = self.cast_of.get(key) if key is not None else None
+        drop = set(chain) | _transient_rows(events, start)
+        if earlier is not None:  # the second layout, written by the first cast-transpose
+            i = self._event_index(*earlier)
+            events[i] = events[i]._replace(write_bytes=events[i].write_bytes + _local(fp8).nbytes)
+        else:
+            uid = self.uid if self.recorder.record_flows else None
+            _, cast = fused_kernels(events[chain[0]], events[chain[-1]], hp, fp8, uid)
+            events[chain[-1]] = cast
+            drop.discard(chain[-1])
+        for i in sorted(drop, reverse=True):
+            del events[i]
+        if earlier is None and key is not None:
+            index = next(i for i in range(len(events) - 1, start - 1, -1)
+                         if events[i].seq == cast.seq)  # fmt: skip
+            self.cast_of[key] = (index, cast.seq)
+
+    def drop_reciprocals_since(self, start: int) -> None:
+        """Drop the scale reciprocals recorded from `start` on (rule item 4)."""
+        events = self.recorder.events
+        for i in range(len(events) - 1, start - 1, -1):
+            if events[i].kind == COMPUTE and events[i].aten == _RECIPROCAL_ATEN:
+                del events[i]
+
+
+@contextlib.contextmanager
+def transformer_engine_fp8_casts(recorder) -> Iterator[None]:
+    """Record torchao's dynamic fp8 casts as Transformer Engine's delayed-scaling kernels
+    (the `transformer-engine` rule of the module docstring)."""
+    import torchao.float8.float8_ops as float8_ops
+
+    eager_gemm = float8_ops.addmm_float8_unwrapped
+    state = _TransformerEngineCasts(recorder)
+
+    def on_cast(start, world_start, hp, fp8):
+        _drop_collectives_since(world_start)
+        state.record(start, hp, fp8)
+
+    def gemm(*args, **kwargs):
+        start = len(recorder.events)
+        out = eager_gemm(*args, **kwargs)
+        state.drop_reciprocals_since(start)
+        return out
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_rewriting_casts(recorder, on_cast))
+        for module in _GEMM_CALLERS:
+            stack.enter_context(mock.patch(f"{module}.addmm_float8_unwrapped", gemm))
         yield

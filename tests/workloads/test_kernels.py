@@ -104,7 +104,7 @@ def test_torchtitan_defaults_to_eager_without_async_tp_and_compile_fuses_fp8_cas
     compiled = KernelsSpec(framework="torchtitan", compile=True)
     assert compiled.fp8_casts == "fused"
     assert compiled.overrides() == {"compile": True, "fp8_casts": "fused"}
-    assert KernelsSpec(framework="megatron").fp8_casts == "fused"  # Transformer Engine
+    assert KernelsSpec(framework="megatron").fp8_casts == "transformer-engine"
 
 
 @pytest.mark.parametrize(

@@ -9,16 +9,18 @@ from prismbench.spec import job_spec_from_dict
 from tests.prismbench.capture_cases import capture
 
 
+def _spec(fp8_casts, parallel=None, recipe="tensorwise"):
+    return {
+        "model": {"name": "llama-debug"},
+        "parallel": dict(parallel or {}),
+        "batch": {"seq_len": 32, "micro_batch": 1, "global_batch": 2},
+        "train": {"precision": "fp8"},
+        "kernels": {"fp8_recipe": recipe, "fp8_casts": fp8_casts},
+    }
+
+
 def _job(fp8_casts, recipe="tensorwise", parallel=None):
-    return job_spec_from_dict(
-        {
-            "model": {"name": "llama-debug"},
-            "parallel": dict(parallel or {}),
-            "batch": {"seq_len": 32, "micro_batch": 1, "global_batch": 2},
-            "train": {"precision": "fp8"},
-            "kernels": {"fp8_recipe": recipe, "fp8_casts": fp8_casts},
-        }
-    )
+    return job_spec_from_dict(_spec(fp8_casts, parallel, recipe))
 
 
 def _compute_rows(trace):
@@ -68,3 +70,55 @@ def test_fused_casts_under_tensor_parallelism_keep_the_amax_all_reduce(tmp_path)
         trace = capture(_job(casts, parallel={"tp": 2}), tmp_path).traces[0]
         names = trace.text("name")
         assert "scaled_mm" in names and "all_reduce" in names
+
+
+def _fp8_writes(rows):
+    return [r for r in rows if any(d.startswith("float8") for _, d, out in r[1] if out)]
+
+
+def test_transformer_engine_casts_write_each_operand_once_with_no_amax_pass(tmp_path):
+    fused = _compute_rows(capture(_job("fused"), tmp_path).traces[0])
+    te = _compute_rows(capture(_job("transformer-engine"), tmp_path).traces[0])
+    gemms = [r for r in te if r[0] == "aten._scaled_mm"]
+    assert gemms == [r for r in fused if r[0] == "aten._scaled_mm"] and gemms
+    # delayed scaling: the amax is recorded by the cast kernel, the GEMM reads the scale
+    # inverse the cast wrote (the one reciprocal left is the optimizer's grad-clip)
+    assert not [r for r in te if r[0] == "aten.amax"]
+    reciprocals = [r for r in fused if r[0] == "aten.reciprocal"]
+    assert len(reciprocals) >= 2 * len(gemms)
+    assert len([r for r in te if r[0] == "aten.reciprocal"]) == len(reciprocals) - 2 * len(gemms)
+    # torchao casts input, weight and output gradient once per GEMM that reads them (two
+    # casts per GEMM); TE's cast-transpose writes both layouts from one read of the operand
+    casts_fused, casts_te = _fp8_writes(fused), _fp8_writes(te)
+    assert len(casts_fused) == 2 * len(gemms)
+    assert len(casts_te) <= len(casts_fused) // 2
+    # every layout's fp8 bytes are still written, by fewer kernels
+    fp8_out = lambda rows: sum(  # noqa: E731
+        int(np.prod(shape)) for r in rows for shape, d, out in r[1] if out and d.startswith("float8")
+    )
+    te_trace = capture(_job("transformer-engine"), tmp_path).traces[0]
+    rows = np.flatnonzero(te_trace["kind"] == COMPUTE)
+    written = sum(
+        int(te_trace["write_bytes"][i])
+        for i in rows
+        if any(d.startswith("float8") for _, d, out in te_trace.tensors(i) if out)
+    )
+    assert written == fp8_out(casts_fused) > fp8_out(casts_te)
+    # each reads a bf16 operand (and its float32 scale) once
+    for _, tensors, nbytes in casts_te:
+        (hp_shape, hp_dtype, _), (scale_shape, scale_dtype, _), _ = tensors
+        assert (hp_dtype, scale_dtype) == ("bfloat16", "float32")
+        assert nbytes >= 3 * int(np.prod(hp_shape))  # read 2 B, write >= 1 B an element
+
+
+def test_transformer_engine_casts_under_tensor_parallelism_issue_no_amax_collective(tmp_path):
+    def all_reduces(precision, casts):
+        job = job_spec_from_dict({**_spec(casts, {"tp": 2}), "train": {"precision": precision}})
+        return capture(job, tmp_path).traces[0].text("name").count("all_reduce")
+
+    bf16 = all_reduces("bf16", "transformer-engine")
+    # dynamic scaling (torch.compile's rule) reduces each sharded operand's amax over tp
+    assert all_reduces("fp8", "fused") > bf16
+    # delayed scaling reduces the amax history once per region, not per cast: the fp8 job
+    # issues the bf16 job's collectives and no more
+    assert all_reduces("fp8", "transformer-engine") == bf16
