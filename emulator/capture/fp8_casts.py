@@ -37,10 +37,16 @@ operand:
 4. no scale reciprocals before the GEMM (torchao's `addmm_float8_unwrapped` inverts both
    scales, two scalar kernels per GEMM; TE's cast writes `scale_inv` with the fp8 data).
 The eager chain's transient storages are dropped as under `compiled` (TE's kernels keep them in
-registers); the fp8 copies torchao allocates stay as recorded. Left out, making it
-conservative: TE fuses the cast of a LayerNormLinear's input into the norm kernel and, under
-sequence parallelism, casts before the all-gather and gathers fp8; here the gathered bf16
-tensor is cast.
+registers); the fp8 copies torchao allocates stay as recorded. A weight is cast once for the
+micro-batches that follow while its storage lives (TE caches the fp8 weight and its transpose
+when Megatron passes `is_first_microbatch`; under FSDP every gather is a new storage, cast
+again). Left out, making it conservative under sequence parallelism: TE writes a
+LayerNormLinear's input in fp8 from the norm kernel, on the sequence shard, all-gathers the fp8
+bytes, keeps the fp8 shard and gathers it again in backward; a row-parallel linear's output
+gradient is cast on its shard and gathered in fp8 (TE v1.9 and v2.18,
+`module/layernorm_linear.py`, `module/base.py` `grad_output_preprocess`, `distributed.py`
+`gather_along_first_dim`). Here the gathered bf16 tensor is cast (a cast of tp x the bytes)
+and gathered in bf16; the separate fp8 transpose TE runs after such a gather is not recorded.
 """
 
 from __future__ import annotations
