@@ -5,6 +5,7 @@
                                             [--update]
     python results/fidelity/run_fidelity.py --merge N [--update]
     python results/fidelity/run_fidelity.py --from-db DB [--run RUN_ID]
+    python results/fidelity/run_fidelity.py --from-db DB1 --from-db DB2 ...
 
 Shards let N processes share the baselines (most are one class, so one core each);
 `--merge N` then combines their files into fidelity.csv and the README. With `--update`,
@@ -19,7 +20,9 @@ dropped silently. Progress goes to stderr.
 
 `--from-db` emulates nothing: it writes the same two outputs from a stored `prismbench validate`
 run (DB's latest complete run, or RUN_ID), so the table and the harness's history give the same
-figures from one run. The run's commit and id head the generated block.
+figures from one run. The run's commit and id head the generated block. Given several DBs, the
+table joins their latest runs (say, one per group of sources run at one commit); a baseline in
+two of them is refused.
 """
 
 from __future__ import annotations
@@ -221,11 +224,28 @@ def main() -> int:
     parser.add_argument(
         "--update", action="store_true", help="keep fidelity.csv's rows of baselines not run"
     )
-    parser.add_argument("--from-db", type=Path, metavar="DB", help="a validate run's DuckDB")
-    parser.add_argument("--run", metavar="RUN_ID", help="with --from-db: this run, not the latest")
+    parser.add_argument(
+        "--from-db", type=Path, metavar="DB", action="append",
+        help="a validate run's DuckDB (repeatable: the table joins their latest runs)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--run", metavar="RUN_ID", help="with one --from-db: this run, not the latest"
+    )
     args = parser.parse_args()
     if args.from_db:
-        records, failures, label = from_db(args.from_db, args.run)
+        if args.run and len(args.from_db) > 1:
+            parser.exit(2, "--run: give one --from-db with it (a run id names one DB's run)\n")
+        records, failures, labels = [], [], []
+        for db in args.from_db:
+            more, more_failures, label = from_db(db, args.run)
+            twice = {r.baseline for r in records} & {r.baseline for r in more}
+            if twice:
+                parser.exit(2, f"--from-db {db}: {len(twice)} baseline(s) also in an earlier "
+                               f"DB's run ({', '.join(sorted(twice)[:3])}, ...)\n")  # fmt: skip
+            records, failures = records + more, failures + more_failures
+            labels.append(label)
+        records.sort(key=lambda r: r.baseline)
+        label = " ".join(labels)
         write_csv(records, HERE / "fidelity.csv")
         write_readme(f"{label}\n\n{markdown(records, failures)}", HERE / "README.md")
         print(label)
