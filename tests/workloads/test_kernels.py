@@ -203,6 +203,24 @@ def test_the_86a4f47_float8_linears_cannot_take_the_fused_cast_rule():
         )
 
 
+def test_transformer_engine_casts_keep_one_scale_per_tensor():
+    def fp8_job(kernels):
+        return job_spec_from_dict(
+            {
+                "model": {"name": "llama-debug"},
+                "batch": {"seq_len": 32, "global_batch": 2},
+                "train": {"precision": "fp8"},
+                "kernels": kernels,
+            }
+        )
+
+    for framework in ("megatron", "nemo", "llm-foundry"):
+        kernels = fp8_job({"framework": framework}).kernels
+        assert (kernels.fp8_casts, kernels.fp8_recipe) == ("transformer-engine", "tensorwise")
+    with pytest.raises(SpecError, match="fp8_casts='transformer-engine' needs kernels.fp8_recipe"):
+        fp8_job({"framework": "megatron", "fp8_recipe": "rowwise"})
+
+
 def test_megatron_nemo_and_llm_c_step_adamw_in_one_fused_kernel():
     fused = {"megatron", "nemo", "llm.c"}
     assert {KernelsSpec(framework=f).optimizer_step for f in fused} == {"fused"}
