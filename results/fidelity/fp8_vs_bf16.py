@@ -1,6 +1,6 @@
 """Issue 15's FP8 goal as a benchmark: GEMM-dominated jobs on H100s, predicted in FP8 and in bf16.
 
-    python results/fidelity/fp8_vs_bf16.py [--out FILE]      (captures cached; ~10 min cold)
+    python results/fidelity/fp8_vs_bf16.py [--out FILE]      (captures cached; ~2 min cold, 2 cores)
 
 The goal: an FP8 job whose time is GEMM-dominated (hidden >= 4 096 on an H100) is never
 predicted slower than the same job in bf16, for the frameworks that run production FP8
