@@ -288,8 +288,8 @@ FP8_RECIPE_BY_FRAMEWORK: dict[str, str] = {
 }
 # Transformer Engine (Megatron, NeMo, llm-foundry) runs each cast as its own fused CUDA
 # kernel, with its default DelayedScaling recipe (Megatron-LM `--fp8-recipe delayed`, NeMo's
-# MegatronMixedPrecision, Composer's te.fp8_autocast); torchtitan's float8 needs `--training.compile` "to fuse the float8 scaling/casting
-# kernels" (torchtitan docs/float8.md). prism-86a4f47 ran eager torchao-style casts; llm.c:
+# MegatronMixedPrecision, Composer's te.fp8_autocast); torchtitan's float8 needs
+# `--training.compile` "to fuse the float8 scaling/casting kernels" (torchtitan docs/float8.md). prism-86a4f47 ran eager torchao-style casts; llm.c:
 # as for the recipe, the default.
 # torchtitan without compile runs torchao's eager casts ("unfused"); `compile = true` makes it
 # "fused" (KernelsSpec).

@@ -248,8 +248,7 @@ class _TransformerEngineCasts:
         for i in sorted(drop, reverse=True):
             del events[i]
         if earlier is None and key is not None:
-            index = next(i for i in range(len(events) - 1, start - 1, -1)
-                         if events[i].seq == cast.seq)  # fmt: skip
+            index = chain[-1] - sum(1 for i in drop if i < chain[-1])
             self.cast_of[key] = (index, cast.seq)
 
     def drop_reciprocals_since(self, start: int) -> None:

@@ -87,14 +87,12 @@ def with_precision(job, precision: str):
     return dataclasses.replace(job, train=dataclasses.replace(job.train, precision=precision))
 
 
-def gemm_share(job) -> float:
-    """The share of `job`'s priced compute (all rank classes) that GEMM ops take."""
+def gemm_share(priced) -> float:
+    """The share of a priced job's compute (all rank classes) that GEMM ops take."""
     import numpy as np
 
     from emulator.costs.ops import GEMM_OPS
-    from prismbench.emulate import price_job
 
-    priced = price_job(job)
     gemm = total = 0.0
     for pp, trace in priced.capture.traces.items():
         durations = priced.durations_s[pp]  # one per trace row, 0 where not compute
@@ -106,14 +104,15 @@ def gemm_share(job) -> float:
 
 def row(name: str, job) -> tuple[str, float]:
     """A table line for `job` (fp8 against bf16) and the fp8 / bf16 ratio."""
-    from prismbench.emulate import emulate
+    from prismbench.emulate import emulate, price_job
 
-    bf16 = emulate(with_precision(job, "bf16")).iteration_time_s
+    bf16_job = with_precision(job, "bf16")
+    priced = price_job(bf16_job)
+    bf16 = emulate(bf16_job, priced=priced).iteration_time_s
     fp8_job = with_precision(job, "fp8")
     fp8 = emulate(fp8_job).iteration_time_s
-    share = gemm_share(with_precision(job, "bf16"))
     casts = fp8_job.kernels.fp8_casts
-    return (f"| {name} | {job.kernels.framework} ({casts} casts) | {100 * share:.0f} % | "
+    return (f"| {name} | {job.kernels.framework} ({casts} casts) | {100 * gemm_share(priced):.0f} % | "
             f"{bf16:.4f} | {fp8:.4f} | {fp8 / bf16:.3f} |"), fp8 / bf16  # fmt: skip
 
 
