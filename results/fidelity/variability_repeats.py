@@ -5,15 +5,15 @@
 
 Issue 18 scores KS (goal <= 10 %) and p95 against measured step-time distributions. Each
 REPEAT.json is a `Recording.to_dict()` written by results/fidelity/repeat_gpu.py on a real
-H200: the job spec and every timed iteration's seconds (40 after 3 warm-up by default). The
-default is every repeat_*.json of REPEATS; the report goes to stdout and to --out
-(default results/fidelity/variability_repeats.md).
+H100 or H200: the job spec and every timed iteration's seconds (40 after 3 warm-up by
+default). The default is every repeat_*.json of REPEATS; the report goes to stdout and to
+--out (default results/fidelity/variability_repeats.md).
 
 For each recording, the job as recorded (checked against its recorded baseline,
 shared_gpu.recorded_baseline_path) goes through `prismbench.variability.variability`, the
-function `prismbench variability` calls, on the h200-141g GPU preset with a fixed seed, under
-two variability presets (prism-low, the CLI's default, and measured: the H200's own temporal
-figures, results/variability/h200-141g.json) and two ways of treating the GPU:
+function `prismbench variability` calls, on its GPU's preset (the job's `cluster.gpu`) with a
+fixed seed, under two variability presets (prism-low, the CLI's default, and measured: that
+GPU's own temporal figures, results/variability/<gpu>.json) and two ways of treating the GPU:
 - fresh GPU per sample: what the CLI does (each sample draws a new per-GPU speed factor,
   spatial CV 1.64 %: a fresh allocation);
 - one fixed GPU: the per-GPU factor fixed at 1 (`VariabilityModel.with_speed_factors`), as in
@@ -52,8 +52,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
 from shared_gpu import recorded_job, report  # noqa: E402
 
-GPU = "h200-141g"
-REPEATS = ROOT / "results" / "gpu_runs" / "h200-2026-11-27" / "checks_second"
+GPU_RUNS = ROOT / "results" / "gpu_runs"
+REPEATS = (GPU_RUNS / "h200-2026-11-27" / "checks_second", GPU_RUNS / "h100-2026-11-28" / "second")
+GPU_NAME = {"h100-sxm-80g": "H100", "h200-141g": "H200"}
 DEFAULT_OUT = ROOT / "results" / "fidelity" / "variability_repeats.md"
 # Monte Carlo samples: 10x the CLI's default, so the predicted side's own sampling error
 # (KS ~ 1/sqrt(10000) = 0.01) is small beside the 40 measured iterations' (~0.14).
@@ -143,16 +144,16 @@ def p95_interval(times, seed: int, resamples: int = 2000) -> tuple[float, float]
 
 def load_repeat(path: Path):
     """(case, job spec, measured iteration seconds) of a repeat_CASE.json; the job must be its
-    recorded baseline's, on GPU."""
+    recorded baseline's on its GPU."""
     from prismbench.spec import job_spec_from_dict
 
     recording = json.loads(path.read_text())
     case = path.stem.removeprefix("repeat_")
     job = job_spec_from_dict(recording["job"])
-    if job != recorded_job(case, GPU):
+    if job.cluster.gpu not in GPU_NAME:
+        raise SystemExit(f"{path}: gpu {job.cluster.gpu!r}, expected one of {sorted(GPU_NAME)}")
+    if job != recorded_job(case, job.cluster.gpu):
         raise SystemExit(f"{path}: its job differs from the recorded baseline of {case}")
-    if job.cluster.gpu != GPU:
-        raise SystemExit(f"{path}: gpu {job.cluster.gpu!r}, expected {GPU!r}")
     return case, job, np.array(recording["measured"]["iteration_s"])
 
 
@@ -210,12 +211,12 @@ def shown_path(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def shared_iteration_cv(case: str) -> str:
-    """The job's iteration CV in the shared H200 measurement the `measured` preset was built
-    from (results/variability/h200-141g.json: 8 iterations, another session), as text."""
+def shared_iteration_cv(case: str, gpu: str) -> str:
+    """The job's iteration CV in the shared measurement of `gpu` the `measured` preset was
+    built from (results/variability/<gpu>.json: 8 iterations, another session), as text."""
     from prismbench.variability_calibration import load_table
 
-    jobs = load_table(GPU)["jobs"]
+    jobs = load_table(gpu)["jobs"]
     return f"{jobs[case]['iteration_cv']:.2%}" if case in jobs else "not measured"
 
 
@@ -228,15 +229,16 @@ def job_section(path: Path, samples: int, seed: int) -> list[str]:
             deterministic = distribution.deterministic_s  # the same for every preset
             rows.append(table_row(preset, fixed_gpu, score(measured, distribution.times_s)))
     median = float(np.median(measured))
+    gpu = GPU_NAME[job.cluster.gpu]
     p95_low, p95_high = p95_interval(measured, seed)
     return [
-        f"### {case} ({len(measured)} iterations on an H200, {shown_path(path)})",
+        f"### {case} ({len(measured)} iterations on an {gpu}, {shown_path(path)})",
         "",
         f"Measured: median {median * 1e3:.2f} ms, min {measured.min() * 1e3:.2f}, max "
         f"{measured.max() * 1e3:.2f}, p95 {np.percentile(measured, 95) * 1e3:.2f} (90 % "
         f"bootstrap interval {p95_low * 1e3:.2f}-{p95_high * 1e3:.2f}), lag-1 autocorrelation {lag1_autocorrelation(measured):+.2f}; "
-        f"its iteration CV in the shared H200 data (`measured` preset's source) "
-        f"{shared_iteration_cv(case)}."
+        f"its iteration CV in the shared {gpu} data (`measured` preset's source) "
+        f"{shared_iteration_cv(case, job.cluster.gpu)}."
         f" Deterministic prediction {deterministic * 1e3:.2f} ms "
         f"({deterministic / median - 1:+.1%} against the measured median: the compute model's "
         "error, in (a) and not in (b)).",
@@ -254,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    paths = [p.resolve() for p in args.repeats] or sorted(REPEATS.glob("repeat_*.json"))
+    paths = [p.resolve() for p in args.repeats] or [
+        p for folder in REPEATS for p in sorted(folder.glob("repeat_*.json"))
+    ]
     started = time.perf_counter()
     lines = []
     for path in paths:
