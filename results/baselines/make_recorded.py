@@ -81,8 +81,9 @@ def _baselines(prefix: str, folder: str, machine: str, shared: Path) -> dict[str
 
 def write(out_dir: Path = RECORDED, shared_gpu: Path = SHARED_GPU) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.glob("*.toml"):
-        stale.unlink()
+    for prefix in MACHINES:  # only its own files: recorded/ also holds `record`'s own runs
+        for stale in out_dir.glob(f"{prefix}__*.toml"):
+            stale.unlink()
     for name, text in baselines(shared_gpu).items():
         (out_dir / name).write_text(text)
 
@@ -93,5 +94,5 @@ if __name__ == "__main__":
         sys.exit(f"{SHARED_GPU}: the shared measurements {missing} are not beside the repository")
     write()
     print(
-        f"wrote {len(list(RECORDED.glob('*.toml')))} recorded baselines to {RECORDED.relative_to(ROOT)}"
+        f"wrote {len(baselines())} recorded baselines to {RECORDED.relative_to(ROOT)}"
     )

@@ -301,15 +301,20 @@ def _recorded_generator():
     reason="../shared/data/gpu/{h100-sxm-80g,h200-141g} are not beside the repo",
 )
 def test_recorded_baselines_are_what_the_generator_writes(tmp_path):
-    _recorded_generator().write(tmp_path, SHARED_GPU)
-    written = sorted(tmp_path.glob("*.toml"))
-    assert [p.name for p in written] == [p.name for p in sorted(RECORDED.glob("*.toml"))]
+    generator = _recorded_generator()
+    (tmp_path / "h100frameworks__kept.toml").write_text("")  # a `record` run: not the generator's
+    generator.write(tmp_path, SHARED_GPU)
+    written = sorted(p for p in tmp_path.glob("*.toml") if p.name != "h100frameworks__kept.toml")
+    committed = sorted(p for prefix in generator.MACHINES for p in RECORDED.glob(f"{prefix}__*.toml"))
+    assert [p.name for p in written] == [p.name for p in committed]
     assert all(p.read_bytes() == (RECORDED / p.name).read_bytes() for p in written)
+    assert (tmp_path / "h100frameworks__kept.toml").exists()
 
 
 def test_recorded_baselines_load_with_their_spread_and_provenance():
     baselines = {b.name: b for b in load_baselines(RECORDED)}
-    assert len(baselines) == 16  # the eight shared jobs on the H100 and on the H200
+    shared = [name for name in baselines if name.split("__")[0] in ("h100shared", "h200shared")]
+    assert len(shared) == 16  # the eight shared jobs on the H100 and on the H200
     for gpu in ("h100", "h200"):
         b = baselines[f"{gpu}shared__gpt3-125m-s2048-mb8-none"]
         assert b.provenance.kind == "recorded" and b.provenance.commit == "86a4f47"
@@ -334,3 +339,17 @@ def test_recorded_provenance_and_spread_are_checked():
     inverted = tables | {"measured": tables["measured"] | {"iteration_time_s_min": 1.0}}
     with pytest.raises(BaselineError, match="iteration_time_s_min <= iteration_time_s"):
         baseline_from_dict("x", inverted)
+
+
+def test_recorded_production_kernel_runs_name_their_framework_and_machine():
+    """The eight shared jobs run again on an H100 with their families' production kernels
+    (results/calibration/reprofile_gpu.py, 2026-11-28): `record`'s own files, kept as written."""
+    runs = [b for b in load_baselines(RECORDED) if b.name.startswith("h100frameworks__")]
+    assert len(runs) == 8
+    frameworks = {b.job.model.name.split("-")[0]: b.job.kernels.framework for b in runs}
+    assert frameworks == {"gpt2": "nemo", "gpt3": "nemo", "llama2": "torchtitan",
+                          "llama3": "torchtitan", "mpt": "llm-foundry"}  # fmt: skip
+    for b in runs:
+        assert b.provenance.kind == "recorded" and b.provenance.source == "prismbench record"
+        assert "H100" in b.provenance.notes and b.job.cluster.gpu == "h100-sxm-80g"
+        assert b.measured.iterations == 5 and b.measured.peak_mem_kind == "allocator_reserved"
