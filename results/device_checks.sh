@@ -65,6 +65,7 @@ done
 
 wanted gpu_tests && step gpu_tests 90 $py -m pytest -q -m gpu -p no:cacheprovider \
     tests/workloads/test_attention_ops.py tests/workloads/test_context_parallel.py \
+    tests/workloads/test_cuda_kernels.py \
     tests/emulator/costs/test_calibrate.py \
     tests/emulator/capture/test_compile_fusion.py tests/prismbench/test_record.py
 wanted reprofile && step reprofile 200 $py results/calibration/reprofile_gpu.py --out "$OUT"

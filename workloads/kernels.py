@@ -72,7 +72,9 @@ Fields:
   measured another kernel (torch's SDPA on an H100 while cuDNN attention was opt-in, from
   torch 2.5.1 until torch 2.11, whose SDPA the shared profiles show running cuDNN; flash-attn
   2), priced at its published rates, 1.3-1.7x slower than the cuDNN kernels of the H100
-  table. All three compute exact attention and keep the output and a float32 logsumexp, so
+  table (on a GPU the workloads ask SDPA for its flash backend: the kernel priced runs; a real
+  H100 run without that ran cuDNN, 1.4-2.1x faster, results/calibration/README.md). `triton`
+  runs FlexAttention on a GPU, not flash-attn's Triton kernel. All three compute exact attention and keep the output and a float32 logsumexp, so
   the program, its memory and its loss are the same: the choice is what the kernel costs.
   `unfused`: no fused kernel, the score matrix in memory, as
   Megatron-LM ran attention before flash attention (a batched GEMM for the scores, Megatron's
@@ -101,7 +103,9 @@ Fields:
 - `custom_ops`: how the workloads' own ops run on a GPU, RoPE and position-masked attention
   (ALiBi, context-parallel chunks): `fused`, one kernel each way (`prism::rope`,
   `prism::masked_attention`: Megatron-core's and Transformer Engine's fused RoPE, FlexAttention
-  or flash-attn with ALiBi), what production frameworks run; `eager`, their float32 reference
+  or flash-attn with ALiBi), what production frameworks run (on CUDA: FlexAttention, and
+  RoPE's reference math compiled into one kernel, `workloads.models.cuda_kernels`, as the fused
+  losses and Megatron's masked softmax are); `eager`, their float32 reference
   math as a chain of eager kernels, the score matrix of the masked attention in memory
   (`workloads.models.eager_ops`): what the workloads at 86a4f47 ran on a GPU, so the shared
   H100 profiles of that commit stay comparable.

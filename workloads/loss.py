@@ -22,7 +22,8 @@
 The fused kernels are the custom ops `prism::cross_entropy` (per token: logsumexp over this
 rank's vocabulary columns and the label's logit where this rank holds it, float32) and
 `prism::cross_entropy_backward` / `prism::cross_entropy_backward_` (softmax minus one-hot,
-times the loss gradient). Their CPU kernels are the reference math; their fake kernels
+times the loss gradient). Their CPU kernels are the reference math, their CUDA kernels the same
+math compiled into fused kernels (`workloads.models.cuda_kernels`); their fake kernels
 allocate only the outputs, so capture sees one memory-bound op each way and no float32 copy.
 With tp > 1 the vocabulary-parallel combination stays three all-reduces over the tp group
 (max and sum of exp of the partial logsumexps, the label's logit), as Megatron's.
@@ -41,6 +42,8 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 
+from workloads.models.cuda_kernels import register_compiled_cuda_kernel
+
 FUSED_LOSSES = ("fused", "fused-inplace")
 
 
@@ -51,13 +54,17 @@ def _label_columns(labels: Tensor, vocab_start: int, columns: int) -> tuple[Tens
     return local.clamp(0, columns - 1), inside
 
 
-@torch.library.custom_op("prism::cross_entropy", mutates_args=())
-def cross_entropy_stats(logits: Tensor, labels: Tensor, vocab_start: int) -> tuple[Tensor, Tensor]:
-    """logits [N, V_local], labels [N] -> (logsumexp [N], label logit or 0 [N]), float32."""
+def _stats(logits: Tensor, labels: Tensor, vocab_start: int) -> tuple[Tensor, Tensor]:
     x = logits.float()
     columns, inside = _label_columns(labels, vocab_start, logits.shape[-1])
     target = x.gather(-1, columns.unsqueeze(-1)).squeeze(-1).masked_fill(~inside, 0.0)
     return torch.logsumexp(x, dim=-1), target
+
+
+@torch.library.custom_op("prism::cross_entropy", mutates_args=())
+def cross_entropy_stats(logits: Tensor, labels: Tensor, vocab_start: int) -> tuple[Tensor, Tensor]:
+    """logits [N, V_local], labels [N] -> (logsumexp [N], label logit or 0 [N]), float32."""
+    return _stats(logits, labels, vocab_start)
 
 
 @cross_entropy_stats.register_fake
@@ -69,18 +76,29 @@ def _(logits, labels, vocab_start):
 
 
 def _gradient(grad_loss: Tensor, logits: Tensor, labels: Tensor, lse: Tensor, vocab_start: int):
-    """(softmax - one_hot(label)) * grad_loss, float32 [N, V_local]."""
-    grad = (logits.float() - lse.unsqueeze(-1)).exp()
+    """(softmax - one_hot(label)) * grad_loss, float32 [N, V_local]. The one-hot is a compare
+    against the column index, not a scatter, so that compiled (CUDA) it is one pointwise kernel
+    with no float32 [N, V_local] buffer."""
     columns, inside = _label_columns(labels, vocab_start, logits.shape[-1])
-    grad.scatter_add_(-1, columns.unsqueeze(-1), -inside.to(grad.dtype).unsqueeze(-1))
-    return grad * grad_loss.unsqueeze(-1)
+    vocab_columns = torch.arange(logits.shape[-1], device=logits.device)
+    one_hot = (vocab_columns == columns.unsqueeze(-1)) & inside.unsqueeze(-1)
+    softmax = (logits.float() - lse.unsqueeze(-1)).exp()
+    return (softmax - one_hot.float()) * grad_loss.unsqueeze(-1)
+
+
+def _gradient_in_dtype(grad_loss, logits, labels, lse, vocab_start: int) -> Tensor:
+    return _gradient(grad_loss, logits, labels, lse, vocab_start).to(logits.dtype)
+
+
+def _gradient_over_logits(grad_loss, logits, labels, lse, vocab_start: int) -> None:
+    logits.copy_(_gradient(grad_loss, logits, labels, lse, vocab_start))
 
 
 @torch.library.custom_op("prism::cross_entropy_backward", mutates_args=())
 def cross_entropy_backward(
     grad_loss: Tensor, logits: Tensor, labels: Tensor, lse: Tensor, vocab_start: int
 ) -> Tensor:
-    return _gradient(grad_loss, logits, labels, lse, vocab_start).to(logits.dtype)
+    return _gradient_in_dtype(grad_loss, logits, labels, lse, vocab_start)
 
 
 @cross_entropy_backward.register_fake
@@ -92,12 +110,17 @@ def _(grad_loss, logits, labels, lse, vocab_start):
 def cross_entropy_backward_(
     grad_loss: Tensor, logits: Tensor, labels: Tensor, lse: Tensor, vocab_start: int
 ) -> None:
-    logits.copy_(_gradient(grad_loss, logits, labels, lse, vocab_start))
+    _gradient_over_logits(grad_loss, logits, labels, lse, vocab_start)
 
 
 @cross_entropy_backward_.register_fake
 def _(grad_loss, logits, labels, lse, vocab_start):
     return None
+
+
+register_compiled_cuda_kernel(cross_entropy_stats, _stats)
+register_compiled_cuda_kernel(cross_entropy_backward, _gradient_in_dtype)
+register_compiled_cuda_kernel(cross_entropy_backward_, _gradient_over_logits)
 
 
 class _FusedCrossEntropy(torch.autograd.Function):

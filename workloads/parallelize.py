@@ -319,7 +319,8 @@ def apply_fsdp(model: nn.Module, dp_mesh, *, zero: int, precision: str, reshard:
 
 def set_kernels(model: nn.Module, job: TrainingJob) -> None:
     """Make every block's attention run the kernels `job` names: unfused with attention dropout
-    (`kernels.attention = "unfused"`, `train.attention_dropout`) or a fused kernel; RoPE and
+    (`kernels.attention = "unfused"`, `train.attention_dropout`) or a fused kernel (SDPA's
+    FlashAttention-2 backend on a GPU for `flash2`); RoPE and
     ALiBi attention fused or as eager math (`kernels.custom_ops`); RMSNorm as one fused kernel
     or torchtitan's float32 eager math (`kernels.norm`)."""
     eager = job.kernels.custom_ops == "eager"
@@ -329,6 +330,7 @@ def set_kernels(model: nn.Module, job: TrainingJob) -> None:
     for block in model.layers.values():
         core = block.attention.core_attention
         core.unfused = job.kernels.attention == "unfused"
+        core.flash_only = job.kernels.attention == "flash2"
         core.dropout = job.train.attention_dropout
         core.eager = eager
         if hasattr(block.attention, "eager_rope"):  # Llama's attention applies RoPE

@@ -95,3 +95,35 @@ def test_on_cuda_compiled_flex_attention_matches_the_reference_forward_and_backw
     expected.backward(grad.float())
     for got, want in zip(leaves, reference, strict=True):
         torch.testing.assert_close(got.grad.float(), want.grad, rtol=5e-2, atol=5e-2)
+
+
+def test_a_forward_builds_its_block_mask_once_for_all_layers():
+    from workloads.models.attention_ops import _block_mask
+
+    positions = torch.arange(256)
+    first = _block_mask(positions, positions, 256, 256, False)
+    assert _block_mask(positions, positions, 256, 256, False) is first  # the next layer
+    assert _block_mask(torch.arange(256), torch.arange(256), 256, 256, False) is not first
+    chunk = torch.arange(128, 256)  # context parallelism: queries and keys differ
+    assert _block_mask(chunk, positions, 128, 256, False) is not _block_mask(
+        chunk, positions, 128, 256, False
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_flash_only_attention_runs_the_flash_kernel_not_cudnn():
+    from torch.profiler import ProfilerActivity, profile
+
+    from workloads.models.common import CausalAttention
+
+    core = CausalAttention(alibi=False, total_heads=8)
+    core.flash_only = True
+    q, k, v = (torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in "qkv")
+    positions = torch.arange(1024, device="cuda")
+    core(q, k, v, positions)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        core(q, k, v, positions)
+        torch.cuda.synchronize()
+    names = [e.name.lower() for e in prof.events() if e.device_type.name == "CUDA"]
+    assert any("flash" in n for n in names) and not any("cudnn" in n for n in names), names

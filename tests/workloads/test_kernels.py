@@ -322,3 +322,21 @@ def test_torchtitan_keeps_every_fsdp_unit_gathered_when_it_pipelines():
     assert job(2, torchtitan | {"fsdp_reshard": "all"}).fsdp_reshard == "all"
     with pytest.raises(SpecError, match="kernels.fsdp_reshard='some' must be one of"):
         KernelsSpec(fsdp_reshard="some")
+
+
+@pytest.mark.parametrize(("attention", "flash_only"), [("flash2", True), ("flash", False)])
+def test_flash2_makes_every_block_ask_sdpa_for_its_flash_backend(attention, flash_only):
+    """`flash2` prices FlashAttention-2; on a GPU torch 2.11's SDPA would pick cuDNN unless
+    told, so the blocks ask for the flash backend (CPU and capture are unaffected)."""
+    from workloads.flavors import get_flavor
+    from workloads.models import build_model
+    from workloads.parallelize import set_kernels
+
+    job = job_spec_from_dict(
+        {"model": {"name": "llama-debug"}, "batch": {"seq_len": 32, "global_batch": 2},
+         "kernels": {"framework": "torchtitan", "attention": attention}}
+    )  # fmt: skip
+    model = build_model(get_flavor("llama-debug"))
+    set_kernels(model, job)
+    cores = [block.attention.core_attention for block in model.layers.values()]
+    assert cores and all(core.flash_only is flash_only for core in cores)

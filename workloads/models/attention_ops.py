@@ -127,6 +127,36 @@ def _compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=False)
 
 
+# The last block mask built, with the positions tensor it was built from: a forward passes
+# one positions tensor to every layer (and recomputation passes it again), so the mask is built
+# once per forward, as torchtitan and FlexAttention's documentation do, not once per layer
+# (per layer, a real H100 run waited 6-8 ms of host time a layer: results/calibration/README.md).
+# One slot: the mask's mask_mod holds the positions, so a cache keyed weakly on them would never
+# let go; this one holds one forward's (a few KB) until the next forward's replaces it.
+_last_block_mask: list = []
+
+
+def _block_mask(q_positions: Tensor, kv_positions: Tensor, q_len: int, kv_len: int, compiled):
+    """The position mask as a BlockMask, reused while the same positions tensor comes back for
+    self-attention (the same tensor for queries and keys); built afresh otherwise."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def visible(b, h, q_idx, kv_idx):
+        return kv_positions[kv_idx] <= q_positions[q_idx]
+
+    key = (q_len, kv_len, compiled)
+    reusable = q_positions is kv_positions
+    last = _last_block_mask
+    if reusable and last and last[0] is q_positions and last[1] == key:
+        return last[2]
+    mask = create_block_mask(
+        visible, None, None, q_len, kv_len, device=q_positions.device, _compile=compiled
+    )
+    if reusable:
+        last[:] = [q_positions, key, mask]
+    return mask
+
+
 def flex_position_masked_attention(
     q: Tensor,
     k: Tensor,
@@ -138,19 +168,15 @@ def flex_position_masked_attention(
     compiled: bool = True,
 ) -> Tensor:
     """The same attention as FlexAttention: ALiBi as a score_mod, the position mask as a block
-    mask. Compiled it is one fused kernel each way on CUDA; uncompiled it is FlexAttention's
-    reference math (used by the tests to check the two mods on CPU)."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    def visible(b, h, q_idx, kv_idx):
-        return kv_positions[kv_idx] <= q_positions[q_idx]
+    mask (one per forward, `_block_mask`). Compiled it is one fused kernel each way on CUDA;
+    uncompiled it is FlexAttention's reference math (used by the tests to check the two mods
+    on CPU)."""
+    from torch.nn.attention.flex_attention import flex_attention
 
     def alibi(score, b, h, q_idx, kv_idx):
         return score - slopes[h] * (q_positions[q_idx] - kv_positions[kv_idx])
 
-    block_mask = create_block_mask(
-        visible, None, None, q.shape[2], k.shape[2], device=q.device, _compile=compiled
-    )
+    block_mask = _block_mask(q_positions, kv_positions, q.shape[2], k.shape[2], compiled)
     attend = _compiled_flex_attention() if compiled else flex_attention
     return attend(
         q, k, v,

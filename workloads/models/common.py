@@ -14,6 +14,8 @@ import zlib
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from workloads.models.attention_ops import position_masked_attention
 from workloads.models.eager_ops import eager_masked_attention, eager_rope
@@ -67,7 +69,9 @@ class CausalAttention(nn.Module):
     `workloads.parallelize.set_kernels`, `kernels.attention = "unfused"`) runs
     Megatron's attention with the score matrix in memory instead (unfused_attention.py),
     with attention dropout of probability `dropout`; `eager` (`kernels.custom_ops = "eager"`)
-    runs the ALiBi attention as eager float32 math (eager_ops.py).
+    runs the ALiBi attention as eager float32 math (eager_ops.py). `flash_only`
+    (`kernels.attention = "flash2"`) makes SDPA run its FlashAttention-2 backend on a GPU,
+    the kernel that setting prices; otherwise torch picks (cuDNN on an H100 with torch 2.11).
     """
 
     def __init__(self, *, alibi: bool, total_heads: int) -> None:
@@ -78,6 +82,7 @@ class CausalAttention(nn.Module):
         self.unfused = False
         self.dropout = 0.0
         self.eager = False
+        self.flash_only = False
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
@@ -91,6 +96,9 @@ class CausalAttention(nn.Module):
             slopes = self.local_slopes(q.shape[1], q.device)
             attend = eager_masked_attention if self.eager else position_masked_attention
             out = attend(q, k, v, positions, positions, slopes)
+        elif self.flash_only and q.is_cuda and not is_fake(q):
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return out.transpose(1, 2)

@@ -6,8 +6,9 @@ tensor once and writing it once, with the angles computed in float32 inside the 
 Written with plain torch ops the rotation is ~17 forward and ~13 backward kernels per
 tensor (angles, float32 upcast, four products, stack, downcast) that also keep float32
 copies alive for backward: neither what a GPU runs nor what it costs. So `prism::rope` is a
-custom op: its CPU implementation is the reference math, its fake implementation allocates
-only the output, and its backward is the same op rotating by the opposite angle (a rotation's
+custom op: its CPU implementation is the reference math, its CUDA implementation the same math
+compiled into one fused kernel (`workloads.models.cuda_kernels`), its fake implementation
+allocates only the output, and its backward is the same op rotating by the opposite angle (a rotation's
 transpose is its inverse), saving only the positions.
 
 Layout: x [b, s, h, d]; pairs (2i, 2i+1) of the last dim rotate by positions * theta^(-2i/d)
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from workloads.models.cuda_kernels import register_compiled_cuda_kernel
 
 
 def rotate(x: Tensor, positions: Tensor, theta: float, inverse: bool) -> Tensor:
@@ -46,6 +49,9 @@ def rope(x: Tensor, positions: Tensor, theta: float, inverse: bool) -> Tensor:
 @rope.register_fake
 def _(x, positions, theta, inverse):
     return torch.empty_like(x)
+
+
+register_compiled_cuda_kernel(rope, rotate)
 
 
 def _setup_context(ctx, inputs, output) -> None:

@@ -31,18 +31,29 @@ import math
 import torch
 from torch import Tensor
 
+from workloads.models.cuda_kernels import register_compiled_cuda_kernel
+
 
 def _future_keys(s_q: int, s_k: int, device) -> Tensor:
     """True where key j comes after query i (queries are the last s_q of the s_k positions)."""
     return torch.ones(s_q, s_k, dtype=torch.bool, device=device).triu(1 + s_k - s_q)
 
 
+def _masked_softmax(scores: Tensor) -> Tensor:
+    masked = scores.float().masked_fill(_future_keys(*scores.shape[-2:], scores.device), -math.inf)
+    return torch.softmax(masked, dim=-1).to(scores.dtype)
+
+
+def _softmax_backward_over_grad(grad: Tensor, probs: Tensor) -> None:
+    p, g = probs.float(), grad.float()
+    grad.copy_(p * (g - (g * p).sum(dim=-1, keepdim=True)))
+
+
 @torch.library.custom_op("prism::causal_softmax", mutates_args=())
 def causal_softmax(scores: Tensor) -> Tensor:
     """Softmax over the last dim of scores [batch, s_q, s_k], future keys masked, float32
     inside and returned in the scores' dtype (Megatron's scaled_upper_triang_masked_softmax)."""
-    masked = scores.float().masked_fill(_future_keys(*scores.shape[-2:], scores.device), -math.inf)
-    return torch.softmax(masked, dim=-1).to(scores.dtype)
+    return _masked_softmax(scores)
 
 
 @causal_softmax.register_fake
@@ -53,13 +64,17 @@ def _(scores):
 @torch.library.custom_op("prism::causal_softmax_backward_", mutates_args=("grad",))
 def causal_softmax_backward_(grad: Tensor, probs: Tensor) -> None:
     """The softmax's backward, written over `grad` (the gradient of the probabilities)."""
-    p, g = probs.float(), grad.float()
-    grad.copy_(p * (g - (g * p).sum(dim=-1, keepdim=True)))
+    _softmax_backward_over_grad(grad, probs)
 
 
 @causal_softmax_backward_.register_fake
 def _(grad, probs):
     return None
+
+
+# on CUDA one fused kernel each way, as Megatron's (workloads.models.cuda_kernels)
+register_compiled_cuda_kernel(causal_softmax, _masked_softmax)
+register_compiled_cuda_kernel(causal_softmax_backward_, _softmax_backward_over_grad)
 
 
 def _setup_context(ctx, inputs, output) -> None:
