@@ -40,18 +40,27 @@ The eager chain's transient storages are dropped as under `compiled` (TE's kerne
 registers); the fp8 copies torchao allocates stay as recorded. A weight is cast once for the
 micro-batches that follow while its storage lives (TE caches the fp8 weight and its transpose
 when Megatron passes `is_first_microbatch`; under FSDP every gather is a new storage, cast
-again). Left out, making it conservative under sequence parallelism: TE writes a
-LayerNormLinear's input in fp8 from the norm kernel, on the sequence shard, all-gathers the fp8
-bytes, keeps the fp8 shard and gathers it again in backward; a row-parallel linear's output
-gradient is cast on its shard and gathered in fp8 (TE v1.9 and v2.18,
-`module/layernorm_linear.py`, `module/base.py` `grad_output_preprocess`, `distributed.py`
-`gather_along_first_dim`). Here the gathered bf16 tensor is cast (a cast of tp x the bytes)
-and gathered in bf16; the separate fp8 transpose TE runs after such a gather is not recorded.
+again).
+5. under sequence parallelism, where the program all-gathers an operand in high precision and
+   casts the gathered tensor (`sp_collectives = "first-dim"`, Megatron's path): TE writes a
+   LayerNormLinear's input in fp8 on the sequence shard, all-gathers the fp8 bytes, keeps the
+   fp8 shard and gathers it again in backward, where it transposes it for the weight
+   gradient; a row-parallel linear's output gradient is cast on its shard, gathered in fp8 and
+   transposed (TE v1.9 and v2.18, `module/layernorm_linear.py`, `module/base.py`
+   `grad_output_preprocess`, `distributed.py` `gather_along_first_dim`). So such a gather
+   (the virtual world tells which gather wrote the cast operand's storage:
+   `comm_events.gathered_by`) is recorded moving the fp8 bytes, and the operand's kernel is
+   the cast on the shard (forward input), the fp8 transpose of the gathered tensor (input in
+   backward), or both (output gradient); its later casts add nothing. Left out: the forward
+   shard cast is a kernel of its own (TE folds it into the norm kernel), the gathered buffer
+   keeps the program's high-precision size in memory, and a forward recomputed in backward
+   is priced with the transpose, not the shard cast.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from unittest import mock
 
@@ -59,6 +68,7 @@ import torch
 
 from emulator.capture import opmap
 from emulator.capture.trace import ALLOC, COMPUTE, FREE, OpEvent
+from emulator.world import comm_events
 from emulator.world.comm_events import CommEvent, WaitEvent, current_recorder
 
 # torchao modules that call the dynamic cast (each imported it by name)
@@ -209,6 +219,42 @@ def _drop_collectives_since(start: int) -> None:
     world.events.extend(kept)
 
 
+def _fp8_gather(gather_seq: int, fp8) -> int | None:
+    """Make the recorded all-gather `gather_seq` move `fp8`'s bytes (Transformer Engine gathers
+    the fp8 data where the program gathers the high-precision tensor and casts it); its group
+    size, or None when the virtual world holds no such gather."""
+    world = current_recorder()
+    if world is None:
+        return None
+    data = _local(fp8)
+    for i in range(len(world.events) - 1, -1, -1):
+        event = world.events[i]
+        if event.seq == gather_seq:
+            if not isinstance(event, CommEvent) or event.kind != "all_gather":
+                return None
+            world.events[i] = dataclasses.replace(
+                event, dtype=_dtype_name(data), nbytes=event.numel * data.element_size()
+            )
+            return event.group_size
+    return None
+
+
+def _gathered_cast_bytes(hp: torch.Tensor, fp8, group_size: int) -> tuple[int, int]:
+    """(read, write) bytes of what Transformer Engine runs for an operand the program
+    all-gathered in high precision (module docstring, sequence parallelism): a forward input
+    is cast on its shard (the gather then moves fp8); in backward an input was gathered again
+    from its saved fp8 shard and is transposed in fp8 for the weight gradient; an output
+    gradient is cast on its shard, gathered in fp8 and transposed."""
+    hp_bytes, data_bytes = _local(hp).nbytes, _local(fp8).nbytes
+    shard = (hp_bytes // group_size, data_bytes // group_size)
+    transpose = (data_bytes, data_bytes)
+    role = getattr(getattr(fp8, "_local_tensor", fp8), "_gemm_input_role", None)
+    if role is not None and role.value == "grad_output":
+        return shard[0] + transpose[0], shard[1] + transpose[1]
+    in_backward = torch._C._current_graph_task_id() != -1
+    return transpose if in_backward else shard
+
+
 class _TransformerEngineCasts:
     """The `transformer-engine` rule's state for one recording (module docstring)."""
 
@@ -217,6 +263,9 @@ class _TransformerEngineCasts:
         self.uid = _storage_uid(recorder)
         # (storage uid, offset, numel) of a cast operand -> (event index, seq) of its kernel
         self.cast_of: dict[tuple[int, int, int], tuple[int, int]] = {}
+        # operands all-gathered in high precision (their gathers now move fp8): their later
+        # casts add no bytes (one fp8 tensor and one transpose serve all their GEMMs)
+        self.gathered: set[tuple[int, int, int]] = set()
 
     def _operand_key(self, hp: torch.Tensor) -> tuple[int, int, int] | None:
         hp = _local(hp)
@@ -237,12 +286,21 @@ class _TransformerEngineCasts:
         key = self._operand_key(hp)
         earlier = self.cast_of.get(key) if key is not None else None
         drop = set(chain) | _transient_rows(events, start)
-        if earlier is not None:  # the second layout, written by the first cast-transpose
+        if earlier is not None and key in self.gathered:
+            pass
+        elif earlier is not None:  # the second layout, written by the first cast-transpose
             i = self._event_index(*earlier)
             events[i] = events[i]._replace(write_bytes=events[i].write_bytes + _local(fp8).nbytes)
         else:
             uid = self.uid if self.recorder.record_flows else None
             _, cast = fused_kernels(events[chain[0]], events[chain[-1]], hp, fp8, uid)
+            gather_seq = comm_events.gathered_by(_local(hp))
+            group_size = None if gather_seq is None else _fp8_gather(gather_seq, fp8)
+            if group_size is not None:
+                read, write = _gathered_cast_bytes(hp, fp8, group_size)
+                cast = cast._replace(read_bytes=read, write_bytes=write)
+                if key is not None:
+                    self.gathered.add(key)
             events[chain[-1]] = cast
             drop.discard(chain[-1])
         for i in sorted(drop, reverse=True):

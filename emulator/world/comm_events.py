@@ -104,6 +104,21 @@ def wait_for_reads(tensors) -> None:
             work.wait()
 
 
+# storage of an all-gather's output -> that collective's seq: the transformer-engine fp8 rule
+# (emulator/capture/fp8_casts.py) finds the gather whose output the program casts to fp8
+_gathered_by: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def note_gathered(tensor, seq: int) -> None:
+    """`tensor` is the output of the all-gather recorded as event `seq`."""
+    _gathered_by[tensor.untyped_storage()] = seq
+
+
+def gathered_by(tensor) -> int | None:
+    """The seq of the all-gather whose output `tensor` is (a view of), or None."""
+    return _gathered_by.get(tensor.untyped_storage()) if _gathered_by else None
+
+
 @dataclass(eq=False)
 class Recorder:
     """Event sink + shared sequence counter + group table (see module docstring)."""

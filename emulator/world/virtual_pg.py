@@ -181,6 +181,8 @@ class VirtualProcessGroup(dist.ProcessGroup):
             sizes=sizes if coalesced else None,
             stream=comm_events.current_stream(),
         )
+        if kind == "all_gather" and len(tensors) == 1:
+            comm_events.note_gathered(tensors[0], event.seq)
         return VirtualWork(recorder, event.seq, result)
 
     def global_rank(self, group_rank: int) -> int:

@@ -122,3 +122,35 @@ def test_transformer_engine_casts_under_tensor_parallelism_issue_no_amax_collect
     # delayed scaling reduces the amax history once per region, not per cast: the fp8 job
     # issues the bf16 job's collectives and no more
     assert all_reduces("fp8", "transformer-engine") == bf16
+
+
+def test_transformer_engine_gathers_sequence_parallel_operands_in_fp8(tmp_path):
+    """Megatron with Transformer Engine casts a column-parallel input on its sequence shard and
+    all-gathers fp8 (again in backward, from the saved fp8 shard), and casts a row-parallel
+    output gradient before gathering it: the program gathers bf16 and casts the gathered tensor,
+    so the rule makes those gathers move one byte an element."""
+
+    def gathers(precision):
+        job = job_spec_from_dict({
+            "model": {"name": "gpt-debug"}, "parallel": {"tp": 2, "sequence_parallel": True},
+            "batch": {"seq_len": 32, "micro_batch": 2, "global_batch": 2},
+            "train": {"precision": precision}, "kernels": {"framework": "megatron"},
+        })  # fmt: skip
+        assert job.kernels.fp8_casts == "transformer-engine"
+        assert job.kernels.sp_collectives == "first-dim" and job.kernels.sp_regather
+        trace = capture(job, tmp_path).traces[0]
+        rows = [i for i, name in enumerate(trace.text("name")) if name == "all_gather"]
+        dtypes = trace.text("dtype")
+        return [(dtypes[i], int(trace["numel"][i]), int(trace["size_bytes"][i])) for i in rows]
+
+    bf16, fp8 = gathers("bf16"), gathers("fp8")
+    assert [numel for _, numel, _ in fp8] == [numel for _, numel, _ in bf16]  # the same gathers
+    assert {d for d, *_ in bf16} == {"bfloat16"}
+    by_dtype = {d: [(n, b) for dd, n, b in fp8 if dd == d] for d, *_ in fp8}
+    # per block: the attention and MLP inputs forward and again in backward (e4m3), the two
+    # output gradients (e5m2); the output layer is not fp8 and keeps its bf16 gathers
+    layers = 4
+    assert len(by_dtype["float8_e4m3fn"]) == 4 * layers
+    assert len(by_dtype["float8_e5m2"]) == 2 * layers
+    assert len(by_dtype["bfloat16"]) == len(bf16) - 6 * layers
+    assert all(b == n for d in ("float8_e4m3fn", "float8_e5m2") for n, b in by_dtype[d])
