@@ -3,6 +3,8 @@ compiled. On CPU: every reference compiles as one graph (what Inductor needs to 
 computes what the eager op computes; on a GPU (`gpu` marker): the ops run fused kernels and the
 loss keeps no float32 copy of the logits."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -128,3 +130,35 @@ def test_on_cuda_the_fused_loss_keeps_no_float32_copy_of_the_logits():
     reference = torch.nn.functional.cross_entropy(logits.float(), labels)
     fused = loss.fused_cross_entropy(logits, labels, None, vocab, inplace=False)
     torch.testing.assert_close(fused, reference, rtol=1e-3, atol=1e-3)
+
+
+def test_a_kernel_whose_compile_fails_warns_once_and_runs_the_reference():
+    from workloads.models.cuda_kernels import compiled_kernel
+
+    def failing_compile(fn, **_):
+        def run(*_args):
+            raise RuntimeError("no Triton here")
+
+        return run
+
+    kernel = compiled_kernel("prism::double", lambda x: 2 * x, compile=failing_compile)
+    with pytest.warns(UserWarning, match="prism::double: its compiled CUDA kernel failed"):
+        assert kernel(torch.tensor(3.0)) == 6.0
+    with warnings.catch_warnings(record=True) as later:
+        warnings.simplefilter("always")
+        assert kernel(torch.tensor(4.0)) == 8.0
+    assert not later  # once is enough: it runs the reference from then on
+
+
+def test_out_of_memory_in_a_compiled_kernel_is_not_a_compiler_failure():
+    from workloads.models.cuda_kernels import compiled_kernel
+
+    def out_of_memory(fn, **_):
+        def run(*_args):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+
+        return run
+
+    kernel = compiled_kernel("prism::big", lambda x: x, compile=out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        kernel(torch.tensor(1.0))

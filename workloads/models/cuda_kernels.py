@@ -21,19 +21,44 @@ shape it sees (a training run sees a few: q and k heads, micro-batch shapes).
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 
 import torch
 
 
-def register_compiled_cuda_kernel(op, reference: Callable) -> None:
-    """Make `op` (a torch.library custom op) run `reference` compiled by Inductor on CUDA."""
+def compiled_kernel(name: str, reference: Callable, compile: Callable = torch.compile) -> Callable:
+    """`reference` compiled by Inductor (`compile`) on first call. Where compiling fails (no
+    Triton for this GPU, say), it warns once, naming the op `name` and the error, and runs the
+    eager reference from then on: the same values, not the fused kernel's time or memory. Out
+    of memory is not a compiler failure: it propagates."""
 
     @functools.cache
     def compiled():
-        return torch.compile(reference, fullgraph=True, dynamic=False)
+        return compile(reference, fullgraph=True, dynamic=False)
+
+    eager = []  # set once compiling failed
 
     def kernel(*args):
-        return compiled()(*args)
+        if not eager:
+            try:
+                return compiled()(*args)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as error:  # noqa: BLE001 - any compiler failure: fall back, loudly
+                warnings.warn(
+                    f"{name}: its compiled CUDA kernel failed ({type(error).__name__}: {error}); "
+                    "running its eager reference math instead (same values, not the fused "
+                    "kernel's time and memory)",
+                    stacklevel=2,
+                )
+                eager.append(True)
+        return reference(*args)
 
-    op.register_kernel("cuda", kernel)
+    return kernel
+
+
+def register_compiled_cuda_kernel(op, reference: Callable) -> None:
+    """Make `op` (a torch.library custom op) run `reference` compiled by Inductor on CUDA
+    (`compiled_kernel`)."""
+    op.register_kernel("cuda", compiled_kernel(op._qualname, reference))
