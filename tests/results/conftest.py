@@ -71,3 +71,9 @@ def fidelity_table():
 def reprofile():
     """results/calibration/reprofile_gpu.py: the shared jobs with production kernels."""
     return load_script("calibration/reprofile_gpu.py")
+
+
+@pytest.fixture(scope="session")
+def reprofile_compare():
+    """results/calibration/reprofile_compare.py: scores the production-kernel recordings."""
+    return load_script("calibration/reprofile_compare.py")
