@@ -29,7 +29,10 @@ operand:
    history of earlier steps): reads the high-precision tensor once, writes the fp8 tensor;
 2. no kernel for the operand's second cast: TE's cast-transpose writes both layouts the two
    GEMMs read from one read (torchao casts the same tensor again, transposed, for the second
-   GEMM): the first kernel writes the second layout's bytes too;
+   GEMM): the first kernel writes the second layout's bytes too, once; further casts of the
+   same operand add nothing (torchao casts attention's input for each of wq, wk and wv, where
+   Megatron's and TE's fused QKV linear casts it once; a weight's casts in later micro-batches
+   read TE's cache, below);
 3. no collective per cast: delayed scaling reduces the amax history once per fp8_autocast
    region (`FP8GlobalStateManager.reduce_and_update_fp8_tensors`: one coalesced all-reduce of
    a few bytes per micro-batch, not recorded), so the amax all-reduces torchao issues for a
@@ -263,9 +266,10 @@ class _TransformerEngineCasts:
         self.uid = _storage_uid(recorder)
         # (storage uid, offset, numel) of a cast operand -> (event index, seq) of its kernel
         self.cast_of: dict[tuple[int, int, int], tuple[int, int]] = {}
-        # operands all-gathered in high precision (their gathers now move fp8): their later
-        # casts add no bytes (one fp8 tensor and one transpose serve all their GEMMs)
-        self.gathered: set[tuple[int, int, int]] = set()
+        # operands whose kernel writes all it will: both layouts written (a weight's casts in
+        # later micro-batches read TE's cache), or gathered in fp8 (one fp8 tensor and one
+        # transpose serve all their GEMMs); their later casts add nothing
+        self.complete: set[tuple[int, int, int]] = set()
 
     def _operand_key(self, hp: torch.Tensor) -> tuple[int, int, int] | None:
         hp = _local(hp)
@@ -286,11 +290,12 @@ class _TransformerEngineCasts:
         key = self._operand_key(hp)
         earlier = self.cast_of.get(key) if key is not None else None
         drop = set(chain) | _transient_rows(events, start)
-        if earlier is not None and key in self.gathered:
+        if earlier is not None and key in self.complete:
             pass
         elif earlier is not None:  # the second layout, written by the first cast-transpose
             i = self._event_index(*earlier)
             events[i] = events[i]._replace(write_bytes=events[i].write_bytes + _local(fp8).nbytes)
+            self.complete.add(key)
         else:
             uid = self.uid if self.recorder.record_flows else None
             _, cast = fused_kernels(events[chain[0]], events[chain[-1]], hp, fp8, uid)
@@ -300,7 +305,7 @@ class _TransformerEngineCasts:
                 read, write = _gathered_cast_bytes(hp, fp8, group_size)
                 cast = cast._replace(read_bytes=read, write_bytes=write)
                 if key is not None:
-                    self.gathered.add(key)
+                    self.complete.add(key)
             events[chain[-1]] = cast
             drop.discard(chain[-1])
         for i in sorted(drop, reverse=True):
