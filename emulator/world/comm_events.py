@@ -110,13 +110,15 @@ _gathered_by: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def note_gathered(tensor, seq: int) -> None:
-    """`tensor` is the output of the all-gather recorded as event `seq`."""
-    _gathered_by[tensor.untyped_storage()] = seq
+    """`tensor` is the output of the all-gather the current recorder recorded as event `seq`."""
+    _gathered_by[tensor.untyped_storage()] = (_current, seq)
 
 
 def gathered_by(tensor) -> int | None:
-    """The seq of the all-gather whose output `tensor` is (a view of), or None."""
-    return _gathered_by.get(tensor.untyped_storage()) if _gathered_by else None
+    """The seq of the all-gather of the current recording whose output `tensor` is (a view
+    of), or None."""
+    recorder, seq = _gathered_by.get(tensor.untyped_storage(), (None, None))
+    return seq if recorder is not None and recorder is _current else None
 
 
 @dataclass(eq=False)

@@ -251,3 +251,18 @@ def test_an_all_to_all_to_one_peer_is_recorded_as_a_permutation(world):
         dist.all_to_all_single(torch.empty(8), torch.ones(8), group=group)  # even splits
         funcol.permute_tensor(torch.ones(6), [1, 2, 3, 0], group) + 1  # the ring's rotation
     assert [e.kind for e in comms(rec)] == ["permute", "all_to_all", "permute"]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # the pre-2.13 names, which torch 2.11 has
+@pytest.mark.parametrize("world", [(3, 8)], indirect=True)
+def test_an_all_gather_s_output_names_its_collective_in_its_recording_only(world):
+    from emulator.world.comm_events import gathered_by
+
+    out = torch.empty(8, 2)
+    with recording(Recorder()) as rec:
+        dist.all_gather_into_tensor(out, torch.tensor([1.0, 2.0]))
+        (gather,) = comms(rec)
+        assert gathered_by(out.view(16)) == gather.seq  # any view of the gathered storage
+        assert gathered_by(torch.empty(16)) is None
+    with recording(Recorder()):
+        assert gathered_by(out) is None  # another recording's seq means nothing here
