@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,6 +92,12 @@ def commit_label() -> str:
 
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)*.md")
     return git("rev-parse", "--short", "HEAD").strip() + ("-dirty" if dirty.strip() else "")
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    """How `script` (a path from the repository root) was run: for a report's heading."""
+    args = argv if argv is not None else sys.argv[1:]
+    return f"python {script}" + "".join(f" {a}" for a in args)
 
 
 def report(command: str, lines: list[str], out: Path | None) -> None:

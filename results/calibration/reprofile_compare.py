@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import report  # noqa: E402
+from shared_gpu import command_line, report  # noqa: E402
 
 RECORDINGS = ROOT / "results" / "baselines" / "recorded"
 PROFILES = ROOT / "results" / "gpu_runs" / "h100-2026-11-28" / "reprofile"
@@ -95,10 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Iteration |error| over {len(errors)} jobs: median {100 * np.median(errors):.1f} %, "
         f"max {100 * max(errors):.1f} %.",
     ]
-    command = "python results/calibration/reprofile_compare.py" + "".join(
-        f" {a}" for a in (argv if argv is not None else sys.argv[1:])
-    )
-    report(command, lines, args.out)
+    report(command_line("results/calibration/reprofile_compare.py", argv), lines, args.out)
     return 0
 
 

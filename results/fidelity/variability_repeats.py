@@ -50,7 +50,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import recorded_job, report  # noqa: E402
+from shared_gpu import command_line, recorded_job, report  # noqa: E402
 
 GPU_RUNS = ROOT / "results" / "gpu_runs"
 REPEATS = (GPU_RUNS / "h200-2026-11-27" / "checks_second", GPU_RUNS / "h100-2026-11-28" / "second")
@@ -271,10 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.samples} Monte Carlo samples per prediction, seed {args.seed}; "
         f"{time.perf_counter() - started:.0f} s (pricing cached after the first run)."
     )
-    command = "python results/fidelity/variability_repeats.py" + "".join(
-        f" {a}" for a in (argv if argv is not None else sys.argv[1:])
-    )
-    report(command, lines, args.out)
+    report(command_line("results/fidelity/variability_repeats.py", argv), lines, args.out)
     return 0
 
 
