@@ -321,6 +321,8 @@ class OpRecorder(TorchDispatchMode):
                 if dtype is None:
                     dtype = names[t.dtype] = str(t.dtype).removeprefix("torch.")
                 shapes.append((tuple(t.shape), dtype, is_out))
+        if info.zero_filled_output >= 0:
+            self._record_zero_fill(outs[info.zero_filled_output], phase)
         causal = info.causal_arg == opmap.ALWAYS_CAUSAL
         if info.causal_arg >= 0:
             pos = info.causal_arg
@@ -342,6 +344,25 @@ class OpRecorder(TorchDispatchMode):
                 workspace_bytes=info.workspace_fn(args, kwargs) if info.workspace_fn else 0,
                 causal=causal,
                 flows=self._flows(ins, outs) if self.record_flows else (),
+            )
+        )
+
+    def _record_zero_fill(self, out: torch.Tensor, phase) -> None:
+        """The fill a CUDA kernel runs on its output before writing it (opmap.ZERO_FILLED_OUTPUT)."""
+        dtype = str(out.dtype).removeprefix("torch.")
+        self.events.append(
+            OpEvent(
+                self.sequence.next_seq(),
+                COMPUTE,
+                opmap.normalized_name(opmap.ZERO_FILL),
+                opmap.ZERO_FILL,
+                self.current_stream(),
+                self._module(),
+                phase,
+                self.state.micro_batch,
+                write_bytes=out.nbytes,
+                tensors=((tuple(out.shape), dtype, True),),
+                flows=self._flows((), (out,)) if self.record_flows else (),
             )
         )
 

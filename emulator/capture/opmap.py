@@ -239,6 +239,19 @@ WORKSPACE_FORMULAS = {
 }
 
 
+# Ops whose CUDA kernel zero-fills one of its outputs with a dispatched fill before writing into
+# it (the fill is a kernel of its own, which the profiles list as a nested `aten::fill_`; on CPU
+# under fake tensors it does not run): output index. ATen: nll_loss_backward_out_cuda_template
+# calls `grad_input.zero_()`; embedding_dense_backward_cuda makes grad_weight with `at::zeros`.
+# A real H100 run of the 125M GPT: 997 us for the float32 [16 384, 50 304] gradient
+# (results/calibration/README.md).
+ZERO_FILLED_OUTPUT = {
+    "aten.nll_loss_backward": 0,
+    "aten.embedding_dense_backward": 0,
+}
+ZERO_FILL = "aten.fill_"  # what the profiles call that kernel
+
+
 @dataclass(frozen=True, kw_only=True)
 class CustomOp:
     """How a program's own custom op is priced: what a GPU runs for it (`name`, a costs/ops.py
@@ -288,6 +301,7 @@ class OpInfo:
     workspace_fn: object  # callable(args, kwargs) -> bytes, or None
     causal_arg: int  # position of is_causal, -1 when not an attention op
     ignored: bool  # bookkeeping op (prim.device, profiler): neither compute nor memory
+    zero_filled_output: int = -1  # ZERO_FILLED_OUTPUT's index for this op, -1 when none
 
     @property
     def is_compute(self) -> bool:
@@ -346,6 +360,7 @@ def op_info(func) -> OpInfo:
         workspace_fn=custom.workspace if custom else WORKSPACE_FORMULAS.get(cpu_packet),
         causal_arg=custom.causal_arg if custom else CAUSAL_ARG.get(cpu_packet, -1),
         ignored=func.namespace in NO_KERNEL_NAMESPACES,
+        zero_filled_output=ZERO_FILLED_OUTPUT.get(packet, -1) if name else -1,
     )
 
 

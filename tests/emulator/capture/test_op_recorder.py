@@ -2,6 +2,7 @@
 
 import contextlib
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -353,3 +354,20 @@ def test_a_functional_collective_is_waited_where_its_output_is_first_used():
         assert collective.seq < matmul.seq < wait.seq < add.seq
     finally:
         destroy_virtual_world()
+
+
+def test_ops_whose_cuda_kernel_zero_fills_its_output_record_the_fill_first(fake_step):
+    """nll_loss_backward and embedding_dense_backward zero-fill their gradient on CUDA with a
+    dispatched fill (a kernel of its own, nested in the profiles); on CPU under fake tensors it
+    does not run, so the recorder records it: one fill_ row writing the output, just before."""
+    trace, _, _ = fake_step
+    rows = np.flatnonzero(trace["kind"] == COMPUTE)
+    atens = trace.text("aten")
+    filled = [i for i in rows if atens[i] in ("aten.nll_loss_backward", "aten.embedding_dense_backward")]
+    assert [atens[i] for i in filled] == ["aten.nll_loss_backward", "aten.embedding_dense_backward"]
+    for i in filled:
+        (output,) = [t for t in trace.tensors(i) if t[2]]
+        assert atens[i - 1] == "aten.fill_" and trace.tensors(i - 1) == [output]
+        assert trace["write_bytes"][i - 1] == trace["write_bytes"][i] and trace["read_bytes"][i - 1] == 0
+    # a fill runs nowhere else in this program
+    assert sum(a == "aten.fill_" for a in atens) == len(filled)
