@@ -19,7 +19,9 @@
 #   2. issues 14/15: the `gpu`-marked tests (CUDA attention kernels, the custom ops' compiled
 #      CUDA kernels, kernel-only timing, compiled kernel counts, record on cuda);
 #   3. issue 15: the eight shared jobs profiled again with the production frameworks' kernels
-#      (results/calibration/reprofile_gpu.py), to commit beside the shared profiles;
+#      (results/calibration/reprofile_gpu.py), to commit beside the shared profiles (the
+#      recordings as results/baselines/recorded/<prefix>__<case>.toml, scored by
+#      results/calibration/reprofile_compare.py --prefix <prefix> --profiles <dir>);
 #   4. issue 18: 200 timed iterations of two shared jobs (results/fidelity/repeat_gpu.py), the
 #      repeated measurements its KS goal is scored against;
 #   5. issue 16: the OOM pairs predicted here (results/fidelity/oom_pairs_predicted/<gpu>.json,
