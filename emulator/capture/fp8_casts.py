@@ -69,6 +69,7 @@ from unittest import mock
 
 import torch
 
+from emulator import torch_compat
 from emulator.capture import opmap
 from emulator.capture.trace import ALLOC, COMPUTE, FREE, OpEvent
 from emulator.world import comm_events
@@ -254,8 +255,7 @@ def _gathered_cast_bytes(hp: torch.Tensor, fp8, group_size: int) -> tuple[int, i
     role = getattr(getattr(fp8, "_local_tensor", fp8), "_gemm_input_role", None)
     if role is not None and role.value == "grad_output":
         return shard[0] + transpose[0], shard[1] + transpose[1]
-    in_backward = torch._C._current_graph_task_id() != -1
-    return transpose if in_backward else shard
+    return transpose if torch_compat.in_backward() else shard
 
 
 class _TransformerEngineCasts:
@@ -290,12 +290,12 @@ class _TransformerEngineCasts:
         key = self._operand_key(hp)
         earlier = self.cast_of.get(key) if key is not None else None
         drop = set(chain) | _transient_rows(events, start)
-        if earlier is not None and key in self.complete:
-            pass
-        elif earlier is not None:  # the second layout, written by the first cast-transpose
-            i = self._event_index(*earlier)
-            events[i] = events[i]._replace(write_bytes=events[i].write_bytes + _local(fp8).nbytes)
-            self.complete.add(key)
+        if earlier is not None:
+            if key not in self.complete:  # the second layout, written by the first cast-transpose
+                i = self._event_index(*earlier)
+                written = events[i].write_bytes + _local(fp8).nbytes
+                events[i] = events[i]._replace(write_bytes=written)
+                self.complete.add(key)
         else:
             uid = self.uid if self.recorder.record_flows else None
             _, cast = fused_kernels(events[chain[0]], events[chain[-1]], hp, fp8, uid)

@@ -322,7 +322,8 @@ class OpRecorder(TorchDispatchMode):
                     dtype = names[t.dtype] = str(t.dtype).removeprefix("torch.")
                 shapes.append((tuple(t.shape), dtype, is_out))
         if info.zero_filled_output >= 0:
-            self._record_zero_fill(outs[info.zero_filled_output], phase)
+            k = info.zero_filled_output
+            self._record_zero_fill(outs[k], shapes[len(ins) + k], phase)
         causal = info.causal_arg == opmap.ALWAYS_CAUSAL
         if info.causal_arg >= 0:
             pos = info.causal_arg
@@ -347,9 +348,9 @@ class OpRecorder(TorchDispatchMode):
             )
         )
 
-    def _record_zero_fill(self, out: torch.Tensor, phase) -> None:
-        """The fill a CUDA kernel runs on its output before writing it (opmap.ZERO_FILLED_OUTPUT)."""
-        dtype = str(out.dtype).removeprefix("torch.")
+    def _record_zero_fill(self, out: torch.Tensor, described: tuple, phase) -> None:
+        """The fill a CUDA kernel runs on its output `out` before writing it
+        (opmap.ZERO_FILLED_OUTPUT); `described`: its (shape, dtype name, True) entry."""
         self.events.append(
             OpEvent(
                 self.sequence.next_seq(),
@@ -361,7 +362,7 @@ class OpRecorder(TorchDispatchMode):
                 phase,
                 self.state.micro_batch,
                 write_bytes=out.nbytes,
-                tensors=((tuple(out.shape), dtype, True),),
+                tensors=(described,),
                 flows=self._flows((), (out,)) if self.record_flows else (),
             )
         )

@@ -79,20 +79,20 @@ def _baselines(prefix: str, folder: str, machine: str, shared: Path) -> dict[str
     return out
 
 
-def write(out_dir: Path = RECORDED, shared_gpu: Path = SHARED_GPU) -> None:
+def write(out_dir: Path = RECORDED, shared_gpu: Path = SHARED_GPU) -> int:
+    """Write every recorded baseline to `out_dir`; how many."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for prefix in MACHINES:  # only its own files: recorded/ also holds `record`'s own runs
         for stale in out_dir.glob(f"{prefix}__*.toml"):
             stale.unlink()
-    for name, text in baselines(shared_gpu).items():
+    written = baselines(shared_gpu)
+    for name, text in written.items():
         (out_dir / name).write_text(text)
+    return len(written)
 
 
 if __name__ == "__main__":
     missing = [f for f, _ in MACHINES.values() if not (SHARED_GPU / f).is_dir()]
     if missing:
         sys.exit(f"{SHARED_GPU}: the shared measurements {missing} are not beside the repository")
-    write()
-    print(
-        f"wrote {len(baselines())} recorded baselines to {RECORDED.relative_to(ROOT)}"
-    )
+    print(f"wrote {write()} recorded baselines to {RECORDED.relative_to(ROOT)}")
