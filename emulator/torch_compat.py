@@ -93,6 +93,21 @@ SEAMS = (
     Seam("torch.ops.aten._fused_rms_norm_backward", None, "derivatives.yaml: its backward"),
     Seam("torch._C._AutoDispatchBelowAutograd", None, "autograd: run an op below autograd"),
     Seam("torch._C._current_graph_task_id", None, "autograd engine: -1 outside backward"),
+    Seam(
+        "torch._ops.OpOverload.decompose",
+        ("self",),
+        "_ops.py: run an op's CompositeImplicitAutograd kernel (as FakeTensorMode does)",
+    ),
+    Seam(
+        "torch._ops.OpOverload.has_kernel_for_dispatch_key",
+        ("self", "k"),
+        "_ops.py: whether CompositeImplicitAutograd implements an op",
+    ),
+    Seam(
+        "torch.utils._python_dispatch.TorchDispatchMode.__enter__",
+        ("self",),
+        "utils/_python_dispatch.py: push a mode (without a subclass's own __enter__)",
+    ),
     Seam("torch._guards.active_fake_mode", (), "_guards.py: the fake mode in force"),
     Seam("torch._subclasses.fake_tensor.unset_fake_temporarily", (), "fake_tensor.py"),
     Seam(
@@ -198,6 +213,26 @@ def patched(path: str, make_replacement: Callable) -> Iterator[object]:
 def below_autograd():
     """Context that dispatches below the autograd key (an op's own kernel, no graph)."""
     return torch._C._AutoDispatchBelowAutograd()
+
+
+def is_composite_implicit(op: torch._ops.OpOverload) -> bool:
+    """Whether CompositeImplicitAutograd implements `op` (it decomposes at the autograd key, so
+    a dispatch mode sees it whole only when called below autograd)."""
+    return op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
+
+
+@contextlib.contextmanager
+def mode_reentered(mode) -> Iterator[None]:
+    """Push `mode` again from inside its own __torch_dispatch__ (which runs with it popped), so
+    the ops dispatched meanwhile come back to it, as FakeTensorMode's `with self:` does to
+    decompose an op; the base class's enter and exit, not the mode's own, whose setup runs
+    once per capture."""
+    base = torch.utils._python_dispatch.TorchDispatchMode
+    base.__enter__(mode)
+    try:
+        yield
+    finally:
+        base.__exit__(mode, None, None, None)
 
 
 def in_backward() -> bool:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from emulator.capture.opmap import normalized_name
+from emulator.capture.opmap import CONTIGUOUS_INPUT, normalized_name
 from emulator.capture.trace import COMPUTE, RankTrace
 from emulator.costs.calibrate import write_kernel_csv
 from emulator.costs.kernel_table import PROVENANCE_FIELDS, row_fields
@@ -44,15 +44,21 @@ PROFILE_ALIASES = {
     "aten.index_select": "embedding",
 }
 
+_CONTIGUOUS_INPUT_PACKETS = {overload.rsplit(".", 1)[0] for overload in CONTIGUOUS_INPUT}
+
 
 def collapse_to_recorded(ops: list[ProfiledOp], recorded: set[str]) -> list[ProfiledOp]:
     """Give each kernel to the outermost enclosing op the capture records (aten packets such as
     "aten._to_copy"), merging the launching ops under one such op into one record; ops with no
-    recorded ancestor stay as they are (aten::linear is not recorded: its aten::addmm is)."""
+    recorded ancestor stay as they are (aten::linear is not recorded: its aten::addmm is), and
+    so does the copy an op of opmap.CONTIGUOUS_INPUT makes of its input (the capture records
+    that copy as a row of its own)."""
     merged: dict[tuple, ProfiledOp] = {}
     out: list = []
     for op in ops:
         owner = next((s for s in op.stack if aten_packet(s[0]) in recorded), None)
+        if owner is not None and _is_input_copy(owner[0], owner[2], op):
+            owner = None
         if owner is None:
             out.append(op)
             continue
@@ -63,6 +69,28 @@ def collapse_to_recorded(ops: list[ProfiledOp], recorded: set[str]) -> list[Prof
         else:
             merged[owner] = ProfiledOp(owner[0], owner[2], prev.kernels + op.kernels, owner[1])
     return [merged[o] if isinstance(o, tuple) else o for o in out]
+
+
+def _is_input_copy(parent: str, parent_shapes, op: ProfiledOp) -> bool:
+    """`op` is the copy a full max/min (opmap.CONTIGUOUS_INPUT) makes of its one input."""
+    shapes = _shapes(parent_shapes)
+    return (
+        aten_packet(parent) in _CONTIGUOUS_INPUT_PACKETS
+        and len(shapes) == 1
+        and op.op == "aten::copy_"
+        and _shapes(op.shapes)[:1] == shapes
+    )
+
+
+def input_copies_first(ops: list[ProfiledOp]) -> list[ProfiledOp]:
+    """The ops with each full max/min's input copy moved before it: the op that launched the
+    copy starts first, so a profile lists the copy after it; the capture records the copy
+    first, where its kernel runs."""
+    ops = list(ops)
+    for i in range(len(ops) - 1):
+        if _is_input_copy(ops[i].op, ops[i].shapes, ops[i + 1]):
+            ops[i], ops[i + 1] = ops[i + 1], ops[i]
+    return ops
 
 
 def aten_packet(op: str) -> str:
@@ -190,7 +218,7 @@ def align_profile(ops: list[ProfiledOp], trace: RankTrace) -> Alignment:
     """Match a profile's ops to a trace's compute rows (see the module docstring)."""
     compute = [int(r) for r in np.flatnonzero(trace.columns["kind"] == COMPUTE)]
     recorded = {trace.strings[trace.columns["aten"][r]] for r in compute}
-    ops = collapse_to_recorded(ops, recorded)
+    ops = input_copies_first(collapse_to_recorded(ops, recorded))
     pairs = align([profile_key(op) for op in ops], [trace_key(trace, r) for r in compute])
     return Alignment(ops, compute, pairs)
 

@@ -56,6 +56,10 @@ _META = torch.device("meta")
 _ADD_ = torch.ops.aten.add_.Tensor
 
 
+def _contiguous_copy(t: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten.clone.default(t, memory_format=torch.contiguous_format)
+
+
 _OP_INFOS: dict = {}  # OpOverload -> opmap.OpInfo, shared by all recorders (pure function)
 _WRAPPER_SUBCLASS: dict[type, bool] = {}  # tensor type -> is a traceable wrapper subclass
 
@@ -275,6 +279,15 @@ class OpRecorder(TorchDispatchMode):
         info = _OP_INFOS.get(func)
         if info is None:
             info = _OP_INFOS[func] = opmap.op_info(func)
+        if info.decomposes:
+            with torch_compat.mode_reentered(self):
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out  # its parts were recorded as they came back
+        if info.contiguous_input >= 0 and not args[info.contiguous_input].is_contiguous():
+            args = list(args)
+            with torch_compat.mode_reentered(self):  # the copy is recorded as it comes back
+                args[info.contiguous_input] = _contiguous_copy(args[info.contiguous_input])
         if func is _WAIT_TENSOR and self._fake_mode is not None:
             # answered here (the fake impl never sees it), and this recorder sees the reads
             fake_collectives.take_wait(args[0], at_first_read=True)

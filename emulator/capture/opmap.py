@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.flop_counter import flop_registry
 
+from emulator import torch_compat
 from emulator.costs.ops import OP_NAMES
 
 _aten = torch.ops.aten
@@ -251,6 +252,17 @@ ZERO_FILLED_OUTPUT = {
 }
 ZERO_FILL = "aten.fill_"  # what the profiles call that kernel
 
+# Overloads whose ATen implementation copies an input to a contiguous tensor before its kernel
+# runs (a `clone` kernel and a transient buffer of the input's size, on every device; under
+# fake tensors the meta kernel skips it): input index. ATen/native/ReduceAllOps.cpp: `max()`
+# and `min()` call their all-reduce stub on `self.contiguous()`. torchao's tensorwise fp8 amax
+# is `max(abs(w.t()))`: on a real H100 each weight cast copied the transposed weight first,
+# 439 us for a [4 096, 14 336] bf16 weight of Llama 3 8B (results/calibration/README.md).
+CONTIGUOUS_INPUT = {
+    "aten.max.default": 0,
+    "aten.min.default": 0,
+}
+
 
 @dataclass(frozen=True, kw_only=True)
 class CustomOp:
@@ -302,6 +314,13 @@ class OpInfo:
     causal_arg: int  # position of is_causal, -1 when not an attention op
     ignored: bool  # bookkeeping op (prim.device, profiler): neither compute nor memory
     zero_filled_output: int = -1  # ZERO_FILLED_OUTPUT's index for this op, -1 when none
+    # a view by its schema that CompositeImplicitAutograd implements and that may copy
+    # (contiguous, reshape, to): it reaches a dispatch mode whole only from code below autograd
+    # (a tensor subclass's __torch_dispatch__: torchao's fp8 GEMMs make their operands
+    # contiguous there), where the recorder decomposes it: a CUDA build runs its parts (the
+    # `clone` of a transposed tensor's contiguous is a copy kernel)
+    decomposes: bool = False
+    contiguous_input: int = -1  # CONTIGUOUS_INPUT's index for this overload, -1 when none
 
     @property
     def is_compute(self) -> bool:
@@ -361,6 +380,10 @@ def op_info(func) -> OpInfo:
         causal_arg=custom.causal_arg if custom else CAUSAL_ARG.get(cpu_packet, -1),
         ignored=func.namespace in NO_KERNEL_NAMESPACES,
         zero_filled_output=ZERO_FILLED_OUTPUT.get(packet, -1) if name else -1,
+        decomposes=is_view
+        and func.namespace == "aten"
+        and torch_compat.is_composite_implicit(func),
+        contiguous_input=CONTIGUOUS_INPUT.get(f"{cpu_packet}.{func._overloadname}", -1),
     )
 
 

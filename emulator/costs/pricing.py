@@ -123,18 +123,27 @@ def compute_prices(trace: RankTrace, cost: CostContext) -> tuple[np.ndarray, np.
     """Modelled duration of every compute row (0 elsewhere) and how each was priced (an index
     into `kernel_table.PRICE_SOURCES`, -1 for rows that are not compute), once per distinct op.
 
-    Rows are the same op when name, aten op, flops, bytes and causal flag agree (two GEMMs of
-    different shapes with equal flops and bytes would share a price: shapes are not compared)."""
+    Rows are the same op when name, aten op, flops, bytes, causal flag and first tensor's dtype
+    agree (two GEMMs of different shapes with equal flops and bytes would share a price: shapes
+    are not compared; dtypes are, since the table's rows are per dtype: a bf16 and an fp8 copy
+    of equal bytes are different kernels)."""
     c = trace.columns
     rows = np.flatnonzero(c["kind"] == COMPUTE)
     out = np.zeros(len(trace))
     sources = np.full(len(trace), -1, dtype=np.int8)
     if not len(rows):
         return out, sources
+    offsets = trace.ragged["tensor_offsets"]
+    has_tensors = offsets[rows + 1] > offsets[rows]
+    dtypes = trace.ragged["tensor_dtype"]
+    first_dtype = np.where(has_tensors, dtypes[np.minimum(offsets[rows], len(dtypes) - 1)], -1)
     keys = np.stack(
         [
-            c[k][rows].astype(np.int64)
-            for k in ("name", "aten", "flops", "read_bytes", "write_bytes", "causal")
+            *(
+                c[k][rows].astype(np.int64)
+                for k in ("name", "aten", "flops", "read_bytes", "write_bytes", "causal")
+            ),
+            first_dtype.astype(np.int64),
         ],
         axis=1,
     )

@@ -48,6 +48,8 @@ class Stage:
         dispatch_s=0.0,
         module="",
         causal=False,
+        read_bytes=0,
+        write_bytes=0,
     ):
         phase = self.phase if phase is None else phase
         seq = self._next()
@@ -63,6 +65,8 @@ class Stage:
                 PHASES.index(phase),
                 self.mb if mb is None else mb,
                 flops=flops,
+                read_bytes=read_bytes,
+                write_bytes=write_bytes,
                 tensors=tensors,
                 causal=causal,
             )

@@ -18,7 +18,12 @@ from emulator.costs.kernel_table import load_kernel_table, op_class, row_op
 from emulator.hardware import gpu_preset
 from prismbench.capture import capture_job
 from prismbench.cli import main
-from prismbench.profile_ingest import collapse_to_recorded, ingest_ops, write_rows_csv
+from prismbench.profile_ingest import (
+    collapse_to_recorded,
+    ingest_ops,
+    input_copies_first,
+    write_rows_csv,
+)
 from prismbench.profile_readers import (
     ProfiledOp,
     ProfileError,
@@ -100,6 +105,20 @@ def test_kernels_go_to_the_outermost_op_the_capture_records():
     assert linear.op == "aten::linear" and linear.kernel_us == 11.5
     assert linear.shapes == ((8, 64), (32, 64), (32,))
     assert collapse_to_recorded(ops, {"aten.addmm"}) == ops  # linear is not recorded: addmm is
+
+
+def test_a_full_max_copies_its_input_first_as_the_capture_records_it():
+    """ATen's max() reduces a contiguous copy of a transposed input: the profiler lists the copy
+    after the max that launched it (nested in it, in a Chrome trace); the capture records the
+    copy first, where its kernel runs."""
+    weight_t = (4096, 14336)
+    maximum = ProfiledOp("aten::max", (weight_t,), (("reduce", 55.0),), 10.0)
+    copy = ProfiledOp("aten::copy_", (weight_t, weight_t, ()), (("copy", 439.0),), 11.0)
+    other = ProfiledOp("aten::copy_", ((), (), ()), (("copy", 2.0),), 12.0)
+    assert input_copies_first([maximum, copy, other]) == [copy, maximum, other]
+    assert input_copies_first([maximum, other]) == [maximum, other]
+    nested = ProfiledOp(copy.op, copy.shapes, copy.kernels, 11.0, (("aten::max", 10.0, (weight_t,)),))
+    assert collapse_to_recorded([nested], {"aten.max", "aten.copy_"}) == [nested]
 
 
 def test_alignment_tolerates_an_inserted_and_a_missing_op(trace):

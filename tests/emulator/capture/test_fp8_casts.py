@@ -32,11 +32,15 @@ def _compute_rows(trace):
     ]
 
 
+def _fp8_writes(rows):
+    return [r for r in rows if any(d.startswith("float8") for _, d, out in r[1] if out)]
+
+
 def _cast_work(rows):
     """Kernels and bytes of everything but the GEMMs, attention, norms and the optimizer: in an
     fp8 job of this model, what differs between unfused and fused is the cast work."""
     gemms = [r for r in rows if r[0] == "aten._scaled_mm"]
-    casts = [r for r in rows if any(d.startswith("float8") for _, d, out in r[1] if out)]
+    casts = [r for r in _fp8_writes(rows) if r[0] != "aten.clone"]
     return gemms, casts, len(rows), sum(b for *_, b in rows)
 
 
@@ -65,15 +69,33 @@ def test_fused_casts_record_two_kernels_per_operand_and_fewer_bytes(tmp_path, re
     assert bytes_f < bytes_u
 
 
+def test_eager_torchao_copies_operands_into_the_layouts_its_gemms_read(tmp_path):
+    """On a GPU eager torchao runs a transposing copy for three of each linear's six GEMM
+    operands (`preprocess_addmm`: a row-major A and a column-major B for `_scaled_mm`), and
+    ATen's max() copies the transposed weight before each of its two amax passes; the fused
+    rules' casts write the layout the GEMM reads, and no copy is left."""
+    copies = {}
+    for casts in ("unfused", "fused", "transformer-engine"):
+        rows = _compute_rows(capture(_job(casts), tmp_path).traces[0])
+        gemms = [r for r in rows if r[0] == "aten._scaled_mm"]
+        clones = [r[1][0][1] for r in rows if r[0] == "aten.clone"]
+        copies[casts] = (
+            sum(dtype.startswith("float8") for dtype in clones),
+            clones.count("bfloat16"),
+        )
+    linears = len(gemms) // 3
+    assert linears > 0
+    assert copies["unfused"] == (3 * linears, 2 * linears)
+    assert copies["fused"] == copies["transformer-engine"] == (0, 0)
+    bf16 = job_spec_from_dict({**_spec("unfused"), "train": {"precision": "bf16"}})
+    assert "aten.clone" not in capture(bf16, tmp_path).traces[0].text("aten")
+
+
 def test_fused_casts_under_tensor_parallelism_keep_the_amax_all_reduce(tmp_path):
     for casts in ("unfused", "fused"):
         trace = capture(_job(casts, parallel={"tp": 2}), tmp_path).traces[0]
         names = trace.text("name")
         assert "scaled_mm" in names and "all_reduce" in names
-
-
-def _fp8_writes(rows):
-    return [r for r in rows if any(d.startswith("float8") for _, d, out in r[1] if out)]
 
 
 def _one_micro_batch(fp8_casts):

@@ -54,6 +54,30 @@ def test_op_record_reads_attention_backward_query_and_key():
     assert (op.batch, op.heads_q, op.heads_kv, op.seq_q, op.head_dim) == (2, 16, 4, 1024, 128)
 
 
+def test_ops_of_equal_bytes_and_different_dtypes_are_priced_by_their_own_table_rows(tmp_path):
+    from emulator.costs.kernel_table import COLUMNS, load_kernel_table
+    from emulator.costs.pricing import compute_prices
+
+    table = tmp_path / "table.csv"
+    rows = [{"op": "copy", "dtype": dtype, "aten": "aten.copy", "nbytes": "8192",
+             "time_us": time_us, "repetitions": "1", "source": "test"}
+            for dtype, time_us in (("bf16", "3"), ("fp8", "7"))]  # fmt: skip
+    table.write_text(
+        ",".join(COLUMNS) + "\n"
+        + "\n".join(",".join(row.get(c, "") for c in COLUMNS) for row in rows) + "\n"
+    )
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    for shape, dtype in (((2048,), "bfloat16"), ((4096,), "float8_e4m3fn")):
+        s.compute(0.0, name="copy", read_bytes=4096, write_bytes=4096,
+                  tensors=((shape, dtype, False), (shape, dtype, True)))  # fmt: skip
+    trace, _ = s.trace()
+    cost = CostContext(topology=TOPO, table=load_kernel_table(table))
+    durations, sources = compute_prices(trace, cost)
+    assert durations[:2] * 1e6 == pytest.approx([3.0, 7.0])
+    assert list(sources[:2]) == [0, 0]  # both exact rows
+
+
 def test_modelled_compute_durations_use_the_cost_model():
     world = World.grid(dp=1, pp=1, cp=1, tp=1)
     trace, _ = _mm_stage(world).trace()
