@@ -203,6 +203,13 @@ def _rewriting_casts(recorder, on_cast) -> Iterator[None]:
         yield
 
 
+def _drop_compute_since(events: list, start: int, aten: str | None = None) -> None:
+    """Delete the compute rows from `start` on (only those of `aten`, when given)."""
+    for i in range(len(events) - 1, start - 1, -1):
+        if events[i].kind == COMPUTE and (aten is None or events[i].aten == aten):
+            del events[i]
+
+
 @contextlib.contextmanager
 def _layout_copies_dropped(recorder) -> Iterator[None]:
     """Drop the kernels torchao's fp8 GEMMs run to put their operands in the layouts
@@ -216,10 +223,7 @@ def _layout_copies_dropped(recorder) -> Iterator[None]:
     def preprocess(*args, **kwargs):
         start = len(recorder.events)
         out = eager(*args, **kwargs)
-        events = recorder.events
-        for i in range(len(events) - 1, start - 1, -1):
-            if events[i].kind == COMPUTE:
-                del events[i]
+        _drop_compute_since(recorder.events, start)
         return out
 
     with mock.patch.object(float8_ops, "preprocess_addmm", preprocess):
@@ -345,10 +349,7 @@ class _TransformerEngineCasts:
 
     def drop_reciprocals_since(self, start: int) -> None:
         """Drop the scale reciprocals recorded from `start` on (rule item 4)."""
-        events = self.recorder.events
-        for i in range(len(events) - 1, start - 1, -1):
-            if events[i].kind == COMPUTE and events[i].aten == _RECIPROCAL_ATEN:
-                del events[i]
+        _drop_compute_since(self.recorder.events, start, aten=_RECIPROCAL_ATEN)
 
 
 @contextlib.contextmanager

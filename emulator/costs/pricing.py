@@ -135,8 +135,8 @@ def compute_prices(trace: RankTrace, cost: CostContext) -> tuple[np.ndarray, np.
         return out, sources
     offsets = trace.ragged["tensor_offsets"]
     has_tensors = offsets[rows + 1] > offsets[rows]
-    dtypes = trace.ragged["tensor_dtype"]
-    first_dtype = np.where(has_tensors, dtypes[np.minimum(offsets[rows], len(dtypes) - 1)], -1)
+    dtypes = np.append(trace.ragged["tensor_dtype"], -1)  # -1: the row has no tensors
+    first_dtype = dtypes[np.where(has_tensors, offsets[rows], len(dtypes) - 1)]
     keys = np.stack(
         [
             *(

@@ -74,16 +74,17 @@ def test_eager_torchao_copies_operands_into_the_layouts_its_gemms_read(tmp_path)
     operands (`preprocess_addmm`: a row-major A and a column-major B for `_scaled_mm`), and
     ATen's max() copies the transposed weight before each of its two amax passes; the fused
     rules' casts write the layout the GEMM reads, and no copy is left."""
-    copies = {}
+    copies, gemms = {}, {}
     for casts in ("unfused", "fused", "transformer-engine"):
         rows = _compute_rows(capture(_job(casts), tmp_path).traces[0])
-        gemms = [r for r in rows if r[0] == "aten._scaled_mm"]
+        gemms[casts] = sum(r[0] == "aten._scaled_mm" for r in rows)
         clones = [r[1][0][1] for r in rows if r[0] == "aten.clone"]
         copies[casts] = (
             sum(dtype.startswith("float8") for dtype in clones),
             clones.count("bfloat16"),
         )
-    linears = len(gemms) // 3
+    assert len(set(gemms.values())) == 1
+    linears = gemms["unfused"] // 3
     assert linears > 0
     assert copies["unfused"] == (3 * linears, 2 * linears)
     assert copies["fused"] == copies["transformer-engine"] == (0, 0)
