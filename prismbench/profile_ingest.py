@@ -8,9 +8,10 @@ measured row of `emulator/costs/kernel_table.py` (identical op, dtype and shape 
 mean kernel time, count, spread), so a measured run becomes a kernel table.
 
 Alignment is `difflib.SequenceMatcher` over keys (normalized op, the shapes its cost depends
-on), tolerant of ops on one side only (the profile's fill_ inside a CUDA nll_loss_backward,
-the capture's ops that launch no kernel on the GPU, ...). Where the profile records nesting
-(Chrome traces), kernels go to the outermost enclosing op that the capture records.
+on), tolerant of ops on one side only (the capture's ops that launch no kernel on the GPU, a
+profiler's bookkeeping kernels, ...). Where the profile records nesting (Chrome traces),
+kernels go to the outermost enclosing op that the capture records, except the kernels the
+capture records as rows of their own before the op that launched them (`launched_first`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from emulator.capture.opmap import CONTIGUOUS_INPUT, normalized_name
+from emulator.capture.opmap import CONTIGUOUS_INPUT, ZERO_FILL, ZERO_FILLED_OUTPUT, normalized_name
 from emulator.capture.trace import COMPUTE, RankTrace
 from emulator.costs.calibrate import write_kernel_csv
 from emulator.costs.kernel_table import PROVENANCE_FIELDS, row_fields
@@ -45,19 +46,23 @@ PROFILE_ALIASES = {
 }
 
 _CONTIGUOUS_INPUT_PACKETS = {overload.rsplit(".", 1)[0] for overload in CONTIGUOUS_INPUT}
+# Ops the profiler lists between a parent and the kernel it launches first (jsonl profiles have
+# no nesting): embedding_dense_backward's arange on CUDA, before its grad_weight zero-fill.
+_LAUNCHED_FIRST_WINDOW = 2
+# Ops taking tensor lists, whose shapes profilers do not record.
+_TENSOR_LIST_PREFIXES = ("aten._foreach_", "aten._fused_adam", "aten._fused_sgd")
 
 
 def collapse_to_recorded(ops: list[ProfiledOp], recorded: set[str]) -> list[ProfiledOp]:
     """Give each kernel to the outermost enclosing op the capture records (aten packets such as
     "aten._to_copy"), merging the launching ops under one such op into one record; ops with no
     recorded ancestor stay as they are (aten::linear is not recorded: its aten::addmm is), and
-    so does the copy an op of opmap.CONTIGUOUS_INPUT makes of its input (the capture records
-    that copy as a row of its own)."""
+    so do the kernels the capture records as rows of their own (`is_launched_first`)."""
     merged: dict[tuple, ProfiledOp] = {}
     out: list = []
     for op in ops:
         owner = next((s for s in op.stack if aten_packet(s[0]) in recorded), None)
-        if owner is not None and _is_input_copy(owner[0], owner[2], op):
+        if owner is not None and is_launched_first(owner[0], owner[2], op):
             owner = None
         if owner is None:
             out.append(op)
@@ -71,25 +76,41 @@ def collapse_to_recorded(ops: list[ProfiledOp], recorded: set[str]) -> list[Prof
     return [merged[o] if isinstance(o, tuple) else o for o in out]
 
 
-def _is_input_copy(parent: str, parent_shapes, op: ProfiledOp) -> bool:
-    """`op` is the copy a full max/min (opmap.CONTIGUOUS_INPUT) makes of its one input."""
-    shapes = _shapes(parent_shapes)
-    return (
-        aten_packet(parent) in _CONTIGUOUS_INPUT_PACKETS
-        and len(shapes) == 1
-        and op.op == "aten::copy_"
-        and _shapes(op.shapes)[:1] == shapes
-    )
+def is_launched_first(parent: str, parent_shapes, op: ProfiledOp) -> bool:
+    """`op` is a kernel that `parent` launches and the capture records as a row of its own
+    before it: the copy a full max/min makes of its one input (opmap.CONTIGUOUS_INPUT), the
+    zero-fill of a CUDA kernel's output (opmap.ZERO_FILLED_OUTPUT: nll_loss_backward's
+    grad_input, the input's shape; embedding_dense_backward's grad_weight, whose rows are the
+    vocabulary and whose width is the gradient's)."""
+    packet, shapes, child = aten_packet(parent), _shapes(parent_shapes), _shapes(op.shapes)[:1]
+    if packet in _CONTIGUOUS_INPUT_PACKETS:
+        return len(shapes) == 1 and op.op == "aten::copy_" and child == shapes
+    if packet in ZERO_FILLED_OUTPUT:
+        return (
+            aten_packet(op.op) == ZERO_FILL
+            and bool(child)
+            and any(s[-1] == child[0][-1] for s in shapes)
+        )
+    return False
 
 
-def input_copies_first(ops: list[ProfiledOp]) -> list[ProfiledOp]:
-    """The ops with each full max/min's input copy moved before it: the op that launched the
-    copy starts first, so a profile lists the copy after it; the capture records the copy
-    first, where its kernel runs."""
+def launched_first(ops: list[ProfiledOp]) -> list[ProfiledOp]:
+    """The ops with each `is_launched_first` kernel moved before its parent: the parent starts
+    first, so a profile lists the kernel after it (up to _LAUNCHED_FIRST_WINDOW ops later);
+    the capture records it first. A parent whose kernel already precedes it (a Chrome trace's
+    nesting, `collapse_to_recorded`) is left alone."""
     ops = list(ops)
-    for i in range(len(ops) - 1):
-        if _is_input_copy(ops[i].op, ops[i].shapes, ops[i + 1]):
-            ops[i], ops[i + 1] = ops[i + 1], ops[i]
+    i = 0
+    while i < len(ops):
+        parent = ops[i]
+        later = range(i + 1, min(i + 1 + _LAUNCHED_FIRST_WINDOW, len(ops)))
+        j = next((j for j in later if is_launched_first(parent.op, parent.shapes, ops[j])), None)
+        if i > 0 and is_launched_first(parent.op, parent.shapes, ops[i - 1]):
+            j = None
+        if j is not None:
+            ops.insert(i, ops.pop(j))
+            i += 1
+        i += 1
     return ops
 
 
@@ -111,8 +132,9 @@ def match_key(name: str, packet: str, inputs: list, outputs: list = ()) -> tuple
     """What must agree for a profiled op and a trace row to be the same op: the normalized name
     and the shapes its cost depends on (GEMMs: the matrices; attention: q, k, v or grad, q, k;
     memory-bound ops: the largest input, else output: in-place and out-of-place forms list
-    different extras). Foreach ops: the aten op alone (profilers record no tensor-list shapes)."""
-    if packet.startswith("aten._foreach_"):
+    different extras). Tensor-list ops (foreach, fused optimizers): the aten op alone
+    (profilers record no tensor-list shapes)."""
+    if packet.startswith(_TENSOR_LIST_PREFIXES):
         return (name, packet)
     if name in GEMM_OPS:
         return (name, *[s for s in inputs if len(s) >= 2])
@@ -218,7 +240,7 @@ def align_profile(ops: list[ProfiledOp], trace: RankTrace) -> Alignment:
     """Match a profile's ops to a trace's compute rows (see the module docstring)."""
     compute = [int(r) for r in np.flatnonzero(trace.columns["kind"] == COMPUTE)]
     recorded = {trace.strings[trace.columns["aten"][r]] for r in compute}
-    ops = input_copies_first(collapse_to_recorded(ops, recorded))
+    ops = launched_first(collapse_to_recorded(ops, recorded))
     pairs = align([profile_key(op) for op in ops], [trace_key(trace, r) for r in compute])
     return Alignment(ops, compute, pairs)
 

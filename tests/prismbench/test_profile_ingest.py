@@ -21,7 +21,7 @@ from prismbench.cli import main
 from prismbench.profile_ingest import (
     collapse_to_recorded,
     ingest_ops,
-    input_copies_first,
+    launched_first,
     write_rows_csv,
 )
 from prismbench.profile_readers import (
@@ -115,10 +115,62 @@ def test_a_full_max_copies_its_input_first_as_the_capture_records_it():
     maximum = ProfiledOp("aten::max", (weight_t,), (("reduce", 55.0),), 10.0)
     copy = ProfiledOp("aten::copy_", (weight_t, weight_t, ()), (("copy", 439.0),), 11.0)
     other = ProfiledOp("aten::copy_", ((), (), ()), (("copy", 2.0),), 12.0)
-    assert input_copies_first([maximum, copy, other]) == [copy, maximum, other]
-    assert input_copies_first([maximum, other]) == [maximum, other]
-    nested = ProfiledOp(copy.op, copy.shapes, copy.kernels, 11.0, (("aten::max", 10.0, (weight_t,)),))
+    assert launched_first([maximum, copy, other]) == [copy, maximum, other]
+    assert launched_first([maximum, other]) == [maximum, other]
+    nested = ProfiledOp(
+        copy.op, copy.shapes, copy.kernels, 11.0, (("aten::max", 10.0, (weight_t,)),)
+    )
     assert collapse_to_recorded([nested], {"aten.max", "aten.copy_"}) == [nested]
+
+
+def test_cuda_zero_fills_come_before_the_loss_and_embedding_backwards_that_launch_them():
+    """As a real H100 profile of the 125M GPT lists them: nll_loss_backward, then the fill of
+    its [16 384, 50 304] grad_input; embedding_dense_backward, an arange, then the fill of its
+    [50 304, 768] grad_weight. The capture records each fill before its op."""
+    logits, tokens = (16384, 50304), (8, 2048)
+    loss_bwd = ProfiledOp("aten::nll_loss_backward", ((), logits, (16384,)), (("nll", 19.0),), 1.0)
+    loss_fill = ProfiledOp("aten::fill_", (logits, ()), (("fill", 997.0),), 2.0)
+    softmax_bwd = ProfiledOp(
+        "aten::_log_softmax_backward_data", (logits, logits), (("s", 9.0),), 3.0
+    )
+    embed_bwd = ProfiledOp(
+        "aten::embedding_dense_backward", ((*tokens, 768), tokens), (("e", 309.0),), 4.0
+    )
+    arange = ProfiledOp("aten::arange", ((), (), (), (0,)), (("a", 1.0),), 5.0)
+    embed_fill = ProfiledOp("aten::fill_", ((50304, 768), ()), (("fill", 24.0),), 6.0)
+    scalar_fill = ProfiledOp("aten::fill_", ((), ()), (("fill", 1.0),), 7.0)
+    profile = [loss_bwd, loss_fill, softmax_bwd, embed_bwd, arange, embed_fill, scalar_fill]
+    assert launched_first(profile) == [
+        loss_fill,
+        loss_bwd,
+        softmax_bwd,
+        embed_fill,
+        embed_bwd,
+        arange,
+        scalar_fill,
+    ]
+    # a fill of another tensor after the loss stays where it is, and fills already first stay
+    assert launched_first([loss_bwd, scalar_fill]) == [loss_bwd, scalar_fill]
+    in_order = [loss_fill, loss_bwd, loss_fill, loss_bwd]
+    assert launched_first(in_order) == in_order
+    # nested in its op (a Chrome trace), the fill keeps its kernel rather than giving it away
+    nested = ProfiledOp(
+        loss_fill.op,
+        loss_fill.shapes,
+        loss_fill.kernels,
+        2.0,
+        (("aten::nll_loss_backward", 1.0, loss_bwd.shapes),),
+    )
+    assert collapse_to_recorded([nested], {"aten.nll_loss_backward", "aten.fill_"}) == [nested]
+
+
+def test_a_fused_optimizer_matches_on_its_op_alone(trace):
+    """Profilers record no shapes for tensor lists: torch's fused AdamW is matched by name."""
+    from prismbench.profile_ingest import match_key
+
+    step = match_key("optimizer_step", "aten._fused_adamw_", [(125262336,)])
+    profiled = match_key("optimizer_step", "aten._fused_adamw_", [])
+    assert step == profiled == ("optimizer_step", "aten._fused_adamw_")
 
 
 def test_alignment_tolerates_an_inserted_and_a_missing_op(trace):
