@@ -25,7 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from emulator.capture.opmap import CONTIGUOUS_INPUT, ZERO_FILL, ZERO_FILLED_OUTPUT, normalized_name
+from emulator.capture.opmap import (
+    CONTIGUOUS_INPUT,
+    READS_NO_INPUT,
+    ZERO_FILL,
+    ZERO_FILLED_OUTPUT,
+    normalized_name,
+)
 from emulator.capture.trace import COMPUTE, RankTrace
 from emulator.costs.calibrate import write_kernel_csv
 from emulator.costs.kernel_table import PROVENANCE_FIELDS, row_fields
@@ -152,9 +158,11 @@ def profile_key(op: ProfiledOp) -> tuple:
 def trace_key(trace: RankTrace, row: int) -> tuple:
     c = trace.columns
     tensors = trace.tensors(row)
-    inputs = [shape for shape, _, is_out in tensors if not is_out and shape]
+    aten = trace.strings[c["aten"][row]]
+    # the tensor a READS_NO_INPUT op takes only names a dtype: the GPU's fill has its output
+    inputs = [s for s, _, is_out in tensors if not is_out and s and aten not in READS_NO_INPUT]
     outputs = [shape for shape, _, is_out in tensors if is_out and shape]
-    return match_key(trace.strings[c["name"][row]], trace.strings[c["aten"][row]], inputs, outputs)
+    return match_key(trace.strings[c["name"][row]], aten, inputs, outputs)
 
 
 def align(left: list, right: list) -> list[tuple[int, int]]:

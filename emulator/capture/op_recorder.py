@@ -352,7 +352,7 @@ class OpRecorder(TorchDispatchMode):
                 phase,
                 self.state.micro_batch,
                 flops=int(info.flop_fn(args, kwargs, out)) if info.flop_fn else 0,
-                read_bytes=sum(t.nbytes for t in ins),
+                read_bytes=sum(t.nbytes for t in ins) if info.reads_inputs else 0,
                 write_bytes=sum(t.nbytes for t in written),
                 tensors=tuple(shapes),
                 workspace_bytes=info.workspace_fn(args, kwargs) if info.workspace_fn else 0,

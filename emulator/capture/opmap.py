@@ -114,6 +114,21 @@ NORMALIZED = {
     "aten.new_full": "copy",
 }
 
+# Ops that take a tensor for its dtype, device or shape only: their kernel (a fill) writes the
+# output and reads nothing. `x.new_zeros(())` is one element, whatever x's size (ZeRO's
+# gradient norm: priced as a copy of the whole fp32 gradient shard before, 1.0 ms too slow on
+# the 760M GPT's H100 reprofile, results/calibration/README.md).
+READS_NO_INPUT = frozenset(
+    {
+        "aten.zeros_like",
+        "aten.ones_like",
+        "aten.full_like",
+        "aten.new_zeros",
+        "aten.new_ones",
+        "aten.new_full",
+    }
+)
+
 # Ops that only allocate (no kernel), only touch metadata, or are bookkeeping: never compute.
 # Views are found from the schema (`OpOverload.is_view`); `_unsafe_view` is not flagged there.
 NO_KERNEL = frozenset(
@@ -321,6 +336,7 @@ class OpInfo:
     # `clone` of a transposed tensor's contiguous is a copy kernel)
     decomposes: bool = False
     contiguous_input: int = -1  # CONTIGUOUS_INPUT's index for this overload, -1 when none
+    reads_inputs: bool = True  # False for READS_NO_INPUT
 
     @property
     def is_compute(self) -> bool:
@@ -384,6 +400,7 @@ def op_info(func) -> OpInfo:
         and func.namespace == "aten"
         and torch_compat.is_composite_implicit(func),
         contiguous_input=CONTIGUOUS_INPUT.get(f"{cpu_packet}.{func._overloadname}", -1),
+        reads_inputs=packet not in READS_NO_INPUT,
     )
 
 

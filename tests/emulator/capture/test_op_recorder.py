@@ -371,3 +371,21 @@ def test_ops_whose_cuda_kernel_zero_fills_its_output_record_the_fill_first(fake_
         assert trace["write_bytes"][i - 1] == trace["write_bytes"][i] and trace["read_bytes"][i - 1] == 0
     # a fill runs nowhere else in this program
     assert sum(a == "aten.fill_" for a in atens) == len(filled)
+
+
+def test_ops_taking_a_tensor_for_its_dtype_only_read_nothing():
+    """`x.new_zeros(())` fills one element and `zeros_like(x)` writes x's size: neither kernel
+    reads x (ZeRO's gradient norm starts from `shard.new_zeros(())`)."""
+    rec = OpRecorder()
+    with FakeTensorMode(), rec:
+        shard = torch.ones(1 << 20)
+        _ = shard.new_zeros(())
+        _ = torch.zeros_like(shard, dtype=torch.bfloat16)
+        _ = shard * 2
+    trace = rec.trace()
+    rows = np.flatnonzero(trace["kind"] == COMPUTE)
+    by_aten = {trace.text("aten")[i]: i for i in rows}
+    new_zeros, zeros_like, mul = (by_aten[a] for a in ("aten.new_zeros", "aten.zeros_like", "aten.mul"))
+    assert (trace["read_bytes"][new_zeros], trace["write_bytes"][new_zeros]) == (0, 4)
+    assert (trace["read_bytes"][zeros_like], trace["write_bytes"][zeros_like]) == (0, 2 << 20)
+    assert trace["read_bytes"][mul] == 4 << 20  # an op that reads its input still counts it
