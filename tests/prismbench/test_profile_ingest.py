@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from emulator.capture.opmap import READS_NO_INPUT
 from emulator.capture.trace import COMPUTE
 from emulator.costs.kernel_table import load_kernel_table, op_class, row_op
 from emulator.hardware import gpu_preset
@@ -49,10 +50,12 @@ def _compute_rows(trace) -> list[int]:
 
 def _profiled(trace, row: int, us: float) -> ProfiledOp:
     """What the profiler records for a trace row: aten::op, input shapes (the output where
-    inputs are scalars or absent, as a GPU zeros records its fill_'s destination), a kernel."""
+    inputs are scalars or absent, or only name a dtype, as a GPU zeros or new_zeros records its
+    fill_'s destination), a kernel."""
     aten = trace.strings[trace.columns["aten"][row]]
     tensors = trace.tensors(row)
-    shapes = [s for s, _, out in tensors if not out and s] or [s for s, _, out in tensors if out]
+    inputs = [s for s, _, out in tensors if not out and s and aten not in READS_NO_INPUT]
+    shapes = inputs or [s for s, _, out in tensors if out]
     return ProfiledOp(aten.replace(".", "::", 1), tuple(shapes), (("k", us),), 0.0)
 
 
