@@ -110,9 +110,9 @@ def launched_first(ops: list[ProfiledOp]) -> list[ProfiledOp]:
     while i < len(ops):
         parent = ops[i]
         later = range(i + 1, min(i + 1 + _LAUNCHED_FIRST_WINDOW, len(ops)))
-        j = next((j for j in later if is_launched_first(parent.op, parent.shapes, ops[j])), None)
-        if i > 0 and is_launched_first(parent.op, parent.shapes, ops[i - 1]):
-            j = None
+        children = [j for j in later if is_launched_first(parent.op, parent.shapes, ops[j])]
+        already_first = i > 0 and is_launched_first(parent.op, parent.shapes, ops[i - 1])
+        j = children[0] if children and not already_first else None
         if j is not None:
             ops.insert(i, ops.pop(j))
             i += 1
