@@ -57,6 +57,14 @@ _CONTIGUOUS_INPUT_PACKETS = {overload.rsplit(".", 1)[0] for overload in CONTIGUO
 _LAUNCHED_FIRST_WINDOW = 2
 # Ops taking tensor lists, whose shapes profilers do not record.
 _TENSOR_LIST_PREFIXES = ("aten._foreach_", "aten._fused_adam", "aten._fused_sgd")
+# Ops matched on one key whatever their shapes, since a profile's shapes say nothing of them:
+# concatenations take tensor lists (and CUDA's `stack` launches its kernels as a nested `cat`);
+# `arange` is listed with its out= tensor before it is resized (shape [0]).
+_KEYED_WITHOUT_SHAPES = {
+    "aten.cat": "aten.cat",
+    "aten.stack": "aten.cat",
+    "aten.arange": "aten.arange",
+}
 
 
 def collapse_to_recorded(ops: list[ProfiledOp], recorded: set[str]) -> list[ProfiledOp]:
@@ -139,9 +147,11 @@ def match_key(name: str, packet: str, inputs: list, outputs: list = ()) -> tuple
     and the shapes its cost depends on (GEMMs: the matrices; attention: q, k, v or grad, q, k;
     memory-bound ops: the largest input, else output: in-place and out-of-place forms list
     different extras). Tensor-list ops (foreach, fused optimizers): the aten op alone
-    (profilers record no tensor-list shapes)."""
+    (profilers record no tensor-list shapes); `_KEYED_WITHOUT_SHAPES`: one key each."""
     if packet.startswith(_TENSOR_LIST_PREFIXES):
         return (name, packet)
+    if packet in _KEYED_WITHOUT_SHAPES:
+        return (name, _KEYED_WITHOUT_SHAPES[packet])
     if name in GEMM_OPS:
         return (name, *[s for s in inputs if len(s) >= 2])
     if name in ATTENTION_OPS:

@@ -60,6 +60,15 @@ def _contiguous_copy(t: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten.clone.default(t, memory_format=torch.contiguous_format)
 
 
+def _masked_fill_of_clone(func, target, mask, value, **kwargs):
+    """`masked_fill` as ATen runs it (opmap.CLONES_SELF): a contiguous clone of `target`
+    broadcast against `mask`, then the in-place overload of `func` on the clone."""
+    shape = torch.broadcast_shapes(target.shape, mask.shape)
+    result = _contiguous_copy(target.expand(shape))
+    in_place = getattr(torch.ops.aten.masked_fill_, func._overloadname)
+    return in_place(result, mask, value, **kwargs)
+
+
 _OP_INFOS: dict = {}  # OpOverload -> opmap.OpInfo, shared by all recorders (pure function)
 _WRAPPER_SUBCLASS: dict[type, bool] = {}  # tensor type -> is a traceable wrapper subclass
 
@@ -284,6 +293,9 @@ class OpRecorder(TorchDispatchMode):
                 out = func.decompose(*args, **kwargs)
             if out is not NotImplemented:
                 return out  # its parts were recorded as they came back
+        if info.clones_self:
+            with torch_compat.mode_reentered(self):  # the clone and the fill come back here
+                return _masked_fill_of_clone(func, *args, **kwargs)
         if info.contiguous_input >= 0 and not args[info.contiguous_input].is_contiguous():
             args = list(args)
             with torch_compat.mode_reentered(self):  # the copy is recorded as it comes back

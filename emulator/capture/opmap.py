@@ -279,6 +279,14 @@ CONTIGUOUS_INPUT = {
 }
 
 
+# Out-of-place ops that ATen implements as a clone of `self` and the in-place op on it: a copy
+# kernel and the in-place kernel on a GPU, where a dispatch mode sees one op (the recorder
+# records the two). ATen/native/TensorAdvancedIndexing.cpp `masked_fill`: `self` broadcast
+# against the mask, `clone(at::MemoryFormat::Contiguous)`, then `masked_fill_`; the shared H100
+# profile of MPT-7B (86a4f47's ALiBi bias) lists that copy: 357 us for [32, 2 048, 2 048] fp32.
+CLONES_SELF = frozenset({"aten.masked_fill"})
+
+
 @dataclass(frozen=True, kw_only=True)
 class CustomOp:
     """How a program's own custom op is priced: what a GPU runs for it (`name`, a costs/ops.py
@@ -337,6 +345,7 @@ class OpInfo:
     decomposes: bool = False
     contiguous_input: int = -1  # CONTIGUOUS_INPUT's index for this overload, -1 when none
     reads_inputs: bool = True  # False for READS_NO_INPUT
+    clones_self: bool = False  # CLONES_SELF
 
     @property
     def is_compute(self) -> bool:
@@ -401,6 +410,7 @@ def op_info(func) -> OpInfo:
         and torch_compat.is_composite_implicit(func),
         contiguous_input=CONTIGUOUS_INPUT.get(f"{cpu_packet}.{func._overloadname}", -1),
         reads_inputs=packet not in READS_NO_INPUT,
+        clones_self=packet in CLONES_SELF,
     )
 
 

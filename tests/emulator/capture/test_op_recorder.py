@@ -363,12 +363,17 @@ def test_ops_whose_cuda_kernel_zero_fills_its_output_record_the_fill_first(fake_
     trace, _, _ = fake_step
     rows = np.flatnonzero(trace["kind"] == COMPUTE)
     atens = trace.text("aten")
-    filled = [i for i in rows if atens[i] in ("aten.nll_loss_backward", "aten.embedding_dense_backward")]
+    filled = [
+        i for i in rows if atens[i] in ("aten.nll_loss_backward", "aten.embedding_dense_backward")
+    ]
     assert [atens[i] for i in filled] == ["aten.nll_loss_backward", "aten.embedding_dense_backward"]
     for i in filled:
         (output,) = [t for t in trace.tensors(i) if t[2]]
         assert atens[i - 1] == "aten.fill_" and trace.tensors(i - 1) == [output]
-        assert trace["write_bytes"][i - 1] == trace["write_bytes"][i] and trace["read_bytes"][i - 1] == 0
+        assert (
+            trace["write_bytes"][i - 1] == trace["write_bytes"][i]
+            and trace["read_bytes"][i - 1] == 0
+        )
     # a fill runs nowhere else in this program
     assert sum(a == "aten.fill_" for a in atens) == len(filled)
 
@@ -385,7 +390,30 @@ def test_ops_taking_a_tensor_for_its_dtype_only_read_nothing():
     trace = rec.trace()
     rows = np.flatnonzero(trace["kind"] == COMPUTE)
     by_aten = {trace.text("aten")[i]: i for i in rows}
-    new_zeros, zeros_like, mul = (by_aten[a] for a in ("aten.new_zeros", "aten.zeros_like", "aten.mul"))
+    new_zeros, zeros_like, mul = (
+        by_aten[a] for a in ("aten.new_zeros", "aten.zeros_like", "aten.mul")
+    )
     assert (trace["read_bytes"][new_zeros], trace["write_bytes"][new_zeros]) == (0, 4)
     assert (trace["read_bytes"][zeros_like], trace["write_bytes"][zeros_like]) == (0, 2 << 20)
     assert trace["read_bytes"][mul] == 4 << 20  # an op that reads its input still counts it
+
+
+def test_masked_fill_records_the_clone_and_the_in_place_fill_a_gpu_runs():
+    """ATen's out-of-place masked_fill clones self (broadcast against the mask) and fills the
+    clone in place: a copy kernel and a fill kernel on a GPU (86a4f47's ALiBi bias on an H100:
+    a 357 us copy of [32, 2 048, 2 048] fp32, then masked_fill_)."""
+    rec = OpRecorder()
+    with FakeTensorMode(), rec:
+        bias = torch.ones(4, 64, 64)
+        future = torch.ones(64, 64, dtype=torch.bool).triu(1)
+        masked = bias.masked_fill(future, float("-inf"))
+    trace = rec.trace()
+    rows = np.flatnonzero(trace["kind"] == COMPUTE)
+    atens = [trace.text("aten")[i] for i in rows]
+    assert atens[-2:] == ["aten.clone", "aten.masked_fill_"]
+    clone, fill = rows[-2:]
+    assert trace.tensors(clone)[-1] == ((4, 64, 64), "float32", True)
+    assert trace["write_bytes"][clone] == trace["write_bytes"][fill] == 4 * 64 * 64 * 4
+    assert masked.shape == (4, 64, 64) and masked.is_contiguous()
+    # one output allocated: the clone, filled in place
+    assert (trace["kind"] == ALLOC).sum() == 4  # bias, the ones, their triu, the clone
