@@ -242,3 +242,19 @@ def test_cli_writes_rows_and_refuses_bad_profiles(trace, tmp_path, capsys):
         assert not target.exists() and not list(tmp_path.glob(".*.tmp"))
     with pytest.raises(ProfileError, match="unknown format"):
         read_profile(tmp_path / "notes.txt")
+
+
+def test_a_masked_fill_nested_in_a_chrome_trace_gives_its_copy_to_the_clone():
+    """On CUDA `masked_fill` clones self (aten::clone -> aten::copy_) and fills the clone
+    (aten::masked_fill_), both nested in aten::masked_fill; the capture records the clone and
+    the in-place fill, not the out-of-place op, so each kernel goes to its own recorded op."""
+    bias, mask = (32, 2048, 2048), (2048, 2048)
+    parent = ("aten::masked_fill", 1.0, (bias, mask, ()))
+    clone = ("aten::clone", 2.0, (bias,))
+    copy = ProfiledOp(
+        "aten::copy_", (bias, bias, ()), (("Memcpy DtoD", 357.0),), 3.0, (parent, clone)
+    )
+    fill = ProfiledOp("aten::masked_fill_", (bias, mask, ()), (("fill", 457.0),), 4.0, (parent,))
+    cloned, filled = collapse_to_recorded([copy, fill], {"aten.clone", "aten.masked_fill_"})
+    assert (cloned.op, cloned.kernel_us) == ("aten::clone", 357.0)
+    assert filled == fill
