@@ -99,15 +99,31 @@ def default_cache_dir() -> Path:
     return Path(base) / "captures"
 
 
-def _capture_class(job, class_id: int, out_path: str) -> tuple[float, str]:
+class SourceChangedError(RuntimeError):
+    """The emulator's or workloads' source changed while a job was being captured."""
+
+
+def _capture_class(
+    job, class_id: int, out_path: str, parent_source: str | None = None
+) -> tuple[float, str]:
     """Worker: capture one class and save its trace; returns the seconds it took and a note.
 
     Pipeline chunks are reused (emulator.capture.chunk_reuse); where a chunk cannot stand for the
-    others (ChunkReuseError), the class is captured again with every chunk run."""
+    others (ChunkReuseError), the class is captured again with every chunk run. A spawned worker
+    imports the source on disk now, and its trace is cached under the key the parent made from
+    the source it read (`parent_source`): if the two differ it refuses, rather than caching a
+    trace of one program under the key of another."""
     from emulator.capture.chunk_reuse import ChunkReuseError
     from emulator.capture.rank import capture_rank
     from prismbench.program import rank_program
 
+    if parent_source is not None and source_hash() != parent_source:
+        raise SourceChangedError(
+            f"the source of {', '.join(_SOURCE_PACKAGES)} changed while capturing (hash "
+            f"{parent_source} when the capture started, {source_hash()} in a worker): its trace "
+            "would be cached under the old program's key. Capture from a checkout nobody edits "
+            "meanwhile (a `git worktree` of the commit)"
+        )
     started = time.perf_counter()
     world = world_of(job)
     rank = world.representative(class_id)
@@ -186,7 +202,7 @@ def _run_workers(job, class_ids, paths, workers, progress) -> None:
 
         pool.apply_async(
             _capture_class,
-            (job, class_id, str(paths[class_id])),
+            (job, class_id, str(paths[class_id]), source_hash()),
             callback=done,
             error_callback=failed,
         )

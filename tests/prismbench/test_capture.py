@@ -867,3 +867,20 @@ def test_a_fused_optimizer_step_is_one_kernel_not_foreach_passes(tmp_path, paral
     assert fused["aten._fused_adamw_"] >= 1 and not foreach["aten._fused_adamw_"]
     passes = ("aten._foreach_lerp_", "aten._foreach_addcmul_", "aten._foreach_sqrt")
     assert all(foreach[op] for op in passes) and not any(fused[op] for op in passes)
+
+
+def test_a_worker_refuses_to_capture_when_the_source_changed_since_the_key_was_made(tmp_path):
+    """A spawned worker imports the source on disk when it starts; the trace it writes is cached
+    under the key its parent made earlier. If the two programs differ, it refuses and writes
+    nothing, rather than caching one program's trace under the other's key."""
+    from prismbench.capture import SourceChangedError, _capture_class, source_hash
+
+    job = job_spec_from_dict(
+        {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 32, "global_batch": 1}}
+    )
+    out = tmp_path / "class_0000.npz"
+    with pytest.raises(SourceChangedError, match="changed while capturing"):
+        _capture_class(job, 0, str(out), parent_source="0" * 16)
+    assert not out.exists() and not list(tmp_path.iterdir())
+    _capture_class(job, 0, str(out), parent_source=source_hash())  # the same source: captured
+    assert out.exists()
