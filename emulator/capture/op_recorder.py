@@ -60,13 +60,12 @@ def _contiguous_copy(t: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten.clone.default(t, memory_format=torch.contiguous_format)
 
 
-def _masked_fill_of_clone(func, target, mask, value, **kwargs):
-    """`masked_fill` as ATen runs it (opmap.CLONES_SELF): a contiguous clone of `target`
-    broadcast against `mask`, then the in-place overload of `func` on the clone."""
-    shape = torch.broadcast_shapes(target.shape, mask.shape)
-    result = _contiguous_copy(target.expand(shape))
-    in_place = getattr(torch.ops.aten.masked_fill_, func._overloadname)
-    return in_place(result, mask, value, **kwargs)
+def _clone_then_in_place(func, target, other, *args, **kwargs):
+    """An opmap.CLONES_SELF op as ATen runs it: a contiguous clone of `target` broadcast
+    against its second argument (masked_fill's mask), then `func`'s in-place overload on it."""
+    result = _contiguous_copy(target.expand(torch.broadcast_shapes(target.shape, other.shape)))
+    in_place = getattr(getattr(torch.ops.aten, f"{func._opname}_"), func._overloadname)
+    return in_place(result, other, *args, **kwargs)
 
 
 _OP_INFOS: dict = {}  # OpOverload -> opmap.OpInfo, shared by all recorders (pure function)
@@ -295,7 +294,7 @@ class OpRecorder(TorchDispatchMode):
                 return out  # its parts were recorded as they came back
         if info.clones_self:
             with torch_compat.mode_reentered(self):  # the clone and the fill come back here
-                return _masked_fill_of_clone(func, *args, **kwargs)
+                return _clone_then_in_place(func, *args, **kwargs)
         if info.contiguous_input >= 0 and not args[info.contiguous_input].is_contiguous():
             args = list(args)
             with torch_compat.mode_reentered(self):  # the copy is recorded as it comes back
