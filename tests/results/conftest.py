@@ -77,3 +77,9 @@ def reprofile():
 def reprofile_compare():
     """results/calibration/reprofile_compare.py: scores the production-kernel recordings."""
     return load_script("calibration/reprofile_compare.py")
+
+
+@pytest.fixture(scope="session")
+def misses():
+    """results/fidelity/misses.py: the rows beyond the goal beside their own tables."""
+    return load_script("fidelity/misses.py")
