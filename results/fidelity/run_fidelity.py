@@ -23,6 +23,9 @@ run (DB's latest complete run, or RUN_ID), so the table and the harness's histor
 figures from one run. The run's commit and id head the generated block. Given several DBs, the
 table joins their latest runs (say, one per group of sources run at one commit); a baseline in
 two of them is refused.
+
+After a new table, run `python results/fidelity/misses.py` too: `misses.md` (the rows beyond 15 %
+beside their own tables) is written from `fidelity.csv`, and a test checks the two agree.
 """
 
 from __future__ import annotations

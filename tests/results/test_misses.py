@@ -67,3 +67,12 @@ def test_the_committed_table_loads_with_every_baseline(misses):
     rows = misses.load_rows(misses.HERE / "fidelity.csv")
     assert len(rows) == len({r.baseline for r in rows}) > 100
     assert all(r.gpus >= 1 and r.seq_len >= 1 for r in rows)
+
+
+def test_the_committed_report_is_the_committed_table_s(misses):
+    """misses.md is regenerated with fidelity.csv (`python results/fidelity/misses.py`)."""
+    committed = (misses.HERE / "misses.md").read_text()
+    made_at = committed.split("misses.py` at ", 1)[1].split(" ", 1)[0]
+    csv_path = misses.HERE / "fidelity.csv"
+    rows = misses.load_rows(csv_path)
+    assert misses.render(misses.find_misses(rows, 0.15), rows, 0.15, csv_path, made_at) == committed
