@@ -38,6 +38,18 @@ class Topology:
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
             raise ValueError(f"cluster.gpus_per_node={self.gpus_per_node!r} must be a positive integer")
 
+    @property
+    def network_share_GBps(self) -> float:
+        """The network bandwidth one GPU gets while every GPU of its node uses the network.
+
+        An SPMD program runs a collective on all of a node's GPUs at once (each in its own group:
+        the tp ranks of a stage all reduce their data-parallel gradients together), so with fewer
+        NICs than GPUs (BLOOM's Jean Zay nodes: 4 Omni-Path HFIs for 8 A100s) the GPUs that share
+        a NIC share its bandwidth. With a NIC per GPU this is one NIC's bandwidth.
+        """
+        net = self.network
+        return net.nic_bandwidth_GBps * min(1.0, net.nics_per_node / self.gpus_per_node)
+
 
 def bus_bandwidth_factor(kind: str, n: int) -> float:
     """nccl-tests' algbw -> busbw factor for a collective over n ranks."""
@@ -61,13 +73,19 @@ def _per_node_counts(ranks: np.ndarray, topo: Topology) -> np.ndarray:
 def group_geometry(group_ranks: np.ndarray, topo: Topology) -> GroupGeometry:
     """Nodes spanned, members per node and the bandwidths NCCL's rings and trees would get.
 
-    With k members per node the inter-node traffic runs on min(k, NICs per node) rails (one NIC
-    per GPU, rail-optimised); the least-populated node bounds it.
+    With k members per node the inter-node traffic runs on min(k, NICs per node) rails
+    (rail-optimised), and gets no more than k GPUs' share of the node's NICs while the node's
+    other GPUs run their own groups' collectives (`Topology.network_share_GBps`); the
+    least-populated node bounds it.
     """
     counts = _per_node_counts(group_ranks, topo)
     nodes, k = counts.size, int(counts.min())
     rails = min(k, topo.network.nics_per_node)
-    bw_inter = rails * topo.network.nic_bandwidth_GBps if nodes > 1 else math.inf
+    bw_inter = (
+        min(rails * topo.network.nic_bandwidth_GBps, k * topo.network_share_GBps)
+        if nodes > 1
+        else math.inf
+    )
     bw_intra = topo.link.bandwidth_GBps if counts.max() > 1 else bw_inter
     return GroupGeometry(
         n_ranks=int(counts.sum()),
@@ -91,7 +109,10 @@ def _p2p_times_s(kind: str, nbytes: np.ndarray, group_ranks: np.ndarray, topo: T
     counts = _per_node_counts(group_ranks, topo)
     n, nodes, k = int(counts.sum()), counts.size, int(counts.min())
     lat_us = 8.4 + (14.0 + topo.network.latency_us if nodes > 1 else 3.4 + topo.link.latency_us)
-    nic_share = topo.network.nic_bandwidth_GBps * min(k, topo.network.nics_per_node) / k
+    nic_share = min(
+        topo.network.nic_bandwidth_GBps * min(k, topo.network.nics_per_node) / k,
+        topo.network_share_GBps,
+    )
     if kind == "send_recv":
         bw = nic_share if nodes > 1 else topo.link.bandwidth_GBps
         return (lat_us + nbytes / (1000.0 * bw)) * 1e-6

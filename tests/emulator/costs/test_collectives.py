@@ -71,6 +71,29 @@ def test_more_members_per_node_use_more_rails():
     assert t2 < 1.2 * t1  # twice the data on twice the rails
 
 
+def test_gpus_sharing_a_nic_share_its_bandwidth():
+    # BLOOM's nodes: 8 A100s, 4 Omni-Path HFIs. Every GPU of a node reduces its own data-parallel
+    # group at once, so two GPUs drive each NIC: a group with one member a node gets half a NIC.
+    opa = _topo("a100-sxm-80g", "nvlink3", "opa-4x100")
+    nic = opa.network.nic_bandwidth_GBps
+    assert opa.network_share_GBps == nic / 2
+    busbw = bus_bandwidth_GBps("all_gather", 8 * 2**30, DP, opa)[0]
+    assert 0.8 * nic / 2 < busbw <= nic / 2 * 1.0001
+    # a send between nodes likewise; with a NIC per GPU nothing is shared
+    pair = np.array([0, 8])
+    assert collective_time_s("send_recv", 2**30, pair, opa) == pytest.approx(
+        2**30 / (nic / 2 * 1e9), rel=1e-3
+    )
+    assert H100.network_share_GBps == H100.network.nic_bandwidth_GBps
+
+
+def test_a_group_with_a_member_on_each_gpu_of_the_node_uses_every_nic():
+    opa = _topo("a100-sxm-80g", "nvlink3", "opa-4x100")
+    whole_nodes = np.arange(16)
+    busbw = bus_bandwidth_GBps("all_gather", 8 * 2**30, whole_nodes, opa)[0]
+    assert busbw > 0.8 * 4 * opa.network.nic_bandwidth_GBps
+
+
 def test_nvls_chosen_for_large_all_reduce_on_h100_node():
     assert choose_algorithm("all_reduce", 2**30, TP, H100)[:2] == ("nvls", "Simple")
 
