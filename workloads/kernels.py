@@ -86,6 +86,13 @@ Fields:
   `overlap_grad_reduce`); `after-backward`, each model chunk's whole gradient buffer in one
   collective once every micro-batch's backward is done, exposed (Megatron-LM's local DDP,
   `workloads.zero.DistributedOptimizer(overlap=False)`). FSDP (zero 2, 3) is unaffected.
+- `dp_grad_collective`: how zero=1 reduces the gradient buffer over the data-parallel group:
+  `reduce-scatter` (each rank receives the sums of its share: Megatron's distributed
+  optimizer, every framework's choice) or `all-reduce` (every rank receives all the sums and
+  steps its share; the same result with twice the bytes on the wire: DeepSpeed's BF16
+  optimizer under its pipeline engine, which all-reduces the fp32 gradients in
+  `_bf16_reduce_grads`, as BLOOM ran). zero=0 always all-reduces; FSDP (zero 2, 3) is
+  unaffected.
 - `pipeline_recv`: the pipeline's receive buffers. "per-microbatch": torch.distributed.
   pipelining, whose stages allocate a receive buffer per micro-batch at setup and keep it;
   "per-transfer": Megatron's 1F1B (`workloads.megatron_schedule`), a buffer allocated by
@@ -220,6 +227,7 @@ PIPELINE_RECVS = ("per-microbatch", "per-transfer")
 PIPELINE_TRANSFERS = ("whole", "scatter-gather")
 ATTENTIONS = ("flash", "flash2", "triton", "unfused")
 GRAD_REDUCES = ("overlapped", "after-backward")
+DP_GRAD_COLLECTIVES = ("reduce-scatter", "all-reduce")
 GRAD_ACCUMULATIONS = ("fp32", "model-dtype")
 RECOMPUTE_RERUNS = ("needed", "all")
 SELECTIVE_GRANULARITIES = ("op", "core-attention")  # workloads.recompute runs each
@@ -338,6 +346,11 @@ GRAD_REDUCE_BY_FRAMEWORK: dict[str, str] = {
     **_same_for_all("overlapped"),
     "megatron": "after-backward",
 }
+# Megatron-LM's distributed optimizer (2022) and Megatron-core's reduce-scatter the gradient
+# buffer; the other frameworks' zero=1 paths are the workloads' (workloads.zero), which do the
+# same. DeepSpeed's BF16 optimizer all-reduces instead; no framework here is DeepSpeed, so a
+# baseline that ran it says so (results/baselines: BLOOM).
+DP_GRAD_COLLECTIVE_BY_FRAMEWORK: dict[str, str] = _same_for_all("reduce-scatter")
 # Megatron-LM keeps its gradient buffer (`main_grad`, local DDP's contiguous buffers) in fp32
 # only under `--accumulate-allreduce-grads-in-fp32`, which arguments.py turns on for bf16 and
 # leaves off for fp16; otherwise the buffer has the parameters' dtype and `param_hook` adds
@@ -500,6 +513,7 @@ CHOICES: dict[str, tuple[tuple, dict[str, Any]]] = {
     "pipeline_transfer": (PIPELINE_TRANSFERS, PIPELINE_TRANSFER_BY_FRAMEWORK),
     "attention": (ATTENTIONS, ATTENTION_BY_FRAMEWORK),
     "grad_reduce": (GRAD_REDUCES, GRAD_REDUCE_BY_FRAMEWORK),
+    "dp_grad_collective": (DP_GRAD_COLLECTIVES, DP_GRAD_COLLECTIVE_BY_FRAMEWORK),
     "grad_accumulation": (GRAD_ACCUMULATIONS, GRAD_ACCUMULATION_BY_FRAMEWORK),
     "custom_ops": (CUSTOM_OPS, CUSTOM_OPS_BY_FRAMEWORK),
     "selective_recompute": (SELECTIVE_GRANULARITIES, SELECTIVE_RECOMPUTE_BY_FRAMEWORK),
@@ -535,6 +549,7 @@ class KernelsSpec:
     pipeline_transfer: str | None = None
     attention: str | None = None
     grad_reduce: str | None = None
+    dp_grad_collective: str | None = None
     grad_accumulation: str | None = None
     custom_ops: str | None = None
     selective_recompute: str | None = None

@@ -368,6 +368,7 @@ def _build_optimizer(job: TrainingJob, mesh, dp_mesh, parts, lr, bucket_bytes):
         bucket_bytes=bucket_bytes,
         overlap=job.kernels.grad_reduce == "overlapped",
         grads_in_model_dtype=job.kernels.grad_accumulation == "model-dtype",
+        reduce_scatter=job.kernels.dp_grad_collective == "reduce-scatter",
     )
 
 

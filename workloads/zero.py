@@ -15,7 +15,9 @@ overlap_grad_reduce do:
 - a post-accumulate-grad hook adds each `param.grad` into the buffer and frees it
   (`param.grad = None`); when a bucket has received every gradient of the last
   micro-batch of the iteration it launches an async all-reduce (zero=0) or an
-  in-place reduce-scatter (zero=1, each bucket padded to a multiple of the dp size);
+  in-place reduce-scatter (zero=1, each bucket padded to a multiple of the dp size; or an
+  all-reduce of the whole bucket, of which the rank then steps its share, as DeepSpeed's
+  BF16 optimizer under its pipeline engine does: `reduce_scatter=False`);
   `step()` waits for the buckets in launch order;
 - zero=0 then steps AdamW on the whole fp32 master copy on every rank; zero=1 steps
   on the rank's 1/D share of every bucket and all-gathers each updated bucket.
@@ -193,6 +195,7 @@ class DistributedOptimizer:
         overlap: bool = True,
         step: str = "foreach",
         grads_in_model_dtype: bool = False,
+        reduce_scatter: bool = True,
     ) -> None:
         """chunks: the parameters of each model chunk in registration order; microbatches:
         backward passes per iteration (each parameter's hook fires once per pass);
@@ -201,7 +204,9 @@ class DistributedOptimizer:
         else reduce every chunk's whole buffer in one collective once backward is done, as
         Megatron-LM's local DDP did (`allreduce_gradients()` after `forward_backward_func`),
         bucket_bytes then unused; grads_in_model_dtype: keep the grad buffer in the
-        parameters' dtype, not float32."""
+        parameters' dtype, not float32; reduce_scatter: sharded (zero=1), reduce-scatter each
+        bucket, else all-reduce it whole and step this rank's share (the same sums, twice the
+        bytes on the wire)."""
         self.params = [p for chunk in chunks for p in chunk]
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1:
@@ -215,6 +220,7 @@ class DistributedOptimizer:
         self.dp_size = dist.get_world_size(dp_group) if dp_group is not None else 1
         self.dp_rank = dist.get_rank(dp_group) if dp_group is not None else 0
         self.shard = shard and self.dp_size > 1
+        self.reduce_scatter = reduce_scatter
         self.tp_group = tp_group if tp_size > 1 else None
         self.norm_groups = [g for g in norm_groups if g is not None and dist.get_world_size(g) > 1]
         self.max_norm = max_norm
@@ -337,7 +343,7 @@ class DistributedOptimizer:
             data.mul_(scale)
         if self.dp_size == 1:
             return
-        if self.shard:
+        if self.shard and self.reduce_scatter:
             lo, hi = self._shard_range(bucket)
             out = self.grad_buffer[lo:hi]  # in place, as Megatron's reduce-scatter
             work = renamed_c10d("reduce_scatter_single", "reduce_scatter_tensor")(

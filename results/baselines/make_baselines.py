@@ -78,6 +78,7 @@ MEGATRON_DROPOUT = {
 # Megatron-LM launched the input-gradient all-reduce of a column-parallel linear before its
 # weight-gradient GEMM from Feb 2022 (83b1e42f30); older code reduced after both.
 _NO_TP_GRAD_OVERLAP = "kernels.tp_grad_overlap: false, {code} reduces a column-parallel linear's input gradient in copy_to_tensor_model_parallel_region's backward, after its weight gradient (no async all-reduce)"
+_BF16_ALL_REDUCE = "kernels.dp_grad_collective: DeepSpeed's PipelineEngine under bf16 reduces gradients in _exec_reduce_grads -> _bf16_reduce_grads (deepspeed/runtime/pipe/engine.py), an all-reduce (buffered_allreduce_fallback) of the BF16 optimizer's whole flat fp32 gradients (BF16_Optimizer.get_grads_for_reduction, deepspeed/runtime/bf16_optimizer.py); the optimizer then steps its partition and all-gathers the bf16 parameters. Read in DeepSpeed's source and its 2022 forks (the same call in each); the commit BLOOM ran is not pinned here"
 
 # Keyed by the start of the `source` column; a row must match exactly one.
 SOURCES = {
@@ -114,7 +115,8 @@ SOURCES = {
         launch_blocking="kernels.launch_blocking: tr11-176B-ml.slurm (at 003b250) exports "
         "CUDA_LAUNCH_BLOCKING=1 ('do not remove or the training will hang')",
         kernels=(("tp_grad_overlap", False, _NO_TP_GRAD_OVERLAP.format(
-            code="bigscience-workshop/Megatron-DeepSpeed at b1359ee054 (megatron/mpu/layers.py)")),)),
+            code="bigscience-workshop/Megatron-DeepSpeed at b1359ee054 (megatron/mpu/layers.py)")),
+                 ("dp_grad_collective", "all-reduce", _BF16_ALL_REDUCE))),
     "karpathy/llm.c": SourceRule(
         "llmc", "gpt2-", "model", "model", None, sequence_parallel=False, framework="llm.c"),
 }  # fmt: skip

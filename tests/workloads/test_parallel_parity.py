@@ -74,6 +74,11 @@ KERNELS = {
         "vocab_multiple": 100,
     },
     "pp2-1f1b-dp2-zero1-gpt-tied-grads-after-backward": {"grad_reduce": "after-backward"},
+    # BLOOM's DeepSpeed: the whole buffer all-reduced after backward, each rank steps its share
+    "pp2-1f1b-dp2-zero1-gpt-tied-grads-all-reduced": {
+        "grad_reduce": "after-backward",
+        "dp_grad_collective": "all-reduce",
+    },
     "tp2-nosp-dp2-zero1-gpt-unfused-attention": {"attention": "unfused"},
     "tp2-sp-pp2-gpt-alibi-unfused-attention": {"attention": "unfused"},
     "dp2-tp2-zero1-gpt-fused-adamw": {"optimizer_step": "fused"},
@@ -103,6 +108,10 @@ CASES["tp2-sp-dp2-zero1-gpt-tied-fused-loss"] = (
     {"tp": 2, "dp": 2, "zero": 1},
 )
 CASES["pp2-1f1b-dp2-zero1-gpt-tied-grads-after-backward"] = (
+    {"name": "gpt-debug"},
+    {"pp": 2, "dp": 2, "zero": 1},
+)
+CASES["pp2-1f1b-dp2-zero1-gpt-tied-grads-all-reduced"] = (
     {"name": "gpt-debug"},
     {"pp": 2, "dp": 2, "zero": 1},
 )

@@ -169,6 +169,22 @@ def test_without_overlap_the_whole_buffer_is_reduced_once_after_backward(events,
     assert opt.late_buckets == 0  # reducing after backward is the plan, not a late bucket
 
 
+def test_zero1_all_reducing_the_buffer_steps_the_same_share_as_reduce_scatter(events):
+    # DeepSpeed's BF16 optimizer (BLOOM): every rank receives all the sums, steps its share
+    stepped = {}
+    for reduce_scatter, kind in ((True, "reduce_scatter"), (False, "all_reduce")):
+        model = toy_model()
+        opt = make_optimizer(model, shard=True, microbatches=2, bucket_bytes=512,
+                             reduce_scatter=reduce_scatter, overlap=False)  # fmt: skip
+        backward(model, seed=1)
+        backward(model, seed=2)
+        opt.step()
+        assert collectives(events)[0] == (kind, 6 * 64)  # the whole buffer, either way
+        stepped[kind] = opt.master.detach().clone()
+        events.clear()
+    assert torch.equal(stepped["reduce_scatter"], stepped["all_reduce"])
+
+
 def test_grads_accumulate_into_one_persistent_fp32_buffer_and_are_freed():
     model = toy_model()
     opt = make_optimizer(model, microbatches=2, dp=False)
