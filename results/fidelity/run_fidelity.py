@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -79,7 +80,9 @@ def run(
         except Exception as err:  # noqa: BLE001  (reported in the table, never dropped)
             failures.append((baseline.name, f"{type(err).__name__}: {err}".splitlines()[0][:200]))
             on_failure(*failures[-1])
-            print(f"[{i}/{len(baselines)}] {baseline.name}: FAILED {failures[-1][1]}", file=sys.stderr)
+            print(
+                f"[{i}/{len(baselines)}] {baseline.name}: FAILED {failures[-1][1]}", file=sys.stderr
+            )
             continue
         record = compare(baseline, result)
         records.append(record)
@@ -94,7 +97,9 @@ def run(
     return records, failures
 
 
-def from_db(db: Path, run_id: str | None) -> tuple[list[FidelityRecord], list[tuple[str, str]], str]:
+def from_db(
+    db: Path, run_id: str | None
+) -> tuple[list[FidelityRecord], list[tuple[str, str]], str]:
     """The records and failures of a stored validate run (DB's latest complete one when
     `run_id` is None) for every comparable baseline it emulated, and a line naming the run."""
     from prismbench.history import read
@@ -149,8 +154,10 @@ def markdown(records: list[FidelityRecord], failures: list[tuple[str, str]]) -> 
         "|---|--:|--:|---|--:|--:|---|",
     ]
     for r in sorted(records, key=lambda r: (r.source, r.gpus, r.baseline)):
-        origin = "eq. 3 TFLOP/s" if r.measured_from == "tflops_eq3" else (
-            "derived" if r.measured_from.startswith("derived") else "reported"
+        origin = (
+            "eq. 3 TFLOP/s"
+            if r.measured_from == "tflops_eq3"
+            else ("derived" if r.measured_from.startswith("derived") else "reported")
         )
         lines.append(
             f"| {r.baseline} | {r.gpus} | {r.measured_iteration_s:.3f} | {origin} | "
@@ -203,6 +210,31 @@ def updated(records: list[FidelityRecord], update: bool) -> list[FidelityRecord]
     return [r for r in read_csv(HERE / "fidelity.csv") if r.baseline not in fresh] + records
 
 
+def emulated_label(kept_from: str | None = None) -> str:
+    """The header of a table this script emulated itself: the commit it ran at and, with
+    `--update`, where the rows it did not run come from (the previous table's header)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=HERE, capture_output=True, text=True
+        ).stdout.strip()
+
+    dirty = " (uncommitted changes)" if git("status", "--porcelain") else ""
+    label = f"Emulated by `run_fidelity.py` at {git('rev-parse', '--short', 'HEAD')}{dirty}."
+    if kept_from:
+        label += f" The rows it did not run are the previous table's: {kept_from}"
+    return label
+
+
+def previous_label(path: Path) -> str | None:
+    """The first line of the README's generated block (the runs the table came from)."""
+    if not path.exists() or BEGIN not in path.read_text():
+        return None
+    block = path.read_text().split(BEGIN, 1)[1].lstrip("\n")
+    first = block.split("\n", 1)[0]
+    return first if first.startswith(("From ", "Emulated ")) else None
+
+
 def write_readme(block: str, path: Path) -> None:
     text = path.read_text() if path.exists() else f"# Fidelity\n\n{BEGIN}\n{END}\n"
     head, rest = text.split(BEGIN, 1)
@@ -213,7 +245,9 @@ def write_readme(block: str, path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--only", action="append", help="emulate only baselines whose name contains this (repeatable)"
+        "--only",
+        action="append",
+        help="emulate only baselines whose name contains this (repeatable)",
     )
     parser.add_argument("--workers", type=int, default=None, help="capture processes")
     parser.add_argument("--shard", default="0/1", help="K/N: run every N-th baseline from K")
@@ -258,12 +292,16 @@ def main() -> int:
         records, failures = [], []
         for k in range(args.merge):
             records += read_csv(HERE / f"shard-{k}.csv")
-            failures += [tuple(line.split("\t", 1)) for line in (HERE / f"shard-{k}.failures").read_text().splitlines()]
+            failures += [
+                tuple(line.split("\t", 1))
+                for line in (HERE / f"shard-{k}.failures").read_text().splitlines()
+            ]
             (HERE / f"shard-{k}.csv").unlink()
             (HERE / f"shard-{k}.failures").unlink()
+        label = emulated_label(previous_label(HERE / "README.md") if args.update else None)
         records = updated(records, args.update)
         write_csv(records, HERE / "fidelity.csv")
-        write_readme(markdown(records, failures), HERE / "README.md")
+        write_readme(f"{label}\n\n{markdown(records, failures)}", HERE / "README.md")
         print(markdown(records, failures))
         return 0
     k, n = (int(x) for x in args.shard.split("/"))
@@ -274,7 +312,9 @@ def main() -> int:
 
         def on_record(record):
             with csv_path.open("a", newline="") as f:
-                csv.DictWriter(f, fieldnames=list(FidelityRecord.__dataclass_fields__)).writerow(record.to_dict())
+                csv.DictWriter(f, fieldnames=list(FidelityRecord.__dataclass_fields__)).writerow(
+                    record.to_dict()
+                )
 
         def on_failure(name, error):
             with failures_path.open("a") as f:
@@ -284,10 +324,11 @@ def main() -> int:
         return 0
     records, failures = run(args.only, args.workers, max_work=args.max_work, min_work=args.min_work)
     whole_table = args.update or not args.only
+    label = emulated_label(previous_label(HERE / "README.md") if args.update else None)
     records = updated(records, args.update)
     write_csv(records, HERE / ("fidelity.csv" if whole_table else "fidelity-partial.csv"))
     if whole_table:
-        write_readme(markdown(records, failures), HERE / "README.md")
+        write_readme(f"{label}\n\n{markdown(records, failures)}", HERE / "README.md")
     print(markdown(records, failures))
     return 0
 

@@ -56,3 +56,18 @@ def test_the_latest_complete_run_gives_each_case_its_record_and_failure(fidelity
     assert records[0].error == pytest.approx(1.0)
     with pytest.raises(SystemExit, match="no complete run stopped"):
         fidelity_table.from_db(db, "stopped")
+
+
+def test_a_table_emulated_here_names_its_commit_and_where_kept_rows_come_from(
+    fidelity_table, tmp_path
+):
+    readme = tmp_path / "README.md"
+    fidelity_table.write_readme(
+        "From `prismbench validate` run abc at 1234567.\n\n| table |", readme
+    )
+    kept = fidelity_table.previous_label(readme)
+    assert kept == "From `prismbench validate` run abc at 1234567."
+    label = fidelity_table.emulated_label(kept)
+    assert label.startswith("Emulated by `run_fidelity.py` at ")
+    assert label.endswith("The rows it did not run are the previous table's: " + kept)
+    assert fidelity_table.previous_label(tmp_path / "missing.md") is None
