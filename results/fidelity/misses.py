@@ -26,9 +26,10 @@ import argparse
 import csv
 import statistics
 import subprocess
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from prismbench.baselines import load_baseline
 
 HERE = Path(__file__).resolve().parent
 BASELINES = HERE.parent / "baselines"
@@ -62,15 +63,17 @@ class Row:
         return (self.source, self.model, self.gpu, self.precision)
 
 
-def _layout(parallel: dict) -> str:
-    parts = [f"{k}{parallel[k]}" for k in ("dp", "tp", "pp", "cp") if parallel.get(k, 1) > 1]
-    if parallel.get("zero"):
-        parts.append(f"zero{parallel['zero']}")
+def _layout(parallel) -> str:
+    parts = [
+        f"{k}{getattr(parallel, k)}" for k in ("dp", "tp", "pp", "cp") if getattr(parallel, k) > 1
+    ]
+    if parallel.zero:
+        parts.append(f"zero{parallel.zero}")
     return " ".join(parts) or "1 GPU"
 
 
-def _compiled(kernels: dict) -> str:
-    flags = [name for name in ("compile", "async_tp") if kernels.get(name)]
+def _compiled(kernels) -> str:
+    flags = [name for name in ("compile", "async_tp") if getattr(kernels, name)]
     return " ".join(flags).replace("_", "-")
 
 
@@ -78,22 +81,22 @@ def load_rows(csv_path: Path, baselines: Path = BASELINES) -> list[Row]:
     rows = []
     with csv_path.open() as f:
         for r in csv.DictReader(f):
-            spec = tomllib.loads((baselines / f"{r['baseline']}.toml").read_text())
-            job, measured = spec["job"], spec.get("measured", {})
+            baseline = load_baseline(baselines / f"{r['baseline']}.toml")
+            job = baseline.job
             rows.append(
                 Row(
                     baseline=r["baseline"],
                     source=r["source"],
-                    model=job["model"]["name"],
-                    gpu=job["cluster"]["gpu"],
-                    precision=job["train"]["precision"],
-                    seq_len=job["batch"]["seq_len"],
-                    micro_batch=job["batch"]["micro_batch"],
+                    model=job.model.name,
+                    gpu=job.cluster.gpu,
+                    precision=job.train.precision,
+                    seq_len=job.batch.seq_len,
+                    micro_batch=job.batch.micro_batch,
                     gpus=int(r["gpus"]),
-                    layout=_layout(job["parallel"]),
-                    recompute=job["train"].get("recompute", "none"),
-                    compiled=_compiled(job.get("kernels", {})),
-                    measured_mfu=measured.get("mfu"),
+                    layout=_layout(job.parallel),
+                    recompute=job.train.recompute,
+                    compiled=_compiled(job.kernels),
+                    measured_mfu=baseline.measured.mfu,
                     error=float(r["error"]),
                 )
             )
