@@ -25,11 +25,11 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from prismbench.baselines import load_baseline
+from prismbench.checkout import git_version
 
 HERE = Path(__file__).resolve().parent
 BASELINES = HERE.parent / "baselines"
@@ -243,9 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--limit: a fraction between 0 and 10, got {args.limit}")
     rows = load_rows(args.csv)
     misses = find_misses(rows, args.limit)
-    made_at = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True
-    ).stdout.strip()
+    made_at = git_version()[0][:7]
     args.out.write_text(render(misses, rows, args.limit, args.csv, made_at))
     print(f"{len(misses)} of {len(rows)} rows beyond {args.limit * 100:.0f} %: wrote {args.out}")
 

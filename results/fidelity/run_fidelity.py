@@ -33,13 +33,13 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 from prismbench.baselines import load_baselines
+from prismbench.checkout import git_version
 from prismbench.emulate import emulate
 from prismbench.fidelity import FidelityRecord, compare, measured_iteration_s, summarize
 
@@ -213,14 +213,9 @@ def updated(records: list[FidelityRecord], update: bool) -> list[FidelityRecord]
 def emulated_label(kept_from: str | None = None) -> str:
     """The header of a table this script emulated itself: the commit it ran at and, with
     `--update`, where the rows it did not run come from (the previous table's header)."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=HERE, capture_output=True, text=True
-        ).stdout.strip()
-
-    dirty = " (uncommitted changes)" if git("status", "--porcelain") else ""
-    label = f"Emulated by `run_fidelity.py` at {git('rev-parse', '--short', 'HEAD')}{dirty}."
+    commit, dirty = git_version()
+    state = " (uncommitted changes)" if dirty else ""
+    label = f"Emulated by `run_fidelity.py` at {commit[:7]}{state}."
     if kept_from:
         label += f" The rows it did not run are the previous table's: {kept_from}"
     return label
