@@ -83,3 +83,9 @@ def reprofile_compare():
 def misses():
     """results/fidelity/misses.py: the rows beyond the goal beside their own tables."""
     return load_script("fidelity/misses.py")
+
+
+@pytest.fixture(scope="session")
+def compile_vs_inductor():
+    """results/fidelity/compile_vs_inductor.py: the compile rule against Inductor's scheduler."""
+    return load_script("fidelity/compile_vs_inductor.py")
