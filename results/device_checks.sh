@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The open issues' GPU checks, each step with its own limit (together 1 270 s at most, more than
+# The open issues' GPU checks, each step with its own limit (together 1 510 s at most, more than
 # one 10-minute device call: name the steps a session still needs). Run so far
 # (results/gpu_runs/): every step on an H100 (2026-11-28; the repeats at 40 iterations), all but
 # reprofile, expandable and sac_host_llama on an H200 (2026-11-27). Still needed, in this order:
 # gpu_tests and reprofile (the workloads' CUDA paths changed after the H100 run: compiled custom
-# op kernels, SDPA's flash backend for `flash2`, one block mask per forward), then repeat at 200
+# op kernels, SDPA's flash backend for `flash2`, one block mask per forward), compile (new,
+# 2026-11-28: a compiled torchtitan block's Inductor kernels timed), then repeat at 200
 # iterations (KS <= 10 % is only decidable from n = 181). On the H100: gpu, torch, oom_pairs,
 # reprofile and expandable 456 s with the machine's start, repeat (40) 40 s, gpu_tests 43 s.
 # The script goes on after a failure.
@@ -12,9 +13,10 @@
 # .whl/ carried (below):
 #     bash results/device_checks.sh [STEP...]      (default: every step, in this order)
 # Writes $OUT/device_checks.log (every step's output) and, where the steps get that far,
-# oom_pairs_gpu.json, repeat_<job>.json, reprofile.tar.gz, expandable_gpu.json, sac_host.json /
-# .txt and llama/sac_host.json / .txt: 10 files if every step runs, two more than the device
-# tool brings back (oom_pairs_gpu.md is removed: the json and the log hold its table).
+# oom_pairs_gpu.json, repeat_<job>.json, reprofile.tar.gz, compile_gpu.json, expandable_gpu.json,
+# sac_host.json / .txt and llama/sac_host.json / .txt: 11 files if every step runs, three more
+# than the device tool brings back (oom_pairs_gpu.md is removed: the json and the log hold its
+# table; compile_gpu.py prints each row's figures into the log too).
 #   1. the GPU as nvidia-smi reports it, and the machine's torch;
 #   2. issues 14/15: the `gpu`-marked tests (CUDA attention kernels, the custom ops' compiled
 #      CUDA kernels, kernel-only timing, compiled kernel counts, record on cuda);
@@ -22,13 +24,16 @@
 #      (results/calibration/reprofile_gpu.py), to commit beside the shared profiles (the
 #      recordings as results/baselines/recorded/<prefix>__<case>.toml, scored by
 #      results/calibration/reprofile_compare.py --prefix <prefix> --profiles <dir>);
-#   4. issue 18: 200 timed iterations of two shared jobs (results/fidelity/repeat_gpu.py), the
+#   4. issue 14: one compiled torchtitan Llama 3 8B block (bf16 and fp8, op-level SAC) profiled
+#      forward and backward (results/fidelity/compile_gpu.py; --compare scores it here against
+#      the compile rule's price, which compile_vs_inductor.md found 1.3-1.75 x Inductor's bytes);
+#   5. issue 18: 200 timed iterations of two shared jobs (results/fidelity/repeat_gpu.py), the
 #      repeated measurements its KS goal is scored against;
-#   5. issue 16: the OOM pairs predicted here (results/fidelity/oom_pairs_predicted/<gpu>.json,
+#   6. issue 16: the OOM pairs predicted here (results/fidelity/oom_pairs_predicted/<gpu>.json,
 #      made by oom_pairs_gpu.py --dry-run under the project's torch) run for real;
-#   6. issue 16: steady peaks under torch's default allocator and under expandable segments,
+#   7. issue 16: steady peaks under torch's default allocator and under expandable segments,
 #      four shared jobs (results/fidelity/expandable_gpu.py; --compare scores them here);
-#   7. issue 14: where selective recompute's host time goes in the 760M job's forward, and in
+#   8. issue 14: where selective recompute's host time goes in the 760M job's forward, and in
 #      Llama 2's (results/calibration/sac_host_gpu.py); last, so a cut leaves the earlier
 #      steps' files.
 # The machine's python3 has torch (2.11, not the project's 2.13) but not this project's other
@@ -48,7 +53,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
         --target /tmp/site .whl/*.whl >> "$LOG" 2>&1 && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
-STEPS=" ${*:-gpu torch gpu_tests reprofile repeat oom_pairs expandable sac_host sac_host_llama} "
+STEPS=" ${*:-gpu torch gpu_tests reprofile compile repeat oom_pairs expandable sac_host sac_host_llama} "
 
 wanted() { [[ $STEPS == *" $1 "* ]]; }
 
@@ -69,6 +74,7 @@ wanted gpu_tests && step gpu_tests 150 $py -m pytest -q -m gpu -p no:cacheprovid
     tests/emulator/costs/test_calibrate.py \
     tests/emulator/capture/test_compile_fusion.py tests/prismbench/test_record.py
 wanted reprofile && step reprofile 360 $py results/calibration/reprofile_gpu.py --out "$OUT"
+wanted compile && step compile 240 $py results/fidelity/compile_gpu.py --out "$OUT"
 wanted repeat && for job in gpt3-125m-s2048-mb8-none llama3-8b-l2-s8192-mb2-none; do
     step "repeat_$job" 100 $py results/fidelity/repeat_gpu.py --out "$OUT" --iterations 200 "$job"
 done

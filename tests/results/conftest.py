@@ -89,3 +89,9 @@ def misses():
 def compile_vs_inductor():
     """results/fidelity/compile_vs_inductor.py: the compile rule against Inductor's scheduler."""
     return load_script("fidelity/compile_vs_inductor.py")
+
+
+@pytest.fixture(scope="session")
+def compile_gpu():
+    """results/fidelity/compile_gpu.py: a compiled block's kernels timed on a GPU."""
+    return load_script("fidelity/compile_gpu.py")

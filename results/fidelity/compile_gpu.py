@@ -1,0 +1,213 @@
+"""A compiled torchtitan block on a GPU: Inductor's kernels timed against the compile rule's price.
+
+    python3 results/fidelity/compile_gpu.py --out DIR             (on a CUDA machine; ~1 min)
+    python results/fidelity/compile_gpu.py --compare DIR/compile_gpu.json [--out FILE]   (here)
+
+`compile_vs_inductor.md` found the compile rule moving 1.5-1.75 x the bytes Inductor's scheduler
+fuses a compiled block's backward into (and the fp8 forward 1.3 x), counted on a CPU. This
+measures what it costs on the GPU. For each row in `ROWS` (torchtitan's compiled Llama 3 8B
+rows, bf16 and fp8, op-level selective recompute), one TransformerBlock of the row's model, at
+the row's micro-batch shape (2 x 8 192 tokens), wrapped in the row's checkpoint policy and
+compiled as torchtitan compiles each block, runs forward and backward on random activations;
+after WARMUP calls one forward and one backward are profiled (torch.profiler kernel records,
+`emulator.costs.kernel_timing.profile_iteration`). Each kernel is Inductor's (a generated
+Triton kernel, named `triton_*`) or an extern one (GEMMs, attention, FSDP-free here). DIR/
+compile_gpu.json holds, per row and pass, the kernel count and time of each kind and the GPU.
+
+`--compare` (on any machine, the project's torch) captures the same one-block job as
+`validate` does (FSDP2 over two ranks), prices it on the GPU's preset with the kernel table,
+and sets the rule's memory-bound rows of the block (forward; backward with the
+recomputation) beside the measured Triton kernels: count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+ROWS = (
+    "torchtitan2024__llama3.1-8b__8g__r034",  # bf16, op-level SAC
+    "torchtitan2024__llama3.1-8b__8g__r035",  # fp8, op-level SAC
+)
+PASSES = ("forward", "backward")
+WARMUP = 3
+
+
+def one_block_job(job, *, fsdp: bool):
+    """`job` cut to one block at its own micro-batch shape: FSDP2 over two ranks (as `validate`
+    captures it), or one process with recompute left to the caller (`compiled_block`)."""
+    parallel = dataclasses.replace(
+        job.parallel, dp=2 if fsdp else 1, zero=3 if fsdp else 0, tp=1, cp=1, pp=1,
+        sequence_parallel=False,
+    )  # fmt: skip
+    batch = dataclasses.replace(job.batch, global_batch=job.batch.micro_batch * parallel.dp)
+    job = dataclasses.replace(
+        job, model=dataclasses.replace(job.model, layers=1), parallel=parallel, batch=batch
+    )
+    if not fsdp:
+        job = dataclasses.replace(job, train=dataclasses.replace(job.train, recompute="none"))
+    return job
+
+
+def _checkpoint_context():
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    from workloads.recompute import _op_policy
+
+    return create_selective_checkpoint_contexts(_op_policy())
+
+
+def compiled_block(job, device: str):
+    """(a function running `job`'s block, checkpointed and compiled, forward on a fresh random
+    micro-batch, a function running that forward's backward)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    from workloads.train import build_training
+
+    recompute = job.train.recompute
+    state = build_training(one_block_job(job, fsdp=False), None, device=device)
+    block = next(iter(state.parts[0].layers.values()))
+
+    def run(x, positions):
+        if recompute == "none":
+            return block(x, positions)
+        context = {"context_fn": _checkpoint_context} if recompute == "selective" else {}
+        return checkpoint(block, x, positions, use_reentrant=False, **context)
+
+    compiled = torch.compile(run)
+    shape = (job.batch.micro_batch, job.batch.seq_len, job.model.hidden)
+    dtype = next(block.parameters()).dtype
+    positions = torch.arange(job.batch.seq_len, device=device)
+    grad = torch.randn(shape, device=device, dtype=dtype)
+    held = {}
+
+    def forward():
+        held["x"] = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+        held["out"] = compiled(held["x"], positions)
+
+    def backward():
+        held["out"].backward(grad)
+
+    return forward, backward
+
+
+def kernel_kinds(records: list[dict]) -> dict[str, dict[str, float]]:
+    """{"inductor" | "extern": {"kernels": count, "us": time}} of a profile's op records."""
+    kinds = {kind: {"kernels": 0, "us": 0.0} for kind in ("inductor", "extern")}
+    for record in records:
+        for name, us in record["kernels"]:
+            kind = kinds["inductor" if name.startswith("triton_") else "extern"]
+            kind["kernels"] += 1
+            kind["us"] += us
+    return kinds
+
+
+def measure(out: Path) -> Path:
+    import torch
+
+    from emulator.costs.kernel_timing import profile_iteration
+    from prismbench.baselines import load_baseline
+
+    sys.path.insert(0, str(ROOT / "results"))
+    from shared_gpu import local_gpu_preset
+
+    figures = {"gpu": local_gpu_preset(), "device": torch.cuda.get_device_name(), "rows": {}}
+    figures["torch"] = torch.__version__
+    for name in ROWS:
+        job = load_baseline(ROOT / "results" / "baselines" / f"{name}.toml").job
+        forward, backward = compiled_block(job, "cuda")
+        for _ in range(WARMUP):
+            forward()
+            backward()
+        forward_records = profile_iteration(forward, warmup=0)
+        backward_records = profile_iteration(backward, warmup=0)
+        figures["rows"][name] = {
+            "forward": kernel_kinds(forward_records),
+            "backward": kernel_kinds(backward_records),
+        }
+        print(name, json.dumps(figures["rows"][name]), flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "compile_gpu.json"
+    path.write_text(json.dumps(figures, indent=1))
+    return path
+
+
+def rule_prices(name: str, gpu: str) -> dict[str, dict[str, float]]:
+    """{pass: {"kernels", "us"}} of the rule's memory-bound rows in the row's block, priced on
+    `gpu` as `validate` prices them (the kernel table, the stream's idle time per kernel)."""
+    import numpy as np
+
+    from emulator.capture.compile_fusion import FUSIBLE, block_region
+    from emulator.capture.trace import COMPUTE, PHASES
+    from emulator.costs.pricing import compute_durations_s
+    from prismbench.baselines import load_baseline
+    from prismbench.capture import capture_job
+    from prismbench.emulate import cost_context
+
+    job = load_baseline(ROOT / "results" / "baselines" / f"{name}.toml").job
+    job = one_block_job(job, fsdp=True)
+    job = dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, gpu=gpu))
+    trace = next(iter(capture_job(job).traces.values()))
+    seconds = compute_durations_s(trace, cost_context(job))
+    columns = trace.columns
+    names, atens, modules = trace.text("name"), trace.text("aten"), trace.text("module")
+    in_block = block_region("layers")
+    totals = {p: {"kernels": 0, "us": 0.0} for p in PASSES}
+    for row in np.flatnonzero(columns["kind"] == COMPUTE):
+        if names[row] not in FUSIBLE or not in_block(modules[row]):
+            continue
+        if atens[row].startswith(("fsdp.", "aten._foreach")):
+            continue  # FSDP2's copy-in / copy-out, eager around the compiled block
+        group = totals["forward" if PHASES[columns["phase"][row]] == "forward" else "backward"]
+        group["kernels"] += 1
+        group["us"] += float(seconds[row]) * 1e6
+    return totals
+
+
+def compare(measured: dict) -> str:
+    lines = [
+        "| row | pass | measured Inductor kernels | time | the rule's kernels | priced | rule / "
+        "measured | extern kernels measured (GEMMs, attention) |",
+        "|---|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    for name, passes in measured["rows"].items():
+        rule = rule_prices(name, measured["gpu"])
+        for p in PASSES:
+            got, priced = passes[p]["inductor"], rule[p]
+            lines.append(
+                f"| {name.split('__')[-1]} | {p} | {got['kernels']} | {got['us'] / 1e3:.2f} ms | "
+                f"{priced['kernels']} | {priced['us'] / 1e3:.2f} ms | "
+                f"{priced['us'] / got['us']:.2f} | {passes[p]['extern']['us'] / 1e3:.2f} ms |"
+            )
+    head = (
+        f"A compiled block on {measured['device']} (torch {measured['torch']}) against the rule "
+        f"priced on the `{measured['gpu']}` preset."
+    )
+    return "\n".join([head, "", *lines, ""])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="measure: the folder; --compare: the report")
+    parser.add_argument("--compare", type=Path, help="a compile_gpu.json to score here")
+    args = parser.parse_args()
+    if args.compare:
+        text = compare(json.loads(args.compare.read_text()))
+        if args.out:
+            args.out.write_text(text)
+        print(text)
+        return
+    if args.out is None:
+        parser.error("--out DIR is needed to measure")
+    print(measure(args.out))
+
+
+if __name__ == "__main__":
+    main()
