@@ -30,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "results" / "fidelity"))
+from compile_vs_inductor import block_memory_rows, checkpoint_context  # noqa: E402
 
 ROWS = (
     "torchtitan2024__llama3.1-8b__8g__r034",  # bf16, op-level SAC
@@ -55,14 +57,6 @@ def one_block_job(job, *, fsdp: bool):
     return job
 
 
-def _checkpoint_context():
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
-    from workloads.recompute import _op_policy
-
-    return create_selective_checkpoint_contexts(_op_policy())
-
-
 def compiled_block(job, device: str):
     """(a function running `job`'s block, checkpointed and compiled, forward on a fresh random
     micro-batch, a function running that forward's backward)."""
@@ -78,7 +72,7 @@ def compiled_block(job, device: str):
     def run(x, positions):
         if recompute == "none":
             return block(x, positions)
-        context = {"context_fn": _checkpoint_context} if recompute == "selective" else {}
+        context = {"context_fn": checkpoint_context} if recompute == "selective" else {}
         return checkpoint(block, x, positions, use_reentrant=False, **context)
 
     compiled = torch.compile(run)
@@ -142,10 +136,6 @@ def measure(out: Path) -> Path:
 def rule_prices(name: str, gpu: str) -> dict[str, dict[str, float]]:
     """{pass: {"kernels", "us"}} of the rule's memory-bound rows in the row's block, priced on
     `gpu` as `validate` prices them (the kernel table, the stream's idle time per kernel)."""
-    import numpy as np
-
-    from emulator.capture.compile_fusion import FUSIBLE, block_region
-    from emulator.capture.trace import COMPUTE, PHASES
     from emulator.costs.pricing import compute_durations_s
     from prismbench.baselines import load_baseline
     from prismbench.capture import capture_job
@@ -156,18 +146,10 @@ def rule_prices(name: str, gpu: str) -> dict[str, dict[str, float]]:
     job = dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, gpu=gpu))
     trace = next(iter(capture_job(job).traces.values()))
     seconds = compute_durations_s(trace, cost_context(job))
-    columns = trace.columns
-    names, atens, modules = trace.text("name"), trace.text("aten"), trace.text("module")
-    in_block = block_region("layers")
     totals = {p: {"kernels": 0, "us": 0.0} for p in PASSES}
-    for row in np.flatnonzero(columns["kind"] == COMPUTE):
-        if names[row] not in FUSIBLE or not in_block(modules[row]):
-            continue
-        if atens[row].startswith(("fsdp.", "aten._foreach")):
-            continue  # FSDP2's copy-in / copy-out, eager around the compiled block
-        group = totals["forward" if PHASES[columns["phase"][row]] == "forward" else "backward"]
-        group["kernels"] += 1
-        group["us"] += float(seconds[row]) * 1e6
+    for row, group in block_memory_rows(trace):
+        totals[group]["kernels"] += 1
+        totals[group]["us"] += float(seconds[row]) * 1e6
     return totals
 
 

@@ -112,7 +112,9 @@ def _patch_inductor(graphs: list) -> None:
     scheduler.Scheduler._init = recording_init
 
 
-def _checkpoint_context():
+def checkpoint_context():
+    """torchtitan's op-level policy as the `context_fn` of `torch.utils.checkpoint`: a module
+    level function, the form Dynamo accepts."""
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     from workloads.recompute import _op_policy
@@ -144,7 +146,7 @@ def inductor_kernels(baseline: Path, seq_len: int) -> list[list[tuple[str, str, 
         def forward(self, *args, **kwargs):
             if recompute == "none":
                 return self.block(*args, **kwargs)
-            context = {"context_fn": _checkpoint_context} if recompute == "selective" else {}
+            context = {"context_fn": checkpoint_context} if recompute == "selective" else {}
             return checkpoint(self.block, *args, use_reentrant=False, **context, **kwargs)
 
     state = build_training(job, None, device="cpu")
@@ -185,29 +187,42 @@ def _inductor_in_child(baseline: Path, seq_len: int) -> dict[str, tuple[int, int
 # ---- the rule's side -----------------------------------------------------------------------
 
 
-def rule_bytes(baseline: Path, seq_len: int) -> dict[str, tuple[int, int]]:
-    """{group: (memory-bound rows, bytes)} of the block in the one-layer job's capture."""
+def block_memory_rows(trace) -> list[tuple[int, str]]:
+    """(row, "forward" | "backward") of each memory-bound compute row of a captured block,
+    the recomputation counted with the backward; FSDP2's copy-in / copy-out left out (they run
+    eagerly around the compiled block)."""
     import numpy as np
 
     from emulator.capture.compile_fusion import FUSIBLE, block_region
     from emulator.capture.trace import COMPUTE, PHASES
+
+    columns = trace.columns
+    names, atens, modules = trace.text("name"), trace.text("aten"), trace.text("module")
+    in_block = block_region("layers")
+    rows = []
+    for row in np.flatnonzero(columns["kind"] == COMPUTE):
+        if names[row] not in FUSIBLE or not in_block(modules[row]):
+            continue
+        if atens[row].startswith(("fsdp.", "aten._foreach")):
+            continue
+        rows.append(
+            (int(row), "forward" if PHASES[columns["phase"][row]] == "forward" else "backward")
+        )
+    return rows
+
+
+def rule_bytes(baseline: Path, seq_len: int) -> dict[str, tuple[int, int]]:
+    """{group: (memory-bound rows, bytes)} of the block in the one-layer job's capture."""
     from prismbench.baselines import load_baseline
     from prismbench.capture import capture_job
 
     job = one_layer_job(load_baseline(baseline).job, seq_len, fsdp=True)
     trace = next(iter(capture_job(job).traces.values()))
-    columns = trace.columns
-    names, atens, modules = trace.text("name"), trace.text("aten"), trace.text("module")
-    in_block = block_region("layers")
+    moved = trace.columns["read_bytes"] + trace.columns["write_bytes"]
     totals = {group: [0, 0] for group in GROUPS}
-    for row in np.flatnonzero(columns["kind"] == COMPUTE):
-        if names[row] not in FUSIBLE or not in_block(modules[row]):
-            continue
-        if atens[row].startswith(("fsdp.", "aten._foreach")):
-            continue  # FSDP2's copy-in / copy-out, eager around the compiled block
-        group = "forward" if PHASES[columns["phase"][row]] == "forward" else "backward"
+    for row, group in block_memory_rows(trace):
         totals[group][0] += 1
-        totals[group][1] += int(columns["read_bytes"][row] + columns["write_bytes"][row])
+        totals[group][1] += int(moved[row])
     return {group: tuple(v) for group, v in totals.items()}
 
 
