@@ -14,14 +14,19 @@ Inductor cannot lower. A buffer that only lives inside a fused kernel is never a
 Rule, applied to the recorded events of one rank (`fuse_compiled_chains`):
 1. A row can fuse when it is a compute row of a memory-bound class (`FUSIBLE`: elementwise,
    norm, softmax, reduction, copy) run inside a compiled module (`region_of(module)` is not
-   ""; torchtitan compiles each TransformerBlock) and not a custom op of an extern namespace
-   (`EXTERN_NAMESPACES`: FSDP2's copy-in/copy-out ops run eager around the block).
+   ""; torchtitan compiles each TransformerBlock), not a custom op of an extern namespace
+   (`EXTERN_NAMESPACES`: FSDP2's copy-in/copy-out ops run eager around the block), and does
+   not add into a gradient in place: autograd's AccumulateGrad and gradient hooks (a main-grad
+   buffer's accumulation, FSDP2's sharded-gradient sum) run eagerly outside the compiled
+   graph, though the capture sees them inside the block's module (`eager_storages`: the
+   trace's gradient storages).
 2. A chain is a maximal run of such rows of one region, stream, phase and micro-batch with
-   nothing in between but allocations and frees, and GEMM or attention rows of the same
+   nothing in between but allocations and frees, GEMM or attention rows of the same
    block that read nothing the chain wrote (the scheduler orders nodes by data dependence,
-   so `silu(x @ w1) * (x @ w3)` is one kernel after both GEMMs); any other row (a GEMM or
-   attention that reads the chain, a collective or wait, a stream record/wait, a marker)
-   ends it.
+   so `silu(x @ w1) * (x @ w3)` is one kernel after both GEMMs), and gradient accumulations
+   (rule 1) that read nothing it wrote (they run once the compiled backward has returned its
+   gradients, where eager autograd interleaves them); any other row (a GEMM or attention that
+   reads the chain, a collective or wait, a stream record/wait, a marker) ends it.
 3. A chain also ends after a reduction to a single element (a tensorwise fp8 amax): the
    pointwise ops that read its result need the finished value, so Inductor cannot fuse them
    into it (a reduction takes consumers only over its output's ranges).
@@ -77,14 +82,23 @@ def _nbytes(tensor: tuple) -> int:
     return math.prod(shape) * _itemsize(dtype)
 
 
-def _chain_key(e: OpEvent, region_of: Callable[[str], str]) -> tuple | None:
+def _chain_key(
+    e: OpEvent, region_of: Callable[[str], str], eager_storages: frozenset[int] = frozenset()
+) -> tuple | None:
     """(region, stream, phase, micro-batch) of a row that can fuse (rule 1), else None."""
     if e.kind != COMPUTE or e.name not in FUSIBLE or len(e.flows) != len(e.tensors):
         return None
     if e.aten.split(".", 1)[0] in EXTERN_NAMESPACES:
         return None
+    if _accumulates_gradient(e, eager_storages):
+        return None
     region = region_of(e.module)
     return (region, e.stream, e.phase, e.micro_batch) if region else None
+
+
+def _accumulates_gradient(e: OpEvent, eager_storages: frozenset[int]) -> bool:
+    """Rule 1's exception: a row that adds into a gradient in place (eager code)."""
+    return e.kind == COMPUTE and bool(_outputs(e) & _reads(e) & eager_storages)
 
 
 def _full_reduction(e: OpEvent) -> bool:
@@ -112,10 +126,15 @@ def _independent_extern(e: OpEvent, key, written: set[int], region_of) -> bool:
 
 
 def chains(
-    events: Sequence[OpEvent], boundary_seqs: Iterable[int], region_of: Callable[[str], str]
+    events: Sequence[OpEvent],
+    boundary_seqs: Iterable[int],
+    region_of: Callable[[str], str],
+    eager_storages: Iterable[int] = (),
 ) -> list[list[int]]:
     """Indices into `events` of every chain of two or more rows (rules 1-3). `boundary_seqs`:
-    seqs of rows kept elsewhere that end a chain (the backend's collectives and waits)."""
+    seqs of rows kept elsewhere that end a chain (the backend's collectives and waits);
+    `eager_storages`: storage ids only eager code writes in place (rule 1)."""
+    eager_storages = frozenset(eager_storages)
     bounds = sorted(boundary_seqs)
     region_of = functools.lru_cache(maxsize=None)(region_of)  # a few hundred module names
     found: list[list[int]] = []
@@ -124,7 +143,7 @@ def chains(
     for i, e in enumerate(events):
         if e.kind in _STORAGE_ROWS:
             continue
-        k = _chain_key(e, region_of)
+        k = _chain_key(e, region_of, eager_storages)
         if (
             chain
             and not cut
@@ -138,6 +157,8 @@ def chains(
                 continue
             if _independent_extern(e, key, written, region_of):
                 continue
+            if _accumulates_gradient(e, eager_storages) and not _reads(e) & written:
+                continue  # runs after the compiled backward returns its gradients (rule 2)
         if len(chain) > 1:
             found.append(chain)
         chain, key, written, cut = [], None, set(), False
@@ -222,18 +243,21 @@ def fused_event(
 
 
 def fuse_compiled_chains(
-    events: Sequence[OpEvent], boundary_seqs: Iterable[int], region_of: Callable[[str], str]
+    events: Sequence[OpEvent],
+    boundary_seqs: Iterable[int],
+    region_of: Callable[[str], str],
+    eager_storages: Iterable[int] = (),
 ) -> list[OpEvent]:
     """`events` with every chain (rules 1-3) replaced by its fused kernel and its
     intermediates' allocation and free rows dropped (rule 4). A storage the fused kernel reads
     and eager code freed before the chain's last row is freed after the fused kernel (it runs
     where the chain ends); the rows of the chain's place take its seqs again in their new
-    order."""
+    order. `eager_storages`: the storage ids of gradients (rule 1)."""
     events = list(events)
     sizes = {e.storage: e.size_bytes for e in events if e.kind == ALLOC}
     found = [
         (chain, *_intermediates(events, chain))
-        for chain in chains(events, boundary_seqs, region_of)
+        for chain in chains(events, boundary_seqs, region_of, eager_storages)
     ]
     drop: set[int] = set()
     for chain, _, storage_rows in found:

@@ -340,8 +340,16 @@ def capture_rank(
                 program.step(state, recorder.phase)
             comm_events = comm.events
             if program.compiled_region is not None:
+                gradients = [
+                    uid
+                    for uid, category in recorder.storages.final_categories().items()
+                    if category == "gradient"
+                ]
                 recorder.events[:] = fuse_compiled_chains(
-                    recorder.events, (e.seq for e in comm.events), program.compiled_region
+                    recorder.events,
+                    (e.seq for e in comm.events),
+                    program.compiled_region,
+                    eager_storages=gradients,
                 )
                 if not program.collectives_read_activations:
                     recorder.events[:], comm_events = free_unread_saved(

@@ -161,6 +161,23 @@ def test_a_gemm_that_does_not_read_the_chain_does_not_end_it():
     assert kernels[2].read_bytes == 2 * 4 * N * D and kernels[2].write_bytes == 4 * N * D
 
 
+def test_a_gradient_accumulation_neither_fuses_nor_ends_the_chain_around_it():
+    rows = _Rows()  # silu(x @ w1) * (x @ w3), the weight gradient g added into main_grad m
+    rows.op("mm", (0, 1), (2,))
+    rows.alloc(3)
+    rows.op("silu", (2,), (3,))
+    rows.op("mm", (0, 4), (5,))
+    rows.op("add_", (9, 5), (9,))  # main_grad += grad: autograd's hook, eager
+    rows.op("mul", (3, 5), (6,))
+    rows.free(3)
+    events = _elementwise(rows.events)
+    kernels = _compute(fuse_compiled_chains(events, (), REGION, eager_storages={9}))
+    assert [e.aten for e in kernels] == ["aten.mm", "aten.mm", "aten.add_", FUSED_ATEN]
+    # without the gradient's storage named, the accumulation fuses with the block's rows
+    kernels = _compute(fuse_compiled_chains(events, (), REGION))
+    assert [e.aten for e in kernels] == ["aten.mm", "aten.mm", FUSED_ATEN]
+
+
 def test_an_input_eager_code_frees_inside_the_chain_is_freed_after_the_fused_kernel():
     rows = _Rows()  # y = mm(x, w); del x; ...: a = y * 2; b = a + 1, y freed after the mul
     rows.alloc(2)
