@@ -16,8 +16,8 @@ Rule, applied to the recorded events of one rank (`fuse_compiled_chains`):
    norm, softmax, reduction, copy) run inside a compiled module (`region_of(module)` is not
    ""; torchtitan compiles each TransformerBlock), not a custom op of an extern namespace
    (`EXTERN_NAMESPACES`: FSDP2's copy-in/copy-out ops run eager around the block), and does
-   not add into a gradient in place: autograd's AccumulateGrad and gradient hooks (a main-grad
-   buffer's accumulation, FSDP2's sharded-gradient sum) run eagerly outside the compiled
+   not add into a gradient in place: autograd's AccumulateGrad and gradient hooks (the
+   accumulation into a main-grad buffer, for one) run eagerly outside the compiled
    graph, though the capture sees them inside the block's module (`eager_storages`: the
    trace's gradient storages).
 2. A chain is a maximal run of such rows of one region, stream, phase and micro-batch with
