@@ -1,14 +1,16 @@
-"""Which part of a source's predicted iteration is off: attention or the rest (a diagnosis).
+"""Which part of a source's predicted iteration is off: attention (or all tensor-core work) or the rest (a diagnosis).
 
-    python results/fidelity/attention_split.py DB [--source llmfoundry] [--run RUN_ID] [--out FILE]
+    python results/fidelity/attention_split.py DB [--source llmfoundry] [--split attention|tensor-core]
+                                               [--run RUN_ID] [--out FILE]
 
 For every row of `--source` in the DB's latest complete `validate` run (or run RUN_ID): the job's compute priced
-as `emulate` prices it (class 0's trace), split into attention kernels (flash_attn_fwd/bwd)
-and everything else, the predicted iteration time the run stored, and the measured one. Then,
-per GPU and precision, the two factors (rest, attention) that scale the prediction's parts to
-the measurements best, in the least-squares sense on relative error:
+as `emulate` prices it (class 0's trace), split into the part's kernels (`--split attention`:
+flash_attn_fwd/bwd; `tensor-core`: those and every GEMM) and everything else, the predicted
+iteration time the run stored, and the measured one. Then, per GPU and precision, the two
+factors (rest, part) that scale the prediction's parts to the measurements best, in the
+least-squares sense on relative error:
 
-    measured ~ f_rest * (predicted - attention) + f_attention * attention
+    measured ~ f_rest * (predicted - part) + f_part * part
 
 with each fit's residuals. This is a diagnosis, not a calibration: nothing here is applied to a
 prediction, and a factor far from 1 says where a model is wrong, not by how much it should be
@@ -28,9 +30,11 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
+from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS
+
 ROOT = Path(__file__).resolve().parents[2]
 BASELINES = ROOT / "results" / "baselines"
-ATTENTION = ("flash_attn_fwd", "flash_attn_bwd")
+PARTS = {"attention": ATTENTION_OPS, "tensor-core": (*ATTENTION_OPS, *GEMM_OPS)}
 
 
 def run_rows(db: str, source: str, run_id: str | None) -> tuple[str, dict[str, float]]:
@@ -47,8 +51,8 @@ def run_rows(db: str, source: str, run_id: str | None) -> tuple[str, dict[str, f
     return run_id, dict(rows)
 
 
-def attention_seconds(job) -> float:
-    """Predicted attention kernel time of class 0's iteration."""
+def part_seconds(job, kernels=ATTENTION_OPS) -> float:
+    """Predicted time of class 0's iteration in the `kernels` named (op names of the trace)."""
     from emulator.costs.pricing import compute_prices
     from prismbench.capture import capture_job
     from prismbench.emulate import cost_context
@@ -57,21 +61,22 @@ def attention_seconds(job) -> float:
     trace = traces[min(traces)]
     times, _ = compute_prices(trace, cost_context(job, "preset"))
     names = np.array(trace.strings)[trace.columns["name"]]
-    return float(times[np.isin(names, ATTENTION)].sum())
+    return float(times[np.isin(names, kernels)].sum())
 
 
 def fit(rows: list[dict]) -> tuple[float, float, list[float]]:
-    parts = np.array([[r["predicted_s"] - r["attention_s"], r["attention_s"]] for r in rows])
+    parts = np.array([[r["predicted_s"] - r["part_s"], r["part_s"]] for r in rows])
     measured = np.array([r["measured_s"] for r in rows])
-    (rest, attention), *_ = np.linalg.lstsq(parts / measured[:, None], np.ones(len(rows)), rcond=None)
-    residuals = (parts @ [rest, attention] - measured) / measured
-    return float(rest), float(attention), [float(x) for x in residuals]
+    (rest, part), *_ = np.linalg.lstsq(parts / measured[:, None], np.ones(len(rows)), rcond=None)
+    residuals = (parts @ [rest, part] - measured) / measured
+    return float(rest), float(part), [float(x) for x in residuals]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("db")
     parser.add_argument("--source", default="llmfoundry")
+    parser.add_argument("--split", choices=sorted(PARTS), default="attention")
     parser.add_argument("--run", help="a run id (default: the latest complete run)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -90,40 +95,48 @@ def main() -> None:
                 "seq_len": job.batch.seq_len,
                 "predicted_s": predicted_s,
                 "measured_s": spec["measured"]["iteration_time_s"],
-                "attention_s": attention_seconds(job),
+                "part_s": part_seconds(job, PARTS[args.split]),
             }
         )
     groups = defaultdict(list)
     for row in rows:
         groups[row["group"]].append(row)
     lines = [
-        f"Run {run_id}, source {args.source}: measured ~ f_rest * (predicted - attention) "
-        "+ f_attention * attention (a diagnosis; nothing applied).",
+        f"Run {run_id}, source {args.source}: measured ~ f_rest * (predicted - {args.split}) "
+        f"+ f_{args.split} * {args.split} (a diagnosis; nothing applied).",
         "",
-        "| GPU | precision | rows | f_rest | f_attention | error now: median / max abs "
+        f"| GPU | precision | rows | f_rest | f_{args.split} | error now: median / max abs "
         "| residual of the fit: median / max abs |",
         "|---|---|--:|--:|--:|--:|--:|",
     ]
     for (gpu, precision), members in sorted(groups.items()):
         errors = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in members]
         if len(members) < 3:
-            lines.append(f"| {gpu} | {precision} | {len(members)} | - | - | "
-                         f"{100 * statistics.median(errors):.1f} / {100 * max(errors):.1f} % | - |")
+            lines.append(
+                f"| {gpu} | {precision} | {len(members)} | - | - | "
+                f"{100 * statistics.median(errors):.1f} / {100 * max(errors):.1f} % | - |"
+            )
             continue
-        rest, attention, residuals = fit(members)
+        rest, part, residuals = fit(members)
         absolute = [abs(x) for x in residuals]
         lines.append(
-            f"| {gpu} | {precision} | {len(members)} | {rest:.3f} | {attention:.3f} | "
+            f"| {gpu} | {precision} | {len(members)} | {rest:.3f} | {part:.3f} | "
             f"{100 * statistics.median(errors):.1f} / {100 * max(errors):.1f} % | "
             f"{100 * statistics.median(absolute):.1f} / {100 * max(absolute):.1f} % |"
         )
-    lines += ["", "| row | GPU | precision | seq | attention share | error |", "|---|---|---|--:|--:|--:|"]
+    lines += [
+        "",
+        f"| row | GPU | precision | seq | {args.split} share | error |",
+        "|---|---|---|--:|--:|--:|",
+    ]
     for row in sorted(rows, key=lambda r: r["predicted_s"] / r["measured_s"]):
-        share = row["attention_s"] / row["predicted_s"]
+        share = row["part_s"] / row["predicted_s"]
         error = row["predicted_s"] / row["measured_s"] - 1
         gpu, precision = row["group"]
-        lines.append(f"| {row['name']} | {gpu} | {precision} | {row['seq_len']} | "
-                     f"{100 * share:.0f} % | {100 * error:+.1f} % |")
+        lines.append(
+            f"| {row['name']} | {gpu} | {precision} | {row['seq_len']} | "
+            f"{100 * share:.0f} % | {100 * error:+.1f} % |"
+        )
     text = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(text)

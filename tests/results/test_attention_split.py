@@ -4,7 +4,7 @@ import pytest
 
 
 def _row(rest_s, attention_s, f_rest, f_attention):
-    return {"predicted_s": rest_s + attention_s, "attention_s": attention_s,
+    return {"predicted_s": rest_s + attention_s, "part_s": attention_s,
             "measured_s": f_rest * rest_s + f_attention * attention_s}  # fmt: skip
 
 
