@@ -72,12 +72,42 @@ def fit(rows: list[dict]) -> tuple[float, float, list[float]]:
     return float(rest), float(part), [float(x) for x in residuals]
 
 
+def held_out(rows: list[dict], precision: str) -> list[str]:
+    """Report lines: the factors fitted on `precision`'s rows, applied to every other row
+    without context or pipeline parallelism."""
+    fitted = [r for r in rows if r["group"][1] == precision]
+    rest, part, _ = fit(fitted)
+    lines = [
+        "",
+        f"Fitted on the {len(fitted)} {precision} rows alone (f_rest {rest:.3f}, f_part "
+        f"{part:.3f}), applied to the other rows without context or pipeline parallelism:",
+        "",
+        "| row | precision | error now | with those factors |",
+        "|---|---|--:|--:|",
+    ]
+    for r in rows:
+        if r["group"][1] == precision or not r["plain"]:
+            continue
+        scaled = rest * (r["predicted_s"] - r["part_s"]) + part * r["part_s"]
+        lines.append(
+            f"| {r['name']} | {r['group'][1]} | {100 * (r['predicted_s'] / r['measured_s'] - 1):+.1f} % "
+            f"| {100 * (scaled / r['measured_s'] - 1):+.1f} % |"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("db")
     parser.add_argument("--source", default="llmfoundry")
     parser.add_argument("--split", choices=sorted(PARTS), default="attention")
     parser.add_argument("--run", help="a run id (default: the latest complete run)")
+    parser.add_argument(
+        "--held-out-from",
+        metavar="PRECISION",
+        help="also score the other rows (those without context or pipeline parallelism) with "
+        "the factors fitted on this precision's rows alone: a check of the split out of sample",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from prismbench.spec import job_spec_from_dict
@@ -96,6 +126,7 @@ def main() -> None:
                 "predicted_s": predicted_s,
                 "measured_s": spec["measured"]["iteration_time_s"],
                 "part_s": part_seconds(job, PARTS[args.split]),
+                "plain": job.parallel.cp == 1 and job.parallel.pp == 1,
             }
         )
     groups = defaultdict(list)
@@ -137,6 +168,8 @@ def main() -> None:
             f"| {row['name']} | {gpu} | {precision} | {row['seq_len']} | "
             f"{100 * share:.0f} % | {100 * error:+.1f} % |"
         )
+    if args.held_out_from:
+        lines += held_out(rows, args.held_out_from)
     text = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(text)

@@ -22,3 +22,16 @@ def test_a_row_the_split_cannot_explain_shows_as_a_residual(split):
     rows[2]["measured_s"] *= 1.3  # one row 30 % slower than any factor says
     *_, residuals = split.fit(rows)
     assert max(range(5), key=lambda i: abs(residuals[i])) == 2
+
+
+def test_factors_fitted_on_one_precision_score_the_other_rows_out_of_sample(split):
+    bf16 = [
+        {**_row(rest, part, 0.8, 1.3), "name": f"b{i}", "group": ("gpu", "bf16"), "plain": True}
+        for i, (rest, part) in enumerate(((1.0, 2.0), (0.5, 2.0), (0.9, 1.7)))
+    ]
+    fp8 = {**_row(0.7, 1.1, 0.8, 1.3), "name": "f0", "group": ("gpu", "fp8"), "plain": True}
+    context_parallel = {**fp8, "name": "f1", "plain": False}  # left out: not plain
+    lines = split.held_out([*bf16, fp8, context_parallel], "bf16")
+    (row,) = [line for line in lines if line.startswith("| f")]
+    assert row.split("|")[1].strip() == "f0"
+    assert row.split("|")[-2].strip() == "+0.0 %"  # the same factors made it: exact
