@@ -1,16 +1,17 @@
-"""Which part of a source's predicted iteration is off: attention (or all tensor-core work) or the rest (a diagnosis).
+"""Which part of a source's predicted iteration is off: attention, GEMMs, both, or the rest (a diagnosis).
 
-    python results/fidelity/attention_split.py DB [--source llmfoundry] [--split attention|tensor-core]
-                                               [--run RUN_ID] [--out FILE]
+    python results/fidelity/attention_split.py DB [--source llmfoundry]
+        [--split attention|tensor-core|gemm-attention] [--held-out-from PRECISION]
+        [--run RUN_ID] [--out FILE]
 
 For every row of `--source` in the DB's latest complete `validate` run (or run RUN_ID): the job's compute priced
-as `emulate` prices it (class 0's trace), split into the part's kernels (`--split attention`:
-flash_attn_fwd/bwd; `tensor-core`: those and every GEMM) and everything else, the predicted
-iteration time the run stored, and the measured one. Then, per GPU and precision, the two
-factors (rest, part) that scale the prediction's parts to the measurements best, in the
-least-squares sense on relative error:
+as `emulate` prices it (class 0's trace), split into parts (`--split attention`:
+flash_attn_fwd/bwd; `tensor-core`: those and every GEMM as one part; `gemm-attention`: GEMMs
+and attention as two parts) and everything else, the predicted iteration time the run stored,
+and the measured one. Then, per GPU and precision, the factors (rest, each part) that scale
+the prediction's parts to the measurements best, in the least-squares sense on relative error:
 
-    measured ~ f_rest * (predicted - part) + f_part * part
+    measured ~ f_rest * (predicted - sum of parts) + sum of f_part * part
 
 with each fit's residuals. This is a diagnosis, not a calibration: nothing here is applied to a
 prediction, and a factor far from 1 says where a model is wrong, not by how much it should be
@@ -34,7 +35,12 @@ from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS
 
 ROOT = Path(__file__).resolve().parents[2]
 BASELINES = ROOT / "results" / "baselines"
-PARTS = {"attention": ATTENTION_OPS, "tensor-core": (*ATTENTION_OPS, *GEMM_OPS)}
+# split -> (part name, the trace's op names in it), ...
+PARTS = {
+    "attention": (("attention", ATTENTION_OPS),),
+    "tensor-core": (("tensor-core", (*ATTENTION_OPS, *GEMM_OPS)),),
+    "gemm-attention": (("gemm", GEMM_OPS), ("attention", ATTENTION_OPS)),
+}
 
 
 def run_rows(db: str, source: str, run_id: str | None) -> tuple[str, dict[str, float]]:
@@ -51,8 +57,8 @@ def run_rows(db: str, source: str, run_id: str | None) -> tuple[str, dict[str, f
     return run_id, dict(rows)
 
 
-def part_seconds(job, kernels=ATTENTION_OPS) -> float:
-    """Predicted time of class 0's iteration in the `kernels` named (op names of the trace)."""
+def part_seconds(job, parts=PARTS["attention"]) -> list[float]:
+    """Predicted time of class 0's iteration in each part's kernels (op names of the trace)."""
     from emulator.costs.pricing import compute_prices
     from prismbench.capture import capture_job
     from prismbench.emulate import cost_context
@@ -61,26 +67,37 @@ def part_seconds(job, kernels=ATTENTION_OPS) -> float:
     trace = traces[min(traces)]
     times, _ = compute_prices(trace, cost_context(job, "preset"))
     names = np.array(trace.strings)[trace.columns["name"]]
-    return float(times[np.isin(names, kernels)].sum())
+    return [float(times[np.isin(names, kernels)].sum()) for _, kernels in parts]
 
 
-def fit(rows: list[dict]) -> tuple[float, float, list[float]]:
-    parts = np.array([[r["predicted_s"] - r["part_s"], r["part_s"]] for r in rows])
+def _columns(row: dict) -> list[float]:
+    """The row's predicted seconds as [rest, part, ...]."""
+    return [row["predicted_s"] - sum(row["parts_s"]), *row["parts_s"]]
+
+
+def fit(rows: list[dict]) -> tuple[float, list[float], list[float]]:
+    """(f_rest, [f_part, ...], relative residuals) of the least-squares fit."""
+    parts = np.array([_columns(r) for r in rows])
     measured = np.array([r["measured_s"] for r in rows])
-    (rest, part), *_ = np.linalg.lstsq(parts / measured[:, None], np.ones(len(rows)), rcond=None)
-    residuals = (parts @ [rest, part] - measured) / measured
-    return float(rest), float(part), [float(x) for x in residuals]
+    factors, *_ = np.linalg.lstsq(parts / measured[:, None], np.ones(len(rows)), rcond=None)
+    residuals = (parts @ factors - measured) / measured
+    return float(factors[0]), [float(f) for f in factors[1:]], [float(x) for x in residuals]
+
+
+def _factors(rest: float, parts: list[float]) -> str:
+    return " | ".join(f"{f:.3f}" for f in (rest, *parts))
 
 
 def held_out(rows: list[dict], precision: str) -> list[str]:
     """Report lines: the factors fitted on `precision`'s rows, applied to every other row
     without context or pipeline parallelism."""
     fitted = [r for r in rows if r["group"][1] == precision]
-    rest, part, _ = fit(fitted)
+    rest, factors, _ = fit(fitted)
     lines = [
         "",
-        f"Fitted on the {len(fitted)} {precision} rows alone (f_rest {rest:.3f}, f_part "
-        f"{part:.3f}), applied to the other rows without context or pipeline parallelism:",
+        f"Fitted on the {len(fitted)} {precision} rows alone (f_rest, f_part...: "
+        f"{_factors(rest, factors).replace(' |', ',')}), applied to the other rows without "
+        "context or pipeline parallelism:",
         "",
         "| row | precision | error now | with those factors |",
         "|---|---|--:|--:|",
@@ -88,7 +105,7 @@ def held_out(rows: list[dict], precision: str) -> list[str]:
     for r in rows:
         if r["group"][1] == precision or not r["plain"]:
             continue
-        scaled = rest * (r["predicted_s"] - r["part_s"]) + part * r["part_s"]
+        scaled = float(np.dot(_columns(r), [rest, *factors]))
         lines.append(
             f"| {r['name']} | {r['group'][1]} | {100 * (r['predicted_s'] / r['measured_s'] - 1):+.1f} % "
             f"| {100 * (scaled / r['measured_s'] - 1):+.1f} % |"
@@ -125,48 +142,52 @@ def main() -> None:
                 "seq_len": job.batch.seq_len,
                 "predicted_s": predicted_s,
                 "measured_s": spec["measured"]["iteration_time_s"],
-                "part_s": part_seconds(job, PARTS[args.split]),
+                "parts_s": part_seconds(job, PARTS[args.split]),
                 "plain": job.parallel.cp == 1 and job.parallel.pp == 1,
             }
         )
     groups = defaultdict(list)
     for row in rows:
         groups[row["group"]].append(row)
+    names = [name for name, _ in PARTS[args.split]]
     lines = [
-        f"Run {run_id}, source {args.source}: measured ~ f_rest * (predicted - {args.split}) "
-        f"+ f_{args.split} * {args.split} (a diagnosis; nothing applied).",
+        f"Run {run_id}, source {args.source}: measured ~ f_rest * rest + "
+        + " + ".join(f"f_{n} * {n}" for n in names)
+        + " (a diagnosis; nothing applied).",
         "",
-        f"| GPU | precision | rows | f_rest | f_{args.split} | error now: median / max abs "
-        "| residual of the fit: median / max abs |",
-        "|---|---|--:|--:|--:|--:|--:|",
+        "| GPU | precision | rows | f_rest | "
+        + " | ".join(f"f_{n}" for n in names)
+        + " | error now: median / max abs | residual of the fit: median / max abs |",
+        "|---|---|--:|--:|" + "--:|" * len(names) + "--:|--:|",
     ]
     for (gpu, precision), members in sorted(groups.items()):
         errors = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in members]
-        if len(members) < 3:
+        if len(members) < len(names) + 2:  # a factor a part and the rest's, and one row more
             lines.append(
-                f"| {gpu} | {precision} | {len(members)} | - | - | "
-                f"{100 * statistics.median(errors):.1f} / {100 * max(errors):.1f} % | - |"
+                f"| {gpu} | {precision} | {len(members)} | - | "
+                + "- | " * len(names)
+                + f"{100 * statistics.median(errors):.1f} / {100 * max(errors):.1f} % | - |"
             )
             continue
-        rest, part, residuals = fit(members)
+        rest, factors, residuals = fit(members)
         absolute = [abs(x) for x in residuals]
         lines.append(
-            f"| {gpu} | {precision} | {len(members)} | {rest:.3f} | {part:.3f} | "
+            f"| {gpu} | {precision} | {len(members)} | {_factors(rest, factors)} | "
             f"{100 * statistics.median(errors):.1f} / {100 * max(errors):.1f} % | "
             f"{100 * statistics.median(absolute):.1f} / {100 * max(absolute):.1f} % |"
         )
     lines += [
         "",
-        f"| row | GPU | precision | seq | {args.split} share | error |",
-        "|---|---|---|--:|--:|--:|",
+        "| row | GPU | precision | seq | " + " | ".join(f"{n} share" for n in names) + " | error |",
+        "|---|---|---|--:|" + "--:|" * len(names) + "--:|",
     ]
     for row in sorted(rows, key=lambda r: r["predicted_s"] / r["measured_s"]):
-        share = row["part_s"] / row["predicted_s"]
+        shares = " | ".join(f"{100 * p / row['predicted_s']:.0f} %" for p in row["parts_s"])
         error = row["predicted_s"] / row["measured_s"] - 1
         gpu, precision = row["group"]
         lines.append(
             f"| {row['name']} | {gpu} | {precision} | {row['seq_len']} | "
-            f"{100 * share:.0f} % | {100 * error:+.1f} % |"
+            f"{shares} | {100 * error:+.1f} % |"
         )
     if args.held_out_from:
         lines += held_out(rows, args.held_out_from)

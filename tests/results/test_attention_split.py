@@ -4,7 +4,7 @@ import pytest
 
 
 def _row(rest_s, attention_s, f_rest, f_attention):
-    return {"predicted_s": rest_s + attention_s, "part_s": attention_s,
+    return {"predicted_s": rest_s + attention_s, "parts_s": [attention_s],
             "measured_s": f_rest * rest_s + f_attention * attention_s}  # fmt: skip
 
 
@@ -12,7 +12,7 @@ def test_fit_recovers_the_factors_that_made_the_measurements(split):
     # short sequences (little attention) to long ones (mostly attention), as llm-foundry's rows
     rows = [_row(rest, attention, 1.25, 0.8) for rest, attention in
             ((1.5, 0.2), (1.2, 0.25), (1.7, 5.4), (1.8, 10.8))]  # fmt: skip
-    f_rest, f_attention, residuals = split.fit(rows)
+    f_rest, (f_attention,), residuals = split.fit(rows)
     assert (f_rest, f_attention) == (pytest.approx(1.25), pytest.approx(0.8))
     assert max(abs(r) for r in residuals) < 1e-9
 
@@ -35,3 +35,14 @@ def test_factors_fitted_on_one_precision_score_the_other_rows_out_of_sample(spli
     (row,) = [line for line in lines if line.startswith("| f")]
     assert row.split("|")[1].strip() == "f0"
     assert row.split("|")[-2].strip() == "+0.0 %"  # the same factors made it: exact
+
+
+def test_gemms_and_attention_get_a_factor_each(split):
+    made = (1.1, 1.3, 0.9)  # rest, GEMMs, attention
+    rows = [
+        {"predicted_s": rest + gemm + attention, "parts_s": [gemm, attention],
+         "measured_s": made[0] * rest + made[1] * gemm + made[2] * attention}
+        for rest, gemm, attention in ((1.0, 2.0, 0.1), (0.5, 1.0, 2.0), (0.8, 3.0, 1.0), (0.3, 0.5, 0.2))
+    ]  # fmt: skip
+    f_rest, factors, _ = split.fit(rows)
+    assert [f_rest, *factors] == [pytest.approx(f) for f in made]
