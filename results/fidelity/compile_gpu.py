@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results" / "fidelity"))
-from compile_vs_inductor import block_memory_rows, checkpoint_context  # noqa: E402
+from compile_vs_inductor import block_memory_rows, checkpointed, one_layer_job  # noqa: E402
 
 ROWS = (
     "torchtitan2024__llama3.1-8b__8g__r034",  # bf16, op-level SAC
@@ -41,41 +41,16 @@ PASSES = ("forward", "backward")
 WARMUP = 3
 
 
-def one_block_job(job, *, fsdp: bool):
-    """`job` cut to one block at its own micro-batch shape: FSDP2 over two ranks (as `validate`
-    captures it), or one process with recompute left to the caller (`compiled_block`)."""
-    parallel = dataclasses.replace(
-        job.parallel, dp=2 if fsdp else 1, zero=3 if fsdp else 0, tp=1, cp=1, pp=1,
-        sequence_parallel=False,
-    )  # fmt: skip
-    batch = dataclasses.replace(job.batch, global_batch=job.batch.micro_batch * parallel.dp)
-    job = dataclasses.replace(
-        job, model=dataclasses.replace(job.model, layers=1), parallel=parallel, batch=batch
-    )
-    if not fsdp:
-        job = dataclasses.replace(job, train=dataclasses.replace(job.train, recompute="none"))
-    return job
-
-
 def compiled_block(job, device: str):
     """(a function running `job`'s block, checkpointed and compiled, forward on a fresh random
     micro-batch, a function running that forward's backward)."""
     import torch
-    from torch.utils.checkpoint import checkpoint
 
     from workloads.train import build_training
 
-    recompute = job.train.recompute
-    state = build_training(one_block_job(job, fsdp=False), None, device=device)
+    state = build_training(one_layer_job(job, fsdp=False), None, device=device)
     block = next(iter(state.parts[0].layers.values()))
-
-    def run(x, positions):
-        if recompute == "none":
-            return block(x, positions)
-        context = {"context_fn": checkpoint_context} if recompute == "selective" else {}
-        return checkpoint(block, x, positions, use_reentrant=False, **context)
-
-    compiled = torch.compile(run)
+    compiled = torch.compile(checkpointed(block, job.train.recompute))
     shape = (job.batch.micro_batch, job.batch.seq_len, job.model.hidden)
     dtype = next(block.parameters()).dtype
     positions = torch.arange(job.batch.seq_len, device=device)
@@ -142,7 +117,7 @@ def rule_prices(name: str, gpu: str) -> dict[str, dict[str, float]]:
     from prismbench.emulate import cost_context
 
     job = load_baseline(ROOT / "results" / "baselines" / f"{name}.toml").job
-    job = one_block_job(job, fsdp=True)
+    job = one_layer_job(job, fsdp=True)
     job = dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, gpu=gpu))
     trace = next(iter(capture_job(job).traces.values()))
     seconds = compute_durations_s(trace, cost_context(job))

@@ -48,6 +48,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from emulator.costs.ops import GEMM_OPS  # noqa: E402
 
 ROWS = (
     "torchtitan2024__llama3.1-8b__8g__r034",  # bf16, op-level SAC
@@ -56,18 +57,30 @@ ROWS = (
 )
 SEQ_LENS = (1024, 2048)
 GROUPS = ("forward", "backward")
-_EXTERN_COMPUTE = ("mm", "addmm", "bmm", "_scaled_mm", "attention")
 
 
-def one_layer_job(job, seq_len: int, *, fsdp: bool):
-    """`job` cut to one layer and one sequence a rank; FSDP2 over two ranks, or one process."""
+def one_layer_job(job, *, fsdp: bool, seq_len: int | None = None, micro_batch: int | None = None):
+    """`job` cut to one layer at `seq_len` x `micro_batch` (the row's own unless given): FSDP2
+    over two ranks, as `validate` captures it, or one process with recompute "none" (the
+    caller wraps the block itself: `Checkpointed`)."""
     parallel = dataclasses.replace(
         job.parallel, dp=2 if fsdp else 1, zero=3 if fsdp else 0, tp=1, cp=1, pp=1,
         sequence_parallel=False,
     )  # fmt: skip
-    batch = dataclasses.replace(job.batch, seq_len=seq_len, micro_batch=1, global_batch=parallel.dp)
+    micro_batch = micro_batch or job.batch.micro_batch
+    batch = dataclasses.replace(
+        job.batch,
+        seq_len=seq_len or job.batch.seq_len,
+        micro_batch=micro_batch,
+        global_batch=micro_batch * parallel.dp,
+    )
+    train = job.train if fsdp else dataclasses.replace(job.train, recompute="none")
     return dataclasses.replace(
-        job, model=dataclasses.replace(job.model, layers=1), parallel=parallel, batch=batch
+        job,
+        model=dataclasses.replace(job.model, layers=1),
+        parallel=parallel,
+        batch=batch,
+        train=train,
     )
 
 
@@ -122,37 +135,41 @@ def checkpoint_context():
     return create_selective_checkpoint_contexts(_op_policy())
 
 
+def checkpointed(block, recompute: str):
+    """`block` wrapped as torchtitan wraps it for `recompute` ("none"; "selective": the op-level
+    policy; "full"), in the form Dynamo traces: compile the result."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = block
+
+        def forward(self, *args):
+            if recompute == "none":
+                return self.block(*args)
+            context = {"context_fn": checkpoint_context} if recompute == "selective" else {}
+            return checkpoint(self.block, *args, use_reentrant=False, **context)
+
+    return Checkpointed()
+
+
 def inductor_kernels(baseline: Path, seq_len: int) -> list[list[tuple[str, str, int]]]:
     """[forward kernels, backward kernels] of the one-layer job's compiled block."""
     graphs: list = []
     _patch_inductor(graphs)
     import torch
-    from torch.utils.checkpoint import checkpoint
 
     from prismbench.baselines import load_baseline
     from workloads.train import build_training, micro_batch_backward, micro_batch_forward
 
-    job = one_layer_job(load_baseline(baseline).job, seq_len, fsdp=False)
-    recompute = job.train.recompute
-    job = dataclasses.replace(job, train=dataclasses.replace(job.train, recompute="none"))
-
-    class Checkpointed(torch.nn.Module):
-        """The block under torchtitan's checkpoint wrapper, the form Dynamo traces."""
-
-        def __init__(self, block):
-            super().__init__()
-            self.block = block
-
-        def forward(self, *args, **kwargs):
-            if recompute == "none":
-                return self.block(*args, **kwargs)
-            context = {"context_fn": checkpoint_context} if recompute == "selective" else {}
-            return checkpoint(self.block, *args, use_reentrant=False, **context, **kwargs)
-
+    row = load_baseline(baseline).job
+    job = one_layer_job(row, fsdp=False, seq_len=seq_len, micro_batch=1)
     state = build_training(job, None, device="cpu")
     model = state.parts[0]
     for key, block in list(model.layers.items()):
-        model.layers[key] = torch.compile(Checkpointed(block))
+        model.layers[key] = torch.compile(checkpointed(block, row.train.recompute))
     tokens = torch.randint(0, job.model.vocab, (1, seq_len))
     micro_batch_backward(micro_batch_forward(model, state.loss_fn, tokens, tokens), 1)
     if len(graphs) != 2:
@@ -167,7 +184,7 @@ def inductor_bytes(graphs) -> dict[str, tuple[int, int]]:
         count = moved = 0
         for kind, name, nbytes in kernels:
             extern = kind == "ExternKernelSchedulerNode"
-            if extern and (nbytes == 0 or any(k in name for k in _EXTERN_COMPUTE)):
+            if extern and (nbytes == 0 or any(k in name for k in (*GEMM_OPS, "attention"))):
                 continue  # GEMMs, attention, and the views of a multi-output op
             count, moved = count + 1, moved + nbytes
         totals[group] = (count, moved)
@@ -216,7 +233,7 @@ def rule_bytes(baseline: Path, seq_len: int) -> dict[str, tuple[int, int]]:
     from prismbench.baselines import load_baseline
     from prismbench.capture import capture_job
 
-    job = one_layer_job(load_baseline(baseline).job, seq_len, fsdp=True)
+    job = one_layer_job(load_baseline(baseline).job, fsdp=True, seq_len=seq_len, micro_batch=1)
     trace = next(iter(capture_job(job).traces.values()))
     moved = trace.columns["read_bytes"] + trace.columns["write_bytes"]
     totals = {group: [0, 0] for group in GROUPS}

@@ -223,9 +223,10 @@ def emulated_label(kept_from: str | None = None) -> str:
 
 def previous_label(path: Path) -> str | None:
     """The first line of the README's generated block (the runs the table came from)."""
-    if not path.exists() or BEGIN not in path.read_text():
+    text = path.read_text() if path.exists() else ""
+    if BEGIN not in text:
         return None
-    block = path.read_text().split(BEGIN, 1)[1].lstrip("\n")
+    block = text.split(BEGIN, 1)[1].lstrip("\n")
     first = block.split("\n", 1)[0]
     return first if first.startswith(("From ", "Emulated ")) else None
 

@@ -12,10 +12,12 @@ from tests.results.conftest import ROOT
 ROW = ROOT / "results" / "baselines" / "torchtitan2024__llama3.1-8b__8g__r034.toml"
 
 
-def test_the_one_block_job_keeps_the_rows_micro_batch_and_drops_every_other_layer(compile_gpu):
+def test_the_one_block_job_keeps_the_rows_micro_batch_and_drops_every_other_layer(
+    compile_vs_inductor,
+):
     job = load_baseline(ROW).job
-    fsdp = compile_gpu.one_block_job(job, fsdp=True)
-    alone = compile_gpu.one_block_job(job, fsdp=False)
+    fsdp = compile_vs_inductor.one_layer_job(job, fsdp=True)
+    alone = compile_vs_inductor.one_layer_job(job, fsdp=False)
     assert (fsdp.model.layers, fsdp.parallel.dp, fsdp.parallel.zero) == (1, 2, 3)
     assert (alone.parallel.dp, alone.parallel.zero, alone.train.recompute) == (1, 0, "none")
     for cut in (fsdp, alone):
