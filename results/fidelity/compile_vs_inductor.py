@@ -4,7 +4,7 @@
 
 Needs `triton` beside the CPU torch (`pip install triton==3.5.0` in a virtual environment made
 with `--system-site-packages`; about 10 minutes on 2 cores). It is not a project dependency:
-no test or CI step runs this script, and nothing else imports it.
+only the Inductor step of this report needs it (tests and `compile_gpu.py` use the rest).
 
 `emulator.capture.compile_fusion` models what Inductor does to a compiled TransformerBlock by a
 rule over the eager trace (docs/MODELS.md, "torch.compile"). This script asks Inductor itself.
