@@ -1,75 +1,120 @@
-"""torch.compile's kernel fusion as a capture rule: chains of memory-bound ops become one kernel.
+"""torch.compile's kernel fusion as a capture rule: the memory-bound ops of a compiled graph become
+the kernels Inductor's scheduler would make of them.
 
 The capture runs the program eagerly, one kernel per aten op. Under `torch.compile` Inductor
 lowers a compiled module's graph and its scheduler fuses nodes before generating code
-(torch/_inductor/scheduler.py: `Scheduler.fuse_nodes` merges pairs that `can_fuse` accepts,
-until nothing changes): pointwise nodes into their pointwise consumers (vertical fusion) and
-siblings that read the same buffers (horizontal fusion), and pointwise producers and
-consumers into a reduction over the same ranges (a norm: its row reduction and the
-normalisation become one kernel). GEMMs and attention stay extern kernels (cuBLAS, flash:
-`ExternKernel` nodes, which `can_fuse` refuses; Inductor only fuses into GEMM templates under
-max-autotune, which torchtitan does not turn on), and so do collectives, waits and custom ops
-Inductor cannot lower. A buffer that only lives inside a fused kernel is never allocated.
+(torch/_inductor/scheduler.py, `Scheduler.fuse_nodes`): pairs of nodes that share a buffer,
+best-scoring first (`score_fusion`: the bytes they share), merged when `can_fuse` accepts them
+and the merge forms no cycle through another node (`will_fusion_create_cycle`), for up to ten
+rounds. It fuses by data dependence, not program order: pointwise nodes with their consumers
+and with siblings that read the same buffers, and pointwise producers and consumers with a
+reduction over the same ranges (a norm: its row reduction and the normalisation are one
+kernel). GEMMs and attention stay extern kernels (cuBLAS, flash: `ExternKernel` nodes, which
+`can_fuse` refuses; Inductor only fuses into GEMM templates under max-autotune, which
+torchtitan does not turn on), and so do collectives, waits and custom ops Inductor cannot
+lower. Kernels are then emitted in an order the data allows, so an extern kernel that reads no
+fused kernel's output can run before it. A buffer that only lives inside a fused kernel is
+never allocated.
 
-Rule, applied to the recorded events of one rank (`fuse_compiled_chains`):
-1. A row can fuse when it is a compute row of a memory-bound class (`FUSIBLE`: elementwise,
-   norm, softmax, reduction, copy) run inside a compiled module (`region_of(module)` is not
-   ""; torchtitan compiles each TransformerBlock), not a custom op of an extern namespace
-   (`EXTERN_NAMESPACES`: FSDP2's copy-in/copy-out ops run eager around the block), and does
-   not add into a gradient in place: autograd's AccumulateGrad and gradient hooks (the
-   accumulation into a main-grad buffer, for one) run eagerly outside the compiled
-   graph, though the capture sees them inside the block's module (`eager_storages`: the
-   trace's gradient storages).
-2. A chain is a maximal run of such rows of one region, stream, phase and micro-batch with
-   nothing in between but allocations and frees, GEMM or attention rows of the same
-   block that read nothing the chain wrote (the scheduler orders nodes by data dependence,
-   so `silu(x @ w1) * (x @ w3)` is one kernel after both GEMMs), and gradient accumulations
-   (rule 1) that read nothing it wrote (they run once the compiled backward has returned its
-   gradients, where eager autograd interleaves them); any other row (a GEMM or attention that
-   reads the chain, a collective or wait, a stream record/wait, a marker) ends it.
-3. A chain also ends after a reduction to a single element (a tensorwise fp8 amax): the
-   pointwise ops that read its result need the finished value, so Inductor cannot fuse them
-   into it (a reduction takes consumers only over its output's ranges).
-4. A chain of two or more rows is one kernel (`FUSED_ATEN`, priced as an "elementwise" op by
-   the bytes it moves): it reads each storage the chain reads before writing it, once (the
-   bytes of its views, at most the storage's size: `_moved_bytes`), and writes each storage
-   the chain writes that outlives the chain, likewise. A storage written
-   by the chain and freed before the next row that is not an allocation or free is an
-   intermediate: its allocation and free rows are dropped (not materialised). FLOPs add up.
-The fused row takes the chain's last row's place (its module, phase), after every
-allocation of the chain's outputs and before the free of any storage it reads that eager code
-freed inside the chain (the kernel reads it to the end). Rows need storage ids
-(`OpEvent.flows`, recorded when `OpRecorder.record_flows` is set); a row without them does
-not fuse.
+Rule, applied to the recorded events of one rank (`fuse_compiled_regions`):
+1. A compute row belongs to a compiled graph when it runs inside a compiled module
+   (`region_of(module)` is not ""; torchtitan compiles each TransformerBlock), has storage ids
+   (`OpEvent.flows`, recorded when `OpRecorder.record_flows` is set) and is not a custom op of
+   an extern namespace (`EXTERN_NAMESPACES`: FSDP2's copy-in/copy-out ops run eager around the
+   block). The graph is the block's forward, or its backward with the checkpoint's
+   recomputation (AOTAutograd puts the recomputation into the backward graph). Such a row is
+   fusible when it is of a memory-bound class (`FUSIBLE`: elementwise, norm, softmax,
+   reduction, copy) and does not add into a gradient in place: autograd's AccumulateGrad and
+   gradient hooks (the accumulation into a main-grad buffer, for one) run eagerly outside the
+   compiled graph, though the capture sees them inside the block's module (`eager_storages`:
+   the trace's gradient storages). Every other row of the graph (GEMM, attention, a gradient
+   accumulation) is an extern node.
+2. A run is a maximal sequence of rows of one region, stream, graph and micro-batch with
+   nothing in between but allocations, frees and phase markers; any other row (a row of
+   another graph, a stream record/wait, a marker) or a collective or wait (`boundary_seqs`)
+   ends it.
+3. Within a run, a row that repeats an earlier one (the same aten op over the same tensors of
+   the same storages, none written in between, its outputs dying within the run) is dropped
+   and its readers read the earlier row's outputs: AOTAutograd's common-subexpression
+   elimination (torchao's float8 linears cast one input once per GEMM that reads it, q, k and
+   v; the graph does it once). Only ops whose arguments the row shows in full count
+   (reductions, casts, ops of two or more tensors, `_CSE_UNARY`): rows do not record scalars.
+4. A pointwise row (an aten elementwise op or copy, not in place) whose outputs die within the
+   run and are read by fusible rows only is inlined into each row that reads it, when one row
+   reads it or it reads at most `REALIZE_READS_THRESHOLD` storages: Inductor's lowering
+   computes such a value inside every consumer instead of storing it
+   (`StorageBox.should_realize_on_reuse`, as on a GPU). Its reads and FLOPs join each
+   consumer's; its storage is never allocated. (A norm feeding both a tensorwise amax and the
+   cast that needs the amax is computed in both kernels, not stored.)
+5. The remaining nodes depend on each other through the storages they read and write (read
+   after write, write after read, write after write). Fusible nodes are merged pairwise, the
+   pairs that share the most bytes first, then the nearest, until no merge is left (at most
+   `MAX_FUSION_ROUNDS` rounds, `MAX_FUSION_SIZE` nodes a kernel), when the merge is compatible
+   (rule 6) and leaves no path from one group to the other through a third node (an extern
+   GEMM that reads one and is read by the other keeps them apart).
+6. Compatible: every node iterates over one range (elements of its output; a reduction, of
+   its input), or, with a reduction, over its input's or its output's range; two reductions
+   only with the same ranges. A node over the input's range may read a reduction's result in
+   the same kernel only when the reduction is over the innermost dimensions (a norm's row
+   statistics); after a reduction to one element (a tensorwise fp8 amax) or over the outer
+   dimensions (a weight gradient's column sum) it cannot: it needs the finished value.
+7. A group of two or more rows (its nodes and what they inline) is one kernel (`FUSED_ATEN`,
+   priced as an "elementwise" op by the bytes it moves): it reads each storage the group
+   reads before writing it, once (the bytes of its views, at most the storage's size:
+   `_moved_bytes`), and writes each storage the group writes that another node reads or that
+   outlives the run, likewise. A storage written by the group, read by no other node and
+   allocated and freed within the run is an intermediate: its allocation and free rows are
+   dropped (not materialised). FLOPs add up.
+8. The run's kernels (fused groups, extern and unfused rows) are ordered topologically, the
+   one whose first row came first when several are ready, gradient accumulations after the
+   graph's kernels (eager code, rule 1). An allocation goes before the first kernel that
+   writes the storage, a free after the last kernel that touches it and no earlier than eager
+   code freed it, a phase marker before the first kernel of a row that followed it; the
+   span's rows take its seqs again in their new order.
 
-What the rule leaves out: horizontal fusion of independent chains separated by a row that
-ends a chain (counted as separate kernels), fusion into GEMM epilogues (max-autotune only),
-AOTAutograd's min-cut partitioner recomputing cheap pointwise ops in the backward instead of
-saving them (saved activations are kept as recorded, less what no backward row reads:
-emulator.capture.compile_saved), and
-Inductor splitting a chain it cannot fuse (mismatched iteration ranges other than rule 3).
-On CPU Inductor generates C++ and fuses by the same scheduler but with other heuristics, so a
-CPU kernel count is a proxy; the `gpu` tests count kernels of a CUDA profile.
+What the rule leaves out: fusion into GEMM epilogues (max-autotune only), AOTAutograd's
+min-cut partitioner recomputing cheap pointwise ops in the backward instead of saving them
+(saved activations are kept as recorded, less what no backward row reads:
+emulator.capture.compile_saved), Inductor's split of a large reduction into two kernels (the
+second reads only the partial results), and its other reasons to refuse a fusion (index
+patterns it cannot tile together, a kernel's register pressure). Against Inductor's own
+scheduler for Triton on one Llama 3 8B block (`results/fidelity/compile_vs_inductor.py`,
+torch 2.13): the same bytes in bf16, 1.0-1.16 x in fp8. On CPU Inductor generates C++ and
+fuses by the same scheduler but with other heuristics, so a CPU kernel count is a proxy; the
+`gpu` tests count kernels of a CUDA profile.
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
+import heapq
 import math
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
-from emulator.capture.trace import ALLOC, COMPUTE, FREE, OpEvent
-from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS
+from emulator.capture.trace import ALLOC, COMPUTE, FREE, MARKER, PHASES, OpEvent
 
 FUSIBLE = ("elementwise", "norm", "softmax", "reduction", "copy")
-EXTERN_COMPUTE = (*GEMM_OPS, *ATTENTION_OPS)  # Inductor's extern kernels (cuBLAS, flash)
 EXTERN_NAMESPACES = ("fsdp",)  # torch.distributed.fsdp's custom ops (torch.ops.fsdp.*)
 FUSED_ATEN = "inductor.fused"
 FUSED_NAME = "elementwise"
+MAX_FUSION_SIZE = 64  # torch._inductor.config.max_fusion_size
+MAX_FUSION_ROUNDS = 10  # Scheduler.fuse_nodes's rounds
+REALIZE_READS_THRESHOLD = 4  # torch._inductor.config.realize_reads_threshold
+_CSE_UNARY = frozenset(
+    f"aten.{op}" for op in ("abs", "neg", "reciprocal", "rsqrt", "sqrt", "exp", "silu", "sigmoid")
+)
 _STORAGE_ROWS = (ALLOC, FREE)
+# one compiled graph each: the forward, and the backward with the checkpoint's recomputation
+_GRAPH_OF_PHASE = {
+    PHASES.index("forward"): "forward",
+    PHASES.index("recompute"): "backward",
+    PHASES.index("backward"): "backward",
+}
 
 
 @functools.cache
@@ -82,31 +127,6 @@ def _nbytes(tensor: tuple) -> int:
     return math.prod(shape) * _itemsize(dtype)
 
 
-def _chain_key(
-    e: OpEvent, region_of: Callable[[str], str], eager_storages: frozenset[int] = frozenset()
-) -> tuple | None:
-    """(region, stream, phase, micro-batch) of a row that can fuse (rule 1), else None."""
-    if e.kind != COMPUTE or e.name not in FUSIBLE or len(e.flows) != len(e.tensors):
-        return None
-    if e.aten.split(".", 1)[0] in EXTERN_NAMESPACES:
-        return None
-    if _accumulates_gradient(e, eager_storages):
-        return None
-    region = region_of(e.module)
-    return (region, e.stream, e.phase, e.micro_batch) if region else None
-
-
-def _accumulates_gradient(e: OpEvent, eager_storages: frozenset[int]) -> bool:
-    """Rule 1's exception: a row that adds into a gradient in place (eager code)."""
-    return e.kind == COMPUTE and bool(_outputs(e) & _reads(e) & eager_storages)
-
-
-def _full_reduction(e: OpEvent) -> bool:
-    """Rule 3: a reduction whose outputs hold one element each."""
-    outs = [shape for shape, _, is_out in e.tensors if is_out]
-    return e.name == "reduction" and bool(outs) and all(math.prod(s) == 1 for s in outs)
-
-
 def _outputs(e: OpEvent) -> set[int]:
     return {u for u, (_, _, is_out) in zip(e.flows, e.tensors, strict=True) if is_out and u >= 0}
 
@@ -115,80 +135,404 @@ def _reads(e: OpEvent) -> set[int]:
     return {u for u, (_, _, is_out) in zip(e.flows, e.tensors, strict=True) if not is_out}
 
 
-def _independent_extern(e: OpEvent, key, written: set[int], region_of) -> bool:
-    """Rule 2's exception: a GEMM or attention row of the chain's block that reads nothing the
-    chain wrote; Inductor schedules by data dependence, so the chain fuses across it."""
-    if e.kind != COMPUTE or e.name not in EXTERN_COMPUTE or len(e.flows) != len(e.tensors):
-        return False
-    if (region_of(e.module), e.stream, e.phase, e.micro_batch) != key:
-        return False
-    return not _reads(e) & written
+def _accumulates_gradient(e: OpEvent, eager_storages: frozenset[int]) -> bool:
+    """Rule 1's exception: a row that adds into a gradient in place (eager code)."""
+    return bool(_outputs(e) & _reads(e) & eager_storages)
 
 
-def chains(
-    events: Sequence[OpEvent],
-    boundary_seqs: Iterable[int],
-    region_of: Callable[[str], str],
-    eager_storages: Iterable[int] = (),
+def _graph_key(e: OpEvent, region_of: Callable[[str], str]) -> tuple | None:
+    """(region, stream, compiled graph, micro-batch) of a row that belongs to a compiled
+    block's graph (rule 1), else None."""
+    if e.kind != COMPUTE or len(e.flows) != len(e.tensors):
+        return None
+    if e.aten.split(".", 1)[0] in EXTERN_NAMESPACES:
+        return None
+    region = region_of(e.module)
+    graph = _GRAPH_OF_PHASE.get(e.phase)
+    return (region, e.stream, graph, e.micro_batch) if region and graph else None
+
+
+def _adjacent(bounds: list[int], earlier: int, later: int) -> bool:
+    """No boundary seq falls between two seqs."""
+    return bisect.bisect_right(bounds, earlier) == bisect.bisect_left(bounds, later)
+
+
+def graph_runs(
+    events: Sequence[OpEvent], boundary_seqs: Iterable[int], region_of: Callable[[str], str]
 ) -> list[list[int]]:
-    """Indices into `events` of every chain of two or more rows (rules 1-3). `boundary_seqs`:
-    seqs of rows kept elsewhere that end a chain (the backend's collectives and waits);
-    `eager_storages`: storage ids only eager code writes in place (rule 1)."""
-    eager_storages = frozenset(eager_storages)
+    """Rule 2: indices into `events` of the compute rows of each run of one compiled graph,
+    two or more rows long. `boundary_seqs`: seqs of rows kept elsewhere that end a run (the
+    backend's collectives and waits)."""
     bounds = sorted(boundary_seqs)
     region_of = functools.lru_cache(maxsize=None)(region_of)  # a few hundred module names
     found: list[list[int]] = []
-    chain: list[int] = []
-    key, written, cut = None, set(), False
+    run: list[int] = []
+    key = None
     for i, e in enumerate(events):
-        if e.kind in _STORAGE_ROWS:
+        if e.kind in _STORAGE_ROWS or (e.kind == MARKER and e.name.startswith("phase:")):
             continue
-        k = _chain_key(e, region_of, eager_storages)
-        if (
-            chain
-            and not cut
-            and bisect.bisect_right(bounds, events[chain[-1]].seq)
-            == bisect.bisect_left(bounds, e.seq)
-        ):
-            if k is not None and k == key:
-                chain.append(i)
-                written |= _outputs(e)
-                cut = _full_reduction(e)
-                continue
-            if _independent_extern(e, key, written, region_of):
-                continue
-            if _accumulates_gradient(e, eager_storages) and not _reads(e) & written:
-                continue  # runs after the compiled backward returns its gradients (rule 2)
-        if len(chain) > 1:
-            found.append(chain)
-        chain, key, written, cut = [], None, set(), False
-        if k is not None:
-            chain, key, written, cut = [i], k, _outputs(e), _full_reduction(e)
-    if len(chain) > 1:
-        found.append(chain)
+        k = _graph_key(e, region_of)
+        if run and k is not None and k == key and _adjacent(bounds, events[run[-1]].seq, e.seq):
+            run.append(i)
+            continue
+        if len(run) > 1:
+            found.append(run)
+        run, key = ([i], k) if k is not None else ([], None)
+    if len(run) > 1:
+        found.append(run)
     return found
 
 
-def _span(events: Sequence[OpEvent], chain: list[int]) -> range:
-    """The chain's rows with the allocations and frees around them (up to the rows before
-    and after that are neither)."""
-    lo, hi = chain[0], chain[-1]
-    while lo > 0 and events[lo - 1].kind in _STORAGE_ROWS:
+def _reduces_rows(e: OpEvent) -> bool:
+    """A reduction over the innermost dimensions (a norm's row statistics), whose result a
+    consumer over the input's range can read in the same kernel; not a reduction to one
+    element or over the outer dimensions (rule 6)."""
+    outs = [shape for shape, _, is_out in e.tensors if is_out]
+    ins = [shape for shape, _, is_out in e.tensors if not is_out]
+    if not outs or not ins:
+        return False
+    out, inp = max(outs, key=math.prod), max(ins, key=math.prod)
+    kept = list(out)
+    while kept and kept[-1] == 1:
+        kept.pop()
+    return math.prod(out) > 1 and tuple(kept) == tuple(inp[: len(kept)])
+
+
+@dataclass
+class _Node:
+    """One compute row of a run that Inductor would make a buffer of, with the rows inlined
+    into it: its storages, its iteration range, its neighbours."""
+
+    row: int
+    rows: list[int]  # its own row last, after the pointwise rows inlined into it (rule 4)
+    fusible: bool
+    eager: bool  # adds into a gradient in place: eager code after the compiled graph (rule 1)
+    reads: set[int]
+    writes: set[int]
+    accessed: dict[int, int]  # storage id -> bytes of its largest access
+    numel: int  # the elements it iterates over (a reduction: its input's)
+    out_numel: int  # a reduction's output elements (else numel)
+    reduction: bool
+    row_reduction: bool
+    succ: set[int] = field(default_factory=set)
+
+
+def _accesses(e: OpEvent) -> dict[int, int]:
+    accessed: dict[int, int] = {}
+    for u, t in zip(e.flows, e.tensors, strict=True):
+        if u >= 0:
+            accessed[u] = max(accessed.get(u, 0), _nbytes(t))
+    return accessed
+
+
+def _common_subexpressions(
+    events: Sequence[OpEvent], run: list[int], transient: frozenset[int]
+) -> tuple[set[int], dict[int, int]]:
+    """Rule 3, AOTAutograd's common-subexpression elimination on the graph: (rows
+    that repeat an earlier row of the run, each of their output storages -> the earlier row's).
+    A repeat is the same aten op over the same tensors of the same storages, none written in
+    between, its outputs dying within the run; only ops whose arguments the row shows in full
+    (reductions, casts, ops of two or more tensors, `_CSE_UNARY`), not a scalar it does not
+    record. torchao's float8 linears cast one input once per GEMM that reads it (q, k and v;
+    w1 and w3), which the graph computes once."""
+    written_by: dict[int, int] = defaultdict(int)
+    for i in run:
+        for u in _outputs(events[i]):
+            written_by[u] += 1
+    first: dict[tuple, list[int]] = {}
+    alias: dict[int, int] = {}
+    version: dict[int, int] = defaultdict(int)  # storage -> writes so far
+    repeated: set[int] = set()
+    for i in run:
+        e = events[i]
+        flows = [alias.get(u, u) for u in e.flows]
+        ins = [u for u, t in zip(flows, e.tensors, strict=True) if not t[2]]
+        outs = [u for u, t in zip(flows, e.tensors, strict=True) if t[2]]
+        if (
+            e.name in FUSIBLE
+            and e.aten.startswith("aten.")
+            and (e.name in ("reduction", "copy") or len(ins) >= 2 or e.aten in _CSE_UNARY)
+            and ins
+            and outs
+            and min(flows) >= 0
+            and not set(ins) & set(outs)
+            and all(written_by[u] == 1 for u in outs)
+        ):
+            key = (e.aten, e.tensors, tuple(ins), tuple(version[u] for u in ins))
+            if key in first and set(outs) <= transient:
+                repeated.add(i)
+                alias.update(zip(outs, first[key], strict=True))
+                continue
+            first.setdefault(key, outs)
+        for u in outs:
+            version[u] += 1
+    return repeated, alias
+
+
+def _inlined(
+    events: Sequence[OpEvent],
+    run: list[int],
+    eager_storages: frozenset[int],
+    transient: frozenset[int],
+) -> dict[int, tuple[list[int], set[int]]]:
+    """Rule 4: row -> (the rows it stands for, the storages it reads) of each pointwise row
+    Inductor's lowering inlines into its consumers instead of storing its value: an aten
+    elementwise op or copy, not in place, whose outputs only fusible rows of the run read and
+    that die within the run, read once or reading at most `REALIZE_READS_THRESHOLD` storages
+    (`TensorBox.should_realize_on_reuse`)."""
+    readers: dict[int, list[int]] = defaultdict(list)
+    for i in run:
+        for u in _reads(events[i]):
+            if u >= 0:
+                readers[u].append(i)
+    inlined: dict[int, tuple[list[int], set[int]]] = {}
+    produced_by: dict[int, int] = {}
+    for i in run:
+        e = events[i]
+        outs = _outputs(e)
+        rows, reads = [i], set()
+        for u in _reads(e):
+            if u in produced_by:  # an inlined row's value: read what it reads
+                rows = inlined[produced_by[u]][0] + rows
+                reads |= inlined[produced_by[u]][1]
+            elif u >= 0:
+                reads.add(u)
+        if (
+            e.name in ("elementwise", "copy")
+            and e.aten.startswith("aten.")
+            and outs
+            and not outs & _reads(e)
+            and outs <= transient
+            and not outs & eager_storages
+            and all(readers[u] for u in outs)
+            and all(
+                events[r].name in FUSIBLE and not _accumulates_gradient(events[r], eager_storages)
+                for u in outs
+                for r in readers[u]
+            )
+            and (
+                len({r for u in outs for r in readers[u]}) == 1
+                or len(reads) <= REALIZE_READS_THRESHOLD
+            )
+        ):
+            inlined[i] = (sorted(set(rows)), reads)
+            produced_by.update(dict.fromkeys(outs, i))
+    return inlined
+
+
+def _nodes(
+    events: Sequence[OpEvent],
+    run: list[int],
+    eager_storages: frozenset[int],
+    transient: frozenset[int],
+) -> list[_Node]:
+    """The run's nodes in program order (its rows less the inlined ones), with their data
+    dependences. `transient`: storages allocated and freed within the run's span."""
+    inlined = _inlined(events, run, eager_storages, transient)
+    inlined_outputs = {u for i in inlined for u in _outputs(events[i])}
+    nodes = []
+    for i in run:
+        if i in inlined:
+            continue
+        e = events[i]
+        rows, accessed = [i], _accesses(e)
+        for u in _reads(e) & inlined_outputs:
+            del accessed[u]
+        for j in {j for j in inlined if _outputs(events[j]) & _reads(e)}:
+            rows = inlined[j][0] + rows
+            for r in inlined[j][0]:
+                for u, nbytes in _accesses(events[r]).items():
+                    if u not in inlined_outputs:
+                        accessed[u] = max(accessed.get(u, 0), nbytes)
+        outs = [math.prod(t[0]) for t in e.tensors if t[2]] or [0]
+        ins = [math.prod(t[0]) for t in e.tensors if not t[2]] or [0]
+        reduction = e.name == "reduction"
+        writes = _outputs(e)
+        eager = _accumulates_gradient(e, eager_storages)
+        nodes.append(
+            _Node(
+                row=i,
+                rows=sorted(set(rows)),
+                fusible=e.name in FUSIBLE and not eager,
+                eager=eager,
+                reads=set(accessed) - writes | (set(accessed) & _reads(e)),
+                writes=writes,
+                accessed=accessed,
+                numel=max(ins) if reduction else max(outs),
+                out_numel=max(outs),
+                reduction=reduction,
+                row_reduction=reduction and _reduces_rows(e),
+            )
+        )
+    last_writer: dict[int, int] = {}
+    readers: dict[int, list[int]] = defaultdict(list)
+    for j, n in enumerate(nodes):
+        for u in n.reads:
+            if u in last_writer:
+                nodes[last_writer[u]].succ.add(j)
+            readers[u].append(j)
+        for u in n.writes:
+            if u in last_writer:
+                nodes[last_writer[u]].succ.add(j)  # write after write
+            for r in readers.pop(u, ()):
+                if r != j:
+                    nodes[r].succ.add(j)  # write after read (an in-place op)
+            last_writer[u] = j
+    return nodes
+
+
+class _Fusion:
+    """Inductor's scheduler over one run's nodes: groups of fusible nodes, merged pairwise
+    while no cycle forms through another node (rule 5)."""
+
+    def __init__(self, nodes: list[_Node]):
+        self.nodes = nodes
+        self.group = list(range(len(nodes)))
+        self.members = {j: [j] for j in range(len(nodes))}
+        self.bits = {j: 1 << j for j in range(len(nodes))}
+        self.reach = [0] * len(nodes)  # bit set of the nodes each node reaches, itself too
+        for j in reversed(range(len(nodes))):
+            self.reach[j] = 1 << j
+            for s in nodes[j].succ:
+                self.reach[j] |= self.reach[s]
+
+    def _compatible(self, members: list[int]) -> bool:
+        """Rule 6: one iteration range, or a reduction's input and output ranges; nothing over
+        the input's range after a reduction that is not over rows."""
+        nodes = [self.nodes[m] for m in members]
+        reductions = {(n.out_numel, n.numel) for n in nodes if n.reduction}
+        if len(reductions) > 1:
+            return False
+        if not reductions:
+            return len({n.numel for n in nodes}) == 1
+        ((out, inp),) = reductions
+        if any(n.numel not in (out, inp) for n in nodes if not n.reduction):
+            return False
+        inside = set(members)
+        after: set[int] = set()  # members that read a non-row reduction's result
+        stack = [m for m in members if self.nodes[m].reduction and not self.nodes[m].row_reduction]
+        while stack:
+            for s in self.nodes[stack.pop()].succ:
+                if s in inside and s not in after:
+                    after.add(s)
+                    stack.append(s)
+        return all(self.nodes[m].numel == out for m in after if not self.nodes[m].reduction) and (
+            not any(self.nodes[m].reduction for m in after)
+        )
+
+    def _creates_cycle(self, a: int, b: int) -> bool:
+        for src, dst in ((a, b), (b, a)):
+            for m in self.members[src]:
+                for s in self.nodes[m].succ:
+                    if self.group[s] not in (a, b) and self.reach[s] & self.bits[dst]:
+                        return True
+        return False
+
+    def try_merge(self, i: int, j: int) -> bool:
+        a, b = self.group[i], self.group[j]
+        if a == b:
+            return False
+        merged = self.members[a] + self.members[b]
+        if len(merged) > MAX_FUSION_SIZE or not self._compatible(merged):
+            return False
+        if self._creates_cycle(a, b):
+            return False
+        for m in self.members[b]:
+            self.group[m] = a
+        self.members[a] = sorted(merged)
+        del self.members[b]
+        self.bits[a] |= self.bits.pop(b)
+        reached = 0
+        for m in merged:
+            reached |= self.reach[m]
+        for n in range(len(self.nodes)):
+            if self.reach[n] & self.bits[a]:
+                self.reach[n] |= reached
+        return True
+
+
+def fused_groups(
+    events: Sequence[OpEvent],
+    run: list[int],
+    eager_storages: Iterable[int] = (),
+    transient: Iterable[int] = (),
+) -> tuple[list[_Node], list[list[int]]]:
+    """(the run's nodes, the groups of node indices Inductor's scheduler would make of them:
+    every node in exactly one group, extern and unfused nodes alone). `transient`: storages
+    allocated and freed within the run's span."""
+    nodes = _nodes(events, run, frozenset(eager_storages), frozenset(transient))
+    accessors: dict[int, list[int]] = defaultdict(list)
+    for j, n in enumerate(nodes):
+        if n.fusible:
+            for u in n.accessed:
+                accessors[u].append(j)
+    scores: dict[tuple[int, int], int] = defaultdict(int)
+    for u, js in accessors.items():
+        for x in range(len(js)):
+            for y in range(x + 1, len(js)):
+                i, j = js[x], js[y]
+                scores[i, j] += max(nodes[i].accessed[u], nodes[j].accessed[u])
+    # Scheduler.score_fusion: the bytes the two share, then the nearer pair first
+    pairs = sorted(scores, key=lambda p: (-scores[p], p[1] - p[0], p))
+    fusion = _Fusion(nodes)
+    for _ in range(MAX_FUSION_ROUNDS):
+        if not any([fusion.try_merge(i, j) for i, j in pairs]):
+            break
+    return nodes, [fusion.members[g] for g in sorted(fusion.members)]
+
+
+def _schedule(nodes: list[_Node], groups: list[list[int]]) -> tuple[list[int], list[int]]:
+    """(the groups in a topological order, each as early as the data allows in program order
+    of its first row, gradient accumulations last: extern kernels that do not read a fused
+    kernel's output move ahead of it; the group of each node)."""
+    group_of = [0] * len(nodes)
+    for g, members in enumerate(groups):
+        for j in members:
+            group_of[j] = g
+    successors: list[set[int]] = [set() for _ in groups]
+    for j, n in enumerate(nodes):
+        successors[group_of[j]].update(group_of[s] for s in n.succ if group_of[s] != group_of[j])
+    waiting = [0] * len(groups)
+    for after in successors:
+        for g in after:
+            waiting[g] += 1
+    # eager gradient accumulations once the graph's kernels are done, the rest in program order
+    keys = [
+        (any(nodes[j].eager for j in members), min(r for j in members for r in nodes[j].rows))
+        for members in groups
+    ]
+    ready = [(keys[g], g) for g in range(len(groups)) if not waiting[g]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, g = heapq.heappop(ready)
+        order.append(g)
+        for s in successors[g]:
+            waiting[s] -= 1
+            if not waiting[s]:
+                heapq.heappush(ready, (keys[s], s))
+    if len(order) != len(groups):
+        raise AssertionError("compile fusion formed a cycle")  # _Fusion refuses those merges
+    return order, group_of
+
+
+def _span(events: Sequence[OpEvent], run: list[int], bounds: list[int]) -> range:
+    """The run's rows with the allocations and frees around them, up to a row that is neither
+    or a boundary's seq."""
+    lo, hi = run[0], run[-1]
+    while (
+        lo > 0
+        and events[lo - 1].kind in _STORAGE_ROWS
+        and _adjacent(bounds, events[lo - 1].seq, events[lo].seq)
+    ):
         lo -= 1
-    while hi + 1 < len(events) and events[hi + 1].kind in _STORAGE_ROWS:
+    while (
+        hi + 1 < len(events)
+        and events[hi + 1].kind in _STORAGE_ROWS
+        and _adjacent(bounds, events[hi].seq, events[hi + 1].seq)
+    ):
         hi += 1
     return range(lo, hi + 1)
-
-
-def _intermediates(events: Sequence[OpEvent], chain: list[int]) -> tuple[set[int], set[int]]:
-    """(storage ids written by the chain and allocated and freed within its span, the span's
-    rows of their allocations and frees)."""
-    written = set().union(*(_outputs(events[i]) for i in chain))
-    span = _span(events, chain)
-    allocated = {events[j].storage: j for j in span if events[j].kind == ALLOC}
-    freed = {events[j].storage: j for j in span if events[j].kind == FREE}
-    inner = written & allocated.keys() & freed.keys()
-    return inner, {allocated[u] for u in inner} | {freed[u] for u in inner}
 
 
 def _moved_bytes(views: list[int], size: int | None) -> int:
@@ -200,15 +544,15 @@ def _moved_bytes(views: list[int], size: int | None) -> int:
 
 
 def fused_event(
-    events: Sequence[OpEvent], chain: list[int], inner: set[int], sizes: dict[int, int]
+    events: Sequence[OpEvent], rows: list[int], inner: set[int], sizes: dict[int, int]
 ) -> OpEvent:
-    """The one kernel of a chain (rule 4), given its intermediate storage ids and the sizes of
-    the storages the trace allocates."""
+    """The one kernel of a group of rows in program order (rule 7), given its intermediate
+    storage ids and the sizes of the storages the trace allocates."""
     reads: dict[int, list] = {}  # storage id (or a negative key when unknown) -> accesses
     writes: dict[int, list] = {}
     produced: set[int] = set()
     unknown = -1
-    for i in chain:
+    for i in rows:
         e = events[i]
         pairs = list(zip(e.flows, e.tensors, strict=True))
         for u, tensor in pairs:
@@ -227,12 +571,12 @@ def fused_event(
             _moved_bytes([_nbytes(t) for t in ts], sizes.get(u)) for u, ts in accesses.items()
         )
 
-    last = events[chain[-1]]
+    last = events[rows[-1]]
     largest = lambda ts: max(ts, key=_nbytes)  # noqa: E731  one tensor per storage, for dtype
     return last._replace(
         name=FUSED_NAME,
         aten=FUSED_ATEN,
-        flops=sum(events[i].flops for i in chain),
+        flops=sum(events[i].flops for i in rows),
         read_bytes=moved(reads),
         write_bytes=moved(writes),
         tensors=(*map(largest, reads.values()), *map(largest, writes.values())),
@@ -242,46 +586,126 @@ def fused_event(
     )
 
 
-def fuse_compiled_chains(
+def _fused_span(
+    events: Sequence[OpEvent], span: range, nodes: list[_Node], groups: list[list[int]],
+    sizes: dict[int, int], repeated: set[int], aliased: Iterable[int],
+) -> list[OpEvent]:  # fmt: skip
+    """The span's rows after fusion (rules 7 and 8), less the `repeated` rows and the
+    allocations and frees of their `aliased` outputs (rule 3)."""
+    order, group_of = _schedule(nodes, groups)
+    position = [0] * len(groups)
+    for p, g in enumerate(order):
+        position[g] = p
+    node_of_row = {n.row: j for j, n in enumerate(nodes)}
+    inlined_rows = {r for n in nodes for r in n.rows} - node_of_row.keys()
+    inlined_outputs = {u for r in inlined_rows for u in _outputs(events[r])}
+    accessors: dict[int, list[int]] = defaultdict(list)
+    writers: dict[int, list[int]] = defaultdict(list)
+    for j, n in enumerate(nodes):
+        for u in n.accessed:
+            accessors[u].append(j)
+        for u in n.writes:
+            writers[u].append(j)
+    allocated = {events[r].storage: r for r in span if events[r].kind == ALLOC}
+    freed = {events[r].storage: r for r in span if events[r].kind == FREE}
+    gone = inlined_outputs | set(aliased)
+    dropped = {allocated[u] for u in gone} | {freed[u] for u in gone} | repeated
+    kernels: list[OpEvent] = []
+    for g, members in enumerate(groups):
+        rows = sorted({r for j in members for r in nodes[j].rows})
+        if len(rows) == 1:
+            kernels.append(events[rows[0]])
+            continue
+        inner = set(inlined_outputs)
+        for u in set().union(*(nodes[j].writes for j in members)):
+            if u in allocated and u in freed and all(group_of[a] == g for a in accessors[u]):
+                inner.add(u)
+                dropped.update((allocated[u], freed[u]))
+        kernels.append(fused_event(events, rows, inner, sizes))
+    before: dict[int, list[int]] = defaultdict(list)  # position -> rows placed before it
+    after: dict[int, list[int]] = defaultdict(list)
+    last = len(order) - 1
+    seen = 0  # nodes before the row in program order
+    for r in span:
+        e = events[r]
+        if r in node_of_row:
+            seen = node_of_row[r] + 1
+            continue
+        if r in inlined_rows or r in dropped:
+            continue
+        if e.kind == ALLOC and writers[e.storage]:
+            before[min(position[group_of[j]] for j in writers[e.storage])].append(r)
+        elif e.kind == FREE:
+            touching = [position[group_of[j]] for j in accessors[e.storage]]
+            if seen:
+                touching.append(position[group_of[seen - 1]])
+            if touching:
+                after[max(touching)].append(r)
+            else:
+                before[0].append(r)
+        elif e.kind == ALLOC:
+            if seen < len(nodes):
+                before[position[group_of[seen]]].append(r)
+            else:
+                after[last].append(r)
+        else:  # a phase marker: before the first kernel of a later row
+            later = [p for p, g in enumerate(order) if groups[g][0] >= seen]
+            if later:
+                before[later[0]].append(r)
+            else:
+                after[last].append(r)
+    rows: list[OpEvent] = []
+    for p, g in enumerate(order):
+        rows += [events[r] for r in before[p]]
+        rows.append(kernels[g])
+        rows += [events[r] for r in after[p]]
+    seqs = sorted(e.seq for e in rows)
+    return [e._replace(seq=q) for e, q in zip(rows, seqs, strict=True)]
+
+
+def fuse_compiled_regions(
     events: Sequence[OpEvent],
     boundary_seqs: Iterable[int],
     region_of: Callable[[str], str],
     eager_storages: Iterable[int] = (),
 ) -> list[OpEvent]:
-    """`events` with every chain (rules 1-3) replaced by its fused kernel and its
-    intermediates' allocation and free rows dropped (rule 4). A storage the fused kernel reads
-    and eager code freed before the chain's last row is freed after the fused kernel (it runs
-    where the chain ends); the rows of the chain's place take its seqs again in their new
-    order. `eager_storages`: the storage ids of gradients (rule 1)."""
+    """`events` with each compiled graph's fusible rows fused as Inductor's scheduler would
+    (rules 1-8): the fused kernels and the extern kernels in an order the data allows, the
+    intermediates' allocation and free rows dropped. `boundary_seqs`: seqs of rows kept
+    elsewhere that end a run (collectives, waits); `eager_storages`: the storage ids of
+    gradients (rule 1)."""
     events = list(events)
+    bounds = sorted(boundary_seqs)
+    eager_storages = frozenset(eager_storages)
     sizes = {e.storage: e.size_bytes for e in events if e.kind == ALLOC}
-    found = [
-        (chain, *_intermediates(events, chain))
-        for chain in chains(events, boundary_seqs, region_of, eager_storages)
-    ]
-    drop: set[int] = set()
-    for chain, _, storage_rows in found:
-        drop.update(chain[:-1])
-        drop.update(storage_rows)
-    placed: dict[int, tuple[int, list[OpEvent]]] = {}  # first row -> (last row, new rows)
-    for chain, inner, _ in found:
-        fused = fused_event(events, chain, inner, sizes)
-        reads = _reads(fused)
-        kept = [j for j in range(chain[0], chain[-1]) if j not in drop]
-        late = {j for j in kept if events[j].kind == FREE and events[j].storage in reads}
-        rows = [events[j] for j in kept if j not in late] + [fused]
-        rows += [events[j] for j in kept if j in late]
-        seqs = sorted(e.seq for e in rows)
-        placed[chain[0]] = (chain[-1], [e._replace(seq=q) for e, q in zip(rows, seqs, strict=True)])
+    replaced: dict[int, tuple[int, list[OpEvent]]] = {}  # span start -> (span end, rows)
+    for run in graph_runs(events, bounds, region_of):
+        span = _span(events, run, bounds)
+        allocated = {events[r].storage for r in span if events[r].kind == ALLOC}
+        transient = allocated & {events[r].storage for r in span if events[r].kind == FREE}
+        repeated, alias = _common_subexpressions(events, run, frozenset(transient))
+        for r in run:
+            if r not in repeated and alias.keys() & set(events[r].flows):
+                events[r] = events[r]._replace(
+                    flows=tuple(alias.get(u, u) for u in events[r].flows)
+                )
+        run = [r for r in run if r not in repeated]
+        nodes, groups = fused_groups(events, run, eager_storages, transient - alias.keys())
+        if len(groups) == len(run) and not repeated:
+            continue
+        replaced[span.start] = (
+            span.stop,
+            _fused_span(events, span, nodes, groups, sizes, repeated, alias),
+        )
     out: list[OpEvent] = []
     i = 0
     while i < len(events):
-        if i in placed:
-            i, rows = placed[i]
+        if i in replaced:
+            i, rows = replaced[i]
             out += rows
-        elif i not in drop:
+        else:
             out.append(events[i])
-        i += 1
+            i += 1
     return out
 
 

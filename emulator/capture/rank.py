@@ -64,7 +64,7 @@ from torch.optim.optimizer import (
 from emulator import torch_compat
 from emulator.capture import streams
 from emulator.capture.chunk_reuse import PipelineSteps, reused_chunks, wrapped_attribute
-from emulator.capture.compile_fusion import fuse_compiled_chains
+from emulator.capture.compile_fusion import fuse_compiled_regions
 from emulator.capture.compile_saved import free_unread_saved
 from emulator.capture.fused_ops import gpu_fused_ops
 from emulator.capture.micro_batch_reuse import reused_micro_batches
@@ -345,7 +345,7 @@ def capture_rank(
                     for uid, category in recorder.storages.final_categories().items()
                     if category == "gradient"
                 ]
-                recorder.events[:] = fuse_compiled_chains(
+                recorder.events[:] = fuse_compiled_regions(
                     recorder.events,
                     (e.seq for e in comm.events),
                     program.compiled_region,

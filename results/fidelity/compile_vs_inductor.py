@@ -14,14 +14,17 @@ For each compiled torchtitan row below, the row's job is cut to one layer and on
   (`workloads.recompute`'s op-level policy for "selective", the whole block for "full"), is
   compiled with `torch.compile` and run forward and backward on CPU with
   `torch._inductor.config.cpu_backend = "triton"`, so the GPU backend's scheduler
-  (`TritonScheduling`) fuses the nodes. After fusion, each kernel's bytes are what Inductor
-  itself counts (`BaseSchedulerNode.get_read_write_buffers_sizes`: each buffer once, the
-  smaller of its accesses and its size). No kernel is compiled or run (there is no Triton
+  (`TritonScheduling`) fuses the nodes, and Inductor's questions whether a node is on a CPU
+  are answered no, so its lowering and scheduler take their GPU heuristics (a CPU realises
+  reused values of exp/sigmoid-like ops and never reorders loops to fuse). After fusion,
+  each kernel's bytes are what Inductor itself counts
+  (`BaseSchedulerNode.get_read_write_buffers_sizes`: each buffer once, the smaller of its
+  accesses and its size). No kernel is compiled or run (there is no Triton
   driver for a CPU): the generated kernels are replaced by no-ops, so the values are garbage
   and only the graphs and their fusion count. The forward graph and the backward graph (which
   holds the checkpoint's recomputation: AOTAutograd partitions it there) are reported apart.
 - **The rule**: the same one-layer job captured as `validate` captures it (FSDP2 over two
-  ranks, as the row), its memory-bound rows inside the block after `fuse_compiled_chains`,
+  ranks, as the row), its memory-bound rows inside the block after `fuse_compiled_regions`,
   FSDP2's own copies left out (they run eagerly around the compiled block).
 Memory-bound kernels only (Inductor's generated kernels and the RoPE custom op on one side,
 the rule's elementwise/norm/softmax/reduction/copy rows on the other); GEMMs and attention are
@@ -92,7 +95,7 @@ def _patch_inductor(graphs: list) -> None:
     and compile none of them."""
     import torch._inductor.config as config
     import torch.utils._triton as torch_triton
-    from torch._inductor import async_compile, scheduler
+    from torch._inductor import async_compile, ir, scheduler
 
     config.cpu_backend = "triton"
     config.compile_threads = 1
@@ -102,6 +105,10 @@ def _patch_inductor(graphs: list) -> None:
         def __getattr__(self, name):
             return lambda *args, **kwargs: None
 
+    # Inductor's heuristics ask whether a buffer lives on a CPU (realising reused values of
+    # heavy ops, opcount and read thresholds; no loop reordering to fuse): answer as on a GPU
+    ir.is_cpu = lambda node: False
+    scheduler.BaseSchedulerNode.is_cpu = lambda self: False
     torch_triton.triton_hash_with_backend = lambda: "no-triton-driver"
     async_compile.AsyncCompile.triton = lambda self, *args, **kwargs: _NoKernel()
     original_init = scheduler.Scheduler._init

@@ -1,5 +1,6 @@
-"""torch.compile's fusion rule (emulator.capture.compile_fusion): chains of memory-bound rows
-become one kernel moving the chain's external bytes, and their intermediates are not
+"""torch.compile's fusion rule (emulator.capture.compile_fusion): the memory-bound rows of a
+compiled graph become the kernels Inductor's scheduler makes of them, fused by data dependence
+around the extern GEMMs, each moving its group's external bytes, their intermediates never
 allocated; checked on hand-written rows, on a recorded block, on a captured job, and against
 Inductor's own kernel count (on CPU as a proxy, on CUDA from a profile)."""
 
@@ -17,10 +18,10 @@ from emulator.capture.compile_fusion import (
     FUSED_ATEN,
     FUSIBLE,
     block_region,
-    fuse_compiled_chains,
+    fuse_compiled_regions,
 )
 from emulator.capture.op_recorder import OpRecorder
-from emulator.capture.trace import ALLOC, COMPUTE, FREE, OpEvent
+from emulator.capture.trace import ALLOC, COMPUTE, FREE, PHASES, OpEvent
 from tests.prismbench.capture_cases import capture, debug_job
 from workloads.kernels import KernelsSpec
 
@@ -40,14 +41,14 @@ class _Rows:
         self.seq += 1
         return self.seq
 
-    def op(self, name, reads, writes, module=BLOCK, out_shape=(N, D), in_shapes=None):
+    def op(self, name, reads, writes, module=BLOCK, out_shape=(N, D), in_shapes=None, phase=0):
         in_shapes = in_shapes or [(N, D)] * len(reads)
         tensors = tuple((shape, "float32", False) for shape in in_shapes) + tuple(
             (out_shape, "float32", True) for _ in writes
         )
         self.events.append(
             OpEvent(
-                self._next(), COMPUTE, name, f"aten.{name}", 0, module, 0, 0,
+                self._next(), COMPUTE, name, f"aten.{name}", 0, module, phase, 0,
                 read_bytes=4 * N * D * len(reads), write_bytes=4 * N * D * len(writes),
                 tensors=tensors, flows=(*reads, *writes),
             )
@@ -89,7 +90,7 @@ def test_a_pointwise_chain_between_gemms_is_one_kernel_reading_and_writing_its_e
     rows = _Rows()
     rows.chain(0)
     events = _elementwise(rows.events)
-    fused = fuse_compiled_chains(events, (), REGION)
+    fused = fuse_compiled_regions(events, (), REGION)
     kernels = _compute(fused)
     assert [e.name for e in kernels] == ["mm", "elementwise", "mm"]
     one = kernels[1]
@@ -108,12 +109,12 @@ def _elementwise(rows):
     ]
 
 
-def test_a_collective_between_two_rows_ends_the_chain():
+def test_a_collective_between_two_rows_keeps_them_apart():
     rows = _Rows()
     rows.chain(0)
     events = _elementwise(rows.events)
     add = _compute(events)[2]
-    kernels = _compute(fuse_compiled_chains(events, [add.seq - 1], REGION))
+    kernels = _compute(fuse_compiled_regions(events, [add.seq - 1], REGION))
     # mul alone, then add+relu fused
     assert [e.aten for e in kernels] == ["aten.mm", "aten.mul", FUSED_ATEN, "aten.mm"]
 
@@ -122,10 +123,10 @@ def test_rows_outside_compiled_blocks_do_not_fuse():
     rows = _Rows()
     rows.chain(0, module="Net.output")
     events = _elementwise(rows.events)
-    assert fuse_compiled_chains(events, (), REGION) == events
+    assert fuse_compiled_regions(events, (), REGION) == events
 
 
-def test_a_reduction_to_one_element_ends_the_chain():
+def test_what_reads_a_reduction_to_one_element_is_another_kernel():
     rows = _Rows()
     rows.alloc(1)
     rows.op("abs", (0,), (1,))
@@ -140,14 +141,14 @@ def test_a_reduction_to_one_element_ends_the_chain():
         else e
         for e in rows.events
     ]
-    kernels = _compute(fuse_compiled_chains(events, (), REGION))
+    kernels = _compute(fuse_compiled_regions(events, (), REGION))
     assert [e.aten for e in kernels] == [FUSED_ATEN, FUSED_ATEN]
     # the first reads the operand and writes the scalar; the second reads both
     assert (kernels[0].read_bytes, kernels[0].write_bytes) == (4 * N * D, 4)
     assert kernels[1].read_bytes == 4 * N * D + 4
 
 
-def test_a_gemm_that_does_not_read_the_chain_does_not_end_it():
+def test_a_gemm_that_does_not_read_the_pointwise_ops_does_not_keep_them_apart():
     rows = _Rows()  # silu(x @ w1) * (x @ w3) @ w2
     rows.op("mm", (0, 1), (2,))
     rows.alloc(3)
@@ -156,12 +157,12 @@ def test_a_gemm_that_does_not_read_the_chain_does_not_end_it():
     rows.op("mul", (3, 5), (6,))
     rows.free(3)
     rows.op("mm", (6, 7), (8,))
-    kernels = _compute(fuse_compiled_chains(_elementwise(rows.events), (), REGION))
+    kernels = _compute(fuse_compiled_regions(_elementwise(rows.events), (), REGION))
     assert [e.aten for e in kernels] == ["aten.mm", "aten.mm", FUSED_ATEN, "aten.mm"]
     assert kernels[2].read_bytes == 2 * 4 * N * D and kernels[2].write_bytes == 4 * N * D
 
 
-def test_a_gradient_accumulation_neither_fuses_nor_ends_the_chain_around_it():
+def test_a_gradient_accumulation_neither_fuses_nor_keeps_the_rows_around_it_apart():
     rows = _Rows()  # silu(x @ w1) * (x @ w3), the weight gradient g added into main_grad m
     rows.op("mm", (0, 1), (2,))
     rows.alloc(3)
@@ -171,14 +172,15 @@ def test_a_gradient_accumulation_neither_fuses_nor_ends_the_chain_around_it():
     rows.op("mul", (3, 5), (6,))
     rows.free(3)
     events = _elementwise(rows.events)
-    kernels = _compute(fuse_compiled_chains(events, (), REGION, eager_storages={9}))
-    assert [e.aten for e in kernels] == ["aten.mm", "aten.mm", "aten.add_", FUSED_ATEN]
+    kernels = _compute(fuse_compiled_regions(events, (), REGION, eager_storages={9}))
+    # the hook runs once the compiled graph has returned
+    assert [e.aten for e in kernels] == ["aten.mm", "aten.mm", FUSED_ATEN, "aten.add_"]
     # without the gradient's storage named, the accumulation fuses with the block's rows
-    kernels = _compute(fuse_compiled_chains(events, (), REGION))
+    kernels = _compute(fuse_compiled_regions(events, (), REGION))
     assert [e.aten for e in kernels] == ["aten.mm", "aten.mm", FUSED_ATEN]
 
 
-def test_an_input_eager_code_frees_inside_the_chain_is_freed_after_the_fused_kernel():
+def test_an_input_eager_code_frees_between_fused_rows_is_freed_after_the_fused_kernel():
     rows = _Rows()  # y = mm(x, w); del x; ...: a = y * 2; b = a + 1, y freed after the mul
     rows.alloc(2)
     rows.op("mm", (0, 1), (2,))
@@ -188,11 +190,136 @@ def test_an_input_eager_code_frees_inside_the_chain_is_freed_after_the_fused_ker
     rows.alloc(4)
     rows.op("add", (3,), (4,))
     rows.free(3)
-    fused = fuse_compiled_chains(_elementwise(rows.events), (), REGION)
+    fused = fuse_compiled_regions(_elementwise(rows.events), (), REGION)
     order = [(e.kind, e.storage) if e.kind != COMPUTE else e.aten for e in fused]
     assert order == [(ALLOC, 2), "aten.mm", (ALLOC, 4), FUSED_ATEN, (FREE, 2)]
     seqs = [e.seq for e in fused]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
+def _phase(name):
+    return PHASES.index(name)
+
+
+def test_a_recomputed_product_and_its_gradient_are_one_kernel_after_the_gemm_it_needs():
+    """SwiGLU under checkpointing: the backward graph recomputes p = silu(a) * b, a weight
+    gradient's GEMM reads p, another GEMM makes dp, and dp's pointwise gradients follow. Eager
+    order interleaves them; by data dependence they are one kernel of six passes (reads a, b,
+    dp; writes p, db, da), after dp's GEMM and before the weight gradient's."""
+    a, b, g, w2, s, p, dw2, dp, ds, db, da = range(11)
+    rows = _Rows()
+    rec, bwd = _phase("recompute"), _phase("backward")
+    rows.alloc(s)
+    rows.op("silu", (a,), (s,), phase=rec)
+    rows.alloc(p)
+    rows.op("mul", (s, b), (p,), phase=rec)
+    rows.alloc(dw2)
+    rows.op("mm", (g, p), (dw2,), phase=bwd)
+    rows.free(p)
+    rows.alloc(dp)
+    rows.op("mm", (g, w2), (dp,), phase=bwd)
+    rows.alloc(ds)
+    rows.op("mul", (dp, b), (ds,), phase=bwd)
+    rows.alloc(db)
+    rows.op("mul", (dp, s), (db,), phase=bwd)
+    rows.free(s)
+    rows.alloc(da)
+    rows.op("silu_backward", (ds, a), (da,), phase=bwd)
+    rows.free(ds)
+    rows.free(dp)
+    events = _elementwise(rows.events)
+    fused = fuse_compiled_regions(events, (), REGION)
+    kernels = _compute(fused)
+    assert [(e.aten, e.flows[-1]) for e in kernels] == [
+        ("aten.mm", dp), (FUSED_ATEN, da), ("aten.mm", dw2),
+    ]  # fmt: skip
+    one = kernels[1]
+    assert (one.read_bytes, one.write_bytes) == (3 * 4 * N * D, 3 * 4 * N * D)
+    assert sorted(one.flows) == sorted((a, b, dp, p, db, da))
+    eager = sum(e.read_bytes + e.write_bytes for e in _compute(events) if e.name != "mm")
+    assert eager == 14 * 4 * N * D
+    # s and ds are never allocated; p lives until the weight gradient's GEMM has read it
+    assert {e.storage for e in fused if e.kind == ALLOC} == {p, dw2, dp, db, da}
+    order = [(e.kind, e.storage) if e.kind != COMPUTE else e.aten for e in fused]
+    assert order.index((FREE, p)) > order.index("aten.mm", 2)
+    seqs = [e.seq for e in fused]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
+def test_a_cast_repeated_for_each_gemm_of_one_input_is_computed_once():
+    """torchao casts an input once per linear that reads it (q, k, v); AOTAutograd's CSE
+    keeps one amax and one cast, and the second GEMM reads the first cast."""
+    x, w1, w2, s1, c1, y1, s2, c2, y2 = range(9)
+    rows = _Rows()
+    for scale, cast, w, y in ((s1, c1, w1, y1), (s2, c2, w2, y2)):
+        rows.alloc(scale, 4)
+        rows.op("amax", (x,), (scale,), out_shape=())
+        rows.alloc(cast)
+        rows.op("_to_copy", (x, scale), (cast,), in_shapes=[(N, D), ()])
+        rows.op("mm", (cast, w), (y,))
+        rows.free(cast)
+        rows.free(scale, 4)
+    events = [
+        e._replace(name="reduction" if e.name == "amax" else "copy")
+        if e.kind == COMPUTE and e.name != "mm"
+        else e
+        for e in rows.events
+    ]
+    fused = fuse_compiled_regions(events, (), REGION)
+    kernels = _compute(fused)
+    assert [e.aten for e in kernels] == ["aten.amax", "aten._to_copy", "aten.mm", "aten.mm"]
+    assert kernels[3].flows == (c1, w2, y2)
+    assert {e.storage for e in fused if e.kind == ALLOC} == {s1, c1}
+    order = [(e.kind, e.storage) if e.kind != COMPUTE else e.aten for e in fused]
+    assert order == [
+        (ALLOC, s1), "aten.amax", (ALLOC, c1), "aten._to_copy", "aten.mm", (FREE, s1),
+        "aten.mm", (FREE, c1),
+    ]  # fmt: skip
+
+
+def test_a_pointwise_value_two_kernels_read_is_recomputed_in_each_not_stored():
+    """norm -> amax and norm -> cast: the cast needs the finished amax, so they are two
+    kernels, and Inductor's lowering inlines the normalisation into both."""
+    x, w, n, s, c, y = range(6)
+    rows = _Rows()
+    rows.alloc(n)
+    rows.op("mul", (x, w), (n,))
+    rows.alloc(s, 4)
+    rows.op("amax", (n,), (s,), out_shape=())
+    rows.alloc(c)
+    rows.op("_to_copy", (n, s), (c,), in_shapes=[(N, D), ()])
+    rows.free(n)
+    rows.op("mm", (c, w), (y,))
+    events = [
+        e._replace(name={"amax": "reduction", "mm": "mm"}.get(e.name, "elementwise"))
+        if e.kind == COMPUTE
+        else e
+        for e in rows.events
+    ]
+    fused = fuse_compiled_regions(events, (), REGION)
+    kernels = _compute(fused)
+    assert [e.aten for e in kernels] == [FUSED_ATEN, FUSED_ATEN, "aten.mm"]
+    assert sorted(kernels[0].flows) == [x, w, s] and sorted(kernels[1].flows) == [x, w, s, c]
+    assert kernels[0].flops == kernels[1].flops - events[5].flops
+    assert n not in {e.storage for e in fused if e.kind == ALLOC}
+
+
+def test_rows_over_different_ranges_are_separate_kernels():
+    rows = _Rows()  # y = x * 2 over [N, D]; z = x.repeat(1, 2) over [N, 2D]
+    rows.op("mul", (0,), (1,))
+    rows.op("repeat", (0,), (2,), out_shape=(N, 2 * D))
+    rows.op("mm", (1, 2), (3,))
+    events = _elementwise(rows.events)
+    assert _compute(fuse_compiled_regions(events, (), REGION)) == _compute(events)
+
+
+def test_two_rows_a_gemm_stands_between_by_data_stay_apart():
+    rows = _Rows()  # a = relu(x); h = a @ w; b = h + x: fusing a and b would need h first
+    rows.op("relu", (0,), (1,))
+    rows.op("mm", (1, 2), (3,))
+    rows.op("add", (3, 0), (4,))
+    events = _elementwise(rows.events)
+    assert _compute(fuse_compiled_regions(events, (), REGION)) == _compute(events)
 
 
 # ---- a recorded block ----------------------------------------------------------------------
@@ -269,7 +396,7 @@ def _live_peak(events):
 
 def test_a_recorded_block_keeps_its_gemms_and_attention_and_fuses_the_rest():
     eager = _recorded_forward()
-    fused = fuse_compiled_chains(eager, (), REGION)
+    fused = fuse_compiled_regions(eager, (), REGION)
     extern = [(e.name, e.tensors) for e in _compute(eager) if e.name not in FUSIBLE]
     assert extern == [(e.name, e.tensors) for e in _compute(fused) if e.name not in FUSIBLE]
     assert len(extern) == 8  # 7 GEMMs and attention
@@ -313,7 +440,7 @@ def test_a_compiled_job_captures_the_same_gemms_fewer_kernels_and_no_more_memory
 
 def _rule_count() -> int:
     """The rule's memory-bound kernels of the block's forward."""
-    fused = fuse_compiled_chains(_recorded_forward(), (), REGION)
+    fused = fuse_compiled_regions(_recorded_forward(), (), REGION)
     return len([e for e in _memory_kernels(fused) if REGION(e.module)])
 
 
