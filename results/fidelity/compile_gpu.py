@@ -3,9 +3,10 @@
     python3 results/fidelity/compile_gpu.py --out DIR             (on a CUDA machine; ~1 min)
     python results/fidelity/compile_gpu.py --compare DIR/compile_gpu.json [--out FILE]   (here)
 
-`compile_vs_inductor.md` found the compile rule moving 1.5-1.75 x the bytes Inductor's scheduler
-fuses a compiled block's backward into (and the fp8 forward 1.3 x), counted on a CPU. This
-measures what it costs on the GPU. For each row in `ROWS` (torchtitan's compiled Llama 3 8B
+`compile_vs_inductor.md` compares the compile rule's bytes with what Inductor's scheduler fuses
+a compiled block into, counted on a CPU (until 2c3dffc the rule moved 1.5-1.75 x Inductor's
+bytes in a block's backward; since, within 16 %). This measures what the kernels cost on the
+GPU. For each row in `ROWS` (torchtitan's compiled Llama 3 8B
 rows, bf16 and fp8, op-level selective recompute), one TransformerBlock of the row's model, at
 the row's micro-batch shape (2 x 8 192 tokens), wrapped in the row's checkpoint policy and
 compiled as torchtitan compiles each block, runs forward and backward on random activations;
