@@ -329,7 +329,8 @@ def _nodes(
     """The run's nodes in program order (its rows less the inlined ones), with their data
     dependences. `transient`: storages allocated and freed within the run's span."""
     inlined = _inlined(events, run, eager_storages, transient)
-    inlined_outputs = {u for i in inlined for u in _outputs(events[i])}
+    inlined_by = {u: i for i in inlined for u in _outputs(events[i])}  # storage -> its row
+    inlined_outputs = set(inlined_by)
     nodes = []
     for i in run:
         if i in inlined:
@@ -338,7 +339,7 @@ def _nodes(
         rows, accessed = [i], _accesses(e)
         for u in _reads(e) & inlined_outputs:
             del accessed[u]
-        for j in {j for j in inlined if _outputs(events[j]) & _reads(e)}:
+        for j in {inlined_by[u] for u in _reads(e) & inlined_outputs}:
             rows = inlined[j][0] + rows
             for r in inlined[j][0]:
                 for u, nbytes in _accesses(events[r]).items():
