@@ -55,6 +55,11 @@ class _Rows:
         )  # fmt: skip
         return self.seq
 
+    def new(self, name, reads, out, **op_args):
+        """An op writing a storage allocated for it."""
+        self.alloc(out)
+        return self.op(name, reads, (out,), **op_args)
+
     def alloc(self, uid, size=4 * N * D):
         self.events.append(
             OpEvent(self._next(), ALLOC, "", "", 0, BLOCK, 0, 0, size_bytes=size, storage=uid)
@@ -209,22 +214,15 @@ def test_a_recomputed_product_and_its_gradient_are_one_kernel_after_the_gemm_it_
     a, b, g, w2, s, p, dw2, dp, ds, db, da = range(11)
     rows = _Rows()
     rec, bwd = _phase("recompute"), _phase("backward")
-    rows.alloc(s)
-    rows.op("silu", (a,), (s,), phase=rec)
-    rows.alloc(p)
-    rows.op("mul", (s, b), (p,), phase=rec)
-    rows.alloc(dw2)
-    rows.op("mm", (g, p), (dw2,), phase=bwd)
+    rows.new("silu", (a,), s, phase=rec)
+    rows.new("mul", (s, b), p, phase=rec)
+    rows.new("mm", (g, p), dw2, phase=bwd)
     rows.free(p)
-    rows.alloc(dp)
-    rows.op("mm", (g, w2), (dp,), phase=bwd)
-    rows.alloc(ds)
-    rows.op("mul", (dp, b), (ds,), phase=bwd)
-    rows.alloc(db)
-    rows.op("mul", (dp, s), (db,), phase=bwd)
+    rows.new("mm", (g, w2), dp, phase=bwd)
+    rows.new("mul", (dp, b), ds, phase=bwd)
+    rows.new("mul", (dp, s), db, phase=bwd)
     rows.free(s)
-    rows.alloc(da)
-    rows.op("silu_backward", (ds, a), (da,), phase=bwd)
+    rows.new("silu_backward", (ds, a), da, phase=bwd)
     rows.free(ds)
     rows.free(dp)
     events = _elementwise(rows.events)
