@@ -217,7 +217,8 @@ def block_memory_rows(trace) -> list[tuple[int, str]]:
     eagerly around the compiled block)."""
     import numpy as np
 
-    from emulator.capture.compile_fusion import FUSIBLE, block_region
+    from emulator.capture.compile_fusion import block_region
+    from emulator.capture.inductor_scheduler import FUSIBLE
     from emulator.capture.trace import COMPUTE, PHASES
 
     columns = trace.columns

@@ -14,12 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from emulator.capture.compile_fusion import (
-    FUSED_ATEN,
-    FUSIBLE,
-    block_region,
-    fuse_compiled_regions,
-)
+from emulator.capture.compile_fusion import FUSED_ATEN, block_region, fuse_compiled_regions
+from emulator.capture.inductor_scheduler import FUSIBLE
 from emulator.capture.op_recorder import OpRecorder
 from emulator.capture.trace import ALLOC, COMPUTE, FREE, PHASES, OpEvent
 from tests.prismbench.capture_cases import capture, debug_job

@@ -1,0 +1,387 @@
+"""Which kernels Inductor makes of one compiled graph's rows: its lowering and scheduler as
+`emulator.capture.compile_fusion` models them (that module's rules 3-6 and 8 say what, and why).
+
+Given a run of rows of one compiled graph (their storage ids in `OpEvent.flows`):
+AOTAutograd's common-subexpression elimination (`common_subexpressions`), the pointwise values
+Inductor's lowering inlines into their readers instead of storing (`_inlined`), the remaining
+rows as nodes with their data dependences (`_nodes`), the pairwise fusion of compatible nodes
+that forms no cycle (`Fusion`, `fused_groups`), and an order the data allows (`schedule`).
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from emulator.capture.trace import OpEvent
+
+FUSIBLE = ("elementwise", "norm", "softmax", "reduction", "copy")
+MAX_FUSION_SIZE = 64  # torch._inductor.config.max_fusion_size
+MAX_FUSION_ROUNDS = 10  # Scheduler.fuse_nodes's rounds
+REALIZE_READS_THRESHOLD = 4  # torch._inductor.config.realize_reads_threshold
+_CSE_UNARY = frozenset(
+    f"aten.{op}" for op in ("abs", "neg", "reciprocal", "rsqrt", "sqrt", "exp", "silu", "sigmoid")
+)
+
+
+@functools.cache
+def _itemsize(dtype: str) -> int:
+    return getattr(torch, dtype).itemsize
+
+
+def nbytes(tensor: tuple) -> int:
+    shape, dtype, _ = tensor
+    return math.prod(shape) * _itemsize(dtype)
+
+
+def written_storages(e: OpEvent) -> set[int]:
+    return {u for u, (_, _, is_out) in zip(e.flows, e.tensors, strict=True) if is_out and u >= 0}
+
+
+def read_storages(e: OpEvent) -> set[int]:
+    return {u for u, (_, _, is_out) in zip(e.flows, e.tensors, strict=True) if not is_out}
+
+
+def accumulates_gradient(e: OpEvent, eager_storages: frozenset[int]) -> bool:
+    """Rule 1's exception: a row that adds into a gradient in place (eager code)."""
+    return bool(written_storages(e) & read_storages(e) & eager_storages)
+
+
+def _reduces_rows(e: OpEvent) -> bool:
+    """A reduction over the innermost dimensions (a norm's row statistics), whose result a
+    consumer over the input's range can read in the same kernel; not a reduction to one
+    element or over the outer dimensions (rule 6)."""
+    outs = [shape for shape, _, is_out in e.tensors if is_out]
+    ins = [shape for shape, _, is_out in e.tensors if not is_out]
+    if not outs or not ins:
+        return False
+    out, inp = max(outs, key=math.prod), max(ins, key=math.prod)
+    kept = list(out)
+    while kept and kept[-1] == 1:
+        kept.pop()
+    return math.prod(out) > 1 and tuple(kept) == tuple(inp[: len(kept)])
+
+
+@dataclass
+class Node:
+    """One compute row of a run that Inductor would make a buffer of, with the rows inlined
+    into it: its storages, its iteration range, its neighbours."""
+
+    row: int
+    rows: list[int]  # its own row last, after the pointwise rows inlined into it (rule 4)
+    fusible: bool
+    eager: bool  # adds into a gradient in place: eager code after the compiled graph (rule 1)
+    reads: set[int]
+    writes: set[int]
+    accessed: dict[int, int]  # storage id -> bytes of its largest access
+    numel: int  # the elements it iterates over (a reduction: its input's)
+    out_numel: int  # a reduction's output elements (else numel)
+    reduction: bool
+    row_reduction: bool
+    succ: set[int] = field(default_factory=set)
+
+
+def _accesses(e: OpEvent) -> dict[int, int]:
+    accessed: dict[int, int] = {}
+    for u, t in zip(e.flows, e.tensors, strict=True):
+        if u >= 0:
+            accessed[u] = max(accessed.get(u, 0), nbytes(t))
+    return accessed
+
+
+def common_subexpressions(
+    events: Sequence[OpEvent], run: list[int], transient: frozenset[int]
+) -> tuple[set[int], dict[int, int]]:
+    """Rule 3, AOTAutograd's common-subexpression elimination on the graph: (rows
+    that repeat an earlier row of the run, each of their output storages -> the earlier row's).
+    A repeat is the same aten op over the same tensors of the same storages, none written in
+    between, its outputs dying within the run; only ops whose arguments the row shows in full
+    (reductions, casts, ops of two or more tensors, `_CSE_UNARY`), not a scalar it does not
+    record. torchao's float8 linears cast one input once per GEMM that reads it (q, k and v;
+    w1 and w3), which the graph computes once."""
+    written_by: dict[int, int] = defaultdict(int)
+    for i in run:
+        for u in written_storages(events[i]):
+            written_by[u] += 1
+    first: dict[tuple, list[int]] = {}
+    alias: dict[int, int] = {}
+    version: dict[int, int] = defaultdict(int)  # storage -> writes so far
+    repeated: set[int] = set()
+    for i in run:
+        e = events[i]
+        flows = [alias.get(u, u) for u in e.flows]
+        ins = [u for u, t in zip(flows, e.tensors, strict=True) if not t[2]]
+        outs = [u for u, t in zip(flows, e.tensors, strict=True) if t[2]]
+        if (
+            e.name in FUSIBLE
+            and e.aten.startswith("aten.")
+            and (e.name in ("reduction", "copy") or len(ins) >= 2 or e.aten in _CSE_UNARY)
+            and ins
+            and outs
+            and min(flows) >= 0
+            and not set(ins) & set(outs)
+            and all(written_by[u] == 1 for u in outs)
+        ):
+            key = (e.aten, e.tensors, tuple(ins), tuple(version[u] for u in ins))
+            if key in first and set(outs) <= transient:
+                repeated.add(i)
+                alias.update(zip(outs, first[key], strict=True))
+                continue
+            first.setdefault(key, outs)
+        for u in outs:
+            version[u] += 1
+    return repeated, alias
+
+
+def _inlined(
+    events: Sequence[OpEvent],
+    run: list[int],
+    eager_storages: frozenset[int],
+    transient: frozenset[int],
+) -> dict[int, tuple[list[int], set[int]]]:
+    """Rule 4: row -> (the rows it stands for, the storages it reads) of each pointwise row
+    Inductor's lowering inlines into its consumers instead of storing its value: an aten
+    elementwise op or copy, not in place, whose outputs only fusible rows of the run read and
+    that die within the run, read once or reading at most `REALIZE_READS_THRESHOLD` storages
+    (`TensorBox.should_realize_on_reuse`)."""
+    readers: dict[int, list[int]] = defaultdict(list)
+    for i in run:
+        for u in read_storages(events[i]):
+            if u >= 0:
+                readers[u].append(i)
+    inlined: dict[int, tuple[list[int], set[int]]] = {}
+    produced_by: dict[int, int] = {}
+    for i in run:
+        e = events[i]
+        outs = written_storages(e)
+        rows, reads = [i], set()
+        for u in read_storages(e):
+            if u in produced_by:  # an inlined row's value: read what it reads
+                rows = inlined[produced_by[u]][0] + rows
+                reads |= inlined[produced_by[u]][1]
+            elif u >= 0:
+                reads.add(u)
+        if (
+            e.name in ("elementwise", "copy")
+            and e.aten.startswith("aten.")
+            and outs
+            and not outs & read_storages(e)
+            and outs <= transient
+            and not outs & eager_storages
+            and all(readers[u] for u in outs)
+            and all(
+                events[r].name in FUSIBLE and not accumulates_gradient(events[r], eager_storages)
+                for u in outs
+                for r in readers[u]
+            )
+            and (
+                len({r for u in outs for r in readers[u]}) == 1
+                or len(reads) <= REALIZE_READS_THRESHOLD
+            )
+        ):
+            inlined[i] = (sorted(set(rows)), reads)
+            produced_by.update(dict.fromkeys(outs, i))
+    return inlined
+
+
+def _nodes(
+    events: Sequence[OpEvent],
+    run: list[int],
+    eager_storages: frozenset[int],
+    transient: frozenset[int],
+) -> list[Node]:
+    """The run's nodes in program order (its rows less the inlined ones), with their data
+    dependences. `transient`: storages allocated and freed within the run's span."""
+    inlined = _inlined(events, run, eager_storages, transient)
+    inlined_by = {u: i for i in inlined for u in written_storages(events[i])}  # storage -> its row
+    inlined_outputs = set(inlined_by)
+    nodes = []
+    for i in run:
+        if i in inlined:
+            continue
+        e = events[i]
+        rows, accessed = [i], _accesses(e)
+        for u in read_storages(e) & inlined_outputs:
+            del accessed[u]
+        for j in {inlined_by[u] for u in read_storages(e) & inlined_outputs}:
+            rows = inlined[j][0] + rows
+            for r in inlined[j][0]:
+                for u, nbytes in _accesses(events[r]).items():
+                    if u not in inlined_outputs:
+                        accessed[u] = max(accessed.get(u, 0), nbytes)
+        outs = [math.prod(t[0]) for t in e.tensors if t[2]] or [0]
+        ins = [math.prod(t[0]) for t in e.tensors if not t[2]] or [0]
+        reduction = e.name == "reduction"
+        writes = written_storages(e)
+        eager = accumulates_gradient(e, eager_storages)
+        nodes.append(
+            Node(
+                row=i,
+                rows=sorted(set(rows)),
+                fusible=e.name in FUSIBLE and not eager,
+                eager=eager,
+                reads=set(accessed) - writes | (set(accessed) & read_storages(e)),
+                writes=writes,
+                accessed=accessed,
+                numel=max(ins) if reduction else max(outs),
+                out_numel=max(outs),
+                reduction=reduction,
+                row_reduction=reduction and _reduces_rows(e),
+            )
+        )
+    last_writer: dict[int, int] = {}
+    readers: dict[int, list[int]] = defaultdict(list)
+    for j, n in enumerate(nodes):
+        for u in n.reads:
+            if u in last_writer:
+                nodes[last_writer[u]].succ.add(j)
+            readers[u].append(j)
+        for u in n.writes:
+            if u in last_writer:
+                nodes[last_writer[u]].succ.add(j)  # write after write
+            for r in readers.pop(u, ()):
+                if r != j:
+                    nodes[r].succ.add(j)  # write after read (an in-place op)
+            last_writer[u] = j
+    return nodes
+
+
+class Fusion:
+    """Inductor's scheduler over one run's nodes: groups of fusible nodes, merged pairwise
+    while no cycle forms through another node (rule 5)."""
+
+    def __init__(self, nodes: list[Node]):
+        self.nodes = nodes
+        self.group = list(range(len(nodes)))
+        self.members = {j: [j] for j in range(len(nodes))}
+        self.bits = {j: 1 << j for j in range(len(nodes))}
+        self.reach = [0] * len(nodes)  # bit set of the nodes each node reaches, itself too
+        for j in reversed(range(len(nodes))):
+            self.reach[j] = 1 << j
+            for s in nodes[j].succ:
+                self.reach[j] |= self.reach[s]
+
+    def _compatible(self, members: list[int]) -> bool:
+        """Rule 6: one iteration range, or a reduction's input and output ranges; nothing over
+        the input's range after a reduction that is not over rows."""
+        nodes = [self.nodes[m] for m in members]
+        reductions = {(n.out_numel, n.numel) for n in nodes if n.reduction}
+        if len(reductions) > 1:
+            return False
+        if not reductions:
+            return len({n.numel for n in nodes}) == 1
+        ((out, inp),) = reductions
+        if any(n.numel not in (out, inp) for n in nodes if not n.reduction):
+            return False
+        inside = set(members)
+        after: set[int] = set()  # members that read a non-row reduction's result
+        stack = [m for m in members if self.nodes[m].reduction and not self.nodes[m].row_reduction]
+        while stack:
+            for s in self.nodes[stack.pop()].succ:
+                if s in inside and s not in after:
+                    after.add(s)
+                    stack.append(s)
+        return all(self.nodes[m].numel == out for m in after if not self.nodes[m].reduction) and (
+            not any(self.nodes[m].reduction for m in after)
+        )
+
+    def _creates_cycle(self, a: int, b: int) -> bool:
+        for src, dst in ((a, b), (b, a)):
+            for m in self.members[src]:
+                for s in self.nodes[m].succ:
+                    if self.group[s] not in (a, b) and self.reach[s] & self.bits[dst]:
+                        return True
+        return False
+
+    def try_merge(self, i: int, j: int) -> bool:
+        a, b = self.group[i], self.group[j]
+        if a == b:
+            return False
+        merged = self.members[a] + self.members[b]
+        if len(merged) > MAX_FUSION_SIZE or not self._compatible(merged):
+            return False
+        if self._creates_cycle(a, b):
+            return False
+        for m in self.members[b]:
+            self.group[m] = a
+        self.members[a] = sorted(merged)
+        del self.members[b]
+        self.bits[a] |= self.bits.pop(b)
+        reached = 0
+        for m in merged:
+            reached |= self.reach[m]
+        for n in range(len(self.nodes)):
+            if self.reach[n] & self.bits[a]:
+                self.reach[n] |= reached
+        return True
+
+
+def fused_groups(
+    events: Sequence[OpEvent],
+    run: list[int],
+    eager_storages: Iterable[int] = (),
+    transient: Iterable[int] = (),
+) -> tuple[list[Node], list[list[int]]]:
+    """(the run's nodes, the groups of node indices Inductor's scheduler would make of them:
+    every node in exactly one group, extern and unfused nodes alone). `transient`: storages
+    allocated and freed within the run's span."""
+    nodes = _nodes(events, run, frozenset(eager_storages), frozenset(transient))
+    accessors: dict[int, list[int]] = defaultdict(list)
+    for j, n in enumerate(nodes):
+        if n.fusible:
+            for u in n.accessed:
+                accessors[u].append(j)
+    scores: dict[tuple[int, int], int] = defaultdict(int)
+    for u, js in accessors.items():
+        for x in range(len(js)):
+            for y in range(x + 1, len(js)):
+                i, j = js[x], js[y]
+                scores[i, j] += max(nodes[i].accessed[u], nodes[j].accessed[u])
+    # Scheduler.score_fusion: the bytes the two share, then the nearer pair first
+    pairs = sorted(scores, key=lambda p: (-scores[p], p[1] - p[0], p))
+    fusion = Fusion(nodes)
+    for _ in range(MAX_FUSION_ROUNDS):
+        if not any([fusion.try_merge(i, j) for i, j in pairs]):
+            break
+    return nodes, [fusion.members[g] for g in sorted(fusion.members)]
+
+
+def schedule(nodes: list[Node], groups: list[list[int]]) -> tuple[list[int], list[int]]:
+    """(the groups in a topological order, each as early as the data allows in program order
+    of its first row, gradient accumulations last: extern kernels that do not read a fused
+    kernel's output move ahead of it; the group of each node)."""
+    group_of = [0] * len(nodes)
+    for g, members in enumerate(groups):
+        for j in members:
+            group_of[j] = g
+    successors: list[set[int]] = [set() for _ in groups]
+    for j, n in enumerate(nodes):
+        successors[group_of[j]].update(group_of[s] for s in n.succ if group_of[s] != group_of[j])
+    waiting = [0] * len(groups)
+    for after in successors:
+        for g in after:
+            waiting[g] += 1
+    # eager gradient accumulations once the graph's kernels are done, the rest in program order
+    keys = [
+        (any(nodes[j].eager for j in members), min(r for j in members for r in nodes[j].rows))
+        for members in groups
+    ]
+    ready = [(keys[g], g) for g in range(len(groups)) if not waiting[g]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, g = heapq.heappop(ready)
+        order.append(g)
+        for s in successors[g]:
+            waiting[s] -= 1
+            if not waiting[s]:
+                heapq.heappush(ready, (keys[s], s))
+    if len(order) != len(groups):
+        raise AssertionError("compile fusion formed a cycle")  # Fusion refuses those merges
+    return order, group_of
