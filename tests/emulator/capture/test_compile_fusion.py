@@ -17,70 +17,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from emulator.capture.compile_fusion import FUSED_ATEN, block_region, fuse_compiled_regions
 from emulator.capture.inductor_scheduler import FUSIBLE
 from emulator.capture.op_recorder import OpRecorder
-from emulator.capture.trace import ALLOC, COMPUTE, FREE, PHASES, OpEvent
+from emulator.capture.trace import ALLOC, COMPUTE, FREE, PHASES
+from tests.emulator.capture.hand_rows import D, N, Rows, as_classes
 from tests.prismbench.capture_cases import capture, debug_job
 from workloads.kernels import KernelsSpec
 
-BLOCK = "Net.layers.0"
 REGION = block_region("layers")
-N, D = 8, 16  # rows and columns of the hand-written tensors (float32: 512 bytes each)
-T = ((N, D), "float32")
-
-
-class _Rows:
-    """Hand-written recorder rows: compute rows with storage ids, allocations, frees."""
-
-    def __init__(self):
-        self.events, self.seq = [], 0
-
-    def _next(self):
-        self.seq += 1
-        return self.seq
-
-    def op(self, name, reads, writes, module=BLOCK, out_shape=(N, D), in_shapes=None, phase=0):
-        in_shapes = in_shapes or [(N, D)] * len(reads)
-        tensors = tuple((shape, "float32", False) for shape in in_shapes) + tuple(
-            (out_shape, "float32", True) for _ in writes
-        )
-        self.events.append(
-            OpEvent(
-                self._next(), COMPUTE, name, f"aten.{name}", 0, module, phase, 0,
-                read_bytes=4 * N * D * len(reads), write_bytes=4 * N * D * len(writes),
-                tensors=tensors, flows=(*reads, *writes),
-            )
-        )  # fmt: skip
-        return self.seq
-
-    def new(self, name, reads, out, **op_args):
-        """An op writing a storage allocated for it."""
-        self.alloc(out)
-        return self.op(name, reads, (out,), **op_args)
-
-    def alloc(self, uid, size=4 * N * D):
-        self.events.append(
-            OpEvent(self._next(), ALLOC, "", "", 0, BLOCK, 0, 0, size_bytes=size, storage=uid)
-        )
-
-    def free(self, uid, size=4 * N * D):
-        self.events.append(
-            OpEvent(self._next(), FREE, "", "", 0, BLOCK, 0, 0, size_bytes=size, storage=uid)
-        )
-
-    def chain(self, start_uid, module=BLOCK):
-        """mm -> mul -> add -> relu -> mm, the temporaries freed as eager Python frees them."""
-        x, w, y, t1, t2, z, o = range(start_uid, start_uid + 7)
-        self.alloc(y)
-        self.op("mm", (x, w), (y,), module)
-        self.alloc(t1)
-        self.op("mul", (y,), (t1,), module)
-        self.alloc(t2)
-        self.op("add", (t1,), (t2,), module)
-        self.free(t1)
-        self.alloc(z)
-        self.op("relu", (t2,), (z,), module)
-        self.free(t2)
-        self.alloc(o)
-        self.op("mm", (z, w), (o,), module)
 
 
 def _compute(events):
@@ -88,9 +30,9 @@ def _compute(events):
 
 
 def test_a_pointwise_chain_between_gemms_is_one_kernel_reading_and_writing_its_ends():
-    rows = _Rows()
+    rows = Rows()
     rows.chain(0)
-    events = _elementwise(rows.events)
+    events = as_classes(rows.events)
     fused = fuse_compiled_regions(events, (), REGION)
     kernels = _compute(fused)
     assert [e.name for e in kernels] == ["mm", "elementwise", "mm"]
@@ -104,16 +46,10 @@ def test_a_pointwise_chain_between_gemms_is_one_kernel_reading_and_writing_its_e
     assert not [e for e in fused if e.kind == FREE]
 
 
-def _elementwise(rows):
-    return [
-        e._replace(name="elementwise") if e.kind == COMPUTE and e.name != "mm" else e for e in rows
-    ]
-
-
 def test_a_collective_between_two_rows_keeps_them_apart():
-    rows = _Rows()
+    rows = Rows()
     rows.chain(0)
-    events = _elementwise(rows.events)
+    events = as_classes(rows.events)
     add = _compute(events)[2]
     kernels = _compute(fuse_compiled_regions(events, [add.seq - 1], REGION))
     # mul alone, then add+relu fused
@@ -121,14 +57,14 @@ def test_a_collective_between_two_rows_keeps_them_apart():
 
 
 def test_rows_outside_compiled_blocks_do_not_fuse():
-    rows = _Rows()
+    rows = Rows()
     rows.chain(0, module="Net.output")
-    events = _elementwise(rows.events)
+    events = as_classes(rows.events)
     assert fuse_compiled_regions(events, (), REGION) == events
 
 
 def test_what_reads_a_reduction_to_one_element_is_another_kernel():
-    rows = _Rows()
+    rows = Rows()
     rows.alloc(1)
     rows.op("abs", (0,), (1,))
     rows.alloc(2, 4)
@@ -136,12 +72,7 @@ def test_what_reads_a_reduction_to_one_element_is_another_kernel():
     rows.free(1)
     rows.op("mul", (0, 2), (3,), in_shapes=[(N, D), ()])
     rows.op("clamp", (3,), (4,))
-    events = [
-        e._replace(name="reduction" if e.name == "amax" else "elementwise")
-        if e.kind == COMPUTE
-        else e
-        for e in rows.events
-    ]
+    events = as_classes(rows.events, {"amax": "reduction"})
     kernels = _compute(fuse_compiled_regions(events, (), REGION))
     assert [e.aten for e in kernels] == [FUSED_ATEN, FUSED_ATEN]
     # the first reads the operand and writes the scalar; the second reads both
@@ -150,7 +81,7 @@ def test_what_reads_a_reduction_to_one_element_is_another_kernel():
 
 
 def test_a_gemm_that_does_not_read_the_pointwise_ops_does_not_keep_them_apart():
-    rows = _Rows()  # silu(x @ w1) * (x @ w3) @ w2
+    rows = Rows()  # silu(x @ w1) * (x @ w3) @ w2
     rows.op("mm", (0, 1), (2,))
     rows.alloc(3)
     rows.op("silu", (2,), (3,))
@@ -158,13 +89,13 @@ def test_a_gemm_that_does_not_read_the_pointwise_ops_does_not_keep_them_apart():
     rows.op("mul", (3, 5), (6,))
     rows.free(3)
     rows.op("mm", (6, 7), (8,))
-    kernels = _compute(fuse_compiled_regions(_elementwise(rows.events), (), REGION))
+    kernels = _compute(fuse_compiled_regions(as_classes(rows.events), (), REGION))
     assert [e.aten for e in kernels] == ["aten.mm", "aten.mm", FUSED_ATEN, "aten.mm"]
     assert kernels[2].read_bytes == 2 * 4 * N * D and kernels[2].write_bytes == 4 * N * D
 
 
 def test_a_gradient_accumulation_neither_fuses_nor_keeps_the_rows_around_it_apart():
-    rows = _Rows()  # silu(x @ w1) * (x @ w3), the weight gradient g added into main_grad m
+    rows = Rows()  # silu(x @ w1) * (x @ w3), the weight gradient g added into main_grad m
     rows.op("mm", (0, 1), (2,))
     rows.alloc(3)
     rows.op("silu", (2,), (3,))
@@ -172,7 +103,7 @@ def test_a_gradient_accumulation_neither_fuses_nor_keeps_the_rows_around_it_apar
     rows.op("add_", (9, 5), (9,))  # main_grad += grad: autograd's hook, eager
     rows.op("mul", (3, 5), (6,))
     rows.free(3)
-    events = _elementwise(rows.events)
+    events = as_classes(rows.events)
     kernels = _compute(fuse_compiled_regions(events, (), REGION, eager_storages={9}))
     # the hook runs once the compiled graph has returned
     assert [e.aten for e in kernels] == ["aten.mm", "aten.mm", FUSED_ATEN, "aten.add_"]
@@ -182,7 +113,7 @@ def test_a_gradient_accumulation_neither_fuses_nor_keeps_the_rows_around_it_apar
 
 
 def test_an_input_eager_code_frees_between_fused_rows_is_freed_after_the_fused_kernel():
-    rows = _Rows()  # y = mm(x, w); del x; ...: a = y * 2; b = a + 1, y freed after the mul
+    rows = Rows()  # y = mm(x, w); del x; ...: a = y * 2; b = a + 1, y freed after the mul
     rows.alloc(2)
     rows.op("mm", (0, 1), (2,))
     rows.alloc(3)
@@ -191,7 +122,7 @@ def test_an_input_eager_code_frees_between_fused_rows_is_freed_after_the_fused_k
     rows.alloc(4)
     rows.op("add", (3,), (4,))
     rows.free(3)
-    fused = fuse_compiled_regions(_elementwise(rows.events), (), REGION)
+    fused = fuse_compiled_regions(as_classes(rows.events), (), REGION)
     order = [(e.kind, e.storage) if e.kind != COMPUTE else e.aten for e in fused]
     assert order == [(ALLOC, 2), "aten.mm", (ALLOC, 4), FUSED_ATEN, (FREE, 2)]
     seqs = [e.seq for e in fused]
@@ -208,7 +139,7 @@ def test_a_recomputed_product_and_its_gradient_are_one_kernel_after_the_gemm_it_
     order interleaves them; by data dependence they are one kernel of six passes (reads a, b,
     dp; writes p, db, da), after dp's GEMM and before the weight gradient's."""
     a, b, g, w2, s, p, dw2, dp, ds, db, da = range(11)
-    rows = _Rows()
+    rows = Rows()
     rec, bwd = _phase("recompute"), _phase("backward")
     rows.new("silu", (a,), s, phase=rec)
     rows.new("mul", (s, b), p, phase=rec)
@@ -221,7 +152,7 @@ def test_a_recomputed_product_and_its_gradient_are_one_kernel_after_the_gemm_it_
     rows.new("silu_backward", (ds, a), da, phase=bwd)
     rows.free(ds)
     rows.free(dp)
-    events = _elementwise(rows.events)
+    events = as_classes(rows.events)
     fused = fuse_compiled_regions(events, (), REGION)
     kernels = _compute(fused)
     assert [(e.aten, e.flows[-1]) for e in kernels] == [
@@ -244,7 +175,7 @@ def test_a_cast_repeated_for_each_gemm_of_one_input_is_computed_once():
     """torchao casts an input once per linear that reads it (q, k, v); AOTAutograd's CSE
     keeps one amax and one cast, and the second GEMM reads the first cast."""
     x, w1, w2, s1, c1, y1, s2, c2, y2 = range(9)
-    rows = _Rows()
+    rows = Rows()
     for scale, cast, w, y in ((s1, c1, w1, y1), (s2, c2, w2, y2)):
         rows.alloc(scale, 4)
         rows.op("amax", (x,), (scale,), out_shape=())
@@ -253,12 +184,7 @@ def test_a_cast_repeated_for_each_gemm_of_one_input_is_computed_once():
         rows.op("mm", (cast, w), (y,))
         rows.free(cast)
         rows.free(scale, 4)
-    events = [
-        e._replace(name="reduction" if e.name == "amax" else "copy")
-        if e.kind == COMPUTE and e.name != "mm"
-        else e
-        for e in rows.events
-    ]
+    events = as_classes(rows.events, {"amax": "reduction", "_to_copy": "copy"})
     fused = fuse_compiled_regions(events, (), REGION)
     kernels = _compute(fused)
     assert [e.aten for e in kernels] == ["aten.amax", "aten._to_copy", "aten.mm", "aten.mm"]
@@ -275,7 +201,7 @@ def test_a_pointwise_value_two_kernels_read_is_recomputed_in_each_not_stored():
     """norm -> amax and norm -> cast: the cast needs the finished amax, so they are two
     kernels, and Inductor's lowering inlines the normalisation into both."""
     x, w, n, s, c, y = range(6)
-    rows = _Rows()
+    rows = Rows()
     rows.alloc(n)
     rows.op("mul", (x, w), (n,))
     rows.alloc(s, 4)
@@ -284,12 +210,7 @@ def test_a_pointwise_value_two_kernels_read_is_recomputed_in_each_not_stored():
     rows.op("_to_copy", (n, s), (c,), in_shapes=[(N, D), ()])
     rows.free(n)
     rows.op("mm", (c, w), (y,))
-    events = [
-        e._replace(name={"amax": "reduction", "mm": "mm"}.get(e.name, "elementwise"))
-        if e.kind == COMPUTE
-        else e
-        for e in rows.events
-    ]
+    events = as_classes(rows.events, {"amax": "reduction"})
     fused = fuse_compiled_regions(events, (), REGION)
     kernels = _compute(fused)
     assert [e.aten for e in kernels] == [FUSED_ATEN, FUSED_ATEN, "aten.mm"]
@@ -299,20 +220,20 @@ def test_a_pointwise_value_two_kernels_read_is_recomputed_in_each_not_stored():
 
 
 def test_rows_over_different_ranges_are_separate_kernels():
-    rows = _Rows()  # y = x * 2 over [N, D]; z = x.repeat(1, 2) over [N, 2D]
+    rows = Rows()  # y = x * 2 over [N, D]; z = x.repeat(1, 2) over [N, 2D]
     rows.op("mul", (0,), (1,))
     rows.op("repeat", (0,), (2,), out_shape=(N, 2 * D))
     rows.op("mm", (1, 2), (3,))
-    events = _elementwise(rows.events)
+    events = as_classes(rows.events)
     assert _compute(fuse_compiled_regions(events, (), REGION)) == _compute(events)
 
 
 def test_two_rows_a_gemm_stands_between_by_data_stay_apart():
-    rows = _Rows()  # a = relu(x); h = a @ w; b = h + x: fusing a and b would need h first
+    rows = Rows()  # a = relu(x); h = a @ w; b = h + x: fusing a and b would need h first
     rows.op("relu", (0,), (1,))
     rows.op("mm", (1, 2), (3,))
     rows.op("add", (3, 0), (4,))
-    events = _elementwise(rows.events)
+    events = as_classes(rows.events)
     assert _compute(fuse_compiled_regions(events, (), REGION)) == _compute(events)
 
 

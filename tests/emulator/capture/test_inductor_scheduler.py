@@ -1,0 +1,63 @@
+"""What Inductor makes of one compiled graph's rows (emulator.capture.inductor_scheduler):
+repeated casts found once, fusible nodes grouped by data dependence, and an order the data
+allows; on hand-written rows of one block."""
+
+from emulator.capture.inductor_scheduler import (
+    common_subexpressions,
+    fused_groups,
+    schedule,
+)
+from emulator.capture.trace import COMPUTE
+from tests.emulator.capture.hand_rows import D, N, Rows, as_classes
+
+
+def _run(events):
+    return [i for i, e in enumerate(events) if e.kind == COMPUTE]
+
+
+def test_a_cast_repeated_on_the_same_input_is_a_common_subexpression():
+    x, s1, c1, s2, c2 = range(5)
+    rows = Rows()
+    for scale, cast in ((s1, c1), (s2, c2)):
+        rows.op("amax", (x,), (scale,), out_shape=())
+        rows.op("_to_copy", (x, scale), (cast,), in_shapes=[(N, D), ()])
+    events = as_classes(rows.events, {"amax": "reduction", "_to_copy": "copy"})
+    run = _run(events)
+    repeated, alias = common_subexpressions(events, run, transient=frozenset({s2, c2}))
+    assert repeated == set(run[2:]) and alias == {s2: s1, c2: c1}
+    # outputs that outlive the graph (saved for backward, say) are not dropped
+    assert common_subexpressions(events, run, transient=frozenset()) == (set(), {})
+
+
+def test_an_input_written_in_between_or_a_hidden_scalar_makes_no_repeat():
+    x, y, s1, s2, m1, m2 = range(6)
+    rows = Rows()
+    rows.op("amax", (x,), (s1,), out_shape=())
+    rows.op("add_", (x, y), (x,))  # x changes: the second amax reads another value
+    rows.op("amax", (x,), (s2,), out_shape=())
+    rows.op("mul", (y,), (m1,))  # y * 2 and y * 3 record alike: no scalar in a row
+    rows.op("mul", (y,), (m2,))
+    events = as_classes(rows.events, {"amax": "reduction"})
+    assert common_subexpressions(events, _run(events), frozenset(range(6))) == (set(), {})
+
+
+def test_the_swiglu_backward_is_one_group_between_the_gemm_it_needs_and_the_one_it_feeds():
+    a, b, g, w2, s, p, dw2, dp, ds, db, da = range(11)
+    rows = Rows()
+    rows.op("silu", (a,), (s,))
+    rows.op("mul", (s, b), (p,))
+    rows.op("mm", (g, p), (dw2,))
+    rows.op("mm", (g, w2), (dp,))
+    rows.op("mul", (dp, b), (ds,))
+    rows.op("mul", (dp, s), (db,))
+    rows.op("silu_backward", (ds, a), (da,))
+    events = as_classes(rows.events)
+    run = _run(events)
+    nodes, groups = fused_groups(events, run, transient={s, ds})  # s and ds die in the graph
+    # silu is inlined into both rows that read it, ds's mul into silu_backward; then one group
+    assert sorted(len(n.rows) for n in nodes) == [1, 1, 2, 2, 2]
+    kernels = [sorted({r for j in group for r in nodes[j].rows}) for group in groups]
+    assert sorted(kernels) == sorted([[run[2]], [run[3]], [run[i] for i in (0, 1, 4, 5, 6)]])
+    order, _ = schedule(nodes, groups)
+    first_rows = [min(r for j in groups[k] for r in nodes[j].rows) for k in order]
+    assert first_rows == [run[3], run[0], run[2]]  # dp's GEMM, the fused kernel, dW2's GEMM
