@@ -214,6 +214,7 @@ def cost_context(
         async_tp=job.kernels.async_tp,
         tp_grad_overlap=job.kernels.tp_grad_overlap,
         launch_blocking=job.kernels.launch_blocking,
+        compiled=job.kernels.compile,
         attention=attention_rates_for(job),
         kernel_gap_s=kernel_gap_s,
     )

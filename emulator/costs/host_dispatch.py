@@ -26,6 +26,18 @@ per framework (`aten`: plain tensors; `dtensor`: tensor-parallel DTensor ranks) 
 the median over profiles of each profile's mean host interval per launching op, divided by the
 profiler's measured inflation of host time (the profiles were taken under torch.profiler).
 
+Compiled code is not dispatched op by op: a torch.compile'd graph (torchtitan compiles each
+block) runs Inductor's generated wrapper, which launches each of its kernels from Python
+without the dispatcher or DTensor's sharding propagation. A row inside a compiled region
+(`compiled_region` given: its module is in one, and it is not an FSDP custom op, which runs
+eagerly around the block) pays `COMPILED_KERNEL_S`, and the first of a run of such rows (a
+graph's call) `COMPILED_GRAPH_S` instead of the per-op and entry figures. Both are published
+measurements of Inductor's launch path (meta-pytorch/tritonbench#1017, 2026-04, a GB200 host:
+`nop_inductor_per_kernel` 9.1 us with 19 arguments, `CachingAutotuner.run` per kernel; the
+whole call of a one-kernel graph, guards and `CompiledFxGraph` included, 42.4 us, of which the
+graph's share is 42.4 - 9.1 = 33.3 us); not measured here, and the runs of December 2024 had an
+older, slower Triton launcher.
+
 The GPU side of the launch path: even when the host runs ahead, a stream does not start a
 kernel the moment the one before it ends. In the shared world-size-1 profiles whose GPU waits
 for no host (the unprofiled iteration within 1.2 x the profile's kernel sum), the unprofiled
@@ -37,6 +49,7 @@ kernel an op launches (`costs.pricing`), on every GPU: only the H100 node measur
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +57,9 @@ import numpy as np
 from emulator.capture.trace import COMM, COMPUTE, PHASES, RankTrace
 
 CLASSES = ("forward", "backward", "optimizer")
+COMPILED_KERNEL_S = 9.1e-6  # per kernel a compiled graph launches (tritonbench#1017)
+COMPILED_GRAPH_S = 33.3e-6  # per call of a compiled graph (tritonbench#1017: 42.4 - 9.1 us)
+_EAGER_NAMESPACES = ("fsdp",)  # custom ops that run eagerly around a compiled block
 FRAMEWORKS = ("aten", "dtensor")
 # trace phase -> dispatch class (recompute runs on autograd's engine thread, as backward does)
 _CLASS_OF_PHASE = {"forward": "forward", "backward": "backward", "recompute": "backward",
@@ -125,9 +141,13 @@ def kernel_gap_from_figures(data: dict, *, skip_profiles=()) -> float:
     return float(np.median(gaps)) * 1e-6
 
 
-def dispatch_times_s(trace: RankTrace, host: HostDispatch) -> np.ndarray:
+def dispatch_times_s(
+    trace: RankTrace, host: HostDispatch, compiled_region: Callable[[str], str] | None = None
+) -> np.ndarray:
     """Host seconds spent issuing each trace row (compute and comm rows; 0 elsewhere): its
-    class's per-op figure, or the class's entry figure for the first row of a phase run."""
+    class's per-op figure, or the class's entry figure for the first row of a phase run; with
+    `compiled_region` (module -> its compiled region, "" outside), rows of a compiled graph
+    pay the compiled figures (module docstring)."""
     c = trace.columns
     issued = np.flatnonzero((c["kind"] == COMPUTE) | (c["kind"] == COMM))
     out = np.zeros(len(trace))
@@ -141,4 +161,31 @@ def dispatch_times_s(trace: RankTrace, host: HostDispatch) -> np.ndarray:
     starts[1:] = np.array(names[1:]) != np.array(names[:-1])
     starts[0] = False  # the iteration's first op pays the per-op figure
     out[issued] = np.where(starts, entry, per_op)
+    if compiled_region is not None:
+        graphs = _compiled_graphs(trace, issued, names, compiled_region)
+        compiled = graphs != ""
+        first = compiled.copy()
+        first[1:] &= graphs[1:] != graphs[:-1]
+        out[issued[compiled]] = COMPILED_KERNEL_S
+        out[issued[first]] = COMPILED_GRAPH_S
     return out
+
+
+def _compiled_graphs(
+    trace: RankTrace, issued: np.ndarray, names: list[str], region_of: Callable[[str], str]
+) -> np.ndarray:
+    """Per issued row: "<region> <class>" of the compiled graph it runs in, "" for eager rows
+    (outside every compiled region, or an FSDP custom op)."""
+    modules = trace.columns["module"][issued]
+    atens = trace.columns["aten"][issued]
+    region = {m: region_of(trace.strings[m]) for m in np.unique(modules).tolist()}
+    eager = {
+        a for a in np.unique(atens).tolist()
+        if trace.strings[a].split(".", 1)[0] in _EAGER_NAMESPACES
+    }  # fmt: skip
+    return np.array(
+        [
+            f"{region[m]} {n}" if region[m] and a not in eager else ""
+            for m, a, n in zip(modules.tolist(), atens.tolist(), names, strict=True)
+        ]
+    )

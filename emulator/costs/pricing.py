@@ -49,7 +49,9 @@ class CostContext:
     whether every launch waits for its kernel (CUDA_LAUNCH_BLOCKING=1: the host's time per op
     then adds to each compute op instead of running ahead, `graph.build`), and the seconds a
     stream idles between two kernels, added per kernel an op launches (measured:
-    `costs.host_dispatch.kernel_gap_from_figures`; 0 prices kernel time alone)."""
+    `costs.host_dispatch.kernel_gap_from_figures`; 0 prices kernel time alone), and whether the
+    job's blocks are torch.compile'd (their rows then take the host dispatch model's compiled
+    figures, applied by the graph builder)."""
 
     topology: Topology
     table: KernelTable | None = None
@@ -60,6 +62,7 @@ class CostContext:
     attention: AttentionRates | None = None
     launch_blocking: bool = False
     kernel_gap_s: float = 0.0
+    compiled: bool = False  # torch.compile'd blocks: their rows' host time is Inductor's launch
 
     def __post_init__(self) -> None:
         if not self.kernel_gap_s >= 0:

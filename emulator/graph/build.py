@@ -571,7 +571,7 @@ def _dispatch_of(trace: RankTrace, p: int, cost, dispatch_s) -> np.ndarray | Non
             )
         return dispatch
     if cost is not None and cost.host is not None:
-        return dispatch_times_s(trace, cost.host)
+        return dispatch_times_s(trace, cost.host, _COMPILED_BLOCK if cost.compiled else None)
     return None
 
 

@@ -3,7 +3,10 @@
 import numpy as np
 import pytest
 
+from emulator.capture.compile_fusion import block_region
 from emulator.costs.host_dispatch import (
+    COMPILED_GRAPH_S,
+    COMPILED_KERNEL_S,
     HostDispatch,
     dispatch_times_s,
     from_figures,
@@ -95,3 +98,25 @@ def test_the_kernel_gap_is_the_median_over_gpu_bound_profiles():
     assert kernel_gap_from_figures(data, skip_profiles=("c",)) == pytest.approx(2.5e-6)
     with pytest.raises(ValueError, match="no GPU-bound profile left"):
         kernel_gap_from_figures(data, skip_profiles=("a", "b", "c"))
+
+
+def test_rows_of_a_compiled_block_pay_inductors_launch_not_the_dispatcher():
+    world = World.grid(dp=2, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    s.compute(1.0, phase="forward", module="model.tok_embeddings")  # eager
+    for name in ("elementwise", "mm", "elementwise"):  # one compiled graph's kernels
+        s.compute(1.0, name=name, phase="forward", module="model.layers.0.attention")
+    s.compute(1.0, phase="forward", module="model.layers.1.feed_forward")  # the next block
+    s.compute(1.0, phase="backward", module="model.layers.1.feed_forward")  # its backward graph
+    s.compute(1.0, phase="backward", module="model.norm")  # eager again
+    trace, _ = s.trace()
+    compiled = dispatch_times_s(trace, HOST, compiled_region=block_region("layers"))
+    assert compiled[trace["kind"] == 0].tolist() == [
+        1.0,
+        COMPILED_GRAPH_S, COMPILED_KERNEL_S, COMPILED_KERNEL_S,
+        COMPILED_GRAPH_S,
+        COMPILED_GRAPH_S,
+        2.0,
+    ]  # fmt: skip
+    eager = dispatch_times_s(trace, HOST)  # the same rows when nothing is compiled
+    assert eager[trace["kind"] == 0].tolist() == [1.0, 1.0, 1.0, 1.0, 1.0, 20.0, 2.0]
