@@ -229,10 +229,12 @@ def fused_event(
 
 def _fused_span(
     events: Sequence[OpEvent], span: range, nodes: list[Node], groups: list[list[int]],
-    sizes: dict[int, int], repeated: set[int], aliased: Iterable[int],
+    sizes: dict[int, int], allocated: dict[int, int], freed: dict[int, int],
+    repeated: set[int], aliased: Iterable[int],
 ) -> list[OpEvent]:  # fmt: skip
     """The span's rows after fusion (rules 7 and 8), less the `repeated` rows and the
-    allocations and frees of their `aliased` outputs (rule 3)."""
+    allocations and frees of their `aliased` outputs (rule 3). `allocated`, `freed`: storage
+    id -> the span's row that allocates (frees) it."""
     order, group_of = schedule(nodes, groups)
     position = [0] * len(groups)
     for p, g in enumerate(order):
@@ -247,8 +249,6 @@ def _fused_span(
             accessors[u].append(j)
         for u in n.writes:
             writers[u].append(j)
-    allocated = {events[r].storage: r for r in span if events[r].kind == ALLOC}
-    freed = {events[r].storage: r for r in span if events[r].kind == FREE}
     gone = inlined_outputs | set(aliased)
     dropped = {allocated[u] for u in gone} | {freed[u] for u in gone} | repeated
     kernels: list[OpEvent] = []
@@ -322,8 +322,9 @@ def fuse_compiled_regions(
     replaced: dict[int, tuple[int, list[OpEvent]]] = {}  # span start -> (span end, rows)
     for run in graph_runs(events, bounds, region_of):
         span = _span(events, run, bounds)
-        allocated = {events[r].storage for r in span if events[r].kind == ALLOC}
-        transient = allocated & {events[r].storage for r in span if events[r].kind == FREE}
+        allocated = {events[r].storage: r for r in span if events[r].kind == ALLOC}
+        freed = {events[r].storage: r for r in span if events[r].kind == FREE}
+        transient = allocated.keys() & freed.keys()
         repeated, alias = common_subexpressions(events, run, frozenset(transient))
         for r in run:
             if r not in repeated and alias.keys() & set(events[r].flows):
@@ -336,7 +337,7 @@ def fuse_compiled_regions(
             continue
         replaced[span.start] = (
             span.stop,
-            _fused_span(events, span, nodes, groups, sizes, repeated, alias),
+            _fused_span(events, span, nodes, groups, sizes, allocated, freed, repeated, alias),
         )
     out: list[OpEvent] = []
     i = 0

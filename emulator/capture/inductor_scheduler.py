@@ -149,7 +149,7 @@ def _inlined(
     Inductor's lowering inlines into its consumers instead of storing its value: an aten
     elementwise op or copy, not in place, whose outputs only fusible rows of the run read and
     that die within the run, read once or reading at most `REALIZE_READS_THRESHOLD` storages
-    (`TensorBox.should_realize_on_reuse`)."""
+    (`StorageBox.should_realize_on_reuse`)."""
     readers: dict[int, list[int]] = defaultdict(list)
     for i in run:
         for u in read_storages(events[i]):

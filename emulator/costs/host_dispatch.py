@@ -54,12 +54,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from emulator.capture.compile_fusion import EXTERN_NAMESPACES
 from emulator.capture.trace import COMM, COMPUTE, PHASES, RankTrace
 
 CLASSES = ("forward", "backward", "optimizer")
 COMPILED_KERNEL_S = 9.1e-6  # per kernel a compiled graph launches (tritonbench#1017)
 COMPILED_GRAPH_S = 33.3e-6  # per call of a compiled graph (tritonbench#1017: 42.4 - 9.1 us)
-_EAGER_NAMESPACES = ("fsdp",)  # custom ops that run eagerly around a compiled block
 FRAMEWORKS = ("aten", "dtensor")
 # trace phase -> dispatch class (recompute runs on autograd's engine thread, as backward does)
 _CLASS_OF_PHASE = {"forward": "forward", "backward": "backward", "recompute": "backward",
@@ -181,7 +181,7 @@ def _compiled_graphs(
     region = {m: region_of(trace.strings[m]) for m in np.unique(modules).tolist()}
     eager = {
         a for a in np.unique(atens).tolist()
-        if trace.strings[a].split(".", 1)[0] in _EAGER_NAMESPACES
+        if trace.strings[a].split(".", 1)[0] in EXTERN_NAMESPACES
     }  # fmt: skip
     return np.array(
         [
