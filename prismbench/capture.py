@@ -5,8 +5,9 @@ every class (one per pipeline rank) runs `workloads.train_step` through
 `emulator.capture.capture_rank`. Classes are captured by this process and spawned worker
 processes, one class at a time each (a process is one rank of a virtual world at a time: the
 world is process-global state, created and destroyed around each class), and cached on disk
-by the resolved spec and a hash of the emulator's and workloads' source, so a second run of
-the same job and code costs only the load.
+by the resolved spec and a hash of the source that shapes a trace (`capture_sources`: the
+workloads and what the capture imports, not pricing), so a second run of the same job and
+capturing code costs only the load.
 
 The captured iteration is a steady-state one: before it, the optimizer state is created
 by one optimizer step on zero gradients (as after the first iteration, or a checkpoint
@@ -32,9 +33,8 @@ import numpy as np
 
 from emulator.capture.trace import SCHEMA_VERSION, RankTrace
 from emulator.world.mesh import World
+from prismbench.capture_sources import capture_source_hash
 from prismbench.orphans import exit_with_parent
-
-_SOURCE_PACKAGES = ("emulator", "workloads")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,19 +53,6 @@ def world_of(job) -> World:
     return World.grid(
         dp=p.dp, pp=p.pp, cp=p.cp, tp=p.tp, vpp=p.vpp, gpus_per_node=job.cluster.gpus_per_node
     )
-
-
-@functools.cache
-def source_hash(packages: tuple[str, ...] = _SOURCE_PACKAGES) -> str:
-    """Hash of the Python source of `packages` (default: the emulator and the workloads, what
-    shapes a trace); read once per process."""
-    digest = hashlib.sha256()
-    root = Path(__file__).resolve().parents[1]
-    for package in packages:
-        for path in sorted((root / package).rglob("*.py")):
-            digest.update(path.relative_to(root).as_posix().encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 @functools.cache
@@ -90,7 +77,7 @@ def cache_key(job) -> str:
     if job.kernels.attention != "unfused":
         kernels.pop("attention", None)
     spec = json.dumps(tables, sort_keys=True)
-    key = f"{spec}|{source_hash()}|{library_versions()}|{SCHEMA_VERSION}"
+    key = f"{spec}|{capture_source_hash()}|{library_versions()}|{SCHEMA_VERSION}"
     return hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
@@ -100,7 +87,7 @@ def default_cache_dir() -> Path:
 
 
 class SourceChangedError(RuntimeError):
-    """The emulator's or workloads' source changed while a job was being captured."""
+    """The source that shapes a trace changed while a job was being captured."""
 
 
 def _capture_class(
@@ -117,12 +104,12 @@ def _capture_class(
     from emulator.capture.rank import capture_rank
     from prismbench.program import rank_program
 
-    if parent_source is not None and source_hash() != parent_source:
+    if parent_source is not None and capture_source_hash() != parent_source:
         raise SourceChangedError(
-            f"the source of {', '.join(_SOURCE_PACKAGES)} changed while capturing (hash "
-            f"{parent_source} when the capture started, {source_hash()} in a worker): its trace "
-            "would be cached under the old program's key. Capture from a checkout nobody edits "
-            "meanwhile (a `git worktree` of the commit)"
+            "the capturing source (prismbench.capture_sources) changed while capturing (hash "
+            f"{parent_source} when the capture started, {capture_source_hash()} in a worker): "
+            "its trace would be cached under the old program's key. Capture from a checkout "
+            "nobody edits meanwhile (a `git worktree` of the commit)"
         )
     started = time.perf_counter()
     world = world_of(job)
@@ -202,7 +189,7 @@ def _run_workers(job, class_ids, paths, workers, progress) -> None:
 
         pool.apply_async(
             _capture_class,
-            (job, class_id, str(paths[class_id]), source_hash()),
+            (job, class_id, str(paths[class_id]), capture_source_hash()),
             callback=done,
             error_callback=failed,
         )

@@ -13,6 +13,7 @@ gets its step-time distribution from the same capture and prices
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import json
 import os
@@ -27,6 +28,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from prismbench import history
+from prismbench.capture_sources import ROOT, files_hash
 from prismbench.checkout import git_version
 from prismbench.fidelity import measured_iteration_s
 from prismbench.files import write_atomically
@@ -146,15 +148,21 @@ def case_metrics(baseline, result: dict) -> list[MetricResult]:
     return metrics
 
 
+@functools.cache
+def _source_hash(packages: tuple[str, ...]) -> str:
+    """Hash of every Python file of `packages`; read once per process."""
+    return files_hash(path for package in packages for path in (ROOT / package).rglob("*.py"))
+
+
 def result_cache_key(job) -> str:
     """What an emulation result depends on: the job spec, every source file of the three
     packages, the libraries the capture calls, the committed kernel tables and the result
     schema; the measured host dispatch figures."""
-    from prismbench.capture import library_versions, source_hash
+    from prismbench.capture import library_versions
     from prismbench.emulate import HOST_DISPATCH, KERNEL_TABLES, RESULT_SCHEMA_VERSION
 
     digest = hashlib.sha256(json.dumps(job.to_dict(), sort_keys=True).encode())
-    digest.update(source_hash(("prismbench", "emulator", "workloads")).encode())
+    digest.update(_source_hash(("prismbench", "emulator", "workloads")).encode())
     digest.update(library_versions().encode())
     for path in [*sorted(KERNEL_TABLES.glob("*.csv")), HOST_DISPATCH]:
         digest.update(path.name.encode() + path.read_bytes())

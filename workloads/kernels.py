@@ -128,8 +128,9 @@ Fields:
   `[compile] enable`, which wraps each TransformerBlock: `apply_compile` in
   torchtitan/models/llama3/infra/parallelize.py). The real CPU run stays eager; the capture
   records what Inductor runs on a GPU instead, by a documented rule
-  (`emulator.capture.compile_fusion`): each maximal chain of memory-bound ops between
-  compute-bound ones inside one block is one kernel. It implies `fp8_casts = "fused"`
+  (`emulator.capture.compile_fusion`, docs/MODELS.md "torch.compile"): within each compiled
+  graph, memory-bound ops fuse into kernels by data dependence, as Inductor's scheduler
+  fuses them; GEMMs and attention stay extern kernels. It implies `fp8_casts = "fused"`
   (torchtitan docs/float8.md: compile is what fuses torchao's scaling and casting kernels);
   asking for `compile = true` with `fp8_casts = "unfused"` is refused.
 - `async_tp`: true when tensor parallelism runs asynchronously (torchtitan's

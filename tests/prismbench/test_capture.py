@@ -873,7 +873,8 @@ def test_a_worker_refuses_to_capture_when_the_source_changed_since_the_key_was_m
     """A spawned worker imports the source on disk when it starts; the trace it writes is cached
     under the key its parent made earlier. If the two programs differ, it refuses and writes
     nothing, rather than caching one program's trace under the other's key."""
-    from prismbench.capture import SourceChangedError, _capture_class, source_hash
+    from prismbench.capture import SourceChangedError, _capture_class
+    from prismbench.capture_sources import capture_source_hash
 
     job = job_spec_from_dict(
         {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 32, "global_batch": 1}}
@@ -882,5 +883,5 @@ def test_a_worker_refuses_to_capture_when_the_source_changed_since_the_key_was_m
     with pytest.raises(SourceChangedError, match="changed while capturing"):
         _capture_class(job, 0, str(out), parent_source="0" * 16)
     assert not out.exists() and not list(tmp_path.iterdir())
-    _capture_class(job, 0, str(out), parent_source=source_hash())  # the same source: captured
+    _capture_class(job, 0, str(out), parent_source=capture_source_hash())  # the same source: captured
     assert out.exists()
