@@ -117,7 +117,9 @@ Fields:
   (`workloads.models.eager_ops`): what the workloads at 86a4f47 ran on a GPU, so the shared
   H100 profiles of that commit stay comparable.
 - `selective_recompute`: what `train.recompute = "selective"` reruns (`workloads.recompute`):
-  `op`, torchtitan's op-level policy (pointwise ops and every second matmul of each block);
+  `op`, torchtitan's op-level policy at 9dec370 (pointwise ops and every second matmul of each
+  block rerun; attention, the other matmuls, float8 amaxes and the `abs` before them kept);
+  `op-prism-86a4f47`, the workloads' own at 86a4f47 (the same, `abs` not kept);
   `core-attention`, Megatron's `--recompute-granularity selective` (Korthikanti et al. 2022):
   each block's core attention only.
 - `recompute_reruns`: how much of a checkpointed region recomputation reruns: `needed`, until
@@ -231,7 +233,7 @@ GRAD_REDUCES = ("overlapped", "after-backward")
 DP_GRAD_COLLECTIVES = ("reduce-scatter", "all-reduce")
 GRAD_ACCUMULATIONS = ("fp32", "model-dtype")
 RECOMPUTE_RERUNS = ("needed", "all")
-SELECTIVE_GRANULARITIES = ("op", "core-attention")  # workloads.recompute runs each
+SELECTIVE_GRANULARITIES = ("op", "op-prism-86a4f47", "core-attention")  # workloads.recompute
 OPTIMIZER_STEPS = ("foreach", "fused")
 CUSTOM_OPS = ("fused", "eager")
 SP_COLLECTIVES = ("dtensor", "first-dim")
@@ -378,12 +380,14 @@ CUSTOM_OPS_BY_FRAMEWORK: dict[str, str] = {**_same_for_all("fused"), "prism-86a4
 # nothing else (`checkpoint_core_attention`, `_checkpointed_attention_forward` in
 # megatron/model/transformer.py at bbab79f869, May 2022, the code of Korthikanti et al. 2022);
 # Megatron-core's (NeMo) selective recompute defaults to the core attention too
-# (`recompute_modules = ["core_attn"]`). torchtitan's `selective` is its op-level policy, which
-# the workloads at 86a4f47 ran; llm-foundry and llm.c have no selective recompute.
+# (`recompute_modules = ["core_attn"]`). torchtitan's `selective` is its op-level policy; the
+# workloads at 86a4f47 ran one like it that did not keep `abs`; llm-foundry and llm.c have no
+# selective recompute.
 SELECTIVE_RECOMPUTE_BY_FRAMEWORK: dict[str, str] = {
     **_same_for_all("op"),
     "megatron": "core-attention",
     "nemo": "core-attention",
+    "prism-86a4f47": "op-prism-86a4f47",
 }
 # Megatron-LM recomputes through its reentrant `CheckpointFunction` (megatron/mpu/random.py at
 # a8d172b31e and bbab79f869: backward reruns `run_function(*detached_inputs)` whole), as does

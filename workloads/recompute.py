@@ -6,7 +6,8 @@
 - "selective" is torchtitan's op-level selective activation checkpointing
   (`create_selective_checkpoint_contexts`), per block: the outputs of matmuls
   and of attention are saved, all pointwise and normalisation ops are recomputed,
-  and every second matmul is recomputed too (torchtitan's `_save_list` policy).
+  and every second matmul is recomputed too (torchtitan's `_save_list` policy;
+  `OP_POLICIES`: torchtitan's also keeps `abs`, the workloads' own at 86a4f47 did not).
   `apply_recompute(..., selective="core-attention")` is Korthikanti et al.'s scheme
   instead, Megatron's `--recompute-granularity selective`: only each block's core
   attention (QK^T, softmax, dropout, AV) reruns (`kernels.selective_recompute`). With
@@ -28,6 +29,7 @@ rerun); Megatron's reentrant `CheckpointFunction` reruns the whole region
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import defaultdict
 
 import torch
@@ -44,29 +46,50 @@ from workloads.kernels import SELECTIVE_GRANULARITIES
 MODES = ("none", "selective", "full")
 
 _aten = torch.ops.aten
-_MATMULS = {_aten.mm.default, _aten.addmm.default, _aten._scaled_mm.default}
-# Outputs worth keeping: matmuls, attention (the GPU kernels and the CPU one that capture
-# sees), max (amax for float8 scales) and the tensor-parallel reduce-scatter.
-_SAVE = _MATMULS | {
+# The attention kernels: the GPU's (flash, memory-efficient; cuDNN's where SDPA picks it on an
+# H100 in device mode) and the CPU one the capture runs in their place.
+_ATTENTION = {
     _aten._scaled_dot_product_flash_attention.default,
     _aten._scaled_dot_product_efficient_attention.default,
     _aten._scaled_dot_product_cudnn_attention.default,
     _aten._scaled_dot_product_flash_attention_for_cpu.default,
-    _aten.max.default,
-    torch.ops._c10d_functional.reduce_scatter_tensor.default,
 }
 
 
-def _op_policy():
+# Matmuls as an op-level policy sees them (every second one is recomputed): `aten.mm`, which
+# is also how torchao's float8 GEMMs reach it (a dispatch mode sees `mm` on Float8TrainingTensor
+# before the subclass calls `_scaled_mm`); `addmm` (a linear with a bias) and `_scaled_mm` (the
+# workloads' own float8 linears call it directly).
+_GEMMS = frozenset({_aten.mm.default, _aten.addmm.default, _aten._scaled_mm.default})
+_KEPT = (
+    _GEMMS
+    | _ATTENTION
+    | {
+        torch.ops._c10d_functional.reduce_scatter_tensor.default,
+        _aten.max.default,  # a float8 cast's amax
+    }
+)
+# The ops whose outputs a policy keeps. "op": torchtitan's `_save_list` at 9dec370
+# (torchtitan/parallelisms/parallelize_llama.py, the code of its Dec 2024 benchmarks), which
+# also keeps `abs` ("the result of max(abs(tensor))" for float8, torchtitan #701, Nov 2024;
+# `abs` left the list in #820, Feb 2025, for the memory it held). "op-prism-86a4f47": the
+# workloads' own policy at 86a4f47, without `abs`.
+OP_POLICIES = {"op": _KEPT | {_aten.abs.default}, "op-prism-86a4f47": _KEPT}
+
+
+def _op_policy(granularity: str = "op"):
+    """The SAC policy function of `OP_POLICIES[granularity]`, with its own matmul counts
+    (forward and recomputation apart, as torchtitan counts them)."""
+    kept = OP_POLICIES[granularity]
     matmul_counts: dict[bool, int] = defaultdict(int)
 
     def policy(ctx, func, *args, **kwargs):
-        if func in _MATMULS:
+        if func in _GEMMS:
             matmul_counts[ctx.is_recompute] += 1
             # recompute every second matmul, as torchtitan does, to trade memory for compute
             if matmul_counts[ctx.is_recompute] % 2 == 0:
                 return CheckpointPolicy.PREFER_RECOMPUTE
-        if func in _SAVE:
+        if func in kept:
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -93,15 +116,15 @@ def _ignoring_bookkeeping(context):
         SAC_IGNORED_OPS.difference_update(added)
 
 
-def _op_context():
-    forward, recompute = create_selective_checkpoint_contexts(_op_policy())
+def _op_context(granularity: str):
+    forward, recompute = create_selective_checkpoint_contexts(_op_policy(granularity))
     return _ignoring_bookkeeping(forward), _ignoring_bookkeeping(recompute)
 
 
 def checkpoints_whole_blocks(mode: str, selective: str) -> bool:
     """Whether `apply_recompute(model, mode, selective=selective)` checkpoints whole blocks (full,
     or op-level selective) rather than nothing or only each block's core attention."""
-    return mode == "full" or (mode == "selective" and selective == "op")
+    return mode == "full" or (mode == "selective" and selective in OP_POLICIES)
 
 
 def apply_recompute(
@@ -123,8 +146,8 @@ def apply_recompute(
         options = {"preserve_rng_state": preserve_rng_state, "early_stop": early_stop}
         if mode == "full":
             checkpoint(block, **options)
-        elif selective == "op":
-            checkpoint(block, context_fn=_op_context, **options)
+        elif selective in OP_POLICIES:
+            checkpoint(block, context_fn=functools.partial(_op_context, selective), **options)
         else:
             checkpoint(block.attention.core_attention, **options)
     return model

@@ -10,6 +10,9 @@ fuse the float8 scaling/casting kernels", torchtitan docs/float8.md; Inductor tu
 into a reduction kernel and one pointwise kernel), per operand cast, i.e. per call of
 `hp_tensor_to_float8_dynamic`:
 1. an amax reduction (`aten.amax`): reads the high-precision tensor, writes its scale(s);
+   none when the eager chain ran no reduction: under op-level SAC a recomputed cast takes
+   `max` from the checkpoint's store (torchtitan's policy saves it), as the compiled
+   backward takes the forward's saved amax;
 2. a cast kernel (`aten._to_copy`): reads the high-precision tensor and the scale(s), writes
    the fp8 tensor in the layout its GEMM reads. The scale arithmetic on the scalar (per-row)
    amax folds into it, and so do the transposing copies eager torchao makes of the fp8 data
@@ -91,6 +94,8 @@ _AMAX = torch.ops.aten.amax.default
 _CAST = torch.ops.aten._to_copy.default
 _GEMM_CALLERS = ("torchao.float8.float8_ops",)  # they call addmm_float8_unwrapped by name
 _RECIPROCAL_ATEN = opmap.op_info(torch.ops.aten.reciprocal.default).aten
+# the eager chain's reduction: `max` (tensorwise), `amax` (rowwise)
+_AMAX_ATENS = {opmap.op_info(op).aten for op in (torch.ops.aten.max.default, _AMAX)}
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -160,8 +165,13 @@ def _fuse_since(recorder, start: int, hp: torch.Tensor, fp8, compiled: bool) -> 
         return  # nothing recorded (paused, another fake mode): nothing to replace
     uid = _storage_uid(recorder) if recorder.record_flows else None
     amax, cast = fused_kernels(events[chain[0]], events[chain[-1]], hp, fp8, uid)
-    events[chain[0]], events[chain[-1]] = amax, cast
-    drop = set(chain[1:-1]) | (_transient_rows(events, start) if compiled else set())
+    if any(events[i].aten in _AMAX_ATENS for i in chain):
+        events[chain[0]], events[chain[-1]] = amax, cast
+        drop = set(chain[1:-1])
+    else:  # the reduction did not run: a recomputation took it from the checkpoint's store
+        events[chain[-1]] = cast
+        drop = set(chain[:-1])
+    drop |= _transient_rows(events, start) if compiled else set()
     for i in sorted(drop, reverse=True):
         del events[i]
 

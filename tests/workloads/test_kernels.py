@@ -178,7 +178,8 @@ def test_megatron_and_nemo_recompute_only_the_core_attention_when_selective():
     assert {KernelsSpec(framework=f).selective_recompute for f in ("megatron", "nemo")} == {
         "core-attention"
     }
-    others = set(FRAMEWORKS) - {"megatron", "nemo"}
+    assert KernelsSpec(framework="prism-86a4f47").selective_recompute == "op-prism-86a4f47"
+    others = set(FRAMEWORKS) - {"megatron", "nemo", "prism-86a4f47"}
     assert {KernelsSpec(framework=f).selective_recompute for f in others} == {"op"}
 
 

@@ -1,5 +1,7 @@
 """Activation recomputation: same gradients as without it, fewer saved activations."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,9 +9,14 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from workloads.flavors import get_flavor
 from workloads.models import build_model
-from workloads.recompute import apply_recompute
+from workloads.recompute import _op_policy, apply_recompute
 
-SETTINGS = [("full", "op"), ("selective", "op"), ("selective", "core-attention")]
+SETTINGS = [
+    ("full", "op"),
+    ("selective", "op"),
+    ("selective", "op-prism-86a4f47"),
+    ("selective", "core-attention"),
+]
 
 
 def _model(name, mode="none", selective="op"):
@@ -115,3 +122,17 @@ def test_selective_keeps_less_than_none_and_more_than_full():
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="train.recompute='some'"):
         apply_recompute(build_model(get_flavor("gpt-debug")), "some")
+
+
+def test_torchtitans_policy_keeps_abs_and_max_and_every_other_matmul():
+    """torchtitan's `_save_list` at 9dec370 keeps float8's `abs` and `max`; the workloads at
+    86a4f47 kept `max` only. Both recompute every second matmul, float8's as well."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    save, rerun = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
+    forward = SimpleNamespace(is_recompute=False)
+    aten = torch.ops.aten
+    calls = [aten.mm.default, aten._scaled_mm.default, aten.abs.default, aten.max.default]
+    torchtitan, prism = _op_policy("op"), _op_policy("op-prism-86a4f47")
+    assert [torchtitan(forward, f) for f in calls] == [save, rerun, save, save]
+    assert [prism(forward, f) for f in calls] == [save, rerun, rerun, save]

@@ -1,6 +1,8 @@
 """Fused fp8 casts: a captured fp8 job records two kernels per operand cast instead of the
 eager chain, moving fewer bytes; the fp8 GEMMs are the same either way."""
 
+import collections
+
 import numpy as np
 import pytest
 
@@ -208,3 +210,21 @@ def test_transformer_engine_casts_a_weight_once_for_all_micro_batches(tmp_path):
     )
     both_layouts = 2 * weights  # one byte an element, each layout once
     assert two - one == one - both_layouts > 0
+
+
+@pytest.mark.parametrize(("recompute", "recomputed_amax"), [("selective", False), ("full", True)])
+def test_a_recomputed_cast_reduces_again_only_when_the_checkpoint_did_not_keep_max(
+    tmp_path, recompute, recomputed_amax
+):
+    """torchtitan's op-level policy keeps `max`: a cast rerun in backward takes its amax from
+    the checkpoint's store and runs only the cast kernel. Full recompute keeps nothing."""
+    from emulator.capture.trace import PHASES
+
+    spec = _spec("fused") | {"train": {"precision": "fp8", "recompute": recompute}}
+    spec["kernels"] |= {"framework": "torchtitan"}
+    trace = capture(job_spec_from_dict(spec), tmp_path).traces[0]
+    atens = trace.text("aten")
+    rerun = (trace["kind"] == COMPUTE) & (trace["phase"] == PHASES.index("recompute"))
+    recomputed = collections.Counter(atens[i] for i in np.flatnonzero(rerun))
+    assert recomputed["aten._to_copy"] > 0
+    assert (recomputed["aten.amax"] > 0) == recomputed_amax
