@@ -40,6 +40,10 @@ order of rules 3-6 and 8 are `emulator.capture.inductor_scheduler`'s):
    elimination (torchao's float8 linears cast one input once per GEMM that reads it, q, k and
    v; the graph does it once). Only ops whose arguments the row shows in full count
    (reductions, casts, ops of two or more tensors, `_CSE_UNARY`): rows do not record scalars.
+   A memory-bound aten row whose outputs no later row of the run reads, and that are freed
+   before its last row (not a graph output), is dropped with its allocation and free, and so is a row only such rows read: the
+   graph's dead-code elimination. Eager recomputation under op-level SAC reruns `abs` for each
+   float8 cast whose `max` the checkpoint saved (torchtitan's policy); the graph does not.
 4. A pointwise row (an aten elementwise op or copy, not in place) whose outputs die within the
    run and are read by fusible rows only is inlined into each row that reads it, when one row
    reads it or it reads at most `REALIZE_READS_THRESHOLD` storages: Inductor's lowering
@@ -95,6 +99,7 @@ from collections.abc import Callable, Iterable, Sequence
 from emulator.capture.inductor_scheduler import (
     Node,
     common_subexpressions,
+    dead_code,
     fused_groups,
     nbytes,
     schedule,
@@ -230,11 +235,11 @@ def fused_event(
 def _fused_span(
     events: Sequence[OpEvent], span: range, nodes: list[Node], groups: list[list[int]],
     sizes: dict[int, int], allocated: dict[int, int], freed: dict[int, int],
-    repeated: set[int], aliased: Iterable[int],
+    dropped_rows: set[int], unallocated: Iterable[int],
 ) -> list[OpEvent]:  # fmt: skip
-    """The span's rows after fusion (rules 7 and 8), less the `repeated` rows and the
-    allocations and frees of their `aliased` outputs (rule 3). `allocated`, `freed`: storage
-    id -> the span's row that allocates (frees) it."""
+    """The span's rows after fusion (rules 7 and 8), less the rows rule 3 dropped (repeated
+    and dead) and the allocations and frees of the storages it left `unallocated` (their
+    outputs). `allocated`, `freed`: storage id -> the span's row that allocates (frees) it."""
     order, group_of = schedule(nodes, groups)
     position = [0] * len(groups)
     for p, g in enumerate(order):
@@ -249,8 +254,8 @@ def _fused_span(
             accessors[u].append(j)
         for u in n.writes:
             writers[u].append(j)
-    gone = inlined_outputs | set(aliased)
-    dropped = {allocated[u] for u in gone} | {freed[u] for u in gone} | repeated
+    gone = inlined_outputs | set(unallocated)
+    dropped = {allocated[u] for u in gone} | {freed[u] for u in gone} | dropped_rows
     kernels: list[OpEvent] = []
     for g, members in enumerate(groups):
         rows = sorted({r for j in members for r in nodes[j].rows})
@@ -332,12 +337,19 @@ def fuse_compiled_regions(
                     flows=tuple(alias.get(u, u) for u in events[r].flows)
                 )
         run = [r for r in run if r not in repeated]
+        # freed before the graph's last row: not a graph output its caller dropped
+        freed_inside = frozenset(u for u in transient if freed[u] < run[-1])
+        dead = dead_code(events, run, eager_storages, freed_inside)
+        run = [r for r in run if r not in dead]
+        unused = {u for r in dead for u in written_storages(events[r])}
+        unused -= {u for r in run for u in written_storages(events[r])}
         nodes, groups = fused_groups(events, run, eager_storages, transient - alias.keys())
-        if len(groups) == len(run) and not repeated:
+        if len(groups) == len(run) and not repeated and not dead:
             continue
+        dropped, gone = repeated | dead, unused | alias.keys()
         replaced[span.start] = (
             span.stop,
-            _fused_span(events, span, nodes, groups, sizes, allocated, freed, repeated, alias),
+            _fused_span(events, span, nodes, groups, sizes, allocated, freed, dropped, gone),
         )
     out: list[OpEvent] = []
     i = 0

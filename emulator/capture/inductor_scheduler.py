@@ -2,7 +2,8 @@
 `emulator.capture.compile_fusion` models them (that module's rules 3-6 and 8 say what, and why).
 
 Given a run of rows of one compiled graph (their storage ids in `OpEvent.flows`):
-AOTAutograd's common-subexpression elimination (`common_subexpressions`), the pointwise values
+AOTAutograd's common-subexpression elimination (`common_subexpressions`) and the graph's
+dead-code elimination (`dead_code`), the pointwise values
 Inductor's lowering inlines into their readers instead of storing (`_inlined`), the remaining
 rows as nodes with their data dependences (`_nodes`), the pairwise fusion of compatible nodes
 that forms no cycle (`Fusion`, `fused_groups`), and an order the data allows (`schedule`).
@@ -137,6 +138,37 @@ def common_subexpressions(
         for u in outs:
             version[u] += 1
     return repeated, alias
+
+
+def dead_code(
+    events: Sequence[OpEvent],
+    run: list[int],
+    eager_storages: frozenset[int],
+    freed_inside: frozenset[int],
+) -> set[int]:
+    """Rule 3, the graph's dead-code elimination: the memory-bound aten rows of the run whose
+    outputs nothing reads (no later row of the run, and `freed_inside` it), found backwards
+    so a row read only by dead rows is dead too. Eagerly they run; the compiled graph drops
+    them. Under op-level SAC the recomputation reruns an op whose only reader's output comes
+    from the checkpoint's store: torchtitan's policy saves `max`, so a float8 weight's
+    recomputed `abs` feeds nothing."""
+    read_later: set[int] = set()
+    dead: set[int] = set()
+    for i in reversed(run):
+        e = events[i]
+        outs = written_storages(e)
+        if (
+            e.name in FUSIBLE
+            and e.aten.startswith("aten.")
+            and outs
+            and outs <= freed_inside
+            and not outs & eager_storages
+            and not outs & read_later
+        ):
+            dead.add(i)
+            continue
+        read_later |= read_storages(e)
+    return dead
 
 
 def _inlined(

@@ -4,6 +4,7 @@ allows; on hand-written rows of one block."""
 
 from emulator.capture.inductor_scheduler import (
     common_subexpressions,
+    dead_code,
     fused_groups,
     schedule,
 )
@@ -39,6 +40,22 @@ def test_an_input_written_in_between_or_a_hidden_scalar_makes_no_repeat():
     rows.op("mul", (y,), (m2,))
     events = as_classes(rows.events, {"amax": "reduction"})
     assert common_subexpressions(events, _run(events), frozenset(range(6))) == (set(), {})
+
+
+def test_rows_whose_outputs_nothing_reads_are_dead_and_so_are_their_only_producers():
+    """A recomputed float8 cast whose `max` came from the checkpoint's store: eagerly `abs`
+    runs (and its upcast before it) though nothing reads the result; the graph drops both."""
+    w, up, a, s, c, g = range(6)
+    rows = Rows()
+    rows.op("_to_copy", (w,), (up,))  # read only by the dead abs: dead too
+    rows.op("abs", (up,), (a,))  # max(abs(w)) came from the store: nothing reads a
+    rows.op("_to_copy", (w, s), (c,), in_shapes=[(N, D), ()])
+    rows.op("mm", (g, c), (g,))
+    events = as_classes(rows.events, {"_to_copy": "copy"})
+    run = _run(events)
+    assert dead_code(events, run, frozenset(), freed_inside=frozenset({up, a, c})) == set(run[:2])
+    # a value that outlives the graph's last row (its output) is not dead
+    assert dead_code(events, run, frozenset(), freed_inside=frozenset({c})) == set()
 
 
 def test_the_swiglu_backward_is_one_group_between_the_gemm_it_needs_and_the_one_it_feeds():
