@@ -40,10 +40,12 @@ order of rules 3-6 and 8 are `emulator.capture.inductor_scheduler`'s):
    elimination (torchao's float8 linears cast one input once per GEMM that reads it, q, k and
    v; the graph does it once). Only ops whose arguments the row shows in full count
    (reductions, casts, ops of two or more tensors, `_CSE_UNARY`): rows do not record scalars.
-   A memory-bound aten row whose outputs no later row of the run reads, and that are freed
-   before its last row (not a graph output), is dropped with its allocation and free, and so is a row only such rows read: the
-   graph's dead-code elimination. Eager recomputation under op-level SAC reruns `abs` for each
-   float8 cast whose `max` the checkpoint saved (torchtitan's policy); the graph does not.
+   A memory-bound aten row of the recomputation whose outputs no later row of the run reads,
+   and that are freed before its last row, is dropped with its allocation and free, and so is
+   a row only such rows read: the graph's dead-code elimination (op-level SAC reruns the
+   float8 cast before a GEMM whose output the checkpoint kept; the compiled backward does
+   not). Only the recomputation's rows: elsewhere the trace may lack a reader (the fp8 cast
+   rules drop the layout copy between a backward cast and its GEMM).
 4. A pointwise row (an aten elementwise op or copy, not in place) whose outputs die within the
    run and are read by fusible rows only is inlined into each row that reads it, when one row
    reads it or it reads at most `REALIZE_READS_THRESHOLD` storages: Inductor's lowering

@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from emulator.capture.trace import OpEvent
+from emulator.capture.trace import PHASES, OpEvent
 
 FUSIBLE = ("elementwise", "norm", "softmax", "reduction", "copy")
 MAX_FUSION_SIZE = 64  # torch._inductor.config.max_fusion_size
 MAX_FUSION_ROUNDS = 10  # Scheduler.fuse_nodes's rounds
 REALIZE_READS_THRESHOLD = 4  # torch._inductor.config.realize_reads_threshold
+_RECOMPUTE = PHASES.index("recompute")
 _CSE_UNARY = frozenset(
     f"aten.{op}" for op in ("abs", "neg", "reciprocal", "rsqrt", "sqrt", "exp", "silu", "sigmoid")
 )
@@ -146,19 +147,21 @@ def dead_code(
     eager_storages: frozenset[int],
     freed_inside: frozenset[int],
 ) -> set[int]:
-    """Rule 3, the graph's dead-code elimination: the memory-bound aten rows of the run whose
-    outputs nothing reads (no later row of the run, and `freed_inside` it), found backwards
-    so a row read only by dead rows is dead too. Eagerly they run; the compiled graph drops
-    them. Under op-level SAC the recomputation reruns an op whose only reader's output comes
-    from the checkpoint's store: torchtitan's policy saves `max`, so a float8 weight's
-    recomputed `abs` feeds nothing."""
+    """Rule 3, the graph's dead-code elimination, for what a recomputation reruns: the
+    memory-bound aten rows of the recompute phase whose outputs nothing reads (no later row of
+    the run, and `freed_inside` it), found backwards so a row read only by dead rows is dead
+    too. Eagerly they run; the compiled graph drops them. Op-level SAC reruns an op whose only
+    reader's output comes from the checkpoint's store (a float8 cast before a GEMM whose
+    output is kept). Only the recomputation: elsewhere a row's reader may be missing from the
+    trace (the fp8 cast rules drop the layout copy between a backward cast and its GEMM)."""
     read_later: set[int] = set()
     dead: set[int] = set()
     for i in reversed(run):
         e = events[i]
         outs = written_storages(e)
         if (
-            e.name in FUSIBLE
+            e.phase == _RECOMPUTE
+            and e.name in FUSIBLE
             and e.aten.startswith("aten.")
             and outs
             and outs <= freed_inside

@@ -8,7 +8,7 @@ from emulator.capture.inductor_scheduler import (
     fused_groups,
     schedule,
 )
-from emulator.capture.trace import COMPUTE
+from emulator.capture.trace import COMPUTE, PHASES
 from tests.emulator.capture.hand_rows import D, N, Rows, as_classes
 
 
@@ -42,20 +42,23 @@ def test_an_input_written_in_between_or_a_hidden_scalar_makes_no_repeat():
     assert common_subexpressions(events, _run(events), frozenset(range(6))) == (set(), {})
 
 
-def test_rows_whose_outputs_nothing_reads_are_dead_and_so_are_their_only_producers():
-    """A recomputed float8 cast whose `max` came from the checkpoint's store: eagerly `abs`
-    runs (and its upcast before it) though nothing reads the result; the graph drops both."""
-    w, up, a, s, c, g = range(6)
+def test_recomputed_rows_whose_outputs_nothing_reads_are_dead_and_so_are_their_producers():
+    """Op-level SAC kept a GEMM's output, so the recomputation's float8 cast before it (and the
+    upcast before that) feeds nothing: the compiled graph drops both. A backward row's reader
+    may be missing from the trace (a dropped layout copy): only recomputed rows are judged."""
+    w, up, c, g, dg, b = range(6)
+    recompute, backward = PHASES.index("recompute"), PHASES.index("backward")
     rows = Rows()
-    rows.op("_to_copy", (w,), (up,))  # read only by the dead abs: dead too
-    rows.op("abs", (up,), (a,))  # max(abs(w)) came from the store: nothing reads a
-    rows.op("_to_copy", (w, s), (c,), in_shapes=[(N, D), ()])
-    rows.op("mm", (g, c), (g,))
+    rows.op("_to_copy", (w,), (up,), phase=recompute)  # read only by a dead row: dead too
+    rows.op("_to_copy", (up,), (c,), phase=recompute)  # its GEMM's output was kept
+    rows.op("mm", (g, w), (dg,), phase=backward)
+    rows.op("_to_copy", (w,), (b,), phase=backward)  # read through a copy the trace dropped
     events = as_classes(rows.events, {"_to_copy": "copy"})
     run = _run(events)
-    assert dead_code(events, run, frozenset(), freed_inside=frozenset({up, a, c})) == set(run[:2])
+    freed = frozenset({up, c, b})
+    assert dead_code(events, run, frozenset(), freed_inside=freed) == set(run[:2])
     # a value that outlives the graph's last row (its output) is not dead
-    assert dead_code(events, run, frozenset(), freed_inside=frozenset({c})) == set()
+    assert dead_code(events, run, frozenset(), freed_inside=frozenset({up})) == set()
 
 
 def test_the_swiglu_backward_is_one_group_between_the_gemm_it_needs_and_the_one_it_feeds():
