@@ -44,8 +44,15 @@ order of rules 3-6 and 8 are `emulator.capture.inductor_scheduler`'s):
    and that are freed before its last row, is dropped with its allocation and free, and so is
    a row only such rows read: the graph's dead-code elimination (op-level SAC reruns the
    float8 cast before a GEMM whose output the checkpoint kept; the compiled backward does
-   not). Only the recomputation's rows: elsewhere the trace may lack a reader (the fp8 cast
-   rules drop the layout copy between a backward cast and its GEMM).
+   not). Only the recomputation's rows are judged.
+   A backward row (not the recomputation's) that repeats a reduction of the block's forward
+   graph for the same micro-batch (`saved_reduction_key`: outputs at most a quarter of its
+   inputs), over storages no compiled row wrote since, is dropped and its readers read its
+   output as a value the graph was given: AOTAutograd's CSE runs on the joint graph, and the
+   partitioner saves such a reduction (or, under full checkpointing, the backward graph
+   recomputes it once). torchao casts a weight again for the input gradient, with its amax;
+   Inductor's backward runs the cast alone, and fuses it with the recomputation's cast of
+   the same weight (one read, both layouts written).
 4. A pointwise row (an aten elementwise op or copy, not in place) whose outputs die within the
    run and are read by fusible rows only is inlined into each row that reads it, when one row
    reads it or it reads at most `REALIZE_READS_THRESHOLD` storages: Inductor's lowering
@@ -104,6 +111,7 @@ from emulator.capture.inductor_scheduler import (
     dead_code,
     fused_groups,
     nbytes,
+    saved_reduction_key,
     schedule,
     written_storages,
 )
@@ -114,6 +122,7 @@ FUSED_ATEN = "inductor.fused"
 FUSED_NAME = "elementwise"
 _STORAGE_ROWS = (ALLOC, FREE)
 # one compiled graph each: the forward, and the backward with the checkpoint's recomputation
+_BACKWARD = PHASES.index("backward")
 _GRAPH_OF_PHASE = {
     PHASES.index("forward"): "forward",
     PHASES.index("recompute"): "backward",
@@ -311,6 +320,38 @@ def _fused_span(
     return [e._replace(seq=q) for e, q in zip(rows, seqs, strict=True)]
 
 
+def _forward_reductions(
+    events: Sequence[OpEvent],
+    run: list[int],
+    computed: dict[tuple, dict[tuple, None]],
+    region_of: Callable[[str], str],
+) -> set[int]:
+    """Rule 3's joint-graph part: the backward rows of the run (not the recomputation's) that
+    repeat a reduction the block's forward graph computed for the same micro-batch, over
+    storages no compiled row wrote since (`saved_reduction_key`). AOTAutograd's CSE runs on
+    the joint graph, so the backward takes the forward's value: saved (the partitioner does
+    not recompute such reductions; op-level SAC kept `max`), or recomputed once in the
+    backward graph under full checkpointing. torchao's backward casts a weight again for the
+    input gradient, from the amax its forward cast computed. `computed`: (region,
+    micro-batch) -> the forward's reduction keys so far, updated here."""
+    e = events[run[0]]
+    region, _, graph, micro_batch = _graph_key(e, region_of)
+    known = computed[region, micro_batch]
+    repeats = set()
+    for i in run:
+        e = events[i]
+        key = saved_reduction_key(e)
+        if graph == "forward" and key is not None:
+            known[key] = None
+        elif key in known and e.phase == _BACKWARD:
+            repeats.add(i)
+            continue
+        for u in written_storages(e):
+            for stale in [k for k in known if u in k[2]]:
+                del known[stale]
+    return repeats
+
+
 def fuse_compiled_regions(
     events: Sequence[OpEvent],
     boundary_seqs: Iterable[int],
@@ -327,12 +368,16 @@ def fuse_compiled_regions(
     eager_storages = frozenset(eager_storages)
     sizes = {e.storage: e.size_bytes for e in events if e.kind == ALLOC}
     replaced: dict[int, tuple[int, list[OpEvent]]] = {}  # span start -> (span end, rows)
+    forward_reductions: dict[tuple, dict[tuple, None]] = defaultdict(dict)  # (region, mb) ->
     for run in graph_runs(events, bounds, region_of):
         span = _span(events, run, bounds)
         allocated = {events[r].storage: r for r in span if events[r].kind == ALLOC}
         freed = {events[r].storage: r for r in span if events[r].kind == FREE}
         transient = allocated.keys() & freed.keys()
+        from_forward = _forward_reductions(events, run, forward_reductions, region_of)
+        run = [r for r in run if r not in from_forward]
         repeated, alias = common_subexpressions(events, run, frozenset(transient))
+        repeated |= from_forward
         for r in run:
             if r not in repeated and alias.keys() & set(events[r].flows):
                 events[r] = events[r]._replace(

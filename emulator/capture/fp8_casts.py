@@ -225,15 +225,22 @@ def _layout_copies_dropped(recorder) -> Iterator[None]:
     """Drop the kernels torchao's fp8 GEMMs run to put their operands in the layouts
     `_scaled_mm` takes (`preprocess_addmm`: a row-major A, a column-major B; each a transposing
     copy of the fp8 data on a GPU): both rules' cast kernels write the layout the GEMM reads.
-    Their storages stay as recorded (at most one fp8 copy of an operand too many)."""
+    Their storages stay as recorded (at most one fp8 copy of an operand too many); a row that
+    reads a copy reports the cast's storage in its flows (`OpRecorder.read_as`), so the cast's
+    reader is not lost with the copy."""
     import torchao.float8.float8_ops as float8_ops
 
     eager = float8_ops.preprocess_addmm
+    uid = _storage_uid(recorder)
 
-    def preprocess(*args, **kwargs):
+    def preprocess(a, b, *args, **kwargs):
         start = len(recorder.events)
-        out = eager(*args, **kwargs)
+        out = eager(a, b, *args, **kwargs)
         _drop_compute_since(recorder.events, start)
+        for data, laid_out in ((a._data, out[0]), (b._data, out[2])):
+            source, copy = uid(data), uid(laid_out)
+            if source >= 0 and copy >= 0 and copy != source:
+                recorder.read_as[copy] = source
         return out
 
     with mock.patch.object(float8_ops, "preprocess_addmm", preprocess):

@@ -141,6 +141,19 @@ def common_subexpressions(
     return repeated, alias
 
 
+def saved_reduction_key(e: OpEvent) -> tuple | None:
+    """(aten op, tensors, input storages) of a reduction whose outputs are at most a quarter
+    of its inputs' bytes, the ones AOTAutograd's partitioner saves for backward rather than
+    recompute (`ban_recompute_reductions`; a float8 cast's amax); None for any other row."""
+    if e.name != "reduction" or not e.aten.startswith("aten.") or min(e.flows, default=-1) < 0:
+        return None
+    ins = [(u, t) for u, t in zip(e.flows, e.tensors, strict=True) if not t[2]]
+    out_bytes = sum(nbytes(t) for t in e.tensors if t[2])
+    if not ins or not out_bytes or 4 * out_bytes > sum(nbytes(t) for _, t in ins):
+        return None
+    return (e.aten, e.tensors, tuple(u for u, _ in ins))
+
+
 def dead_code(
     events: Sequence[OpEvent],
     run: list[int],

@@ -111,6 +111,9 @@ class OpRecorder(TorchDispatchMode):
         # give every compute row the storage ids of its tensors (OpEvent.flows): off by
         # default, the hot path pays for it only where a capture rule needs it
         self.record_flows = False
+        # storage id -> the id a row reading it reports instead: a copy a capture rule dropped
+        # from the trace stands for its source (emulator.capture.fp8_casts' layout copies)
+        self.read_as: dict[int, int] = {}
 
     # ---- caller-facing context ------------------------------------------------------------
 
@@ -395,7 +398,10 @@ class OpRecorder(TorchDispatchMode):
         """Storage id of each input, then each output (as `tensors` lists them); -1 unknown."""
         live = self.storages.live
         flows = []
-        for t in (*ins, *outs):
+        for t in ins:
+            known = live.get(id(t.untyped_storage()))
+            flows.append(-1 if known is None else self.read_as.get(known.uid, known.uid))
+        for t in outs:
             known = live.get(id(t.untyped_storage()))
             flows.append(-1 if known is None else known.uid)
         return tuple(flows)

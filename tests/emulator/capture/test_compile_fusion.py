@@ -394,3 +394,35 @@ def test_a_compiled_block_on_cuda_runs_as_many_fused_kernels_as_the_rule_counts_
     triton = [k for k in kernels if k.startswith("triton_")]
     assert triton, kernels
     assert abs(len(triton) - _rule_count()) <= 2, kernels
+
+
+def test_a_backward_reduction_repeating_the_forwards_takes_its_value_not_a_kernel():
+    """torchao casts a weight in forward and again in backward, each cast with its amax:
+    AOTAutograd's CSE on the joint graph makes the backward's the forward's value (saved),
+    so the backward graph runs the cast alone. A reduction over a storage the graph wrote
+    in between is computed again."""
+    forward, backward = PHASES.index("forward"), PHASES.index("backward")
+    w, s1, c1, s2, c2, x, s3, s4 = range(8)
+    rows = Rows()
+    rows.op("amax", (w,), (s1,), out_shape=(), phase=forward)
+    rows.op("_to_copy", (w, s1), (c1,), in_shapes=[(N, D), ()], phase=forward)
+    rows.op("amax", (x,), (s3,), out_shape=(), phase=forward)
+    rows.op("add_", (x, x), (x,), phase=backward)  # x changes in the backward graph
+    rows.op("amax", (w,), (s2,), out_shape=(), phase=backward)
+    rows.op("_to_copy", (w, s2), (c2,), in_shapes=[(N, D), ()], phase=backward)
+    rows.op("amax", (x,), (s4,), out_shape=(), phase=backward)
+    classes = {"amax": "reduction", "_to_copy": "copy"}
+    fused = fuse_compiled_regions(as_classes(rows.events, classes), (), REGION)
+    written = {
+        phase: {
+            u
+            for e in fused
+            if e.kind == COMPUTE and e.phase == phase
+            for u, (_, _, is_out) in zip(e.flows, e.tensors, strict=True)
+            if is_out
+        }
+        for phase in (forward, backward)
+    }
+    assert {s1, s3} <= written[forward]
+    assert s2 not in written[backward]  # the forward's value: no kernel computes it
+    assert {c2, s4} <= written[backward]  # x's, written in between, is computed again

@@ -228,3 +228,29 @@ def test_a_recomputed_cast_reduces_again_only_when_the_checkpoint_did_not_keep_m
     recomputed = collections.Counter(atens[i] for i in np.flatnonzero(rerun))
     assert recomputed["aten._to_copy"] > 0
     assert (recomputed["aten.amax"] > 0) == recomputed_amax
+
+
+def test_each_fp8_gemm_reads_what_a_cast_wrote_though_its_layout_copy_is_dropped():
+    """torchao copies a backward operand into the layout `_scaled_mm` takes; the rule drops
+    that copy's kernel, and the GEMM's row reports the cast's storage in its flows, so the
+    torch.compile rule sees the cast's reader."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    from emulator.capture.fp8_casts import fused_fp8_casts
+    from emulator.capture.op_recorder import OpRecorder
+
+    with FakeTensorMode():
+        linear = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False))
+        config = Float8LinearConfig.from_recipe_name("tensorwise")
+        convert_to_float8_training(linear, config=config)
+        recorder = OpRecorder()
+        recorder.record_flows = True
+        with recorder, fused_fp8_casts(recorder, compiled=True):
+            linear(torch.randn(16, 64, requires_grad=True)).sum().backward()
+    rows = [e for e in recorder.events if e.kind == COMPUTE]
+    cast_outputs = {e.flows[-1] for e in rows if e.aten == "aten._to_copy"}
+    gemms = [e for e in rows if e.aten == "aten._scaled_mm"]
+    assert len(gemms) == 3  # forward, input gradient, weight gradient
+    assert all(set(e.flows[:2]) <= cast_outputs for e in gemms)
