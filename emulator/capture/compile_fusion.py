@@ -323,7 +323,8 @@ def _fused_span(
 def _forward_reductions(
     events: Sequence[OpEvent],
     run: list[int],
-    computed: dict[tuple, dict[tuple, None]],
+    known: dict[tuple, set[tuple]],
+    readers: dict[int, set[tuple]],
     region_of: Callable[[str], str],
 ) -> set[int]:
     """Rule 3's joint-graph part: the backward rows of the run (not the recomputation's) that
@@ -332,23 +333,24 @@ def _forward_reductions(
     the joint graph, so the backward takes the forward's value: saved (the partitioner does
     not recompute such reductions; op-level SAC kept `max`), or recomputed once in the
     backward graph under full checkpointing. torchao's backward casts a weight again for the
-    input gradient, from the amax its forward cast computed. `computed`: (region,
-    micro-batch) -> the forward's reduction keys so far, updated here."""
-    e = events[run[0]]
-    region, _, graph, micro_batch = _graph_key(e, region_of)
-    known = computed[region, micro_batch]
+    input gradient, from the amax its forward cast computed. Updated here: `known`, (region,
+    micro-batch) -> the keys of the forward's reductions; `readers`, storage id -> the
+    (region, micro-batch, key) of each that read it."""
+    region, _, graph, micro_batch = _graph_key(events[run[0]], region_of)
     repeats = set()
     for i in run:
         e = events[i]
         key = saved_reduction_key(e)
         if graph == "forward" and key is not None:
-            known[key] = None
-        elif key in known and e.phase == _BACKWARD:
+            known[region, micro_batch].add(key)
+            for u in key[2]:
+                readers[u].add((region, micro_batch, key))
+        elif key in known[region, micro_batch] and e.phase == _BACKWARD:
             repeats.add(i)
             continue
         for u in written_storages(e):
-            for stale in [k for k in known if u in k[2]]:
-                del known[stale]
+            for where in readers.pop(u, ()):
+                known[where[:2]].discard(where[2])
     return repeats
 
 
@@ -368,13 +370,14 @@ def fuse_compiled_regions(
     eager_storages = frozenset(eager_storages)
     sizes = {e.storage: e.size_bytes for e in events if e.kind == ALLOC}
     replaced: dict[int, tuple[int, list[OpEvent]]] = {}  # span start -> (span end, rows)
-    forward_reductions: dict[tuple, dict[tuple, None]] = defaultdict(dict)  # (region, mb) ->
+    reductions: dict[tuple, set[tuple]] = defaultdict(set)  # what _forward_reductions
+    reduction_readers: dict[int, set[tuple]] = defaultdict(set)  # has seen so far
     for run in graph_runs(events, bounds, region_of):
-        span = _span(events, run, bounds)
+        span, last_row = _span(events, run, bounds), run[-1]
         allocated = {events[r].storage: r for r in span if events[r].kind == ALLOC}
         freed = {events[r].storage: r for r in span if events[r].kind == FREE}
         transient = allocated.keys() & freed.keys()
-        from_forward = _forward_reductions(events, run, forward_reductions, region_of)
+        from_forward = _forward_reductions(events, run, reductions, reduction_readers, region_of)
         run = [r for r in run if r not in from_forward]
         repeated, alias = common_subexpressions(events, run, frozenset(transient))
         repeated |= from_forward
@@ -385,7 +388,7 @@ def fuse_compiled_regions(
                 )
         run = [r for r in run if r not in repeated]
         # freed before the graph's last row: not a graph output its caller dropped
-        freed_inside = frozenset(u for u in transient if freed[u] < run[-1])
+        freed_inside = frozenset(u for u in transient if freed[u] < last_row)
         dead = dead_code(events, run, eager_storages, freed_inside)
         run = [r for r in run if r not in dead]
         unused = {u for r in dead for u in written_storages(events[r])}
