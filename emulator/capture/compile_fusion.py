@@ -251,6 +251,9 @@ def _fused_span(
     """The span's rows after fusion (rules 7 and 8), less the rows rule 3 dropped (repeated
     and dead) and the allocations and frees of the storages it left `unallocated` (their
     outputs). `allocated`, `freed`: storage id -> the span's row that allocates (frees) it."""
+    if not nodes:  # rule 3 dropped every row: the span's storage and marker rows stay
+        gone = {allocated[u] for u in unallocated} | {freed[u] for u in unallocated}
+        return [events[r] for r in span if r not in dropped_rows and r not in gone]
     order, group_of = schedule(nodes, groups)
     position = [0] * len(groups)
     for p, g in enumerate(order):

@@ -237,6 +237,8 @@ def _layout_copies_dropped(recorder) -> Iterator[None]:
         start = len(recorder.events)
         out = eager(a, b, *args, **kwargs)
         _drop_compute_since(recorder.events, start)
+        if not recorder.record_flows:
+            return out
         for data, laid_out in ((a._data, out[0]), (b._data, out[2])):
             source, copy = uid(data), uid(laid_out)
             if source >= 0 and copy >= 0 and copy != source:

@@ -165,8 +165,8 @@ def dead_code(
     the run, and `freed_inside` it), found backwards so a row read only by dead rows is dead
     too. Eagerly they run; the compiled graph drops them. Op-level SAC reruns an op whose only
     reader's output comes from the checkpoint's store (a float8 cast before a GEMM whose
-    output is kept). Only the recomputation: elsewhere a row's reader may be missing from the
-    trace (the fp8 cast rules drop the layout copy between a backward cast and its GEMM)."""
+    output is kept). Only the recomputation's rows are judged: that is where eager code runs
+    what the compiled graph would not."""
     read_later: set[int] = set()
     dead: set[int] = set()
     for i in reversed(run):

@@ -426,3 +426,23 @@ def test_a_backward_reduction_repeating_the_forwards_takes_its_value_not_a_kerne
     assert {s1, s3} <= written[forward]
     assert s2 not in written[backward]  # the forward's value: no kernel computes it
     assert {c2, s4} <= written[backward]  # x's, written in between, is computed again
+
+
+def test_a_run_whose_rows_are_all_dropped_keeps_the_frees_of_values_made_before_it():
+    """Rule 3 can drop every row of a run of the recomputation (a cast nothing reads and a
+    repeat of it): its kernels go, the free of a value made before the run stays (a lost
+    free would hold that memory for good)."""
+    recompute = PHASES.index("recompute")
+    x, w, c, c2 = range(4)
+    rows = Rows()
+    rows.alloc(x)
+    rows.op("mul", (w,), (x,))  # x is made in the forward graph
+    rows.new("_to_copy", (x,), c, phase=recompute)  # read by nothing
+    rows.free(c)
+    rows.new("_to_copy", (x,), c2, phase=recompute)  # a repeat of it
+    rows.free(c2)
+    rows.free(x)
+    events = as_classes(rows.events, {"_to_copy": "copy"})
+    fused = fuse_compiled_regions(events, (), REGION)
+    assert [e.aten for e in fused if e.kind == COMPUTE] == ["aten.mul"]
+    assert [e.storage for e in fused if e.kind == FREE] == [x]
