@@ -40,17 +40,20 @@ order of rules 3-6 and 8 are `emulator.capture.inductor_scheduler`'s):
    elimination (torchao's float8 linears cast one input once per GEMM that reads it, q, k and
    v; the graph does it once). Only ops whose arguments the row shows in full count
    (reductions, casts, ops of two or more tensors, `_CSE_UNARY`): rows do not record scalars.
-   A memory-bound aten row of the recomputation whose outputs no later row of the run reads,
+   An aten row of the recomputation (a GEMM too) whose outputs no later row of the run reads,
    and that are freed before its last row, is dropped with its allocation and free, and so is
    a row only such rows read: the graph's dead-code elimination (op-level SAC reruns the
-   float8 cast before a GEMM whose output the checkpoint kept; the compiled backward does
-   not). Only the recomputation's rows are judged.
+   float8 cast before a GEMM whose output the checkpoint kept; full checkpointing reruns a
+   block's last float8 GEMM, whose output the backward does not read; the compiled backward
+   runs neither). Only the recomputation's rows are judged.
    A backward row (not the recomputation's) that repeats a reduction of the block's forward
    graph for the same micro-batch (`saved_reduction_key`: outputs at most a quarter of its
    inputs), over storages no compiled row wrote since, is dropped and its readers read its
    output as a value the graph was given: AOTAutograd's CSE runs on the joint graph, and the
    partitioner saves such a reduction (or, under full checkpointing, the backward graph
-   recomputes it once). torchao casts a weight again for the input gradient, with its amax;
+   recomputes it once: a reduction the run's recomputation computes too is left to the CSE
+   above, so the backward reads the recomputed value). torchao casts a weight again for the
+   input gradient, with its amax;
    Inductor's backward runs the cast alone, and fuses it with the recomputation's cast of
    the same weight (one read, both layouts written).
 4. A pointwise row (an aten elementwise op or copy, not in place) whose outputs die within the
@@ -123,6 +126,7 @@ FUSED_NAME = "elementwise"
 _STORAGE_ROWS = (ALLOC, FREE)
 # one compiled graph each: the forward, and the backward with the checkpoint's recomputation
 _BACKWARD = PHASES.index("backward")
+_RECOMPUTE = PHASES.index("recompute")
 _GRAPH_OF_PHASE = {
     PHASES.index("forward"): "forward",
     PHASES.index("recompute"): "backward",
@@ -336,11 +340,15 @@ def _forward_reductions(
     the joint graph, so the backward takes the forward's value: saved (the partitioner does
     not recompute such reductions; op-level SAC kept `max`), or recomputed once in the
     backward graph under full checkpointing. torchao's backward casts a weight again for the
-    input gradient, from the amax its forward cast computed. Updated here: `known`, (region,
-    micro-batch) -> the keys of the forward's reductions; `readers`, storage id -> the
-    (region, micro-batch, key) of each that read it."""
+    input gradient, from the amax its forward cast computed. A reduction this graph's
+    recomputation also computes is left to `common_subexpressions`: the backward reads the
+    recomputation's value, which keeps that row alive when dead-code elimination would
+    otherwise drop it with the recomputed cast and GEMM it fed. Updated here: `known`,
+    (region, micro-batch) -> the keys of the forward's reductions; `readers`, storage id ->
+    the (region, micro-batch, key) of each that read it."""
     region, _, graph, micro_batch = _graph_key(events[run[0]], region_of)
     repeats = set()
+    recomputed: set[tuple] = set()
     for i in run:
         e = events[i]
         key = saved_reduction_key(e)
@@ -348,7 +356,9 @@ def _forward_reductions(
             known[region, micro_batch].add(key)
             for u in key[2]:
                 readers[u].add((region, micro_batch, key))
-        elif key in known[region, micro_batch] and e.phase == _BACKWARD:
+        elif key is not None and e.phase == _RECOMPUTE:
+            recomputed.add(key)
+        elif key in known[region, micro_batch] and key not in recomputed and e.phase == _BACKWARD:
             repeats.add(i)
             continue
         for u in written_storages(e):

@@ -20,7 +20,8 @@ into a reduction kernel and one pointwise kernel), per operand cast, i.e. per ca
    for a [14 336, 8 192] fp8 operand of Llama 3 8B) and of a transposed weight before its
    amax (ATen's `max()` reduces a contiguous copy: emulator.capture.opmap.CONTIGUOUS_INPUT).
    Both rules drop those copies' kernels (Transformer Engine's cast-transpose writes both
-   layouts); their storages stay as recorded.
+   layouts); their storages stay as recorded, and a cast whose GEMM reads it through such a
+   copy records its output transposed, the layout it writes.
 The eager chain's compute rows are replaced by these two (the first keeps the chain's first
 sequence number, the second its last, so a TP amax all-reduce in between stays in between:
 dynamic scaling needs this step's amax before it can cast); its allocations stay as recorded,
@@ -94,6 +95,7 @@ _AMAX = torch.ops.aten.amax.default
 _CAST = torch.ops.aten._to_copy.default
 _GEMM_CALLERS = ("torchao.float8.float8_ops",)  # they call addmm_float8_unwrapped by name
 _RECIPROCAL_ATEN = opmap.op_info(torch.ops.aten.reciprocal.default).aten
+_CAST_ATEN = opmap.op_info(_CAST).aten
 # the eager chain's reduction: `max` (tensorwise), `amax` (rowwise)
 _AMAX_ATENS = {opmap.op_info(op).aten for op in (torch.ops.aten.max.default, _AMAX)}
 
@@ -220,6 +222,21 @@ def _drop_compute_since(events: list, start: int, aten: str | None = None) -> No
             del events[i]
 
 
+def _cast_writes_transposed(events: list, before: int, storage: int) -> None:
+    """Record the latest cast kernel before row `before` that wrote `storage` as writing its
+    output transposed: the kernel writes the layout `_scaled_mm` reads, the transposing copy
+    folded in. Two casts of one tensor, one read through a layout copy and one read directly,
+    write two layouts, so the compile rule's common-subexpression elimination must not take
+    one for the other (both rows otherwise show the same op over the same tensors)."""
+    for i in range(before - 1, -1, -1):
+        e = events[i]
+        if e.kind != COMPUTE or e.aten != _CAST_ATEN or storage not in e.flows[-1:]:
+            continue
+        *rest, (shape, dtype, is_out) = e.tensors
+        events[i] = e._replace(tensors=(*rest, (shape[::-1], dtype, is_out)))
+        return
+
+
 @contextlib.contextmanager
 def _layout_copies_dropped(recorder) -> Iterator[None]:
     """Drop the kernels torchao's fp8 GEMMs run to put their operands in the layouts
@@ -227,7 +244,8 @@ def _layout_copies_dropped(recorder) -> Iterator[None]:
     copy of the fp8 data on a GPU): both rules' cast kernels write the layout the GEMM reads.
     Their storages stay as recorded (at most one fp8 copy of an operand too many); a row that
     reads a copy reports the cast's storage in its flows (`OpRecorder.read_as`), so the cast's
-    reader is not lost with the copy."""
+    reader is not lost with the copy, and the cast's row records its output transposed
+    (`_cast_writes_transposed`)."""
     import torchao.float8.float8_ops as float8_ops
 
     eager = float8_ops.preprocess_addmm
@@ -243,6 +261,7 @@ def _layout_copies_dropped(recorder) -> Iterator[None]:
             source, copy = uid(data), uid(laid_out)
             if source >= 0 and copy >= 0 and copy != source:
                 recorder.read_as[copy] = source
+                _cast_writes_transposed(recorder.events, start, source)
         return out
 
     with mock.patch.object(float8_ops, "preprocess_addmm", preprocess):

@@ -160,13 +160,16 @@ def dead_code(
     eager_storages: frozenset[int],
     freed_inside: frozenset[int],
 ) -> set[int]:
-    """Rule 3, the graph's dead-code elimination, for what a recomputation reruns: the
-    memory-bound aten rows of the recompute phase whose outputs nothing reads (no later row of
+    """Rule 3, the graph's dead-code elimination, for what a recomputation reruns: the aten
+    rows of the recompute phase, GEMMs included, whose outputs nothing reads (no later row of
     the run, and `freed_inside` it), found backwards so a row read only by dead rows is dead
-    too. Eagerly they run; the compiled graph drops them. Op-level SAC reruns an op whose only
-    reader's output comes from the checkpoint's store (a float8 cast before a GEMM whose
-    output is kept). Only the recomputation's rows are judged: that is where eager code runs
-    what the compiled graph would not."""
+    too. Eagerly they run; the compiled graph drops them (the partitioner recomputes only what
+    the backward reads). Op-level SAC reruns an op whose only reader's output comes from the
+    checkpoint's store (a float8 cast before a GEMM whose output is kept); full checkpointing
+    reruns a block's last float8 GEMM, whose output nothing reads (torchao's float8 linear
+    saves its inputs after its GEMM runs, so torch's early stop cannot end the recomputation
+    before it). Only the recomputation's rows are judged: that is where eager code runs what
+    the compiled graph would not."""
     read_later: set[int] = set()
     dead: set[int] = set()
     for i in reversed(run):
@@ -174,7 +177,6 @@ def dead_code(
         outs = written_storages(e)
         if (
             e.phase == _RECOMPUTE
-            and e.name in FUSIBLE
             and e.aten.startswith("aten.")
             and outs
             and outs <= freed_inside

@@ -428,6 +428,43 @@ def test_a_backward_reduction_repeating_the_forwards_takes_its_value_not_a_kerne
     assert {c2, s4} <= written[backward]  # x's, written in between, is computed again
 
 
+def test_a_backward_reduction_the_recomputation_also_computes_reads_the_recomputations():
+    """Under full checkpointing the backward graph recomputes a weight's amax; when the
+    recomputed cast and GEMM that read it are dead (nothing in the backward reads the GEMM's
+    output), the backward's own cast of the weight still needs that amax: the recomputed
+    reduction stays, the backward's repeat of it goes."""
+    forward, recompute = PHASES.index("forward"), PHASES.index("recompute")
+    backward = PHASES.index("backward")
+    w, x, s1, c1, y1, s2, c2, y2, g, s3, c3, dx = range(12)
+    rows = Rows()
+    rows.op("amax", (w,), (s1,), out_shape=(), phase=forward)
+    rows.op("_to_copy", (w, s1), (c1,), in_shapes=[(N, D), ()], phase=forward)
+    rows.op("mm", (x, c1), (y1,), phase=forward)
+    rows.alloc(s2)
+    rows.op("amax", (w,), (s2,), out_shape=(), phase=recompute)
+    rows.alloc(c2)
+    rows.op("_to_copy", (w, s2), (c2,), in_shapes=[(N, D), ()], phase=recompute)
+    rows.alloc(y2)
+    rows.op("mm", (x, c2), (y2,), phase=recompute)
+    rows.free(c2)
+    rows.free(y2)  # the recomputed output: read by nothing
+    rows.alloc(s3)
+    rows.op("amax", (w,), (s3,), out_shape=(), phase=backward)
+    rows.alloc(c3)
+    rows.op("_to_copy", (w, s3), (c3,), in_shapes=[(N, D), ()], out_shape=(D, N), phase=backward)
+    rows.op("mm", (g, c3), (dx,), phase=backward)
+    for u in (s2, s3, c3):
+        rows.free(u)
+    classes = {"amax": "reduction", "_to_copy": "copy"}
+    fused = fuse_compiled_regions(as_classes(rows.events, classes), (), REGION)
+    kernels = [(e.phase, e.aten, e.flows) for e in _compute(fused) if e.phase != forward]
+    assert kernels == [
+        (recompute, "aten.amax", (w, s2)),
+        (backward, "aten._to_copy", (w, s2, c3)),
+        (backward, "aten.mm", (g, c3, dx)),
+    ]
+
+
 def test_a_run_whose_rows_are_all_dropped_keeps_the_frees_of_values_made_before_it():
     """Rule 3 can drop every row of a run of the recomputation (a cast nothing reads and a
     repeat of it): its kernels go, the free of a value made before the run stays (a lost

@@ -254,3 +254,12 @@ def test_each_fp8_gemm_reads_what_a_cast_wrote_though_its_layout_copy_is_dropped
     gemms = [e for e in rows if e.aten == "aten._scaled_mm"]
     assert len(gemms) == 3  # forward, input gradient, weight gradient
     assert all(set(e.flows[:2]) <= cast_outputs for e in gemms)
+    # each operand's two casts write two layouts: the one read through a copy is recorded
+    # transposed (so the compile rule's CSE does not take one for the other)
+    written = collections.defaultdict(list)  # high-precision shape -> shapes the casts wrote
+    for e in rows:
+        if e.aten == "aten._to_copy":
+            written[e.tensors[0][0]].append(e.tensors[-1][0])
+    weight, gradient = (64, 32), (16, 32)  # the weight as w.t(), the output gradient
+    assert written[weight] == [weight, weight[::-1]]
+    assert written[gradient] == [gradient, gradient[::-1]]

@@ -61,6 +61,24 @@ def test_recomputed_rows_whose_outputs_nothing_reads_are_dead_and_so_are_their_p
     assert dead_code(events, run, frozenset(), freed_inside=frozenset({up})) == set()
 
 
+def test_a_recomputed_gemm_whose_output_nothing_reads_is_dead_with_the_cast_it_read():
+    """Full checkpointing reruns a block's last float8 GEMM (torchao saves its inputs only
+    after it runs), though the backward reads nothing it writes: the compiled graph, which
+    recomputes only what the backward reads, runs neither it nor its weight's cast."""
+    w, c, x, y, g, dx = range(6)
+    recompute, backward = PHASES.index("recompute"), PHASES.index("backward")
+    rows = Rows()
+    rows.op("_to_copy", (w,), (c,), phase=recompute)
+    rows.op("mm", (x, c), (y,), phase=recompute)  # y: read by no backward row
+    rows.op("mm", (g, w), (dx,), phase=backward)
+    events = as_classes(rows.events, {"_to_copy": "copy"})
+    run = _run(events)
+    assert dead_code(events, run, frozenset(), freed_inside=frozenset({c, y})) == set(run[:2])
+    # the backward's GEMM itself is never judged, though nothing in the run reads dx
+    backward_only = dead_code(events, run[2:], frozenset(), freed_inside=frozenset({dx}))
+    assert backward_only == set()
+
+
 def test_the_swiglu_backward_is_one_group_between_the_gemm_it_needs_and_the_one_it_feeds():
     a, b, g, w2, s, p, dw2, dp, ds, db, da = range(11)
     rows = Rows()
