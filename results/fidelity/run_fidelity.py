@@ -5,7 +5,7 @@
                                             [--update]
     python results/fidelity/run_fidelity.py --merge N [--update]
     python results/fidelity/run_fidelity.py --from-db DB [--run RUN_ID]
-    python results/fidelity/run_fidelity.py --from-db DB1 --from-db DB2 ...
+    python results/fidelity/run_fidelity.py --from-db DB1 --from-db DB2 ... [--update]
 
 Shards let N processes share the baselines (most are one class, so one core each);
 `--merge N` then combines their files into fidelity.csv and the README. With `--update`,
@@ -22,7 +22,8 @@ dropped silently. Progress goes to stderr.
 run (DB's latest complete run, or RUN_ID), so the table and the harness's history give the same
 figures from one run. The run's commit and id head the generated block. Given several DBs, the
 table joins their latest runs (say, one per group of sources run at one commit); a baseline in
-two of them is refused.
+two of them is refused. With `--update`, the table's rows of baselines the runs did not emulate
+are kept, and the header says where they came from (a change that moves only some sources).
 
 After a new table, run `python results/fidelity/misses.py` too: `misses.md` (the rows beyond 15 %
 beside their own tables) is written from `fidelity.csv`, and a test checks the two agree.
@@ -127,6 +128,31 @@ def from_db(
     dirty = " (uncommitted changes)" if run_row["dirty"] else ""
     label = f"From `prismbench validate` run {run_row['run_id']} at {run_row['commit'][:7]}{dirty}."
     return records, failures, label
+
+
+def from_dbs(
+    dbs: list[Path], run_id: str | None, update: bool, table: Path = HERE / "fidelity.csv"
+) -> tuple[list[FidelityRecord], list[tuple[str, str]], str]:
+    """The records, failures and header of a table joining the runs of `dbs` (`from_db`
+    each); with `update`, plus `table`'s rows of the baselines none of them emulated, the
+    header then naming where those came from (its README's previous header). A baseline in
+    two runs is refused (ValueError)."""
+    records, failures, labels = [], [], []
+    for db in dbs:
+        more, more_failures, label = from_db(db, run_id)
+        twice = {r.baseline for r in records} & {r.baseline for r in more}
+        if twice:
+            raise ValueError(f"--from-db {db}: {len(twice)} baseline(s) also in an earlier "
+                             f"DB's run ({', '.join(sorted(twice)[:3])}, ...)")  # fmt: skip
+        records, failures = records + more, failures + more_failures
+        labels.append(label)
+    label = " ".join(labels)
+    if update:
+        kept = previous_label(table.with_name("README.md"))
+        label += f" The rows it did not run are the previous table's: {kept}"
+        fresh = {r.baseline for r in records} | {name for name, _ in failures}
+        records += [r for r in read_csv(table) if r.baseline not in fresh]
+    return sorted(records, key=lambda r: r.baseline), failures, label
 
 
 def write_csv(records: list[FidelityRecord], path: Path) -> None:
@@ -268,17 +294,10 @@ def main() -> int:
     if args.from_db:
         if args.run and len(args.from_db) > 1:
             parser.exit(2, "--run: give one --from-db with it (a run id names one DB's run)\n")
-        records, failures, labels = [], [], []
-        for db in args.from_db:
-            more, more_failures, label = from_db(db, args.run)
-            twice = {r.baseline for r in records} & {r.baseline for r in more}
-            if twice:
-                parser.exit(2, f"--from-db {db}: {len(twice)} baseline(s) also in an earlier "
-                               f"DB's run ({', '.join(sorted(twice)[:3])}, ...)\n")  # fmt: skip
-            records, failures = records + more, failures + more_failures
-            labels.append(label)
-        records.sort(key=lambda r: r.baseline)
-        label = " ".join(labels)
+        try:
+            records, failures, label = from_dbs(args.from_db, args.run, args.update)
+        except ValueError as err:
+            parser.exit(2, f"{err}\n")
         write_csv(records, HERE / "fidelity.csv")
         write_readme(f"{label}\n\n{markdown(records, failures)}", HERE / "README.md")
         print(label)

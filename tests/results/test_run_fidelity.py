@@ -1,6 +1,8 @@
 """The fidelity table written from a stored validate run (results/fidelity/run_fidelity.py
 --from-db): the harness's history and the table give the same figures."""
 
+import dataclasses
+
 import pytest
 
 from prismbench import history
@@ -71,3 +73,33 @@ def test_a_table_emulated_here_names_its_commit_and_where_kept_rows_come_from(
     assert label.startswith("Emulated by `run_fidelity.py` at ")
     assert label.endswith("The rows it did not run are the previous table's: " + kept)
     assert fidelity_table.previous_label(tmp_path / "missing.md") is None
+
+
+def test_a_run_joined_with_the_previous_table_keeps_the_rows_it_did_not_emulate(
+    fidelity_table, tmp_path
+):
+    """A change that moves one source's rows is run for that source only; `--update` keeps the
+    table's other rows, and the header says which run they came from."""
+    db = tmp_path / "h.duckdb"
+    row = next(b for b in fidelity_table.comparable_baselines() if b.name == ROW)
+    measured_s = fidelity_table.measured_iteration_s(row)[0]
+    store(db, "new", "complete", [case(ROW, status="ok", result=result(1.1 * measured_s))])
+    (fresh,), _, _ = fidelity_table.from_db(db, "new")
+    other = dataclasses.replace(fresh, baseline="other__row", error=0.3)
+    stale = dataclasses.replace(fresh, error=0.5)  # the row as the previous table had it
+    table = tmp_path / "fidelity.csv"
+    fidelity_table.write_csv([stale, other], table)
+    fidelity_table.write_readme(
+        "From `prismbench validate` run abc at 1234567.\n", table.with_name("README.md")
+    )
+    records, _, label = fidelity_table.from_dbs([db], None, update=True, table=table)
+    assert {r.baseline: round(r.error, 3) for r in records} == {ROW: 0.1, "other__row": 0.3}
+    assert label == (
+        "From `prismbench validate` run new at abcdef0. "
+        "The rows it did not run are the previous table's: "
+        "From `prismbench validate` run abc at 1234567."
+    )
+    records, _, _ = fidelity_table.from_dbs([db], None, update=False, table=table)
+    assert [r.baseline for r in records] == [ROW]
+    with pytest.raises(ValueError, match="also in an earlier"):
+        fidelity_table.from_dbs([db, db], None, update=False, table=table)
