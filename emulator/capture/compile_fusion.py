@@ -64,11 +64,13 @@ order of rules 3-6 and 8 are `emulator.capture.inductor_scheduler`'s):
    consumer's; its storage is never allocated. (A norm feeding both a tensorwise amax and the
    cast that needs the amax is computed in both kernels, not stored.)
 5. The remaining nodes depend on each other through the storages they read and write (read
-   after write, write after read, write after write). Fusible nodes are merged pairwise, the
-   pairs that share the most bytes first, then the nearest, until no merge is left (at most
-   `MAX_FUSION_ROUNDS` rounds, `MAX_FUSION_SIZE` nodes a kernel), when the merge is compatible
-   (rule 6) and leaves no path from one group to the other through a third node (an extern
-   GEMM that reads one and is read by the other keeps them apart).
+   after write, write after read, write after write). Fusible nodes are merged pairwise, in
+   each round two reductions or two pointwise nodes first (a merged node is a reduction when
+   one of its nodes is: `InductorChoices.score_fusion`), then the pairs that share the most
+   bytes, then the nearest, until no merge is left (at most `MAX_FUSION_ROUNDS` rounds,
+   `MAX_FUSION_SIZE` nodes a kernel), when the merge is compatible (rule 6) and leaves no
+   path from one group to the other through a third node (an extern GEMM that reads one and
+   is read by the other keeps them apart).
 6. Compatible: every node iterates over one range (elements of its output; a reduction, of
    its input), or, with a reduction, over its input's or its output's range; two reductions
    only with the same ranges. A node over the input's range may read a reduction's result in

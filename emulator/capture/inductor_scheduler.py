@@ -393,10 +393,21 @@ def fused_groups(
             for y in range(x + 1, len(js)):
                 i, j = js[x], js[y]
                 scores[i, j] += max(nodes[i].accessed[u], nodes[j].accessed[u])
-    # Scheduler.score_fusion: the bytes the two share, then the nearer pair first
-    pairs = sorted(scores, key=lambda p: (-scores[p], p[1] - p[0], p))
     fusion = Fusion(nodes)
     for _ in range(MAX_FUSION_ROUNDS):
+        # InductorChoices.score_fusion, as each round's candidates are sorted: two reductions
+        # or two pointwise kernels first (a fused kernel is a reduction when one of its nodes
+        # is), then the bytes the two share, then the nearer pair
+        reduces = {g: any(nodes[m].reduction for m in ms) for g, ms in fusion.members.items()}
+        pairs = sorted(
+            scores,
+            key=lambda p: (
+                reduces[fusion.group[p[0]]] != reduces[fusion.group[p[1]]],
+                -scores[p],
+                p[1] - p[0],
+                p,
+            ),
+        )
         if not any([fusion.try_merge(i, j) for i, j in pairs]):
             break
     return nodes, [fusion.members[g] for g in sorted(fusion.members)]

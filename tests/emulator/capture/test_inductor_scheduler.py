@@ -79,6 +79,23 @@ def test_a_recomputed_gemm_whose_output_nothing_reads_is_dead_with_the_cast_it_r
     assert backward_only == set()
 
 
+def test_two_reductions_fuse_before_a_reduction_and_a_pointwise_node_that_share_more():
+    """Inductor sorts each round's candidate pairs by kind first (two reductions, or two
+    pointwise kernels) and by shared bytes only then (InductorChoices.score_fusion). A fp8
+    SwiGLU backward's amaxes go together and its casts, which need the finished amaxes, go
+    together; ranked by bytes alone, one amax joins the casts and leaves a third kernel."""
+    y, z, s1, w, s2 = range(5)
+    rows = Rows()
+    rows.op("amax", (y,), (s1,), out_shape=())
+    rows.op("cast", (y, z, s1), (w,), in_shapes=[(N, D), (N, D), ()])  # needs s1 finished
+    rows.op("dot", (y, z), (s2,), out_shape=())  # shares y and z with the cast, y with amax
+    events = as_classes(rows.events, {"amax": "reduction", "dot": "reduction"})
+    run = _run(events)
+    nodes, groups = fused_groups(events, run)
+    kernels = sorted(sorted(nodes[j].row for j in group) for group in groups)
+    assert kernels == [[run[0], run[2]], [run[1]]]
+
+
 def test_the_swiglu_backward_is_one_group_between_the_gemm_it_needs_and_the_one_it_feeds():
     a, b, g, w2, s, p, dw2, dp, ds, db, da = range(11)
     rows = Rows()
