@@ -32,6 +32,7 @@ beside their own tables) is written from `fidelity.csv`, and a test checks the t
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import json
 import sys
@@ -148,10 +149,15 @@ def from_dbs(
         labels.append(label)
     label = " ".join(labels)
     if update:
-        kept = previous_label(table.with_name("README.md"))
-        label += f" The rows it did not run are the previous table's: {kept}"
         fresh = {r.baseline for r in records} | {name for name, _ in failures}
-        records += [r for r in read_csv(table) if r.baseline not in fresh]
+        kept = [r for r in read_csv(table) if r.baseline not in fresh]
+        sources = collections.Counter(r.source for r in kept)
+        named = ", ".join(f"{source} {n}" for source, n in sorted(sources.items()))
+        label += (
+            f" The {len(kept)} rows it did not run ({named}) are the previous table's, whose"
+            f" header was: {previous_label(table.with_name('README.md'))}"
+        )
+        records += kept
     return sorted(records, key=lambda r: r.baseline), failures, label
 
 

@@ -95,8 +95,8 @@ def test_a_run_joined_with_the_previous_table_keeps_the_rows_it_did_not_emulate(
     records, _, label = fidelity_table.from_dbs([db], None, update=True, table=table)
     assert {r.baseline: round(r.error, 3) for r in records} == {ROW: 0.1, "other__row": 0.3}
     assert label == (
-        "From `prismbench validate` run new at abcdef0. "
-        "The rows it did not run are the previous table's: "
+        "From `prismbench validate` run new at abcdef0. The 1 rows it did not run "
+        f"({other.source} 1) are the previous table's, whose header was: "
         "From `prismbench validate` run abc at 1234567."
     )
     records, _, _ = fidelity_table.from_dbs([db], None, update=False, table=table)
