@@ -1,6 +1,11 @@
 """The torch.compile rule against Inductor's own scheduler, block by block (issue 14: why torchtitan's compiled rows miss).
 
     python results/fidelity/compile_vs_inductor.py [--out results/fidelity/compile_vs_inductor.md]
+    python results/fidelity/compile_vs_inductor.py --listing r035 1024 backward
+
+`--listing` prints one graph of one row's layer kernel by kernel, the rule's rows and
+Inductor's scheduler nodes with the buffers each reads and writes (`TORCH_LOGS=fusion` in the
+environment adds Inductor's reason for every fusion it refused).
 
 Needs `triton` beside the CPU torch (`pip install triton==3.5.0` in a virtual environment made
 with `--system-site-packages`; about 10 minutes on 2 cores). It is not a project dependency:
@@ -126,10 +131,27 @@ def _patch_inductor(graphs: list) -> None:
                 name = str(getattr(ir_node, "op_overload", "") or "") or str(
                     getattr(ir_node, "python_kernel_name", "") or ""
                 )
-            kernels.append((kind, name, int(node.get_read_write_buffers_sizes())))
+            kernels.append(
+                (kind, name, int(node.get_read_write_buffers_sizes()),
+                 _buffers(node.read_writes.reads), _buffers(node.read_writes.writes))
+            )  # fmt: skip
         graphs.append(kernels)
 
     scheduler.Scheduler._init = recording_init
+
+
+def _buffers(deps) -> list[str]:
+    """Each buffer a scheduler node reads (or writes) as "name:MB", for the listing."""
+    from torch._inductor.virtualized import V
+
+    named = []
+    for dep in sorted(deps, key=lambda d: d.name):
+        try:
+            size = int(dep.get_numel()) * V.graph.get_dtype(dep.name).itemsize
+        except (AttributeError, KeyError, TypeError, NotImplementedError):
+            size = 0  # a dependence without a size (a StarDep, a mutation)
+        named.append(f"{dep.name}:{size / 1e6:.2f}")
+    return named
 
 
 def checkpoint_context():
@@ -189,7 +211,7 @@ def inductor_bytes(graphs) -> dict[str, tuple[int, int]]:
     totals = {}
     for group, kernels in zip(GROUPS, graphs, strict=True):
         count = moved = 0
-        for kind, name, nbytes in kernels:
+        for kind, name, nbytes, *_ in kernels:
             extern = kind == "ExternKernelSchedulerNode"
             if extern and (nbytes == 0 or any(k in name for k in (*GEMM_OPS, "attention"))):
                 continue  # GEMMs, attention, and the views of a multi-output op
@@ -198,14 +220,18 @@ def inductor_bytes(graphs) -> dict[str, tuple[int, int]]:
     return totals
 
 
-def _inductor_in_child(baseline: Path, seq_len: int) -> dict[str, tuple[int, int]]:
+def _inductor_graphs_in_child(baseline: Path, seq_len: int) -> list:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "graphs.json"
         subprocess.run(
             [sys.executable, __file__, "--inductor", str(baseline), str(seq_len), str(out)],
             check=True,
         )
-        return inductor_bytes(json.loads(out.read_text()))
+        return json.loads(out.read_text())
+
+
+def _inductor_in_child(baseline: Path, seq_len: int) -> dict[str, tuple[int, int]]:
+    return inductor_bytes(_inductor_graphs_in_child(baseline, seq_len))
 
 
 # ---- the rule's side -----------------------------------------------------------------------
@@ -236,19 +262,50 @@ def block_memory_rows(trace) -> list[tuple[int, str]]:
     return rows
 
 
-def rule_bytes(baseline: Path, seq_len: int) -> dict[str, tuple[int, int]]:
-    """{group: (memory-bound rows, bytes)} of the block in the one-layer job's capture."""
+def rule_rows(baseline: Path, seq_len: int) -> dict[str, list[tuple[int, int, str, str, str]]]:
+    """{group: [(read bytes, written bytes, phase, aten op, module), ...]} of the block's
+    memory-bound rows in the one-layer job's capture, in trace order."""
+    from emulator.capture.trace import PHASES
     from prismbench.baselines import load_baseline
     from prismbench.capture import capture_job
 
     job = one_layer_job(load_baseline(baseline).job, fsdp=True, seq_len=seq_len, micro_batch=1)
     trace = next(iter(capture_job(job).traces.values()))
-    moved = trace.columns["read_bytes"] + trace.columns["write_bytes"]
-    totals = {group: [0, 0] for group in GROUPS}
+    columns = trace.columns
+    atens, modules = trace.text("aten"), trace.text("module")
+    rows = {group: [] for group in GROUPS}
     for row, group in block_memory_rows(trace):
-        totals[group][0] += 1
-        totals[group][1] += int(moved[row])
-    return {group: tuple(v) for group, v in totals.items()}
+        rows[group].append((
+            int(columns["read_bytes"][row]), int(columns["write_bytes"][row]),
+            PHASES[columns["phase"][row]], atens[row], modules[row],
+        ))  # fmt: skip
+    return rows
+
+
+def rule_bytes(baseline: Path, seq_len: int) -> dict[str, tuple[int, int]]:
+    """{group: (memory-bound rows, bytes)} of the block in the one-layer job's capture."""
+    return {
+        group: (len(rows), sum(read + written for read, written, *_ in rows))
+        for group, rows in rule_rows(baseline, seq_len).items()
+    }
+
+
+def listing(rule: list[tuple], inductor: list[list]) -> str:
+    """One graph kernel by kernel: the rule's memory-bound rows (`rule_rows`, one group), then
+    Inductor's scheduler nodes after fusion (one graph of `inductor_kernels`) with the buffers
+    each reads and writes; MB = 1e6 bytes."""
+    lines = ["The rule (memory-bound rows; MB moved, read, written; phase, op, module):"]
+    for read, written, phase, aten, module in rule:
+        lines.append(
+            f"  {(read + written) / 1e6:9.2f}  r {read / 1e6:.2f}  w {written / 1e6:.2f}  "
+            f"{phase}  {aten}  {module}"
+        )
+    lines.append(f"  total {sum(r[0] + r[1] for r in rule) / 1e6:.2f} MB in {len(rule)} rows")
+    lines.append("Inductor (scheduler nodes after fusion; MB moved; reads -> writes):")
+    for kind, name, nbytes, reads, writes in inductor:
+        tag = f"extern {name}" if kind == "ExternKernelSchedulerNode" else "generated"
+        lines.append(f"  {nbytes / 1e6:9.2f}  {tag}: {' '.join(reads)} -> {' '.join(writes)}")
+    return "\n".join(lines)
 
 
 # ---- the report ----------------------------------------------------------------------------
@@ -331,7 +388,25 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the report here (default: print it)")
     parser.add_argument("--inductor", nargs=3, metavar=("BASELINE", "SEQ", "JSON"),
                         help=argparse.SUPPRESS)  # fmt: skip
+    parser.add_argument(
+        "--listing", nargs=3, metavar=("ROW", "SEQ", "GRAPH"),
+        help="print one row's one-layer graph (forward or backward) kernel by kernel, the "
+        "rule's and Inductor's, e.g. r035 1024 backward",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.listing:
+        row, seq_len, graph = args.listing
+        if graph not in GROUPS:
+            parser.exit(2, f"--listing: GRAPH must be one of {', '.join(GROUPS)}, not {graph!r}\n")
+        matches = [name for name in ROWS if name.endswith(f"__{row}")]
+        if not matches:
+            rows = ", ".join(name.split("__")[-1] for name in ROWS)
+            parser.exit(2, f"--listing: ROW must be one of {rows}, not {row!r}\n")
+        path = ROOT / "results" / "baselines" / f"{matches[0]}.toml"
+        rule = rule_rows(path, int(seq_len))[graph]
+        inductor = _inductor_graphs_in_child(path, int(seq_len))[GROUPS.index(graph)]
+        print(listing(rule, inductor))
+        return
     if args.inductor:
         baseline, seq_len, out = args.inductor
         Path(out).write_text(json.dumps(inductor_kernels(Path(baseline), int(seq_len))))
