@@ -227,9 +227,13 @@ def _cast_writes_transposed(events: list, before: int, storage: int) -> None:
     output transposed: the kernel writes the layout `_scaled_mm` reads, the transposing copy
     folded in. Two casts of one tensor, one read through a layout copy and one read directly,
     write two layouts, so the compile rule's common-subexpression elimination must not take
-    one for the other (both rows otherwise show the same op over the same tensors)."""
+    one for the other (both rows otherwise show the same op over the same tensors). The search
+    stops at the storage's allocation: data no cast wrote (an fp8 all-gather's) is left as is,
+    without a scan of the whole trace for every GEMM."""
     for i in range(before - 1, -1, -1):
         e = events[i]
+        if e.kind == ALLOC and e.storage == storage:
+            return
         if e.kind != COMPUTE or e.aten != _CAST_ATEN or storage not in e.flows[-1:]:
             continue
         *rest, (shape, dtype, is_out) = e.tensors
