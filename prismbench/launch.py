@@ -55,6 +55,9 @@ def _worker(rank, world_size, port, threads, backend, fn, args, queue, parent_pi
         if backend == "nccl":
             torch.cuda.set_device(rank)
         dist.init_process_group(backend, rank=rank, world_size=world_size)
+        # gloo's init can return on one rank while a peer still connects its pairs; a rank whose
+        # fn ends at once would destroy the group under it (seen in CI: "connectFullMesh failed")
+        dist.barrier()
         queue.put((rank, "ok", fn(*args)))
     except BaseException:  # noqa: BLE001  (sent to the parent, which raises)
         queue.put((rank, "error", traceback.format_exc()))
