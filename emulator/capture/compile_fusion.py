@@ -70,7 +70,13 @@ order of rules 3-6 and 8 are `emulator.capture.inductor_scheduler`'s):
    bytes, then the nearest, until no merge is left (at most `MAX_FUSION_ROUNDS` rounds,
    `MAX_FUSION_SIZE` nodes a kernel), when the merge is compatible (rule 6) and leaves no
    path from one group to the other through a third node (an extern GEMM that reads one and
-   is read by the other keeps them apart).
+   is read by the other keeps them apart). A storage that one node reads through its
+   transpose (`OpEvent.transposed_reads`: torchao's transposed fp8 cast of an output
+   gradient) and another reads in order is not shared between them: Inductor's memory score
+   compares index expressions, and its loop reordering does not align a transposed read over
+   two loop variables with an in-order one over one. Two nodes of which neither depends on
+   the other fuse only when they share `SCORE_FUSION_MEMORY_THRESHOLD` bytes or more (a
+   scalar scale is not enough: `InductorChoices.can_fuse_horizontal`).
 6. Compatible: every node iterates over one range (elements of its output; a reduction, of
    its input), or, with a reduction, over its input's or its output's range; two reductions
    only with the same ranges. A node over the input's range may read a reduction's result in
@@ -400,7 +406,8 @@ def fuse_compiled_regions(
         for r in run:
             if r not in repeated and alias.keys() & set(events[r].flows):
                 events[r] = events[r]._replace(
-                    flows=tuple(alias.get(u, u) for u in events[r].flows)
+                    flows=tuple(alias.get(u, u) for u in events[r].flows),
+                    transposed_reads=tuple(alias.get(u, u) for u in events[r].transposed_reads),
                 )
         run = [r for r in run if r not in repeated]
         # freed before the graph's last row: not a graph output its caller dropped

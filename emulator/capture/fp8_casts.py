@@ -222,14 +222,18 @@ def _drop_compute_since(events: list, start: int, aten: str | None = None) -> No
             del events[i]
 
 
-def _cast_writes_transposed(events: list, before: int, storage: int) -> None:
+def _cast_writes_transposed(
+    events: list, before: int, storage: int, reads_transposed: bool = False
+) -> None:
     """Record the latest cast kernel before row `before` that wrote `storage` as writing its
     output transposed: the kernel writes the layout `_scaled_mm` reads, the transposing copy
     folded in. Two casts of one tensor, one read through a layout copy and one read directly,
     write two layouts, so the compile rule's common-subexpression elimination must not take
     one for the other (both rows otherwise show the same op over the same tensors). The search
     stops at the storage's allocation: data no cast wrote (an fp8 all-gather's) is left as is,
-    without a scan of the whole trace for every GEMM."""
+    without a scan of the whole trace for every GEMM. `reads_transposed`: the kernel's loop
+    runs over its output, reading the cast's input through its transpose
+    (`OpEvent.transposed_reads`)."""
     for i in range(before - 1, -1, -1):
         e = events[i]
         if e.kind == ALLOC and e.storage == storage:
@@ -237,7 +241,10 @@ def _cast_writes_transposed(events: list, before: int, storage: int) -> None:
         if e.kind != COMPUTE or e.aten != _CAST_ATEN or storage not in e.flows[-1:]:
             continue
         *rest, (shape, dtype, is_out) = e.tensors
-        events[i] = e._replace(tensors=(*rest, (shape[::-1], dtype, is_out)))
+        transposed = (e.flows[0],) if reads_transposed and e.flows[0] >= 0 else ()
+        events[i] = e._replace(
+            tensors=(*rest, (shape[::-1], dtype, is_out)), transposed_reads=transposed
+        )
         return
 
 
@@ -249,7 +256,12 @@ def _layout_copies_dropped(recorder) -> Iterator[None]:
     Their storages stay as recorded (at most one fp8 copy of an operand too many); a row that
     reads a copy reports the cast's storage in its flows (`OpRecorder.read_as`), so the cast's
     reader is not lost with the copy, and the cast's row records its output transposed
-    (`_cast_writes_transposed`)."""
+    (`_cast_writes_transposed`). Inductor folds the cast into the copy as one loop: over the
+    copy's output for A (`a.contiguous()` of the transposed cast of an output gradient, for
+    the weight gradient), so that kernel reads the high-precision tensor transposed; over the
+    source's order for B (`b.t().contiguous().t()`), reading it in order. Read from the
+    scheduler nodes' `MemoryDep`s of a compiled Llama 3 8B block's backward (torch 2.13;
+    results/fidelity/HISTORY.md, "Which fp8 casts Inductor fuses")."""
     import torchao.float8.float8_ops as float8_ops
 
     eager = float8_ops.preprocess_addmm
@@ -261,11 +273,11 @@ def _layout_copies_dropped(recorder) -> Iterator[None]:
         _drop_compute_since(recorder.events, start)
         if not recorder.record_flows:
             return out
-        for data, laid_out in ((a._data, out[0]), (b._data, out[2])):
+        for data, laid_out, is_a in ((a._data, out[0], True), (b._data, out[2], False)):
             source, copy = uid(data), uid(laid_out)
             if source >= 0 and copy >= 0 and copy != source:
                 recorder.read_as[copy] = source
-                _cast_writes_transposed(recorder.events, start, source)
+                _cast_writes_transposed(recorder.events, start, source, reads_transposed=is_a)
         return out
 
     with mock.patch.object(float8_ops, "preprocess_addmm", preprocess):

@@ -25,6 +25,9 @@ from emulator.capture.trace import PHASES, OpEvent
 FUSIBLE = ("elementwise", "norm", "softmax", "reduction", "copy")
 MAX_FUSION_SIZE = 64  # torch._inductor.config.max_fusion_size
 MAX_FUSION_ROUNDS = 10  # Scheduler.fuse_nodes's rounds
+# torch._inductor.config.score_fusion_memory_threshold: the bytes two kernels that do not
+# depend on each other must share to fuse (InductorChoices.can_fuse_horizontal)
+SCORE_FUSION_MEMORY_THRESHOLD = 10
 REALIZE_READS_THRESHOLD = 4  # torch._inductor.config.realize_reads_threshold
 _RECOMPUTE = PHASES.index("recompute")
 _CSE_UNARY = frozenset(
@@ -82,6 +85,7 @@ class Node:
     reads: set[int]
     writes: set[int]
     accessed: dict[int, int]  # storage id -> bytes of its largest access
+    transposed: set[int]  # storages of `accessed` it reads through their transpose
     numel: int  # the elements it iterates over (a reduction: its input's)
     out_numel: int  # a reduction's output elements (else numel)
     reduction: bool
@@ -130,7 +134,8 @@ def common_subexpressions(
             and not set(ins) & set(outs)
             and all(written_by[u] == 1 for u in outs)
         ):
-            key = (e.aten, e.tensors, tuple(ins), tuple(version[u] for u in ins))
+            key = (e.aten, e.tensors, tuple(ins), tuple(version[u] for u in ins),
+                   e.transposed_reads)  # fmt: skip
             if key in first and set(outs) <= transient:
                 repeated.add(i)
                 alias.update(zip(outs, first[key], strict=True))
@@ -257,11 +262,13 @@ def _nodes(
             continue
         e = events[i]
         rows, accessed = [i], _accesses(e)
+        transposed = set(e.transposed_reads)
         for u in read_storages(e) & inlined_outputs:
             del accessed[u]
         for j in {inlined_by[u] for u in read_storages(e) & inlined_outputs}:
             rows = inlined[j][0] + rows
             for r in inlined[j][0]:
+                transposed.update(events[r].transposed_reads)
                 for u, nbytes in _accesses(events[r]).items():
                     if u not in inlined_outputs:
                         accessed[u] = max(accessed.get(u, 0), nbytes)
@@ -279,6 +286,7 @@ def _nodes(
                 reads=set(accessed) - writes | (set(accessed) & read_storages(e)),
                 writes=writes,
                 accessed=accessed,
+                transposed=transposed & set(accessed),
                 numel=max(ins) if reduction else max(outs),
                 out_numel=max(outs),
                 reduction=reduction,
@@ -341,6 +349,17 @@ class Fusion:
             not any(self.nodes[m].reduction for m in after)
         )
 
+    def depend(self, i: int, j: int) -> bool:
+        """Whether the groups of nodes i and j depend on each other (a path from one to the
+        other), as a vertical fusion's nodes do."""
+        a, b = self.group[i], self.group[j]
+        reach_a = reach_b = 0
+        for m in self.members[a]:
+            reach_a |= self.reach[m]
+        for m in self.members[b]:
+            reach_b |= self.reach[m]
+        return bool(reach_a & self.bits[b] or reach_b & self.bits[a])
+
     def _creates_cycle(self, a: int, b: int) -> bool:
         for src, dst in ((a, b), (b, a)):
             for m in self.members[src]:
@@ -382,13 +401,15 @@ def fused_groups(
     every node in exactly one group, extern and unfused nodes alone). `transient`: storages
     allocated and freed within the run's span."""
     nodes = _nodes(events, run, frozenset(eager_storages), frozenset(transient))
-    accessors: dict[int, list[int]] = defaultdict(list)
+    # a storage read through its transpose and one read in order share no index: Inductor's
+    # memory score counts neither (rule 5)
+    accessors: dict[tuple[int, bool], list[int]] = defaultdict(list)
     for j, n in enumerate(nodes):
         if n.fusible:
             for u in n.accessed:
-                accessors[u].append(j)
+                accessors[u, u in n.transposed].append(j)
     scores: dict[tuple[int, int], int] = defaultdict(int)
-    for u, js in accessors.items():
+    for (u, _), js in accessors.items():
         for x in range(len(js)):
             for y in range(x + 1, len(js)):
                 i, j = js[x], js[y]
@@ -408,7 +429,12 @@ def fused_groups(
                 p,
             ),
         )
-        if not any([fusion.try_merge(i, j) for i, j in pairs]):
+        merged = [
+            fusion.try_merge(i, j)
+            for i, j in pairs
+            if scores[i, j] >= SCORE_FUSION_MEMORY_THRESHOLD or fusion.depend(i, j)
+        ]
+        if not any(merged):
             break
     return nodes, [fusion.members[g] for g in sorted(fusion.members)]
 

@@ -155,5 +155,6 @@ class ReuseSink:
                     phase=e.phase if dispatched else self._recorder.state.last_phase,
                     tag=tag,
                     flows=tuple(uids.get(u, u) for u in e.flows),
+                    transposed_reads=tuple(uids.get(u, u) for u in e.transposed_reads),
                 )
             )

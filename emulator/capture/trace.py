@@ -125,6 +125,11 @@ class OpEvent(NamedTuple):
     # storage id of each of `tensors`, -1 where unknown; capture rules read them
     # (emulator.capture.compile_fusion), the RankTrace does not keep them
     flows: tuple = ()
+    # compute rows: storage ids of `flows` the row reads through their transpose, its loop
+    # running over its output's order (an fp8 cast folded into the row-major copy of a
+    # transposed operand: emulator.capture.fp8_casts); Inductor fuses no such read with a read
+    # of the same storage in its own order
+    transposed_reads: tuple = ()
 
 
 class _Strings:
@@ -382,7 +387,7 @@ def _fill_op_rows(cols, op_events, op_pos, intern, categories, n) -> tuple[np.nd
             cols[key][op_pos] = [
                 intern(categories.get(s, c)) for s, c in zip(fields["storage"], values, strict=True)
             ]
-        elif key not in ("tensors", "flows"):
+        elif key not in ("tensors", "flows", "transposed_reads"):
             cols[key][op_pos] = values
     tensor_counts[op_pos] = [len(ts) for ts in fields["tensors"]]
     for ts in fields["tensors"]:

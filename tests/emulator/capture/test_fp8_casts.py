@@ -263,3 +263,9 @@ def test_each_fp8_gemm_reads_what_a_cast_wrote_though_its_layout_copy_is_dropped
     weight, gradient = (64, 32), (16, 32)  # the weight as w.t(), the output gradient
     assert written[weight] == [weight, weight[::-1]]
     assert written[gradient] == [gradient, gradient[::-1]]
+    # only the gradient's second cast (A of the weight gradient: a row-major copy of the cast's
+    # transpose) runs its loop over its output and reads the gradient transposed; B's copies
+    # (the weight's, the input's) read their source in order
+    transposed = [e for e in rows if e.transposed_reads]
+    assert [e.tensors[0][0] for e in transposed] == [gradient]
+    assert transposed[0].transposed_reads == transposed[0].flows[:1]

@@ -116,3 +116,29 @@ def test_the_swiglu_backward_is_one_group_between_the_gemm_it_needs_and_the_one_
     order, _ = schedule(nodes, groups)
     first_rows = [min(r for j in groups[k] for r in nodes[j].rows) for k in order]
     assert first_rows == [run[3], run[0], run[2]]  # dp's GEMM, the fused kernel, dW2's GEMM
+
+
+def test_a_transposed_read_shares_nothing_with_a_read_of_the_tensor_in_its_own_order():
+    """torchao casts an output gradient twice: row-major for the input gradient's GEMM, and
+    transposed for the weight gradient's (`a.contiguous()` of the cast's transpose). Inductor
+    runs the second as one loop over its output, reading the gradient transposed: its memory
+    score finds no index the two share, and the scale they both read is fewer bytes than two
+    kernels that do not depend on each other must share (`SCORE_FUSION_MEMORY_THRESHOLD`).
+    The amax and the reciprocal of its result fuse all the same: one reads the other."""
+    g, s, r, c0, c1 = range(5)
+    rows = Rows()
+    rows.op("amax", (g,), (s,), out_shape=())
+    rows.op("reciprocal", (s,), (r,), out_shape=(), in_shapes=[()])
+    rows.op("_to_copy", (g, s), (c0,), in_shapes=[(N, D), ()])
+    rows.op("_to_copy", (g, s), (c1,), in_shapes=[(N, D), ()], out_shape=(D, N))
+    events = as_classes(rows.events, {"amax": "reduction", "_to_copy": "copy"})
+    run = _run(events)
+
+    def kernels(events):
+        nodes, groups = fused_groups(events, run)
+        return sorted(sorted(nodes[j].row for j in group) for group in groups)
+
+    # both casts read g in its order: one kernel, one read of g
+    assert kernels(events) == [[run[0], run[1]], [run[2], run[3]]]
+    events[run[3]] = events[run[3]]._replace(transposed_reads=(g,))
+    assert kernels(events) == [[run[0], run[1]], [run[2]], [run[3]]]
