@@ -131,6 +131,9 @@ def from_db(
     return records, failures, label
 
 
+_WHOSE = " whose header was: "
+
+
 def from_dbs(
     dbs: list[Path], run_id: str | None, update: bool, table: Path = HERE / "fidelity.csv"
 ) -> tuple[list[FidelityRecord], list[tuple[str, str]], str]:
@@ -153,10 +156,12 @@ def from_dbs(
         kept = [r for r in read_csv(table) if r.baseline not in fresh]
         sources = collections.Counter(r.source for r in kept)
         named = ", ".join(f"{source} {n}" for source, n in sorted(sources.items()))
-        label += (
-            f" The {len(kept)} rows it did not run ({named}) are the previous table's, whose"
-            f" header was: {previous_label(table.with_name('README.md'))}"
-        )
+        kept_line = f" The {len(kept)} rows it did not run ({named}) are the previous table's,"
+        origin = previous_label(table.with_name("README.md"))
+        # the previous table kept these same rows: they come from what its header named
+        if origin is not None and kept_line + _WHOSE in origin:
+            origin = origin.split(kept_line + _WHOSE, 1)[1]
+        label += f"{kept_line}{_WHOSE}{origin}"
         records += kept
     return sorted(records, key=lambda r: r.baseline), failures, label
 

@@ -99,6 +99,10 @@ def test_a_run_joined_with_the_previous_table_keeps_the_rows_it_did_not_emulate(
         f"({other.source} 1) are the previous table's, whose header was: "
         "From `prismbench validate` run abc at 1234567."
     )
+    # updated again with the same run, the kept row still comes from run abc: not nested
+    fidelity_table.write_readme(label + "\n", table.with_name("README.md"))
+    fidelity_table.write_csv(records, table)
+    assert fidelity_table.from_dbs([db], None, update=True, table=table)[2] == label
     records, _, _ = fidelity_table.from_dbs([db], None, update=False, table=table)
     assert [r.baseline for r in records] == [ROW]
     with pytest.raises(ValueError, match="also in an earlier"):
