@@ -104,8 +104,8 @@ emulator.capture.compile_saved), Inductor's split of a large reduction into two 
 second reads only the partial results), and its other reasons to refuse a fusion (index
 patterns it cannot tile together, a kernel's register pressure). Against Inductor's own
 scheduler for Triton on one Llama 3 8B block (`results/fidelity/compile_vs_inductor.py`,
-torch 2.13): the same bytes in bf16, 0.90-1.05 x in fp8 (it fuses an activation's row-major
-and transposed fp8 casts, which Inductor runs as two kernels). On CPU Inductor generates C++ and
+torch 2.13): the same bytes in bf16, 0.93-1.05 x in fp8 (the fully checkpointed backward,
+0.93, not traced kernel by kernel). On CPU Inductor generates C++ and
 fuses by the same scheduler but with other heuristics, so a CPU kernel count is a proxy; the
 `gpu` tests count kernels of a CUDA profile.
 """
