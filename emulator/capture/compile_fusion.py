@@ -76,7 +76,12 @@ order of rules 3-6 and 8 are `emulator.capture.inductor_scheduler`'s):
    compares index expressions, and its loop reordering does not align a transposed read over
    two loop variables with an in-order one over one. Two nodes of which neither depends on
    the other fuse only when they share `SCORE_FUSION_MEMORY_THRESHOLD` bytes or more (a
-   scalar scale is not enough: `InductorChoices.can_fuse_horizontal`).
+   scalar scale is not enough: `InductorChoices.can_fuse_horizontal`) and lie at most
+   `MAX_HORIZONTAL_DISTANCE` scheduler nodes apart (`Scheduler.are_long_distant_nodes`), in
+   the order AOTAutograd gives the graph: a recomputed node just before the first backward
+   node that needs it (`graph_order`). Under full checkpointing a weight's recomputed cast is
+   needed at the start of the backward and its input gradient's cast near the end: two
+   kernels, each reading the weight.
 6. Compatible: every node iterates over one range (elements of its output; a reduction, of
    its input), or, with a reduction, over its input's or its output's range; two reductions
    only with the same ranges. A node over the input's range may read a reduction's result in

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from emulator.capture.trace import PHASES, OpEvent
+from emulator.costs.ops import GEMM_OPS
 
 FUSIBLE = ("elementwise", "norm", "softmax", "reduction", "copy")
 MAX_FUSION_SIZE = 64  # torch._inductor.config.max_fusion_size
@@ -28,6 +29,13 @@ MAX_FUSION_ROUNDS = 10  # Scheduler.fuse_nodes's rounds
 # torch._inductor.config.score_fusion_memory_threshold: the bytes two kernels that do not
 # depend on each other must share to fuse (InductorChoices.can_fuse_horizontal)
 SCORE_FUSION_MEMORY_THRESHOLD = 10
+# Scheduler.are_long_distant_nodes: two kernels that do not depend on each other and lie further
+# apart than this in the graph's node order do not fuse (it would lengthen live ranges)
+MAX_HORIZONTAL_DISTANCE = 64
+# a reduction to one value over more elements than this is split into a partial and a final
+# reduction, two scheduler nodes (Reduction.num_splits; the splits of 131 072 elements seen in
+# Inductor's nodes for a Llama 3 8B block's fp8 amaxes)
+SPLIT_REDUCTION_NUMEL = 131072
 REALIZE_READS_THRESHOLD = 4  # torch._inductor.config.realize_reads_threshold
 _RECOMPUTE = PHASES.index("recompute")
 _CSE_UNARY = frozenset(
@@ -310,12 +318,48 @@ def _nodes(
     return nodes
 
 
+def _scheduler_nodes(e: OpEvent, n: Node) -> int:
+    """How many of Inductor's scheduler nodes `n` stands for, as its node order counts them: a
+    large reduction to one value is two (split); an extern op other than a GEMM is a fallback
+    kernel and a MultiOutput node per output; eager code is not in the graph."""
+    if n.eager:
+        return 0
+    if n.reduction and n.out_numel == 1 and n.numel > SPLIT_REDUCTION_NUMEL:
+        return 2
+    if not n.fusible and e.name not in GEMM_OPS:
+        return 1 + sum(1 for t in e.tensors if t[2])
+    return 1
+
+
+def graph_order(events: Sequence[OpEvent], nodes: list[Node]) -> list[int]:
+    """Each node's position in its graph as AOTAutograd orders a backward graph
+    (`reordering_to_mimic_autograd_engine`): a recomputed node just before the first backward
+    node that needs it, the rest in program order; counted in Inductor's scheduler nodes
+    (`_scheduler_nodes`). Eagerly the checkpoint reruns its forward before the backward
+    starts; the compiled graph computes each recomputed value where it is first needed."""
+    first_use = list(range(len(nodes)))
+    for j in reversed(range(len(nodes))):
+        if events[nodes[j].row].phase == _RECOMPUTE:
+            first_use[j] = min((first_use[s] for s in nodes[j].succ), default=j)
+    ranked = sorted(
+        range(len(nodes)),
+        key=lambda j: (first_use[j], events[nodes[j].row].phase != _RECOMPUTE, j),
+    )
+    position, at = [0] * len(nodes), 0
+    for j in ranked:
+        position[j] = at
+        at += _scheduler_nodes(events[nodes[j].row], nodes[j])
+    return position
+
+
 class Fusion:
     """Inductor's scheduler over one run's nodes: groups of fusible nodes, merged pairwise
-    while no cycle forms through another node (rule 5)."""
+    while no cycle forms through another node (rule 5). `order`: each node's position in the
+    graph (`graph_order`; program order when not given)."""
 
-    def __init__(self, nodes: list[Node]):
+    def __init__(self, nodes: list[Node], order: list[int] | None = None):
         self.nodes = nodes
+        self.order = order if order is not None else list(range(len(nodes)))
         self.group = list(range(len(nodes)))
         self.members = {j: [j] for j in range(len(nodes))}
         self.bits = {j: 1 << j for j in range(len(nodes))}
@@ -359,6 +403,13 @@ class Fusion:
         for m in self.members[b]:
             reach_b |= self.reach[m]
         return bool(reach_a & self.bits[b] or reach_b & self.bits[a])
+
+    def distance(self, i: int, j: int) -> int:
+        """How far apart the groups of nodes i and j lie in the graph (Inductor's proximity:
+        from either group's first node to the other's last)."""
+        a = [self.order[m] for m in self.members[self.group[i]]]
+        b = [self.order[m] for m in self.members[self.group[j]]]
+        return max(abs(min(a) - max(b)), abs(min(b) - max(a)))
 
     def _creates_cycle(self, a: int, b: int) -> bool:
         for src, dst in ((a, b), (b, a)):
@@ -414,7 +465,7 @@ def fused_groups(
             for y in range(x + 1, len(js)):
                 i, j = js[x], js[y]
                 scores[i, j] += max(nodes[i].accessed[u], nodes[j].accessed[u])
-    fusion = Fusion(nodes)
+    fusion = Fusion(nodes, graph_order(events, nodes))
     for _ in range(MAX_FUSION_ROUNDS):
         # InductorChoices.score_fusion, as each round's candidates are sorted: two reductions
         # or two pointwise kernels first (a fused kernel is a reduction when one of its nodes
@@ -432,7 +483,11 @@ def fused_groups(
         merged = [
             fusion.try_merge(i, j)
             for i, j in pairs
-            if scores[i, j] >= SCORE_FUSION_MEMORY_THRESHOLD or fusion.depend(i, j)
+            if fusion.depend(i, j)
+            or (
+                scores[i, j] >= SCORE_FUSION_MEMORY_THRESHOLD
+                and fusion.distance(i, j) <= MAX_HORIZONTAL_DISTANCE
+            )
         ]
         if not any(merged):
             break

@@ -6,6 +6,7 @@ from emulator.capture.inductor_scheduler import (
     common_subexpressions,
     dead_code,
     fused_groups,
+    graph_order,
     schedule,
 )
 from emulator.capture.trace import COMPUTE, PHASES
@@ -142,3 +143,46 @@ def test_a_transposed_read_shares_nothing_with_a_read_of_the_tensor_in_its_own_o
     assert kernels(events) == [[run[0], run[1]], [run[2], run[3]]]
     events[run[3]] = events[run[3]]._replace(transposed_reads=(g,))
     assert kernels(events) == [[run[0], run[1]], [run[2]], [run[3]]]
+
+
+def _weight_casts_around_a_backward(first_use: int, gemms: int = 70):
+    """A weight cast in the recomputation and again in the backward, `gemms` backward GEMMs
+    between them, the recomputed cast first read by the GEMM at `first_use`."""
+    w, recomputed, cast, g = 0, 1, 2, 10
+    recompute, backward = PHASES.index("recompute"), PHASES.index("backward")
+    rows = Rows()
+    rows.op("_to_copy", (w,), (recomputed,), phase=recompute)
+    for k in range(gemms):
+        rows.op("mm", (g + k, recomputed) if k == first_use else (g + k,), (g + k + 1,),
+                phase=backward)  # fmt: skip
+    rows.op("_to_copy", (w,), (cast,), phase=backward)
+    events = as_classes(rows.events, {"_to_copy": "copy"})
+    run = _run(events)
+    nodes, groups = fused_groups(events, run)
+    return run, sorted(sorted(nodes[j].row for j in group) for group in groups if len(group) > 1)
+
+
+def test_a_recomputed_node_sits_beside_its_first_backward_use_and_distant_nodes_do_not_fuse():
+    """Inductor fuses no two independent kernels more than `MAX_HORIZONTAL_DISTANCE` nodes
+    apart in the graph, and AOTAutograd puts a recomputed node just before the first backward
+    node that needs it: under full checkpointing the recomputed cast of a weight is needed at
+    once and stays apart from the backward's cast of it; needed late, it sits beside it and
+    the two are one kernel (one read of the weight)."""
+    run, fused = _weight_casts_around_a_backward(first_use=0)
+    assert fused == []
+    run, fused = _weight_casts_around_a_backward(first_use=69)
+    assert fused == [[run[0], run[-1]]]
+
+
+def test_the_graph_order_counts_the_nodes_inductor_makes():
+    """A large reduction to one value is two scheduler nodes (a partial and a final
+    reduction), an attention kernel a fallback kernel and one node per output, a GEMM one."""
+    x, s, q, o, lse, w, y = range(7)
+    rows = Rows()
+    rows.op("amax", (x,), (s,), in_shapes=[(1024, 256)], out_shape=())
+    rows.op("attention", (q,), (o, lse))
+    rows.op("mm", (o, w), (y,))
+    rows.op("relu", (y,), (x,))
+    events = as_classes(rows.events, {"amax": "reduction", "attention": "flash_attn_fwd"})
+    nodes, _ = fused_groups(events, _run(events))
+    assert graph_order(events, nodes) == [0, 2, 5, 6]
