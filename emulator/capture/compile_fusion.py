@@ -109,8 +109,11 @@ emulator.capture.compile_saved), Inductor's split of a large reduction into two 
 second reads only the partial results), and its other reasons to refuse a fusion (index
 patterns it cannot tile together, a kernel's register pressure). Against Inductor's own
 scheduler for Triton on one Llama 3 8B block (`results/fidelity/compile_vs_inductor.py`,
-torch 2.13): the same bytes in bf16, 0.93-1.05 x in fp8 (the fully checkpointed backward,
-0.93, not traced kernel by kernel). On CPU Inductor generates C++ and
+torch 2.13): the same bytes in bf16, 0.93-1.05 x in fp8. Part of the fully checkpointed
+backward's gap: a pointwise value that reads at most `REALIZE_READS_THRESHOLD` buffers and is
+read by several extern kernels is realised once per reader (the attention input's fp8 cast,
+three copies for wq, wk, wv), where rule 4 inlines only into fusible readers and the rule
+stores it once. On CPU Inductor generates C++ and
 fuses by the same scheduler but with other heuristics, so a CPU kernel count is a proxy; the
 `gpu` tests count kernels of a CUDA profile.
 """
@@ -132,7 +135,15 @@ from emulator.capture.inductor_scheduler import (
     schedule,
     written_storages,
 )
-from emulator.capture.trace import ALLOC, COMPUTE, FREE, MARKER, PHASES, OpEvent
+from emulator.capture.trace import (
+    ALLOC,
+    COMPUTE,
+    FREE,
+    MARKER,
+    PHASES,
+    OpEvent,
+    renamed_storages,
+)
 
 EXTERN_NAMESPACES = ("fsdp",)  # torch.distributed.fsdp's custom ops (torch.ops.fsdp.*)
 FUSED_ATEN = "inductor.fused"
@@ -410,10 +421,7 @@ def fuse_compiled_regions(
         repeated |= from_forward
         for r in run:
             if r not in repeated and alias.keys() & set(events[r].flows):
-                events[r] = events[r]._replace(
-                    flows=tuple(alias.get(u, u) for u in events[r].flows),
-                    transposed_reads=tuple(alias.get(u, u) for u in events[r].transposed_reads),
-                )
+                events[r] = renamed_storages(events[r], alias)
         run = [r for r in run if r not in repeated]
         # freed before the graph's last row: not a graph output its caller dropped
         freed_inside = frozenset(u for u in transient if freed[u] < last_row)

@@ -480,14 +480,15 @@ def fused_groups(
                 p,
             ),
         )
+        # a pair that shares enough and lies near enough needs no walk of the dependences
         merged = [
             fusion.try_merge(i, j)
             for i, j in pairs
-            if fusion.depend(i, j)
-            or (
+            if (
                 scores[i, j] >= SCORE_FUSION_MEMORY_THRESHOLD
                 and fusion.distance(i, j) <= MAX_HORIZONTAL_DISTANCE
             )
+            or fusion.depend(i, j)
         ]
         if not any(merged):
             break

@@ -22,7 +22,15 @@ import torch
 from emulator import torch_compat
 from emulator.capture.op_recorder import OpRecorder
 from emulator.capture.storages import StorageRecord
-from emulator.capture.trace import ALLOC, FREE, MARKER, RECORD, STREAM_WAIT, OpEvent
+from emulator.capture.trace import (
+    ALLOC,
+    FREE,
+    MARKER,
+    RECORD,
+    STREAM_WAIT,
+    OpEvent,
+    renamed_storages,
+)
 
 
 class ReuseSink:
@@ -148,13 +156,11 @@ class ReuseSink:
             elif e.kind == STREAM_WAIT:
                 tag = event_ids[e.tag]
             self._recorder.events.append(
-                e._replace(
+                renamed_storages(e, uids)._replace(
                     seq=self._recorder.sequence.next_seq(),
                     micro_batch=micro_batch,
                     storage=storage,
                     phase=e.phase if dispatched else self._recorder.state.last_phase,
                     tag=tag,
-                    flows=tuple(uids.get(u, u) for u in e.flows),
-                    transposed_reads=tuple(uids.get(u, u) for u in e.transposed_reads),
                 )
             )

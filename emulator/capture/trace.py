@@ -12,6 +12,7 @@ virtual backend draw from the same one, so `seq` is a total order of what the ra
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -130,6 +131,18 @@ class OpEvent(NamedTuple):
     # transposed operand: emulator.capture.fp8_casts); Inductor fuses no such read with a read
     # of the same storage in its own order
     transposed_reads: tuple = ()
+
+
+# the OpEvent fields of storage ids that only capture rules read (the RankTrace drops them)
+CAPTURE_ONLY_FIELDS = ("flows", "transposed_reads")
+
+
+def renamed_storages(e: OpEvent, rename: Mapping[int, int]) -> OpEvent:
+    """`e` with the storage ids of its `CAPTURE_ONLY_FIELDS` renamed (ids not in `rename` kept):
+    a rule that gives storages new ids (a reused micro-batch's copies, the CSE's aliases)."""
+    return e._replace(**{
+        name: tuple(rename.get(u, u) for u in getattr(e, name)) for name in CAPTURE_ONLY_FIELDS
+    })  # fmt: skip
 
 
 class _Strings:
@@ -387,7 +400,7 @@ def _fill_op_rows(cols, op_events, op_pos, intern, categories, n) -> tuple[np.nd
             cols[key][op_pos] = [
                 intern(categories.get(s, c)) for s, c in zip(fields["storage"], values, strict=True)
             ]
-        elif key not in ("tensors", "flows", "transposed_reads"):
+        elif key != "tensors" and key not in CAPTURE_ONLY_FIELDS:
             cols[key][op_pos] = values
     tensor_counts[op_pos] = [len(ts) for ts in fields["tensors"]]
     for ts in fields["tensors"]:
