@@ -62,7 +62,11 @@ order of rules 3-6 and 8 are `emulator.capture.inductor_scheduler`'s):
    computes such a value inside every consumer instead of storing it
    (`StorageBox.should_realize_on_reuse`, as on a GPU). Its reads and FLOPs join each
    consumer's; its storage is never allocated. (A norm feeding both a tensorwise amax and the
-   cast that needs the amax is computed in both kernels, not stored.)
+   cast that needs the amax is computed in both kernels, not stored.) Such a value that
+   several `_scaled_mm` read through a view, and nothing else, is not stored once either:
+   each GEMM realises its own copy (`COPIES_UNREALIZED_INPUT`), so the repeats rule 3 found of
+   it are kept, and rule 5 fuses them into one kernel that reads once and writes a copy per
+   GEMM (attention's normed input, cast for wq, wk and wv: three copies, as Inductor writes).
 5. The remaining nodes depend on each other through the storages they read and write (read
    after write, write after read, write after write). Fusible nodes are merged pairwise, in
    each round two reductions or two pointwise nodes first (a merged node is a reduction when
@@ -109,11 +113,8 @@ emulator.capture.compile_saved), Inductor's split of a large reduction into two 
 second reads only the partial results), and its other reasons to refuse a fusion (index
 patterns it cannot tile together, a kernel's register pressure). Against Inductor's own
 scheduler for Triton on one Llama 3 8B block (`results/fidelity/compile_vs_inductor.py`,
-torch 2.13): the same bytes in bf16, 0.93-1.05 x in fp8. Part of the fully checkpointed
-backward's gap: a pointwise value that reads at most `REALIZE_READS_THRESHOLD` buffers and is
-read by several extern kernels is realised once per reader (the attention input's fp8 cast,
-three copies for wq, wk, wv), where rule 4 inlines only into fusible readers and the rule
-stores it once. On CPU Inductor generates C++ and
+torch 2.13): the same bytes in bf16, 0.93-1.05 x in fp8 (`compile_vs_inductor.md` says
+which commit). On CPU Inductor generates C++ and
 fuses by the same scheduler but with other heuristics, so a CPU kernel count is a proxy; the
 `gpu` tests count kernels of a CUDA profile.
 """
@@ -128,6 +129,7 @@ from collections.abc import Callable, Iterable, Sequence
 from emulator.capture.inductor_scheduler import (
     Node,
     common_subexpressions,
+    copied_per_reader,
     dead_code,
     fused_groups,
     nbytes,
@@ -418,7 +420,10 @@ def fuse_compiled_regions(
         from_forward = _forward_reductions(events, run, reductions, reduction_readers, region_of)
         run = [r for r in run if r not in from_forward]
         repeated, alias = common_subexpressions(events, run, frozenset(transient))
-        repeated |= from_forward
+        copied = copied_per_reader(events, run, repeated, alias, eager_storages, transient)
+        repeated = (repeated - copied) | from_forward
+        kept_outputs = {u for r in copied for u in written_storages(events[r])}
+        alias = {u: v for u, v in alias.items() if u not in kept_outputs}
         for r in run:
             if r not in repeated and alias.keys() & set(events[r].flows):
                 events[r] = renamed_storages(events[r], alias)

@@ -3,7 +3,8 @@
 
 Given a run of rows of one compiled graph (their storage ids in `OpEvent.flows`):
 AOTAutograd's common-subexpression elimination (`common_subexpressions`) and the graph's
-dead-code elimination (`dead_code`), the pointwise values
+dead-code elimination (`dead_code`), the repeats to keep because Inductor stores a copy
+for each reader (`copied_per_reader`), the pointwise values
 Inductor's lowering inlines into their readers instead of storing (`_inlined`), the remaining
 rows as nodes with their data dependences (`_nodes`), the pairwise fusion of compatible nodes
 that forms no cycle (`Fusion`, `fused_groups`), and an order the data allows (`schedule`).
@@ -15,12 +16,12 @@ import functools
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from emulator.capture.trace import PHASES, OpEvent
+from emulator.capture.trace import PHASES, OpEvent, renamed_storages
 from emulator.costs.ops import GEMM_OPS
 
 FUSIBLE = ("elementwise", "norm", "softmax", "reduction", "copy")
@@ -37,6 +38,10 @@ MAX_HORIZONTAL_DISTANCE = 64
 # Inductor's nodes for a Llama 3 8B block's fp8 amaxes)
 SPLIT_REDUCTION_NUMEL = 131072
 REALIZE_READS_THRESHOLD = 4  # torch._inductor.config.realize_reads_threshold
+# extern ops Inductor lowers itself without asking for realised inputs (not in lowering.py's
+# `needs_realized_inputs`, which holds aten.mm, aten.bmm and every fallback kernel): each one
+# that reads a value not yet stored realises its own copy of it
+COPIES_UNREALIZED_INPUT = frozenset({"aten._scaled_mm"})
 _RECOMPUTE = PHASES.index("recompute")
 _CSE_UNARY = frozenset(
     f"aten.{op}" for op in ("abs", "neg", "reciprocal", "rsqrt", "sqrt", "exp", "silu", "sigmoid")
@@ -202,22 +207,41 @@ def dead_code(
     return dead
 
 
-def _inlined(
-    events: Sequence[OpEvent],
-    run: list[int],
-    eager_storages: frozenset[int],
-    transient: frozenset[int],
-) -> dict[int, tuple[list[int], set[int]]]:
-    """Rule 4: row -> (the rows it stands for, the storages it reads) of each pointwise row
-    Inductor's lowering inlines into its consumers instead of storing its value: an aten
-    elementwise op or copy, not in place, whose outputs only fusible rows of the run read and
-    that die within the run, read once or reading at most `REALIZE_READS_THRESHOLD` storages
-    (`StorageBox.should_realize_on_reuse`)."""
+def _readers(events: Mapping[int, OpEvent] | Sequence[OpEvent], run: list[int]) -> dict:
+    """storage id -> the rows of the run that read it, in program order."""
     readers: dict[int, list[int]] = defaultdict(list)
     for i in run:
         for u in read_storages(events[i]):
             if u >= 0:
                 readers[u].append(i)
+    return readers
+
+
+def _pointwise_value(e: OpEvent, eager_storages: frozenset[int], transient: frozenset[int]) -> bool:
+    """An aten elementwise op or copy, not in place, whose outputs die within the run: a
+    value Inductor's lowering may compute inside its readers instead of storing (rule 4)."""
+    outs = written_storages(e)
+    return (
+        e.name in ("elementwise", "copy")
+        and e.aten.startswith("aten.")
+        and bool(outs)
+        and not outs & read_storages(e)
+        and outs <= transient
+        and not outs & eager_storages
+    )
+
+
+def _inlined(
+    events: Mapping[int, OpEvent] | Sequence[OpEvent],
+    run: list[int],
+    eager_storages: frozenset[int],
+    transient: frozenset[int],
+) -> dict[int, tuple[list[int], set[int]]]:
+    """Rule 4: row -> (the rows it stands for, the storages it reads) of each pointwise row
+    Inductor's lowering inlines into its consumers instead of storing its value: a
+    `_pointwise_value` whose outputs only fusible rows of the run read, read once or reading
+    at most `REALIZE_READS_THRESHOLD` storages (`StorageBox.should_realize_on_reuse`)."""
+    readers = _readers(events, run)
     inlined: dict[int, tuple[list[int], set[int]]] = {}
     produced_by: dict[int, int] = {}
     for i in run:
@@ -231,12 +255,7 @@ def _inlined(
             elif u >= 0:
                 reads.add(u)
         if (
-            e.name in ("elementwise", "copy")
-            and e.aten.startswith("aten.")
-            and outs
-            and not outs & read_storages(e)
-            and outs <= transient
-            and not outs & eager_storages
+            _pointwise_value(e, eager_storages, transient)
             and all(readers[u] for u in outs)
             and all(
                 events[r].name in FUSIBLE and not accumulates_gradient(events[r], eager_storages)
@@ -251,6 +270,64 @@ def _inlined(
             inlined[i] = (sorted(set(rows)), reads)
             produced_by.update(dict.fromkeys(outs, i))
     return inlined
+
+
+def copied_per_reader(
+    events: Sequence[OpEvent],
+    run: list[int],
+    repeated: set[int],
+    alias: dict[int, int],
+    eager_storages: Iterable[int] = (),
+    transient: Iterable[int] = (),
+) -> set[int]:
+    """Rule 4's other side: the rows of `repeated` (rule 3's, with its `alias`) to keep, because
+    Inductor realises the value they repeat once per reader. The value of a
+    `_pointwise_value` read by two or more rows is stored once when it reads more than
+    `REALIZE_READS_THRESHOLD` storages (`StorageBox.mark_reuse`) or when a reader asks for
+    realised inputs (`GraphLowering.run_node`'s `realize_hint`: aten.mm, aten.bmm, fallback
+    kernels); when every reader is a `COPIES_UNREALIZED_INPUT` op that reads it through a view
+    (another shape) it is never stored, and each reader realises a copy of the view (the
+    stride constraint on its input copies a view of an unrealised value), all written by one
+    kernel; read whole (a scale's reciprocal), it is stored once. torchao casts attention's
+    normed input once for each of wq, wk and wv, and the CSE takes the three for one; Inductor
+    writes three copies, from one read (its recipe reads four buffers: the block input, the
+    norm weight, the row statistics, the scale), where the FFN's input cast reads five and is
+    stored once."""
+    eager_storages, transient = frozenset(eager_storages), frozenset(transient)
+    kept_run = [i for i in run if i not in repeated]
+    merged = {i: renamed_storages(events[i], alias) for i in kept_run}
+    readers = _readers(merged, kept_run)
+    inlined = _inlined(merged, kept_run, eager_storages, transient)
+    inlined_by = {u: j for j in inlined for u in written_storages(merged[j])}
+    copied: set[int] = set()  # the storages of the values realised once per reader
+    for i in kept_run:
+        e = merged[i]
+        if i in inlined or not _pointwise_value(e, eager_storages, transient):
+            continue
+        outs = written_storages(e)
+        value_readers = {r for u in outs for r in readers[u]}
+        reads: set[int] = set()
+        for u in read_storages(e):
+            if u in inlined_by:
+                reads |= inlined[inlined_by[u]][1]
+            elif u >= 0:
+                reads.add(u)
+        shapes = {u: t[0] for u, t in zip(e.flows, e.tensors, strict=True) if t[2]}
+        if (
+            len(value_readers) > 1
+            and len(reads) <= REALIZE_READS_THRESHOLD
+            and all(
+                merged[r].aten in COPIES_UNREALIZED_INPUT
+                and all(
+                    t[0] != shapes[u]
+                    for u, t in zip(merged[r].flows, merged[r].tensors, strict=True)
+                    if u in outs and not t[2]
+                )
+                for r in value_readers
+            )
+        ):
+            copied |= outs
+    return {i for i in repeated if {alias.get(u) for u in written_storages(events[i])} & copied}
 
 
 def _nodes(

@@ -197,6 +197,50 @@ def test_a_cast_repeated_for_each_gemm_of_one_input_is_computed_once():
     ]  # fmt: skip
 
 
+def _casts_of_one_input(gemm: str, reader_shape: tuple, recipe_reads: int):
+    """torchao's casts of attention's normed input, one per linear (q, k, v): the norm
+    (reading `recipe_reads` - 1 storages) inlined into each cast, which reads its scale too;
+    each cast's output, of shape (1, N, D), read by one `gemm` as `reader_shape`."""
+    x, w, stats, extra, scale, n = range(6)
+    casts, weights, outputs = (6, 7, 8), (9, 10, 11), (12, 13, 14)
+    rows = Rows()
+    rows.alloc(n)
+    rows.op("mul", (x, w, stats, extra)[: recipe_reads - 1], (n,))
+    for cast, weight, y in zip(casts, weights, outputs, strict=True):
+        rows.alloc(cast)
+        rows.op("_to_copy", (n, scale), (cast,), in_shapes=[(N, D), ()], out_shape=(1, N, D))
+        rows.op(gemm, (cast, weight), (y,), in_shapes=[reader_shape, (D, D)])
+        rows.free(cast)
+    rows.free(n)
+    events = as_classes(rows.events, {"_scaled_mm": "scaled_mm", "_to_copy": "copy"})
+    return _compute(fuse_compiled_regions(events, (), REGION)), casts
+
+
+def test_a_cast_every_scaled_mm_reads_through_a_view_is_one_kernel_writing_a_copy_for_each():
+    """Inductor does not store a pointwise value that reads four buffers or fewer when
+    several read it; each `_scaled_mm` reading it through a view realises its own copy, and
+    the three copies are one kernel's writes (Inductor's forward of a Llama 3 8B block)."""
+    kernels, casts = _casts_of_one_input("_scaled_mm", (N, D), recipe_reads=4)
+    assert [e.aten for e in kernels] == [FUSED_ATEN] + ["aten._scaled_mm"] * 3
+    assert kernels[0].write_bytes == 3 * 4 * N * D and kernels[0].read_bytes == 4 * (3 * N * D + 1)
+    assert [e.flows[0] for e in kernels[1:]] == list(casts)
+
+
+@pytest.mark.parametrize(
+    "gemm, reader_shape, recipe_reads, why",
+    [
+        ("_scaled_mm", (N, D), 5, "a recipe of five reads is stored on reuse"),
+        ("_scaled_mm", (1, N, D), 4, "read whole, not through a view: realised once"),
+        ("mm", (N, D), 4, "aten.mm asks for realised inputs: stored once"),
+    ],
+)
+def test_a_cast_is_stored_once_otherwise(gemm, reader_shape, recipe_reads, why):
+    kernels, casts = _casts_of_one_input(gemm, reader_shape, recipe_reads)
+    assert [e.aten for e in kernels] == [FUSED_ATEN] + [f"aten.{gemm}"] * 3, why
+    assert kernels[0].write_bytes == 4 * N * D, why
+    assert [e.flows[0] for e in kernels[1:]] == [casts[0]] * 3, why
+
+
 def test_a_pointwise_value_two_kernels_read_is_recomputed_in_each_not_stored():
     """norm -> amax and norm -> cast: the cast needs the finished amax, so they are two
     kernels, and Inductor's lowering inlines the normalisation into both."""
