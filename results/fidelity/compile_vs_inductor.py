@@ -206,6 +206,13 @@ def inductor_kernels(baseline: Path, seq_len: int) -> list[list[tuple[str, str, 
     return graphs
 
 
+# Inductor's extern kernels that are not memory-bound: GEMMs, attention, and the rng-state
+# wrappers torch.utils.checkpoint puts around attention under full checkpointing (SDPA is a
+# random op: `run_and_save_rng_state` in the forward graph, `run_with_rng_state` for its
+# recomputation in the backward; a Llama block has no other random op)
+EXTERN_COMPUTE = (*GEMM_OPS, "attention", "run_and_save_rng_state", "run_with_rng_state")
+
+
 def inductor_bytes(graphs) -> dict[str, tuple[int, int]]:
     """{group: (memory-bound kernels, bytes)}: generated kernels and memory-bound custom ops."""
     totals = {}
@@ -213,7 +220,7 @@ def inductor_bytes(graphs) -> dict[str, tuple[int, int]]:
         count = moved = 0
         for kind, name, nbytes, *_ in kernels:
             extern = kind == "ExternKernelSchedulerNode"
-            if extern and (nbytes == 0 or any(k in name for k in (*GEMM_OPS, "attention"))):
+            if extern and (nbytes == 0 or any(k in name for k in EXTERN_COMPUTE)):
                 continue  # GEMMs, attention, and the views of a multi-output op
             count, moved = count + 1, moved + nbytes
         totals[group] = (count, moved)

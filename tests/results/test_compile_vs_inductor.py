@@ -24,6 +24,18 @@ def test_inductor_kernels_count_generated_kernels_and_custom_ops_but_not_gemms_o
     assert totals == {"forward": (2, 340), "backward": (1, 100)}
 
 
+def test_attention_under_full_checkpointing_is_not_a_memory_bound_kernel(compile_vs_inductor):
+    """torch.utils.checkpoint wraps the random attention op in rng-state operators, under
+    whose names Inductor's extern nodes then run it."""
+    forward = [("ExternKernelSchedulerNode", "run_and_save_rng_state", 20_980_000)]
+    backward = [
+        ("ExternKernelSchedulerNode", "run_with_rng_state", 21_110_000),  # its recomputation
+        ("SchedulerNode", "", 100),
+    ]
+    totals = compile_vs_inductor.inductor_bytes([forward, backward])
+    assert totals == {"forward": (0, 0), "backward": (1, 100)}
+
+
 def test_bytes_split_into_a_part_a_token_and_a_part_a_layer(compile_vs_inductor):
     # 3 bytes a token and 500 a layer (a weight cast) at 1 024 and 2 048 tokens
     per_token, per_layer = compile_vs_inductor.per_token_and_layer({2048: 6644, 1024: 3572})
