@@ -104,6 +104,9 @@ class Node:
     reduction: bool
     row_reduction: bool
     succ: set[int] = field(default_factory=set)
+    # (output, input) elements of the loop a reduction's kernel runs: a split reduction's
+    # partial one when Inductor splits it along a row reduction's ranges (`_split_ranges`)
+    ranges: tuple[int, int] = (0, 0)
 
 
 def _accesses(e: OpEvent) -> dict[int, int]:
@@ -381,6 +384,7 @@ def _nodes(
     last_writer: dict[int, int] = {}
     readers: dict[int, list[int]] = defaultdict(list)
     for j, n in enumerate(nodes):
+        n.ranges = _split_ranges(nodes, last_writer, n) or (n.out_numel, n.numel)
         for u in n.reads:
             if u in last_writer:
                 nodes[last_writer[u]].succ.add(j)
@@ -393,6 +397,40 @@ def _nodes(
                     nodes[r].succ.add(j)  # write after read (an in-place op)
             last_writer[u] = j
     return nodes
+
+
+def _split_ranges(
+    nodes: list[Node], last_writer: dict[int, int], n: Node
+) -> tuple[int, int] | None:
+    """The ranges Inductor splits a reduction to one element along, when it takes them from a
+    row reduction (`Reduction.num_splits` with `extract_input_node_reduction_ranges`): the
+    reduction reads a value it inlines (rule 4), and the nearest reductions its recipe reads,
+    through stored pointwise values, are row reductions over its elements, all over the same
+    rows. Then its partial reduction runs the row reduction's loop, and the two fuse: a
+    tensorwise fp8 amax of a normed input is one kernel with the norm's row statistics.
+    Otherwise (a weight's amax, an attention output's) it splits by a size of its own."""
+    if not (
+        n.reduction and n.out_numel == 1 and n.numel > SPLIT_REDUCTION_NUMEL and len(n.rows) > 1
+    ):
+        return None
+    level, seen = set(n.reads), set()
+    while level:
+        seen |= level
+        found, upstream = set(), set()
+        for u in level:
+            if u not in last_writer:
+                continue
+            w = nodes[last_writer[u]]
+            if w.reduction:
+                found.add((w.out_numel, w.numel))
+            elif w.fusible:
+                upstream |= w.reads
+        if found:
+            if len(found) == 1 and next(iter(found))[1] == n.numel and next(iter(found))[0] > 1:
+                return next(iter(found))
+            return None
+        level = upstream - seen
+    return None
 
 
 def _scheduler_nodes(e: OpEvent, n: Node) -> int:
@@ -450,7 +488,7 @@ class Fusion:
         """Rule 6: one iteration range, or a reduction's input and output ranges; nothing over
         the input's range after a reduction that is not over rows."""
         nodes = [self.nodes[m] for m in members]
-        reductions = {(n.out_numel, n.numel) for n in nodes if n.reduction}
+        reductions = {n.ranges for n in nodes if n.reduction}
         if len(reductions) > 1:
             return False
         if not reductions:

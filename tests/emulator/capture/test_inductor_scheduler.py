@@ -97,6 +97,44 @@ def test_two_reductions_fuse_before_a_reduction_and_a_pointwise_node_that_share_
     assert kernels == [[run[0], run[2]], [run[1]]]
 
 
+def _norm_and_amax(amax_input: str):
+    """A norm's row statistics and a tensorwise amax over 1 024 x 1 024 elements (large enough
+    for Inductor to split the amax into a partial and a final reduction), the amax over the
+    normed value or over the norm's input itself; the cast that needs the finished amax."""
+    rows_, cols = 1024, 1024
+    x, stats, normed, scale, cast = range(5)
+    rows = Rows()
+    rows.op("mean", (x,), (stats,), in_shapes=[(rows_, cols)], out_shape=(rows_, 1))
+    rows.op("mul", (x, stats), (normed,), in_shapes=[(rows_, cols), (rows_, 1)],
+            out_shape=(rows_, cols))  # fmt: skip
+    source = {"normed": normed, "input": x}[amax_input]
+    rows.op("amax", (source,), (scale,), in_shapes=[(rows_, cols)], out_shape=())
+    rows.op("cast", (normed, scale), (cast,), in_shapes=[(rows_, cols), ()],
+            out_shape=(rows_, cols))  # fmt: skip
+    events = as_classes(rows.events, {"mean": "reduction", "amax": "reduction"})
+    run = _run(events)
+    nodes, groups = fused_groups(events, run, transient={stats, normed, scale})
+    return run, sorted(sorted(r for j in group for r in nodes[j].rows) for group in groups)
+
+
+def test_an_amax_of_a_normed_value_splits_along_the_norms_rows_and_fuses_with_its_statistics():
+    """Inductor splits a large reduction to one element along the ranges of a row reduction
+    its input's recipe reads (`extract_input_node_reduction_ranges`): the partial amax runs
+    the norm's loop, and the two are one kernel (the row statistics and a normed input's
+    amax in a Llama 3 8B block); the cast, which needs the finished amax, is another."""
+    run, kernels = _norm_and_amax("normed")
+    mean, mul, amax, cast = run
+    assert kernels == [[mean, mul, amax], [mul, cast]]
+
+
+def test_an_amax_of_a_stored_input_splits_by_its_own_size_and_stays_apart():
+    """Over the norm's input (a graph input: nothing of a reduction's in its recipe) the amax
+    splits by a size of its own, whose partial loop is not the norm's: two kernels."""
+    run, kernels = _norm_and_amax("input")
+    mean, mul, amax, cast = run
+    assert kernels == [[mean, mul, cast], [amax]]
+
+
 def test_the_swiglu_backward_is_one_group_between_the_gemm_it_needs_and_the_one_it_feeds():
     a, b, g, w2, s, p, dw2, dp, ds, db, da = range(11)
     rows = Rows()
