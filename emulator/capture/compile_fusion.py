@@ -91,7 +91,11 @@ order of rules 3-6 and 8 are `emulator.capture.inductor_scheduler`'s):
    only with the same ranges. A node over the input's range may read a reduction's result in
    the same kernel only when the reduction is over the innermost dimensions (a norm's row
    statistics); after a reduction to one element (a tensorwise fp8 amax) or over the outer
-   dimensions (a weight gradient's column sum) it cannot: it needs the finished value.
+   dimensions (a weight gradient's column sum) it cannot: it needs the finished value. A
+   large reduction to one element whose inlined recipe reads a row reduction's result over
+   the same elements runs that reduction's loop (Inductor splits it along those ranges:
+   `inductor_scheduler._split_ranges`), so a normed input's amax is one kernel with the
+   norm's row statistics.
 7. A group of two or more rows (its nodes and what they inline) is one kernel (`FUSED_ATEN`,
    priced as an "elementwise" op by the bytes it moves): it reads each storage the group
    reads before writing it, once (the bytes of its views, at most the storage's size:
@@ -109,8 +113,8 @@ order of rules 3-6 and 8 are `emulator.capture.inductor_scheduler`'s):
 What the rule leaves out: fusion into GEMM epilogues (max-autotune only), AOTAutograd's
 min-cut partitioner recomputing cheap pointwise ops in the backward instead of saving them
 (saved activations are kept as recorded, less what no backward row reads:
-emulator.capture.compile_saved), Inductor's split of a large reduction into two kernels (the
-second reads only the partial results), and its other reasons to refuse a fusion (index
+emulator.capture.compile_saved), the second kernel of Inductor's split of a large reduction
+(it reads only the partial results; the rule's reduction is one kernel), and its other reasons to refuse a fusion (index
 patterns it cannot tile together, a kernel's register pressure). Against Inductor's own
 scheduler for Triton on one Llama 3 8B block (`results/fidelity/compile_vs_inductor.py`,
 torch 2.13): the same bytes in bf16, 0.93-1.05 x in fp8 (`compile_vs_inductor.md` says
