@@ -117,7 +117,7 @@ emulator.capture.compile_saved), the second kernel of Inductor's split of a larg
 (it reads only the partial results; the rule's reduction is one kernel), and its other reasons to refuse a fusion (index
 patterns it cannot tile together, a kernel's register pressure). Against Inductor's own
 scheduler for Triton on one Llama 3 8B block (`results/fidelity/compile_vs_inductor.py`,
-torch 2.13): the same bytes in bf16, 0.93-1.05 x in fp8 (`compile_vs_inductor.md` says
+torch 2.13): the same bytes in bf16, 0.95-1.08 x in fp8 (`compile_vs_inductor.md` says
 which commit). On CPU Inductor generates C++ and
 fuses by the same scheduler but with other heuristics, so a CPU kernel count is a proxy; the
 `gpu` tests count kernels of a CUDA profile.
