@@ -114,8 +114,9 @@ What the rule leaves out: fusion into GEMM epilogues (max-autotune only), AOTAut
 min-cut partitioner recomputing cheap pointwise ops in the backward instead of saving them
 (saved activations are kept as recorded, less what no backward row reads:
 emulator.capture.compile_saved), the second kernel of Inductor's split of a large reduction
-(it reads only the partial results; the rule's reduction is one kernel), and its other reasons to refuse a fusion (index
-patterns it cannot tile together, a kernel's register pressure). Against Inductor's own
+(it reads only the partial results; the rule's reduction is one kernel), and its other
+reasons to refuse a fusion (index patterns it cannot tile together, a kernel's register
+pressure). Against Inductor's own
 scheduler for Triton on one Llama 3 8B block (`results/fidelity/compile_vs_inductor.py`,
 torch 2.13): the same bytes in bf16, 0.95-1.08 x in fp8 (`compile_vs_inductor.md` says
 which commit). On CPU Inductor generates C++ and

@@ -210,7 +210,9 @@ def dead_code(
     return dead
 
 
-def _readers(events: Mapping[int, OpEvent] | Sequence[OpEvent], run: list[int]) -> dict:
+def _readers(
+    events: Mapping[int, OpEvent] | Sequence[OpEvent], run: list[int]
+) -> dict[int, list[int]]:
     """storage id -> the rows of the run that read it, in program order."""
     readers: dict[int, list[int]] = defaultdict(list)
     for i in run:
@@ -405,10 +407,11 @@ def _split_ranges(
     """The ranges Inductor splits a reduction to one element along, when it takes them from a
     row reduction (`Reduction.num_splits` with `extract_input_node_reduction_ranges`): the
     reduction reads a value it inlines (rule 4), and the nearest reductions its recipe reads,
-    through stored pointwise values, are row reductions over its elements, all over the same
-    rows. Then its partial reduction runs the row reduction's loop, and the two fuse: a
-    tensorwise fp8 amax of a normed input is one kernel with the norm's row statistics.
-    Otherwise (a weight's amax, an attention output's) it splits by a size of its own."""
+    through stored pointwise values, all run one loop over its elements to more than one
+    output (a norm's row statistics). Then its partial reduction runs that loop, and the two
+    fuse: a tensorwise fp8 amax of a normed input is one kernel with the norm's row
+    statistics. Otherwise (a weight's amax, an attention output's) it splits by a size of its
+    own."""
     if not (
         n.reduction and n.out_numel == 1 and n.numel > SPLIT_REDUCTION_NUMEL and len(n.rows) > 1
     ):
@@ -425,10 +428,11 @@ def _split_ranges(
                 found.add((w.out_numel, w.numel))
             elif w.fusible:
                 upstream |= w.reads
-        if found:
-            if len(found) == 1 and next(iter(found))[1] == n.numel and next(iter(found))[0] > 1:
-                return next(iter(found))
+        if len(found) > 1:  # reductions over other ranges: Inductor takes none of them
             return None
+        if found:
+            ((out_numel, numel),) = found
+            return (out_numel, numel) if numel == n.numel and out_numel > 1 else None
         level = upstream - seen
     return None
 
