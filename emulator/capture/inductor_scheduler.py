@@ -236,6 +236,21 @@ def _pointwise_value(e: OpEvent, eager_storages: frozenset[int], transient: froz
     )
 
 
+def _recipe(
+    i: int, e: OpEvent, inlined: dict[int, tuple[list[int], set[int]]], produced_by: dict[int, int]
+) -> tuple[list[int], set[int]]:
+    """(the rows row `i` stands for, the storages it reads) once the values of `inlined` rows
+    (`produced_by`: storage id -> its inlined row) are computed inside it (rule 4)."""
+    rows, reads = [i], set()
+    for u in read_storages(e):
+        if u in produced_by:  # an inlined row's value: read what it reads
+            rows = inlined[produced_by[u]][0] + rows
+            reads |= inlined[produced_by[u]][1]
+        elif u >= 0:
+            reads.add(u)
+    return rows, reads
+
+
 def _inlined(
     events: Mapping[int, OpEvent] | Sequence[OpEvent],
     run: list[int],
@@ -252,13 +267,7 @@ def _inlined(
     for i in run:
         e = events[i]
         outs = written_storages(e)
-        rows, reads = [i], set()
-        for u in read_storages(e):
-            if u in produced_by:  # an inlined row's value: read what it reads
-                rows = inlined[produced_by[u]][0] + rows
-                reads |= inlined[produced_by[u]][1]
-            elif u >= 0:
-                reads.add(u)
+        rows, reads = _recipe(i, e, inlined, produced_by)
         if (
             _pointwise_value(e, eager_storages, transient)
             and all(readers[u] for u in outs)
@@ -299,6 +308,8 @@ def copied_per_reader(
     norm weight, the row statistics, the scale), where the FFN's input cast reads five and is
     stored once."""
     eager_storages, transient = frozenset(eager_storages), frozenset(transient)
+    if not any(_pointwise_value(events[i], eager_storages, transient) for i in repeated):
+        return set()  # no repeated value to keep: spare the run a second pass of rule 4
     kept_run = [i for i in run if i not in repeated]
     merged = {i: renamed_storages(events[i], alias) for i in kept_run}
     readers = _readers(merged, kept_run)
@@ -311,12 +322,7 @@ def copied_per_reader(
             continue
         outs = written_storages(e)
         value_readers = {r for u in outs for r in readers[u]}
-        reads: set[int] = set()
-        for u in read_storages(e):
-            if u in inlined_by:
-                reads |= inlined[inlined_by[u]][1]
-            elif u >= 0:
-                reads.add(u)
+        _, reads = _recipe(i, e, inlined, inlined_by)
         shapes = {u: t[0] for u, t in zip(e.flows, e.tensors, strict=True) if t[2]}
         if (
             len(value_readers) > 1
