@@ -71,7 +71,9 @@ order of rules 3-6 and 8 are `emulator.capture.inductor_scheduler`'s):
    after write, write after read, write after write). Fusible nodes are merged pairwise, in
    each round two reductions or two pointwise nodes first (a merged node is a reduction when
    one of its nodes is: `InductorChoices.score_fusion`), then the pairs that share the most
-   bytes, then the nearest, until no merge is left (at most `MAX_FUSION_ROUNDS` rounds,
+   bytes, then the nearest in the graph (Inductor's proximity score, in the order below; a
+   normed input's amax shares as many bytes with the recomputed row statistics as with the
+   norm backward's row sum at 2 048 tokens, and joins the statistics), until no merge is left (at most `MAX_FUSION_ROUNDS` rounds,
    `MAX_FUSION_SIZE` nodes a kernel), when the merge is compatible (rule 6) and leaves no
    path from one group to the other through a third node (an extern GEMM that reads one and
    is read by the other keeps them apart). A storage that one node reads through its

@@ -594,14 +594,15 @@ def fused_groups(
     for _ in range(MAX_FUSION_ROUNDS):
         # InductorChoices.score_fusion, as each round's candidates are sorted: two reductions
         # or two pointwise kernels first (a fused kernel is a reduction when one of its nodes
-        # is), then the bytes the two share, then the nearer pair
+        # is), then the bytes the two share, then the pair nearer in the graph (its proximity
+        # score; rule 5)
         reduces = {g: any(nodes[m].reduction for m in ms) for g, ms in fusion.members.items()}
         pairs = sorted(
             scores,
             key=lambda p: (
                 reduces[fusion.group[p[0]]] != reduces[fusion.group[p[1]]],
                 -scores[p],
-                p[1] - p[0],
+                fusion.distance(*p),
                 p,
             ),
         )

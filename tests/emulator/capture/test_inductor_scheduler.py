@@ -135,6 +135,38 @@ def test_an_amax_of_a_stored_input_splits_by_its_own_size_and_stays_apart():
     assert kernels == [[mean, mul, cast], [amax]]
 
 
+def test_of_two_pairs_that_share_as_many_bytes_the_nearer_in_the_graph_fuses():
+    """A normed input's amax (its recipe reads the norm's input, statistics and weight) shares
+    the input with both the recomputed row statistics and the norm backward's row sum, and as
+    many bytes again with each (the statistics; the weight, of as many elements): the tie goes to the pair nearer in the graph
+    (Inductor's proximity score), not in program order. The recomputed statistics lie just
+    before the amax in AOTAutograd's order, the row sum after a GEMM; the GEMM reads the
+    statistics and the row sum reads it, so the third node cannot join either pair."""
+    rows_, cols, fillers = 1024, 1024, 10
+    x, stats, normed, scale, w, g, total = range(7)
+    recompute, backward = PHASES.index("recompute"), PHASES.index("backward")
+    rows = Rows()
+    rows.op("mean", (x,), (stats,), in_shapes=[(rows_, cols)], out_shape=(rows_, 1),
+            phase=recompute)  # fmt: skip
+    for k in range(fillers):
+        rows.op("mm", (100 + k,), (101 + k,), phase=backward)
+    rows.op("mul", (x, stats, w), (normed,), in_shapes=[(rows_, cols), (rows_, 1), (cols,)],
+            out_shape=(rows_, cols), phase=backward)  # fmt: skip
+    rows.op("amax", (normed,), (scale,), in_shapes=[(rows_, cols)], out_shape=(),
+            phase=backward)  # fmt: skip
+    rows.op("mm", (stats,), (g,), in_shapes=[(rows_, 1)], out_shape=(rows_, cols),
+            phase=backward)  # fmt: skip
+    rows.op("sum", (x, w, g), (total,), in_shapes=[(rows_, cols), (cols,), (rows_, cols)],
+            out_shape=(rows_, 1), phase=backward)  # fmt: skip
+    events = as_classes(rows.events, {"mean": "reduction", "amax": "reduction", "sum": "reduction"})
+    run = _run(events)
+    mean, mul, amax, total_sum = run[0], run[-4], run[-3], run[-1]
+    nodes, groups = fused_groups(events, run, transient={stats, normed, scale})
+    fused = [sorted(r for j in group for r in nodes[j].rows) for group in groups if len(group) > 1]
+    assert fused == [[mean, mul, amax]]
+    assert [total_sum] in [sorted(nodes[j].rows) for group in groups for j in group]
+
+
 def test_the_swiglu_backward_is_one_group_between_the_gemm_it_needs_and_the_one_it_feeds():
     a, b, g, w2, s, p, dw2, dp, ds, db, da = range(11)
     rows = Rows()
