@@ -73,8 +73,8 @@ order of rules 3-6 and 8 are `emulator.capture.inductor_scheduler`'s):
    one of its nodes is: `InductorChoices.score_fusion`), then the pairs that share the most
    bytes, then the nearest in the graph (Inductor's proximity score, in the order below; a
    normed input's amax shares as many bytes with the recomputed row statistics as with the
-   norm backward's row sum at 2 048 tokens, and joins the statistics), until no merge is left (at most `MAX_FUSION_ROUNDS` rounds,
-   `MAX_FUSION_SIZE` nodes a kernel), when the merge is compatible (rule 6) and leaves no
+   norm backward's row sum at 2 048 tokens, and joins the statistics), until no merge is left
+   (at most `MAX_FUSION_ROUNDS` rounds, `MAX_FUSION_SIZE` nodes a kernel), when the merge is compatible (rule 6) and leaves no
    path from one group to the other through a third node (an extern GEMM that reads one and
    is read by the other keeps them apart). A storage that one node reads through its
    transpose (`OpEvent.transposed_reads`: torchao's transposed fp8 cast of an output
@@ -120,7 +120,7 @@ emulator.capture.compile_saved), the second kernel of Inductor's split of a larg
 reasons to refuse a fusion (index patterns it cannot tile together, a kernel's register
 pressure). Against Inductor's own
 scheduler for Triton on one Llama 3 8B block (`results/fidelity/compile_vs_inductor.py`,
-torch 2.13): the same bytes in bf16, 0.95-1.08 x in fp8 (`compile_vs_inductor.md` says
+torch 2.13): the same bytes in bf16, 0.95-1.00 x in fp8 (`compile_vs_inductor.md` says
 which commit). On CPU Inductor generates C++ and
 fuses by the same scheduler but with other heuristics, so a CPU kernel count is a proxy; the
 `gpu` tests count kernels of a CUDA profile.

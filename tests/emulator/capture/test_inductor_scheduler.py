@@ -138,10 +138,11 @@ def test_an_amax_of_a_stored_input_splits_by_its_own_size_and_stays_apart():
 def test_of_two_pairs_that_share_as_many_bytes_the_nearer_in_the_graph_fuses():
     """A normed input's amax (its recipe reads the norm's input, statistics and weight) shares
     the input with both the recomputed row statistics and the norm backward's row sum, and as
-    many bytes again with each (the statistics; the weight, of as many elements): the tie goes to the pair nearer in the graph
-    (Inductor's proximity score), not in program order. The recomputed statistics lie just
-    before the amax in AOTAutograd's order, the row sum after a GEMM; the GEMM reads the
-    statistics and the row sum reads it, so the third node cannot join either pair."""
+    many bytes again with each (the statistics; the weight, of as many elements): the tie goes
+    to the pair nearer in the graph (Inductor's proximity score), not in program order. The
+    recomputed statistics lie just before the amax in AOTAutograd's order, the row sum after a
+    GEMM; the GEMM reads the statistics and the row sum reads it, so the third node cannot
+    join either pair."""
     rows_, cols, fillers = 1024, 1024, 10
     x, stats, normed, scale, w, g, total = range(7)
     recompute, backward = PHASES.index("recompute"), PHASES.index("backward")
@@ -160,11 +161,10 @@ def test_of_two_pairs_that_share_as_many_bytes_the_nearer_in_the_graph_fuses():
             out_shape=(rows_, 1), phase=backward)  # fmt: skip
     events = as_classes(rows.events, {"mean": "reduction", "amax": "reduction", "sum": "reduction"})
     run = _run(events)
-    mean, mul, amax, total_sum = run[0], run[-4], run[-3], run[-1]
+    mean, mul, amax = run[0], run[-4], run[-3]
     nodes, groups = fused_groups(events, run, transient={stats, normed, scale})
     fused = [sorted(r for j in group for r in nodes[j].rows) for group in groups if len(group) > 1]
-    assert fused == [[mean, mul, amax]]
-    assert [total_sum] in [sorted(nodes[j].rows) for group in groups for j in group]
+    assert fused == [[mean, mul, amax]]  # the row sum, in no pair, is a kernel of its own
 
 
 def test_the_swiglu_backward_is_one_group_between_the_gemm_it_needs_and_the_one_it_feeds():
