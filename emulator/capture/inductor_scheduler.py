@@ -256,12 +256,13 @@ def _inlined(
     run: list[int],
     eager_storages: frozenset[int],
     transient: frozenset[int],
+    readers: Mapping[int, list[int]],
 ) -> dict[int, tuple[list[int], set[int]]]:
     """Rule 4: row -> (the rows it stands for, the storages it reads) of each pointwise row
     Inductor's lowering inlines into its consumers instead of storing its value: a
     `_pointwise_value` whose outputs only fusible rows of the run read, read once or reading
-    at most `REALIZE_READS_THRESHOLD` storages (`StorageBox.should_realize_on_reuse`)."""
-    readers = _readers(events, run)
+    at most `REALIZE_READS_THRESHOLD` storages (`StorageBox.should_realize_on_reuse`).
+    `readers`: the run's `_readers`."""
     inlined: dict[int, tuple[list[int], set[int]]] = {}
     produced_by: dict[int, int] = {}
     for i in run:
@@ -270,7 +271,7 @@ def _inlined(
         rows, reads = _recipe(i, e, inlined, produced_by)
         if (
             _pointwise_value(e, eager_storages, transient)
-            and all(readers[u] for u in outs)
+            and all(readers.get(u) for u in outs)
             and all(
                 events[r].name in FUSIBLE and not accumulates_gradient(events[r], eager_storages)
                 for u in outs
@@ -313,7 +314,7 @@ def copied_per_reader(
     kept_run = [i for i in run if i not in repeated]
     merged = {i: renamed_storages(events[i], alias) for i in kept_run}
     readers = _readers(merged, kept_run)
-    inlined = _inlined(merged, kept_run, eager_storages, transient)
+    inlined = _inlined(merged, kept_run, eager_storages, transient, readers)
     inlined_by = {u: j for j in inlined for u in written_storages(merged[j])}
     copied: set[int] = set()  # the storages of the values realised once per reader
     for i in kept_run:
@@ -349,7 +350,7 @@ def _nodes(
 ) -> list[Node]:
     """The run's nodes in program order (its rows less the inlined ones), with their data
     dependences. `transient`: storages allocated and freed within the run's span."""
-    inlined = _inlined(events, run, eager_storages, transient)
+    inlined = _inlined(events, run, eager_storages, transient, _readers(events, run))
     inlined_by = {u: i for i in inlined for u in written_storages(events[i])}  # storage -> its row
     inlined_outputs = set(inlined_by)
     nodes = []
