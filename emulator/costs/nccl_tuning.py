@@ -91,6 +91,11 @@ def _bus_bw(kind: str, algo: str, proto: int, geo: GroupGeometry) -> float:
     """tuning.cc's busBw refinements, then the bus -> algorithm bandwidth ratio."""
     bucket = min(geo.n_nodes, 3) - 1
     bw = geo.bw_intra_GBps if geo.n_nodes <= 2 else geo.bw_inter_GBps
+    if algo == "tree" and geo.n_nodes == 2:
+        # ours, not tuning.cc: its two-node tree runs at the intra-node figure, as if the NICs
+        # kept up; they carry S a direction (each tree's half up and the other's down), so
+        # algBw (busBw x 0.5) <= B_inter. Binds where a node's rails carry < half of NVLink.
+        bw = min(bw, 2 * geo.bw_inter_GBps)
     if algo == "ring":
         bw = min(geo.bw_intra_GBps, geo.bw_inter_GBps)  # a ring crossing nodes runs at its slowest hop
     if algo == "nvls":

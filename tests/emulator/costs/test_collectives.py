@@ -71,6 +71,18 @@ def test_more_members_per_node_use_more_rails():
     assert t2 < 1.2 * t1  # twice the data on twice the rails
 
 
+def test_an_all_reduce_over_two_nodes_is_no_faster_than_their_nics():
+    # every node must receive the other's S-byte partial sum, so S / (its NICs) is a floor;
+    # NCCL's tuner prices a two-node tree at NVLink speed, as if the NICs kept up
+    nbytes = 1.48e9
+    nic = H100.network.nic_bandwidth_GBps * 1e9
+    two_a_node = np.array([0, 4, 8, 12])  # tp 4 x dp 4 on two nodes: 2 rails a node
+    assert collective_time_s("all_reduce", nbytes, two_a_node, H100) >= nbytes / (2 * nic)
+    uneven = np.array([0, 4, 8])  # 6-GPU nodes: the lone member of node 1 has one NIC
+    six = Topology(gpu=H100.gpu, gpus_per_node=6, link=H100.link, network=H100.network)
+    assert collective_time_s("all_reduce", nbytes, uneven, six) >= nbytes / nic
+
+
 def test_gpus_sharing_a_nic_share_its_bandwidth():
     # BLOOM's nodes: 8 A100s, 4 Omni-Path HFIs. Every GPU of a node reduces its own data-parallel
     # group at once, so two GPUs drive each NIC: a group with one member a node gets half a NIC.
