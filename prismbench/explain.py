@@ -44,6 +44,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from emulator.hardware import gpu_preset
 from emulator.world.mesh import World
 from workloads.config import ModelSpec
@@ -67,7 +69,7 @@ class AxisPlacement:
     size: int
     stride: int
     intra_node: bool
-    nodes_per_group: int  # nodes spanned by the group that holds rank 0
+    max_nodes_per_group: int  # the most nodes one group of the axis spans
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,19 +290,23 @@ def flops(m: ModelSpec, *, seq_len: int, tokens: int, recompute: str, world_size
 
 def axis_placements(world: World) -> tuple[AxisPlacement, ...]:
     """Where each mesh axis lands, for the row-major rank order of the world's axes."""
-    gpus_per_node = world.gpus_per_node
     placements = []
     stride = 1
     for name, size in reversed(world.axes):
-        span = stride * size
-        nodes = len({(k * stride) // gpus_per_node for k in range(size)})
-        intra = size == 1 or gpus_per_node % span == 0
+        # groups that do not tile the nodes (tp 3 on 8-GPU nodes) span more than rank 0's
+        nodes = np.sort(world.groups(name) // world.gpus_per_node, axis=1)
+        spans = 1 + (np.diff(nodes, axis=1) != 0).sum(axis=1)
+        most = int(spans.max())
         placements.append(
             AxisPlacement(
-                name=name, size=size, stride=stride, intra_node=intra, nodes_per_group=nodes
+                name=name,
+                size=size,
+                stride=stride,
+                intra_node=most == 1,
+                max_nodes_per_group=most,
             )
         )
-        stride = span
+        stride *= size
     return tuple(reversed(placements))
 
 

@@ -72,7 +72,7 @@ def _layout_table(e: Explanation) -> Table:
         where = (
             "intra-node"
             if axis.intra_node
-            else f"inter-node (rank 0's group spans {axis.nodes_per_group} node(s))"
+            else f"inter-node (a group spans up to {axis.max_nodes_per_group} nodes)"
         )
         table.add_row(f"  {axis.name} groups (size {axis.size}, stride {axis.stride})", where)
     table.add_row("virtual stages per rank", str(e.virtual_stages_per_rank))

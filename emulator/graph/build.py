@@ -43,8 +43,9 @@ the time the overlap rule (`costs.overlap.weight_grad_overlap_exposed_s`) leaves
 
 Durations are not this module's business: it asks emulator.costs.pricing for every compute
 row's duration and overlap slowdown (or takes durations given per trace row, e.g. measured)
-and for each collective's duration over the representative's group ranks; replay applies a
-segment's slowdown to the part of it that overlaps running comm.
+and for each collective's duration over the representative's group, or over the lane's group
+that straddles nodes where the class's groups sit on them differently (`_Builder.slowest_s`);
+replay applies a segment's slowdown to the part of it that overlaps running comm.
 """
 
 from __future__ import annotations
@@ -288,6 +289,7 @@ class _Builder:
         self.pp_keys: list[tuple] = []  # per collective node spanning pp: its match key
         self.groups = trace.groups()
         self.group_info: dict[str, tuple] = {}
+        self.placed: dict[object, np.ndarray] = {}  # group key -> one group of each placement
         # async TP: collective row -> summed duration of the GEMMs it overlaps
         self.async_tp: dict[int, float] = {}
         # Megatron's async input-gradient collective row -> (weight-gradient GEMM seconds, their
@@ -400,6 +402,15 @@ class _Builder:
             micro_batch=self.cols["micro_batch"][target],
         )
 
+    def slowest_s(self, key, kind: str, nbytes: float, ranks: np.ndarray, axes) -> float:
+        """The call's duration in the slowest lane: every member of the class makes it in its
+        own group (`World.lane_groups`), and where the groups sit on the nodes differently
+        the lanes that straddle two nodes finish last, holding the others at the next
+        collective they share. `key` names the group (`ranks`, over lane axes `axes`)."""
+        if key not in self.placed:
+            self.placed[key] = self.world.placements(self.world.lane_groups(ranks, axes))
+        return max(self.comm.duration_s(kind, nbytes, g) for g in self.placed[key])
+
     def comm_node(self, row: int, issuing: int, phase: int, mb: int) -> int:
         c, strings = self.trace.columns, self.trace.strings
         kind = strings[c["name"][row]]
@@ -426,7 +437,7 @@ class _Builder:
                 )
             peer_class = self.world.class_of(peer)
             s = self.stream(("p2p", gid, peer_class), f"p2p {gid} <-> pp{peer_class}")
-            duration = self.comm.duration_s(kind, nbytes, np.array([self.rep, peer]))
+            duration = self.slowest_s(("p2p", peer), kind, nbytes, np.array([self.rep, peer]), ())
             return self.add(
                 kind=SEND if kind == "send" else RECV,
                 stream=s,
@@ -442,7 +453,7 @@ class _Builder:
         label = _group_label(self.world, axes, pps)
         s = self.stream(("group", gid), f"comm {gid} ({label})")
         mask = sum(1 << self.world.lane_axes.index(a) for a in axes)
-        duration = self.comm.duration_s(kind, nbytes, ranks)
+        duration = self.slowest_s(gid, kind, nbytes, ranks, axes)
         if row in self.async_tp:
             duration = async_tp_exposed_s(duration, self.async_tp[row], len(ranks))
         if row in self.weight_grad_overlap:

@@ -181,6 +181,26 @@ class World:
         grid = np.arange(self.world_size, dtype=np.int64).reshape(self.shape)
         return grid[tuple(index)].reshape(-1)
 
+    def lane_groups(self, ranks, axes) -> np.ndarray:
+        """The group `ranks` (a group of the class's representative, spanning the lane axes
+        `axes`) as every lane of the class holds it: [n_lanes, len(ranks)], `ranks` first.
+        The members of a class run the same collective, each in its own group, shifted along
+        the lane axes the group does not span."""
+        ranks = self._check_ranks(ranks)
+        others = [a for a in self.lane_axes if a not in axes]
+        coords = np.meshgrid(*(np.arange(self.size(a)) for a in others), indexing="ij")
+        offsets = np.asarray(self.rank_of(**dict(zip(others, coords, strict=True)))).reshape(-1)
+        return ranks[None, :] + offsets[:, None]
+
+    def placements(self, groups: np.ndarray) -> np.ndarray:
+        """One group of each placement among `groups` ([n, size] global ranks), the first row
+        first: which nodes, relative to the group's lowest, its members sit on. Groups placed
+        alike cost the same; a layout whose groups do not tile the nodes (tp 3 on 8-GPU
+        nodes) places some across two."""
+        nodes = np.sort(np.asarray(groups) // self.gpus_per_node, axis=1)
+        _, first = np.unique(nodes - nodes[:, :1], axis=0, return_index=True)
+        return np.asarray(groups)[np.sort(first)]
+
     # -- classes of ranks ---------------------------------------------------------------
     def class_of(self, ranks):
         """Class id of `ranks`: their pipeline index (see module docstring)."""

@@ -223,9 +223,12 @@ def test_gqa_reduces_forward_flops_by_the_smaller_kv_projections():
 def test_axis_placement_marks_groups_that_leave_the_node():
     dp, pp, cp, tp = axis_placements(World.grid(dp=4, pp=1, cp=4, tp=4, gpus_per_node=8))
     assert tp.intra_node and tp.stride == 1
-    assert not cp.intra_node and cp.stride == 4 and cp.nodes_per_group == 2
+    assert not cp.intra_node and cp.stride == 4 and cp.max_nodes_per_group == 2
     assert pp.intra_node  # size 1
-    assert not dp.intra_node and dp.nodes_per_group == 4
+    assert not dp.intra_node and dp.max_nodes_per_group == 4
+    # tp 3 on 8-GPU nodes: rank 0's group fits in node 0, the group of ranks 6-8 does not
+    (_, _, _, tp3) = axis_placements(World.grid(dp=4, pp=1, cp=1, tp=3, gpus_per_node=8))
+    assert not tp3.intra_node and tp3.max_nodes_per_group == 2
 
 
 def test_interleaved_stages_follow_the_torch_convention():

@@ -4,7 +4,7 @@ and that the graph asks the cost models for its durations."""
 import numpy as np
 import pytest
 
-from emulator.costs.collectives import Topology
+from emulator.costs.collectives import Topology, collective_time_s
 from emulator.costs.overlap import async_tp_exposed_s, weight_grad_overlap_exposed_s
 from emulator.costs.pricing import CostContext
 from emulator.graph.build import (
@@ -203,6 +203,18 @@ def test_collectives_are_priced_on_the_topology():
     s.collective("all_reduce", "tp", nbytes=1 << 28)
     g = build(world, [s], CostContext(topology=TOPO)).classes[0]
     assert g["duration_s"][0] > 1e-4
+
+
+def test_a_collective_costs_what_the_lane_whose_group_straddles_two_nodes_takes():
+    # tp 3 on 8-GPU nodes: the representative's group [0, 1, 2] sits on node 0, lane dp 2's
+    # [6, 7, 8] on nodes 0 and 1; the lanes finish with the slowest
+    world = World.grid(dp=3, pp=1, cp=1, tp=3)
+    s = Stage(world, 0)
+    s.collective("all_reduce", "tp", nbytes=1 << 28)
+    g = build(world, [s], CostContext(topology=TOPO)).classes[0]
+    straddling = collective_time_s("all_reduce", 1 << 28, np.array([6, 7, 8]), TOPO)
+    assert straddling > 2 * collective_time_s("all_reduce", 1 << 28, np.array([0, 1, 2]), TOPO)
+    assert g["duration_s"][0] == straddling
 
 
 def test_host_bounds_of_a_segment_and_a_collective():

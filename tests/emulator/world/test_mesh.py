@@ -165,3 +165,16 @@ def test_a_world_without_a_pipeline_axis_is_one_class():
         World(axes=(("dp", 4), ("dp", 2)))
     with pytest.raises(ValueError, match=r"not among the world's axes"):
         world.rank_of(pp=1)
+
+
+def test_every_lane_holds_the_group_shifted_and_groups_across_two_nodes_are_told_apart():
+    world = World.grid(dp=3, pp=2, cp=1, tp=3, gpus_per_node=8)
+    tp = world.group_of(0, "tp")
+    lanes = world.lane_groups(tp, ("tp",))
+    assert lanes.tolist() == [[0, 1, 2], [6, 7, 8], [12, 13, 14]]  # the class of pp 0
+    # [0, 1, 2] and [12, 13, 14] each sit on one node; [6, 7, 8] straddles nodes 0 and 1
+    assert world.placements(lanes).tolist() == [[0, 1, 2], [6, 7, 8]]
+    # a stage-to-stage pair is a group of no lane axis: one per lane
+    assert len(world.lane_groups(np.array([0, 3]), ())) == 9
+    tiled = World.grid(dp=2, pp=1, cp=1, tp=4, gpus_per_node=8)
+    assert len(tiled.placements(tiled.lane_groups(tiled.group_of(0, "tp"), ("tp",)))) == 1
