@@ -93,8 +93,10 @@ def breakdown(
     kind = g["kind"]
     seg, coll = kind == SEGMENT, kind == COLLECTIVE
     p2p = (kind == SEND) | (kind == RECV)
-    recv = kind == RECV
-    lo_comm = np.where(coll, t.ready_s, t.start_s)
+    # a rank that reaches a collective spanning stages before another stage does waits on the
+    # pipeline, as for a recv whose sender has not sent
+    pipeline_wait = (kind == RECV) | (coll & (g["join"] >= 0))
+    lo_comm = np.where(coll & ~pipeline_wait, t.ready_s, t.start_s)
     comm = coll | p2p
     nodes = kind != WAIT_NODE
     ends = [t.ready_s, t.start_s, t.end_s, np.array([0.0, iteration_s])]
@@ -102,7 +104,7 @@ def breakdown(
     widths = np.diff(bounds)
     in_compute = _coverage(bounds, t.start_s[seg], t.end_s[seg])
     in_comm = _coverage(bounds, lo_comm[comm], t.end_s[comm])
-    in_wait = _coverage(bounds, t.ready_s[recv], t.start_s[recv])
+    in_wait = _coverage(bounds, t.ready_s[pipeline_wait], t.start_s[pipeline_wait])
     if nodes.any():
         span = (np.min(t.ready_s[nodes]), np.max(t.end_s[nodes]))
         in_span = _coverage(bounds, np.array([span[0]]), np.array([span[1]]))

@@ -44,6 +44,21 @@ def test_uniform_pipeline_iteration_and_bubble(schedule, p, m):
         )
 
 
+def test_waiting_for_another_stage_at_a_collective_over_the_stages_is_bubble():
+    # 1F1B ends with a gradient-norm all-reduce over the stages: the last stage reaches it
+    # (p - 1)(f + b) before the first one does; that wait is the pipeline's drain, not comm
+    world = World.grid(dp=1, pp=4, cp=1, tp=1)
+    f, b, c, m, p = 1.0, 2.0, 0.5, 8, 4
+    stages = pipeline(world, m, f, b, "1f1b")
+    for st in stages:
+        st.collective("all_reduce", "pp", duration_s=c)
+    result = replay(build(world, stages))
+    assert result.iteration_time_s == pytest.approx((m + p - 1) * (f + b) + c)
+    for cls in result.per_class:
+        assert cls.exposed_comm_s == pytest.approx(c)
+        assert cls.bubble_s + cls.idle_s == pytest.approx((p - 1) * (f + b))
+
+
 @pytest.mark.parametrize("v", [2, 4])
 @pytest.mark.parametrize(("p", "m"), [(4, 8), (8, 16)])
 def test_interleaving_shrinks_the_bubble_by_vpp(v, p, m):
