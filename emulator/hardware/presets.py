@@ -11,10 +11,11 @@ Bandwidth conventions (used by every cost model):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
@@ -27,6 +28,26 @@ ARCHS = ("ampere", "hopper")
 def _check_positive(owner: str, name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{owner}.{name}={value!r} must be a positive number")
+
+
+def _check_non_negative(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{owner}.{name}={value!r} must be a finite number >= 0")
+
+
+def _check_count(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{owner}.{name}={value!r} must be a positive integer")
+
+
+def _check_flag(owner: str, name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner}.{name}={value!r} must be a boolean (true or false)")
+
+
+def _check_name(owner: str, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{owner}.name={value!r} must be a non-empty string")
 
 
 def _check_fraction(owner: str, name: str, value: object) -> None:
@@ -101,17 +122,29 @@ class LinkPreset:
     links: int | None = None
     nvls: bool = False
     channels: int = 16
+    # the job-spec field an explicit table came from ("cluster.intra_node"): its errors name
+    # that field, which the spec's author wrote, rather than a preset
+    spec_field: InitVar[str | None] = None
 
-    def __post_init__(self) -> None:
-        owner = f"intra_node[{self.name}]"
+    def __post_init__(self, spec_field: str | None) -> None:
+        owner = spec_field or f"intra_node[{self.name}]"
+        _check_name(owner, self.name)
         _check_positive(owner, "bandwidth_GBps", self.bandwidth_GBps)
-        _check_positive(owner, "channels", self.channels)
-        if self.latency_us < 0:
-            raise ValueError(f"{owner}.latency_us={self.latency_us!r} must be >= 0")
-        if self.line_rate_GBps is not None and self.line_rate_GBps < self.bandwidth_GBps:
-            raise ValueError(
-                f"{owner}.bandwidth_GBps({self.bandwidth_GBps}) exceeds line_rate_GBps({self.line_rate_GBps})"
-            )
+        _check_non_negative(owner, "latency_us", self.latency_us)
+        _check_count(owner, "channels", self.channels)
+        _check_flag(owner, "nvls", self.nvls)
+        if self.links is not None:
+            _check_count(owner, "links", self.links)
+        if self.line_rate_GBps is not None:
+            _check_positive(owner, "line_rate_GBps", self.line_rate_GBps)
+            if self.line_rate_GBps < self.bandwidth_GBps:
+                raise ValueError(
+                    f"{owner}.bandwidth_GBps({self.bandwidth_GBps}) exceeds line_rate_GBps({self.line_rate_GBps})"
+                )
+
+
+# field -> its key in an explicit cluster.inter_node table, where it differs
+_NETWORK_SPEC_KEYS = {"nic_bandwidth_GBps": "bandwidth_GBps"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,18 +156,24 @@ class NetworkPreset:
     nic_bandwidth_GBps: float
     nic_Gbps: float | None = None
     latency_us: float = 0.0
+    # the job-spec field an explicit table came from ("cluster.inter_node"), as in LinkPreset;
+    # its errors then call the per-NIC bandwidth by the table's key
+    spec_field: InitVar[str | None] = None
 
-    def __post_init__(self) -> None:
-        owner = f"inter_node[{self.name}]"
-        _check_positive(owner, "nics_per_node", self.nics_per_node)
-        _check_positive(owner, "nic_bandwidth_GBps", self.nic_bandwidth_GBps)
-        if self.latency_us < 0:
-            raise ValueError(f"{owner}.latency_us={self.latency_us!r} must be >= 0")
-        if self.nic_Gbps is not None and self.nic_bandwidth_GBps > self.nic_Gbps / 8:
-            raise ValueError(
-                f"{owner}.nic_bandwidth_GBps({self.nic_bandwidth_GBps}) exceeds the line rate "
-                f"nic_Gbps/8 ({self.nic_Gbps / 8})"
-            )
+    def __post_init__(self, spec_field: str | None) -> None:
+        owner = spec_field or f"inter_node[{self.name}]"
+        bandwidth = _NETWORK_SPEC_KEYS["nic_bandwidth_GBps"] if spec_field else "nic_bandwidth_GBps"
+        _check_name(owner, self.name)
+        _check_count(owner, "nics_per_node", self.nics_per_node)
+        _check_positive(owner, bandwidth, self.nic_bandwidth_GBps)
+        _check_non_negative(owner, "latency_us", self.latency_us)
+        if self.nic_Gbps is not None:
+            _check_positive(owner, "nic_Gbps", self.nic_Gbps)
+            if self.nic_bandwidth_GBps > self.nic_Gbps / 8:
+                raise ValueError(
+                    f"{owner}.{bandwidth}({self.nic_bandwidth_GBps}) exceeds the line rate "
+                    f"nic_Gbps/8 ({self.nic_Gbps / 8})"
+                )
 
 
 @dataclass(frozen=True)
@@ -190,19 +229,29 @@ NETWORK_NAMES: tuple[str, ...] = tuple(_catalog().networks)
 
 def gpu_preset(name: str) -> GpuPreset:
     """The GPU preset called `name` (e.g. "h100-sxm-80g")."""
-    if name not in _catalog().gpus:
+    if not isinstance(name, str) or name not in _catalog().gpus:
         raise ValueError(f"cluster.gpu={name!r} is not a known GPU preset; known: {', '.join(GPU_NAMES)}")
     return _gpu_from_table(_catalog().gpus[name])
 
 
-def _explicit(value: Mapping, field_name: str, required: tuple[str, ...]) -> dict:
+def _explicit(value: Mapping, field_name: str, cls: type, spec_keys: Mapping[str, str]) -> dict:
+    """The table as `cls`'s keyword arguments (`spec_keys`: field -> the table's key for it,
+    where they differ), its unknown and missing keys refused by the table's names."""
+    spec_field = f"cluster.{field_name}"
+    fields = {spec_keys.get(f.name, f.name): f.name for f in dataclasses.fields(cls)}
+    known = set(fields)
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"{spec_field}: unknown key(s) {unknown}; known keys are {sorted(known)}")
+    required = ("bandwidth_GBps", "latency_us")
     missing = [key for key in required if key not in value]
     if missing:
         raise ValueError(
-            f"cluster.{field_name} table lacks {', '.join(missing)}; give {', '.join(required)} "
+            f"{spec_field} table lacks {', '.join(missing)}; give {', '.join(required)} "
             f"(bandwidth per GPU per direction in GB/s, latency in microseconds) or a preset name"
         )
-    return dict(value)
+    table = {fields[key]: item for key, item in value.items()}
+    return {"name": "explicit", **table, "spec_field": spec_field}
 
 
 def intra_node_link(value: str | Mapping) -> LinkPreset:
@@ -218,9 +267,7 @@ def intra_node_link(value: str | Mapping) -> LinkPreset:
         return _build(LinkPreset, _catalog().links[value], f"link preset {value!r}")
     if not isinstance(value, Mapping):
         raise ValueError(f"cluster.intra_node={value!r} must be a preset name or a table")
-    table = _explicit(value, "intra_node", ("bandwidth_GBps", "latency_us"))
-    table.setdefault("name", "explicit")
-    return _build(LinkPreset, table, "cluster.intra_node")
+    return LinkPreset(**_explicit(value, "intra_node", LinkPreset, {}))
 
 
 def inter_node_network(value: str | Mapping) -> NetworkPreset:
@@ -238,8 +285,5 @@ def inter_node_network(value: str | Mapping) -> NetworkPreset:
         return _build(NetworkPreset, _catalog().networks[value], f"network preset {value!r}")
     if not isinstance(value, Mapping):
         raise ValueError(f"cluster.inter_node={value!r} must be a preset name or a table")
-    table = _explicit(value, "inter_node", ("bandwidth_GBps", "latency_us"))
-    table["nic_bandwidth_GBps"] = table.pop("bandwidth_GBps")
-    table.setdefault("nics_per_node", 8)
-    table.setdefault("name", "explicit")
-    return _build(NetworkPreset, table, "cluster.inter_node")
+    table = _explicit(value, "inter_node", NetworkPreset, _NETWORK_SPEC_KEYS)
+    return NetworkPreset(**{"nics_per_node": 8, **table})

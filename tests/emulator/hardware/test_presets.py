@@ -95,3 +95,49 @@ def test_gpu_efficiency_above_one_is_refused():
 def test_peaks_are_read_only():
     with pytest.raises(TypeError):
         gpu_preset("h100-sxm-80g").peak_dense_tflops["bf16"] = 1.0
+
+
+@pytest.mark.parametrize(
+    ("table", "refusal"),
+    [
+        ({"latency_us": float("nan")}, "cluster.intra_node.latency_us=nan must be a finite number >= 0"),
+        ({"latency_us": float("inf")}, "cluster.intra_node.latency_us=inf must be a finite number >= 0"),
+        ({"latency_us": True}, "cluster.intra_node.latency_us=True must be a finite number >= 0"),
+        ({"latency_us": "fast"}, "cluster.intra_node.latency_us='fast' must be a finite number >= 0"),
+        ({"bandwidth_GBps": float("inf")}, "cluster.intra_node.bandwidth_GBps=inf must be a positive number"),
+        ({"line_rate_GBps": float("nan")}, "cluster.intra_node.line_rate_GBps=nan must be a positive number"),
+        ({"links": -3}, "cluster.intra_node.links=-3 must be a positive integer"),
+        ({"channels": 0.5}, "cluster.intra_node.channels=0.5 must be a positive integer"),
+        ({"channels": True}, "cluster.intra_node.channels=True must be a positive integer"),
+        ({"nvls": "no"}, "cluster.intra_node.nvls='no' must be a boolean"),
+        ({"name": 5}, "cluster.intra_node.name=5 must be a non-empty string"),
+        ({"color": "red"}, r"cluster.intra_node: unknown key\(s\) \['color'\]"),
+    ],
+)
+def test_explicit_link_table_refuses_what_is_not_a_link(table, refusal):
+    with pytest.raises(ValueError, match=refusal):
+        intra_node_link({"bandwidth_GBps": 100.0, "latency_us": 1.0, **table})
+
+
+@pytest.mark.parametrize(
+    ("table", "refusal"),
+    [
+        ({"latency_us": float("nan")}, "cluster.inter_node.latency_us=nan must be a finite number >= 0"),
+        ({"latency_us": float("inf")}, "cluster.inter_node.latency_us=inf must be a finite number >= 0"),
+        ({"bandwidth_GBps": float("inf")}, "cluster.inter_node.bandwidth_GBps=inf must be a positive number"),
+        ({"nics_per_node": 2.5}, "cluster.inter_node.nics_per_node=2.5 must be a positive integer"),
+        ({"nic_Gbps": "400"}, "cluster.inter_node.nic_Gbps='400' must be a positive number"),
+        # the spec's table calls the per-NIC bandwidth bandwidth_GBps, and so does the message
+        ({"bandwidth_GBps": 100.0, "nic_Gbps": 400.0},
+         r"cluster.inter_node.bandwidth_GBps\(100.0\) exceeds the line rate nic_Gbps/8 \(50.0\)"),
+        ({"nic_bandwidth_GBps": 20.0}, r"cluster.inter_node: unknown key\(s\) \['nic_bandwidth_GBps'\]"),
+    ],
+)
+def test_explicit_network_table_refuses_what_is_not_a_network(table, refusal):
+    with pytest.raises(ValueError, match=refusal):
+        inter_node_network({"bandwidth_GBps": 50.0, "latency_us": 1.0, **table})
+
+
+def test_a_gpu_name_that_is_not_a_string_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"cluster.gpu=\['h100-sxm-80g'\] is not a known GPU preset"):
+        gpu_preset(["h100-sxm-80g"])
