@@ -43,11 +43,18 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         check_positive_ints("cluster", self, ("gpus_per_node",))
         try:
-            hardware.gpu_preset(self.gpu)
-            hardware.intra_node_link(self.intra_node)
+            gpu = hardware.gpu_preset(self.gpu)
+            link = hardware.intra_node_link(self.intra_node)
             hardware.inter_node_network(self.inter_node)
         except ValueError as err:  # the presets' errors already name the cluster field
             raise SpecError(str(err)) from None
+        # each NCCL channel runs one CUDA block on an SM, and compute that overlaps a collective
+        # runs on the SMs left (emulator.costs.overlap): the GPU must keep at least one
+        if link.channels >= gpu.sm_count:
+            raise SpecError(
+                f"cluster.intra_node.channels={link.channels} must be below the {gpu.sm_count} "
+                f"SMs of cluster.gpu={self.gpu!r}: each NCCL channel occupies one SM"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

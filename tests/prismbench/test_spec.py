@@ -160,3 +160,19 @@ def test_job_spec_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.parallel.tp = 4  # type: ignore[misc]
     assert isinstance(job, JobSpec)
+
+
+def test_nccl_channels_must_leave_the_gpu_some_sms():
+    # each NCCL channel runs one CUDA block on an SM: an H100 SXM has 132
+    link = {"bandwidth_GBps": 100.0, "latency_us": 1.0, "channels": 132}
+    with pytest.raises(SpecError, match=r"cluster.intra_node.channels=132 must be below the 132 SMs "
+                                        r"of cluster.gpu='h100-sxm-80g'"):
+        job_spec_from_dict(with_change("cluster", intra_node=link))
+    link["channels"] = 131
+    assert job_spec_from_dict(with_change("cluster", intra_node=link)).cluster.intra_node == link
+
+
+@pytest.mark.parametrize("gpu", [["h100-sxm-80g"], 100])
+def test_a_gpu_that_is_not_a_name_is_refused(gpu):
+    with pytest.raises(SpecError, match=r"cluster.gpu=.* is not a known GPU preset"):
+        job_spec_from_dict(with_change("cluster", gpu=gpu))
