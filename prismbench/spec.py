@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from emulator import hardware
-from workloads.config import ModelSpec, SpecError
+from workloads.config import ModelSpec, SpecError, check_positive_ints
 from workloads.flavors import get_flavor
-from workloads.job import BatchSpec, ParallelSpec, TrainingJob, TrainSpec, check_positive_ints
+from workloads.job import BatchSpec, ParallelSpec, TrainingJob, TrainSpec
 from workloads.kernels import KernelsSpec
 
 __all__ = [

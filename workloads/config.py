@@ -7,7 +7,9 @@ are constructed from it. It imports nothing but the standard library.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 FAMILIES = ("gpt", "llama")
 SINGLE_STAGE_SCHEDULES = ("1f1b", "gpipe")
@@ -17,6 +19,31 @@ POSITIONS_BY_FAMILY = {"gpt": ("learned", "alibi"), "llama": ("rope",)}
 
 class SpecError(ValueError):
     """An invalid specification: the message names the field and the rule."""
+
+
+# TOML's booleans are Python's, and bool is a subclass of int: every check of a number refuses
+# them by name
+def check_positive_ints(section: str, obj: Any, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise SpecError(f"{section}.{name}={value!r} must be a positive integer")
+
+
+def check_positive_number(section: str, name: str, value: Any) -> None:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value <= 0:
+        raise SpecError(f"{section}.{name}={value!r} must be a positive finite number")
+
+
+def check_flag(section: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise SpecError(f"{section}.{name}={value!r} must be a boolean (true or false)")
+
+
+def check_choice(section: str, name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise SpecError(f"{section}.{name}={value!r} must be one of {list(choices)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,20 +65,18 @@ class ModelSpec:
     tie_embeddings: bool = False  # GPT (Megatron, GPT-2) shares input and output embeddings
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SpecError(f"model.name={self.name!r} must be a non-empty string")
         if self.family not in FAMILIES:
             raise SpecError(f"model.family={self.family!r} must be one of {FAMILIES}")
-        for field in (
-            "layers",
-            "hidden",
-            "ffn_hidden",
-            "heads",
-            "kv_heads",
-            "vocab",
-            "max_seq_len",
-        ):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SpecError(f"model.{field}={value!r} must be a positive integer")
+        check_positive_ints(
+            "model",
+            self,
+            ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "max_seq_len"),
+        )
+        check_positive_number("model", "rope_theta", self.rope_theta)
+        check_positive_number("model", "norm_eps", self.norm_eps)
+        check_flag("model", "tie_embeddings", self.tie_embeddings)
         allowed = POSITIONS_BY_FAMILY[self.family]
         if self.positions not in allowed:
             raise SpecError(

@@ -162,6 +162,11 @@ for _spec in _SPECS:
 
 def get_flavor(name: str) -> ModelSpec:
     """The registered spec called `name`; unknown names list the closest ones."""
+    if not isinstance(name, str):
+        raise SpecError(
+            f"model.name={name!r} must be a string naming a registered flavor "
+            f"(`prismbench workloads` lists all {len(FLAVORS)})"
+        )
     try:
         return FLAVORS[name]
     except KeyError:

@@ -9,13 +9,15 @@ naming the field and the numbers. The cluster the job runs on, and TOML loading,
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from workloads.config import (
     MULTI_STAGE_SCHEDULES,
     SINGLE_STAGE_SCHEDULES,
     ModelSpec,
     SpecError,
+    check_choice,
+    check_flag,
+    check_positive_ints,
     check_schedule,
     check_tensor_parallel,
     stage_layer_counts,
@@ -27,18 +29,6 @@ PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 RECOMPUTE_MODES = ("none", "selective", "full")
 OPTIMIZERS = ("adamw",)
 ZERO_STAGES = (0, 1, 2, 3)
-
-
-def check_positive_ints(section: str, obj: Any, names: tuple[str, ...]) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise SpecError(f"{section}.{name}={value!r} must be a positive integer")
-
-
-def check_choice(section: str, name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        raise SpecError(f"{section}.{name}={value!r} must be one of {list(choices)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,10 +50,7 @@ class ParallelSpec:
         check_choice("parallel", "zero", self.zero, ZERO_STAGES)
         if self.sequence_parallel is None:
             object.__setattr__(self, "sequence_parallel", self.tp > 1)
-        if not isinstance(self.sequence_parallel, bool):
-            raise SpecError(
-                f"parallel.sequence_parallel={self.sequence_parallel!r} must be a boolean"
-            )
+        check_flag("parallel", "sequence_parallel", self.sequence_parallel)
         if self.sequence_parallel and self.tp == 1:
             raise SpecError("parallel.sequence_parallel=true needs tp > 1 (tp=1)")
         if self.schedule != "1f1b" and self.pp == 1:

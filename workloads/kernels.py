@@ -217,7 +217,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from workloads.config import SpecError, per_transfer_refusal
+from workloads.config import (
+    SpecError,
+    check_choice,
+    check_flag,
+    check_positive_ints,
+    per_transfer_refusal,
+)
 
 FRAMEWORKS = ("prism-86a4f47", "megatron", "nemo", "llm-foundry", "torchtitan", "llm.c")
 
@@ -570,10 +576,7 @@ class KernelsSpec:
     sp_regather: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.framework not in FRAMEWORKS:
-            raise SpecError(
-                f"kernels.framework={self.framework!r} must be one of {list(FRAMEWORKS)}"
-            )
+        check_choice("kernels", "framework", self.framework, FRAMEWORKS)
         # the fields left to the framework (`for_pipeline` and `for_precision` may revise them)
         object.__setattr__(
             self, "_chosen", frozenset(n for n in CHOICES if getattr(self, n) is None)
@@ -583,14 +586,12 @@ class KernelsSpec:
             value = getattr(self, name)
             if value is None:
                 object.__setattr__(self, name, by_framework[self.framework])
-            elif value not in allowed:
-                raise SpecError(f"kernels.{name}={value!r} must be one of {list(allowed)}")
+            else:
+                check_choice("kernels", name, value, allowed)
         self._resolve_pipeline_transfer()
         if self.vocab_multiple is None:
             object.__setattr__(self, "vocab_multiple", VOCAB_MULTIPLE_BY_FRAMEWORK[self.framework])
-        value = self.vocab_multiple
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise SpecError(f"kernels.vocab_multiple={value!r} must be a positive integer")
+        check_positive_ints("kernels", self, ("vocab_multiple",))
 
     def _resolve_compile(self) -> None:
         """The boolean fields (FLAGS): the framework's when not given; compile implies
@@ -599,8 +600,8 @@ class KernelsSpec:
             value = getattr(self, name)
             if value is None:
                 object.__setattr__(self, name, by_framework[self.framework])
-            elif not isinstance(value, bool):
-                raise SpecError(f"kernels.{name}={value!r} must be a boolean (true or false)")
+            else:
+                check_flag("kernels", name, value)
         if self.compile and self.fp8_casts == "unfused":
             raise SpecError(
                 "kernels.fp8_casts='unfused' contradicts kernels.compile=true: torch.compile "

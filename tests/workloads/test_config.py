@@ -70,3 +70,26 @@ def test_model_spec_names_the_broken_field():
     with pytest.raises(SpecError, match="model.positions='rope' is not valid for family 'gpt'"):
         ModelSpec(name="x", family="gpt", layers=2, hidden=64, ffn_hidden=256, heads=4,
                   kv_heads=4, vocab=10, positions="rope")
+
+
+_TINY_LLAMA = dict(name="x", family="llama", layers=2, hidden=64, ffn_hidden=256, heads=4,
+                   kv_heads=2, vocab=10, positions="rope")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        (dict(rope_theta="big"), "model.rope_theta='big' must be a positive finite number"),
+        (dict(rope_theta=-10.0), "model.rope_theta=-10.0 must be a positive finite number"),
+        (dict(rope_theta=float("inf")), "model.rope_theta=inf must be a positive finite number"),
+        (dict(norm_eps=-1.0), "model.norm_eps=-1.0 must be a positive finite number"),
+        (dict(norm_eps=float("nan")), "model.norm_eps=nan must be a positive finite number"),
+        (dict(norm_eps=True), "model.norm_eps=True must be a positive finite number"),
+        (dict(tie_embeddings="yes"), "model.tie_embeddings='yes' must be a boolean"),
+        (dict(tie_embeddings=0), "model.tie_embeddings=0 must be a boolean"),
+        (dict(name=7), "model.name=7 must be a non-empty string"),
+    ],
+)
+def test_model_spec_refuses_a_value_of_the_wrong_kind(change, refusal):
+    with pytest.raises(SpecError, match=refusal):
+        ModelSpec(**{**_TINY_LLAMA, **change})

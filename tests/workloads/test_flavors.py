@@ -96,3 +96,9 @@ def test_every_published_baseline_model_has_a_flavor():
 def test_alibi_flavors_are_mpt_and_bloom():
     alibi = {name for name, spec in FLAVORS.items() if spec.positions == "alibi"}
     assert alibi and all(name.startswith(("mpt-", "bloom-")) for name in alibi)
+
+
+@pytest.mark.parametrize("name", [7, ["gpt3-125m"]])
+def test_a_flavor_name_that_is_not_a_string_is_refused(name):
+    with pytest.raises(SpecError, match=r"model\.name=.* must be a string naming a registered flavor"):
+        get_flavor(name)
