@@ -42,7 +42,8 @@ def check_flag(section: str, name: str, value: Any) -> None:
 
 
 def check_choice(section: str, name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
+    # `in` compares by ==, and True == 1 == 1.0: a choice must match in type as well
+    if not any(type(value) is type(choice) and value == choice for choice in choices):
         raise SpecError(f"{section}.{name}={value!r} must be one of {list(choices)}")
 
 
