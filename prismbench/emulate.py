@@ -27,6 +27,7 @@ from emulator.memory import replay_memory
 from emulator.memory.export import write_snapshot
 from prismbench.capture import JobCapture, capture_job
 from prismbench.explain import explain
+from prismbench.files import write_atomically
 from prismbench.plots import memory_event_times_s, plot_memory_timeline
 from prismbench.spec import SpecError
 
@@ -276,7 +277,8 @@ def emulate(
 ) -> EmulationResult:
     """Emulate one iteration of `job` (a validated JobSpec).
 
-    trace_path: write a Perfetto timeline of `trace_ranks` (default one rank per class).
+    trace_path: write a Perfetto timeline of `trace_ranks` (default one rank per class), its
+    missing directories made.
     memory_dir: write, per class, a memory timeline PNG and a snapshot that PyTorch's
     memory visualizer (pytorch.org/memory_viz) opens.
     kernel_table: "preset" (the GPU's committed table, if any), a loaded table, or None
@@ -296,8 +298,8 @@ def emulate(
     graph = build_graph(capture.traces, capture.world, cost, durations_s=priced.durations_s)
     say(f"graph: {sum(len(c) for c in graph.classes):,} nodes; replaying")
     timing = replay(graph, ranks=trace_ranks or ())
-    if trace_path is not None:
-        write_trace(trace_path, graph, timing, ranks=trace_ranks)
+    if trace_path is not None:  # its missing directories made, as memory_dir's are
+        write_atomically(trace_path, lambda tmp: write_trace(tmp, graph, timing, ranks=trace_ranks))
         say(f"wrote timeline {trace_path}")
     gpu = gpu_preset(job.cluster.gpu)
     say("memory: replaying the caching allocator per class")

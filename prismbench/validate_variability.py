@@ -78,7 +78,6 @@ def case_distribution(
                            model=resolve_preset(settings.preset, gpu), preset=settings.preset,
                            samples=settings.samples, seed=settings.seed, progress=progress)  # fmt: skip
     if plot_path is not None:
-        plot_path.parent.mkdir(parents=True, exist_ok=True)
         plot_distribution(result, plot_path)
     d = result.distribution
     return {

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from emulator.variability.placement import PlacementStudy, compare_placements
 from emulator.variability.sources import noise_sources
 from emulator.variability.summary import StepTimeDistribution, summarize
 from prismbench.emulate import PricedJob, price_job
+from prismbench.files import write_atomically
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -142,7 +144,7 @@ def sample_priced(
 
 def plot_distribution(result: VariabilityResult, path) -> None:
     """Histogram and empirical CDF of the sampled step times (PNG), the deterministic
-    prediction and the p95 marked."""
+    prediction and the p95 marked; missing directories of `path` are made."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,5 +168,7 @@ def plot_distribution(result: VariabilityResult, path) -> None:
         f"seed {d.seed})"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    # the temporary file's name says nothing of the format: the path's suffix does
+    kind = Path(path).suffix[1:] or "png"
+    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format=kind))
     plt.close(fig)

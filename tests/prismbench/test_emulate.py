@@ -81,6 +81,17 @@ def test_trace_file_has_a_process_per_rank(tmp_path, capsys):
     assert {e["pid"] for e in events if e.get("ph") == "X"} == {0, 1, 3}
 
 
+@pytest.mark.integration
+def test_trace_into_a_directory_not_yet_made_makes_it(tmp_path):
+    # as --memory-out does: the up-front check lets a missing parent through, so the write
+    # must make it rather than fail after the whole run
+    job = write_job(tmp_path, {"dp": 2})
+    trace = tmp_path / "new" / "sub" / "timeline.json"
+    assert main(["emulate", job, "--trace", str(trace), "--workers", "1"]) == 0
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert [p.name for p in trace.parent.iterdir()] == ["timeline.json"]  # no temporary left
+
+
 def test_a_rank_outside_the_world_is_refused(tmp_path, capsys):
     job = write_job(tmp_path, {"pp": 2, "dp": 2})
     assert main(["emulate", job, "--ranks", "0,9"]) == 2

@@ -82,6 +82,17 @@ def test_cli_prints_json_and_draws_the_plot(tmp_path, capsys):
     assert "p95" in table and " ms" in table
 
 
+@pytest.mark.integration
+def test_plot_into_a_directory_not_yet_made_makes_it(tmp_path, capsys):
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "llama-debug"\n[batch]\nseq_len = 64\nglobal_batch = 8\n')
+    plot = tmp_path / "new" / "sub" / "steps.png"
+    argv = ["variability", str(job), "--samples", "20", "--workers", "1", "--plot", str(plot)]
+    assert main(argv) == 0
+    assert plot.read_bytes().startswith(b"\x89PNG")
+    assert [p.name for p in plot.parent.iterdir()] == ["steps.png"]  # no temporary left
+
+
 @pytest.mark.parametrize(
     ("option", "value", "needle"),
     [
