@@ -12,7 +12,10 @@ whose smaller probes all fit and the bisection's answer (at most MAX_SCAN of the
 answer is the largest value below which everything probed fits, and larger values found to
 fit are reported apart (`fits_above`). Values step by `step` (default: 1 micro-batch, the sequence-length
 unit the job's parallelism needs, one layer per pipeline stage), and the job's other
-settings follow the rules in `varied_job`.
+settings follow the rules in `varied_job`. A value the job spec refuses (a sequence longer
+than a learned position table, ...) counts as not fitting in the search but is no memory
+figure: it is kept apart (`refused`, with the spec's message), and when it is the value one
+step above the answer, the answer is bounded by the spec, not memory (`limited_by`).
 """
 
 from __future__ import annotations
@@ -50,15 +53,27 @@ class FitProbe:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FitRefusal:
+    """A value the job spec refuses (e.g. beyond a learned position table): no memory figure."""
+
+    value: int
+    reason: str  # the spec's message
+
+
+@dataclass(frozen=True, kw_only=True)
 class FitResult:
     vary: str
     step: int
     largest_fitting: int | None  # None: not even the smallest value fits
     headroom_bytes: int | None  # at largest_fitting
+    # what stops the answer one step up: "memory" (that value does not fit) or "spec" (the
+    # spec refuses it, `refused` says why)
+    limited_by: str
     fits_above: tuple[int, ...]  # larger values that fit too, past one that does not
     contiguous: bool  # every value from the bracketing fit up to largest_fitting was probed
     gpu: str
     probes: tuple[FitProbe, ...]  # in the order emulated
+    refused: tuple[FitRefusal, ...]  # values the spec refused, in the order tried
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,23 +90,34 @@ def fit(
     """The largest value of `vary` (one of VARIABLES) at which `job` fits (module docstring)."""
     if vary not in VARIABLES:
         raise SpecError(f"vary({vary!r}) must be one of {VARIABLES}")
-    step = step or _default_step(job, vary)
-    if step < 1:
+    if step is None:
+        step = _default_step(job, vary)
+    elif step < 1:
         raise SpecError(f"step({step}) must be >= 1")
     say = progress or (lambda _message: None)
     probes: dict[int, FitProbe] = {}
+    refused: dict[int, FitRefusal] = {}
 
-    def probe(value: int) -> MemoryCheck:
+    def fits(value: int) -> bool:
+        """Whether `value` fits; a value the spec refuses does not, and is kept apart."""
+        if value in refused:
+            return False
         if value not in probes:
+            try:
+                varied = varied_job(job, vary, value)
+            except SpecError as err:
+                refused[value] = FitRefusal(value=value, reason=str(err))
+                say(f"{vary} = {value}: refused by the spec: {err}")
+                return False
             say(f"{vary} = {value}: capturing and replaying memory")
-            check = check_memory(varied_job(job, vary, value), alloc_conf=alloc_conf)
+            check = check_memory(varied, alloc_conf=alloc_conf)
             probes[value] = FitProbe(value=value, memory=check)
             verdict = "fits" if check.fits else "does not fit"
             say(f"{vary} = {value}: {verdict}, headroom {check.headroom_bytes / 2**30:.2f} GiB")
-        return probes[value].memory
+        return probes[value].memory.fits
 
-    largest, bracketed = _search(probe, _current(job, vary), step)
-    largest, contiguous = _scan(probe, largest, bracketed, step)
+    largest, bracketed = _search(fits, _current(job, vary), step)
+    largest, contiguous = _scan(fits, largest, bracketed, step)
     fits_above = tuple(
         v
         for v, p in sorted(probes.items())
@@ -104,8 +130,11 @@ def fit(
         fits_above=fits_above,
         contiguous=contiguous,
         headroom_bytes=None if largest is None else probes[largest].memory.headroom_bytes,
+        # the search ends on a miss one step above the answer (or at `step`, when nothing fits)
+        limited_by="spec" if (largest or 0) + step in refused else "memory",
         gpu=job.cluster.gpu,
         probes=tuple(probes.values()),
+        refused=tuple(refused.values()),
     )
 
 
@@ -140,13 +169,13 @@ def check_memory(job: JobSpec, *, alloc_conf: str = "") -> MemoryCheck:
     )
 
 
-def _search(probe: Callable[[int], MemoryCheck], start: int, step: int) -> tuple:
+def _search(fits: Callable[[int], bool], start: int, step: int) -> tuple:
     """(the largest multiple of `step` that bisection finds fitting, the largest fit known when
     the line was first bracketed); both None when not even `step` fits."""
     low, high, bracketed = None, None, None  # largest known fit, smallest known miss
     value = max(step, start - start % step)
     for _ in range(MAX_PROBES):
-        if _fits(probe, value):
+        if fits(value):
             low = value
         else:
             high = value
@@ -165,7 +194,7 @@ def _search(probe: Callable[[int], MemoryCheck], start: int, step: int) -> tuple
     raise RuntimeError(f"no answer after {MAX_PROBES} probes (low {low}, high {high})")
 
 
-def _scan(probe, largest: int | None, bracketed: int | None, step: int) -> tuple:
+def _scan(fits, largest: int | None, bracketed: int | None, step: int) -> tuple:
     """(the largest value up to which every value fits, whether all were probed): the values
     between the bracket's fit and bisection's answer, which bisection skipped, in turn."""
     if largest is None:
@@ -173,16 +202,9 @@ def _scan(probe, largest: int | None, bracketed: int | None, step: int) -> tuple
     if (largest - bracketed) // step > MAX_SCAN:
         return largest, False
     for value in range(bracketed + step, largest, step):
-        if not _fits(probe, value):
+        if not fits(value):
             return value - step, True
     return largest, True
-
-
-def _fits(probe, value: int) -> bool:
-    try:
-        return probe(value).fits
-    except SpecError:  # the job refuses the value (e.g. beyond a learned position table)
-        return False
 
 
 def _current(job: JobSpec, vary: str) -> int:

@@ -352,6 +352,13 @@ def render_fit(result, console: Console) -> None:
             f"Largest {result.vary} that fits: {result.largest_fitting:,} "
             f"(headroom {format_bytes(result.headroom_bytes)})"
         )
+    if result.limited_by == "spec":
+        above = (result.largest_fitting or 0) + result.step
+        reason = next(r.reason for r in result.refused if r.value == above)
+        console.print(
+            f"{result.vary} {above:,} is refused by the spec: {reason}; the bound is the "
+            "spec's, not memory"
+        )
     if result.fits_above:
         console.print(
             f"Larger values fit again: {', '.join(map(str, result.fits_above))} (what the "

@@ -1,6 +1,7 @@
 """prismbench.fit: the largest value that fits, exact on both sides of the capacity line."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -10,11 +11,11 @@ from prismbench.spec import SpecError, job_spec_from_dict
 
 
 def _probe_below(line: int, tried: list[int]):
-    def probe(value):
+    def fits(value):
         tried.append(value)
-        return type("Check", (), {"fits": value <= line})()
+        return value <= line
 
-    return probe
+    return fits
 
 
 @pytest.mark.parametrize(
@@ -89,3 +90,64 @@ def test_a_value_that_fits_past_one_that_does_not_is_reported_apart(monkeypatch)
     result = fit(_job(8), "micro_batch")
     # the scan from the bracket (32) stops at 34; 40 was found to fit by the bisection
     assert result.largest_fitting == 33 and result.fits_above == (40,) and result.contiguous
+
+
+def _everything_fits(monkeypatch):
+    import prismbench.fit
+
+    def check(job):
+        return prismbench.fit.MemoryCheck(
+            fits=True, peak_reserved_bytes=job.batch.seq_len, outside_bytes=0, capacity_bytes=0,
+            headroom_bytes=1, oom_at=None, steady_alloc_retries=0,
+        )  # fmt: skip
+
+    monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, alloc_conf="": check(job))
+
+
+def test_a_value_the_spec_refuses_bounds_the_answer_as_the_spec_not_memory(monkeypatch):
+    # gpt-debug learns a table of 128 positions: seq_len 129 is refused before memory is asked
+    _everything_fits(monkeypatch)
+    result = fit(_job(), "seq_len")
+    assert result.largest_fitting == 128 and result.limited_by == "spec"
+    refused = {r.value: r.reason for r in result.refused}
+    assert min(refused) == 129
+    assert "batch.seq_len(129) exceeds model.max_seq_len(128)" in refused[129]
+    assert all(p.value <= 128 for p in result.probes)  # refused values are not memory probes
+
+
+def test_fit_prints_and_reports_the_spec_bound(monkeypatch, tmp_path, capsys):
+    from prismbench.cli import main
+
+    _everything_fits(monkeypatch)
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n')
+    assert main(["fit", str(job), "--vary", "seq_len"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Largest seq_len that fits: 128" in text
+    assert "seq_len 129 is refused by the spec: batch.seq_len(129) exceeds" in text
+    assert "the bound is the spec's, not memory" in text
+    assert main(["fit", str(job), "--vary", "seq_len", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["limited_by"] == "spec" and data["refused"][0]["value"] > 128
+
+
+def test_memory_is_named_the_bound_when_the_next_value_does_not_fit(monkeypatch):
+    import prismbench.fit
+
+    def check(job):
+        fits = job.batch.seq_len <= 100
+        return prismbench.fit.MemoryCheck(
+            fits=fits, peak_reserved_bytes=0, outside_bytes=0, capacity_bytes=0,
+            headroom_bytes=1 if fits else -1, oom_at=None if fits else "here",
+            steady_alloc_retries=0,
+        )  # fmt: skip
+
+    monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, alloc_conf="": check(job))
+    result = fit(_job(), "seq_len")
+    assert result.largest_fitting == 100 and result.limited_by == "memory"
+
+
+@pytest.mark.parametrize("step", [0, -1])
+def test_a_step_below_one_is_refused(step):
+    with pytest.raises(SpecError, match=rf"step\({step}\) must be >= 1"):
+        fit(_job(), "micro_batch", step=step)
