@@ -27,7 +27,7 @@ ARCHS = ("ampere", "hopper")
 
 def _check_positive(owner: str, name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{owner}.{name}={value!r} must be a positive number")
+        raise ValueError(f"{owner}.{name}={value!r} must be a positive finite number")
 
 
 def _check_non_negative(owner: str, name: str, value: object) -> None:

@@ -75,7 +75,7 @@ def test_explicit_table_missing_field_is_named():
 
 
 def test_bad_explicit_value_is_refused():
-    with pytest.raises(ValueError, match=r"bandwidth_GBps=-1 must be a positive number"):
+    with pytest.raises(ValueError, match=r"bandwidth_GBps=-1 must be a positive finite number"):
         inter_node_network({"bandwidth_GBps": -1, "latency_us": 1.0})
 
 
@@ -104,8 +104,8 @@ def test_peaks_are_read_only():
         ({"latency_us": float("inf")}, "cluster.intra_node.latency_us=inf must be a finite number >= 0"),
         ({"latency_us": True}, "cluster.intra_node.latency_us=True must be a finite number >= 0"),
         ({"latency_us": "fast"}, "cluster.intra_node.latency_us='fast' must be a finite number >= 0"),
-        ({"bandwidth_GBps": float("inf")}, "cluster.intra_node.bandwidth_GBps=inf must be a positive number"),
-        ({"line_rate_GBps": float("nan")}, "cluster.intra_node.line_rate_GBps=nan must be a positive number"),
+        ({"bandwidth_GBps": float("inf")}, "cluster.intra_node.bandwidth_GBps=inf must be a positive finite number"),
+        ({"line_rate_GBps": float("nan")}, "cluster.intra_node.line_rate_GBps=nan must be a positive finite number"),
         ({"links": -3}, "cluster.intra_node.links=-3 must be a positive integer"),
         ({"channels": 0.5}, "cluster.intra_node.channels=0.5 must be a positive integer"),
         ({"channels": True}, "cluster.intra_node.channels=True must be a positive integer"),
@@ -124,9 +124,9 @@ def test_explicit_link_table_refuses_what_is_not_a_link(table, refusal):
     [
         ({"latency_us": float("nan")}, "cluster.inter_node.latency_us=nan must be a finite number >= 0"),
         ({"latency_us": float("inf")}, "cluster.inter_node.latency_us=inf must be a finite number >= 0"),
-        ({"bandwidth_GBps": float("inf")}, "cluster.inter_node.bandwidth_GBps=inf must be a positive number"),
+        ({"bandwidth_GBps": float("inf")}, "cluster.inter_node.bandwidth_GBps=inf must be a positive finite number"),
         ({"nics_per_node": 2.5}, "cluster.inter_node.nics_per_node=2.5 must be a positive integer"),
-        ({"nic_Gbps": "400"}, "cluster.inter_node.nic_Gbps='400' must be a positive number"),
+        ({"nic_Gbps": "400"}, "cluster.inter_node.nic_Gbps='400' must be a positive finite number"),
         # the spec's table calls the per-NIC bandwidth bandwidth_GBps, and so does the message
         ({"bandwidth_GBps": 100.0, "nic_Gbps": 400.0},
          r"cluster.inter_node.bandwidth_GBps\(100.0\) exceeds the line rate nic_Gbps/8 \(50.0\)"),
