@@ -15,6 +15,10 @@ def write_atomically(path: str | Path, write: Callable[[Path], object]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
+    # mkstemp makes the file private (0600): the result gets what open() would give it
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     try:
         write(Path(tmp))
         os.replace(tmp, path)
