@@ -115,7 +115,9 @@ class GpuFit:
 
     gpu: str
     hbm_capacity_bytes: int
-    # for the job's precision (fp8: the fp8 peak, though only GEMMs run in fp8)
+    # for the dtype the job's GEMMs run in (fp8: the fp8 peak, though only GEMMs run in fp8;
+    # fp32: the fp32 units', as torch runs fp32 matmuls without tf32 by default: a time floor,
+    # not the tf32 peak emulate's MFU is quoted against, docs/METRICS.md)
     peak_dense_tflops: float
     model_state_fraction_of_hbm: float  # worst pipeline stage; activations come on top
     iteration_time_at_peak_s: float  # hardware FLOPs per GPU at dense peak: a lower bound
