@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass
 from prismbench.spec import JobSpec, SpecError, job_spec_from_dict
 
 VARIABLES = ("micro_batch", "seq_len", "layers")
-MAX_PROBES = 24
+# doubling, then bisection: about two probes a bit of the answer, so any 31-bit value
+MAX_PROBES = 64
 MAX_SCAN = 16
 
 

@@ -28,6 +28,13 @@ def test_search_finds_the_last_fitting_multiple_of_the_step(line, start, step, a
     assert len(tried) == len(set(tried)) <= 14  # doubling/halving, then bisection
 
 
+def test_search_reaches_a_line_far_above_where_it_starts():
+    # a tiny model fits ~100 000 sequences a micro-batch: 17 doublings, then 17 halvings
+    tried = []
+    assert _search(_probe_below(99_991, tried), 1, 1)[0] == 99_991
+    assert len(tried) <= 2 * 17 + 1
+
+
 def _job(micro_batch: int = 1):
     return job_spec_from_dict(
         {
