@@ -68,18 +68,22 @@ def convert_linears_to_float8(
 
 @contextlib.contextmanager
 def _quiet_torchao() -> Iterator[None]:
-    """Import torchao with its logger quiet on a CPU-only torch: torchao's import loads its
-    CUDA extensions and logs a warning per library it cannot load; float8 training needs none
-    of them (its casts and `_scaled_mm` are torch ops), so that noise would only clutter every
-    command."""
-    torchao_logger = logging.getLogger("torchao")
-    level = torchao_logger.level
-    if not torch.cuda.is_available():
-        torchao_logger.setLevel(logging.ERROR)
+    """Import torchao with the loggers its import writes to quiet. On a CPU-only torch its
+    import loads its CUDA extensions and logs a warning per library it cannot load; float8
+    training needs none of them (its casts and `_scaled_mm` are torch ops). Everywhere, torch
+    2.13's pytree logs a deprecation notice for torchao's own `register_constant` of an Enum
+    (`KernelPreference`), once per process: once per captured rank, hundreds of lines in a
+    `validate` log about a dependency's call, none about the job."""
+    names = ["torch.utils._pytree"] + ([] if torch.cuda.is_available() else ["torchao"])
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        torchao_logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _torchao_float8():

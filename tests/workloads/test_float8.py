@@ -145,3 +145,13 @@ def test_tensor_parallel_float8_model_runs():
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_importing_torchao_for_a_job_logs_nothing_about_torchao_itself():
+    # a fresh process: torchao logs at its first import only (its CUDA extensions on a CPU
+    # torch, and torch's deprecation notice for torchao's register_constant of an Enum)
+    code = "from workloads.float8 import _torchao_float8; _torchao_float8()"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "KernelPreference" not in done.stderr
+    if not torch.cuda.is_available():  # where the extensions cannot load
+        assert "Failed to load" not in done.stderr
