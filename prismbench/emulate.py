@@ -120,12 +120,20 @@ def topology_of(job) -> Topology:
     )
 
 
-def kernel_table_for(gpu: str) -> KernelTable | None:
-    """The committed measured table of a GPU preset (results/kernels/<gpu>.csv), if any."""
-    path = KERNEL_TABLES / f"{gpu}.csv"
+def kernel_table_path(gpu: str) -> Path:
+    """Where the committed measured table of a GPU preset lives (results/kernels/<gpu>.csv)."""
+    return KERNEL_TABLES / f"{gpu}.csv"
+
+
+def kernel_table_for(gpu: str, *, skip_sources: tuple[str, ...] = ()) -> KernelTable | None:
+    """The committed measured table of a GPU preset, if any, less the rows of `skip_sources`
+    (`load_kernel_table`)."""
+    path = kernel_table_path(gpu)
     # named relative to the repository, so results do not depend on where it is checked out
     label = str(path.relative_to(KERNEL_TABLES.parents[1]))
-    return load_kernel_table(path, label=label) if path.exists() else None
+    if not path.exists():
+        return None
+    return load_kernel_table(path, label=label, skip_sources=skip_sources)
 
 
 # Frameworks whose tensor parallelism is their own autograd functions over plain tensors

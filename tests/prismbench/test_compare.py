@@ -85,3 +85,31 @@ def test_cli_refuses_a_missing_profile(tmp_path, capsys):
     job.write_text(TINY_TOML)
     assert main(["compare", str(job), "--profile", str(tmp_path / "none.json")]) == 2
     assert "no such profile file" in capsys.readouterr().err
+
+
+def test_cli_leaves_a_source_out_of_the_gpu_s_own_table(tmp_path, trace, capsys):
+    # leave-one-out against the committed table: --skip-source alone, no --kernel-table
+    durations, _ = compute_prices(trace, COST)
+    profile = _write_jsonl(
+        tmp_path / "tiny.ops.jsonl.gz",
+        [_profiled(trace, r, durations[r] * 1e6) for r in _compute_rows(trace)],
+    )
+    job = tmp_path / "tiny.toml"
+    job.write_text(TINY_TOML)
+
+    def exact_rows(*options):
+        assert main(["compare", str(job), "--profile", str(profile), "--json", *options]) == 0
+        return sum(c["priced_by"]["exact"] for c in json.loads(capsys.readouterr().out)["classes"])
+
+    assert exact_rows("--skip-source", "profile:") < exact_rows()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [["--skip-source", "no-such-source:"], ["--no-kernel-table", "--skip-source", "profile:"]],
+)
+def test_cli_refuses_a_skip_that_would_change_nothing(tmp_path, options, capsys):
+    job = tmp_path / "tiny.toml"
+    job.write_text(TINY_TOML)
+    assert main(["compare", str(job), "--profile", str(tmp_path / "p.json"), *options]) == 2
+    assert "--skip-source" in capsys.readouterr().err
