@@ -200,7 +200,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from prismbench.baselines import BaselineError
     from prismbench.thresholds import parse_thresholds
 
-    thresholds = parse_thresholds(args.gate, option="--gate") if args.gate else []
+    thresholds = parse_thresholds(args.gate, option="--gate") if args.gate is not None else []
     unknown = sorted({t.field for t in thresholds} - set(v.VALIDATED_METRICS))
     if unknown:
         raise SpecError(

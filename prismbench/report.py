@@ -441,10 +441,10 @@ def _field_value(field: str, value: float) -> str:
     """A value with its unit, read from the field's name (emulate JSON naming)."""
     if field.endswith("_bytes"):
         return format_bytes(value)
+    if field.endswith("tokens_per_s"):  # before "_s", which it also ends with
+        return f"{value:,.0f} tokens/s"
     if field.endswith("_s"):
         return f"{value:.4f} s"
-    if field.endswith("tokens_per_s"):
-        return f"{value:,.0f} tokens/s"
     if "tflops" in field:
         return f"{value:.2f} TFLOP/s"
     return f"{value:g}"

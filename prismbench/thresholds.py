@@ -16,6 +16,7 @@ within 5 % of the measurement).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -33,7 +34,10 @@ class Threshold:
     percent: float
 
     def crossed(self, change: float, *, slack: float = 0.0) -> bool:
-        """Whether a relative change (0.03 = +3 %) breaks this bound widened by `slack`."""
+        """Whether a relative change (0.03 = +3 %) breaks this bound widened by `slack`; a
+        change that is no number (a NaN figure on either side) breaks every bound."""
+        if not math.isfinite(change):
+            return True
         limit = self.percent / 100 + slack
         if self.sign == "+":
             return change > limit
@@ -47,9 +51,11 @@ class Threshold:
 
 def parse_thresholds(text: str, *, option: str = "--fail") -> list[Threshold]:
     """`FIELD:+X%,FIELD:X%,...` -> thresholds; a malformed item is a SpecError naming it."""
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items:
+    items = [item.strip() for item in text.split(",")]
+    if not any(items):
         raise SpecError(f"{option}={text!r}: give at least one FIELD:+X% or FIELD:X% item")
+    if not all(items):
+        raise SpecError(f"{option}={text!r}: an empty item between commas; drop the extra comma")
     out = []
     for item in items:
         match = _ITEM.match(item)

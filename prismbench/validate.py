@@ -370,8 +370,13 @@ def gate_failures(
 ) -> list[tuple[str, str, float, str]]:
     """(baseline, metric, error, threshold) for every case metric that crosses a threshold on
     its field, the bound widened by the measurement's own spread (`MetricResult.spread`); a
-    failed emulation fails the gate too (metric "emulation")."""
+    failed emulation fails the gate too (metric "emulation"), and so does a threshold no case
+    measures (baseline "-"): a gate that checks nothing must not pass."""
     failures = []
+    measured = {m.metric for case in cases for m in case.metrics}
+    for t in thresholds:
+        if t.field not in measured:
+            failures.append(("-", t.field, float("nan"), f"{t}: no selected case measures it"))
     for case in cases:
         if case.status != "ok":
             failures.append((case.baseline, "emulation", float("nan"), "must run"))

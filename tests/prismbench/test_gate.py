@@ -33,6 +33,19 @@ def test_a_slowdown_beyond_the_bound_fails_and_one_within_passes(reference):
     assert gate(reference, _slower(reference, 0.5), thresholds).passed  # faster is fine
 
 
+def test_a_nan_on_either_side_fails_the_gate(reference):
+    thresholds = parse_thresholds("iteration_time_s:+2%")
+    broken = reference | {"iteration_time_s": float("nan")}
+    assert not gate(reference, broken, thresholds).passed
+    assert not gate(broken, reference, thresholds).passed
+
+
+def test_the_report_gives_tokens_per_second_their_unit(reference, tmp_path, capsys):
+    ref = _write(tmp_path / "ref.json", reference)
+    assert main(["gate", "--reference", ref, "--candidate", ref, "--fail", "tokens_per_s:-2%"]) == 0
+    assert "tokens/s" in capsys.readouterr().out
+
+
 def _write(path, result):
     path.write_text(json.dumps(result))
     return str(path)

@@ -16,7 +16,10 @@ def test_parses_signed_and_absolute_bounds():
     assert str(parsed[1]) == "tokens_per_s:-1.5%"
 
 
-@pytest.mark.parametrize("text", ["", "iteration_time_s", "iteration_time_s:2", "x:+2 %", "1x:2%"])
+@pytest.mark.parametrize(
+    "text",
+    ["", "iteration_time_s", "iteration_time_s:2", "x:+2 %", "1x:2%", "iteration_time_s:+2%,", ",,"],
+)
 def test_malformed_items_are_named(text):
     with pytest.raises(SpecError, match="--fail"):
         parse_thresholds(text)
@@ -27,6 +30,11 @@ def test_a_signed_bound_only_fails_in_its_direction():
     assert rise.crossed(0.021) and not rise.crossed(-0.5)
     assert fall.crossed(-0.021) and not fall.crossed(0.5)
     assert either.crossed(0.021) and either.crossed(-0.021) and not either.crossed(0.02)
+
+
+def test_a_change_that_is_no_number_breaks_every_bound():
+    for bound in (Threshold("f", "+", 2), Threshold("f", "-", 2), Threshold("f", "", 2)):
+        assert bound.crossed(float("nan")) and bound.crossed(float("inf"), slack=1.0)
 
 
 def test_field_values_follow_dots_and_name_what_exists():

@@ -100,6 +100,16 @@ def test_a_gate_allows_for_the_measured_spread():
     assert not gate_failures([case(0.03)], thresholds)  # the runs themselves spread +-3 %
 
 
+def test_a_gate_on_a_metric_no_selected_case_measures_fails():
+    from prismbench.validate import CaseResult, MetricResult
+
+    timed_only = CaseResult(baseline="b", source="s", gpu="g", world_size=1, status="ok",
+                            wall_s=0.0, metrics=[MetricResult("iteration_time_s", 1.0, 1.0, 0.0)])  # fmt: skip
+    thresholds = parse_thresholds("peak_memory_reserved_bytes:5%", option="--gate")
+    ((baseline, metric, _, why),) = gate_failures([timed_only], thresholds)
+    assert (baseline, metric) == ("-", "peak_memory_reserved_bytes") and "no selected case" in why
+
+
 def test_results_are_cached_by_spec_code_and_tables(tmp_path, baselines_dir, monkeypatch):
     monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path / "cache"))
     chosen = load_baselines(baselines_dir)[:1]
