@@ -213,15 +213,26 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     chosen = v.select_baselines(baselines, args.select, args.all)
     spread = _variability_settings(args)
     log = None
+    if args.no_mlflow and args.tracking_uri:
+        raise SpecError("--tracking-uri names an MLflow store that --no-mlflow would not use")
     if not args.no_mlflow:
-        from prismbench.mlflow_log import default_tracking_uri, log_run
+        from prismbench.mlflow_log import default_tracking_uri, log_run, open_experiment
 
         uri = args.tracking_uri or default_tracking_uri(args.db)
+        artifact_dir = Path(args.db).parent / "mlartifacts"
+        try:  # before any emulation: a store MLflow cannot open must not fail the run last
+            open_experiment(uri, artifact_dir)
+        except Exception as err:  # MLflow raises many kinds, from URI parsing to sqlite
+            raise SpecError(f"--tracking-uri {uri}: MLflow cannot open it: {err}") from None
 
         def log(run, settings):
-            return log_run(
-                run, settings, tracking_uri=uri, artifact_dir=Path(args.db).parent / "mlartifacts"
-            )
+            try:
+                log_run(run, settings, tracking_uri=uri, artifact_dir=artifact_dir)
+            except Exception as err:
+                raise SpecError(
+                    f"--tracking-uri {uri}: logging run {run.run_id} failed ({err}); the run is "
+                    f"complete in {args.db}"
+                ) from None
 
     run = v.validate(chosen, db_path=Path(args.db), workers=args.workers, log_mlflow=log,
                      progress=_progress, use_cache=not args.no_cache, artifacts=args.artifacts,

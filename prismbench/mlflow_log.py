@@ -19,9 +19,10 @@ def default_tracking_uri(db_path: Path) -> str:
     return f"sqlite:///{(Path(db_path).parent / 'mlflow.db').resolve()}"
 
 
-def log_run(run, settings: dict, *, tracking_uri: str, artifact_dir: Path | None = None) -> None:
-    """Log a `validate.ValidationRun` (its cases and their metrics) to MLflow; a new experiment
-    keeps its artifacts in `artifact_dir` (default: MLflow's own choice)."""
+def open_experiment(tracking_uri: str, artifact_dir: Path | None = None) -> None:
+    """Point MLflow at `tracking_uri` and make the experiment current, creating it (its
+    artifacts in `artifact_dir`, default MLflow's own choice) if it is new. `validate` calls
+    it before emulating anything, so a store MLflow cannot open fails first, not last."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
@@ -29,6 +30,13 @@ def log_run(run, settings: dict, *, tracking_uri: str, artifact_dir: Path | None
         location = Path(artifact_dir).resolve().as_uri() if artifact_dir else None
         mlflow.create_experiment(EXPERIMENT, artifact_location=location)
     mlflow.set_experiment(EXPERIMENT)
+
+
+def log_run(run, settings: dict, *, tracking_uri: str, artifact_dir: Path | None = None) -> None:
+    """Log a `validate.ValidationRun` (its cases and their metrics) to MLflow (`open_experiment`)."""
+    import mlflow
+
+    open_experiment(tracking_uri, artifact_dir)
     with mlflow.start_run(run_name=f"validate {run.run_id}"):
         mlflow.set_tags({"prismbench.run_id": run.run_id, "commit": settings.get("commit", "")})
         mlflow.log_params({"workers": settings["workers"], "cases": len(run.cases),

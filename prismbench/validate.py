@@ -297,9 +297,9 @@ def validate(
         run.status = "interrupted"
         raise
     run.status = "complete"
-    if log_mlflow is not None:
-        log_mlflow(run, settings | {"commit": commit, "dirty": dirty})
     history.finish_run(run.db_path, run.run_id, run.status)
+    if log_mlflow is not None:  # after the history has the run whole: a failure here loses no case
+        log_mlflow(run, settings | {"commit": commit, "dirty": dirty})
     return run
 
 

@@ -88,6 +88,18 @@ def test_cli_exit_codes_and_mlflow(tmp_path, baselines_dir, capsys):
     assert "not validated metrics" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "options", [["--tracking-uri", "ftp://nowhere"], ["--no-mlflow", "--tracking-uri", "ftp://x"]]
+)
+def test_an_mlflow_store_that_cannot_be_used_is_refused_before_any_emulation(
+    tmp_path, baselines_dir, options, capsys
+):
+    db = tmp_path / "p.duckdb"
+    assert main([*_validate_args(baselines_dir, "--all", "--db", str(db)), *options]) == 2
+    assert "--tracking-uri" in capsys.readouterr().err
+    assert not db.exists()  # no run was started, so none is left "running"
+
+
 def test_a_gate_allows_for_the_measured_spread():
     from prismbench.validate import CaseResult, MetricResult
 
