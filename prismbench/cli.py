@@ -23,6 +23,7 @@ from prismbench.spec import SpecError, load_job_spec
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_GATE_FAILED = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 def _console() -> Console:
@@ -769,7 +770,7 @@ def _add_gate(commands) -> None:
 
 
 def _add_validate(commands) -> None:
-    from prismbench.validate import DEFAULT_DB
+    from prismbench.validate import DEFAULT_DB, VALIDATED_METRICS
 
     validate_cmd = commands.add_parser(
         "validate",
@@ -778,8 +779,9 @@ def _add_validate(commands) -> None:
             "Emulate the selected baselines (worker processes, captures cached), print the "
             "mean and max |error| per source, GPU and metric, write the run to DuckDB and "
             "MLflow, and with --gate exit 1 when a case's error crosses a threshold "
-            "(FIELD:X%% bounds |error|, FIELD:+X%% a too-slow/too-large prediction; FIELD is "
-            "iteration_time_s, peak_memory_reserved_bytes or device_total_estimate_bytes)."
+            "(FIELD:X% bounds |error|, FIELD:+X% a too-slow/too-large prediction, each "
+            "widened by the measurement's own spread where a baseline records one; FIELD is "
+            f"one of {', '.join(VALIDATED_METRICS)}; a gate no selected case measures fails)."
         ),
     )
     validate_cmd.add_argument(
@@ -903,3 +905,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SpecError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # Ctrl-C: what was interrupted says so itself (validate's run)
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

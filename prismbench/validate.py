@@ -108,15 +108,22 @@ class CaseResult:
 
 def load_all_baselines(directory: str | Path):
     """The published baselines of `directory` and the recorded ones of its `recorded/`."""
-    from prismbench.baselines import load_baselines
+    from prismbench.baselines import BaselineError, load_baselines
 
+    if not Path(directory).is_dir():
+        raise BaselineError(f"{directory}: no such directory of baselines")
     recorded = Path(directory) / RECORDED_DIR
-    return load_baselines(directory) + (load_baselines(recorded) if recorded.is_dir() else ())
+    found = load_baselines(directory) + (load_baselines(recorded) if recorded.is_dir() else ())
+    if not found:
+        raise BaselineError(f"{directory}: no baseline (*.toml) in it or in its {RECORDED_DIR}/")
+    return found
 
 
 def select_baselines(baselines, expressions: list[str] | None, everything: bool):
     """Baselines whose name matches any glob in `expressions` ("llmfoundry__*", "*mpt-7b*";
     a plain word matches as a substring), all with `everything`, else DEFAULT_SELECTION."""
+    if everything and expressions:
+        raise SpecError(f"--all selects every baseline; --select {expressions} would be ignored")
     if everything:
         return list(baselines)
     if not expressions:

@@ -100,6 +100,36 @@ def test_an_mlflow_store_that_cannot_be_used_is_refused_before_any_emulation(
     assert not db.exists()  # no run was started, so none is left "running"
 
 
+@pytest.mark.parametrize(
+    ("where", "options", "says"),
+    [
+        ("none", ["--all"], "no such directory of baselines"),
+        ("empty", ["--all"], "no baseline"),
+        ("baselines", ["--all", "--select", "tiny"], "--select"),
+    ],
+)
+def test_a_selection_that_cannot_be_run_is_refused_before_a_run_starts(
+    tmp_path, baselines_dir, where, options, says, capsys
+):
+    (tmp_path / "empty").mkdir()
+    folder = baselines_dir if where == "baselines" else tmp_path / where
+    db = tmp_path / "p.duckdb"
+    assert main([*_validate_args(folder, "--db", str(db), "--no-mlflow"), *options]) == 2
+    assert says in capsys.readouterr().err
+    assert not db.exists()
+
+
+def test_ctrl_c_ends_a_command_with_a_line_not_a_traceback(monkeypatch, capsys):
+    import prismbench.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_cmd_workloads", interrupted)
+    assert main(["workloads"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+
+
 def test_a_gate_allows_for_the_measured_spread():
     from prismbench.validate import CaseResult, MetricResult
 
