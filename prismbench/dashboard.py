@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from prismbench import history
+from prismbench.report import format_field
 
 WORST_SHOWN = 15
 # The predicted iteration's parts shown beside each worst case (emulate JSON `breakdown`).
@@ -51,6 +52,8 @@ def _scatter(rows: list[dict], metric: str, path: Path) -> None:
         ax.scatter([r["measured"] for r in pts], [r["predicted"] for r in pts], label=source, s=18)
     values = [v for r in rows for v in (r["measured"], r["predicted"])]
     lo, hi = min(values), max(values)
+    if hi <= lo * 1.01:  # one point (or all alike): a line through it, not a dot
+        lo, hi = lo / 1.5, hi * 1.5
     ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8, label="y = x")
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -139,10 +142,12 @@ def write_dashboard(db_path: str | Path, out_dir: str | Path) -> Path:
         )
         trend_cases = [r["baseline"] for r in worst[:TREND_CASES]]
         _trend(trend, runs, trend_cases, metric, out / f"trend_{metric}.png")
+        timed = metric.endswith("_s")  # the iteration's parts only beside a time
         table = "".join(
             f"<tr><td>{html.escape(r['baseline'])}</td><td>{html.escape(r['gpu'])}</td>"
-            f"<td>{r['predicted']:.4g}</td><td>{r['measured']:.4g}</td><td>{100 * r['error']:+.1f} %</td>"
-            f"{_breakdown_cells(r['result'])}</tr>"
+            f"<td>{format_field(metric, r['predicted'])}</td>"
+            f"<td>{format_field(metric, r['measured'])}</td><td>{100 * r['error']:+.1f} %</td>"
+            f"{_breakdown_cells(r['result']) if timed else ''}</tr>"
             for r in worst
         )
         sections.append(
@@ -151,7 +156,7 @@ def write_dashboard(db_path: str | Path, out_dir: str | Path) -> Path:
             f'<img src="errors_{metric}.png" alt="error distribution">'
             f"<h3>Worst cases (latest run)</h3><table><tr><th>baseline</th><th>GPU</th>"
             f"<th>predicted</th><th>measured</th><th>error</th>"
-            + "".join(f"<th>{label} (s)</th>" for label in BREAKDOWN.values())
+            + ("".join(f"<th>{label} (s)</th>" for label in BREAKDOWN.values()) if timed else "")
             + f"</tr>{table}</table>"
             f"<h3>Error across runs (the {len(trend_cases)} worst cases)</h3>"
             f'<img src="trend_{metric}.png" alt="error across runs">'

@@ -428,8 +428,8 @@ def render_gate(result, console: Console) -> None:
         change = "n/a (reference is 0)" if row.change is None else f"{row.change:+.2%}"
         table.add_row(
             row.threshold,
-            _field_value(row.field, row.reference),
-            _field_value(row.field, row.candidate),
+            format_field(row.field, row.reference),
+            format_field(row.field, row.candidate),
             change,
             "PASS" if row.passed else "FAIL",
         )
@@ -437,7 +437,7 @@ def render_gate(result, console: Console) -> None:
     console.print("gate passed" if result.passed else "gate FAILED")
 
 
-def _field_value(field: str, value: float) -> str:
+def format_field(field: str, value: float) -> str:
     """A value with its unit, read from the field's name (emulate JSON naming)."""
     if field.endswith("_bytes"):
         return format_bytes(value)

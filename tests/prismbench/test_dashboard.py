@@ -40,6 +40,22 @@ def test_page_and_figures_from_the_history(tmp_path):
         assert (out / f"{name}_iteration_time_s.png").stat().st_size > 1000
 
 
+def test_the_worst_cases_say_their_units_and_a_memory_table_has_no_time_parts(tmp_path):
+    db = tmp_path / "h.duckdb"
+    history.start_run(db, "r1", commit="aaaaaaa1", dirty=False, machine="m", settings={})
+    case = CaseResult(baseline="src__a__8g__r1", source="src", gpu="h100-sxm-80g", world_size=8,
+                      status="ok", wall_s=1.0,
+                      metrics=[MetricResult("iteration_time_s", 1.5, 1.25),
+                               MetricResult("peak_memory_reserved_bytes", 2.0 * 2**30, 2**31)])  # fmt: skip
+    history.add_case(db, "r1", case)
+    history.finish_run(db, "r1", "complete")
+    out = tmp_path / "dash"
+    assert main(["dashboard", "--db", str(db), "--out", str(out)]) == 0
+    time_part, memory_part = (out / "index.html").read_text().split("<h2>")[1:]
+    assert "1.5000 s" in time_part and "<th>compute (s)</th>" in time_part
+    assert "2.00 GiB" in memory_part and "compute (s)" not in memory_part
+
+
 def test_refuses_a_missing_or_empty_history(tmp_path, capsys):
     assert (
         main(["dashboard", "--db", str(tmp_path / "none.duckdb"), "--out", str(tmp_path / "d")])
