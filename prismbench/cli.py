@@ -109,7 +109,9 @@ def _cmd_ingest_profile(args: argparse.Namespace) -> int:
             raise SpecError(f"--provenance {item!r} must be KEY=VALUE")
         provenance[key] = value
     try:
-        result = ingest_profile(Path(args.profile), job, provenance=provenance)
+        result = ingest_profile(
+            Path(args.profile), job, provenance=provenance, job_label=f"--job {args.job}"
+        )
     except ProfileError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -118,7 +120,11 @@ def _cmd_ingest_profile(args: argparse.Namespace) -> int:
         _print_json(result.to_dict())
     else:
         report.render_ingest(result, _console())
-        print(f"wrote {len(result.rows)} kernel rows to {args.out}")
+        print(
+            f"wrote {len(result.rows)} kernel rows to {args.out} (matched "
+            f"{result.trace_coverage:.1%} of the capture's compute rows and "
+            f"{result.kernel_time_coverage:.1%} of the profile's kernel time)"
+        )
     return EXIT_OK
 
 

@@ -72,11 +72,12 @@ class Comparison:
         }
 
 
-def compare_ops(ops, trace, cost) -> list[ClassComparison]:
-    """Per-class totals over one trace and one profile's ops (the work of `compare_profile`)."""
+def compare_ops(ops, trace, cost, aligned=None) -> list[ClassComparison]:
+    """Per-class totals over one trace and one profile's ops (the work of `compare_profile`;
+    `aligned`: their `align_profile`, where the caller has it)."""
     from prismbench.profile_ingest import align_profile, aten_packet, profile_key
 
-    aligned = align_profile(ops, trace)
+    aligned = aligned or align_profile(ops, trace)
     durations, sources = compute_prices(trace, cost)
     c = trace.columns
     matched_ops = {i for i, _ in aligned.pairs}
@@ -120,16 +121,21 @@ def compare_profile(
     kernel_table: KernelTable | None | str = "preset",
 ) -> Comparison:
     """Capture `job` (class 0's trace: the profiled rank is one of it), price it, and compare
-    with the profile, per op class. kernel_table as in `prismbench.emulate.emulate`."""
+    with the profile, per op class. kernel_table as in `prismbench.emulate.emulate`. A profile
+    that is not one of the job is refused (`prismbench.profile_ingest.check_coverage`)."""
     from prismbench.capture import capture_job
     from prismbench.emulate import cost_context
+    from prismbench.profile_ingest import align_profile, check_coverage
 
     cost = cost_context(job, kernel_table, kernel_gap_s=0.0)
     ops = read_profile(profile_path)
     traces = capture_job(job).traces
+    trace = traces[min(traces)]
+    aligned = align_profile(ops, trace)
+    check_coverage(profile_path, f"the job {name}", aligned)
     return Comparison(
         job=name,
         profile=str(profile_path),
         kernel_table="" if cost.table is None else cost.table.label,
-        classes=compare_ops(ops, traces[min(traces)], cost),
+        classes=compare_ops(ops, trace, cost, aligned),
     )

@@ -12,6 +12,15 @@ on), tolerant of ops on one side only (the capture's ops that launch no kernel o
 profiler's bookkeeping kernels, ...). Where the profile records nesting (Chrome traces),
 kernels go to the outermost enclosing op that the capture records, except the kernels the
 capture records as rows of their own before the op that launched them (`launched_first`).
+
+A profile is taken to be of the job only where the alignment covers both sides
+(`check_coverage`): at least MIN_COVERAGE of the capture's compute rows matched and of the
+profile's kernel time attributed. Either share alone can mislead: a truncated profile of the
+job has all its kernel time attributed while most of the capture goes unmatched, and the
+profile of a deeper model matches nearly every row of a shallower one's capture while most of
+its kernel time stays unattributed. The shared H100 profiles reach 0.997 of the rows and
+1.000 of the time with their own specs; the 125M model's profile against its micro-batch-4
+spec reaches 0.48 and 0.08, against a two-layer spec 0.98 and 0.67.
 """
 
 from __future__ import annotations
@@ -38,7 +47,11 @@ from emulator.costs.kernel_table import PROVENANCE_FIELDS, row_fields
 from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS
 from emulator.costs.pricing import op_record
 from prismbench.files import write_atomically
-from prismbench.profile_readers import ProfiledOp, read_profile
+from prismbench.profile_readers import ProfiledOp, ProfileError, read_profile
+
+# The least share of the capture's compute rows matched, and of the profile's kernel time
+# attributed, for a profile to be taken as one of the job (see the module docstring).
+MIN_COVERAGE = 0.9
 
 # Profile op (as an aten packet) -> the normalized name of the op the capture records for the
 # same call, where the CUDA build dispatches a different aten op than the CPU capture sees.
@@ -198,13 +211,25 @@ class IngestResult:
     unmatched_profile: list[dict] = field(default_factory=list)
     unmatched_trace: list[dict] = field(default_factory=list)
 
+    @property
+    def trace_coverage(self) -> float:
+        """The share of the capture's compute rows matched to a profiled op."""
+        return self.matched_rows / self.trace_rows if self.trace_rows else 0.0
+
+    @property
+    def kernel_time_coverage(self) -> float:
+        """The share of the profile's kernel time attributed to a capture row."""
+        return self.attributed_kernel_us / self.total_kernel_us if self.total_kernel_us else 0.0
+
     def to_dict(self, top: int = 20) -> dict:
         return {
             "rows": len(self.rows),
             "trace_rows": self.trace_rows,
             "matched_rows": self.matched_rows,
+            "trace_coverage": round(self.trace_coverage, 4),
             "total_kernel_us": round(self.total_kernel_us, 3),
             "attributed_kernel_us": round(self.attributed_kernel_us, 3),
+            "kernel_time_coverage": round(self.kernel_time_coverage, 4),
             "unmatched_profile": self.unmatched_profile[:top],
             "unmatched_trace": self.unmatched_trace[:top],
         }
@@ -263,9 +288,39 @@ def align_profile(ops: list[ProfiledOp], trace: RankTrace) -> Alignment:
     return Alignment(ops, compute, pairs)
 
 
-def ingest_ops(ops: list[ProfiledOp], trace: RankTrace, provenance: dict | None = None):
-    """Align profiled ops with the trace's compute rows and turn the pairs into kernel rows."""
-    aligned = align_profile(ops, trace)
+def check_coverage(profile_path, job_label: str, aligned: Alignment) -> None:
+    """Refuse (ProfileError naming the profile and the job) a profile with no GPU kernel, or one
+    whose alignment with the capture covers less than MIN_COVERAGE of the capture's compute rows
+    or of the profile's kernel time: it is not a profile of that job (module docstring)."""
+    total_us = sum(op.kernel_us for op in aligned.ops)
+    if total_us <= 0:
+        raise ProfileError(
+            f"{profile_path}: the profile records no GPU kernel time (no op that launched a "
+            "kernel): profile with CUDA activities to ingest or compare it"
+        )
+    matched_rows, trace_rows = len({j for _, j in aligned.pairs}), len(aligned.compute_rows)
+    attributed_us = sum(aligned.ops[i].kernel_us for i in {i for i, _ in aligned.pairs})
+    rows = matched_rows / trace_rows if trace_rows else 0.0
+    time = attributed_us / total_us
+    if min(rows, time) < MIN_COVERAGE:
+        raise ProfileError(
+            f"{profile_path}: not a profile of {job_label}: it matched {matched_rows:,} of the "
+            f"capture's {trace_rows:,} compute rows ({rows:.1%}) and {attributed_us / 1e3:,.3f} "
+            f"of its {total_us / 1e3:,.3f} ms of kernel time ({time:.1%}); a profile of the job "
+            "(same model, batch, parallelism and precision, one whole iteration) matches at "
+            f"least {MIN_COVERAGE:.0%} of both"
+        )
+
+
+def ingest_ops(
+    ops: list[ProfiledOp],
+    trace: RankTrace,
+    provenance: dict | None = None,
+    aligned: Alignment | None = None,
+):
+    """Align profiled ops with the trace's compute rows (unless `aligned` is their alignment)
+    and turn the pairs into kernel rows."""
+    aligned = aligned or align_profile(ops, trace)
     ops, compute, pairs = aligned.ops, aligned.compute_rows, aligned.pairs
     samples: dict[tuple, list[tuple[float, int]]] = defaultdict(list)
     for i, j in pairs:
@@ -306,15 +361,20 @@ def profile_provenance(profile_path: str | Path) -> dict:
     return provenance
 
 
-def ingest_profile(profile_path: str | Path, job, *, provenance: dict | None = None):
+def ingest_profile(
+    profile_path: str | Path, job, *, provenance: dict | None = None, job_label: str = "the job"
+):
     """Read a profile (either format), capture `job` and ingest; a job of several classes of
-    ranks is matched against class 0's trace (the profiled rank is assumed to be one of it)."""
+    ranks is matched against class 0's trace (the profiled rank is assumed to be one of it).
+    A profile that is not one of the job is refused (`check_coverage`, ProfileError)."""
     from prismbench.capture import capture_job
 
     ops = read_profile(profile_path)
     traces = capture_job(job).traces
     trace = traces[min(traces)]
-    return ingest_ops(ops, trace, profile_provenance(profile_path) | (provenance or {}))
+    aligned = align_profile(ops, trace)
+    check_coverage(profile_path, job_label, aligned)
+    return ingest_ops(ops, trace, profile_provenance(profile_path) | (provenance or {}), aligned)
 
 
 def write_rows_csv(rows: list[dict], path: str | Path) -> Path:

@@ -113,3 +113,14 @@ def test_cli_refuses_a_skip_that_would_change_nothing(tmp_path, options, capsys)
     job.write_text(TINY_TOML)
     assert main(["compare", str(job), "--profile", str(tmp_path / "p.json"), *options]) == 2
     assert "--skip-source" in capsys.readouterr().err
+
+
+def test_cli_refuses_a_profile_of_another_job(tmp_path, trace, capsys):
+    profile = _write_jsonl(
+        tmp_path / "tiny.ops.jsonl.gz", [_profiled(trace, r, 1.0) for r in _compute_rows(trace)]
+    )
+    other = tmp_path / "other.toml"
+    other.write_text(TINY_TOML.replace("seq_len = 64", "seq_len = 32"))
+    assert main(["compare", str(other), "--profile", str(profile), "--no-kernel-table"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {profile}: not a profile of the job other:"), err

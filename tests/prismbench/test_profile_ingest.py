@@ -244,6 +244,35 @@ def test_cli_writes_rows_and_refuses_bad_profiles(trace, tmp_path, capsys):
         read_profile(tmp_path / "notes.txt")
 
 
+def test_cli_refuses_a_profile_of_another_job_and_writes_nothing(trace, tmp_path, capsys):
+    """A profile is of the job only where the alignment covers at least MIN_COVERAGE of both
+    the capture's compute rows and the profile's kernel time: the tiny job's profile against a
+    shorter sequence (most shapes differ), the first third of its profile (every profiled op
+    matches, most rows do not), and a profile with no GPU kernel are refused."""
+    job = tmp_path / "job.toml"
+    job.write_text(TINY_TOML)
+    other = tmp_path / "other.toml"
+    other.write_text(TINY_TOML.replace("seq_len = 64", "seq_len = 32"))
+    ops = _synthetic_profile(trace)
+    profile = _write_jsonl(tmp_path / "tiny.ops.jsonl.gz", ops)
+    third = _write_jsonl(tmp_path / "third.ops.jsonl.gz", ops[: len(ops) // 3])
+    no_kernels = tmp_path / "cpu_only.json"
+    no_kernels.write_text('{"traceEvents": []}')
+    cases = [
+        (profile, other, "not a profile of --job"),
+        (third, job, "not a profile of --job"),
+        (no_kernels, job, "the profile records no GPU kernel time"),
+    ]
+    for path, spec, message in cases:
+        out = tmp_path / "rows.csv"
+        assert main(["ingest-profile", str(path), "--job", str(spec), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {path}: {message}") and err.count("\n") == 1, err
+        assert not out.exists() and not list(tmp_path.glob(".*.tmp"))
+    assert main(["ingest-profile", str(third), "--job", str(job), "--out", str(out)]) == 2
+    assert f"of the capture's {len(ops):,} compute rows (33." in capsys.readouterr().err
+
+
 def test_a_masked_fill_nested_in_a_chrome_trace_gives_its_copy_to_the_clone():
     """On CUDA `masked_fill` clones self (aten::clone -> aten::copy_) and fills the clone
     (aten::masked_fill_), both nested in aten::masked_fill; the capture records the clone and
