@@ -15,7 +15,9 @@ import bisect
 import gzip
 import json
 import re
+import zlib
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +58,18 @@ def open_text(path: Path):
     return gzip.open(path, "rt") if gzipped else path.open()
 
 
+@contextmanager
+def readable(path: Path):
+    """Turn a file that cannot be decoded while read (a gzip cut short or corrupt, bytes that are
+    not UTF-8) into a ProfileError naming it, not a traceback."""
+    try:
+        yield
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+        raise ProfileError(f"{path}: a truncated or corrupt gzip file ({err})") from None
+    except UnicodeDecodeError as err:
+        raise ProfileError(f"{path}: not UTF-8 text ({err})") from None
+
+
 def _freeze(shapes) -> tuple:
     return tuple(_freeze(s) if isinstance(s, list) else s for s in shapes or ())
 
@@ -64,7 +78,7 @@ def read_ops_jsonl(path: str | Path) -> list[ProfiledOp]:
     """The op events of a `<case>.ops.jsonl[.gz]` profile, in file (program) order."""
     path = Path(path)
     ops = []
-    with open_text(path) as handle:
+    with readable(path), open_text(path) as handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -139,7 +153,7 @@ def _dims(event: dict) -> tuple:
 
 
 def _chrome_events(path: Path) -> list[dict]:
-    with open_text(path) as handle:
+    with readable(path), open_text(path) as handle:
         try:
             data = json.load(handle)
         except json.JSONDecodeError as err:
@@ -190,7 +204,7 @@ def read_chrome_trace(path: str | Path) -> list[ProfiledOp]:
 def read_profile(path: str | Path) -> list[ProfiledOp]:
     """Either format, told apart by content: JSON lines with "op", or a Chrome trace."""
     path = Path(path)
-    with open_text(path) as handle:
+    with readable(path), open_text(path) as handle:
         first = handle.readline()
     try:
         head = json.loads(first)

@@ -244,6 +244,25 @@ def test_cli_writes_rows_and_refuses_bad_profiles(trace, tmp_path, capsys):
         read_profile(tmp_path / "notes.txt")
 
 
+def test_a_truncated_or_undecodable_profile_is_refused_naming_it(trace, tmp_path, capsys):
+    job = tmp_path / "job.toml"
+    job.write_text(TINY_TOML)
+    whole = _write_jsonl(tmp_path / "whole.ops.jsonl.gz", _synthetic_profile(trace)).read_bytes()
+    cut = tmp_path / "cut.ops.jsonl.gz"
+    cut.write_bytes(whole[: len(whole) // 2])  # a copy that stopped half-way
+    binary = tmp_path / "binary.ops.jsonl"
+    binary.write_bytes(b'{"op": "aten::mm", "kernels": []}\n\xff\xfe\n')
+    for path, message in ((cut, "a truncated or corrupt gzip file"), (binary, "not UTF-8")):
+        with pytest.raises(ProfileError, match=message):
+            read_profile(path)
+        out = tmp_path / "rows.csv"
+        assert main(["ingest-profile", str(path), "--job", str(job), "--out", str(out)]) == 2
+        assert main(["compare", str(job), "--profile", str(path)]) == 2
+        lines = capsys.readouterr().err.splitlines()  # one line each, no traceback
+        assert len(lines) == 2 and all(x.startswith(f"error: {path}: {message}") for x in lines)
+        assert not out.exists()
+
+
 def test_cli_refuses_a_profile_of_another_job_and_writes_nothing(trace, tmp_path, capsys):
     """A profile is of the job only where the alignment covers at least MIN_COVERAGE of both
     the capture's compute rows and the profile's kernel time: the tiny job's profile against a
