@@ -96,18 +96,34 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _provenance(items: list[str]) -> dict[str, str]:
+    """--provenance KEY=VALUE items as a dict: each key one of the kernel table's provenance
+    columns, given once (a later value silently replacing an earlier one would hide a typo)."""
+    from emulator.costs.kernel_table import PROVENANCE_FIELDS
+
+    provenance: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SpecError(f"--provenance {item!r} must be KEY=VALUE")
+        if key not in PROVENANCE_FIELDS:
+            raise SpecError(
+                f"--provenance {item!r}: unknown key {key!r}; the keys are "
+                f"{', '.join(PROVENANCE_FIELDS)}"
+            )
+        if key in provenance:
+            raise SpecError(f"--provenance {key} is given twice: give each key once")
+        provenance[key] = value
+    return provenance
+
+
 def _cmd_ingest_profile(args: argparse.Namespace) -> int:
     from prismbench.profile_ingest import ingest_profile, write_rows_csv
     from prismbench.profile_readers import ProfileError
 
     job = load_job_spec(args.job)
     _check_output(args.out, "--out")
-    provenance = {}
-    for item in args.provenance:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SpecError(f"--provenance {item!r} must be KEY=VALUE")
-        provenance[key] = value
+    provenance = _provenance(args.provenance)
     try:
         result = ingest_profile(
             Path(args.profile), job, provenance=provenance, job_label=f"--job {args.job}"

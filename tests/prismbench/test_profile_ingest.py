@@ -244,6 +244,24 @@ def test_cli_writes_rows_and_refuses_bad_profiles(trace, tmp_path, capsys):
         read_profile(tmp_path / "notes.txt")
 
 
+def test_cli_refuses_an_unknown_or_repeated_provenance_key(trace, tmp_path, capsys):
+    job = tmp_path / "job.toml"
+    job.write_text(TINY_TOML)
+    profile = _write_jsonl(tmp_path / "tiny.ops.jsonl.gz", _synthetic_profile(trace))
+    out = tmp_path / "rows.csv"
+    ingest = ["ingest-profile", str(profile), "--job", str(job), "--out", str(out)]
+    refused = {
+        ("foo=bar",): "error: --provenance 'foo=bar': unknown key 'foo'; the keys are gpu, "
+        "driver, torch, clocks, date\n",
+        ("gpu=A", "gpu=B"): "error: --provenance gpu is given twice: give each key once\n",
+    }
+    for items, message in refused.items():
+        assert main([*ingest, *(a for item in items for a in ("--provenance", item))]) == 2
+        assert capsys.readouterr().err == message and not out.exists()
+    assert main([*ingest, "--provenance", "gpu=Test GPU", "--provenance", "torch=2.13"]) == 0
+    assert load_kernel_table(out).gpu == "Test GPU"
+
+
 def test_a_truncated_or_undecodable_profile_is_refused_naming_it(trace, tmp_path, capsys):
     job = tmp_path / "job.toml"
     job.write_text(TINY_TOML)
