@@ -74,28 +74,40 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {1: ()}
 
 
 class HistoryError(SpecError):
-    """A history database this code cannot write (a newer schema)."""
+    """A history database this code cannot open or write (no DuckDB file, a newer schema)."""
 
 
 LOCK_WAIT_S = 120.0
 
 
 def connect_with_retry(path: Path, *, wait_s: float = LOCK_WAIT_S) -> duckdb.DuckDBPyConnection:
-    """A connection to `path`, waiting (up to `wait_s`) while another process holds its lock."""
+    """A connection to `path`, waiting (up to `wait_s`) while another process holds its lock.
+    A path that is no DuckDB database (another file, a folder, one that cannot be created) or a
+    lock held past `wait_s` is a HistoryError naming --db, not DuckDB's traceback."""
     deadline, delay = time.monotonic() + wait_s, 0.05
     while True:
         try:
             return duckdb.connect(str(path))
         except duckdb.IOException as err:
-            if "lock" not in str(err).lower() or time.monotonic() > deadline:
-                raise
+            if "lock" not in str(err).lower():
+                raise HistoryError(
+                    f"--db {path}: cannot be opened as a DuckDB history database: give a DuckDB "
+                    f"file, or a path where one can be created ({err})"
+                ) from None
+            if time.monotonic() > deadline:
+                raise HistoryError(
+                    f"--db {path}: another process has held its lock for over {wait_s:g} s ({err})"
+                ) from None
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
 
 def write(path: Path, statements: Callable[[duckdb.DuckDBPyConnection], None]) -> None:
     """Run `statements` in one transaction on a short-lived connection (created schema first)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise HistoryError(f"--db {path}: cannot create its folder ({err})") from None
     con = connect_with_retry(path)
     try:
         con.begin()

@@ -82,3 +82,25 @@ def test_a_newer_history_is_refused_untouched(tmp_path):
     with pytest.raises(history.HistoryError, match="newer than this code"):
         history.start_run(db, "r", commit="c", dirty=False, machine="m", settings={})
     assert history.read(db, "SELECT count(*) AS n FROM runs") == [{"n": 0}]
+
+
+def test_a_db_path_that_is_no_duckdb_history_is_refused_naming_db(tmp_path, capsys):
+    """A text file, a folder, or a path under a file: a HistoryError naming --db (validate and
+    dashboard exit 2 on it), nothing written there."""
+    from prismbench.cli import main
+
+    text = tmp_path / "notes.duckdb"
+    text.write_text("not a db\n")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for db, message in (
+        (text, "cannot be opened as a DuckDB history database"),
+        (folder, "cannot be opened as a DuckDB history database"),
+        (text / "sub" / "h.duckdb", "cannot create its folder"),
+    ):
+        with pytest.raises(history.HistoryError, match=f"^--db {db}: {message}"):
+            history.start_run(db, "r", commit="c", dirty=False, machine="m", settings={})
+    out = tmp_path / "page"
+    assert main(["dashboard", "--db", str(text), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --db {text}: cannot be opened")
+    assert text.read_text() == "not a db\n" and list(folder.iterdir()) == [] and not out.exists()
