@@ -909,7 +909,7 @@ def _add_record(commands) -> None:
         "--profile",
         metavar="FILE.ops.jsonl.gz",
         help="with --device cuda: profile one more iteration, write rank 0's kernel times "
-        "(the shared profiles' format; calibrate --from-profile and compare read it)",
+        "(the shared profiles' format; ingest-profile and compare read it)",
     )
     rec.add_argument("--json", action="store_true", help="print the record")
     rec.set_defaults(handler=_cmd_record)

@@ -18,7 +18,7 @@ iterations). The headline memory figure is the steady reserved peak of the large
 `profile=True` every rank then runs one more iteration under torch.profiler
 (emulator.costs.kernel_timing.profile_iteration: kernel-only times) and rank 0's op records
 come back in `Recording.profile` (write them with `prismbench.calibrate_job.write_ops_jsonl`;
-`prismbench calibrate --from-profile` and `compare` read them).
+`prismbench ingest-profile` and `compare` read them).
 
 `write_record(recording, path)` writes it as a recorded baseline (`prismbench.baselines`:
 the job spec, the median with the range and count of the timed iterations, provenance with
