@@ -370,11 +370,11 @@ def render_fit(result, console: Console) -> None:
 
 def render_ingest(result, console: Console, top: int = 10) -> None:
     """Matched rows and attributed kernel time, then the largest unmatched profiled ops."""
-    share = result.attributed_kernel_us / result.total_kernel_us if result.total_kernel_us else 0
     console.print(
-        f"Matched {result.matched_rows:,} of {result.trace_rows:,} trace compute rows; "
-        f"attributed {result.attributed_kernel_us / 1e3:,.3f} of "
-        f"{result.total_kernel_us / 1e3:,.3f} ms of kernel time ({share:.1%})"
+        f"Matched {result.matched_rows:,} of {result.trace_rows:,} trace compute rows "
+        f"({result.trace_coverage:.1%} of the capture); attributed "
+        f"{result.attributed_kernel_us / 1e3:,.3f} of {result.total_kernel_us / 1e3:,.3f} ms of "
+        f"the profile's kernel time ({result.kernel_time_coverage:.1%})"
     )
     for title, entries in (
         ("Profiled ops with no trace row", result.unmatched_profile),
