@@ -271,8 +271,15 @@ def summarize(capture: JobCapture) -> dict:
 
 
 def write_capture(capture: JobCapture, summary: dict, out: Path) -> None:
-    """Copy the class traces into `out` (class_NNNN.npz) and write summary.json beside them."""
+    """Copy the class traces into `out` (class_NNNN.npz) and write summary.json beside them;
+    the traces of an earlier capture written to `out` that this one has no class for go, so
+    the folder holds one capture, as its summary says."""
     out.mkdir(parents=True, exist_ok=True)
+    written = set()
     for class_id, trace in capture.traces.items():
-        trace.save(out / f"class_{class_id:04d}.npz")
+        path = out / f"class_{class_id:04d}.npz"
+        trace.save(path)
+        written.add(path)
+    for stale in set(out.glob("class_[0-9][0-9][0-9][0-9].npz")) - written:
+        stale.unlink()
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

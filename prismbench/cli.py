@@ -360,6 +360,8 @@ def _check_output(path: str | None, option: str, *, directory: bool = False) -> 
     target = Path(path)
     if directory and target.exists() and not target.is_dir():
         raise SpecError(f"{option} {path}: exists and is not a directory")
+    if directory and target.is_dir() and not os.access(target, os.W_OK):
+        raise SpecError(f"{option} {path}: is not writable")
     if not directory and target.is_dir():
         raise SpecError(f"{option} {path}: is a directory; give a file path")
     parent = target.parent

@@ -579,6 +579,22 @@ def test_capture_command_writes_traces_and_summary_then_hits_the_cache(
     assert again["classes"] == summary["classes"]
 
 
+def test_a_capture_into_a_folder_of_an_earlier_one_leaves_only_its_own_traces(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path / "cache"))
+    spec = tmp_path / "job.toml"
+    spec.write_text(JOB_TOML)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "class_0003.npz").write_bytes(b"a trace of a 4-stage capture")
+    (out / "notes.txt").write_text("the user's own")
+    assert main(["capture", str(spec), "--out", str(out), "--workers", "1", "--json"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "class_0000.npz", "class_0001.npz", "notes.txt", "summary.json"
+    ]  # fmt: skip
+
+
 @pytest.mark.integration
 def test_workers_that_capture_several_classes_in_turn_give_the_same_traces(tmp_path):
     # pp 4 -> 4 classes over 2 worker processes: each worker captures classes one after the
