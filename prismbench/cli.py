@@ -59,6 +59,10 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     import torch
 
+    if args.job is None and args.profile_out:
+        raise SpecError("--profile-out names the profile of --job's iteration; the grid writes none")
+    if args.job is not None and args.quick:
+        raise SpecError("--quick shortens the grid's sweep; --job profiles one iteration instead")
     if not torch.cuda.is_available():
         print("error: calibrate measures kernels on a CUDA GPU; none is available", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -9,6 +9,7 @@ import pytest
 from emulator.costs.kernel_table import load_kernel_table
 from prismbench.calibrate_job import calibrate_job
 from prismbench.capture import capture_job
+from prismbench.cli import main
 from prismbench.profile_readers import read_ops_jsonl
 from prismbench.spec import SpecError, job_spec_from_dict
 from tests.prismbench.test_profile_ingest import TINY, _compute_rows, _profiled
@@ -45,3 +46,14 @@ def test_refuses_a_parallel_job(tmp_path):
     )
     with pytest.raises(SpecError, match="world size 2"):
         calibrate_job(job, tmp_path / "t.csv", tmp_path / "p.ops.jsonl.gz", device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [(["--profile-out", "p.ops.jsonl.gz"], "--profile-out"), (["--job", "j.toml", "--quick"], "--quick")],
+)
+def test_an_option_of_the_other_mode_is_refused(tmp_path, options, named, capsys):
+    # the grid (no --job) and a job's profile take different options: one given to the other
+    # mode would be ignored
+    assert main(["calibrate", "--out", str(tmp_path / "rows.csv"), *options]) == 2
+    assert named in capsys.readouterr().err
