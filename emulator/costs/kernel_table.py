@@ -274,6 +274,9 @@ def load_kernel_table(
                 weights.append(repetitions)
                 counts.append(kernels)
                 times.append(time_us * 1e-6)
+    if not grouped:  # an empty table would price every op by the roofline, unannounced
+        left = f" once {', '.join(skip_sources)} are left out" if skip_sources else ""
+        raise ValueError(f"{path}: kernel table has no rows{left}")
     groups = {key: tuple(np.array(column) for column in group) for key, group in grouped.items()}
     label = (label or str(path)) + (f" without {', '.join(skip_sources)}" if skip_sources else "")
     return KernelTable(gpu=gpu, groups=groups, label=label)

@@ -256,3 +256,12 @@ def test_a_row_too_short_to_run_at_its_throughput_lends_no_rate_upwards(tmp_path
     table = load_kernel_table(write_kernel_csv([row], tmp_path / "t.csv", SYNTHETIC))
     op = replace(memory_op("elementwise", bytes_read=1 << 32, bytes_written=1 << 32), aten="aten.add")
     assert op_price(op, H100, table=table)[1] == "roofline"
+
+
+def test_a_table_with_no_rows_left_is_refused(tmp_path):
+    # no rows would price every op by the roofline without a word
+    with pytest.raises(ValueError, match="no rows"):
+        load_kernel_table(write_kernel_csv([], tmp_path / "empty.csv", SYNTHETIC))
+    path = write_kernel_csv([_gemm_row(2048, 100.0)], tmp_path / "one.csv", SYNTHETIC)
+    with pytest.raises(ValueError, match="no rows once"):
+        load_kernel_table(path, skip_sources=("",))  # every source starts with ""
