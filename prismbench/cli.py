@@ -151,7 +151,7 @@ def _cmd_ingest_profile(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from emulator.costs.kernel_table import load_kernel_table
     from prismbench.compare import compare_profile
-    from prismbench.emulate import kernel_table_for, kernel_table_path
+    from prismbench.emulate import kernel_table_for
     from prismbench.profile_readers import ProfileError
 
     job = load_job_spec(args.job)
@@ -166,16 +166,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     table = None if args.no_kernel_table else "preset"
     if skip or args.kernel_table:
-        path = Path(args.kernel_table) if args.kernel_table else kernel_table_path(job.cluster.gpu)
         try:
-            unmatched = _unmatched_sources(path, skip)
-            if unmatched:  # a typo would score the job against its own profile
-                raise ValueError(f"--skip-source {unmatched[0]!r} matches no row's source")
             table = (
-                load_kernel_table(path, skip_sources=skip)
+                load_kernel_table(args.kernel_table, skip_sources=skip)
                 if args.kernel_table
                 else kernel_table_for(job.cluster.gpu, skip_sources=skip)
             )
+            if table is None:
+                raise ValueError(f"cluster.gpu={job.cluster.gpu!r} has no committed kernel table")
         except (OSError, ValueError) as err:
             option = "--kernel-table" if args.kernel_table else "--skip-source"
             print(f"error: {option}: {err}", file=sys.stderr)
@@ -192,19 +190,6 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     else:
         report.render_comparison(result, _console(), top=args.top)
     return EXIT_OK
-
-
-def _unmatched_sources(path: Path, prefixes: tuple[str, ...]) -> list[str]:
-    """The prefixes no row of the kernel table at `path` has a source starting with."""
-    import csv
-
-    if not prefixes:
-        return []
-    if not path.exists():
-        raise ValueError(f"{path}: no such kernel table")
-    with path.open(newline="") as handle:
-        sources = {row.get("source") or "" for row in csv.DictReader(handle)}
-    return [p for p in prefixes if not any(source.startswith(p) for source in sources)]
 
 
 def _cmd_gate(args: argparse.Namespace) -> int:

@@ -80,8 +80,7 @@ def compare_ops(ops, trace, cost, aligned=None) -> list[ClassComparison]:
     aligned = aligned or align_profile(ops, trace)
     durations, sources = compute_prices(trace, cost)
     c = trace.columns
-    matched_ops = {i for i, _ in aligned.pairs}
-    matched_rows = {j for _, j in aligned.pairs}
+    matched_ops, matched_rows = aligned.matched_ops, aligned.matched_rows
     acc: dict[tuple[str, str], dict] = defaultdict(
         lambda: {
             "trace_ops": 0,

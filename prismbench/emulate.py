@@ -120,15 +120,10 @@ def topology_of(job) -> Topology:
     )
 
 
-def kernel_table_path(gpu: str) -> Path:
-    """Where the committed measured table of a GPU preset lives (results/kernels/<gpu>.csv)."""
-    return KERNEL_TABLES / f"{gpu}.csv"
-
-
 def kernel_table_for(gpu: str, *, skip_sources: tuple[str, ...] = ()) -> KernelTable | None:
-    """The committed measured table of a GPU preset, if any, less the rows of `skip_sources`
-    (`load_kernel_table`)."""
-    path = kernel_table_path(gpu)
+    """The committed measured table of a GPU preset (results/kernels/<gpu>.csv), if any, less
+    the rows of `skip_sources` (`load_kernel_table`)."""
+    path = KERNEL_TABLES / f"{gpu}.csv"
     # named relative to the repository, so results do not depend on where it is checked out
     label = str(path.relative_to(KERNEL_TABLES.parents[1]))
     if not path.exists():

@@ -296,9 +296,8 @@ def axis_placements(world: World) -> tuple[AxisPlacement, ...]:
     stride = 1
     for name, size in reversed(world.axes):
         # groups that do not tile the nodes (tp 3 on 8-GPU nodes) span more than rank 0's
-        nodes = np.sort(world.groups(name) // world.gpus_per_node, axis=1)
-        spans = 1 + (np.diff(nodes, axis=1) != 0).sum(axis=1)
-        most = int(spans.max())
+        placed = world.placements(world.groups(name))
+        most = max(len(np.unique(world.node_of(group))) for group in placed)
         placements.append(
             AxisPlacement(
                 name=name,

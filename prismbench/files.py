@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,12 +13,10 @@ def write_atomically(path: str | Path, write: Callable[[Path], object]) -> Path:
     on any failure the temporary file is removed and `path` is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    # mkstemp makes the file private (0600): the result gets what open() would give it
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
+    # not mkstemp, whose file is private (0600): created as open() creates one, the kernel
+    # applies the umask and the result gets a plain file's permissions
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         write(Path(tmp))
         os.replace(tmp, path)

@@ -278,6 +278,22 @@ class Alignment:
     compute_rows: list[int]
     pairs: list[tuple[int, int]]
 
+    @property
+    def matched_ops(self) -> set[int]:
+        return {i for i, _ in self.pairs}
+
+    @property
+    def matched_rows(self) -> set[int]:
+        return {j for _, j in self.pairs}
+
+    @property
+    def total_kernel_us(self) -> float:
+        return sum(op.kernel_us for op in self.ops)
+
+    @property
+    def attributed_kernel_us(self) -> float:
+        return sum(self.ops[i].kernel_us for i in self.matched_ops)
+
 
 def align_profile(ops: list[ProfiledOp], trace: RankTrace) -> Alignment:
     """Match a profile's ops to a trace's compute rows (see the module docstring)."""
@@ -292,14 +308,14 @@ def check_coverage(profile_path, job_label: str, aligned: Alignment) -> None:
     """Refuse (ProfileError naming the profile and the job) a profile with no GPU kernel, or one
     whose alignment with the capture covers less than MIN_COVERAGE of the capture's compute rows
     or of the profile's kernel time: it is not a profile of that job (module docstring)."""
-    total_us = sum(op.kernel_us for op in aligned.ops)
+    total_us = aligned.total_kernel_us
     if total_us <= 0:
         raise ProfileError(
             f"{profile_path}: the profile records no GPU kernel time (no op that launched a "
             "kernel): profile with CUDA activities to ingest or compare it"
         )
-    matched_rows, trace_rows = len({j for _, j in aligned.pairs}), len(aligned.compute_rows)
-    attributed_us = sum(aligned.ops[i].kernel_us for i in {i for i, _ in aligned.pairs})
+    matched_rows, trace_rows = len(aligned.matched_rows), len(aligned.compute_rows)
+    attributed_us = aligned.attributed_kernel_us
     rows = matched_rows / trace_rows if trace_rows else 0.0
     time = attributed_us / total_us
     if min(rows, time) < MIN_COVERAGE:
@@ -327,14 +343,13 @@ def ingest_ops(
         key = tuple(row_fields(op_record(trace, compute[j])).items())
         samples[key].append((ops[i].kernel_us, len(ops[i].kernels)))
     rows = [row | (provenance or {}) for row in _aggregate(samples)]
-    matched_ops = {i for i, _ in pairs}
-    matched_rows = {j for _, j in pairs}
+    matched_ops, matched_rows = aligned.matched_ops, aligned.matched_rows
     return IngestResult(
         rows=rows,
         trace_rows=len(compute),
         matched_rows=len(matched_rows),
-        total_kernel_us=sum(op.kernel_us for op in ops),
-        attributed_kernel_us=sum(ops[i].kernel_us for i in matched_ops),
+        total_kernel_us=aligned.total_kernel_us,
+        attributed_kernel_us=aligned.attributed_kernel_us,
         unmatched_profile=_unmatched(
             [(o.op, o.shapes, o.kernel_us) for i, o in enumerate(ops) if i not in matched_ops]
         ),

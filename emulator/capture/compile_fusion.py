@@ -67,27 +67,27 @@ order of rules 3-6 and 8 are `emulator.capture.inductor_scheduler`'s):
    each GEMM realises its own copy (`COPIES_UNREALIZED_INPUT`), so the repeats rule 3 found of
    it are kept, and rule 5 fuses them into one kernel that reads once and writes a copy per
    GEMM (attention's normed input, cast for wq, wk and wv: three copies, as Inductor writes).
-5. The remaining nodes depend on each other through the storages they read and write (read
-   after write, write after read, write after write). Fusible nodes are merged pairwise, in
-   each round two reductions or two pointwise nodes first (a merged node is a reduction when
-   one of its nodes is: `InductorChoices.score_fusion`), then the pairs that share the most
-   bytes, then the nearest in the graph (Inductor's proximity score, in the order below; a
-   normed input's amax shares as many bytes with the recomputed row statistics as with the
-   norm backward's row sum at 2 048 tokens, and joins the statistics), until no merge is left
-   (at most `MAX_FUSION_ROUNDS` rounds, `MAX_FUSION_SIZE` nodes a kernel), when the merge is compatible (rule 6) and leaves no
-   path from one group to the other through a third node (an extern GEMM that reads one and
-   is read by the other keeps them apart). A storage that one node reads through its
-   transpose (`OpEvent.transposed_reads`: torchao's transposed fp8 cast of an output
+5. The remaining nodes depend on each other through the storages they read and write (read after
+   write, write after read, write after write). Fusible nodes are merged pairwise, in each round
+   two reductions or two pointwise nodes first (a merged node is a reduction when one of its
+   nodes is: `InductorChoices.score_fusion`), then the pairs that share the most bytes, then the
+   nearest in the graph (Inductor's proximity score, in the order below; a normed input's amax
+   shares as many bytes with the recomputed row statistics as with the norm backward's row sum
+   at 2 048 tokens, and joins the statistics), until no merge is left (at most
+   `MAX_FUSION_ROUNDS` rounds, `MAX_FUSION_SIZE` nodes a kernel), when the merge is compatible
+   (rule 6) and leaves no path from one group to the other through a third node (an extern GEMM
+   that reads one and is read by the other keeps them apart). A storage that one node reads
+   through its transpose (`OpEvent.transposed_reads`: torchao's transposed fp8 cast of an output
    gradient) and another reads in order is not shared between them: Inductor's memory score
-   compares index expressions, and its loop reordering does not align a transposed read over
-   two loop variables with an in-order one over one. Two nodes of which neither depends on
-   the other fuse only when they share `SCORE_FUSION_MEMORY_THRESHOLD` bytes or more (a
-   scalar scale is not enough: `InductorChoices.can_fuse_horizontal`) and lie at most
-   `MAX_HORIZONTAL_DISTANCE` scheduler nodes apart (`Scheduler.are_long_distant_nodes`), in
-   the order AOTAutograd gives the graph: a recomputed node just before the first backward
-   node that needs it (`graph_order`). Under full checkpointing a weight's recomputed cast is
-   needed at the start of the backward and its input gradient's cast near the end: two
-   kernels, each reading the weight.
+   compares index expressions, and its loop reordering does not align a transposed read over two
+   loop variables with an in-order one over one. Two nodes of which neither depends on the other
+   fuse only when they share `SCORE_FUSION_MEMORY_THRESHOLD` bytes or more (a scalar scale is
+   not enough: `InductorChoices.can_fuse_horizontal`) and lie at most `MAX_HORIZONTAL_DISTANCE`
+   scheduler nodes apart (`Scheduler.are_long_distant_nodes`), in the order AOTAutograd gives
+   the graph: a recomputed node just before the first backward node that needs it
+   (`graph_order`). Under full checkpointing a weight's recomputed cast is needed at the start
+   of the backward and its input gradient's cast near the end: two kernels, each reading the
+   weight.
 6. Compatible: every node iterates over one range (elements of its output; a reduction, of
    its input), or, with a reduction, over its input's or its output's range; two reductions
    only with the same ranges. A node over the input's range may read a reduction's result in

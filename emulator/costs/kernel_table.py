@@ -239,11 +239,13 @@ def load_kernel_table(
     """Read a kernel CSV; refuses missing columns and non-positive times, naming the line.
 
     skip_sources: rows whose `source` starts with one of these are left out (leave-one-out
-    scoring: a job's own profile must not price that job). label: how results name the table
-    (default: the path as given)."""
+    scoring: a job's own profile must not price that job); a prefix that leaves out no row is
+    refused, as a typo would score a job against its own profile. label: how results name the
+    table (default: the path as given)."""
     path = Path(path)
     grouped: dict[tuple, tuple[list, list, list, list]] = {}
     gpu = ""
+    skipped: set[str] = set()
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
         required = [column for column in COLUMNS if column not in OPTIONAL_COLUMNS]
@@ -252,6 +254,7 @@ def load_kernel_table(
             raise ValueError(f"{path}: kernel table lacks columns {missing}")
         for line, row in enumerate(reader, start=2):
             if skip_sources and row["source"].startswith(skip_sources):
+                skipped.update(p for p in skip_sources if row["source"].startswith(p))
                 continue
             try:
                 time_us = float(row["time_us"])
@@ -274,6 +277,9 @@ def load_kernel_table(
                 weights.append(repetitions)
                 counts.append(kernels)
                 times.append(time_us * 1e-6)
+    unmatched = [p for p in skip_sources if p not in skipped]
+    if unmatched:
+        raise ValueError(f"{path}: no row's source starts with {unmatched[0]!r}, the prefix to leave out")
     if not grouped:  # an empty table would price every op by the roofline, unannounced
         left = f" once {', '.join(skip_sources)} are left out" if skip_sources else ""
         raise ValueError(f"{path}: kernel table has no rows{left}")

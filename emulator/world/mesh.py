@@ -197,9 +197,10 @@ class World:
         first: which nodes, relative to the group's lowest, its members sit on. Groups placed
         alike cost the same; a layout whose groups do not tile the nodes (tp 3 on 8-GPU
         nodes) places some across two."""
-        nodes = np.sort(np.asarray(groups) // self.gpus_per_node, axis=1)
+        groups = np.asarray(groups)
+        nodes = np.sort(groups // self.gpus_per_node, axis=1)
         _, first = np.unique(nodes - nodes[:, :1], axis=0, return_index=True)
-        return np.asarray(groups)[np.sort(first)]
+        return groups[np.sort(first)]
 
     # -- classes of ranks ---------------------------------------------------------------
     def class_of(self, ranks):
