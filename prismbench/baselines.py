@@ -20,7 +20,10 @@ A baseline is one TOML file under `results/baselines/` (written by
 Recorded baselines (measured by us, `results/baselines/recorded/`) have `kind = "recorded"`
 in `[provenance]` with `machine`, `software`, `commit` and `date` instead of `csv_row`, and
 may give the spread of repeated runs in `[measured]`: `iterations`, `iteration_time_s_min`,
-`iteration_time_s_max` (`iteration_time_s` is then their median).
+`iteration_time_s_max` (`iteration_time_s` is then their median). `measured.device = "cpu"`
+marks a run on this machine's CPU (`prismbench record --device cpu`): the emulator predicts the
+job's GPU, so `validate` runs such a case but scores none of its figures; the default, "gpu",
+means the job's `cluster.gpu`.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ FLOPS_KINDS = ("model", "hardware")
 # device total; cpu_max_rss: a CPU run's largest process's resident set (`prismbench record`).
 PEAK_MEM_KINDS = ("allocator_reserved", "allocator_allocated", "nvidia_smi", "cpu_max_rss")
 PROVENANCE_KINDS = ("published", "recorded")
+# Where the figures were measured: "gpu", the job's cluster.gpu (what the emulator predicts);
+# "cpu", a CPU run (`prismbench record --device cpu`), which tests the harness, not the emulator.
+MEASURED_DEVICES = ("gpu", "cpu")
 RECORDED_FIELDS = ("machine", "software", "commit", "date")
 FIGURES = ("iteration_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_bytes")
 _KIND_OF = {"tflops_per_gpu": "tflops_kind", "mfu": "mfu_kind", "peak_mem_bytes": "peak_mem_kind"}
@@ -88,8 +94,13 @@ class Measured:
     iterations: int | None = None
     iteration_time_s_min: float | None = None
     iteration_time_s_max: float | None = None
+    device: str = "gpu"
 
     def __post_init__(self) -> None:
+        if self.device not in MEASURED_DEVICES:
+            raise BaselineError(
+                f"measured.device={self.device!r} must be one of {list(MEASURED_DEVICES)}"
+            )
         self._check_spread()
         given = [name for name in FIGURES if getattr(self, name) is not None]
         if not given:
@@ -114,6 +125,12 @@ class Measured:
                     f"measured.{kind_name}={kind!r} must be one of {list(_KIND_CHOICES[kind_name])} "
                     f"(measured.{figure} is given)"
                 )
+        if self.peak_mem_kind and (self.peak_mem_kind == "cpu_max_rss") != (self.device == "cpu"):
+            raise BaselineError(
+                f"measured.peak_mem_kind={self.peak_mem_kind!r} with measured.device="
+                f"{self.device!r}: cpu_max_rss is a CPU run's figure, the others a GPU's (a CPU "
+                'recording made before measured.device existed: add device = "cpu")'
+            )
 
     def _check_spread(self) -> None:
         spread = (self.iterations, self.iteration_time_s_min, self.iteration_time_s_max)
@@ -141,7 +158,10 @@ class Measured:
         return (self.iteration_time_s_max - self.iteration_time_s_min) / 2 / self.iteration_time_s
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        figures = dataclasses.asdict(self)
+        if self.device == "gpu":  # the default, left out of the 230 published files
+            del figures["device"]
+        return {k: v for k, v in figures.items() if v is not None}
 
 
 @dataclass(frozen=True, kw_only=True)

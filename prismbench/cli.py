@@ -328,6 +328,9 @@ def _cmd_record(args: argparse.Namespace) -> int:
     print(f"iteration time median {m['iteration_time_s']:.4f} s (min {m['iteration_time_s_min']:.4f} s, "
           f"max {m['iteration_time_s_max']:.4f} s, stdev {m['iteration_time_s_stdev']:.4f} s over "
           f"{m['iterations']}); {memory}; wrote {path}")  # fmt: skip
+    if args.device == "cpu":
+        print(f"a CPU recording: validate runs it but scores nothing (the emulator predicts "
+              f"{job.cluster.gpu}, not this CPU)")  # fmt: skip
     return EXIT_OK
 
 

@@ -20,10 +20,16 @@ iterations). The headline memory figure is the steady reserved peak of the large
 come back in `Recording.profile` (write them with `prismbench.calibrate_job.write_ops_jsonl`;
 `prismbench ingest-profile` and `compare` read them).
 
+A CUDA record runs only on GPUs that are the job's `cluster.gpu` (architecture, SM count and
+the capacity CUDA offers, `emulator.hardware.presets.gpu_presets_matching`): the recording is
+scored against the prediction for that preset.
+
 `write_record(recording, path)` writes it as a recorded baseline (`prismbench.baselines`:
 the job spec, the median with the range and count of the timed iterations, provenance with
 machine, software, commit and date), atomically (no half-written file); put it under
-`results/baselines/recorded/` and `prismbench validate` scores the emulator against it.
+`results/baselines/recorded/` and `prismbench validate` scores the emulator against a CUDA
+recording. A CPU recording says `measured.device = "cpu"`: validate runs it (the harness's
+plumbing) but scores nothing, as the emulator predicts the job's GPU, not this CPU.
 """
 
 from __future__ import annotations
@@ -130,6 +136,7 @@ class Recording:
         spread = statistics.stdev(self.iteration_s) if len(self.iteration_s) > 1 else 0.0
         return {
             "schema_version": RECORD_SCHEMA_VERSION,
+            "device": self.device,
             "job": self.job,
             "measured": {
                 "iteration_time_s": self.iteration_s_median,
@@ -176,7 +183,7 @@ def provenance() -> dict:
     }
 
 
-def _check_device(device: str, world_size: int, warmup: int) -> None:
+def _check_device(job, device: str, warmup: int) -> None:
     if device not in DEVICES:
         raise SpecError(f"--device {device!r}: must be one of {', '.join(DEVICES)}")
     if device == "cpu":
@@ -185,14 +192,49 @@ def _check_device(device: str, world_size: int, warmup: int) -> None:
 
     if not torch.cuda.is_available():
         raise SpecError("--device cuda: no CUDA GPU on this machine (torch.cuda.is_available())")
-    if world_size > torch.cuda.device_count():
+    if job.world_size > torch.cuda.device_count():
         raise SpecError(
-            f"--device cuda: the job's world size {world_size} needs one GPU per rank, this "
+            f"--device cuda: the job's world size {job.world_size} needs one GPU per rank, this "
             f"machine has {torch.cuda.device_count()} (emulate the rest: device mode)"
         )
+    for index in range(job.world_size):
+        _check_gpu_is_preset(job.cluster.gpu, index)
     if warmup < 1:
         raise SpecError("--warmup 0: a CUDA record needs one warm-up iteration (its first-"
                         "iteration allocator peak is measured there)")  # fmt: skip
+
+
+def local_gpu(index: int = 0) -> tuple[str, list[str]]:
+    """GPU `index` of this machine: a description (name, compute capability, SMs, the capacity
+    CUDA offers) and the GPU presets it is (`emulator.hardware.presets.gpu_presets_matching`)."""
+    import torch
+
+    from emulator.hardware import gpu_presets_matching
+
+    major, minor = torch.cuda.get_device_capability(index)
+    sm_count = torch.cuda.get_device_properties(index).multi_processor_count
+    total_bytes = torch.cuda.mem_get_info(index)[1]
+    description = (f"{torch.cuda.get_device_name(index)} (compute capability {major}.{minor}, "
+                   f"{sm_count} SMs, {total_bytes / 2**30:.2f} GiB)")  # fmt: skip
+    return description, gpu_presets_matching(major, sm_count, total_bytes)
+
+
+def _check_gpu_is_preset(gpu: str, index: int) -> None:
+    """GPU `index` is the job's cluster.gpu: validate scores the recording against the
+    prediction for that preset, so a run on another GPU (or a MIG slice) would be scored
+    against the wrong machine."""
+    from emulator.hardware import gpu_preset
+
+    description, matching = local_gpu(index)
+    if gpu in matching:
+        return
+    preset = gpu_preset(gpu)
+    instead = (f"set cluster.gpu = {matching[0]!r}" if matching
+               else "no GPU preset describes it (emulator/hardware/)")  # fmt: skip
+    raise SpecError(
+        f"cluster.gpu={gpu!r}: GPU {index} here is an {description}, not {gpu} ({preset.arch}, "
+        f"{preset.sm_count} SMs, {preset.usable_capacity_bytes / 2**30:.2f} GiB): {instead}"
+    )
 
 
 def _largest(ranks: list[dict], key: str) -> dict:
@@ -221,7 +263,7 @@ def record(
         raise SpecError(
             f"iterations={iterations}, warmup={warmup}: need iterations >= 1, warmup >= 0"
         )
-    _check_device(device, job.world_size, warmup)
+    _check_device(job, device, warmup)
     if profile and device != "cuda":
         raise SpecError("--profile: kernel times need --device cuda (a CPU run has no kernels)")
     ranks = run_ranks(
@@ -270,6 +312,7 @@ def to_baseline(recording: Recording, name: str):
             iteration_time_s_max=max(recording.iteration_s),
             peak_mem_bytes=recording.peak_mem_bytes,
             peak_mem_kind=recording.peak_mem_kind,
+            device="cpu" if recording.device == "cpu" else "gpu",
         ),
         provenance=Provenance(
             kind="recorded",

@@ -464,6 +464,9 @@ def render_validation(run, summary, failures, console: Console) -> None:
                       f"{row.max_abs_error:.1%}", f"{row.mean_error:+.1%}")  # fmt: skip
     console.print(table)
     _render_case_variability(run.cases, console)
+    for c in run.cases:
+        if c.unscored is not None:
+            console.print(f"not scored: {c.baseline}: {c.unscored}")
     failed = [c for c in run.cases if c.status != "ok"]
     for c in failed:
         console.print(f"emulation FAILED: {c.baseline}: {c.error_message}")

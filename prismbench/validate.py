@@ -104,6 +104,9 @@ class CaseResult:
     # validate --variability: the predicted step-time figures and the measured spread
     # (validate_variability.case_distribution, measured_spread); None without it
     variability: dict | None = None
+    # an ok case with no metric: why nothing was scored (shown, not stored: the history has no
+    # metric rows for it)
+    unscored: str | None = None
 
 
 def load_all_baselines(directory: str | Path):
@@ -140,7 +143,10 @@ def select_baselines(baselines, expressions: list[str] | None, everything: bool)
 
 
 def case_metrics(baseline, result: dict) -> list[MetricResult]:
-    """Every figure the baseline measured that the emulation predicts."""
+    """Every figure the baseline measured that the emulation predicts: none of a CPU run's
+    (`measured.device = "cpu"`), as the emulation predicts the job's GPU."""
+    if baseline.measured.device != "gpu":
+        return []
     metrics = []
     measured = measured_iteration_s(baseline)
     m = baseline.measured
@@ -325,8 +331,16 @@ def _case(baseline, future, since_submitted_s: float) -> CaseResult:
     spread = result.pop("variability", None)
     if spread is not None:
         spread |= measured_spread(baseline)
-    return CaseResult(status="ok", result=result, metrics=case_metrics(baseline, result),
-                      wall_s=result["case_wall_s"], variability=spread, **common)  # fmt: skip
+    metrics = case_metrics(baseline, result)
+    return CaseResult(status="ok", result=result, metrics=metrics, wall_s=result["case_wall_s"],
+                      variability=spread, unscored=None if metrics else _unscored(baseline),
+                      **common)  # fmt: skip
+
+
+def _unscored(baseline) -> str:
+    if baseline.measured.device == "cpu":
+        return f"measured on a CPU; the emulator predicts {baseline.job.cluster.gpu}"
+    return "it gives no figure the emulator predicts"
 
 
 def _brief(case: CaseResult) -> str:
@@ -337,7 +351,7 @@ def _brief(case: CaseResult) -> str:
     if case.variability is not None:
         steps = f"; step p95 {case.variability['p95_s']:.4g} s ({case.variability['preset']})"
     scores = ", ".join(f"{m.metric} {m.error:+.1%}" for m in case.metrics)
-    return (scores or "no measured metric") + steps + cached
+    return (scores or f"not scored ({case.unscored})") + steps + cached
 
 
 @dataclass(frozen=True)
@@ -408,6 +422,7 @@ def run_to_dict(run: ValidationRun, failures) -> dict:
                 "gpu": c.gpu,
                 "status": c.status,
                 "error_message": c.error_message,
+                "unscored": c.unscored,
                 "wall_s": c.wall_s,
                 "metrics": [
                     {

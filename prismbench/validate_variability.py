@@ -103,9 +103,10 @@ def case_distribution(
 
 
 def measured_spread(baseline) -> dict:
-    """The baseline's repeated-run figures (None where it reports one iteration time)."""
+    """The baseline's repeated-run figures (None where it reports one iteration time, or ran on
+    a CPU: its spread is the OS's noise, not a GPU's)."""
     m = baseline.measured
-    if m.iteration_time_s_min is None:
+    if m.iteration_time_s_min is None or m.device == "cpu":
         return dict.fromkeys(MEASURED_FIELDS)
     return {
         "measured_iterations": m.iterations,

@@ -17,7 +17,7 @@
 # sac_host.json / .txt and llama/sac_host.json / .txt: 11 files if every step runs, three more
 # than the device tool brings back (oom_pairs_gpu.md is removed: the json and the log hold its
 # table; compile_gpu.py prints each row's figures into the log too).
-#   1. the GPU as nvidia-smi reports it, and the machine's torch;
+#   1. the GPU as nvidia-smi reports it, the machine's torch, and the preset `record` takes it for;
 #   2. issues 14/15: the `gpu`-marked tests (CUDA attention kernels, the custom ops' compiled
 #      CUDA kernels, kernel-only timing, compiled kernel counts, record on cuda);
 #   3. issue 15: the eight shared jobs profiled again with the production frameworks' kernels
@@ -67,7 +67,8 @@ step() {  # step NAME LIMIT_S COMMAND...: run it, log it, say how it ended
 
 wanted gpu && step gpu 30 nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version \
     --format=csv
-wanted torch && step torch 30 $py -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
+wanted torch && step torch 30 $py -c "import torch; from prismbench.record import local_gpu
+print(torch.__version__, local_gpu())"  # the GPU as record tells it (preset by arch, SMs, capacity)
 wanted gpu_tests && step gpu_tests 150 $py -m pytest -q -m gpu -p no:cacheprovider \
     tests/workloads/test_attention_ops.py tests/workloads/test_context_parallel.py \
     tests/workloads/test_cuda_kernels.py \

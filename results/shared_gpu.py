@@ -16,12 +16,10 @@ SHARED_GPU = ROOT.parent / "shared" / "data" / "gpu"
 # preset name -> its folder of measurements (the folders are named after the presets)
 MEASURED_GPUS = ("h100-sxm-80g", "h200-141g")
 SHARED = SHARED_GPU / "h100-sxm-80g"
-# torch.cuda.get_device_name() of each measured GPU -> its preset (the folder of its measurements)
-PRESET_BY_DEVICE_NAME = {"NVIDIA H100 80GB HBM3": "h100-sxm-80g", "NVIDIA H200": "h200-141g"}
 # preset -> name prefix of the recorded baselines made from its measurements
 # (results/baselines/recorded/<prefix>__<case>.toml, results/baselines/make_recorded.py)
 RECORDED_PREFIX = {"h100-sxm-80g": "h100shared", "h200-141g": "h200shared"}
-assert sorted(PRESET_BY_DEVICE_NAME.values()) == sorted(RECORDED_PREFIX) == sorted(MEASURED_GPUS)
+assert sorted(RECORDED_PREFIX) == sorted(MEASURED_GPUS)
 RECORDED = ROOT / "results" / "baselines" / "recorded"
 
 
@@ -42,12 +40,15 @@ def local_gpu_preset() -> str:
     exits with the reason: the GPU scripts compare against that GPU's own measurements)."""
     import torch
 
+    from prismbench.record import local_gpu
+
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device here")
-    name = torch.cuda.get_device_name()
-    if name not in PRESET_BY_DEVICE_NAME:
-        raise SystemExit(f"GPU {name!r} is not a measured GPU ({sorted(PRESET_BY_DEVICE_NAME)})")
-    return PRESET_BY_DEVICE_NAME[name]
+    description, presets = local_gpu()
+    measured = [preset for preset in presets if preset in MEASURED_GPUS]
+    if not measured:
+        raise SystemExit(f"GPU 0, an {description}, is not a measured GPU {MEASURED_GPUS}")
+    return measured[0]
 
 
 def shared_dir(gpu: str) -> Path:

@@ -5,6 +5,7 @@ meaning of each field and the bandwidth conventions.
 """
 
 from emulator.hardware.presets import (
+    ARCH_OF_COMPUTE_CAPABILITY,
     DTYPES,
     GPU_NAMES,
     LINK_NAMES,
@@ -13,11 +14,13 @@ from emulator.hardware.presets import (
     LinkPreset,
     NetworkPreset,
     gpu_preset,
+    gpu_presets_matching,
     inter_node_network,
     intra_node_link,
 )
 
 __all__ = [
+    "ARCH_OF_COMPUTE_CAPABILITY",
     "DTYPES",
     "GPU_NAMES",
     "LINK_NAMES",
@@ -26,6 +29,7 @@ __all__ = [
     "LinkPreset",
     "NetworkPreset",
     "gpu_preset",
+    "gpu_presets_matching",
     "inter_node_network",
     "intra_node_link",
 ]

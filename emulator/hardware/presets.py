@@ -23,6 +23,12 @@ from types import MappingProxyType
 _DATA_DIR = Path(__file__).parent
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 ARCHS = ("ampere", "hopper")
+# CUDA compute capability (major) of each architecture: how a real GPU is told apart.
+ARCH_OF_COMPUTE_CAPABILITY = {8: "ampere", 9: "hopper"}
+# A real GPU is a preset when its architecture and SM count match and cudaMemGetInfo's total is
+# within this of the preset's usable capacity: the published totals vary by ~0.01 GiB with the
+# driver; the SM count tells an H100 PCIe (114) from the SXM (132) at the same capacity.
+CAPACITY_MATCH_TOLERANCE = 0.01
 
 
 def _check_positive(owner: str, name: str, value: object) -> None:
@@ -232,6 +238,22 @@ def gpu_preset(name: str) -> GpuPreset:
     if not isinstance(name, str) or name not in _catalog().gpus:
         raise ValueError(f"cluster.gpu={name!r} is not a known GPU preset; known: {', '.join(GPU_NAMES)}")
     return _gpu_from_table(_catalog().gpus[name])
+
+
+def gpu_presets_matching(compute_capability_major: int, sm_count: int, total_bytes: int) -> list[str]:
+    """The GPU presets a real GPU is (`torch.cuda.get_device_capability()[0]`,
+    `get_device_properties().multi_processor_count`, `torch.cuda.mem_get_info()[1]`): same
+    architecture and SM count, usable capacity within CAPACITY_MATCH_TOLERANCE. A MIG slice or
+    a GPU no preset describes matches none."""
+    arch = ARCH_OF_COMPUTE_CAPABILITY.get(compute_capability_major)
+    return [
+        name
+        for name in GPU_NAMES
+        if (preset := gpu_preset(name)).arch == arch
+        and preset.sm_count == sm_count
+        and abs(total_bytes - preset.usable_capacity_bytes)
+        <= CAPACITY_MATCH_TOLERANCE * preset.usable_capacity_bytes
+    ]
 
 
 def _explicit(value: Mapping, field_name: str, cls: type, spec_keys: Mapping[str, str]) -> dict:

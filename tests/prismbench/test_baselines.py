@@ -155,6 +155,15 @@ def test_unknown_key_is_refused(table, key):
         ),
         ({"iteration_time_s": -1.0}, "iteration_time_s=-1.0 must be a positive number"),
         ({"iteration_time_s": None, "mfu_kind": "model"}, "no figure given"),
+        ({"device": "tpu"}, "measured.device='tpu' must be one of"),
+        (
+            {"peak_mem_bytes": 2**30, "peak_mem_kind": "cpu_max_rss"},
+            "cpu_max_rss is a CPU run's figure.*add device = \"cpu\"",
+        ),
+        (
+            {"peak_mem_bytes": 2**30, "peak_mem_kind": "nvidia_smi", "device": "cpu"},
+            "the others a GPU's",
+        ),
     ],
 )
 def test_measured_rules_name_the_field(changes, message):

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from emulator.hardware import gpu_preset
 from prismbench.baselines import load_baseline, load_baselines
 from prismbench.cli import main
-from prismbench.record import record, write_record
+from prismbench.record import (
+    Recording,
+    local_gpu,
+    provenance,
+    record,
+    to_baseline,
+    write_record,
+)
 from prismbench.spec import job_spec_from_dict
+from prismbench.validate import case_metrics
 from workloads.config import SpecError
 
 TWO_RANKS = (
@@ -25,7 +35,8 @@ def test_record_times_a_real_two_process_run(tmp_path, capsys):
     job.write_text(TWO_RANKS)
     out = tmp_path / "recorded" / "two.toml"
     assert main(["record", str(job), "--out", str(out), "--iterations", "3", "--warmup", "1"]) == 0
-    assert "not a GPU allocator's" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "not a GPU allocator's" in printed and "validate runs it but scores nothing" in printed
     (baseline,) = load_baselines(out.parent)  # a recorded baseline validate can score
     measured, provenance = baseline.measured, baseline.provenance
     assert baseline.name == "two" and baseline.job.parallel.dp == 2
@@ -34,6 +45,7 @@ def test_record_times_a_real_two_process_run(tmp_path, capsys):
         measured.iteration_time_s_min <= measured.iteration_time_s <= measured.iteration_time_s_max
     )
     assert measured.peak_mem_kind == "cpu_max_rss" and measured.peak_mem_bytes > 10 * 2**20
+    assert measured.device == "cpu"
     assert provenance.kind == "recorded" and "1 torch thread(s)" in provenance.notes
     assert provenance.machine and provenance.software and provenance.commit and provenance.date
 
@@ -75,14 +87,62 @@ def test_a_cuda_record_without_a_gpu_is_refused_naming_the_option(tmp_path, caps
     assert not out.exists()
 
 
+def _fake_gpu(monkeypatch, capability, sm_count, total_bytes, name):
+    """This CPU machine's torch.cuda answering as one GPU of that kind would."""
+    gpu = torch.cuda
+    monkeypatch.setattr(gpu, "is_available", lambda: True)
+    monkeypatch.setattr(gpu, "device_count", lambda: 1)
+    monkeypatch.setattr(gpu, "get_device_capability", lambda index: capability)
+    monkeypatch.setattr(gpu, "get_device_properties",
+                        lambda index: SimpleNamespace(multi_processor_count=sm_count))  # fmt: skip
+    monkeypatch.setattr(gpu, "mem_get_info", lambda index: (total_bytes // 2, total_bytes))
+    monkeypatch.setattr(gpu, "get_device_name", lambda index: name)
+
+
+def test_a_cuda_record_runs_only_on_the_job_s_gpu(monkeypatch):
+    """The recording is scored against the prediction for cluster.gpu: an H200 cannot record
+    an H100 job, and the refusal says which preset the GPU is."""
+    h200 = gpu_preset("h200-141g").usable_capacity_bytes
+    _fake_gpu(monkeypatch, (9, 0), 132, h200, "NVIDIA H200")
+    h100_job = job_spec_from_dict(
+        {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 32, "global_batch": 1},
+         "cluster": {"gpu": "h100-sxm-80g"}}
+    )  # fmt: skip
+    with pytest.raises(SpecError, match=r"cluster.gpu='h100-sxm-80g': GPU 0 here is an NVIDIA "
+                       r"H200 \(compute capability 9.0, 132 SMs, 139.80 GiB\).*set cluster.gpu = "
+                       "'h200-141g'"):  # fmt: skip
+        record(h100_job, device="cuda")
+    h200_job = job_spec_from_dict(h100_job.to_dict() | {"cluster": {"gpu": "h200-141g"}})
+    with pytest.raises(SpecError, match="--warmup 0"):  # past the GPU check, to the next one
+        record(h200_job, device="cuda", warmup=0)
+    _fake_gpu(monkeypatch, (9, 0), 132, h200 // 7, "NVIDIA H200 MIG 1g.18gb")
+    with pytest.raises(SpecError, match="no GPU preset describes it"):
+        record(h200_job, device="cuda")
+
+
+def test_a_cpu_recording_says_so_and_validate_scores_none_of_it():
+    recording = Recording(job=job_spec_from_dict(
+        {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 32, "global_batch": 1}}).to_dict(),
+        iteration_s=[0.05, 0.04, 0.06], warmup=1, threads_per_rank=1, peak_mem_bytes=2**30,
+        peak_mem_kind="cpu_max_rss", provenance=provenance())  # fmt: skip
+    baseline = to_baseline(recording, "mine")
+    assert baseline.measured.device == "cpu" and recording.to_dict()["device"] == "cpu"
+    emulated = {"iteration_time_s": 0.001, "peak_memory_reserved_bytes": 2**20}
+    assert case_metrics(baseline, emulated) == []  # a GPU's prediction against a CPU's time
+
+
 @pytest.mark.gpu
 @pytest.mark.integration
 def test_a_cuda_record_keeps_the_allocator_peaks_of_both_iterations(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    description, presets = local_gpu()
+    if not presets:
+        pytest.skip(f"no GPU preset describes this GPU, an {description}")
     job = job_spec_from_dict(
-        {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 64, "global_batch": 2}}
-    )
+        {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 64, "global_batch": 2},
+         "cluster": {"gpu": presets[0]}}
+    )  # fmt: skip
     recording = record(job, iterations=3, warmup=2, device="cuda", profile=True)
     measured = recording.to_dict()["measured"]
     assert measured["peak_mem_kind"] == "allocator_reserved"

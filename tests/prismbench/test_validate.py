@@ -50,6 +50,23 @@ def baselines_dir(tmp_path, predicted_s):
     return directory
 
 
+def test_a_cpu_recording_is_emulated_but_not_scored(tmp_path, baselines_dir, capsys):
+    """A GPU prediction against a CPU's time would be a 1000x "error": say why it is not scored."""
+    (baselines_dir / "mine__tiny__cpu.toml").write_text(
+        TINY_JOB
+        + '[measured]\niteration_time_s = 0.05\npeak_mem_bytes = 1073741824\n'
+        + 'peak_mem_kind = "cpu_max_rss"\ndevice = "cpu"\n'
+        + '[provenance]\nkind = "recorded"\nsource = "prismbench record"\nmodel = "gpt-debug"\n'
+        + 'machine = "here"\nsoftware = "torch"\ncommit = "abc"\ndate = "2026-11-29"\n'
+    )
+    args = _validate_args(baselines_dir, "--db", str(tmp_path / "h.duckdb"), "--no-mlflow")
+    assert main([*args, "--all", "--gate", "iteration_time_s:60%"]) == 0
+    printed = capsys.readouterr()
+    assert "not scored: mine__tiny__cpu: measured on a CPU; the emulator predicts" in printed.out
+    assert "mine__tiny__cpu: not scored (measured on a CPU" in printed.err  # the progress line
+    assert main([*args, "--select", "cpu", "--gate", "iteration_time_s:60%"]) == 1  # gates nothing
+
+
 def test_select_by_glob_or_substring_and_refuse_nothing(baselines_dir):
     all_ = load_baselines(baselines_dir)
     assert [b.name for b in select_baselines(all_, ["r002"], False)] == ["mine__tiny__1g__r002"]

@@ -3,11 +3,13 @@
 import pytest
 
 from emulator.hardware import (
+    ARCH_OF_COMPUTE_CAPABILITY,
     GPU_NAMES,
     LINK_NAMES,
     NETWORK_NAMES,
     GpuPreset,
     gpu_preset,
+    gpu_presets_matching,
     inter_node_network,
     intra_node_link,
 )
@@ -141,3 +143,17 @@ def test_explicit_network_table_refuses_what_is_not_a_network(table, refusal):
 def test_a_gpu_name_that_is_not_a_string_is_refused_by_name():
     with pytest.raises(ValueError, match=r"cluster.gpu=\['h100-sxm-80g'\] is not a known GPU preset"):
         gpu_preset(["h100-sxm-80g"])
+
+
+def test_a_real_gpu_is_the_preset_of_its_architecture_sms_and_capacity():
+    # what torch reports on the shared H100 (compute capability 9.0, 132 SMs, 79.18 GiB total)
+    h100 = gpu_preset("h100-sxm-80g").usable_capacity_bytes
+    assert gpu_presets_matching(9, 132, h100) == ["h100-sxm-80g"]
+    assert gpu_presets_matching(8, 108, h100) == ["a100-sxm-80g"]  # same capacity, Ampere
+    assert gpu_presets_matching(9, 114, h100) == []  # an H100 PCIe: no preset
+    assert gpu_presets_matching(9, 132, h100 // 7) == []  # a MIG slice
+    assert gpu_presets_matching(12, 132, h100) == []  # an architecture no preset has
+    for name in GPU_NAMES:
+        preset = gpu_preset(name)
+        major = next(m for m, arch in ARCH_OF_COMPUTE_CAPABILITY.items() if arch == preset.arch)
+        assert gpu_presets_matching(major, preset.sm_count, preset.usable_capacity_bytes) == [name]
