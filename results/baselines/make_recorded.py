@@ -12,6 +12,7 @@ files in the folder are removed.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tomllib
@@ -92,6 +93,7 @@ def write(out_dir: Path = RECORDED, shared_gpu: Path = SHARED_GPU) -> int:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     missing = [f for f, _ in MACHINES.values() if not (SHARED_GPU / f).is_dir()]
     if missing:
         sys.exit(f"{SHARED_GPU}: the shared measurements {missing} are not beside the repository")

@@ -9,6 +9,7 @@ provenance in that folder's README). Predicted: `collective_time_s("all_reduce",
 
 from __future__ import annotations
 
+import argparse
 import csv
 import statistics
 import sys
@@ -44,6 +45,7 @@ def comparison() -> list[dict]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     rows = comparison()
     print("| GPUs | " + " | ".join(f"{m} MiB: meas / pred us (err)" for m in SHOWN_MIB) + " |")
     print("|---|" + "---|" * len(SHOWN_MIB))

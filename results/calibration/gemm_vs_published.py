@@ -12,6 +12,7 @@ largest square shape, are checked on the other shapes.
 
 from __future__ import annotations
 
+import argparse
 import csv
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from prismbench.emulate import kernel_gap_for
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     path = Path(__file__).with_name("published_gemm_tflops.csv")
     gap_s = kernel_gap_for()
     print("| GPU | dtype | m x n x k | published TFLOP/s | predicted | error |")

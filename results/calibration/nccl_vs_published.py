@@ -5,6 +5,7 @@ Run: python results/calibration/nccl_vs_published.py   (from the repository root
 
 from __future__ import annotations
 
+import argparse
 import csv
 from pathlib import Path
 
@@ -23,6 +24,7 @@ def _topology(gpu_name: str, gpus_per_node: int) -> Topology:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     path = Path(__file__).with_name("published_nccl_busbw.csv")
     rows = list(csv.DictReader(path.open()))
     current = None

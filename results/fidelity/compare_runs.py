@@ -8,8 +8,8 @@ then per source the median and the max |error| of each run: how a change moved t
 touched, without re-running the whole table.
 """
 
+import argparse
 import statistics
-import sys
 
 import duckdb
 
@@ -56,6 +56,6 @@ def main(dbs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    main(sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dbs", nargs="+", metavar="DB", help="a DuckDB history")
+    main(parser.parse_args().dbs)

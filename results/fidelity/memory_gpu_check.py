@@ -13,6 +13,7 @@ and prints measured vs predicted with the relative error (pred - meas) / meas.
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -147,8 +148,12 @@ def preset_for(name: str) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--measure":
-        print(json.dumps(measure(CASES[int(sys.argv[2])])))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--measure", type=int, choices=range(len(CASES)), metavar="CASE",
+                        help="internal: one real step of CASES[CASE], printed as JSON")  # fmt: skip
+    args = parser.parse_args()
+    if args.measure is not None:
+        print(json.dumps(measure(CASES[args.measure])))
         return
     cuda = torch.cuda.is_available()
     for i, case in enumerate(CASES):

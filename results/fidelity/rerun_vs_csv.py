@@ -8,9 +8,9 @@ than one point, largest first: how a change of the workloads or models moved the
 rows, without re-running the whole table.
 """
 
+import argparse
 import csv
 import statistics
-import sys
 from pathlib import Path
 
 import duckdb
@@ -58,4 +58,10 @@ def main(db: str, run_id: str | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("db", metavar="DB", help="a DuckDB history")
+    parser.add_argument(
+        "run_id", nargs="?", metavar="RUN_ID", help="default: the latest complete run"
+    )
+    args = parser.parse_args()
+    main(args.db, args.run_id)

@@ -47,6 +47,7 @@ microbenchmarks (same shapes, same method, both measured). Which rows are transf
 
 from __future__ import annotations
 
+import argparse
 import csv
 import functools
 import math
@@ -427,6 +428,7 @@ def source_checks(a100_rows: list[dict], h100_rows: list[dict]) -> list[str]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     h100_rows = read_csv(KERNELS / "h100-sxm-80g.csv")
     a100_80 = build_a100_80(h100_rows)
     a100_40 = transferred(a100_80, gpu_preset("a100-sxm-80g"), gpu_preset("a100-sxm-40g"))

@@ -46,6 +46,7 @@ of the GPU measured: the emulator scales a rate by the job's GPU peak over it), 
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import statistics
@@ -131,6 +132,7 @@ def write(path: Path, rows: list[dict]) -> None:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     bars = read_bars()
     write(TRITON_OUT, triton_rows(bars, fitted_ratios()))
     write(FLASH2_OUT, rows_of(bars, "flash2"))

@@ -29,6 +29,7 @@ the kernels do not account for is time between kernels).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -131,6 +132,7 @@ def _kernel_gaps(profiles: dict, unprofiled: dict) -> dict:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     data = build()
     OUT.write_text(json.dumps(data, indent=1) + "\n")
     ratios = {case: r["ratio"] for case, r in data["profiler_inflation"].items()}

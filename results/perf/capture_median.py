@@ -2,6 +2,7 @@
 comparing two commits on one machine: `python results/perf/capture_median.py` at each.
 """
 
+import argparse
 import statistics
 import sys
 import tempfile
@@ -10,6 +11,7 @@ from pathlib import Path
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from capture_bench import llama3_405b
 

@@ -7,7 +7,7 @@ ones dominating bytes) freed in reverse order, with short-lived temporaries in b
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 
 import numpy as np
@@ -44,7 +44,10 @@ def synthetic_trace(n_events: int, seed: int = 0) -> RankTrace:
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("n", nargs="?", type=int, default=100_000, metavar="N",
+                        help="alloc/free events (default: %(default)s)")  # fmt: skip
+    n = parser.parse_args().n
     trace = synthetic_trace(n)
     for conf in ("", "expandable_segments:True"):
         best = float("inf")

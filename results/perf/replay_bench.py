@@ -9,6 +9,7 @@ are modelled (h100-sxm-80g, nvlink4, ib-ndr-8x400). Run: python results/perf/rep
 
 from __future__ import annotations
 
+import argparse
 import platform
 import sys
 import time
@@ -140,6 +141,7 @@ def _timed(fn, repeat=3):
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     lines = [
         "# Replay speed (emulator/graph/replay.py)",
         "",

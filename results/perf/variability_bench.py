@@ -9,6 +9,7 @@ PRISM_LOW variability model (every noise source on). Run:
 
 from __future__ import annotations
 
+import argparse
 import platform
 import sys
 import time
@@ -76,4 +77,7 @@ def main(worlds: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    main([int(w) for w in sys.argv[1:]] or [1024, 8192])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("worlds", nargs="*", type=int, default=[1024, 8192], metavar="WORLD",
+                        help="world sizes (default: %(default)s)")  # fmt: skip
+    main(parser.parse_args().worlds)

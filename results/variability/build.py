@@ -6,6 +6,7 @@ Each GPU directory holds profiled iterations and repeated iteration times of the
 (see its README); prismbench.variability_calibration says what is measured and how.
 """
 
+import argparse
 import sys
 from datetime import date
 from pathlib import Path
@@ -41,5 +42,7 @@ def main(gpu_dirs: list[Path]) -> None:
 
 
 if __name__ == "__main__":
-    dirs = [Path(a) for a in sys.argv[1:]] or sorted(SHARED_GPU.glob("*/"))
-    main(dirs)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("gpu_dirs", nargs="*", type=Path, metavar="GPU_DIR",
+                        help="default: every ../shared/data/gpu/<gpu>/")  # fmt: skip
+    main(parser.parse_args().gpu_dirs or sorted(SHARED_GPU.glob("*/")))

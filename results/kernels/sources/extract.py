@@ -11,10 +11,10 @@ in README.md beside this file. The commits read are pinned in COMMITS and writte
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import subprocess
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -134,7 +134,11 @@ def vtrain(mirrors: Path) -> None:
 
 
 if __name__ == "__main__":
-    mirrors = Path(sys.argv[1] if len(sys.argv) > 1 else "/work/.mirror")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mirrors", nargs="?", type=Path, default=Path("/work/.mirror"),
+                        metavar="MIRRORS", help="a folder holding bare or normal git clones "
+                        "named owner+repo/repo (default: %(default)s)")  # fmt: skip
+    mirrors = parser.parse_args().mirrors
     vidur(mirrors)
     llmcompass(mirrors)
     vtrain(mirrors)
