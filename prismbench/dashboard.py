@@ -22,6 +22,7 @@ BREAKDOWN = {
     "compute_s": "compute",
     "exposed_comm_s": "exposed comm",
     "bubble_s": "bubble",
+    "host_wait_s": "host wait",
     "idle_s": "idle",
 }
 TREND_CASES = 12

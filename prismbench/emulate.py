@@ -21,6 +21,7 @@ from emulator.costs.kernel_table import PRICE_SOURCES, KernelTable, load_kernel_
 from emulator.costs.pricing import CostContext, compute_prices, price_source_summary
 from emulator.graph.build import build_graph
 from emulator.graph.replay import replay
+from emulator.graph.results import BREAKDOWN_FIELDS
 from emulator.graph.timeline import write_trace
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
 from emulator.memory import replay_memory
@@ -44,7 +45,8 @@ ATTENTION_RATES = {
 CRITICAL_PATH_SHOWN = 50
 # Version of the emulate JSON (EmulationResult.to_dict): raised when a key changes meaning or
 # goes away, so stored results (DuckDB, MLflow) can tell which contract they hold.
-RESULT_SCHEMA_VERSION = 2  # 2: steady-state peaks, first-iteration peaks beside them
+RESULT_SCHEMA_VERSION = 3  # 2: steady-state peaks, first-iteration peaks beside them;
+# 3: breakdown.host_wait_s, no longer inside compute_s
 _PEAK_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp32": "tf32"}
 
 
@@ -58,6 +60,7 @@ class ClassFigures:
     compute_s: float
     exposed_comm_s: float
     bubble_s: float
+    host_wait_s: float
     idle_s: float
     comm_s_by_group: dict[str, float]
     hardware_flops: int
@@ -367,10 +370,7 @@ def _class_figures(world, breakdown, mem, priced_by) -> ClassFigures:
         pp=breakdown.pp,
         representative_rank=world.representative(breakdown.pp),
         members=world.classes()[breakdown.pp].members,
-        compute_s=breakdown.compute_s,
-        exposed_comm_s=breakdown.exposed_comm_s,
-        bubble_s=breakdown.bubble_s,
-        idle_s=breakdown.idle_s,
+        **{name: getattr(breakdown, name) for name in BREAKDOWN_FIELDS},
         comm_s_by_group=breakdown.comm_s_by_group,
         hardware_flops=breakdown.flops,
         peak_memory_allocated_bytes=mem.peak_allocated_bytes,
@@ -421,10 +421,7 @@ def _result(job, name, capture, timing, per_class, gpu, started, table_label) ->
             for source in PRICE_SOURCES
         },
         breakdown={
-            "compute_s": sum(c.compute_s for c in per_class) / n,
-            "exposed_comm_s": sum(c.exposed_comm_s for c in per_class) / n,
-            "bubble_s": sum(c.bubble_s for c in per_class) / n,
-            "idle_s": sum(c.idle_s for c in per_class) / n,
+            name: sum(getattr(c, name) for c in per_class) / n for name in BREAKDOWN_FIELDS
         },
         per_class=per_class,
         critical_path=tuple(asdict(e) for e in timing.critical_path[:CRITICAL_PATH_SHOWN]),

@@ -103,7 +103,7 @@ class _Class:
         self.send_ready: dict[int, object] = {}  # ready of sends a recv will read
         self.factor = factor
         self.tracked = lanes_of_rank  # rank -> lane (coordinates along the lane axes)
-        self.times = {r: np.zeros((3, len(g))) for r in lanes_of_rank}
+        self.times = {r: np.zeros((5, len(g))) for r in lanes_of_rank}  # Timeline's arrays
         deps = g["dep"][g["dep"] >= 0]
         self.waited = set(deps.tolist())
         nodes, waits = np.unique(deps, return_counts=True)
@@ -139,13 +139,15 @@ class _Class:
     def done(self) -> bool:
         return self.cursor >= self.n
 
-    def record(self, i, ready, start, end) -> None:
+    def record(self, i, free, ready, start, end, kernels) -> None:
         if not self.tracked:
             return
         pick = self.pick
         for rank, lane in self.tracked.items():
             t = self.times[rank]
             t[0, i], t[1, i], t[2, i] = pick(ready, lane), pick(start, lane), pick(end, lane)
+            t[3, i] = pick(free, lane)
+            t[4, i] = t[2, i] - t[1, i] if kernels is None else pick(kernels, lane)
 
     def advance(self, job: _Job) -> bool:
         """Replay nodes until blocked or done; True when anything moved."""
@@ -163,8 +165,10 @@ class _Class:
         i = self.cursor
         while i < self.n:
             k, s = kinds[i], streams[i]
+            kernels = None
             if k == SEGMENT:
-                start = clock[s] if host[i] <= 0.0 else vmax(clock[s], host[i])
+                free = clock[s]
+                ready = start = free if host[i] <= 0.0 else vmax(free, host[i])
                 if sampled is not None:
                     d = sampled(pp, i)
                 else:
@@ -177,11 +181,11 @@ class _Class:
                 if host_end[i] > 0.0:  # launch-bound: kernels wait for the host to issue them
                     end = vmax(end, host_end[i] + (d - base[i]))
                 clock[s] = end
-                ready = start
+                kernels = d
             elif k == WAIT_NODE:
-                ready = start = end = clock[s] = vmax(clock[s], self._waited_end(deps[i]))
+                free = ready = start = end = clock[s] = vmax(clock[s], self._waited_end(deps[i]))
             else:
-                ready = (
+                free = ready = (
                     clock[s] if issue_streams[i] < 0 else vmax(clock[s], clock[issue_streams[i]])
                 )
                 if host[i] > 0.0:  # not before the host has issued the call
@@ -206,7 +210,7 @@ class _Class:
                 self.busy = vmax(self.busy, end)
             if i in self.waited:  # any node a later wait reads: a comm, or a stream's position
                 self.ends[i] = end
-            self.record(i, ready, start, end)
+            self.record(i, free, ready, start, end, kernels)
             i += 1
         self.cursor = i
         return i > start_cursor
@@ -297,7 +301,8 @@ def replay(
     _run(job)
     iteration = max(c.end_s() for c in classes)
     timelines = {
-        r: Timeline(rank=r, pp=c.pp, ready_s=t[0], start_s=t[1], end_s=t[2])
+        r: Timeline(rank=r, pp=c.pp, ready_s=t[0], start_s=t[1], end_s=t[2], free_s=t[3],
+                    kernel_s=t[4])
         for c in classes
         for r, t in c.times.items()
     }

@@ -21,6 +21,8 @@ from emulator.graph.execution_graph import (
 
 # the critical path's name for the host thread issuing ops (emulator.costs.host_dispatch)
 HOST_EVENT = "host dispatch"
+# The categories of a class's breakdown, in the order each instant is claimed (METRICS.md)
+BREAKDOWN_FIELDS = ("compute_s", "exposed_comm_s", "bubble_s", "host_wait_s", "idle_s")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,23 +37,29 @@ class CriticalEvent:
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Timeline:
-    """Per node of the class of `rank`: when it was ready, started and ended (seconds)."""
+    """Per node of the class of `rank` (seconds): when it was ready, started and ended; when
+    its stream was free (free_s <= ready_s: before ready_s the host had not issued it); how
+    long its kernels ran (a launch-bound segment ends later than start + kernel_s, its kernels
+    waiting for the host to issue them: emulator.costs.host_dispatch)."""
 
     rank: int
     pp: int
     ready_s: np.ndarray
     start_s: np.ndarray
     end_s: np.ndarray
+    free_s: np.ndarray
+    kernel_s: np.ndarray
 
 
 @dataclass(frozen=True, kw_only=True)
 class ClassBreakdown:
-    """One class (its representative rank); the four times sum to the iteration time."""
+    """One class (its representative rank); the five times sum to the iteration time."""
 
     pp: int
     compute_s: float
     exposed_comm_s: float
     bubble_s: float
+    host_wait_s: float
     idle_s: float
     end_s: float  # latest end over the class's ranks
     flops: int  # FLOPs of one rank of the class in the step
@@ -99,11 +107,17 @@ def breakdown(
     lo_comm = np.where(coll & ~pipeline_wait, t.ready_s, t.start_s)
     comm = coll | p2p
     nodes = kind != WAIT_NODE
-    ends = [t.ready_s, t.start_s, t.end_s, np.array([0.0, iteration_s])]
+    # a launch-bound segment's kernels are booked as running back to back at its end, its
+    # waits for the host before them: their sum is exact, their order within it is not known
+    kernels_from = t.end_s[seg] - t.kernel_s[seg]
+    ends = [t.free_s, t.ready_s, t.start_s, t.end_s, kernels_from, np.array([0.0, iteration_s])]
     bounds = np.unique(np.clip(np.concatenate(ends), 0.0, iteration_s))
     widths = np.diff(bounds)
-    in_compute = _coverage(bounds, t.start_s[seg], t.end_s[seg])
+    in_compute = _coverage(bounds, kernels_from, t.end_s[seg])
     in_comm = _coverage(bounds, lo_comm[comm], t.end_s[comm])
+    in_host = _coverage(bounds, t.start_s[seg], kernels_from) | _coverage(
+        bounds, t.free_s, t.ready_s
+    )
     in_wait = _coverage(bounds, t.ready_s[pipeline_wait], t.start_s[pipeline_wait])
     if nodes.any():
         span = (np.min(t.ready_s[nodes]), np.max(t.end_s[nodes]))
@@ -115,6 +129,7 @@ def breakdown(
     rest = ~in_compute & ~in_comm
     bubble_mask = rest & (in_wait | (~in_span if graph.world.pp > 1 else False))
     bubble = float(widths[bubble_mask].sum())
+    host_wait = rest & ~bubble_mask & in_host
     by_group: dict[str, float] = {}
     for label, busy in zip(g.text("group"), t.end_s - t.start_s, strict=True):
         if label:
@@ -123,8 +138,9 @@ def breakdown(
         pp=t.pp,
         compute_s=compute,
         exposed_comm_s=exposed,
+        host_wait_s=float(widths[host_wait].sum()),
         bubble_s=bubble,
-        idle_s=float(widths[rest & ~bubble_mask].sum()),  # the rest of the partition, so never < 0
+        idle_s=float(widths[rest & ~bubble_mask & ~in_host].sum()),  # the rest, so never < 0
         end_s=end_s,
         flops=int(g["flops"].sum()),
         comm_s_by_group=by_group,

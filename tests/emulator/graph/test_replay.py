@@ -6,6 +6,7 @@ import pytest
 from emulator.costs.collectives import Topology
 from emulator.costs.pricing import CostContext
 from emulator.graph.replay import replay
+from emulator.graph.results import BREAKDOWN_FIELDS
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
 from emulator.world.mesh import World
 from tests.emulator.synthetic_traces import Stage, build, node_of, pipeline
@@ -251,7 +252,7 @@ def test_to_dict_has_the_figures():
     world = World.grid(dp=2, pp=1, cp=1, tp=1)
     d = replay(build(world, [_dp_program(world, 3.0, 0.5)])).to_dict()
     assert d["iteration_time_s"] == pytest.approx(3.5)
-    assert {"compute_s", "exposed_comm_s", "bubble_s", "idle_s"} <= set(d["per_class"][0])
+    assert set(BREAKDOWN_FIELDS) <= set(d["per_class"][0])
 
 
 # ---- host dispatch (emulator.costs.host_dispatch, graph.build.host_bounds) ---------------------
@@ -355,6 +356,25 @@ def test_a_collective_issued_late_by_the_host_starts_its_critical_path_with_the_
     path = replay(build(world, [s], host=True)).critical_path
     assert [e.kind for e in path] == ["host", "collective"]
     assert path[0].duration_s == pytest.approx(51e-6) == path[1].start_s
+
+
+def test_time_the_gpu_waits_for_the_host_is_host_wait_not_compute():
+    # kernels of 1 us issued every 10 us: 10 us of kernels in a 101 us iteration
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    launch_bound = replay(build(world, [_ops(world, [1e-6] * 10, [10e-6] * 10)], host=True))
+    (c,) = launch_bound.per_class
+    assert (c.compute_s, c.host_wait_s, c.exposed_comm_s, c.idle_s) == pytest.approx(
+        (10e-6, 91e-6, 0.0, 0.0), abs=1e-12
+    )
+    # 2 us of compute issued at 1 us; the host spends 50 us before it issues the collective
+    world = World.grid(dp=8, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    s.compute(2e-6, dispatch_s=1e-6)
+    s.collective("all_reduce", "dp", duration_s=5e-6, dispatch_s=50e-6)
+    (c,) = replay(build(world, [s], host=True)).per_class
+    assert (c.compute_s, c.host_wait_s, c.exposed_comm_s, c.idle_s) == pytest.approx(
+        (2e-6, 1e-6 + 48e-6, 5e-6, 0.0), abs=1e-12
+    )
 
 
 def test_a_gpu_bound_critical_path_has_no_host_event():
