@@ -2,14 +2,18 @@
 
 Handlers call a library function and print its result (rich tables, or one JSON object with
 `--json`). Exit codes: 0 success, 2 bad input (spec errors, missing or malformed files, usage
-errors, no CUDA for `calibrate`); errors are one line `error: <message>` on stderr.
+errors, no CUDA for `calibrate`), 130 Ctrl-C, 143 SIGTERM; errors are one line
+`error: <message>` on stderr. SIGTERM (`kill`, `timeout`, CI runners, job schedulers) ends a
+command as Ctrl-C does: `validate` records its run as interrupted and stops its workers.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +28,13 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_GATE_FAILED = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process ended by `kill`
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread while a command runs. A KeyboardInterrupt, so every
+    cleanup written for Ctrl-C (validate's run marked interrupted, its workers stopped) runs
+    for it too."""
 
 
 def _console() -> Console:
@@ -916,11 +927,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else EXIT_BAD_INPUT
+    with _sigterm_raises_terminated():
+        try:
+            return args.handler(args)
+        except (SpecError, OSError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except Terminated:
+            print("terminated", file=sys.stderr)
+            return EXIT_TERMINATED
+        except KeyboardInterrupt:  # Ctrl-C: what was interrupted says so itself (validate's run)
+            print("interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+
+
+@contextlib.contextmanager
+def _sigterm_raises_terminated():
+    """While the block runs, the first SIGTERM raises Terminated. The previous handler comes
+    back after it: `main` also runs inside other programs (the tests)."""
+
+    def terminate(_signum, _frame) -> None:
+        # `timeout` signals the command and then its whole process group, so a second SIGTERM
+        # follows at once; it must not break off the cleanup the first one started (SIGKILL
+        # still ends a cleanup that hangs)
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
     try:
-        return args.handler(args)
-    except (SpecError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:  # Ctrl-C: what was interrupted says so itself (validate's run)
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -277,13 +277,13 @@ def validate(
     history.start_run(run.db_path, run.run_id, commit=commit, dirty=dirty,
                       machine=f"{platform.node()} ({os.cpu_count()} cores)", settings=settings)  # fmt: skip
     started = time.perf_counter()
-    try:
-        with ProcessPoolExecutor(
-            max_workers=workers,
-            mp_context=get_context("spawn"),
-            initializer=exit_with_parent,
-            initargs=(os.getpid(),),
-        ) as pool:
+    with ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=get_context("spawn"),
+        initializer=exit_with_parent,
+        initargs=(os.getpid(),),
+    ) as pool:
+        try:
             futures = {
                 pool.submit(
                     _emulate_one,
@@ -305,15 +305,23 @@ def validate(
                 eta = elapsed / done * (len(baselines) - done)
                 say(f"[{done}/{len(baselines)}] {baseline.name}: {_brief(case)} "
                     f"(elapsed {elapsed:.0f} s, ETA {eta:.0f} s)")  # fmt: skip
-    except KeyboardInterrupt:
-        history.finish_run(run.db_path, run.run_id, "interrupted")
-        run.status = "interrupted"
-        raise
+        except KeyboardInterrupt:  # Ctrl-C, and SIGTERM in the CLI (cli.Terminated is one)
+            _stop_workers(pool)
+            history.finish_run(run.db_path, run.run_id, "interrupted")
+            run.status = "interrupted"
+            raise
     run.status = "complete"
     history.finish_run(run.db_path, run.run_id, run.status)
     if log_mlflow is not None:  # after the history has the run whole: a failure here loses no case
         log_mlflow(run, settings | {"commit": commit, "dirty": dirty})
     return run
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """End `pool`'s workers now: leaving the pool waits for every queued case, and a SIGTERM
+    sent to validate's process alone (`kill`) reaches none of them."""
+    for worker in list(pool._processes.values()):  # what Python 3.14's terminate_workers() does
+        worker.terminate()
 
 
 def _artifact_dir(run: ValidationRun, baseline: str) -> Path:

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
+from prismbench import history
 from prismbench.baselines import load_baselines
 from prismbench.cli import main
 from prismbench.emulate import emulate
+from prismbench.orphans import PARENT_POLL_S
 from prismbench.spec import job_spec_from_dict
 from prismbench.thresholds import parse_thresholds
 from prismbench.validate import gate_failures, select_baselines, summarize, validate
@@ -147,6 +153,30 @@ def test_ctrl_c_ends_a_command_with_a_line_not_a_traceback(monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == "interrupted"
 
 
+def test_sigterm_ends_a_command_with_its_own_line_and_exit_status(monkeypatch, capsys):
+    import os
+    import signal
+    import time
+
+    import prismbench.cli as cli
+
+    def terminated(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the handler raises in here
+
+    def reached_the_tests_own_handler(signum, frame):
+        raise AssertionError("main did not handle SIGTERM")  # instead of ending pytest
+
+    monkeypatch.setattr(cli, "_cmd_workloads", terminated)
+    previous = signal.signal(signal.SIGTERM, reached_the_tests_own_handler)
+    try:
+        assert main(["workloads"]) == 143
+        assert capsys.readouterr().err.strip() == "terminated"
+        assert signal.getsignal(signal.SIGTERM) is reached_the_tests_own_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_a_gate_allows_for_the_measured_spread():
     from prismbench.validate import CaseResult, MetricResult
 
@@ -225,32 +255,54 @@ def test_a_malformed_baseline_is_refused_with_exit_2(tmp_path, baselines_dir, ca
     )
 
 
+def _start_validation(baselines_dir, db, workers: int):
+    """`python -m prismbench validate` of every baseline on `workers` workers (its stderr in
+    <db>.stderr), and those workers' pids (with the resource tracker's) once its run is in the
+    history."""
+    args = _validate_args(baselines_dir, "--all", "--db", str(db), "--no-mlflow", "--no-cache",
+                          "--workers", str(workers))  # fmt: skip
+    with db.with_suffix(".stderr").open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "prismbench", *args],
+                                stdout=subprocess.DEVNULL, stderr=stderr)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while (
+        not (db.exists() and history.read(db, "SELECT run_id FROM runs"))
+        or len(children(proc.pid)) < workers + 1
+    ) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc, children(proc.pid)
+
+
 @pytest.mark.skipif(not HAS_PROC, reason="finds the workers in Linux /proc")
 def test_a_killed_validation_is_not_recorded_complete_and_leaves_no_workers(
     tmp_path, baselines_dir
 ):
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from prismbench import history
-    from prismbench.orphans import PARENT_POLL_S
-
     db = tmp_path / "h.duckdb"
-    args = _validate_args(baselines_dir, "--all", "--db", str(db), "--no-mlflow", "--no-cache")
-    proc = subprocess.Popen([sys.executable, "-m", "prismbench", *args], stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    # killed once the run is recorded and both emulation workers (and the resource tracker) run
-    while (
-        not (db.exists() and history.read(db, "SELECT run_id FROM runs"))
-        or len(children(proc.pid)) < 3
-    ) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    workers = children(proc.pid)
+    proc, workers = _start_validation(baselines_dir, db, workers=2)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     survivors = kill_survivors(workers, 10 * PARENT_POLL_S)
     (run,) = history.read(db, "SELECT status, ended_at FROM runs")
     assert run == {"status": "running", "ended_at": None}
     assert len(workers) == 3 and survivors == []
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="finds the workers in Linux /proc")
+def test_sigterm_ends_a_validation_as_ctrl_c_does(tmp_path, baselines_dir, monkeypatch):
+    monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path / "cache"))
+    # eight jobs (each emulation writes its own result file) on two workers: the six queued
+    # ones must not be emulated before validate ends
+    first = (baselines_dir / "mine__tiny__1g__r001.toml").read_text()
+    for n in range(2, 9):
+        (baselines_dir / f"mine__tiny__1g__r00{n}.toml").write_text(
+            first.replace("global_batch = 2", f"global_batch = {2 * n}")
+        )
+    db = tmp_path / "h.duckdb"
+    proc, workers = _start_validation(baselines_dir, db, workers=2)
+    proc.send_signal(signal.SIGTERM)  # to validate alone, as `kill` sends it
+    assert proc.wait(timeout=60) == 143
+    err = db.with_suffix(".stderr").read_text()
+    assert err.splitlines()[-1] == "terminated" and "Traceback" not in err
+    assert history.read(db, "SELECT status FROM runs") == [{"status": "interrupted"}]
+    assert len(list((tmp_path / "cache" / "results").glob("*.json"))) < 8
+    assert len(workers) == 3 and kill_survivors(workers, 10 * PARENT_POLL_S) == []
