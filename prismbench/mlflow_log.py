@@ -5,11 +5,16 @@ With `validate --variability` a case's step-time figures are metrics named
 one) and its histogram and CDF PNG is among the case's artifacts.
 
 The tracking store defaults to a sqlite file beside the DuckDB history (`default_tracking_uri`);
-any MLflow tracking URI works. The experiment is "prismbench-validate".
+any MLflow tracking URI works. The experiment is "prismbench-validate". A sqlite store is
+opened under a lock on a file beside it (`<store>.lock`), so validations started at once can
+share a store that does not exist yet (`_store_lock`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+from collections.abc import Iterator
 from pathlib import Path
 
 EXPERIMENT = "prismbench-validate"
@@ -26,10 +31,39 @@ def open_experiment(tracking_uri: str, artifact_dir: Path | None = None) -> None
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
-    if mlflow.get_experiment_by_name(EXPERIMENT) is None:
-        location = Path(artifact_dir).resolve().as_uri() if artifact_dir else None
-        mlflow.create_experiment(EXPERIMENT, artifact_location=location)
+    with _store_lock(tracking_uri):  # MLflow creates the store on its first use, in here
+        if mlflow.get_experiment_by_name(EXPERIMENT) is None:
+            location = Path(artifact_dir).resolve().as_uri() if artifact_dir else None
+            mlflow.create_experiment(EXPERIMENT, artifact_location=location)
     mlflow.set_experiment(EXPERIMENT)
+
+
+@contextlib.contextmanager
+def _store_lock(tracking_uri: str) -> Iterator[None]:
+    """Hold an exclusive lock on `<store>.lock` while the block runs, for a sqlite store.
+
+    MLflow makes a new sqlite store's tables by running its migrations when a process first
+    opens it; two processes migrating one new file at once fail, and can leave it half made
+    (tables without their version, `_alembic_tmp_*` tables) so that every later open fails
+    too. The experiment's creation races the same way. Other stores need no lock."""
+    path = _sqlite_file(tracking_uri)
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)  # as MLflow would, creating the store
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        yield
+
+
+def _sqlite_file(tracking_uri: str) -> Path | None:
+    """The database file of a sqlite URI; None for another store or an in-memory one."""
+    if not tracking_uri.startswith("sqlite:"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    database = make_url(tracking_uri).database
+    return Path(database) if database not in (None, "", ":memory:") else None
 
 
 def log_run(run, settings: dict, *, tracking_uri: str, artifact_dir: Path | None = None) -> None:
