@@ -114,22 +114,24 @@ def breakdown(
     bounds = np.unique(np.clip(np.concatenate(ends), 0.0, iteration_s))
     widths = np.diff(bounds)
     in_compute = _coverage(bounds, kernels_from, t.end_s[seg])
+    in_launch_gaps = _coverage(bounds, t.start_s[seg], kernels_from) & ~in_compute
     in_comm = _coverage(bounds, lo_comm[comm], t.end_s[comm])
-    in_host = _coverage(bounds, t.start_s[seg], kernels_from) | _coverage(
-        bounds, t.free_s, t.ready_s
-    )
+    in_unissued = _coverage(bounds, t.free_s, t.ready_s)
     in_wait = _coverage(bounds, t.ready_s[pipeline_wait], t.start_s[pipeline_wait])
     if nodes.any():
         span = (np.min(t.ready_s[nodes]), np.max(t.end_s[nodes]))
         in_span = _coverage(bounds, np.array([span[0]]), np.array([span[1]]))
     else:
         in_span = np.zeros(len(widths), bool)
+    # a segment's span is compute or launch gaps, as it was all compute before the gaps were
+    # told apart: the other categories do not depend on where in it the gaps are booked
+    in_segment = in_compute | in_launch_gaps
     compute = float(widths[in_compute].sum())
-    exposed = float(widths[~in_compute & in_comm].sum())
-    rest = ~in_compute & ~in_comm
+    exposed = float(widths[~in_segment & in_comm].sum())
+    rest = ~in_segment & ~in_comm
     bubble_mask = rest & (in_wait | (~in_span if graph.world.pp > 1 else False))
     bubble = float(widths[bubble_mask].sum())
-    host_wait = rest & ~bubble_mask & in_host
+    host_wait = in_launch_gaps | (rest & ~bubble_mask & in_unissued)
     by_group: dict[str, float] = {}
     for label, busy in zip(g.text("group"), t.end_s - t.start_s, strict=True):
         if label:
@@ -140,7 +142,7 @@ def breakdown(
         exposed_comm_s=exposed,
         host_wait_s=float(widths[host_wait].sum()),
         bubble_s=bubble,
-        idle_s=float(widths[rest & ~bubble_mask & ~in_host].sum()),  # the rest, so never < 0
+        idle_s=float(widths[rest & ~bubble_mask & ~in_unissued].sum()),  # the rest: never < 0
         end_s=end_s,
         flops=int(g["flops"].sum()),
         comm_s_by_group=by_group,
