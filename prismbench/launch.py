@@ -114,6 +114,10 @@ def run_ranks(
             if status == "error":
                 errors.append(f"rank {rank}:\n{value}")
             results[rank] = value
+    except BaseException:  # interrupted, timed out, a rank died: the others' work is wasted
+        for proc in procs:
+            proc.kill()
+        raise
     finally:
         for proc in procs:
             proc.join(timeout=5.0)

@@ -206,17 +206,18 @@ def _check_device(job, device: str, warmup: int) -> None:
 
 def local_gpu(index: int = 0) -> tuple[str, list[str]]:
     """GPU `index` of this machine: a description (name, compute capability, SMs, the capacity
-    CUDA offers) and the GPU presets it is (`emulator.hardware.presets.gpu_presets_matching`)."""
+    CUDA offers) and the GPU presets it is (`emulator.hardware.presets.gpu_presets_matching`).
+    From the device's properties alone (cudaGetDeviceProperties: totalGlobalMem, the total
+    cudaMemGetInfo reports): cudaMemGetInfo would open a CUDA context on the GPU here, in the
+    parent of the ranks that then train on it, and hold its memory through the recording."""
     import torch
 
     from emulator.hardware import gpu_presets_matching
 
-    major, minor = torch.cuda.get_device_capability(index)
-    sm_count = torch.cuda.get_device_properties(index).multi_processor_count
-    total_bytes = torch.cuda.mem_get_info(index)[1]
-    description = (f"{torch.cuda.get_device_name(index)} (compute capability {major}.{minor}, "
-                   f"{sm_count} SMs, {total_bytes / 2**30:.2f} GiB)")  # fmt: skip
-    return description, gpu_presets_matching(major, sm_count, total_bytes)
+    gpu = torch.cuda.get_device_properties(index)
+    description = (f"{gpu.name} (compute capability {gpu.major}.{gpu.minor}, "
+                   f"{gpu.multi_processor_count} SMs, {gpu.total_memory / 2**30:.2f} GiB)")  # fmt: skip
+    return description, gpu_presets_matching(gpu.major, gpu.multi_processor_count, gpu.total_memory)
 
 
 def _check_gpu_is_preset(gpu: str, index: int) -> None:

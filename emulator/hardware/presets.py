@@ -25,9 +25,10 @@ DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 ARCHS = ("ampere", "hopper")
 # CUDA compute capability (major) of each architecture: how a real GPU is told apart.
 ARCH_OF_COMPUTE_CAPABILITY = {8: "ampere", 9: "hopper"}
-# A real GPU is a preset when its architecture and SM count match and cudaMemGetInfo's total is
-# within this of the preset's usable capacity: the published totals vary by ~0.01 GiB with the
-# driver; the SM count tells an H100 PCIe (114) from the SXM (132) at the same capacity.
+# A real GPU is a preset when its architecture and SM count match and its total memory (the
+# device property totalGlobalMem, the total cudaMemGetInfo reports) is within this of the
+# preset's usable capacity: the published totals vary by ~0.01 GiB with the driver; the SM
+# count tells an H100 PCIe (114) from the SXM (132) at the same capacity.
 CAPACITY_MATCH_TOLERANCE = 0.01
 
 
@@ -241,10 +242,11 @@ def gpu_preset(name: str) -> GpuPreset:
 
 
 def gpu_presets_matching(compute_capability_major: int, sm_count: int, total_bytes: int) -> list[str]:
-    """The GPU presets a real GPU is (`torch.cuda.get_device_capability()[0]`,
-    `get_device_properties().multi_processor_count`, `torch.cuda.mem_get_info()[1]`): same
-    architecture and SM count, usable capacity within CAPACITY_MATCH_TOLERANCE. A MIG slice or
-    a GPU no preset describes matches none."""
+    """The GPU presets a real GPU is (`torch.cuda.get_device_properties()`: major,
+    multi_processor_count, total_memory): same architecture and SM count, usable capacity within
+    CAPACITY_MATCH_TOLERANCE. A MIG slice or a GPU no preset describes matches none. Form factor
+    and interconnect are not told apart: an A100 80GB PCIe (108 SMs) is taken for the SXM
+    preset, an H800 for the H100 SXM, as their SMs and memory are the same."""
     arch = ARCH_OF_COMPUTE_CAPABILITY.get(compute_capability_major)
     return [
         name

@@ -88,15 +88,15 @@ def test_a_cuda_record_without_a_gpu_is_refused_naming_the_option(tmp_path, caps
 
 
 def _fake_gpu(monkeypatch, capability, sm_count, total_bytes, name):
-    """This CPU machine's torch.cuda answering as one GPU of that kind would."""
+    """This CPU machine's torch.cuda answering as one GPU of that kind would (its properties
+    only: record must open no CUDA context in the ranks' parent)."""
     gpu = torch.cuda
     monkeypatch.setattr(gpu, "is_available", lambda: True)
     monkeypatch.setattr(gpu, "device_count", lambda: 1)
-    monkeypatch.setattr(gpu, "get_device_capability", lambda index: capability)
-    monkeypatch.setattr(gpu, "get_device_properties",
-                        lambda index: SimpleNamespace(multi_processor_count=sm_count))  # fmt: skip
-    monkeypatch.setattr(gpu, "mem_get_info", lambda index: (total_bytes // 2, total_bytes))
-    monkeypatch.setattr(gpu, "get_device_name", lambda index: name)
+    properties = SimpleNamespace(name=name, major=capability[0], minor=capability[1],
+                                 multi_processor_count=sm_count, total_memory=total_bytes)  # fmt: skip
+    monkeypatch.setattr(gpu, "get_device_properties", lambda index: properties)
+    monkeypatch.setattr(gpu, "mem_get_info", None)  # opens a context: must not be called
 
 
 def test_a_cuda_record_runs_only_on_the_job_s_gpu(monkeypatch):
