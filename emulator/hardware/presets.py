@@ -37,6 +37,32 @@ def _check_positive(owner: str, name: str, value: object) -> None:
         raise ValueError(f"{owner}.{name}={value!r} must be a positive finite number")
 
 
+# What a GPU fabric can move per GPU (or NIC) per direction, with a factor of 10 of headroom
+# on both sides of what exists (1 Gb Ethernet 0.125 GB/s, NVLink 5 900 GB/s): a figure outside
+# it is a unit slip (bits for bytes, bytes for GB), and priced it gives ~0 s or inf.
+BANDWIDTH_RANGE_GBPS = (0.01, 10_000.0)
+MAX_LATENCY_US = 1e6  # one second a step
+
+
+def _check_bandwidth(owner: str, name: str, value: object) -> None:
+    _check_positive(owner, name, value)
+    low, high = BANDWIDTH_RANGE_GBPS
+    if not low <= value <= high:
+        raise ValueError(
+            f"{owner}.{name}={value!r} GB/s is outside [{low}, {high:g}] GB/s, beyond any GPU "
+            "fabric or NIC (GB/s per GPU or NIC, per direction: a unit slip?)"
+        )
+
+
+def _check_latency(owner: str, value: object) -> None:
+    _check_non_negative(owner, "latency_us", value)
+    if value > MAX_LATENCY_US:
+        raise ValueError(
+            f"{owner}.latency_us={value!r} is above {MAX_LATENCY_US:g} us (one second a step: "
+            "microseconds, not nanoseconds?)"
+        )
+
+
 def _check_non_negative(owner: str, name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{owner}.{name}={value!r} must be a finite number >= 0")
@@ -136,14 +162,14 @@ class LinkPreset:
     def __post_init__(self, spec_field: str | None) -> None:
         owner = spec_field or f"intra_node[{self.name}]"
         _check_name(owner, self.name)
-        _check_positive(owner, "bandwidth_GBps", self.bandwidth_GBps)
-        _check_non_negative(owner, "latency_us", self.latency_us)
+        _check_bandwidth(owner, "bandwidth_GBps", self.bandwidth_GBps)
+        _check_latency(owner, self.latency_us)
         _check_count(owner, "channels", self.channels)
         _check_flag(owner, "nvls", self.nvls)
         if self.links is not None:
             _check_count(owner, "links", self.links)
         if self.line_rate_GBps is not None:
-            _check_positive(owner, "line_rate_GBps", self.line_rate_GBps)
+            _check_bandwidth(owner, "line_rate_GBps", self.line_rate_GBps)
             if self.line_rate_GBps < self.bandwidth_GBps:
                 raise ValueError(
                     f"{owner}.bandwidth_GBps({self.bandwidth_GBps}) exceeds line_rate_GBps({self.line_rate_GBps})"
@@ -172,8 +198,8 @@ class NetworkPreset:
         bandwidth = _NETWORK_SPEC_KEYS["nic_bandwidth_GBps"] if spec_field else "nic_bandwidth_GBps"
         _check_name(owner, self.name)
         _check_count(owner, "nics_per_node", self.nics_per_node)
-        _check_positive(owner, bandwidth, self.nic_bandwidth_GBps)
-        _check_non_negative(owner, "latency_us", self.latency_us)
+        _check_bandwidth(owner, bandwidth, self.nic_bandwidth_GBps)
+        _check_latency(owner, self.latency_us)
         if self.nic_Gbps is not None:
             _check_positive(owner, "nic_Gbps", self.nic_Gbps)
             if self.nic_bandwidth_GBps > self.nic_Gbps / 8:

@@ -114,6 +114,11 @@ def test_peaks_are_read_only():
         ({"nvls": "no"}, "cluster.intra_node.nvls='no' must be a boolean"),
         ({"name": 5}, "cluster.intra_node.name=5 must be a non-empty string"),
         ({"color": "red"}, r"cluster.intra_node: unknown key\(s\) \['color'\]"),
+        # finite, and priced to inf or ~0 s: unit slips
+        ({"bandwidth_GBps": 1e-320}, r"bandwidth_GBps=1e-320 GB/s is outside \[0.01, 10000\] GB/s"),
+        ({"bandwidth_GBps": 9e11, "line_rate_GBps": 9e11},
+         r"bandwidth_GBps=900000000000.0 GB/s is outside .* a unit slip\?"),
+        ({"latency_us": 3e9}, r"latency_us=3000000000.0 is above 1e\+06 us"),
     ],
 )
 def test_explicit_link_table_refuses_what_is_not_a_link(table, refusal):
@@ -133,6 +138,7 @@ def test_explicit_link_table_refuses_what_is_not_a_link(table, refusal):
         ({"bandwidth_GBps": 100.0, "nic_Gbps": 400.0},
          r"cluster.inter_node.bandwidth_GBps\(100.0\) exceeds the line rate nic_Gbps/8 \(50.0\)"),
         ({"nic_bandwidth_GBps": 20.0}, r"cluster.inter_node: unknown key\(s\) \['nic_bandwidth_GBps'\]"),
+        ({"bandwidth_GBps": 400e9}, r"cluster.inter_node.bandwidth_GBps=400000000000.0 GB/s is outside"),
     ],
 )
 def test_explicit_network_table_refuses_what_is_not_a_network(table, refusal):
