@@ -3,9 +3,10 @@
 Trace Event Format (Google, "Trace Event Format" document): a process per rank (pid = global
 rank, with a process_name metadata event), a thread per stream of its class (tid = stream
 index, thread_name metadata), one complete event ("ph": "X", ts/dur in microseconds) per
-compute segment, collective, send and recv (waits are zero-length and left out), and flow
-events ("ph": "s" then "f" with "bp": "e") from the first member of each collective or p2p
-transfer to every other member among the chosen ranks.
+compute segment, collective, send and recv (waits are zero-length and left out; a segment's
+args give its kernels' time and the launch gaps in its span, us), and flow events ("ph": "s"
+then "f" with "bp": "e") from the first member of each collective or p2p transfer to every
+other member among the chosen ranks.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from emulator.graph.execution_graph import (
     COLLECTIVE,
     NODE_KINDS,
     RECV,
+    SEGMENT,
     SEND,
     WAIT_NODE,
     ExecutionGraph,
@@ -28,7 +30,7 @@ from emulator.graph.results import ReplayResult
 _US = 1e6
 
 # Version of this file's layout (pids, tids, args, flows); Perfetto ignores otherData.
-TIMELINE_SCHEMA_VERSION = 1
+TIMELINE_SCHEMA_VERSION = 2  # 2: a compute segment's args give kernels_us and host_wait_us
 
 
 def trace_events(graph: ExecutionGraph, result: ReplayResult, ranks=None) -> dict:
@@ -69,7 +71,8 @@ def trace_events(graph: ExecutionGraph, result: ReplayResult, ranks=None) -> dic
                         "node": i,
                         "group": g.strings[g["group"][i]],
                         "micro_batch": int(g["micro_batch"][i]),
-                    },
+                    }
+                    | (_kernels_and_waits(tl, i) if kind[i] == SEGMENT else {}),
                 }
             )
             key = _instance(g, i, int(kind[i]), int(joins[i]), lane, tl.pp)
@@ -85,6 +88,14 @@ def trace_events(graph: ExecutionGraph, result: ReplayResult, ranks=None) -> dic
 
 def write_trace(path: str | Path, graph: ExecutionGraph, result: ReplayResult, ranks=None) -> None:
     Path(path).write_text(json.dumps(trace_events(graph, result, ranks)))
+
+
+def _kernels_and_waits(tl, i: int) -> dict:
+    """A compute segment's kernel time and the launch gaps in its span (us): the slice of a
+    launch-bound segment is longer than its kernels (docs/METRICS.md, host wait)."""
+    kernels = float(tl.kernel_s[i])
+    return {"kernels_us": kernels * _US,
+            "host_wait_us": max(float(tl.end_s[i] - tl.start_s[i]) - kernels, 0.0) * _US}  # fmt: skip
 
 
 def _meta(name: str, pid: int, tid: int, label: str) -> dict:

@@ -8,7 +8,7 @@ import pytest
 from emulator.graph.replay import replay
 from emulator.graph.timeline import TIMELINE_SCHEMA_VERSION, trace_events, write_trace
 from emulator.world.mesh import World
-from tests.emulator.synthetic_traces import build, pipeline
+from tests.emulator.synthetic_traces import Stage, build, pipeline
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +85,17 @@ def test_untracked_rank_is_refused(exported):
     graph, result, _ = exported
     with pytest.raises(ValueError, match="no timeline"):
         trace_events(graph, result, [4])
+
+
+def test_a_launch_bound_segment_says_how_much_of_its_slice_is_kernels():
+    # ten 1 us kernels, the host issuing one every 10 us: the slice runs from the first issue
+    # (10 us) to the last kernel's end (101 us), 10 us of it kernels
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    stage = Stage(world, 0)
+    for _ in range(10):
+        stage.compute(1e-6, dispatch_s=10e-6)
+    graph = build(world, [stage], host=True)
+    (segment,) = [e for e in trace_events(graph, replay(graph))["traceEvents"] if e["ph"] == "X"]
+    assert segment["dur"] == pytest.approx(91.0)
+    assert segment["args"]["kernels_us"] == pytest.approx(10.0)
+    assert segment["args"]["host_wait_us"] == pytest.approx(81.0)
