@@ -103,7 +103,8 @@ class _Class:
         self.send_ready: dict[int, object] = {}  # ready of sends a recv will read
         self.factor = factor
         self.tracked = lanes_of_rank  # rank -> lane (coordinates along the lane axes)
-        self.times = {r: np.zeros((5, len(g))) for r in lanes_of_rank}  # Timeline's arrays
+        # per tracked rank, one row per node in program order: Timeline's five figures
+        self.rows: dict[int, list[tuple]] = {r: [] for r in lanes_of_rank}
         deps = g["dep"][g["dep"] >= 0]
         self.waited = set(deps.tolist())
         nodes, waits = np.unique(deps, return_counts=True)
@@ -139,15 +140,16 @@ class _Class:
     def done(self) -> bool:
         return self.cursor >= self.n
 
-    def record(self, i, free, ready, start, end, kernels) -> None:
+    def record(self, free, ready, start, end, kernels) -> None:
         if not self.tracked:
             return
         pick = self.pick
         for rank, lane in self.tracked.items():
-            t = self.times[rank]
-            t[0, i], t[1, i], t[2, i] = pick(ready, lane), pick(start, lane), pick(end, lane)
-            t[3, i] = pick(free, lane)
-            t[4, i] = t[2, i] - t[1, i] if kernels is None else pick(kernels, lane)
+            r, s, e = pick(ready, lane), pick(start, lane), pick(end, lane)
+            self.rows[rank].append((
+                r, s, e, r if free is ready else pick(free, lane),
+                e - s if kernels is None else pick(kernels, lane),
+            ))  # fmt: skip
 
     def advance(self, job: _Job) -> bool:
         """Replay nodes until blocked or done; True when anything moved."""
@@ -210,7 +212,7 @@ class _Class:
                 self.busy = vmax(self.busy, end)
             if i in self.waited:  # any node a later wait reads: a comm, or a stream's position
                 self.ends[i] = end
-            self.record(i, free, ready, start, end, kernels)
+            self.record(free, ready, start, end, kernels)
             i += 1
         self.cursor = i
         return i > start_cursor
@@ -304,7 +306,8 @@ def replay(
         r: Timeline(rank=r, pp=c.pp, ready_s=t[0], start_s=t[1], end_s=t[2], free_s=t[3],
                     kernel_s=t[4])
         for c in classes
-        for r, t in c.times.items()
+        for r, rows in c.rows.items()
+        for t in [np.array(rows, dtype=float).reshape(-1, 5).T]
     }
     reps = [timelines[world.representative(p)] for p in range(world.pp)]
     return ReplayResult(
