@@ -17,7 +17,10 @@ measured here (results/kernels/build_a100.py, `transfer_factor`): what that rule
 a GPU where it can be checked. Error =
 (predicted - measured) / measured. "no host" is the same prediction with the host binding
 nothing (kernels back to back, the idle time between them kept), the model before host
-dispatch. "priced by" counts the compute
+dispatch. "host wait" is the time the GPU waits for the host: predicted, the breakdown's
+`host_wait_s` (docs/METRICS.md); measured, the iteration's median less the kernel time of the
+case's profiled iteration and its kernels' idle gaps at the same leave-one-out figure the
+prediction uses (what is left once the GPU's own work is counted). "priced by" counts the compute
 ops of one iteration by how the table priced them (exact shape, interpolated, extrapolated, roofline curves).
 Progress goes to stderr, the table to stdout.
 """
@@ -37,6 +40,15 @@ sys.path.insert(0, str(ROOT / "results"))
 from shared_gpu import cases_from_cli, commit_label, leave_one_out_table, shared_dir  # noqa: E402
 
 from emulator.costs.kernel_table import PRICE_SOURCES  # noqa: E402
+
+
+def measured_host_wait_s(case: str, gpu: str, iteration_s: float, gap_s: float) -> float:
+    """The measured iteration less the kernels of the case's profile and their idle gaps."""
+    from prismbench.profile_readers import read_ops_jsonl
+
+    ops = read_ops_jsonl(shared_dir(gpu) / "profiles" / f"{case}.ops.jsonl.gz")
+    kernels_s = sum(op.kernel_us for op in ops) * 1e-6
+    return iteration_s - kernels_s - gap_s * sum(len(op.kernels) for op in ops)
 
 
 def without_host_s(priced) -> float:
@@ -91,8 +103,9 @@ def main() -> None:
     shared = shared_dir(args.gpu)
     lines = [
         "| case | predicted (s) | measured (s) | error | no host (s) | no-host error "
+        "| host wait: predicted / measured (ms) "
         "| priced by: exact / interpolated / extrapolated / roofline |",
-        "|---|--:|--:|--:|--:|--:|--:|",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     errors, before = [], []
     for i, case in enumerate(cases, 1):
@@ -111,9 +124,11 @@ def main() -> None:
         errors.append(100 * (result.iteration_time_s - real) / real)
         no_host = without_host_s(priced)
         before.append(100 * (no_host - real) / real)
+        waited_s = measured_host_wait_s(case, args.gpu, real, gap)
         lines.append(
             f"| {case} | {result.iteration_time_s:.4f} | {real:.4f} | {errors[-1]:+.1f} % "
-            f"| {no_host:.4f} | {before[-1]:+.1f} % | "
+            f"| {no_host:.4f} | {before[-1]:+.1f} % "
+            f"| {1e3 * result.breakdown['host_wait_s']:.1f} / {1e3 * waited_s:.1f} | "
             + " / ".join(f"{int(by[s]['ops'])}" for s in PRICE_SOURCES)
             + " |"
         )
