@@ -146,6 +146,7 @@ class _Class:
         pick = self.pick
         for rank, lane in self.tracked.items():
             r, s, e = pick(ready, lane), pick(start, lane), pick(end, lane)
+            # free is ready itself unless the host bound the node: one pick fewer
             self.rows[rank].append((
                 r, s, e, r if free is ready else pick(free, lane),
                 e - s if kernels is None else pick(kernels, lane),
@@ -302,13 +303,7 @@ def replay(
     job = _Job(graph, classes, ops[1])
     _run(job)
     iteration = max(c.end_s() for c in classes)
-    timelines = {
-        r: Timeline(rank=r, pp=c.pp, ready_s=t[0], start_s=t[1], end_s=t[2], free_s=t[3],
-                    kernel_s=t[4])
-        for c in classes
-        for r, rows in c.rows.items()
-        for t in [np.array(rows, dtype=float).reshape(-1, 5).T]
-    }
+    timelines = {r: _timeline(r, c.pp, rows) for c in classes for r, rows in c.rows.items()}
     reps = [timelines[world.representative(p)] for p in range(world.pp)]
     return ReplayResult(
         iteration_time_s=iteration,
@@ -319,6 +314,13 @@ def replay(
         timelines=timelines,
         uniform=uniform,
     )
+
+
+def _timeline(rank: int, pp: int, rows: list[tuple]) -> Timeline:
+    """A tracked rank's Timeline from its rows (_Class.record's order of the five figures)."""
+    ready, start, end, free, kernels = np.array(rows, dtype=float).reshape(-1, 5).T
+    return Timeline(rank=rank, pp=pp, ready_s=ready, start_s=start, end_s=end, free_s=free,
+                    kernel_s=kernels)  # fmt: skip
 
 
 def replay_samples(graph: ExecutionGraph, samples: int, durations) -> np.ndarray:

@@ -123,8 +123,8 @@ def breakdown(
         in_span = _coverage(bounds, np.array([span[0]]), np.array([span[1]]))
     else:
         in_span = np.zeros(len(widths), bool)
-    # a segment's span is compute or launch gaps, as it was all compute before the gaps were
-    # told apart: the other categories do not depend on where in it the gaps are booked
+    # a segment's whole span is compute or launch gaps, claimed before comm and bubble: where
+    # in the span the gaps fall is not known, so no other category may depend on it
     in_segment = in_compute | in_launch_gaps
     compute = float(widths[in_compute].sum())
     exposed = float(widths[~in_segment & in_comm].sum())

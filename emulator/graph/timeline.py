@@ -72,7 +72,7 @@ def trace_events(graph: ExecutionGraph, result: ReplayResult, ranks=None) -> dic
                         "group": g.strings[g["group"][i]],
                         "micro_batch": int(g["micro_batch"][i]),
                     }
-                    | (_kernels_and_waits(tl, i) if kind[i] == SEGMENT else {}),
+                    | (_kernels_and_host_wait(tl, i) if kind[i] == SEGMENT else {}),
                 }
             )
             key = _instance(g, i, int(kind[i]), int(joins[i]), lane, tl.pp)
@@ -90,7 +90,7 @@ def write_trace(path: str | Path, graph: ExecutionGraph, result: ReplayResult, r
     Path(path).write_text(json.dumps(trace_events(graph, result, ranks)))
 
 
-def _kernels_and_waits(tl, i: int) -> dict:
+def _kernels_and_host_wait(tl, i: int) -> dict:
     """A compute segment's kernel time and the launch gaps in its span (us): the slice of a
     launch-bound segment is longer than its kernels (docs/METRICS.md, host wait)."""
     kernels = float(tl.kernel_s[i])

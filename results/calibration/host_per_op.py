@@ -32,11 +32,8 @@ from shared_gpu import SHARED, command_line, report  # noqa: E402
 CLASSES = ("forward", "backward", "optimizer")
 
 
-def intervals(path: Path) -> dict[tuple[str, str], list[float]]:
+def intervals(gaps) -> dict[tuple[str, str], list[float]]:
     """(class, op) -> the host intervals (us) of its launches, phase entries left out."""
-    from prismbench.host_timing import read_launch_gaps
-
-    gaps = read_launch_gaps(path)
     found = collections.defaultdict(list)
     for i, gap in enumerate(np.diff(gaps.start_us)):
         if gaps.classes[i] == gaps.classes[i + 1]:
@@ -44,10 +41,8 @@ def intervals(path: Path) -> dict[tuple[str, str], list[float]]:
     return found
 
 
-def kernels_ms(path: Path) -> dict[str, float]:
-    from prismbench.host_timing import read_launch_gaps
-
-    gaps = read_launch_gaps(path)
+def kernels_ms(gaps) -> dict[str, float]:
+    """Class -> the kernel time (ms) its launches ran."""
     return {c: 1e-3 * sum(k for k, cl in zip(gaps.kernel_us, gaps.classes, strict=True) if cl == c)
             for c in CLASSES}  # fmt: skip
 
@@ -56,8 +51,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="also write the markdown report here")
     args = parser.parse_args(argv)
-    paths = {p.name.split(".ops.")[0]: p for p in sorted((SHARED / "profiles").glob("*.ops.jsonl.gz"))}
-    found = {case: intervals(path) for case, path in paths.items()}
+    from prismbench.host_timing import read_launch_gaps
+
+    profiled = {p.name.split(".ops.")[0]: read_launch_gaps(p)
+                for p in sorted((SHARED / "profiles").glob("*.ops.jsonl.gz"))}  # fmt: skip
+    found = {case: intervals(gaps) for case, gaps in profiled.items()}
     lines = [
         "| job | class | launching ops | kernels (ms) | host, profiled (ms) | class mean (ms) "
         "| per op (ms) | per op coverage |",
@@ -65,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     for case, own in found.items():
         others = [found[c] for c in found if c != case]
-        kernels = kernels_ms(paths[case])
+        kernels = kernels_ms(profiled[case])
         for cls in CLASSES:
             mine = {op: v for (c, op), v in own.items() if c == cls}
             if not mine:

@@ -1,7 +1,7 @@
 """What op-level selective recompute (SAC) costs the host, per block and per aten call, on a CPU.
 
     python results/calibration/sac_host_cpu.py [--rounds N] [--out FILE]
-                                               (from the repository root; ~1 min, one core)
+                                               (from the repository root; ~40 s, one core)
 
 The H100 measured op-level SAC's host time per block for the 760M GPT (2 287 us, 38 policy
 calls a block) and Llama 2 7B (4 157 us, 99 calls) with `prism-86a4f47` kernels, and one
