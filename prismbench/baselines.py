@@ -151,6 +151,11 @@ class Measured:
             )
 
     @property
+    def predicted_by_emulator(self) -> bool:
+        """Whether the emulator predicts these figures: measured on the job's GPU, not a CPU."""
+        return self.device == "gpu"
+
+    @property
     def iteration_time_relative_spread(self) -> float:
         """Half the measured range over the median (0 where one figure was reported)."""
         if self.iteration_time_s_min is None:

@@ -13,18 +13,13 @@ import html
 import json
 from pathlib import Path
 
+from emulator.graph.results import BREAKDOWN_FIELDS
 from prismbench import history
-from prismbench.report import format_field
+from prismbench.report import breakdown_label, format_field
 
 WORST_SHOWN = 15
 # The predicted iteration's parts shown beside each worst case (emulate JSON `breakdown`).
-BREAKDOWN = {
-    "compute_s": "compute",
-    "exposed_comm_s": "exposed comm",
-    "bubble_s": "bubble",
-    "host_wait_s": "host wait",
-    "idle_s": "idle",
-}
+BREAKDOWN = {name: breakdown_label(name) for name in BREAKDOWN_FIELDS}
 TREND_CASES = 12
 
 

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from emulator.costs.kernel_table import PRICE_SOURCES
+from emulator.graph.results import BREAKDOWN_FIELDS
 from prismbench.explain import NARAYANAN_EQ3, Explanation
 
 GIB = 1024**3
@@ -259,11 +260,7 @@ def render_emulation(r, console: Console) -> None:
     for column in (
         "pp",
         "ranks",
-        "compute",
-        "exposed comm",
-        "bubble",
-        "host wait",
-        "idle",
+        *map(breakdown_label, BREAKDOWN_FIELDS),
         "allocated",
         "reserved",
         "OOM",
@@ -273,11 +270,7 @@ def render_emulation(r, console: Console) -> None:
         table.add_row(
             str(c.pp),
             f"{c.members:,}",
-            f"{c.compute_s:.3f} s",
-            f"{c.exposed_comm_s:.3f} s",
-            f"{c.bubble_s:.3f} s",
-            f"{c.host_wait_s:.3f} s",
-            f"{c.idle_s:.3f} s",
+            *(f"{getattr(c, name):.3f} s" for name in BREAKDOWN_FIELDS),
             format_bytes(c.peak_memory_allocated_bytes),
             format_bytes(c.peak_memory_reserved_bytes),
             "YES" if c.oom else "no",
@@ -438,6 +431,11 @@ def render_gate(result, console: Console) -> None:
         )
     console.print(table)
     console.print("gate passed" if result.passed else "gate FAILED")
+
+
+def breakdown_label(field: str) -> str:
+    """A breakdown category's column heading from its emulate JSON name ("exposed comm")."""
+    return field.removesuffix("_s").replace("_", " ")
 
 
 def format_field(field: str, value: float) -> str:

@@ -145,7 +145,7 @@ def select_baselines(baselines, expressions: list[str] | None, everything: bool)
 def case_metrics(baseline, result: dict) -> list[MetricResult]:
     """Every figure the baseline measured that the emulation predicts: none of a CPU run's
     (`measured.device = "cpu"`), as the emulation predicts the job's GPU."""
-    if baseline.measured.device != "gpu":
+    if not baseline.measured.predicted_by_emulator:
         return []
     metrics = []
     measured = measured_iteration_s(baseline)
@@ -346,7 +346,7 @@ def _case(baseline, future, since_submitted_s: float) -> CaseResult:
 
 
 def _unscored(baseline) -> str:
-    if baseline.measured.device == "cpu":
+    if not baseline.measured.predicted_by_emulator:
         return f"measured on a CPU; the emulator predicts {baseline.job.cluster.gpu}"
     return "it gives no figure the emulator predicts"
 

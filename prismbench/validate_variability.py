@@ -106,7 +106,7 @@ def measured_spread(baseline) -> dict:
     """The baseline's repeated-run figures (None where it reports one iteration time, or ran on
     a CPU: its spread is the OS's noise, not a GPU's)."""
     m = baseline.measured
-    if m.iteration_time_s_min is None or m.device == "cpu":
+    if m.iteration_time_s_min is None or not m.predicted_by_emulator:
         return dict.fromkeys(MEASURED_FIELDS)
     return {
         "measured_iterations": m.iterations,

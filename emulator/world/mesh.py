@@ -198,7 +198,7 @@ class World:
         alike cost the same; a layout whose groups do not tile the nodes (tp 3 on 8-GPU
         nodes) places some across two."""
         groups = np.asarray(groups)
-        nodes = np.sort(groups // self.gpus_per_node, axis=1)
+        nodes = np.sort(self.node_of(groups), axis=1)
         _, first = np.unique(nodes - nodes[:, :1], axis=0, return_index=True)
         return groups[np.sort(first)]
 
