@@ -50,6 +50,12 @@ def sac_host():
 
 
 @pytest.fixture(scope="session")
+def sac_kinds():
+    """results/calibration/sac_host_kinds.py: SAC's host cost per call kind, CPU or GPU host."""
+    return load_script("calibration/sac_host_kinds.py")
+
+
+@pytest.fixture(scope="session")
 def triton_fit():
     """results/kernels/fit_triton_attention.py: the Triton kernel's ratio over FlashAttention v1."""
     return load_script("kernels/fit_triton_attention.py")

@@ -1,14 +1,22 @@
-"""What op-level selective recompute (SAC) costs the host, per block and per aten call, on a CPU.
+"""What op-level selective recompute (SAC) costs the host, per block and per aten call.
 
-    python results/calibration/sac_host_cpu.py [--rounds N] [--out FILE]
-                                               (from the repository root; ~40 s, one core)
+    python results/calibration/sac_host_kinds.py [--device cpu|cuda] [--measured JSON ...]
+                                                 [--rounds N] [--out FILE]
+                                                 (from the repository root; ~40 s, one core)
+
+On a CPU (the default) the tensors are CPU tensors; with `--device cuda` they live on the GPU
+and what is timed is the host side of a GPU run (no synchronisation inside a timed forward),
+the figure the emulator's host model needs: step `sac_kinds` of `results/device_checks.sh`,
+with `--measured` the same host's full-size figures from `sac_host_gpu.py` (its
+`sac_host.json`, one per job), which then replace the H100 figures below in the comparison.
+(Written as `sac_host_cpu.py`, which made `sac_host_cpu.md` at 29d6992.)
 
 The H100 measured op-level SAC's host time per block for the 760M GPT (2 287 us, 38 policy
 calls a block) and Llama 2 7B (4 157 us, 99 calls) with `prism-86a4f47` kernels, and one
 figure per call misses each by ~18 % (README, "The same on an H100, and Llama 2 beside it").
-This asks, on this machine's CPU, what the cost depends on. Tiny CPU versions of the two
+This asks, on this machine's host, what the cost depends on. Tiny versions of the two
 recorded jobs (`results/baselines/recorded/h100shared__*.toml`: same model code, policy and
-recompute wrapping; 4 blocks, hidden 64, 32 tokens, bf16, real tensors, one thread):
+recompute wrapping; 4 blocks, hidden 64, 32 tokens, bf16, real tensors, one CPU thread):
 1. per block, the aten calls the SAC policy sees by kind (forward only), those it saves
    (MUST_SAVE) with their outputs, and the tensors autograd saves (saved-tensor hook calls);
 2. the host time per block of the forward under none / full / SAC (median of interleaved
@@ -38,6 +46,7 @@ import argparse
 import collections
 import dataclasses
 import functools
+import json
 import math
 import statistics
 import sys
@@ -57,7 +66,6 @@ LAYERS = 4
 H100_US = {"gpt": 2287.0, "llama-proxy": 4157.0}
 H100_CALLS = {"gpt": 38, "llama-proxy": 99}
 NLO, NHI = 8, 48  # ops per microbenchmark module
-SDPA = "aten._scaled_dot_product_flash_attention_for_cpu.default"
 
 
 def tiny_job(fam: str, recompute: str):
@@ -72,8 +80,8 @@ def tiny_job(fam: str, recompute: str):
     )
 
 
-def tiny_model(which: str, recompute: str):
-    """The job's first pipeline part on the CPU and its tokens; "llama-proxy": RMSNorm as one
+def tiny_model(which: str, recompute: str, device: str):
+    """The job's first pipeline part on `device` and its tokens; "llama-proxy": RMSNorm as one
     aten call (`layer_norm`, without bias), as CUDA's `_fused_rms_norm` is one."""
     import torch
     import torch.nn.functional as F
@@ -82,14 +90,14 @@ def tiny_model(which: str, recompute: str):
     from workloads.train import build_training
 
     job = tiny_job(which.split("-")[0], recompute)
-    model = build_training(job, None, device="cpu").parts[0]
+    model = build_training(job, None, device=device).parts[0]
     if which == "llama-proxy":
         for m in model.modules():
             if isinstance(m, RMSNorm):
                 m.forward = functools.partial(
                     lambda m, x: F.layer_norm(x, m.normalized_shape, m.weight, None, m.eps), m
                 )
-    return model, torch.zeros((1, job.batch.seq_len), dtype=torch.long)
+    return model, torch.zeros((1, job.batch.seq_len), dtype=torch.long, device=device)
 
 
 class PolicyCounter:
@@ -144,9 +152,13 @@ def count_saved(model, tokens, regions) -> int:
     return packs[0]
 
 
-def interleaved_medians(runs: dict, rounds: int, reps: int, backward: bool) -> dict:
+def interleaved_medians(runs: dict, rounds: int, reps: int, backward: bool, device: str) -> dict:
     """Median host microseconds of `fn(x)` per key of `runs` ({key: (fn, x)}), run in
-    interleaved rounds so that drift hits every key alike."""
+    interleaved rounds so that drift hits every key alike. On CUDA the GPU is drained after
+    each (untimed) backward, so that no timed launch waits for a full queue."""
+    import torch
+
+    drain = torch.cuda.synchronize if device == "cuda" else lambda: None
     samples = collections.defaultdict(list)
     for _ in range(rounds + 1):  # the first round warms up
         for key, (fn, x) in runs.items():
@@ -159,23 +171,25 @@ def interleaved_medians(runs: dict, rounds: int, reps: int, backward: bool) -> d
                     for p in fn.parameters():
                         p.grad = None
                 del y
+                drain()
     return {k: statistics.median(v[reps:]) * 1e6 for k, v in samples.items()}
 
 
-def block_figures(rounds: int) -> dict:
+def block_figures(rounds: int, device: str) -> dict:
     """Per job: policy calls, MUST_SAVE outputs and autograd-saved tensors per block, and the
     host us per block of none / full / selective."""
     out = {}
     for which in JOBS:
-        model, tokens = tiny_model(which, "selective")
+        model, tokens = tiny_model(which, "selective", device)
         with PolicyCounter() as c:
             model(tokens).float().sum().backward()
-        model, tokens = tiny_model(which, "none")
+        model, tokens = tiny_model(which, "none", device)
         saved = count_saved(model, tokens, model.layers.values())
         runs = {
-            mode: (tiny_model(which, mode)[0], tokens) for mode in ("none", "full", "selective")
+            mode: (tiny_model(which, mode, device)[0], tokens)
+            for mode in ("none", "full", "selective")
         }
-        med = interleaved_medians(runs, rounds, reps=15, backward=True)
+        med = interleaved_medians(runs, rounds, reps=15, backward=True, device=device)
         out[which] = {
             "calls": {k: v / LAYERS for k, v in c.calls.items()},
             "saved": {k: v / LAYERS for k, v in c.saved.items()},
@@ -228,11 +242,15 @@ def kinds():
             [],
         ),
         "stack": (x3, lambda m, y, i: torch.stack((y, y))[0], []),  # a stack and a select
-        "arange": (x3, lambda m, y, i: (torch.arange(0, 16, 2, dtype=torch.float32), y)[1], []),
+        "arange": (
+            x3,
+            lambda m, y, i: (torch.arange(0, 16, 2, dtype=torch.float32, device=y.device), y)[1],
+            [],
+        ),
     }
 
 
-def kind_module(kind: str, n: int, mode: str, granularity: str):
+def kind_module(kind: str, n: int, mode: str, granularity: str, device: str):
     import torch
     from torch import nn
     from torch.distributed._composable import checkpoint
@@ -250,7 +268,7 @@ def kind_module(kind: str, n: int, mode: str, granularity: str):
 
     m = Chain()
     for name, s in params:
-        setattr(m, name, nn.Parameter(torch.randn(*s, dtype=torch.bfloat16) * 0.1))
+        setattr(m, name, nn.Parameter(torch.randn(*s, dtype=torch.bfloat16, device=device) * 0.1))
     options = {"early_stop": True, "preserve_rng_state": False}
     if mode == "sac":
         checkpoint(m, context_fn=functools.partial(R._op_context, granularity), **options)
@@ -263,26 +281,26 @@ def kind_module(kind: str, n: int, mode: str, granularity: str):
         checkpoint(m, context_fn=allsave, **options)
     elif mode == "full":
         checkpoint(m, **options)
-    return m, torch.randn(*shape, dtype=torch.bfloat16, requires_grad=True)
+    return m, torch.randn(*shape, dtype=torch.bfloat16, device=device, requires_grad=True)
 
 
-def kind_figures(rounds: int, granularity: str) -> dict:
+def kind_figures(rounds: int, granularity: str, device: str) -> dict:
     """Per kind and per op: host us added by each mode over none, the SAC region's fixed cost,
     and the MUST_SAVE outputs and autograd-saved tensors the policy and autograd see."""
     out = {}
     for kind in kinds():
         per_n = {}
         for n in (NLO, NHI):
-            m, x = kind_module(kind, n, "sac", granularity)
+            m, x = kind_module(kind, n, "sac", granularity, device)
             with PolicyCounter() as c:
                 m(x).float().sum().backward()
-            m, x = kind_module(kind, n, "none", granularity)
+            m, x = kind_module(kind, n, "none", granularity, device)
             per_n[n] = (sum(c.saved_outputs.values()), count_saved(m, x, [m]))
         runs = {
-            (mode, n): kind_module(kind, n, mode, granularity)
+            (mode, n): kind_module(kind, n, mode, granularity, device)
             for mode in ("none", "sac", "allsave", "full") for n in (NLO, NHI)
         }  # fmt: skip
-        med = interleaved_medians(runs, rounds, reps=20, backward=False)
+        med = interleaved_medians(runs, rounds, reps=20, backward=False, device=device)
         slope = {mode: (med[mode, NHI] - med[mode, NLO]) / (NHI - NLO) for mode, _ in runs}
         fixed = {mode: med[mode, NLO] - NLO * slope[mode] for mode, _ in runs}
         d = NHI - NLO
@@ -308,7 +326,10 @@ def model_costs(kf: dict) -> tuple[dict, float, float, float, float]:
 
 
 def kind_of(op: str) -> str:
-    return "sdpa" if op == SDPA else op.split(".")[1]
+    """A policy call's microbenchmark kind: its aten op, any SDPA backend as `sdpa` (the CPU's
+    flash, CUDA's flash, cuDNN or memory-efficient kernel: whichever the device ran)."""
+    name = op.split(".")[1]
+    return "sdpa" if name.startswith("_scaled_dot_product_") else name
 
 
 def geo_fit(values: list[float]) -> tuple[float, list[float]]:
@@ -317,26 +338,66 @@ def geo_fit(values: list[float]) -> tuple[float, list[float]]:
     return g, [g / v - 1 for v in values]
 
 
+def measured_per_block(ap: argparse.ArgumentParser, paths: list[Path]) -> tuple[dict, str]:
+    """Selective minus none, host us per block, from `sac_host_gpu.py`'s JSON for each job
+    (keyed as the tiny jobs compared with it: "gpt", "llama-proxy"), and the GPU they ran on."""
+    key_of = {CASES["gpt"]: "gpt", CASES["llama"]: "llama-proxy"}
+    out, gpus = {}, set()
+    for path in paths:
+        try:
+            figures = json.loads(path.read_text())
+            case, modes = figures["case"], figures["modes"]
+            gpus.add(figures["gpu"])
+            per_block = modes["selective"]["per_block_us"] - modes["none"]["per_block_us"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            ap.error(f"--measured {path}: not a sac_host_gpu.py sac_host.json ({e!r})")
+        if case not in key_of:
+            ap.error(f"--measured {path}: case {case!r} is none of {sorted(key_of)}")
+        out[key_of[case]] = per_block
+    if len(out) != 2:
+        ap.error(f"--measured: one file for each of {sorted(key_of)}, got {len(out)} job(s)")
+    if len(gpus) != 1:
+        ap.error(f"--measured: both files from one GPU's host, got {sorted(gpus)}")
+    return out, gpus.pop()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the tensors live (cuda: the host side of a GPU run)")  # fmt: skip
+    ap.add_argument(
+        "--measured", type=Path, nargs=2, metavar="JSON",
+        help="sac_host_gpu.py's sac_host.json for both jobs on this host: compare with them, "
+        "not with the H100's figures",
+    )  # fmt: skip
     ap.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
     ap.add_argument("--out", type=Path, help="also write the markdown report here")
     args = ap.parse_args(argv)
+    reference, reference_label = H100_US, "H100 (README)"
+    if args.measured:
+        reference, gpu = measured_per_block(ap, args.measured)
+        reference_label = f"{gpu}, sac_host_gpu.py"
 
     import torch
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device on this machine")
     torch.set_num_threads(1)
     torch.manual_seed(0)
     started = time.perf_counter()
     granularity = tiny_job("gpt", "selective").kernels.selective_recompute
-    blocks = block_figures(args.rounds)
-    kf = kind_figures(args.rounds, granularity)
+    blocks = block_figures(args.rounds, args.device)
+    kf = kind_figures(args.rounds, granularity, args.device)
     per_call, h, s, fixed, pointwise = model_costs(kf)
 
     fmt = lambda v: f"{v:.2f}".rstrip("0").rstrip(".")  # noqa: E731
     ops = sorted({op for b in blocks.values() for op in b["calls"]}, key=lambda op: -blocks["llama"]["calls"].get(op, 0) - blocks["gpt"]["calls"].get(op, 0))  # fmt: skip
+    where = (
+        f"{torch.cuda.get_device_name()} (CUDA tensors; host time, no synchronisation)"
+        if args.device == "cuda" else "CPU tensors, one thread"
+    )  # fmt: skip
     lines = [
-        f"torch {torch.__version__}, one thread, {LAYERS} blocks, hidden 64, 32 tokens; "
+        f"torch {torch.__version__}, {where}, {LAYERS} blocks, hidden 64, 32 tokens; "
         f"policy `{granularity}`; {args.rounds} interleaved rounds.",
         "",
         "Aten calls the SAC policy sees per block (forward), by op (MUST_SAVE in brackets):",
@@ -414,31 +475,34 @@ def main(argv: list[str] | None = None) -> None:
     meas = {j: blocks[j]["us"]["selective"] for j in (g, lp)}
     calls = {j: sum(blocks[j]["calls"].values()) for j in (g, lp)}
     factor, f_miss = geo_fit([meas[j] / pred[j] for j in (g, lp)])
-    scale, s_miss = geo_fit([H100_US[j] / pred[j] for j in (g, lp)])
+    scale, s_miss = geo_fit([reference[j] / pred[j] for j in (g, lp)])
     c_here, c_miss = geo_fit([meas[j] / calls[j] for j in (g, lp)])
-    c_h100, ch_miss = geo_fit([H100_US[j] / H100_CALLS[j] for j in (g, lp)])
+    c_ref, cr_miss = geo_fit([reference[j] / H100_CALLS[j] for j in (g, lp)])
     pct = lambda xs: " / ".join(f"{100 * x:+.1f} %" for x in xs)  # noqa: E731
     lines += [
         "",
         "GPT / Llama (proxy) and one factor for both jobs (the geometric mean of the two; the "
         "misses are GPT / Llama, fitted / needed - 1):",
         "",
-        "| | here, measured | here, model | H100 (README) |",
+        f"| | tiny, measured | tiny, model | full size, {reference_label} |",
         "|---|--:|--:|--:|",
-        f"| per block | {meas[g] / meas[lp]:.3f} | {pred[g] / pred[lp]:.3f} | {H100_US[g] / H100_US[lp]:.3f} |",  # fmt: skip
+        f"| per block | {meas[g] / meas[lp]:.3f} | {pred[g] / pred[lp]:.3f} | {reference[g] / reference[lp]:.3f} |",  # fmt: skip
         f"| per call | {(meas[g] / calls[g]) / (meas[lp] / calls[lp]):.3f} "
         f"| {(pred[g] / calls[g]) / (pred[lp] / calls[lp]):.3f} "
-        f"| {(H100_US[g] / H100_CALLS[g]) / (H100_US[lp] / H100_CALLS[lp]):.3f} |",
+        f"| {(reference[g] / H100_CALLS[g]) / (reference[lp] / H100_CALLS[lp]):.3f} |",
         "",
         f"- In-block factor, measured / model: {factor:.2f} (misses {pct(f_miss)}).",
-        f"- Scale from the model here to the H100's host: GPT {H100_US[g] / pred[g]:.2f}x, "
-        f"Llama {H100_US[lp] / pred[lp]:.2f}x; one scale {scale:.2f}x misses {pct(s_miss)}.",
-        f"- One cost per call: here {c_here:.2f} us misses {pct(c_miss)}; on the H100 "
-        f"{c_h100:.1f} us misses {pct(ch_miss)}.",
+        f"- Full size ({reference_label}, us per block) against the tiny blocks measured: "
+        f"GPT {reference[g]:.0f} / {meas[g]:.0f}, Llama {reference[lp]:.0f} / {meas[lp]:.0f}.",
+        f"- Scale from the model to full size ({reference_label}): GPT "
+        f"{reference[g] / pred[g]:.2f}x, Llama {reference[lp] / pred[lp]:.2f}x; one scale "
+        f"{scale:.2f}x misses {pct(s_miss)}.",
+        f"- One cost per call: tiny {c_here:.2f} us misses {pct(c_miss)}; full size "
+        f"{c_ref:.1f} us misses {pct(cr_miss)}.",
         "",
         f"Run time {time.perf_counter() - started:.0f} s.",
     ]
-    report(command_line("results/calibration/sac_host_cpu.py", argv), lines, args.out)
+    report(command_line("results/calibration/sac_host_kinds.py", argv), lines, args.out)
 
 
 if __name__ == "__main__":
