@@ -49,16 +49,14 @@ _FOREACH = "aten::_foreach_"
 @dataclass(frozen=True)
 class LaunchGaps:
     """The launching ops of one profiled iteration in host order: name, phase class, CPU start
-    (us), kernel time (us), kernels launched, and where the profile was aligned with a capture
-    (`matched_launches`) the aten calls dispatched before each; `gap_us[i]` = start[i + 1] -
-    start[i] (the host time of op i)."""
+    (us), kernel time (us), kernels launched; `gap_us[i]` = start[i + 1] - start[i] (the host
+    time of op i)."""
 
     ops: list[str]
     classes: list[str]
     start_us: np.ndarray
     kernel_us: np.ndarray
     kernel_count: np.ndarray
-    calls: np.ndarray | None = None
 
     @property
     def gap_us(self) -> np.ndarray:
@@ -169,54 +167,6 @@ def summarize(values: np.ndarray) -> dict:
         **{f"p{round(q * 100)}_us": round(float(np.quantile(values, q)), 2) for q in QUANTILES},
         "sum_us": round(float(values.sum()), 1),
     }
-
-
-def matched_launches(aligned, trace) -> LaunchGaps:
-    """A profile's launching ops that its alignment with the job's capture matched
-    (`prismbench.profile_ingest.align_profile`), in host order, with the aten calls the capture
-    dispatched before each (its row's `host_calls`: views and other ops that launch nothing,
-    and the op itself). Classes follow the trace's phase (recompute is `backward`)."""
-    from emulator.capture.trace import PHASES
-    from emulator.costs.host_dispatch import CLASS_OF_PHASE
-
-    c = trace.columns
-    pairs = sorted(aligned.pairs, key=lambda pair: aligned.ops[pair[0]].cpu_start_us)
-    ops = [aligned.ops[i] for i, _ in pairs]
-    rows = [aligned.compute_rows[j] for _, j in pairs]
-    return LaunchGaps(
-        ops=[op.op for op in ops],
-        classes=[
-            CLASS_OF_PHASE[PHASES[p]] if (p := int(c["phase"][row])) >= 0 else "forward"
-            for row in rows
-        ],
-        start_us=np.array([op.cpu_start_us for op in ops], float),
-        kernel_us=np.array([op.kernel_us for op in ops], float),
-        kernel_count=np.array([len(op.kernels) for op in ops], np.int64),
-        calls=c["host_calls"][rows].astype(np.int64),
-    )
-
-
-def call_intervals(launches: LaunchGaps) -> dict[str, dict]:
-    """Per class: the host intervals between consecutive launches of that class (phase entries
-    left out) and the aten calls dispatched in them (the later launch's `calls`):
-    {class: {"intervals", "calls", "sum_us", "us_per_call"}}."""
-    out = {}
-    for cls in CLASSES:
-        same = np.array(
-            [
-                a == b == cls
-                for a, b in zip(launches.classes[:-1], launches.classes[1:], strict=True)
-            ],
-            bool,
-        )
-        sum_us, calls = float(launches.gap_us[same].sum()), int(launches.calls[1:][same].sum())
-        out[cls] = {
-            "intervals": int(same.sum()),
-            "calls": calls,
-            "sum_us": round(sum_us, 1),
-            "us_per_call": round(sum_us / calls, 3) if calls else None,
-        }
-    return out
 
 
 def profile_figures(gaps: LaunchGaps) -> dict:

@@ -114,8 +114,6 @@ class OpRecorder(TorchDispatchMode):
         # storage id -> the id a row reading it reports instead: a copy a capture rule dropped
         # from the trace stands for its source (emulator.capture.fp8_casts' layout copies)
         self.read_as: dict[int, int] = {}
-        # aten calls dispatched since the last compute row (OpEvent.host_calls)
-        self._host_calls = 0
 
     # ---- caller-facing context ------------------------------------------------------------
 
@@ -285,8 +283,6 @@ class OpRecorder(TorchDispatchMode):
             if func is _ADD_ and not kwargs and _same_fake_floats(*args):
                 return args[0]  # the fake kernel's answer, minus its cache hashing (grad hooks)
             return func(*args, **kwargs)
-        if not self.state.building:
-            self._host_calls += 1  # a wrapper subclass's call too: it dispatches in Python
         if _has_wrapper_subclass(types):
             # let DTensor (torchao's Float8TrainingTensor, ...) unwrap: its ops on the tensors
             # it wraps come back here, and those are the kernels (fp8 `aten.mm` -> `_scaled_mm`)
@@ -376,13 +372,8 @@ class OpRecorder(TorchDispatchMode):
                 workspace_bytes=info.workspace_fn(args, kwargs) if info.workspace_fn else 0,
                 causal=causal,
                 flows=self._flows(ins, outs) if self.record_flows else (),
-                host_calls=self._take_host_calls(),
             )
         )
-
-    def _take_host_calls(self) -> int:
-        calls, self._host_calls = self._host_calls, 0
-        return calls
 
     def _record_zero_fill(self, out: torch.Tensor, described: tuple, phase) -> None:
         """The fill a CUDA kernel runs on its output `out` before writing it
@@ -400,7 +391,6 @@ class OpRecorder(TorchDispatchMode):
                 write_bytes=out.nbytes,
                 tensors=(described,),
                 flows=self._flows((), (out,)) if self.record_flows else (),
-                host_calls=self._take_host_calls(),
             )
         )
 

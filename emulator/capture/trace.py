@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-SCHEMA_VERSION = 4  # 4: host_calls
+SCHEMA_VERSION = 3  # 3: the master_weights category
 # record / stream_wait: a stream's position recorded as event `tag`, and a stream waiting
 # for event `tag` (emulator/capture/streams.py); the row's `stream` is the recording/waiting one.
 EVENT_KINDS = ("compute", "comm", "wait", "alloc", "free", "marker", "record", "stream_wait")
@@ -65,7 +65,6 @@ COLUMNS = {
     "root": np.int64,
     "tag": np.int64,
     "comm_seq": np.int64,
-    "host_calls": np.int32,
 }
 # Ragged arrays: per-event tensor lists (dims per tensor) and coalesced comm sizes.
 RAGGED = {
@@ -132,10 +131,6 @@ class OpEvent(NamedTuple):
     # transposed operand: emulator.capture.fp8_casts); Inductor fuses no such read with a read
     # of the same storage in its own order
     transposed_reads: tuple = ()
-    # compute rows: the aten calls the program dispatched since the recorder's previous
-    # compute row, this row's own included (views and other ops that launch nothing too; 0 on
-    # a second row one call launched): what its host time follows (emulator.costs.host_dispatch)
-    host_calls: int = 0
 
 
 # the OpEvent fields of storage ids that only capture rules read (the RankTrace drops them)

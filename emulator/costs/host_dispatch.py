@@ -16,35 +16,22 @@ waits in `.backward()`, so one host clock still serves the whole iteration; the 
 and the ops activation checkpointing re-runs there (phase "recompute") take the `backward`
 figure, forward ops the `forward` one, the optimizer and grad clipping (foreach ops on the main
 thread) the `optimizer` one. The first op of a phase run pays that class's *entry* cost instead
-(starting the engine in `.backward()`, zero_grad before the step).
-
-What an op costs the host follows the calls around it, not the op: with plain tensors (framework
-`aten`) the figure is per aten call, and a row pays for the calls the program dispatched since
-the previous row (its `host_calls`, counted by the capture: views, reshapes and other ops that
-launch nothing, and the op itself; a second kernel of the same call pays nothing more). In the
-eight shared H100 profiles a launching op follows 1.4-3.9 calls on average (fp8's casts run
-back to back, attention's projections come after views), and one figure per call gives each
-profile's backward host time within 0.05 of its log at the median, 0.21 at most, leave-one-out,
-where one figure per launching op gave 0.13 and 0.47; forward, 0.24 both ways, but it no longer
-charges fp8's 826 back-to-back casts as much as a block's projections (results/calibration/
-README.md, "Host time per aten call"). DTensor ranks (framework `dtensor`, whose cost is the
-sharding propagation of each DTensor op) keep one figure per launching op: their two profiles
-are not aligned with captures. A collective or p2p call pays one call of its phase (the call
-goes through the dispatcher like any op; NCCL's own launch is not separated).
+(starting the engine in `.backward()`, zero_grad before the step). A collective or p2p call pays
+the figure of its phase (the call goes through the dispatcher like any op; NCCL's own launch is
+not separated).
 
 The figures are measured (`results/kernels/host-dispatch.json`, built from torch.profiler
 records of real runs by `results/kernels/build_host_dispatch.py`); `from_figures` reads them:
-per framework and class, the median over profiles of each profile's host time per call (its
-intervals between launching ops over the calls its capture counted in them) or per launching
-op, divided by the profiler's measured inflation of host time (the profiles were taken under
-torch.profiler; one global factor, though what the profiler adds may be per recorded event).
+per framework (`aten`: plain tensors; `dtensor`: tensor-parallel DTensor ranks) and class,
+the median over profiles of each profile's mean host interval per launching op, divided by the
+profiler's measured inflation of host time (the profiles were taken under torch.profiler).
 
 Compiled code is not dispatched op by op: a torch.compile'd graph (torchtitan compiles each
 block) runs Inductor's generated wrapper, which launches each of its kernels from Python
 without the dispatcher or DTensor's sharding propagation. A row inside a compiled region
 (`compiled_region` given: its module is in one, and it is not an FSDP custom op, which runs
 eagerly around the block) pays `COMPILED_KERNEL_S`, and the first of a run of such rows (a
-graph's call) `COMPILED_GRAPH_S` instead of the per-call and entry figures. Both are published
+graph's call) `COMPILED_GRAPH_S` instead of the per-op and entry figures. Both are published
 measurements of Inductor's launch path (meta-pytorch/tritonbench#1017, 2026-04, a GB200 host:
 `nop_inductor_per_kernel` 9.1 us with 19 arguments, `CachingAutotuner.run` per kernel; the
 whole call of a one-kernel graph, guards and `CompiledFxGraph` included, 42.4 us, of which the
@@ -74,30 +61,22 @@ CLASSES = ("forward", "backward", "optimizer")
 COMPILED_KERNEL_S = 9.1e-6  # per kernel a compiled graph launches (tritonbench#1017)
 COMPILED_GRAPH_S = 33.3e-6  # per call of a compiled graph (tritonbench#1017: 42.4 - 9.1 us)
 FRAMEWORKS = ("aten", "dtensor")
-# what a class's figure is per: each aten call the capture counted (a row's `host_calls`), or
-# each launching op
-UNITS = ("call", "launch")
-UNIT_OF_FRAMEWORK = {"aten": "call", "dtensor": "launch"}
 # trace phase -> dispatch class (recompute runs on autograd's engine thread, as backward does)
-CLASS_OF_PHASE = {"forward": "forward", "backward": "backward", "recompute": "backward",
-                  "optimizer": "optimizer"}  # fmt: skip
+_CLASS_OF_PHASE = {"forward": "forward", "backward": "backward", "recompute": "backward",
+                   "optimizer": "optimizer"}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
 class HostDispatch:
-    """Host seconds per `unit` (an aten call, or a launching op) of each class, and per entry
-    into a class; where they come from."""
+    """Host seconds per op of each class, and per entry into a class; where they come from."""
 
-    per_unit_s: dict[str, float]
+    per_op_s: dict[str, float]
     entry_s: dict[str, float]
-    unit: str = "call"
     framework: str = "aten"
     source: str = ""
 
     def __post_init__(self) -> None:
-        if self.unit not in UNITS:
-            raise ValueError(f"host dispatch unit={self.unit!r}: one of {UNITS}")
-        for table in ("per_unit_s", "entry_s"):
+        for table in ("per_op_s", "entry_s"):
             values = getattr(self, table)
             if set(values) != set(CLASSES):
                 raise ValueError(f"host dispatch {table}: classes {sorted(values)} != {CLASSES}")
@@ -118,11 +97,9 @@ def _stat(summary: dict, key: str) -> float | None:
 
 def from_figures(data: dict, framework: str, *, skip_profiles=()) -> HostDispatch:
     """The model's figures from the measured file's content (`host-dispatch.json`): per class,
-    the median over the framework's profiles (less `skip_profiles`) of the interval per unit
-    (`UNIT_OF_FRAMEWORK`: a profile's host time over the aten calls its capture counted in it,
-    "per_call"; or its mean interval per launching op, "per_op") and of the entry mean, each
-    divided by the profiler inflation (the geometric mean of the host-bound runs' ratios, less
-    the skipped ones)."""
+    the median over the framework's profiles (less `skip_profiles`) of the per-op mean interval
+    and of the entry mean, each divided by the profiler inflation (the geometric mean of the
+    host-bound runs' ratios, less the skipped ones)."""
     if framework not in FRAMEWORKS:
         raise ValueError(f"host dispatch framework={framework!r}: one of {FRAMEWORKS}")
     profiles = {
@@ -140,22 +117,14 @@ def from_figures(data: dict, framework: str, *, skip_profiles=()) -> HostDispatc
     if not ratios:
         raise ValueError("host dispatch: no profiler-inflation measurement left")
     inflation = float(np.exp(np.mean(np.log(ratios))))
-    unit = UNIT_OF_FRAMEWORK[framework]
-    per_unit, entry = {}, {}
+    per_op, entry = {}, {}
     for cls in CLASSES:
-        if unit == "call":
-            means = [p["per_call"][cls]["us_per_call"] for p in profiles.values()]
-        else:
-            means = [_stat(p["per_op"][cls], "mean_us") for p in profiles.values()]
+        means = [_stat(p["per_op"][cls], "mean_us") for p in profiles.values()]
         entries = [_stat(p["entry"][cls], "mean_us") for p in profiles.values()]
-        per_unit[cls] = _median([m for m in means if m is not None]) * 1e-6 / inflation
+        per_op[cls] = _median([m for m in means if m is not None]) * 1e-6 / inflation
         entry[cls] = _median([m for m in entries if m is not None]) * 1e-6 / inflation
-    label = (
-        f"{framework}: {len(profiles)} profile(s), per {unit}, profiler inflation {inflation:.3f}"
-    )
-    return HostDispatch(
-        per_unit_s=per_unit, entry_s=entry, unit=unit, framework=framework, source=label
-    )
+    label = f"{framework}: {len(profiles)} profile(s), profiler inflation {inflation:.3f}"
+    return HostDispatch(per_op_s=per_op, entry_s=entry, framework=framework, source=label)
 
 
 def kernel_gap_from_figures(data: dict, *, skip_profiles=()) -> float:
@@ -176,8 +145,7 @@ def dispatch_times_s(
     trace: RankTrace, host: HostDispatch, compiled_region: Callable[[str], str] | None = None
 ) -> np.ndarray:
     """Host seconds spent issuing each trace row (compute and comm rows; 0 elsewhere): its
-    class's figure per unit (per call: times the row's `host_calls`, a collective's call at
-    least one), or the class's entry figure for the first row of a phase run; with
+    class's per-op figure, or the class's entry figure for the first row of a phase run; with
     `compiled_region` (module -> its compiled region, "" outside), rows of a compiled graph
     pay the compiled figures (module docstring)."""
     c = trace.columns
@@ -185,19 +153,14 @@ def dispatch_times_s(
     out = np.zeros(len(trace))
     if not len(issued):
         return out
-    names = [CLASS_OF_PHASE.get(PHASES[p], "forward") if p >= 0 else "forward"
+    names = [_CLASS_OF_PHASE.get(PHASES[p], "forward") if p >= 0 else "forward"
              for p in c["phase"][issued].tolist()]  # fmt: skip
-    per_row = np.array([host.per_unit_s[n] for n in names])
-    if host.unit == "call":
-        calls = c["host_calls"][issued].astype(np.float64)
-        is_comm = c["kind"][issued] == COMM  # the backend's rows: no dispatch counted them
-        calls[is_comm] = np.maximum(calls[is_comm], 1.0)
-        per_row *= calls
+    per_op = np.array([host.per_op_s[n] for n in names])
     entry = np.array([host.entry_s[n] for n in names])
     starts = np.ones(len(names), bool)
     starts[1:] = np.array(names[1:]) != np.array(names[:-1])
-    starts[0] = False  # the iteration's first op pays the per-unit figure
-    out[issued] = np.where(starts, entry, per_row)
+    starts[0] = False  # the iteration's first op pays the per-op figure
+    out[issued] = np.where(starts, entry, per_op)
     if compiled_region is not None:
         graphs = _compiled_graphs(trace, issued, names, compiled_region)
         compiled = graphs != ""

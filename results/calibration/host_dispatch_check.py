@@ -1,15 +1,13 @@
 """The host dispatch model alone: measured kernels + modelled host vs the measured iteration.
 
-    python results/calibration/host_dispatch_check.py [--out FILE]      (~15 s)
+    python results/calibration/host_dispatch_check.py [--out FILE]      (a few seconds)
 
 For every shared profile (the eight H100 jobs, `aten`; the two fake-pg tensor-parallel ranks,
 `dtensor`), its launching ops in host order with their *measured* kernel times run through the
 launch-queue rule of `emulator.costs.host_dispatch` (one stream: a kernel starts once issued and
 once the previous one ended), issued at the model's host figures for their class
 (`host_dispatch.from_figures`, LEAVE-ONE-OUT: the profile's own intervals and inflation left
-out): for `aten`, per aten call the capture of the job dispatched before each op (the ops the
-profile's alignment with that capture matched, `prismbench.host_timing.matched_launches`);
-for `dtensor`, per launching op. Nothing here is priced by the kernel table, so the error is the host model's (and the
+out). Nothing here is priced by the kernel table, so the error is the host model's (and the
 profiled iteration's kernels standing for the timed ones). Measured: summary.json /
 fake-pg-ranks/results.json `iteration_s_median` (unprofiled). "kernels only": the sum of the
 measured kernel times (the GPU never waits). "+ gap": each op's kernels also pay the stream's
@@ -35,12 +33,9 @@ from shared_gpu import SHARED  # noqa: E402
 DISPATCH = ROOT / "results" / "kernels" / "host-dispatch.json"
 
 
-def launch_queue_s(launches, kernel_us: np.ndarray, host) -> float:
+def launch_queue_s(classes: list[str], kernel_us: np.ndarray, host) -> float:
     """End of one stream fed by one host thread at `host`'s figures (seconds)."""
-    classes = launches.classes
-    per_op = np.array([host.per_unit_s[c] for c in classes])
-    if host.unit == "call":
-        per_op *= launches.calls
+    per_op = np.array([host.per_op_s[c] for c in classes])
     entry = np.array([host.entry_s[c] for c in classes])
     starts = np.r_[False, np.array(classes[1:]) != np.array(classes[:-1])]
     issued = np.cumsum(np.where(starts, entry, per_op))
@@ -50,26 +45,9 @@ def launch_queue_s(launches, kernel_us: np.ndarray, host) -> float:
     return gpu
 
 
-def launches_of(case: str, profile: dict):
-    """The profile's launching ops; for `aten`, those its capture matched, with their calls."""
-    from prismbench.host_timing import matched_launches, read_launch_gaps
-
-    path = SHARED.parents[2] / profile["file"]
-    if profile["framework"] != "aten":
-        return read_launch_gaps(path)
-    from shared_gpu import recorded_job
-
-    from prismbench.capture import capture_job
-    from prismbench.profile_ingest import align_profile
-    from prismbench.profile_readers import read_profile
-
-    traces = capture_job(recorded_job(case, "h100-sxm-80g")).traces
-    trace = traces[min(traces)]
-    return matched_launches(align_profile(read_profile(path), trace), trace)
-
-
 def main() -> None:
     from emulator.costs.host_dispatch import from_figures, kernel_gap_from_figures
+    from prismbench.host_timing import read_launch_gaps
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="also write the markdown table here")
@@ -85,13 +63,13 @@ def main() -> None:
     ]
     errors, before, with_gap = [], [], []
     for case, profile in data["profiles"].items():
-        gaps = launches_of(case, profile)
+        gaps = read_launch_gaps(SHARED.parents[2] / profile["file"])
         host = from_figures(data, profile["framework"], skip_profiles=(case,))
         real = measured[case]["iteration_s_median"]
         kernels = float(gaps.kernel_us.sum()) * 1e-6
-        predicted = launch_queue_s(gaps, gaps.kernel_us, host)
+        predicted = launch_queue_s(gaps.classes, gaps.kernel_us, host)
         gap_us = kernel_gap_from_figures(data, skip_profiles=(case,)) * 1e6
-        gapped = launch_queue_s(gaps, gaps.kernel_us + gaps.kernel_count * gap_us, host)
+        gapped = launch_queue_s(gaps.classes, gaps.kernel_us + gaps.kernel_count * gap_us, host)
         before.append(100 * (kernels - real) / real)
         errors.append(100 * (predicted - real) / real)
         with_gap.append(100 * (gapped - real) / real)

@@ -1,6 +1,6 @@
 """Build results/kernels/host-dispatch.json: measured host (CPU) time per GPU op.
 
-    python results/kernels/build_host_dispatch.py      (from the repository root; ~30 s)
+    python results/kernels/build_host_dispatch.py      (from the repository root; ~5 s)
 
 Sources (../shared/data/gpu/h100-sxm-80g, one H100 80GB HBM3 node, torch 2.11.0+cu130,
 workloads at 86a4f47; see its README):
@@ -10,11 +10,7 @@ workloads at 86a4f47; see its README):
   (tp 4 and 8) with torch's fake process group (framework `dtensor`).
 `prismbench.host_timing` reads, per profile, the interval from each launching op's CPU start to
 the next one's, split into per-op intervals and phase entries by class (forward, backward,
-optimizer), and summarizes them (count, mean, quantiles, sum; microseconds). For the `aten`
-profiles it also sets those intervals beside the aten calls the job's capture dispatched in
-each ("per_call": the profile aligned with the capture of its recorded job,
-`results/baselines/recorded/h100shared__<case>.toml`, by `prismbench.profile_ingest`), which
-is what the model charges for plain tensors: one figure per call, not per launching op.
+optimizer), and summarizes them (count, mean, quantiles, sum; microseconds).
 
 Profiler inflation: torch.profiler (CPU + CUDA activities, record_shapes) adds host time to
 every event. Where a run is host-bound without the profiler (its unprofiled median iteration
@@ -72,20 +68,6 @@ def _profiled_s(case: str, figures: dict) -> float:
     return figures["host_span_us"] * 1e-6  # hostops: no wall clock recorded, the host span
 
 
-def _call_intervals(case: str, path: Path) -> dict:
-    """The profile's intervals and the aten calls its job's capture dispatched in them."""
-    from shared_gpu import recorded_job
-
-    from prismbench.capture import capture_job
-    from prismbench.host_timing import call_intervals, matched_launches
-    from prismbench.profile_ingest import align_profile
-    from prismbench.profile_readers import read_profile
-
-    traces = capture_job(recorded_job(case, "h100-sxm-80g")).traces
-    trace = traces[min(traces)]
-    return call_intervals(matched_launches(align_profile(read_profile(path), trace), trace))
-
-
 def build() -> dict:
     from emulator.costs.host_dispatch import FRAMEWORKS, from_figures, kernel_gap_from_figures
     from prismbench.host_timing import profile_figures, read_launch_gaps
@@ -98,9 +80,6 @@ def build() -> dict:
             "framework": framework,
             "file": str(path.relative_to(SHARED.parents[2])),
         } | figures
-        if framework == "aten":
-            print(f"{case}: aligning with its capture", file=sys.stderr, flush=True)
-            profiles[case]["per_call"] = _call_intervals(case, path)
         kernel_s = figures["kernel_sum_us"] * 1e-6
         if case in unprofiled and unprofiled[case] > HOST_BOUND * kernel_s:
             profiled = _profiled_s(case, figures)
@@ -111,7 +90,7 @@ def build() -> dict:
                 "ratio": round(profiled / unprofiled[case], 4),
             }
     data = {
-        "schema": 2,
+        "schema": 1,
         "measured_on": "../shared/data/gpu/h100-sxm-80g: H100 80GB HBM3 node, torch 2.11.0+cu130, "
         "CUDA 13.0, workloads at 86a4f47, 2026-11-23",
         "built_by": "results/kernels/build_host_dispatch.py",
@@ -125,8 +104,7 @@ def build() -> dict:
     for framework in FRAMEWORKS:
         host = from_figures(data, framework)
         data["model"][framework] = {
-            "unit": host.unit,
-            "per_unit_us": {c: round(v * 1e6, 2) for c, v in host.per_unit_s.items()},
+            "per_op_us": {c: round(v * 1e6, 2) for c, v in host.per_op_s.items()},
             "entry_us": {c: round(v * 1e6, 2) for c, v in host.entry_s.items()},
             "source": host.source,
         }
@@ -164,11 +142,11 @@ def main() -> None:
     print(f"wrote {OUT.relative_to(ROOT)}", file=sys.stderr)
     print(f"profiler inflation (global, geometric mean) {gm:.3f}; residuals: "
           + ", ".join(f"{c} {100 * (r / gm - 1):+.1f} %" for c, r in ratios.items()))  # fmt: skip
-    print("| framework | class | per unit (us) | unit | entry (us) |")
-    print("|---|---|--:|---|--:|")
+    print("| framework | class | per op (us) | entry (us) |")
+    print("|---|---|--:|--:|")
     for framework, m in data["model"].items():
-        for cls, us in m["per_unit_us"].items():
-            print(f"| {framework} | {cls} | {us:.1f} | {m['unit']} | {m['entry_us'][cls]:.1f} |")
+        for cls, us in m["per_op_us"].items():
+            print(f"| {framework} | {cls} | {us:.1f} | {m['entry_us'][cls]:.1f} |")
     print("| case | kernels | beyond the kernel sum (us per kernel) | GPU-bound |")
     print("|---|--:|--:|---|")
     for case, g in data["kernel_gap"]["profiles"].items():

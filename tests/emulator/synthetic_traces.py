@@ -50,7 +50,6 @@ class Stage:
         causal=False,
         read_bytes=0,
         write_bytes=0,
-        host_calls=0,
     ):
         phase = self.phase if phase is None else phase
         seq = self._next()
@@ -70,7 +69,6 @@ class Stage:
                 write_bytes=write_bytes,
                 tensors=tensors,
                 causal=causal,
-                host_calls=host_calls,
             )
         )
         self.durations[seq] = duration_s

@@ -417,31 +417,3 @@ def test_masked_fill_records_the_clone_and_the_in_place_fill_a_gpu_runs():
     assert masked.shape == (4, 64, 64) and masked.is_contiguous()
     # one output allocated: the clone, filled in place
     assert (trace["kind"] == ALLOC).sum() == 4  # bias, the ones, their triu, the clone
-
-
-def test_each_compute_row_counts_the_calls_dispatched_since_the_last_one():
-    """What the host pays per GPU op follows the aten calls before it, views included
-    (emulator.costs.host_dispatch): the row after three views counts four calls."""
-    rec = OpRecorder()
-    with FakeTensorMode():
-        a = torch.ones(64, 4)  # before the recording: counts for nothing
-        with rec:
-            b = a * 2
-            c = b.view(4, 64).t().unsqueeze(0)  # three views, no kernel
-            _ = c + 1
-    trace = rec.trace()
-    rows = np.flatnonzero(trace["kind"] == COMPUTE)
-    assert trace.text("aten")[rows[0]] == "aten.mul" and trace.text("aten")[rows[1]] == "aten.add"
-    assert trace["host_calls"][rows].tolist() == [1, 4]
-    assert not trace["host_calls"][trace["kind"] != COMPUTE].any()
-
-
-def test_a_kernel_one_call_runs_before_its_own_takes_that_calls_count(fake_step):
-    """nll_loss_backward's zero-fill and the op are one call: the fill row has it, the op 0."""
-    trace, _, _ = fake_step
-    atens = trace.text("aten")
-    (i,) = [
-        i for i in np.flatnonzero(trace["kind"] == COMPUTE) if atens[i] == "aten.nll_loss_backward"
-    ]
-    assert atens[i - 1] == "aten.fill_"
-    assert trace["host_calls"][i - 1] >= 1 and trace["host_calls"][i] == 0

@@ -16,11 +16,9 @@ from emulator.world.mesh import World
 from tests.emulator.synthetic_traces import Stage
 
 HOST = HostDispatch(
-    per_unit_s={"forward": 1.0, "backward": 2.0, "optimizer": 3.0},
+    per_op_s={"forward": 1.0, "backward": 2.0, "optimizer": 3.0},
     entry_s={"forward": 10.0, "backward": 20.0, "optimizer": 30.0},
-    unit="launch",
 )
-PER_CALL = HostDispatch(per_unit_s=HOST.per_unit_s, entry_s=HOST.entry_s, unit="call")
 
 
 def test_rows_pay_their_class_and_phase_entries():
@@ -40,21 +38,6 @@ def test_rows_pay_their_class_and_phase_entries():
     assert compute.tolist() == [1.0, 1.0, 20.0, 2.0, 30.0]
 
 
-def test_per_call_a_row_pays_for_the_calls_dispatched_since_the_last_one():
-    world = World.grid(dp=2, pp=1, cp=1, tp=1)
-    s = Stage(world, 0)
-    s.compute(1.0, phase="forward", host_calls=1)
-    s.compute(1.0, phase="forward", host_calls=4)  # three views before it
-    s.compute(1.0, phase="forward", host_calls=0)  # the second kernel of the same call
-    s.collective("all_reduce", "dp", async_op=True)  # the backend's row: one call
-    s.compute(1.0, phase="backward", host_calls=3)  # a phase's first row pays its entry
-    s.compute(1.0, phase="backward", host_calls=3)
-    trace, _ = s.trace()
-    out = dispatch_times_s(trace, PER_CALL)
-    assert out[trace["kind"] == 0].tolist() == [1.0, 4.0, 0.0, 20.0, 6.0]
-    assert out[trace["kind"] == 1].tolist() == [1.0]
-
-
 def test_rows_that_issue_nothing_cost_nothing():
     world = World.grid(dp=2, pp=1, cp=1, tp=1)
     s = Stage(world, 0)
@@ -68,45 +51,39 @@ def test_rows_that_issue_nothing_cost_nothing():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"per_unit_s": {"forward": 1.0, "backward": 1.0}}, "classes"),
+        ({"per_op_s": {"forward": 1.0, "backward": 1.0}}, "classes"),
         ({"entry_s": {"forward": -1.0, "backward": 0.0, "optimizer": 0.0}}, ">= 0"),
         ({"framework": "jax"}, "framework"),
-        ({"unit": "kernel"}, "unit='kernel'"),
     ],
 )
 def test_bad_figures_are_refused(change, message):
-    args = dict(per_unit_s=HOST.per_unit_s, entry_s=HOST.entry_s) | change
+    args = dict(per_op_s=HOST.per_op_s, entry_s=HOST.entry_s) | change
     with pytest.raises(ValueError, match=message):
         HostDispatch(**args)
 
 
-def _profile(framework, per_op_us, per_call_us=None, entry_us=100.0):
-    summary = {"count": 3, "mean_us": per_op_us}
+def _profile(framework, forward_us, entry_us=100.0):
+    summary = {"count": 3, "mean_us": forward_us}
     entry = {"count": 1, "mean_us": entry_us}
-    calls = {"us_per_call": per_call_us}
     return {
         "framework": framework,
         "per_op": {"forward": summary, "backward": summary, "optimizer": {"count": 0}},
-        "per_call": {"forward": calls, "backward": calls, "optimizer": {"us_per_call": None}},
         "entry": {"forward": {"count": 0}, "backward": entry, "optimizer": entry},
     }
 
 
 def test_figures_are_medians_over_profiles_over_the_global_inflation():
     data = {
-        "profiles": {"a": _profile("aten", 10.0, 1.0), "b": _profile("aten", 20.0, 2.0),
-                     "c": _profile("aten", 60.0, 6.0), "d": _profile("dtensor", 999.0)},
+        "profiles": {"a": _profile("aten", 10.0), "b": _profile("aten", 20.0),
+                     "c": _profile("aten", 60.0), "d": _profile("dtensor", 999.0)},
         "profiler_inflation": {"a": {"ratio": 1.0}, "d": {"ratio": 4.0}},
     }  # fmt: skip
-    host = from_figures(data, "aten")  # plain tensors: per aten call
-    assert host.unit == "call"
-    assert host.per_unit_s["forward"] == pytest.approx(2e-6 / 2.0)  # geometric mean of 1 and 4
-    assert host.per_unit_s["optimizer"] == 0.0  # no measurement: the class binds nothing
+    host = from_figures(data, "aten")
+    assert host.per_op_s["forward"] == pytest.approx(20e-6 / 2.0)  # geometric mean of 1 and 4
+    assert host.per_op_s["optimizer"] == 0.0  # no measurement: the class binds nothing
     assert host.entry_s["backward"] == pytest.approx(100e-6 / 2.0)
     left_out = from_figures(data, "aten", skip_profiles=("c", "d"))
-    assert left_out.per_unit_s["forward"] == pytest.approx(1.5e-6)
-    dtensor = from_figures(data, "dtensor")  # DTensor ranks: per launching op
-    assert (dtensor.unit, dtensor.per_unit_s["forward"]) == ("launch", pytest.approx(999e-6 / 2))
+    assert left_out.per_op_s["forward"] == pytest.approx(15e-6)
     with pytest.raises(ValueError, match="no dtensor profile left"):
         from_figures(data, "dtensor", skip_profiles=("d",))
 
