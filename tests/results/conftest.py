@@ -56,6 +56,12 @@ def sac_kinds():
 
 
 @pytest.fixture(scope="session")
+def host_per_call():
+    """results/calibration/host_per_call.py: host time per launching op against per aten call."""
+    return load_script("calibration/host_per_call.py")
+
+
+@pytest.fixture(scope="session")
 def triton_fit():
     """results/kernels/fit_triton_attention.py: the Triton kernel's ratio over FlashAttention v1."""
     return load_script("kernels/fit_triton_attention.py")
