@@ -13,7 +13,9 @@ profiles under results/gpu_runs/h100-2026-11-28/reprofile/. For each job this pr
 the iteration's kernel time predicted against the profile's (`prismbench.compare.
 compare_profile`, priced with the GPU's committed kernel table: none of these runs' kernels is
 in it), with the op classes whose predicted time misses the measured one by the most. Then the
-median and max |error| of the iteration over the jobs.
+median and max |error| of the iteration over the jobs. A job whose profile no longer matches
+its capture (the workloads' CUDA path changed after the run: `compare`'s coverage check) is
+listed with the reason and left out of the median: the run measured another program.
 """
 
 from __future__ import annotations
@@ -39,20 +41,28 @@ def _percent(x: float) -> str:
     return f"{100 * x:+.1f} %"
 
 
-def job_row(baseline, profile: Path) -> tuple[str, float]:
-    """A table line for one recorded job, and its iteration error."""
+def job_row(baseline, profile: Path) -> tuple[str, float | None]:
+    """A table line for one recorded job, and its iteration error (None: not comparable)."""
     from prismbench.compare import compare_profile
     from prismbench.emulate import emulate
+    from prismbench.profile_readers import ProfileError
 
     job, measured = baseline.job, baseline.measured
+    case = baseline.name.split("__", 1)[1]
+    try:
+        kernels = compare_profile(job, profile, name=baseline.name)
+    except ProfileError as e:
+        reason = str(e).split(": ", 2)[-1]
+        return (
+            f"| {case} | {job.kernels.framework} | {1e3 * measured.iteration_time_s:.1f} | not comparable: {reason} |||||",
+            None,
+        )
     result = emulate(job)
     time_error = result.iteration_time_s / measured.iteration_time_s - 1
     memory_error = result.peak_memory_reserved_bytes / measured.peak_mem_bytes - 1
-    kernels = compare_profile(job, profile, name=baseline.name)
     kernel_error = kernels.predicted_s / kernels.measured_s - 1
     worst = sorted(kernels.classes, key=lambda c: -abs(c.error_s))[:TOP]
     misses = ", ".join(f"{c.aten} {1e3 * c.error_s:+.1f} ms" for c in worst)
-    case = baseline.name.split("__", 1)[1]
     line = (
         f"| {case} | {job.kernels.framework} | {1e3 * measured.iteration_time_s:.1f} | "
         f"{1e3 * result.iteration_time_s:.1f} | {_percent(time_error)} | "
@@ -70,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", default=PREFIX)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    baselines = [b for b in load_baselines(args.recordings) if b.name.startswith(f"{args.prefix}__")]
+    baselines = [
+        b for b in load_baselines(args.recordings) if b.name.startswith(f"{args.prefix}__")
+    ]
     if not baselines:
         print(f"--recordings {args.recordings}: no {args.prefix}__*.toml", file=sys.stderr)
         return 2
@@ -89,11 +101,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scoring {case} ...", file=sys.stderr)
         line, error = job_row(baseline, profile)
         lines.append(line)
-        errors.append(abs(error))
+        if error is not None:
+            errors.append(abs(error))
+    left_out = len(baselines) - len(errors)
     lines += [
         "",
         f"Iteration |error| over {len(errors)} jobs: median {100 * np.median(errors):.1f} %, "
-        f"max {100 * max(errors):.1f} %.",
+        f"max {100 * max(errors):.1f} %"
+        + (f" ({left_out} not comparable, above)." if left_out else "."),
     ]
     report(command_line("results/calibration/reprofile_compare.py", argv), lines, args.out)
     return 0
