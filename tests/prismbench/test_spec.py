@@ -1,12 +1,17 @@
 """Job-spec loading and validation: every rule refuses with the field name in the message."""
 
 import dataclasses
+import re
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from prismbench.spec import JobSpec, SpecError, job_spec_from_dict, load_job_spec
+from emulator.hardware.presets import GPU_NAMES, LINK_NAMES, NETWORK_NAMES
+from prismbench.spec import ClusterSpec, JobSpec, SpecError, job_spec_from_dict, load_job_spec
+from workloads.config import ModelSpec
+from workloads.job import PRECISIONS, BatchSpec, ParallelSpec, TrainSpec
+from workloads.kernels import FRAMEWORKS, KernelsSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
@@ -35,6 +40,22 @@ def test_example_job_is_llama3_70b_on_8192_gpus():
     assert job.world_size == 8192
     assert job.num_microbatches == 1024 // 256
     assert job.stage_layers == (20, 20, 20, 20)
+
+
+def test_the_example_names_every_field_a_spec_takes():
+    # the README sends readers to the example for the fields: each one must be there, at
+    # least as a commented-out line with its choices
+    text = (ROOT / "examples" / "jobspec.example.toml").read_text()
+    sections = (ModelSpec, ParallelSpec, BatchSpec, TrainSpec, KernelsSpec, ClusterSpec)
+    missing = [
+        f"{cls.__name__}.{field.name}"
+        for cls in sections
+        for field in dataclasses.fields(cls)
+        if not re.search(rf"\b{field.name}\b", text)
+    ]
+    assert missing == []
+    choices = (*PRECISIONS, *FRAMEWORKS, *GPU_NAMES, *LINK_NAMES, *NETWORK_NAMES)
+    assert [choice for choice in choices if f'"{choice}"' not in text] == []
 
 
 def test_resolved_spec_round_trips_through_dict():
