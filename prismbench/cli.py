@@ -681,7 +681,9 @@ def _add_fit(commands) -> None:
     fit_cmd.add_argument("job", metavar="JOB.toml", help="job spec (TOML)")
     fit_cmd.add_argument("--vary", required=True, choices=VARIABLES, help="the setting to search")
     fit_cmd.add_argument(
-        "--step", type=int, help="values step by this (default: what the job's parallelism needs)"
+        "--step",
+        type=_positive_int,
+        help="values step by this (default: what the job's parallelism needs)",
     )
     fit_cmd.add_argument(
         "--alloc-conf", default="", metavar="CONF", help="PYTORCH_ALLOC_CONF to model"
@@ -900,7 +902,9 @@ def _add_record(commands) -> None:
         help="the recorded baseline (e.g. under results/baselines/recorded/)",
     )
     rec.add_argument("--iterations", type=_positive_int, default=10, help="timed iterations (10)")
-    rec.add_argument("--warmup", type=int, default=3, help="iterations left out first (3)")
+    rec.add_argument(
+        "--warmup", type=_non_negative_int, default=3, help="iterations left out first (3)"
+    )
     rec.add_argument(
         "--threads", type=_positive_int, default=1, help="torch threads per process (1)"
     )

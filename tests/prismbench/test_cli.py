@@ -168,6 +168,18 @@ def test_workers_must_be_positive(command, capsys):
     assert "--workers: '0' must be a positive integer" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["fit", "--vary", "micro_batch", "--step", "0"], "--step: '0' must be a positive integer"),
+        (["record", "--out", "r.toml", "--warmup", "-1"], "--warmup: '-1' must be an integer >= 0"),
+    ],
+)
+def test_a_count_out_of_range_is_refused_naming_the_option(argv, message, capsys):
+    assert main([*argv, "examples/jobspec.example.toml"]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_an_allocator_option_the_model_lacks_is_refused_before_anything_runs(capsys):
     assert (
         main(
