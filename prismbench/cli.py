@@ -264,7 +264,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(v.run_to_dict(run, failures))
     else:
-        report.render_validation(run, v.summarize(run.cases), failures, _console())
+        report.render_validation(run, v.summarize(run.cases), failures, _console(), thresholds)
     return EXIT_GATE_FAILED if failures else EXIT_OK
 
 

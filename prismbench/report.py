@@ -451,8 +451,9 @@ def format_field(field: str, value: float) -> str:
     return f"{value:g}"
 
 
-def render_validation(run, summary, failures, console: Console) -> None:
-    """Per (source, GPU, metric): cases, mean and max |error|, mean signed error; failures."""
+def render_validation(run, summary, failures, console: Console, thresholds=()) -> None:
+    """Per (source, GPU, metric): cases, mean and max |error|, mean signed error; failures,
+    and with `thresholds` (`--gate`) whether the gate passed."""
     table = Table(
         title=f"Validation {run.run_id}: {len(run.cases)} case(s), history in {run.db_path}"
     )
@@ -472,10 +473,16 @@ def render_validation(run, summary, failures, console: Console) -> None:
     for c in failed:
         console.print(f"emulation FAILED: {c.baseline}: {c.error_message}")
     for baseline, metric, error, threshold in failures:
-        if metric != "emulation":
+        if metric == "emulation":  # printed above, with its error
+            continue
+        if baseline == "-":  # a threshold no selected case measures: there is no error to show
+            console.print(f"gate FAILED: {threshold}")
+        else:
             console.print(
                 f"gate FAILED: {baseline}: {metric} error {error:+.1%} crosses {threshold}"
             )
+    if thresholds and not failures:
+        console.print(f"gate passed: {', '.join(map(str, thresholds))}")
 
 
 def _render_case_variability(cases, console: Console) -> None:

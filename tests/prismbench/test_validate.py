@@ -111,6 +111,17 @@ def test_cli_exit_codes_and_mlflow(tmp_path, baselines_dir, capsys):
     assert "not validated metrics" in capsys.readouterr().err
 
 
+def test_validate_says_whether_its_gate_passed(tmp_path, baselines_dir, capsys):
+    args = _validate_args(baselines_dir, "--all", "--db", str(tmp_path / "h.duckdb"),
+                          "--no-mlflow", "--workers", "1")  # fmt: skip
+    assert main([*args, "--gate", "iteration_time_s:60%"]) == 0
+    assert "gate passed: iteration_time_s:60%" in capsys.readouterr().out
+    assert main([*args, "--gate", "peak_memory_reserved_bytes:5%"]) == 1
+    printed = capsys.readouterr().out
+    assert "gate FAILED: peak_memory_reserved_bytes:5%: no selected case measures it" in printed
+    assert "nan" not in printed  # no case, so no error to print
+
+
 @pytest.mark.parametrize(
     "options", [["--tracking-uri", "ftp://nowhere"], ["--no-mlflow", "--tracking-uri", "ftp://x"]]
 )
