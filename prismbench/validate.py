@@ -16,6 +16,7 @@ import fnmatch
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -446,7 +447,10 @@ def run_to_dict(run: ValidationRun, failures) -> dict:
             for c in run.cases
         ],
         "summary": [vars(row) for row in summarize(run.cases)],
+        # a failed emulation or a threshold no case measures has no error: null, as NaN is
+        # not JSON (strict parsers such as jq refuse it)
         "gate_failures": [
-            {"baseline": b, "metric": m, "error": e, "threshold": t} for b, m, e, t in failures
+            {"baseline": b, "metric": m, "error": None if math.isnan(e) else e, "threshold": t}
+            for b, m, e, t in failures
         ],
     }

@@ -122,6 +122,21 @@ def test_validate_says_whether_its_gate_passed(tmp_path, baselines_dir, capsys):
     assert "nan" not in printed  # no case, so no error to print
 
 
+def test_validate_json_is_strict_json_when_a_gate_has_no_error(tmp_path, baselines_dir, capsys):
+    args = _validate_args(baselines_dir, "--all", "--db", str(tmp_path / "h.duckdb"),
+                          "--no-mlflow", "--workers", "1", "--json")  # fmt: skip
+    assert main([*args, "--gate", "peak_memory_reserved_bytes:5%"]) == 1
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    out = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert out["gate_failures"] == [
+        {"baseline": "-", "metric": "peak_memory_reserved_bytes", "error": None,
+         "threshold": "peak_memory_reserved_bytes:5%: no selected case measures it"}
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "options", [["--tracking-uri", "ftp://nowhere"], ["--no-mlflow", "--tracking-uri", "ftp://x"]]
 )
