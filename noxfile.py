@@ -38,7 +38,7 @@ def _test_workers() -> int:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Ruff lint and format check."""
+    """Ruff lint (`ruff check`); formatting is not checked."""
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")
 
