@@ -799,7 +799,7 @@ def _add_gate(commands) -> None:
 
 
 def _add_validate(commands) -> None:
-    from prismbench.validate import DEFAULT_DB, VALIDATED_METRICS
+    from prismbench.validate import DEFAULT_DB, DEFAULT_SELECTION, VALIDATED_METRICS
 
     validate_cmd = commands.add_parser(
         "validate",
@@ -814,12 +814,21 @@ def _add_validate(commands) -> None:
         ),
     )
     validate_cmd.add_argument(
-        "--select", action="append", metavar="EXPR", help="glob over baseline names (repeatable)"
+        "--select",
+        action="append",
+        metavar="EXPR",
+        help="baselines whose name matches this glob, or contains this word (repeatable; "
+        f"without --select or --all: the {len(DEFAULT_SELECTION)} quick ones of "
+        "prismbench.validate.DEFAULT_SELECTION)",
     )
     validate_cmd.add_argument("--all", action="store_true", help="every baseline")
     validate_cmd.add_argument("--gate", metavar="THRESHOLDS", help='e.g. "iteration_time_s:10%%"')
     validate_cmd.add_argument(
-        "--baselines", default="results/baselines", metavar="DIR", help="baseline directory"
+        "--baselines",
+        default="results/baselines",
+        metavar="DIR",
+        help="baseline directory, its recorded/ included (default results/baselines, from the "
+        "working directory)",
     )
     validate_cmd.add_argument(
         "--db",
@@ -894,7 +903,7 @@ def _add_record(commands) -> None:
         help="run a small job for real on this machine's CPU or GPUs (one process per rank) "
         "and record it",
     )
-    rec.add_argument("job", metavar="JOB.toml")
+    rec.add_argument("job", metavar="JOB.toml", help="job spec (TOML)")
     rec.add_argument(
         "--out",
         required=True,

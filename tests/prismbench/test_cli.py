@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prismbench.cli import main
+from prismbench.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "jobspec.example.toml"
@@ -115,10 +116,19 @@ def test_usage_error_exits_2(capsys):
     assert "usage:" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["workloads", "explain", "calibrate"])
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return commands.choices
+
+
+@pytest.mark.parametrize("command", sorted(_subcommands()))
 def test_every_subcommand_has_help(command, capsys):
     assert main([command, "--help"]) == 0
     assert "usage:" in capsys.readouterr().out
+    undescribed = [
+        action.dest for action in _subcommands()[command]._actions if not action.help
+    ]
+    assert undescribed == []  # every argument says what it is in --help
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA refusal")
