@@ -12,7 +12,7 @@ jobs (its recorded baseline on this GPU, results/baselines/recorded/), the job w
 framework's default) trains for real (`prismbench.record` on cuda: WARMUP, then ITERATIONS timed,
 then one profiled iteration), and DIR/reprofile.tar.gz holds, per job, the recorded baseline
 (`<case>.toml`: iteration times, allocator peaks, the machine) and rank 0's kernel times
-(`<case>.ops.jsonl.gz`, the shared profiles' format: `prismbench calibrate --from-profile` and
+(`<case>.ops.jsonl.gz`, the shared profiles' format: `prismbench ingest-profile` and
 `prismbench compare` read it). One archive, because the device tool brings back at most 8 files.
 A job that fails is reported with its last line and the others go on. --dry-run builds and
 prints the jobs only.
