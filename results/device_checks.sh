@@ -8,7 +8,9 @@
 # 2026-11-28: a compiled torchtitan block's Inductor kernels timed), then repeat at 200
 # iterations (KS <= 10 % is only decidable from n = 181), then sac_host sac_host_llama
 # sac_kinds together (new, 2026-11-29: does op-level SAC's host cost follow its calls' kinds on
-# a GPU's host as on a CPU? about 3 minutes). On the H100: gpu, torch, oom_pairs,
+# a GPU's host as on a CPU? about 3 minutes), and host_tiny (new, 2026-11-29: the host's cost
+# per launching op and per aten call without the profiler, which the host model's figures
+# overstate in GPU-bound runs; about 2 minutes). On the H100: gpu, torch, oom_pairs,
 # reprofile and expandable 456 s with the machine's start, repeat (40) 40 s, gpu_tests 43 s.
 # The script goes on after a failure.
 # From the repository root on the device machine, with $OUT the folder that comes back, and
@@ -16,8 +18,8 @@
 #     bash results/device_checks.sh [STEP...]      (default: every step, in this order)
 # Writes $OUT/device_checks.log (every step's output) and, where the steps get that far,
 # oom_pairs_gpu.json, repeat_<job>.json, reprofile.tar.gz, compile_gpu.json, expandable_gpu.json,
-# sac_host.json / .txt, llama/sac_host.json / .txt and sac_kinds.md: 12 files if every step
-# runs, four more than the device tool brings back (oom_pairs_gpu.md is removed: the json and the log hold its
+# sac_host.json / .txt, llama/sac_host.json / .txt, sac_kinds.md and host_tiny.md / .json: 14
+# files if every step runs, six more than the device tool brings back (oom_pairs_gpu.md is removed: the json and the log hold its
 # table; compile_gpu.py prints each row's figures into the log too).
 #   1. the GPU as nvidia-smi reports it, the machine's torch, and the preset `record` takes it for;
 #   2. issues 14/15: the `gpu`-marked tests (CUDA attention kernels, the custom ops' compiled
@@ -40,7 +42,10 @@
 #      steps' files;
 #   9. issue 14: SAC's host cost per call kind on this GPU's host, tiny blocks of the same two
 #      jobs, and its model against step 8's full-size figures (results/calibration/
-#      sac_host_kinds.py --device cuda; on a CPU the same script made sac_host_cpu.md).
+#      sac_host_kinds.py --device cuda; on a CPU the same script made sac_host_cpu.md);
+#  10. issue 14: the eight shared jobs' programs at tiny sizes, host-bound, timed without and
+#      with the profiler beside the calls their captures count (results/calibration/
+#      host_tiny_gpu.py).
 # The machine's python3 has torch (2.11, not the project's 2.13) but not this project's other
 # dependencies: the steps use only torch, numpy, rich and the repository (PYTHONPATH). torchao
 # travels as a wheel in .whl/ because a capture's cache key reads its version, and duckdb for
@@ -58,7 +63,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
         --target /tmp/site .whl/*.whl >> "$LOG" 2>&1 && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
-STEPS=" ${*:-gpu torch gpu_tests reprofile compile repeat oom_pairs expandable sac_host sac_host_llama sac_kinds} "
+STEPS=" ${*:-gpu torch gpu_tests reprofile compile repeat oom_pairs expandable sac_host sac_host_llama sac_kinds host_tiny} "
 
 wanted() { [[ $STEPS == *" $1 "* ]]; }
 
@@ -100,5 +105,6 @@ measured=()
     measured=(--measured "$OUT/sac_host.json" "$OUT/llama/sac_host.json")
 wanted sac_kinds && step sac_kinds 150 $py results/calibration/sac_host_kinds.py --device cuda \
     ${measured[@]+"${measured[@]}"} --out "$OUT/sac_kinds.md"
+wanted host_tiny && step host_tiny 240 $py results/calibration/host_tiny_gpu.py --out "$OUT/host_tiny.md"
 rm -f "$OUT/oom_pairs_gpu.md"
 tail -n 40 "$LOG"

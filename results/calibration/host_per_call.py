@@ -54,14 +54,15 @@ RECORDINGS = ROOT / "results" / "baselines" / "recorded"
 def counted_calls():
     """While active, every compute event the recorder appends is given (in the returned dict,
     by its seq) the aten calls dispatched to the recorder since the previous one: every call
-    outside a pause (the program's build is not captured, so it falls before the first row)."""
+    outside a pause and the program's build."""
     import emulator.capture.op_recorder as recorder
 
     calls_at, count = {}, [0]
     dispatch, init = recorder.OpRecorder.__torch_dispatch__, recorder.OpRecorder.__init__
 
     def counting(self, func, types, args=(), kwargs=None):
-        if func is not recorder._PRIM_DEVICE and not self.state.pause_depth:
+        state = self.state
+        if func is not recorder._PRIM_DEVICE and not state.pause_depth and not state.building:
             count[0] += 1
         return dispatch(self, func, types, args, kwargs)
 

@@ -62,6 +62,12 @@ def host_per_call():
 
 
 @pytest.fixture(scope="session")
+def host_tiny():
+    """results/calibration/host_tiny_gpu.py: host-bound tiny jobs timed on a GPU's host."""
+    return load_script("calibration/host_tiny_gpu.py")
+
+
+@pytest.fixture(scope="session")
 def triton_fit():
     """results/kernels/fit_triton_attention.py: the Triton kernel's ratio over FlashAttention v1."""
     return load_script("kernels/fit_triton_attention.py")

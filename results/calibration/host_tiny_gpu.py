@@ -1,0 +1,181 @@
+"""Host time per launching op and per aten call, measured without the profiler on a GPU's host.
+
+    python3 results/calibration/host_tiny_gpu.py --out FILE [--device cuda|cpu]
+        [--iterations N] [--case CASE ...]          (from the repository root; ~2 min on a GPU)
+
+The host model's figures come from torch.profiler records of real runs, whose intervals between
+launching ops overstate host cost where a run is GPU-bound (`host_per_call.md`, table 2: the
+NeMo GPT reprofiles' host by those figures exceeds their own iteration). This measures host
+cost where nothing else can be in it: each shared job's program (its recorded
+`prism-86a4f47` spec, `results/baselines/recorded/h100shared__<case>.toml`: same layers,
+recompute, precision, optimizer and accumulation) shrunk to tiny tensors (hidden 64, 4 heads,
+FFN 256, vocabulary 128, 32 tokens, micro-batch 1), whose kernels take a few microseconds:
+the GPU always waits for the host, so an iteration's wall time (`workloads.train_step` between
+two `torch.cuda.synchronize()`, median of N after 3 warm-up ones) is the host's time to issue
+it. The same tiny job captured on the CPU gives its launching ops (compute rows) and the aten
+calls the program dispatched (`host_per_call.counted_calls`). Then one iteration under
+torch.profiler as the shared profiles were taken (CPU and CUDA activities, record_shapes):
+profiled over unprofiled wall says what the profiler adds, as a factor and per call.
+
+Per job: measured host us per launching op and per call, and the host time the model's
+figures (`results/kernels/host-dispatch.json`, framework aten, per launching op and class, the
+classes in the capture's proportion) give the same iteration. `--device cpu` runs the same
+steps with CPU tensors (their kernels are not tiny there): plumbing, not a measurement.
+Writes FILE (markdown) and FILE with `.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "results"))
+sys.path.insert(0, str(ROOT / "results" / "calibration"))
+from host_per_call import CLASS_OF_PHASE, CLASSES, counted_calls  # noqa: E402
+from shared_gpu import SHARED, command_line, recorded_job, report  # noqa: E402
+
+DISPATCH = ROOT / "results" / "kernels" / "host-dispatch.json"
+WARMUP = 3
+TOKENS = 32
+
+
+def shared_cases() -> list[str]:
+    return sorted(p.name.split(".ops.")[0] for p in (SHARED / "profiles").glob("*.ops.jsonl.gz"))
+
+
+def tiny_job(case: str):
+    """The shared job's recorded spec at tiny sizes, its program otherwise unchanged."""
+    job = recorded_job(case, "h100-sxm-80g")
+    heads = 4
+    kv_heads = heads if job.model.kv_heads == job.model.heads else 2  # keep GQA where it is
+    model = dataclasses.replace(
+        job.model, hidden=64, ffn_hidden=256, heads=heads, kv_heads=kv_heads, vocab=128,
+        max_seq_len=2 * TOKENS,
+    )  # fmt: skip
+    batch = dataclasses.replace(
+        job.batch, seq_len=TOKENS, micro_batch=1, global_batch=job.num_microbatches
+    )  # world size 1: one row per micro-batch, the job's gradient accumulation kept
+    return dataclasses.replace(job, model=model, batch=batch)
+
+
+def counts(job) -> dict[str, dict[str, int]]:
+    """Per class: the launching ops (compute rows) and aten calls of one captured iteration."""
+    import numpy as np
+
+    from emulator.capture.trace import COMPUTE, PHASES
+    from prismbench.capture import capture_job
+
+    with tempfile.TemporaryDirectory(prefix="host-tiny-") as cache, counted_calls() as calls_at:
+        traces = capture_job(job, cache_dir=Path(cache), use_cache=False).traces
+    trace = traces[min(traces)]
+    c = trace.columns
+    compute = np.flatnonzero(c["kind"] == COMPUTE)
+    at = np.array([calls_at[int(s)] for s in c["seq"][compute]])
+    calls = np.diff(at, prepend=0)
+    out = {cls: {"launches": 0, "calls": 0} for cls in CLASSES}
+    for row, n in zip(compute.tolist(), calls.tolist(), strict=True):
+        phase = int(c["phase"][row])
+        cls = CLASS_OF_PHASE[PHASES[phase]] if phase >= 0 else "forward"
+        out[cls]["launches"] += 1
+        out[cls]["calls"] += n
+    return out
+
+
+def iteration_s(job, device: str, iterations: int) -> tuple[list[float], float]:
+    """Wall seconds of `iterations` train steps (after WARMUP), and of one under the profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from workloads.train import build_training, train_step
+
+    state = build_training(job, None, device=device)
+    tokens = torch.randint(0, job.model.vocab, (job.local_batch_rows, job.batch.seq_len))
+    tokens = tokens.to(device)
+    drain = torch.cuda.synchronize if device == "cuda" else lambda: None
+
+    def step() -> float:
+        drain()
+        start = time.perf_counter()
+        train_step(job, state, tokens, tokens)
+        drain()
+        return time.perf_counter() - start
+
+    timed = [step() for _ in range(WARMUP + iterations)][WARMUP:]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities, record_shapes=True):
+        profiled = step()
+    return timed, profiled
+
+
+def model_host_us(figures: dict, per_class: dict) -> float:
+    """The iteration's host time (us) by the model's aten figures per launching op."""
+    return sum(figures[cls] * per_class[cls]["launches"] for cls in CLASSES)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="markdown report (and .json)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--iterations", type=int, default=20, help="timed iterations (20)")
+    parser.add_argument("--case", action="append", choices=shared_cases(), help="default: all")
+    args = parser.parse_args(argv)
+    if args.iterations < 1:
+        parser.error(f"--iterations {args.iterations}: at least 1")
+    if not args.out.parent.is_dir():
+        parser.error(f"--out {args.out}: no folder {args.out.parent}")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device on this machine")
+    figures = json.loads(DISPATCH.read_text())["model"]["aten"]["per_op_us"]
+    results = {}
+    for case in args.case or shared_cases():
+        print(f"{case}: capture, then {WARMUP + args.iterations} + 1 profiled iterations",
+              file=sys.stderr, flush=True)  # fmt: skip
+        job = tiny_job(case)
+        per_class = counts(job)
+        timed, profiled = iteration_s(job, args.device, args.iterations)
+        results[case] = {
+            "per_class": per_class,
+            "iteration_s": timed,
+            "median_s": statistics.median(timed),
+            "profiled_s": profiled,
+        }
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU tensors (plumbing)"
+    lines = [
+        f"torch {torch.__version__}, {where}; {TOKENS} tokens, hidden 64; median of "
+        f"{args.iterations} iterations; model: host-dispatch.json's aten figures per launching "
+        "op (us, forward / backward / optimizer): "
+        + " / ".join(f"{figures[c]:.1f}" for c in CLASSES) + ".",
+        "",
+        "| job | launches | calls | iteration (us) | us per launch | us per call "
+        "| model's host (us) | model / measured | profiled / unprofiled "
+        "| profiler's us per call |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]  # fmt: skip
+    for case, r in results.items():
+        launches = sum(v["launches"] for v in r["per_class"].values())
+        calls = sum(v["calls"] for v in r["per_class"].values())
+        us = 1e6 * r["median_s"]
+        model_us = model_host_us(figures, r["per_class"])
+        extra = 1e6 * (r["profiled_s"] - r["median_s"]) / calls
+        lines.append(
+            f"| {case} | {launches} | {calls} | {us:.0f} | {us / launches:.1f} | {us / calls:.1f} "
+            f"| {model_us:.0f} | {model_us / us:.2f} | {r['profiled_s'] / r['median_s']:.2f} "
+            f"| {extra:.1f} |"
+        )
+    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    report(command_line("results/calibration/host_tiny_gpu.py", argv), lines, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
