@@ -35,7 +35,7 @@ def calibrate_job(job, out_csv: str | Path, profile_out: str | Path, *, warmup: 
 
     from emulator.costs.kernel_timing import profile_iteration
     from prismbench.capture import capture_job
-    from prismbench.profile_ingest import ingest_ops, write_rows_csv
+    from prismbench.profile_ingest import ingest_ops, profile_source, write_rows_csv
     from prismbench.profile_readers import read_profile
     from workloads import build_training, train_step
 
@@ -57,8 +57,8 @@ def calibrate_job(job, out_csv: str | Path, profile_out: str | Path, *, warmup: 
         )
     write_ops_jsonl(records, profile_out)
     traces = capture_job(job).traces
-    result = ingest_ops(read_profile(profile_out), traces[0], provenance)
-    source = f"profile:{Path(profile_out).name.split('.ops.')[0]}"
-    result.rows[:] = [row | {"source": source} for row in result.rows]
+    result = ingest_ops(
+        read_profile(profile_out), traces[0], provenance, source=profile_source(profile_out)
+    )
     write_rows_csv(result.rows, out_csv)
     return result

@@ -154,7 +154,9 @@ def _cmd_ingest_profile(args: argparse.Namespace) -> int:
         print(
             f"wrote {len(result.rows)} kernel rows to {args.out} (matched "
             f"{result.trace_coverage:.1%} of the capture's compute rows and "
-            f"{result.kernel_time_coverage:.1%} of the profile's kernel time)"
+            f"{result.kernel_time_coverage:.1%} of the profile's kernel time; source "
+            f"{result.rows[0]['source'] if result.rows else '-'}: `compare --skip-source` "
+            "takes it)"
         )
     return EXIT_OK
 

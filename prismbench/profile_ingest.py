@@ -333,16 +333,17 @@ def ingest_ops(
     trace: RankTrace,
     provenance: dict | None = None,
     aligned: Alignment | None = None,
+    source: str = "",
 ):
     """Align profiled ops with the trace's compute rows (unless `aligned` is their alignment)
-    and turn the pairs into kernel rows."""
+    and turn the pairs into kernel rows, each with `source` (`profile_source`)."""
     aligned = aligned or align_profile(ops, trace)
     ops, compute, pairs = aligned.ops, aligned.compute_rows, aligned.pairs
     samples: dict[tuple, list[tuple[float, int]]] = defaultdict(list)
     for i, j in pairs:
         key = tuple(row_fields(op_record(trace, compute[j])).items())
         samples[key].append((ops[i].kernel_us, len(ops[i].kernels)))
-    rows = [row | (provenance or {}) for row in _aggregate(samples)]
+    rows = [row | (provenance or {}) | {"source": source} for row in _aggregate(samples)]
     matched_ops, matched_rows = aligned.matched_ops, aligned.matched_rows
     return IngestResult(
         rows=rows,
@@ -363,11 +364,24 @@ def ingest_ops(
     )
 
 
+def profile_case(profile_path: str | Path) -> str:
+    """A profile's name without its format's suffixes: `<case>.ops.jsonl[.gz]` or a Chrome
+    trace `<case>.json[.gz]`."""
+    name = Path(profile_path).name.removesuffix(".gz")
+    return name.split(".ops.")[0].removesuffix(".json")
+
+
+def profile_source(profile_path: str | Path) -> str:
+    """The `source` of the kernel rows a profile gives, "profile:<case>": the prefix
+    `compare --skip-source` and `load_kernel_table(skip_sources=...)` leave out."""
+    return f"profile:{profile_case(profile_path)}"
+
+
 def profile_provenance(profile_path: str | Path) -> dict:
     """gpu, torch, date of a shared profile from the summary.json beside its profiles/ folder
     (keyed by case name); the fields it lacks (driver, clocks) stay empty."""
     path = Path(profile_path)
-    case = path.name.split(".ops.")[0].removesuffix(".json").removesuffix(".gz")
+    case = profile_case(path)
     summary = path.parent.parent / "summary.json"
     provenance = dict.fromkeys(PROVENANCE_FIELDS, "")
     if summary.is_file():
@@ -379,9 +393,10 @@ def profile_provenance(profile_path: str | Path) -> dict:
 def ingest_profile(
     profile_path: str | Path, job, *, provenance: dict | None = None, job_label: str = "the job"
 ):
-    """Read a profile (either format), capture `job` and ingest; a job of several classes of
-    ranks is matched against class 0's trace (the profiled rank is assumed to be one of it).
-    A profile that is not one of the job is refused (`check_coverage`, ProfileError)."""
+    """Read a profile (either format), capture `job` and ingest, the rows' source the
+    profile's (`profile_source`); a job of several classes of ranks is matched against class
+    0's trace (the profiled rank is assumed to be one of it). A profile that is not one of the
+    job is refused (`check_coverage`, ProfileError)."""
     from prismbench.capture import capture_job
 
     ops = read_profile(profile_path)
@@ -389,7 +404,8 @@ def ingest_profile(
     trace = traces[min(traces)]
     aligned = align_profile(ops, trace)
     check_coverage(profile_path, job_label, aligned)
-    return ingest_ops(ops, trace, profile_provenance(profile_path) | (provenance or {}), aligned)
+    provenance = profile_provenance(profile_path) | (provenance or {})
+    return ingest_ops(ops, trace, provenance, aligned, source=profile_source(profile_path))
 
 
 def write_rows_csv(rows: list[dict], path: str | Path) -> Path:

@@ -79,7 +79,7 @@ def profile_rows(common: dict, shared: Path) -> tuple[list[dict], list[str]]:
         print(f"[{i}/{len(cases)}] ingesting profile of {case}", flush=True)
         job = load_job_spec(shared / "specs" / f"{case}.toml")
         result = ingest_profile(shared / "profiles" / f"{case}.ops.jsonl.gz", job)
-        rows += [row | common | {"source": f"profile:{case}"} for row in result.rows]
+        rows += [row | common for row in result.rows]  # each "profile:<case>" (its source)
         share = 100 * result.attributed_kernel_us / result.total_kernel_us
         report.append(
             f"{case}: {result.matched_rows}/{result.trace_rows} trace rows matched, "

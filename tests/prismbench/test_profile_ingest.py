@@ -24,6 +24,8 @@ from prismbench.profile_ingest import (
     ingest_ops,
     launched_first,
     match_key,
+    profile_case,
+    profile_source,
     write_rows_csv,
 )
 from prismbench.profile_readers import (
@@ -225,6 +227,11 @@ def test_cli_writes_rows_and_refuses_bad_profiles(trace, tmp_path, capsys):
     out = tmp_path / "rows.csv"
     assert main(["ingest-profile", str(profile), "--job", str(job), "--out", str(out)]) == 0
     assert "Matched" in capsys.readouterr().out and load_kernel_table(out)
+    # the rows say which profile they came from, so compare can leave them out
+    with out.open(newline="") as handle:
+        assert {row["source"] for row in csv.DictReader(handle)} == {"profile:tiny"}
+    with pytest.raises(ValueError, match="no rows once profile:tiny are left out"):
+        load_kernel_table(out, skip_sources=("profile:tiny",))
     bad = {
         "missing.json": None,
         "broken.json": '{"traceEvents": [',
@@ -324,3 +331,13 @@ def test_a_masked_fill_nested_in_a_chrome_trace_gives_its_copy_to_the_clone():
     cloned, filled = collapse_to_recorded([copy, fill], {"aten.clone", "aten.masked_fill_"})
     assert (cloned.op, cloned.kernel_us) == ("aten::clone", 357.0)
     assert filled == fill
+
+
+@pytest.mark.parametrize(
+    ("name", "case"),
+    [("gpt3-125m.ops.jsonl.gz", "gpt3-125m"), ("run.ops.jsonl", "run"),
+     ("trace.json.gz", "trace"), ("trace.json", "trace")],
+)  # fmt: skip
+def test_a_profiles_rows_are_sourced_by_its_name_in_every_format(name, case):
+    assert profile_case(name) == case
+    assert profile_source(f"some/dir/{name}") == f"profile:{case}"
