@@ -26,16 +26,18 @@ Conventions (stated once, used everywhere below):
 - Model-state bytes per parameter: what the workloads hold (the ZeRO paper's scheme,
   Rajbhandari et al. 2020 Sec. 3.1, counts 2 + 2 + 12 for mixed-precision Adam; the program
   differs), as (weights, gradients, master weights, moments):
-  * zero 0/1, and any job of one rank: `workloads.zero.DistributedOptimizer` (Megatron's
+  * zero 0/1: `workloads.zero.DistributedOptimizer` (Megatron's
     distributed optimizer): weights in the model dtype (2 B; fp8 jobs keep bf16 weights, fp8 is
     only the GEMM input format; fp32 4 B, `parallelize.cast_parameters`), a persistent fp32
     main-grad buffer (4 B, plus bucket padding; in the weights' dtype with
     `kernels.grad_accumulation = "model-dtype"`), an fp32 master copy (4 B, even for fp32 jobs)
     and AdamW's two fp32 moments (8 B); zero 1 shards master and moments over dp*cp.
-  * zero 2/3 on several ranks: FSDP2 (`parallelize.apply_fsdp`): parameters stay fp32 and
+  * zero 2/3: FSDP2 (`parallelize.apply_fsdp`): parameters stay fp32 and
     sharded over dp*cp (4 B / D), with fp32 sharded gradients (4 B / D) and AdamW's moments
     (8 B / D), no master copy; bf16 copies are gathered for compute (zero 2 keeps them from
-    forward to backward: activation-like memory, not counted here).
+    forward to backward: activation-like memory, not counted here). Also on one rank (D = 1):
+    capture and `record` build the job's DeviceMesh whatever its size, and the workloads shard
+    with FSDP2 wherever there is a mesh (`workloads.train.build_training`).
   Buffers: the workloads register none.
 """
 
@@ -235,10 +237,10 @@ def model_state_bytes(
 ) -> tuple[int, int, int, int]:
     """(weights, grads, master weights, moments) bytes on one rank holding `params` before
     data-parallel sharding over `shard` = dp*cp ranks (module docstring). `fsdp`: whether
-    the program shards with FSDP2 (default: zero >= 2 on more than one rank);
+    the program shards with FSDP2 (default: zero >= 2, on any number of ranks);
     `grads_in_model_dtype`: the distributed optimizer's grad buffer has the weights' dtype
     (`kernels.grad_accumulation = "model-dtype"`)."""
-    fsdp = zero >= 2 and shard > 1 if fsdp is None else fsdp
+    fsdp = zero >= 2 if fsdp is None else fsdp
     sharded = _ceil_div(params, shard)
     if fsdp:
         return FP32 * sharded, FP32 * sharded, 0, 2 * FP32 * sharded
@@ -323,13 +325,11 @@ def _stages(job: Any) -> tuple[StageInfo, ...]:
         first, last = 0 in virtual, total_stages - 1 in virtual
         layers = tuple(counts[v] for v in virtual)
         params_tp = _stage_params(m, p.tp, sum(layers), first, last)
-        fsdp = job.world_size > 1
         w, g, mw, o = model_state_bytes(
-            params_tp, job.train.precision, p.zero, shard, fsdp=fsdp and p.zero >= 2,
-            grads_in_model_dtype=model_dtype_grads,
-        )  # fmt: skip
+            params_tp, job.train.precision, p.zero, shard, grads_in_model_dtype=model_dtype_grads
+        )
         by_zero = tuple(
-            sum(model_state_bytes(params_tp, job.train.precision, z, shard, fsdp=fsdp and z >= 2,
+            sum(model_state_bytes(params_tp, job.train.precision, z, shard,
                                   grads_in_model_dtype=model_dtype_grads and z < 2))
             for z in range(4)
         )  # fmt: skip
@@ -342,7 +342,7 @@ def _stages(job: Any) -> tuple[StageInfo, ...]:
                 has_embedding=first,
                 has_output=last,
                 params_per_tp_rank=params_tp,
-                params_per_rank=_ceil_div(params_tp, shard) if fsdp and p.zero >= 2 else params_tp,
+                params_per_rank=_ceil_div(params_tp, shard) if p.zero >= 2 else params_tp,
                 weights_bytes=w,
                 grads_bytes=g,
                 master_weights_bytes=mw,
@@ -388,7 +388,6 @@ def explain(job: Any) -> Explanation:
             job.train.precision,
             p.zero,
             1,
-            fsdp=p.zero >= 2 and job.world_size > 1,
             grads_in_model_dtype=job.kernels.grad_accumulation == "model-dtype",
         ),  # fmt: skip
         stages=stages,

@@ -126,9 +126,10 @@ def test_model_state_bytes_by_zero_stage(precision, zero, expected):
     assert model_state_bytes(1000, precision, zero, shard=4) == expected
 
 
-def test_zero_sharding_rounds_up_and_one_rank_never_uses_fsdp():
+def test_zero_sharding_rounds_up_and_one_rank_still_uses_fsdp():
     assert model_state_bytes(1001, "bf16", 3, shard=4) == (4 * 251, 4 * 251, 0, 8 * 251)
-    assert model_state_bytes(1001, "bf16", 3, shard=1) == (2 * 1001, 4 * 1001, 4004, 8008)
+    # the captured program shards with FSDP2 over a one-rank mesh too: fp32 and unsharded
+    assert model_state_bytes(1001, "bf16", 3, shard=1) == (4 * 1001, 4 * 1001, 0, 8008)
 
 
 @pytest.mark.parametrize(
@@ -140,8 +141,9 @@ def test_zero_sharding_rounds_up_and_one_rank_never_uses_fsdp():
         {"parallel": {"dp": 2, "zero": 3}, "train": {"precision": "bf16"}},
         {"parallel": {"tp": 2, "zero": 0}, "train": {"precision": "bf16"}},
         {"parallel": {"pp": 2}, "train": {"precision": "bf16"}},
+        {"parallel": {"zero": 3}, "train": {"precision": "bf16"}},
     ],
-    ids=["one-rank-bf16", "one-rank-fp32", "dp2-zero1", "dp2-fsdp", "tp2", "pp2"],
+    ids=["one-rank-bf16", "one-rank-fp32", "dp2-zero1", "dp2-fsdp", "tp2", "pp2", "one-rank-fsdp"],
 )
 def test_explain_counts_what_the_capture_declares(job, tmp_path):
     """explain's model state per pipeline rank against the bytes the program declares before
