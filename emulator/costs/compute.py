@@ -12,7 +12,9 @@ docs/MODELS.md.
 
 from __future__ import annotations
 
-from emulator.costs.gemm_tiles import gemm_wave_efficiency
+import dataclasses
+
+from emulator.costs.gemm_tiles import GEMM_TILE, gemm_wave_efficiency
 from emulator.costs.kernel_table import KernelTable
 from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS, OpRecord
 from emulator.hardware import GpuPreset
@@ -28,6 +30,28 @@ ATTN_BWD_EFFICIENCY_RATIO = 0.8
 
 def gemm_efficiency(op: OpRecord, gpu: GpuPreset) -> float:
     return gpu.gemm_efficiency * gemm_wave_efficiency(op.m, op.n, op.batch, gpu.sm_count)
+
+
+def _gemm_flops_s(op: OpRecord, gpu: GpuPreset, peak: float) -> float:
+    """A GEMM's compute time on the curves: its FLOPs at the wave-quantized rate, and never
+    less than the same GEMM cut back to the last whole tile in m, in n or in both.
+
+    The wave factor counts idle SMs, not the last tile's padding (`gemm_tiles`), so alone it
+    prices m = 129 at about half of m = 128 (two tiles per column fill twice the SMs of one);
+    the kernel computes a superset of the smaller one's output and cannot take less time. Time
+    grows with m and n within a tile and, at whole tiles, with the waves, so the largest of the
+    four is the least time that never falls as the GEMM grows: one wave of whole tiles takes one
+    tile's time, as a kernel that computes them whole does. Below one tile nothing changes (a
+    GEMV is not priced as a 128-row tile)."""
+
+    def busy(m: int, n: int) -> float:
+        rows = dict(m=m, n=n, flops=op.flops * m * n / (op.m * op.n))
+        efficiency = gemm_efficiency(dataclasses.replace(op, **rows), gpu)
+        return rows["flops"] / (peak * efficiency)
+
+    ms = {op.m, GEMM_TILE * ((op.m - 1) // GEMM_TILE)} - {0}
+    ns = {op.n, GEMM_TILE * ((op.n - 1) // GEMM_TILE)} - {0}
+    return max(busy(m, n) for m in ms for n in ns)
 
 
 def attention_efficiency(op: OpRecord, gpu: GpuPreset) -> float:
@@ -46,7 +70,7 @@ def curve_time_s(op: OpRecord, gpu: GpuPreset) -> float:
     """Kernel time from the analytic curves alone (no kernel table)."""
     if op.name in GEMM_OPS:
         peak = gpu.peak_tflops(op.dtype) * 1e12
-        busy = max(op.flops / (peak * gemm_efficiency(op, gpu)), _memory_s(op, gpu))
+        busy = max(_gemm_flops_s(op, gpu, peak), _memory_s(op, gpu))
     elif op.name in ATTENTION_OPS:
         peak = gpu.peak_tflops(op.dtype) * 1e12
         busy = max(op.flops / (peak * attention_efficiency(op, gpu)), _memory_s(op, gpu))

@@ -15,6 +15,26 @@ def test_gemm_time_grows_with_size():
     assert times == sorted(times) and len(set(times)) == 4
 
 
+@pytest.mark.parametrize("dim", ["m", "n"])
+def test_a_gemm_one_tile_row_past_another_never_runs_faster(dim):
+    # 4096 x 4096 weights over 128-row tiles: 122 rows fill 32 tiles, 138 rows 64, both one wave
+    # of 132 SMs. Computing 16 more rows of output cannot take less time than the 122 alone.
+    shapes = [_rows(dim, rows) for rows in range(64, 1500, 2)]
+    times = [op_time_s(gemm_op("mm", *shape), H100) for shape in shapes]
+    assert all(a <= b for a, b in zip(times, times[1:], strict=False))
+
+
+def _rows(dim, rows):
+    return (rows, 4096, 4096) if dim == "m" else (8192, rows, 4096)
+
+
+def test_one_wave_of_whole_tiles_takes_one_tiles_time():
+    # 128 to 512 rows of a 4096-wide output: 32 to 128 tiles, one wave of the H100's 132 SMs
+    one_tile_row = op_time_s(gemm_op("mm", 128, 4096, 4096), H100)
+    for rows in (130, 300, 512):
+        assert op_time_s(gemm_op("mm", rows, 4096, 4096), H100) == pytest.approx(one_tile_row)
+
+
 def test_large_gemm_runs_at_measured_fraction_of_peak():
     op = gemm_op("mm", 16384, 16384, 16384, dtype="fp16")
     achieved = op.flops / op_time_s(op, A100)
