@@ -216,6 +216,21 @@ class KernelTable:
             rate *= gemm_tile_utilisation(op.m, op.n, op.batch, sm_count)
         return _work(op) / rate, source, _kernel_count(kernels[near], weights)
 
+    def floor_s(self, op: OpRecord) -> float:
+        """The longest measured time of a row of the op's own group (same kernels) at or below
+        it on every shape field, 0 where none is: an op the lookup leaves to the curves does
+        more of the same work than such a row and takes no less time. Rows too short to lend
+        their rate upwards (`MIN_EXTRAPOLATED_ROW_S`) still bound it from below: carried up as
+        a rate they would price a large op far too slow, but as a time they are what a smaller
+        op of the kind was measured to take, where the curves price a kernel at bandwidth
+        alone (a 4 MiB add in under 1.5 us beside a measured 1 MiB add at 4 us)."""
+        key = group_key(op)
+        if key not in self.groups:
+            return 0.0
+        features, _, _, _, times = self.groups[key]
+        below = np.all(features <= _features(op), axis=1)
+        return float(times[below].max()) if below.any() else 0.0
+
     def time_s(self, op: OpRecord, sm_count: int, **kwargs) -> float | None:
         found = self.lookup(op, sm_count, **kwargs)
         return None if found is None else found[0]

@@ -265,3 +265,24 @@ def test_a_table_with_no_rows_left_is_refused(tmp_path):
     path = write_kernel_csv([_gemm_row(2048, 100.0)], tmp_path / "one.csv", SYNTHETIC)
     with pytest.raises(ValueError, match="no rows once"):
         load_kernel_table(path, skip_sources=("",))  # every source starts with ""
+
+
+def test_an_op_just_past_a_short_row_is_never_priced_below_it(tmp_path):
+    # 1 MiB measured at 4 us (too short to lend its rate upwards); 4 MiB of the same aten op is
+    # beyond the radius and on the curves, which move it in ~3 us of bandwidth: no less than the
+    # measured 4 us a quarter of its bytes took
+    row = {"op": "elementwise", "dtype": "bf16", "aten": "aten.add", "nbytes": 1 << 20, "time_us": 4.0,
+           "repetitions": 1, "spread_us": 0.0}  # fmt: skip
+    table = load_kernel_table(write_kernel_csv([row], tmp_path / "t.csv", SYNTHETIC))
+    op = replace(memory_op("elementwise", bytes_read=1 << 21, bytes_written=1 << 21), aten="aten.add")
+    assert curve_time_s(op, H100) < 4e-6
+    seconds, source, _ = op_price(op, H100, table=table)
+    assert source == "roofline" and seconds == pytest.approx(4e-6)
+    # far beyond it the curves' own time is the larger, and stands
+    big = replace(memory_op("elementwise", bytes_read=1 << 32, bytes_written=1 << 32), aten="aten.add")
+    assert op_price(big, H100, table=table)[0] == curve_time_s(big, H100)
+    # a smaller op, or another aten op's row, sets no floor
+    small = replace(op, bytes_read=1 << 16, bytes_written=1 << 16)
+    assert op_price(small, H100, table=table)[0] == curve_time_s(small, H100)
+    other = replace(op, aten="aten.mul")
+    assert op_price(other, H100, table=table)[0] == curve_time_s(other, H100)
