@@ -135,7 +135,11 @@ def _latency_us(kind: str, algo: str, proto: int, geo: GroupGeometry) -> float:
         if nodes > 1:
             intra = max(intra, _NET_OVERHEAD_US * (3 if proto == 2 else 1))
         inter_steps = _n_inter_steps(kind, nodes)
-        return lat + (_nsteps(kind, n) - inter_steps) * intra + inter_steps * inter
+        # tuning.cc counts 2 x nodes network steps of an all-reduce, more than its 2 (n - 1)
+        # steps when every node holds one member: no intra-node step is left (tuning.cc's
+        # count goes negative there, and an intra-node latency would take time away)
+        intra_steps = max(_nsteps(kind, n) - inter_steps, 0)
+        return lat + intra_steps * intra + inter_steps * inter
     if algo == "tree":
         return lat + 2 * ((n // nodes - 1) * intra + math.floor(math.log2(nodes)) * inter)
     if algo == "nvls":

@@ -37,6 +37,22 @@ def test_monotonic_in_size(kind, ranks):
     assert np.all(np.diff(times) >= 0) and np.all(times > 0)
 
 
+@pytest.mark.parametrize("kind", ["all_reduce", "barrier"])
+def test_a_slower_link_inside_nodes_never_speeds_a_group_with_one_member_a_node(kind):
+    # NCCL's ring counts 2 x nodes network steps of an all-reduce against its 2 (n - 1) steps,
+    # so with one member a node more hops cross the network than the ring takes: the intra-node
+    # steps came out negative and an extra NVLink latency took time away, below zero at 20 us.
+    # Such a group has no intra-node hop for that latency to lengthen.
+    def times(latency_us):
+        link = {"bandwidth_GBps": 370.8, "latency_us": latency_us, "nvls": True, "channels": 18}
+        topo = Topology(gpu=gpu_preset("h100-sxm-80g"), gpus_per_node=8,
+                        link=intra_node_link(link), network=inter_node_network("ib-ndr-8x400"))
+        return collective_times_s(kind, SIZES, DP, topo)
+
+    assert np.all(times(0.0) > 0)
+    assert np.array_equal(times(0.0), times(20.0))
+
+
 def test_small_messages_latency_bound():
     t_small = collective_times_s("all_reduce", [8, 64, 512], TP, H100)
     assert t_small.max() / t_small.min() < 1.1
