@@ -317,6 +317,11 @@ def remove_fake_op_impl(entry: tuple[Callable, Callable]) -> None:
         fake_impls.op_implementations_checks.remove(entry)
 
 
+# ModTracker's name for the code outside every module (its `parents` always holds it): a
+# trace row's module when no module was running
+TOP_LEVEL_MODULE = "Global"
+
+
 class LeafSafeModTracker(ModTracker):
     """torch's ModTracker, except that backward tracking hooks only non-leaf module inputs.
 

@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from prismbench.report import module_label
 from prismbench.spec import JobSpec, SpecError, job_spec_from_dict
 
 VARIABLES = ("micro_batch", "seq_len", "layers")
@@ -157,7 +158,8 @@ def check_memory(job: JobSpec, *, alloc_conf: str = "") -> MemoryCheck:
             worst = (headroom, reserved, m.outside.total_bytes)
         if m.oom is not None and oom_at is None:
             at = m.oom.at
-            oom_at = f"class {p}, {m.oom.iteration} iteration, {at.phase}, {at.module or '<top>'}"
+            where = f"{m.oom.iteration} iteration, {at.phase}, {module_label(at.module)}"
+            oom_at = f"class {p}, {where}"
     headroom, reserved, outside = worst
     return MemoryCheck(
         fits=oom_at is None,

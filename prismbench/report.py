@@ -14,6 +14,7 @@ from rich.table import Table
 
 from emulator.costs.kernel_table import PRICE_SOURCES
 from emulator.graph.results import BREAKDOWN_FIELDS
+from emulator.torch_compat import TOP_LEVEL_MODULE
 from prismbench.explain import NARAYANAN_EQ3, Explanation
 
 GIB = 1024**3
@@ -292,6 +293,11 @@ def alloc_retries_message(pp: int, retries: int) -> str:
     )
 
 
+def module_label(module: str) -> str:
+    """A trace row's module for a reader: ModTracker's top level named for what it is."""
+    return "no module (top level)" if module in ("", TOP_LEVEL_MODULE) else module
+
+
 def oom_message(pp: int, members: int, detail: dict) -> str:
     """What torch's OOM error says, for the first allocation of a rank class that did not fit
     (`emulator.memory.replay.OomReport` as a dict): where, the request, what the allocator held
@@ -305,7 +311,7 @@ def oom_message(pp: int, members: int, detail: dict) -> str:
     live = sorted(detail["live_by_category"].items(), key=lambda item: -item[1])
     return (
         f"Out of memory on pipeline rank {pp} ({members:,} ranks): {where}, in "
-        f"{at['module'] or '<top>'}. Tried to allocate {format_bytes(detail['request_bytes'])}; "
+        f"{module_label(at['module'])}. Tried to allocate {format_bytes(detail['request_bytes'])}; "
         f"the allocator may reserve {format_bytes(capacity)} (CUDA offers "
         f"{format_bytes(detail['gpu_capacity_bytes'])}, less the memory outside the allocator), "
         f"of which {format_bytes(allocated)} is allocated, {format_bytes(reserved - allocated)} "
