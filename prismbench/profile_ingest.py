@@ -304,10 +304,15 @@ def align_profile(ops: list[ProfiledOp], trace: RankTrace) -> Alignment:
     return Alignment(ops, compute, pairs)
 
 
+class ProfileMismatch(ProfileError):
+    """A readable profile whose ops are not the capture's: another program, or another job."""
+
+
 def check_coverage(profile_path, job_label: str, aligned: Alignment) -> None:
-    """Refuse (ProfileError naming the profile and the job) a profile with no GPU kernel, or one
-    whose alignment with the capture covers less than MIN_COVERAGE of the capture's compute rows
-    or of the profile's kernel time: it is not a profile of that job (module docstring)."""
+    """Refuse (ProfileError naming the profile and the job) a profile with no GPU kernel, or
+    (ProfileMismatch) one whose alignment with the capture covers less than MIN_COVERAGE of the
+    capture's compute rows or of the profile's kernel time: it is not a profile of that job
+    (module docstring)."""
     total_us = aligned.total_kernel_us
     if total_us <= 0:
         raise ProfileError(
@@ -319,7 +324,7 @@ def check_coverage(profile_path, job_label: str, aligned: Alignment) -> None:
     rows = matched_rows / trace_rows if trace_rows else 0.0
     time = attributed_us / total_us
     if min(rows, time) < MIN_COVERAGE:
-        raise ProfileError(
+        raise ProfileMismatch(
             f"{profile_path}: not a profile of {job_label}: it matched {matched_rows:,} of the "
             f"capture's {trace_rows:,} compute rows ({rows:.1%}) and {attributed_us / 1e3:,.3f} "
             f"of its {total_us / 1e3:,.3f} ms of kernel time ({time:.1%}); a profile of the job "

@@ -294,8 +294,11 @@ def alloc_retries_message(pp: int, retries: int) -> str:
 
 
 def module_label(module: str) -> str:
-    """A trace row's module for a reader: ModTracker's top level named for what it is."""
-    return "no module (top level)" if module in ("", TOP_LEVEL_MODULE) else module
+    """A trace row's module for a reader: ModTracker's top level named for what it is. The
+    capture gives a row the deepest running module by name length, and "Global" outranks a
+    root named "GPT", so the model's own forward outside its blocks reads as the top level."""
+    top = "the top level (the model's root or no module)"
+    return top if module in ("", TOP_LEVEL_MODULE) else module
 
 
 def oom_message(pp: int, members: int, detail: dict) -> str:

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# The open issues' GPU checks, each step with its own limit (together 1 510 s at most, more than
-# one 10-minute device call: name the steps a session still needs). Run so far
-# (results/gpu_runs/): every step on an H100 (2026-11-28; the repeats at 40 iterations), all but
-# reprofile, expandable and sac_host_llama on an H200 (2026-11-27). Still needed, in this order:
-# gpu_tests and reprofile (the workloads' CUDA paths changed after the H100 run: compiled custom
-# op kernels, SDPA's flash backend for `flash2`, one block mask per forward), compile (new,
-# 2026-11-28: a compiled torchtitan block's Inductor kernels timed), then repeat at 200
-# iterations (KS <= 10 % is only decidable from n = 181), then sac_host sac_host_llama
-# sac_kinds together (new, 2026-11-29: does op-level SAC's host cost follow its calls' kinds on
-# a GPU's host as on a CPU? about 3 minutes), and host_tiny (new, 2026-11-29: the host's cost
-# per launching op and per aten call without the profiler, which the host model's figures
-# overstate in GPU-bound runs; about 2 minutes). On the H100: gpu, torch, oom_pairs,
-# reprofile and expandable 456 s with the machine's start, repeat (40) 40 s, gpu_tests 43 s.
+# The open issues' GPU checks, each step with its own limit (together 1 900 s at most: more than
+# a session's 15 minutes of device time, machine start included; name the steps a session still
+# needs). Run so far (results/gpu_runs/): every step but compile, sac_kinds and host_tiny on an
+# H100 (2026-11-28; the repeats at 40 iterations), all but reprofile, expandable and
+# sac_host_llama on an H200 (2026-11-27). Still needed, as two calls of under 10 minutes:
+#   1. `gpu torch host_tiny sac_host sac_host_llama sac_kinds` (570 s at most, 8 files): the host
+#      model's evidence (new, 2026-11-29): host cost per launching op and per aten call without
+#      the profiler, which the host figures overstate in GPU-bound runs, and whether op-level
+#      SAC's host cost follows its calls' kinds on a GPU's host as on a CPU;
+#   2. `gpu_tests reprofile` (510 s): the workloads' CUDA paths changed after the H100 run
+#      (compiled custom op kernels, SDPA's flash backend for `flash2`, one block mask per
+#      forward); then `compile` (a compiled torchtitan block's Inductor kernels timed) and
+#      `repeat` at 200 iterations (KS <= 10 % is only decidable from n = 181).
+# On the H100: gpu, torch, oom_pairs, reprofile and expandable took 456 s with the machine's
+# start, repeat (40) 40 s, gpu_tests 43 s.
 # The script goes on after a failure.
 # From the repository root on the device machine, with $OUT the folder that comes back, and
 # .whl/ carried (below):
@@ -67,12 +69,14 @@ STEPS=" ${*:-gpu torch gpu_tests reprofile compile repeat oom_pairs expandable s
 
 wanted() { [[ $STEPS == *" $1 "* ]]; }
 
+declare -A EXIT  # step name -> its exit status
 step() {  # step NAME LIMIT_S COMMAND...: run it, log it, say how it ended
     local name=$1 limit=$2
     shift 2
     echo "== $name (limit ${limit} s, $(date -u +%H:%M:%S))" | tee -a "$LOG"
     timeout "$limit" "$@" >> "$LOG" 2>&1
-    echo "== $name: exit $?" | tee -a "$LOG"
+    EXIT[$name]=$?
+    echo "== $name: exit ${EXIT[$name]}" | tee -a "$LOG"
 }
 
 wanted gpu && step gpu 30 nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version \
@@ -99,9 +103,10 @@ wanted sac_host && step sac_host 60 $py results/calibration/sac_host_gpu.py --ou
 # the other selective job, whose ops the shared profiles show issued at no extra host cost
 wanted sac_host_llama && step sac_host_llama 60 $py results/calibration/sac_host_gpu.py \
     --out "$OUT/llama" --case llama2-7b-l4-s4096-mb1-sel
-# against step 8's figures when both ran here (this host), else against the H100's of 2026-11-28
+# against step 8's figures when both ended well here (this host; a cut one leaves a file
+# without its selective figure), else against the H100's of 2026-11-28
 measured=()
-[[ -f $OUT/sac_host.json && -f $OUT/llama/sac_host.json ]] &&
+[[ ${EXIT[sac_host]:-} == 0 && ${EXIT[sac_host_llama]:-} == 0 ]] &&
     measured=(--measured "$OUT/sac_host.json" "$OUT/llama/sac_host.json")
 wanted sac_kinds && step sac_kinds 150 $py results/calibration/sac_host_kinds.py --device cuda \
     ${measured[@]+"${measured[@]}"} --out "$OUT/sac_kinds.md"

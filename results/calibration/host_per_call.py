@@ -54,7 +54,9 @@ RECORDINGS = ROOT / "results" / "baselines" / "recorded"
 def counted_calls():
     """While active, every compute event the recorder appends is given (in the returned dict,
     by its seq) the aten calls dispatched to the recorder since the previous one: every call
-    outside a pause and the program's build."""
+    outside a pause and the program's build. Rows no call appended get no entry or 0: a
+    compiled job's rules rebuild the event list, and micro-batch reuse (3 or more micro-batches)
+    copies rows without dispatching; the jobs here have neither."""
     import emulator.capture.op_recorder as recorder
 
     calls_at, count = {}, [0]

@@ -17,11 +17,15 @@ calls the program dispatched (`host_per_call.counted_calls`). Then one iteration
 torch.profiler as the shared profiles were taken (CPU and CUDA activities, record_shapes):
 profiled over unprofiled wall says what the profiler adds, as a factor and per call.
 
-Per job: measured host us per launching op and per call, and the host time the model's
-figures (`results/kernels/host-dispatch.json`, framework aten, per launching op and class, the
-classes in the capture's proportion) give the same iteration. `--device cpu` runs the same
-steps with CPU tensors (their kernels are not tiny there): plumbing, not a measurement.
-Writes FILE (markdown) and FILE with `.json`.
+Per job: measured host us per launching op and per call, and the host time the emulator's
+model charges the same capture (`emulator.costs.host_dispatch.dispatch_times_s` with
+`results/kernels/host-dispatch.json`'s aten figures: per launching op of each class, a phase's
+first op its entry figure). `--device cpu` runs the same steps with CPU tensors (their kernels
+are not tiny there): plumbing, not a measurement. Writes FILE (markdown) and FILE with `.json`
+again after every job, so a job that fails (its traceback on stderr, its row says so) or a cut
+keeps the jobs before it. The jobs are the recorded shared ones
+(`results/baselines/recorded/h100shared__*.toml`): no ../shared needed, which does not travel
+to the device machine.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
 sys.path.insert(0, str(ROOT / "results" / "calibration"))
 from host_per_call import CLASS_OF_PHASE, CLASSES, counted_calls  # noqa: E402
-from shared_gpu import SHARED, command_line, recorded_job, report  # noqa: E402
+from shared_gpu import RECORDED, RECORDED_PREFIX, command_line, recorded_job, report  # noqa: E402
 
 DISPATCH = ROOT / "results" / "kernels" / "host-dispatch.json"
 WARMUP = 3
@@ -48,7 +53,8 @@ TOKENS = 32
 
 
 def shared_cases() -> list[str]:
-    return sorted(p.name.split(".ops.")[0] for p in (SHARED / "profiles").glob("*.ops.jsonl.gz"))
+    prefix = f"{RECORDED_PREFIX['h100-sxm-80g']}__"
+    return sorted(p.stem.removeprefix(prefix) for p in RECORDED.glob(f"{prefix}*.toml"))
 
 
 def tiny_job(case: str):
@@ -66,18 +72,25 @@ def tiny_job(case: str):
     return dataclasses.replace(job, model=model, batch=batch)
 
 
-def counts(job) -> dict[str, dict[str, int]]:
-    """Per class: the launching ops (compute rows) and aten calls of one captured iteration."""
+def counts(job, host) -> tuple[dict[str, dict[str, int]], float]:
+    """Per class: the launching ops (compute rows) and aten calls of one captured iteration;
+    and the host seconds the emulator charges that capture at `host`'s figures."""
     import numpy as np
 
     from emulator.capture.trace import COMPUTE, PHASES
+    from emulator.costs.host_dispatch import dispatch_times_s
     from prismbench.capture import capture_job
 
+    if job.num_microbatches > 2:  # micro-batch reuse would add rows no call dispatched
+        raise ValueError(f"{job.num_microbatches} micro-batches: the call count needs <= 2")
     with tempfile.TemporaryDirectory(prefix="host-tiny-") as cache, counted_calls() as calls_at:
         traces = capture_job(job, cache_dir=Path(cache), use_cache=False).traces
     trace = traces[min(traces)]
     c = trace.columns
     compute = np.flatnonzero(c["kind"] == COMPUTE)
+    missing = [int(s) for s in c["seq"][compute] if int(s) not in calls_at]
+    if missing:  # a capture rule rebuilt the event list (a compiled job): no count to give
+        raise ValueError(f"{len(missing)} compute rows were not appended by the recorder")
     at = np.array([calls_at[int(s)] for s in c["seq"][compute]])
     calls = np.diff(at, prepend=0)
     out = {cls: {"launches": 0, "calls": 0} for cls in CLASSES}
@@ -86,7 +99,7 @@ def counts(job) -> dict[str, dict[str, int]]:
         cls = CLASS_OF_PHASE[PHASES[phase]] if phase >= 0 else "forward"
         out[cls]["launches"] += 1
         out[cls]["calls"] += n
-    return out
+    return out, float(dispatch_times_s(trace, host).sum())
 
 
 def iteration_s(job, device: str, iterations: int) -> tuple[list[float], float]:
@@ -115,11 +128,6 @@ def iteration_s(job, device: str, iterations: int) -> tuple[list[float], float]:
     return timed, profiled
 
 
-def model_host_us(figures: dict, per_class: dict) -> float:
-    """The iteration's host time (us) by the model's aten figures per launching op."""
-    return sum(figures[cls] * per_class[cls]["launches"] for cls in CLASSES)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="markdown report (and .json)")
@@ -135,26 +143,44 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device on this machine")
-    figures = json.loads(DISPATCH.read_text())["model"]["aten"]["per_op_us"]
+    from emulator.costs.host_dispatch import from_figures
+
+    host = from_figures(json.loads(DISPATCH.read_text()), "aten")
+    cases = args.case or shared_cases()
+    if not cases:
+        parser.error(f"no recorded shared job under {RECORDED}")
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU tensors (plumbing)"
+    where = f"torch {torch.__version__}, {device}"
     results = {}
-    for case in args.case or shared_cases():
+    for case in cases:
         print(f"{case}: capture, then {WARMUP + args.iterations} + 1 profiled iterations",
               file=sys.stderr, flush=True)  # fmt: skip
-        job = tiny_job(case)
-        per_class = counts(job)
-        timed, profiled = iteration_s(job, args.device, args.iterations)
-        results[case] = {
-            "per_class": per_class,
-            "iteration_s": timed,
-            "median_s": statistics.median(timed),
-            "profiled_s": profiled,
-        }
-    where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU tensors (plumbing)"
+        try:
+            job = tiny_job(case)
+            per_class, model_s = counts(job, host)
+            timed, profiled = iteration_s(job, args.device, args.iterations)
+        except Exception:  # noqa: BLE001 - a GPU check: the other jobs still count
+            traceback.print_exc()
+            results[case] = {"failed": traceback.format_exc(limit=1).strip().splitlines()[-1]}
+        else:
+            results[case] = {
+                "per_class": per_class,
+                "model_host_s": model_s,
+                "iteration_s": timed,
+                "median_s": statistics.median(timed),
+                "profiled_s": profiled,
+            }
+        write(args, argv, where, host, results)
+    return 0 if all("failed" not in r for r in results.values()) else 1
+
+
+def write(args, argv, where: str, host, results: dict) -> None:
+    """The report so far: FILE (markdown) and FILE with .json."""
     lines = [
-        f"torch {torch.__version__}, {where}; {TOKENS} tokens, hidden 64; median of "
-        f"{args.iterations} iterations; model: host-dispatch.json's aten figures per launching "
-        "op (us, forward / backward / optimizer): "
-        + " / ".join(f"{figures[c]:.1f}" for c in CLASSES) + ".",
+        f"{where}; {TOKENS} tokens, hidden 64; median of {args.iterations} iterations; the "
+        f"model: {host.source} (us per launching op, forward / backward / optimizer: "
+        + " / ".join(f"{1e6 * host.per_op_s[c]:.1f}" for c in CLASSES) + ", a phase's first op "
+        "its entry figure).",
         "",
         "| job | launches | calls | iteration (us) | us per launch | us per call "
         "| model's host (us) | model / measured | profiled / unprofiled "
@@ -162,10 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]  # fmt: skip
     for case, r in results.items():
+        if "failed" in r:
+            lines.append(f"| {case} | failed: {r['failed']} |||||||||")
+            continue
         launches = sum(v["launches"] for v in r["per_class"].values())
         calls = sum(v["calls"] for v in r["per_class"].values())
-        us = 1e6 * r["median_s"]
-        model_us = model_host_us(figures, r["per_class"])
+        us, model_us = 1e6 * r["median_s"], 1e6 * r["model_host_s"]
         extra = 1e6 * (r["profiled_s"] - r["median_s"]) / calls
         lines.append(
             f"| {case} | {launches} | {calls} | {us:.0f} | {us / launches:.1f} | {us / calls:.1f} "
@@ -174,7 +202,6 @@ def main(argv: list[str] | None = None) -> int:
         )
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     report(command_line("results/calibration/host_tiny_gpu.py", argv), lines, args.out)
-    return 0
 
 
 if __name__ == "__main__":

@@ -45,13 +45,13 @@ def job_row(baseline, profile: Path) -> tuple[str, float | None]:
     """A table line for one recorded job, and its iteration error (None: not comparable)."""
     from prismbench.compare import compare_profile
     from prismbench.emulate import emulate
-    from prismbench.profile_readers import ProfileError
+    from prismbench.profile_ingest import ProfileMismatch
 
     job, measured = baseline.job, baseline.measured
     case = baseline.name.split("__", 1)[1]
     try:
         kernels = compare_profile(job, profile, name=baseline.name)
-    except ProfileError as e:
+    except ProfileMismatch as e:
         reason = str(e).split(": ", 2)[-1]
         return (
             f"| {case} | {job.kernels.framework} | {1e3 * measured.iteration_time_s:.1f} | not comparable: {reason} |||||",
@@ -104,12 +104,15 @@ def main(argv: list[str] | None = None) -> int:
         if error is not None:
             errors.append(abs(error))
     left_out = len(baselines) - len(errors)
-    lines += [
-        "",
-        f"Iteration |error| over {len(errors)} jobs: median {100 * np.median(errors):.1f} %, "
-        f"max {100 * max(errors):.1f} %"
-        + (f" ({left_out} not comparable, above)." if left_out else "."),
-    ]
+    if not errors:
+        lines += ["", f"No job comparable: all {left_out} profiles are of other programs."]
+    else:
+        lines += [
+            "",
+            f"Iteration |error| over {len(errors)} jobs: median {100 * np.median(errors):.1f} %, "
+            f"max {100 * max(errors):.1f} %"
+            + (f" ({left_out} not comparable, above)." if left_out else "."),
+        ]
     report(command_line("results/calibration/reprofile_compare.py", argv), lines, args.out)
     return 0
 

@@ -59,7 +59,9 @@ def test_an_oom_outside_a_micro_batch_names_its_phase_only():
         "live_by_category": {},
     }
     message = oom_message(0, 1, detail)
-    assert "steady iteration, optimizer, in no module (top level)." in message
+    assert (
+        "steady iteration, optimizer, in the top level (the model's root or no module)." in message
+    )
     assert "0 B free" in message
 
 

@@ -34,3 +34,18 @@ def test_an_output_folder_that_does_not_exist_is_refused(host_tiny, tmp_path, ca
         host_tiny.main(["--device", "cpu", "--out", str(tmp_path / "no" / "tiny.md")])
     assert e.value.code == 2
     assert "no folder" in capsys.readouterr().err
+
+
+def test_a_job_that_fails_leaves_the_others_and_says_why(host_tiny, tmp_path, monkeypatch):
+    def broken(job, device, iterations):
+        raise RuntimeError("CUDA error: no kernel image")
+
+    monkeypatch.setattr(host_tiny, "iteration_s", broken)
+    out = tmp_path / "tiny.md"
+    argv = ["--device", "cpu", "--case", "llama3-8b-l2-s8192-mb2-none", "--out", str(out)]
+    assert host_tiny.main(argv) == 1
+    figures = json.loads(out.with_suffix(".json").read_text())
+    assert figures == {
+        "llama3-8b-l2-s8192-mb2-none": {"failed": "RuntimeError: CUDA error: no kernel image"}
+    }
+    assert "failed: RuntimeError" in out.read_text()
