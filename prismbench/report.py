@@ -14,7 +14,6 @@ from rich.table import Table
 
 from emulator.costs.kernel_table import PRICE_SOURCES
 from emulator.graph.results import BREAKDOWN_FIELDS
-from emulator.torch_compat import TOP_LEVEL_MODULE
 from prismbench.explain import NARAYANAN_EQ3, Explanation
 
 GIB = 1024**3
@@ -297,6 +296,8 @@ def module_label(module: str) -> str:
     """A trace row's module for a reader: ModTracker's top level named for what it is. The
     capture gives a row the deepest running module by name length, and "Global" outranks a
     root named "GPT", so the model's own forward outside its blocks reads as the top level."""
+    from emulator.torch_compat import TOP_LEVEL_MODULE  # imports torch: help and explain do not
+
     top = "the top level (the model's root or no module)"
     return top if module in ("", TOP_LEVEL_MODULE) else module
 
