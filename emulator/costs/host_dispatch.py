@@ -62,8 +62,8 @@ COMPILED_KERNEL_S = 9.1e-6  # per kernel a compiled graph launches (tritonbench#
 COMPILED_GRAPH_S = 33.3e-6  # per call of a compiled graph (tritonbench#1017: 42.4 - 9.1 us)
 FRAMEWORKS = ("aten", "dtensor")
 # trace phase -> dispatch class (recompute runs on autograd's engine thread, as backward does)
-_CLASS_OF_PHASE = {"forward": "forward", "backward": "backward", "recompute": "backward",
-                   "optimizer": "optimizer"}  # fmt: skip
+CLASS_OF_PHASE = {"forward": "forward", "backward": "backward", "recompute": "backward",
+                  "optimizer": "optimizer"}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,7 +153,7 @@ def dispatch_times_s(
     out = np.zeros(len(trace))
     if not len(issued):
         return out
-    names = [_CLASS_OF_PHASE.get(PHASES[p], "forward") if p >= 0 else "forward"
+    names = [CLASS_OF_PHASE.get(PHASES[p], "forward") if p >= 0 else "forward"
              for p in c["phase"][issued].tolist()]  # fmt: skip
     per_op = np.array([host.per_op_s[n] for n in names])
     entry = np.array([host.entry_s[n] for n in names])

@@ -42,10 +42,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
 from shared_gpu import SHARED, command_line, recorded_job, report  # noqa: E402
 
-CLASSES = ("forward", "backward", "optimizer")
-CLASS_OF_PHASE = {"forward": "forward", "backward": "backward", "recompute": "backward",
-                  "optimizer": "optimizer"}  # fmt: skip
-DISPATCH = ROOT / "results" / "kernels" / "host-dispatch.json"
+from emulator.costs.host_dispatch import CLASS_OF_PHASE, CLASSES  # noqa: E402
+from prismbench.emulate import HOST_DISPATCH  # noqa: E402
+
 REPROFILES = ROOT / "results" / "gpu_runs" / "h100-2026-11-28" / "reprofile"
 RECORDINGS = ROOT / "results" / "baselines" / "recorded"
 
@@ -86,28 +85,41 @@ def counted_calls():
         recorder.OpRecorder.__init__ = init
 
 
-def profile_figures(job, profile: Path, cache: Path) -> dict[str, dict]:
-    """Per class: matched intervals, their calls and their sum (us), as profiled."""
+def captured_calls(job, cache: Path):
+    """A fresh capture of `job` (class 0's trace, captured into `cache`) and, per compute row,
+    its host class (`host_dispatch.CLASS_OF_PHASE`) and the aten calls dispatched since the
+    previous compute row (`counted_calls`)."""
     from emulator.capture.trace import COMPUTE, PHASES
     from prismbench.capture import capture_job
-    from prismbench.profile_ingest import align_profile
-    from prismbench.profile_readers import read_profile
 
     with counted_calls() as calls_at:
         traces = capture_job(job, cache_dir=cache, use_cache=False).traces
     trace = traces[min(traces)]
     c = trace.columns
     compute = np.flatnonzero(c["kind"] == COMPUTE)
+    missing = [int(s) for s in c["seq"][compute] if int(s) not in calls_at]
+    if missing:  # a capture rule rebuilt the event list (a compiled job): no count to give
+        raise ValueError(f"{len(missing)} compute rows were not appended by the recorder")
     at = np.array([calls_at[int(s)] for s in c["seq"][compute]])
-    calls_of_row = dict(zip(compute.tolist(), np.diff(at, prepend=0).tolist(), strict=True))
+    calls = dict(zip(compute.tolist(), np.diff(at, prepend=0).tolist(), strict=True))
+    classes = {
+        row: CLASS_OF_PHASE[PHASES[p]] if (p := int(c["phase"][row])) >= 0 else "forward"
+        for row in compute.tolist()
+    }
+    return trace, classes, calls
+
+
+def profile_figures(job, profile: Path, cache: Path) -> dict[str, dict]:
+    """Per class: matched intervals, their calls and their sum (us), as profiled."""
+    from prismbench.profile_ingest import align_profile
+    from prismbench.profile_readers import read_profile
+
+    trace, class_of_row, calls_of_row = captured_calls(job, cache)
     aligned = align_profile(read_profile(profile), trace)
     launches = sorted(
         (aligned.ops[i].cpu_start_us, aligned.compute_rows[j]) for i, j in aligned.pairs
     )
-    classes = [
-        CLASS_OF_PHASE[PHASES[p]] if (p := int(c["phase"][row])) >= 0 else "forward"
-        for _, row in launches
-    ]
+    classes = [class_of_row[row] for _, row in launches]
     out = {cls: {"intervals": 0, "calls": 0, "sum_us": 0.0} for cls in CLASSES}
     pairs = zip(launches[:-1], launches[1:], classes[:-1], classes[1:], strict=True)
     for (t0, _), (t1, row), a, b in pairs:
@@ -134,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     from prismbench.baselines import load_baselines
 
     inflation = math.exp(statistics.mean(
-        math.log(r["ratio"]) for r in json.loads(DISPATCH.read_text())["profiler_inflation"].values()
+        math.log(r["ratio"]) for r in json.loads(HOST_DISPATCH.read_text())["profiler_inflation"].values()
     ))  # fmt: skip
     summary = json.loads((SHARED / "summary.json").read_text())
     shared, held_out, measured_s = {}, {}, {}

@@ -44,10 +44,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
 sys.path.insert(0, str(ROOT / "results" / "calibration"))
-from host_per_call import CLASS_OF_PHASE, CLASSES, counted_calls  # noqa: E402
+from host_per_call import CLASSES, HOST_DISPATCH, captured_calls  # noqa: E402
 from shared_gpu import RECORDED, RECORDED_PREFIX, command_line, recorded_job, report  # noqa: E402
 
-DISPATCH = ROOT / "results" / "kernels" / "host-dispatch.json"
 WARMUP = 3
 TOKENS = 32
 
@@ -75,30 +74,16 @@ def tiny_job(case: str):
 def counts(job, host) -> tuple[dict[str, dict[str, int]], float]:
     """Per class: the launching ops (compute rows) and aten calls of one captured iteration;
     and the host seconds the emulator charges that capture at `host`'s figures."""
-    import numpy as np
-
-    from emulator.capture.trace import COMPUTE, PHASES
     from emulator.costs.host_dispatch import dispatch_times_s
-    from prismbench.capture import capture_job
 
     if job.num_microbatches > 2:  # micro-batch reuse would add rows no call dispatched
         raise ValueError(f"{job.num_microbatches} micro-batches: the call count needs <= 2")
-    with tempfile.TemporaryDirectory(prefix="host-tiny-") as cache, counted_calls() as calls_at:
-        traces = capture_job(job, cache_dir=Path(cache), use_cache=False).traces
-    trace = traces[min(traces)]
-    c = trace.columns
-    compute = np.flatnonzero(c["kind"] == COMPUTE)
-    missing = [int(s) for s in c["seq"][compute] if int(s) not in calls_at]
-    if missing:  # a capture rule rebuilt the event list (a compiled job): no count to give
-        raise ValueError(f"{len(missing)} compute rows were not appended by the recorder")
-    at = np.array([calls_at[int(s)] for s in c["seq"][compute]])
-    calls = np.diff(at, prepend=0)
+    with tempfile.TemporaryDirectory(prefix="host-tiny-") as cache:
+        trace, classes, calls = captured_calls(job, Path(cache))
     out = {cls: {"launches": 0, "calls": 0} for cls in CLASSES}
-    for row, n in zip(compute.tolist(), calls.tolist(), strict=True):
-        phase = int(c["phase"][row])
-        cls = CLASS_OF_PHASE[PHASES[phase]] if phase >= 0 else "forward"
-        out[cls]["launches"] += 1
-        out[cls]["calls"] += n
+    for row, n in calls.items():
+        out[classes[row]]["launches"] += 1
+        out[classes[row]]["calls"] += n
     return out, float(dispatch_times_s(trace, host).sum())
 
 
@@ -145,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--device cuda: torch sees no CUDA device on this machine")
     from emulator.costs.host_dispatch import from_figures
 
-    host = from_figures(json.loads(DISPATCH.read_text()), "aten")
+    host = from_figures(json.loads(HOST_DISPATCH.read_text()), "aten")
     cases = args.case or shared_cases()
     if not cases:
         parser.error(f"no recorded shared job under {RECORDED}")
