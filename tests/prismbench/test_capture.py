@@ -694,6 +694,29 @@ def test_a_one_gpu_build_leaves_its_freed_fp32_parameters_before_the_iteration(t
     assert len(_setup_rows(two, FREE)) == 0
 
 
+def test_a_rank_of_several_records_its_build_only_when_asked():
+    """Several ranks build on meta (`builds_on_meta`, what `record` runs); a rank that built the
+    whole fp32 model on its device, as the shared fake-process-group measurements did, records
+    it: every full fp32 parameter allocated and freed before the iteration."""
+    import torch
+
+    from emulator.capture.trace import ALLOC, FREE
+    from prismbench.program import builds_on_meta
+    from workloads.models import build_model
+
+    job = debug_job({"tp": 2}, train={"precision": "bf16"})
+    assert builds_on_meta(job) and not builds_on_meta(debug_job(train={"precision": "bf16"}))
+    world = world_of(job)
+    assert not rank_program(job).record_build
+    built = capture_rank(0, world.world_size, rank_program(job, record_build=True))
+    c = built.columns
+    freed = int(c["size_bytes"][_setup_rows(built, FREE)].sum())
+    with torch.device("meta"):
+        full_fp32 = 4 * sum(p.numel() for p in build_model(job.built_model).parameters())
+    assert freed >= full_fp32  # the whole model, not this rank's shards alone
+    assert len(_setup_rows(built, ALLOC)) > len(_setup_rows(built, FREE))  # its shards stay
+
+
 def test_jobs_that_differ_only_in_hardware_share_a_capture():
     from prismbench.capture import cache_key
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 from types import SimpleNamespace
 
 import pytest
@@ -48,6 +49,33 @@ def test_record_times_a_real_two_process_run(tmp_path, capsys):
     assert measured.device == "cpu"
     assert provenance.kind == "recorded" and "1 torch thread(s)" in provenance.notes
     assert provenance.machine and provenance.software and provenance.commit and provenance.date
+
+
+@pytest.mark.parametrize(("parallel", "init_device"), [("dp = 2", "meta"), ("dp = 1", None)])
+def test_a_rank_builds_as_the_emulator_takes_its_program_to(parallel, init_device):
+    # several ranks materialise their own shards only (prismbench.program.builds_on_meta); a
+    # one-GPU job builds whole on its device, as the shared H100 measurements ran it
+    script = textwrap.dedent(
+        f"""
+        import torch.distributed as dist, workloads
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        from prismbench.record import _rank_run
+        from prismbench.spec import load_job_spec
+        import pathlib, tempfile
+        spec = pathlib.Path(tempfile.mkdtemp()) / "job.toml"
+        spec.write_text({TWO_RANKS.replace("dp = 2", parallel)!r})
+        job = load_job_spec(spec)
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=job.world_size)
+        def build_training(job, mesh, **kwargs):
+            print("init_device", kwargs.get("init_device"))
+            raise SystemExit(0)
+        workloads.build_training = build_training
+        _rank_run(job, 0, 1)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == f"init_device {init_device}"
 
 
 def test_refuses_what_cannot_run_here(tmp_path):
