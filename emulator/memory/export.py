@@ -1,4 +1,5 @@
-"""Export of a memory replay: a torch.cuda.memory._snapshot()-style pickle.
+"""Export of a memory replay: a torch.cuda.memory._snapshot()-style pickle, and the allocator's
+events of each iteration a training process goes through (`history_by_iteration`).
 
 The timeline plot lives with the harness (prismbench.plots): the core does not draw.
 
@@ -15,8 +16,15 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import numpy as np
+
 from emulator.capture.trace import RankTrace
-from emulator.memory.replay import _replay
+from emulator.hardware import gpu_preset
+from emulator.memory.config import parse_alloc_conf
+from emulator.memory.events import replay_events
+from emulator.memory.iterations import iteration_events
+from emulator.memory.outside import CUBLAS_WORKSPACE_BYTES, CUBLASLT_WORKSPACE_BYTES, outside_memory
+from emulator.memory.replay import _allocator, _replay, _run
 
 
 def snapshot(trace: RankTrace, **replay_kwargs) -> dict:
@@ -51,6 +59,45 @@ def write_snapshot(trace: RankTrace, path: str | Path, **replay_kwargs) -> Path:
     with path.open("wb") as f:
         pickle.dump(snapshot(trace, **replay_kwargs), f)
     return path
+
+
+def history_by_iteration(
+    trace: RankTrace, *, gpu: str | None = None, alloc_conf: str = "", steady_iterations: int = 1
+) -> dict[str, list]:
+    """The allocator's events ({action, addr, size, stream}, as in a snapshot's device trace)
+    in the order a process makes them: "setup" (the storages the capture recorded while the
+    program was built, if it did, and the declared state), "first" (the first iteration) and
+    "steady" (one list per steady iteration, `steady_iterations` of them), so that a real run's
+    memory history can be compared part by part."""
+    if steady_iterations < 0:
+        raise ValueError(f"steady_iterations={steady_iterations} must be >= 0")
+    preset = gpu_preset(gpu) if gpu else None
+    arch = preset.arch if preset else None
+    allocator = _allocator(parse_alloc_conf(alloc_conf), preset, outside_memory(trace, arch), None, True)
+    events = replay_events(
+        trace, CUBLAS_WORKSPACE_BYTES.get(arch, CUBLAS_WORKSPACE_BYTES["ampere"]), True,
+        CUBLASLT_WORKSPACE_BYTES,
+    )  # fmt: skip
+    first, steady = iteration_events(trace, events)
+    in_iteration = trace.columns["phase"][first["rows"]] >= 0  # the setup events come first
+    setup_count = int(np.argmax(in_iteration)) if in_iteration.any() else len(in_iteration)
+    live: dict = {}
+
+    def replayed(part: dict) -> list:
+        _run(allocator, part, live)
+        history = allocator.history[:]
+        allocator.history.clear()
+        return history
+
+    def cut(part: dict, index: np.ndarray) -> dict:
+        return {k: (v[index] if isinstance(v, np.ndarray) else v) for k, v in part.items()}
+
+    n = len(first["rows"])
+    return {
+        "setup": replayed(cut(first, np.arange(setup_count))),
+        "first": replayed(cut(first, np.arange(setup_count, n))),
+        "steady": [replayed(steady) for _ in range(steady_iterations)],
+    }
 
 
 def _segments(blocks, frames) -> list[dict]:

@@ -14,7 +14,7 @@ from emulator.capture.op_recorder import OpRecorder
 from emulator.capture.trace import ALLOC, FREE
 from emulator.hardware import gpu_preset
 from emulator.memory import CachingAllocator, parse_alloc_conf, replay_memory
-from emulator.memory.export import _segments, write_snapshot
+from emulator.memory.export import _segments, history_by_iteration, snapshot, write_snapshot
 from emulator.memory.outside import CUBLAS_WORKSPACE_BYTES, CUBLASLT_WORKSPACE_BYTES
 from tests.emulator.capture.test_op_recorder import BATCH, GPT, SEQ, VOCAB, run_step
 
@@ -143,6 +143,26 @@ def test_snapshot_is_read_by_torch_memory_viz(trace, tmp_path):
     assert result.steady_converged and actions.count("segment_alloc") == 0
     assert sum(s["total_size"] for s in snap["segments"]) == final.reserved[-1]
     assert sum(s["allocated_size"] for s in snap["segments"]) == final.allocated[-1]
+
+
+def test_history_by_iteration_is_the_replay_cut_where_a_process_starts_each_part(trace):
+    parts = history_by_iteration(trace, gpu="h100-sxm-80g", steady_iterations=2)
+    result = replay_memory(trace, gpu="h100-sxm-80g")
+
+    def strip(events):
+        return [(e["action"], e["addr"], e["size"], e["stream"]) for e in events]
+
+    # the state declared before the first op is the setup: one request per storage
+    setup_allocs = np.flatnonzero((trace.columns["phase"] < 0) & (trace.columns["kind"] == ALLOC))
+    assert [e["action"] for e in parts["setup"]].count("alloc") == len(setup_allocs)
+    # the last steady iteration is what a snapshot records
+    assert strip(parts["steady"][-1]) == strip(snapshot(trace, gpu="h100-sxm-80g")["device_traces"][0])
+    # every segment was opened in one of the parts, and none after the first iteration here
+    opened = [sum(e["size"] for e in part if e["action"] == "segment_alloc")
+              for part in (parts["setup"], parts["first"], *parts["steady"])]  # fmt: skip
+    assert sum(opened) == result.peak_reserved_bytes and opened[2:] == [0, 0]
+    with pytest.raises(ValueError, match="steady_iterations=-1 must be >= 0"):
+        history_by_iteration(trace, steady_iterations=-1)
 
 
 def test_snapshot_splits_expandable_segments_into_mapped_runs():
