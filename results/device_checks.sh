@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# The open issues' GPU checks, each step with its own limit (together 1 900 s at most: more than
+# The open issues' GPU checks, each step with its own limit (together 2 380 s at most: more than
 # a session's 15 minutes of device time, machine start included; name the steps a session still
-# needs). Run so far (results/gpu_runs/): every step but compile, sac_kinds and host_tiny on an
-# H100 (2026-11-28; the repeats at 40 iterations), all but reprofile, expandable and
-# sac_host_llama on an H200 (2026-11-27). Still needed, as two calls of under 10 minutes:
+# needs). Run so far (results/gpu_runs/): every step but compile, sac_kinds, host_tiny and
+# fake_pg_memory on an H100 (2026-11-28; the repeats at 40 iterations), all but reprofile,
+# expandable and sac_host_llama on an H200 (2026-11-27). Still needed, as calls of under 10
+# minutes each:
 #   1. `gpu torch host_tiny sac_host sac_host_llama sac_kinds` (570 s at most, 8 files): the host
 #      model's evidence (new, 2026-11-29): host cost per launching op and per aten call without
 #      the profiler, which the host figures overstate in GPU-bound runs, and whether op-level
 #      SAC's host cost follows its calls' kinds on a GPU's host as on a CPU;
-#   2. `gpu_tests reprofile` (510 s): the workloads' CUDA paths changed after the H100 run
+#   2. `gpu torch fake_pg_memory` (540 s, 2 files and the log): issue 16's memory of a rank of a
+#      several-rank job (new, 2026-11-29): built on the device as the shared measurement was
+#      (predicted reserved +0.1 .. +7.2 %, `fake_pg_memory.md`; where the rest comes from) and
+#      on meta as `record` now builds it (what `emulate` predicts; never measured);
+#   3. `gpu_tests reprofile` (510 s): the workloads' CUDA paths changed after the H100 run
 #      (compiled custom op kernels, SDPA's flash backend for `flash2`, one block mask per
 #      forward); then `compile` (a compiled torchtitan block's Inductor kernels timed) and
 #      `repeat` at 200 iterations (KS <= 10 % is only decidable from n = 181).
@@ -20,8 +25,8 @@
 #     bash results/device_checks.sh [STEP...]      (default: every step, in this order)
 # Writes $OUT/device_checks.log (every step's output) and, where the steps get that far,
 # oom_pairs_gpu.json, repeat_<job>.json, reprofile.tar.gz, compile_gpu.json, expandable_gpu.json,
-# sac_host.json / .txt, llama/sac_host.json / .txt, sac_kinds.md and host_tiny.md / .json: 14
-# files if every step runs, six more than the device tool brings back (oom_pairs_gpu.md is removed: the json and the log hold its
+# sac_host.json / .txt, llama/sac_host.json / .txt, sac_kinds.md, host_tiny.md / .json and
+# fake_pg_memory.tar.gz: 15 files if every step runs, seven more than the device tool brings back (oom_pairs_gpu.md is removed: the json and the log hold its
 # table; compile_gpu.py prints each row's figures into the log too).
 #   1. the GPU as nvidia-smi reports it, the machine's torch, and the preset `record` takes it for;
 #   2. issues 14/15: the `gpu`-marked tests (CUDA attention kernels, the custom ops' compiled
@@ -48,6 +53,10 @@
 #  10. issue 14: the eight shared jobs' programs at tiny sizes, host-bound, timed without and
 #      with the profiler beside the calls their captures count (results/calibration/
 #      host_tiny_gpu.py).
+#  11. issue 16: rank 0 of the four shared fake-process-group jobs under torch's fake backend,
+#      each built on the device and on meta in a process of its own, with the allocator's
+#      history from before the build (results/fidelity/fake_pg_memory.py; --compare scores the
+#      unpacked archive here, part by part).
 # The machine's python3 has torch (2.11, not the project's 2.13) but not this project's other
 # dependencies: the steps use only torch, numpy, rich and the repository (PYTHONPATH). torchao
 # travels as a wheel in .whl/ because a capture's cache key reads its version, and duckdb for
@@ -65,7 +74,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
         --target /tmp/site .whl/*.whl >> "$LOG" 2>&1 && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
-STEPS=" ${*:-gpu torch gpu_tests reprofile compile repeat oom_pairs expandable sac_host sac_host_llama sac_kinds host_tiny} "
+STEPS=" ${*:-gpu torch gpu_tests reprofile compile repeat oom_pairs expandable sac_host sac_host_llama sac_kinds host_tiny fake_pg_memory} "
 
 wanted() { [[ $STEPS == *" $1 "* ]]; }
 
@@ -111,5 +120,10 @@ measured=()
 wanted sac_kinds && step sac_kinds 150 $py results/calibration/sac_host_kinds.py --device cuda \
     ${measured[@]+"${measured[@]}"} --out "$OUT/sac_kinds.md"
 wanted host_tiny && step host_tiny 240 $py results/calibration/host_tiny_gpu.py --out "$OUT/host_tiny.md"
+wanted fake_pg_memory && step fake_pg_memory 480 $py results/fidelity/fake_pg_memory.py \
+    --measure /tmp/fake_pg_memory
+# one file back, with whatever cases finished
+wanted fake_pg_memory && [[ -d /tmp/fake_pg_memory ]] &&
+    tar -C /tmp -czf "$OUT/fake_pg_memory.tar.gz" fake_pg_memory
 rm -f "$OUT/oom_pairs_gpu.md"
 tail -n 40 "$LOG"

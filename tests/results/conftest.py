@@ -113,3 +113,9 @@ def compile_vs_inductor():
 def compile_gpu():
     """results/fidelity/compile_gpu.py: a compiled block's kernels timed on a GPU."""
     return load_script("fidelity/compile_gpu.py")
+
+
+@pytest.fixture(scope="session")
+def fake_pg():
+    """results/fidelity/fake_pg_memory.py: one rank of the shared fake-process-group jobs."""
+    return load_script("fidelity/fake_pg_memory.py")

@@ -1,0 +1,400 @@
+"""Peak memory of one rank of the shared fake-process-group jobs: predicted against measured, and
+(on a GPU) the caching allocator's own history of the run, to find where the two part.
+
+    python results/fidelity/fake_pg_memory.py [CASE...] [--out results/fidelity/fake_pg_memory.md]
+    python3 results/fidelity/fake_pg_memory.py --measure DIR [--init device|meta] [CASE...]   (GPU)
+    python results/fidelity/fake_pg_memory.py --compare DIR [--out FILE]
+
+Measured: ../shared/data/gpu/h100-sxm-80g/fake-pg-ranks/results.json `peak_steady` (rank 0 of
+each job on one H100 with torch's `fake` process-group backend standing in for the other ranks;
+three warm-up iterations, then the allocator's peaks over eight timed ones; torch 2.11,
+workloads at 86a4f47, the model built by `build_training(job, mesh, device="cuda")`: whole, in
+fp32, on the GPU, then cast and sharded). The fake backend moves nothing and allocates nothing
+(its all-gathers copy the local input into each chunk of the caller's output), so the rank
+allocates what it would beside real peers. Predicted: the job's capture (rank 0's class)
+replayed by `emulator.memory` for the h100-sxm-80g preset, default allocator settings, the
+steady iteration; once with the build's storages recorded (the program as measured) and once
+as `emulate` takes a rank of several to run (built on meta, only its shards materialised:
+`prismbench.program.builds_on_meta`, what `prismbench record` runs). The job specs are copies
+of the shared ones (`fake_pg_ranks/`; the shared folder does not travel to a device machine).
+
+--measure (a GPU): each CASE (default: all four) runs as rank 0 under the fake backend, once per
+build (`--init`, default both: "device" as the shared measurement, "meta" as `record`), each in
+a process of its own: WARMUP iterations and then STEADY more, each with its own allocator peaks,
+all under torch's memory history (`torch.cuda.memory._record_memory_history`, Python stacks)
+from before the build, a MARKER_BYTES request after the build and after each iteration.
+DIR/<case>.<init>.json.gz holds the per-iteration figures, the allocator's events (action,
+address, size, stream, stack) and the segments at the end. --compare replays each measured run
+part by part (emulator.memory.export.history_by_iteration: the build, the first iteration, the
+steady ones) and prints, per part, the segments each side opened, the requests each side made
+and where the two request sequences first differ, with the sizes one side asks for more often.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "results"))
+from shared_gpu import SHARED, command_line, report  # noqa: E402
+
+SPECS = Path(__file__).resolve().parent / "fake_pg_ranks"
+MEASURED = SHARED / "fake-pg-ranks" / "results.json"
+GPU = "h100-sxm-80g"  # the preset of the GPU the shared ranks ran on
+CASES = tuple(sorted(p.stem for p in SPECS.glob("*.toml")))
+WARMUP = 3  # as the shared measurement
+STEADY = 2
+INITS = ("device", "meta")  # the shared measurement's build, and the one `record` runs
+# A request of this size (rounded into the small pool, not otherwise made by these programs)
+# marks the end of the build and of each iteration in a measured history.
+MARKER_BYTES = 7_777
+MAX_FRAMES = 16  # innermost Python frames kept per event
+RANK_TIMEOUT_S = 240
+
+
+def spec_path(case: str) -> Path:
+    path = SPECS / f"{case}.toml"
+    if not path.is_file():
+        raise ValueError(f"CASE {case!r}: not one of {', '.join(CASES)}")
+    return path
+
+
+def predicted_trace(case: str, *, built_on_device: bool = True):
+    """Rank 0's trace of `case`. built_on_device: with the build's storages recorded, as the
+    measured program ran (the whole model built in fp32 on the GPU, then cast and sharded;
+    captured here, in this process); else as `emulate` predicts a job of several ranks (built
+    on meta, its shards materialised in place; `prismbench.program.builds_on_meta`; cached)."""
+    from emulator.capture.rank import capture_rank
+    from prismbench.capture import capture_job, world_of
+    from prismbench.program import rank_program
+    from prismbench.spec import load_job_spec
+
+    job = load_job_spec(spec_path(case))
+    if built_on_device:
+        return capture_rank(0, world_of(job).world_size, rank_program(job, record_build=True))
+    capture = capture_job(job)
+    return capture.traces[int(capture.world.class_of(0))]
+
+
+def predict(case: str, *, built_on_device: bool = True):
+    from emulator.memory import replay_memory
+
+    return replay_memory(predicted_trace(case, built_on_device=built_on_device), gpu=GPU)
+
+
+def _cell(predicted: int, measured: int, digits: int) -> str:
+    return f"{predicted / 1e9:.3f} ({100 * (predicted - measured) / measured:+.{digits}f} %)"
+
+
+def score(measured: dict, cases: list[str]) -> list[str]:
+    """Predicted against measured steady peaks, one row per case: the program as measured
+    (built on the device) and as `emulate` takes a job of several ranks to run (built on meta)."""
+    lines = [
+        "| case | allocated: meas (GB) | pred, built on device | reserved: meas (GB) "
+        "| pred, built on device | pred, built on meta (emulate) |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    for i, case in enumerate(cases, 1):
+        print(f"[{i}/{len(cases)}] {case}: capturing and replaying", file=sys.stderr, flush=True)
+        on_device, on_meta = predict(case), predict(case, built_on_device=False)
+        allocated, reserved = (measured[case]["peak_steady"][k] for k in ("allocated", "reserved"))
+        lines.append(
+            f"| {case} | {allocated / 1e9:.3f} "
+            f"| {_cell(on_device.peak_allocated_bytes, allocated, 3)} "
+            f"| {reserved / 1e9:.3f} | {_cell(on_device.peak_reserved_bytes, reserved, 2)} "
+            f"| {_cell(on_meta.peak_reserved_bytes, reserved, 2)} |"
+        )
+    return lines
+
+
+# ---- on the GPU -------------------------------------------------------------------------------
+
+
+def run_rank(
+    job, device: str = "cuda", init: str = "device", warmup: int = WARMUP, steady: int = STEADY
+) -> dict:
+    """Rank 0 of `job` under the fake backend on `device`, its model built as `init` says
+    (INITS): per iteration its seconds and (on CUDA) the allocator's peaks and end state; on
+    CUDA also the allocator's events from before the build to the end (a MARKER_BYTES request
+    after the build and after each iteration cuts them into parts) and the segments at the end.
+    Call in a process of its own (the process group stays initialised)."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from workloads import build_training, make_mesh, train_step
+
+    if init not in INITS:
+        raise ValueError(f"init={init!r}: one of {', '.join(INITS)}")
+    cuda = device == "cuda"
+
+    def mark() -> None:
+        if cuda:  # made and freed at once
+            torch.empty(MARKER_BYTES, dtype=torch.uint8, device=device)
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=job.world_size)
+    mesh = make_mesh(job, device)
+    if cuda:
+        torch.cuda.memory._record_memory_history(context="alloc", stacks="python")
+    state = build_training(job, mesh, device=device, init_device="meta" if init == "meta" else None)
+    shape = (job.local_batch_rows, job.batch.seq_len)
+    tokens = torch.randint(0, job.model.vocab, shape, generator=torch.Generator().manual_seed(0))
+    tokens = tokens.to(device)
+    mark()
+    iterations = []
+    for i in range(warmup + steady):
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        train_step(job, state, tokens, tokens)
+        if cuda:
+            torch.cuda.synchronize()
+        row = {"iteration_s": time.perf_counter() - start}
+        if cuda:
+            row |= {
+                "peak_allocated": torch.cuda.max_memory_allocated(),
+                "peak_reserved": torch.cuda.max_memory_reserved(),
+                "end_allocated": torch.cuda.memory_allocated(),
+                "end_reserved": torch.cuda.memory_reserved(),
+            }
+        mark()
+        iterations.append(row)
+        print(f"iteration {i}: {row}", flush=True)
+    history = {}
+    if cuda:
+        history = compact_snapshot(torch.cuda.memory._snapshot())
+        torch.cuda.memory._record_memory_history(enabled=None)
+    dist.destroy_process_group()
+    return {"device": device, "init": init, "warmup": warmup, "iterations": iterations,
+            "torch": torch.__version__} | history  # fmt: skip
+
+
+def compact_snapshot(snapshot: dict) -> dict:
+    """torch.cuda.memory._snapshot() cut to what the comparison reads: events as [action,
+    addr, size, stream, stack index] with the stacks (innermost MAX_FRAMES frames, each
+    "file:line function") listed once, and the segments' sizes, streams and blocks."""
+    stacks: dict[tuple, int] = {}
+    events = []
+    for e in snapshot["device_traces"][0]:
+        frames = tuple(
+            f"{f['filename']}:{f['line']} {f['name']}" for f in e.get("frames", [])[:MAX_FRAMES]
+        )
+        stack = stacks.setdefault(frames, len(stacks))
+        events.append([e["action"], e["addr"], e["size"], e["stream"], stack])
+    segments = [
+        {
+            "address": s["address"],
+            "total_size": s["total_size"],
+            "allocated_size": s["allocated_size"],
+            "stream": s["stream"],
+            "blocks": [[b["size"], b["state"]] for b in s["blocks"]],
+        }
+        for s in snapshot["segments"]
+    ]
+    return {"events": events, "stacks": [list(s) for s in stacks], "segments": segments}
+
+
+def measure(cases: list[str], inits: list[str], out: Path, budget_s: float) -> int:
+    """Each case and build in a fresh process (an empty allocator, a process group of its own);
+    one that fails, runs past RANK_TIMEOUT_S or past what is left of `budget_s` is listed and
+    the others still run while time is left (so that a caller's own limit never cuts a run
+    mid-write)."""
+    deadline = time.monotonic() + budget_s
+    failed = []
+    for case in cases:
+        for init in inits:
+            left = deadline - time.monotonic()
+            command = [sys.executable, __file__, case, "--init", init, "--measure", str(out), "--rank"]
+            try:
+                ok = left > 0 and subprocess.run(command, timeout=min(RANK_TIMEOUT_S, left)).returncode == 0
+            except subprocess.TimeoutExpired:
+                ok = False
+            if not ok:
+                failed.append(f"{case} ({init})")
+                print(f"{case} ({init}): not measured ({'failed' if left > 0 else 'no time left'})", flush=True)
+    if failed:
+        print(f"not measured: {', '.join(failed)}", flush=True)
+    return 1 if failed else 0
+
+
+def write_rank(case: str, init: str, out: Path) -> None:
+    from prismbench.spec import load_job_spec
+
+    print(f"== {case}, built on {init}", flush=True)
+    result = {"case": case} | run_rank(load_job_spec(spec_path(case)), init=init)
+    path = out / f"{case}.{init}.json.gz"
+    tmp = path.with_suffix(".tmp")
+    with gzip.open(tmp, "wt") as f:
+        json.dump(result, f)
+    tmp.replace(path)  # a run cut while writing leaves no file a comparison would read
+
+
+# ---- comparing ---------------------------------------------------------------------------------
+
+
+def measured_parts(events: list) -> dict[str, list]:
+    """A measured history cut at its markers: "setup" (the build), then one list per iteration
+    in "iterations"; the markers themselves left out."""
+    cuts, part = [], []
+    for e in events:
+        if e[2] == MARKER_BYTES and e[0] in ("alloc", "free_requested", "free_completed"):
+            if e[0] == "free_completed":
+                cuts.append(part)
+                part = []
+            continue
+        part.append(e)
+    if not cuts:
+        raise ValueError(f"no marker request of {MARKER_BYTES} B in the history")
+    return {"setup": cuts[0], "iterations": cuts[1:]}
+
+
+def event_rows(history: list[dict]) -> list[list]:
+    """A replay's events (emulator.memory.export) in the measured histories' form (no stack)."""
+    return [[e["action"], e["addr"], e["size"], e["stream"], -1] for e in history]
+
+
+def requests(events: list) -> list[int]:
+    """The sizes of the allocation requests, in order ("alloc" events)."""
+    return [e[2] for e in events if e[0] == "alloc"]
+
+
+def opened_bytes(events: list) -> int:
+    """Bytes of the segments opened (cudaMalloc'd) in `events`."""
+    return sum(e[2] for e in events if e[0] == "segment_alloc")
+
+
+def parting(measured: list[int], predicted: list[int], context: int = 3) -> dict:
+    """Where two request sequences part: the index of the first difference (the shorter one's
+    length where it is the other's start; None where they are equal), a few requests either
+    side on each side, and the sizes one side asks for more often than the other (size:
+    measured count - predicted count), largest bytes first."""
+    shorter = min(len(measured), len(predicted))
+    first = next((i for i in range(shorter) if measured[i] != predicted[i]), None)
+    if first is None and len(measured) != len(predicted):
+        first = shorter
+    lo, hi = (0, 0) if first is None else (max(first - context, 0), first + context + 1)
+    counts = collections.Counter(measured)
+    counts.subtract(collections.Counter(predicted))
+    excess = sorted(((s, n) for s, n in counts.items() if n), key=lambda kv: -abs(kv[0] * kv[1]))
+    return {
+        "measured_requests": len(measured),
+        "predicted_requests": len(predicted),
+        "first_difference": first,
+        "measured_around": measured[lo:hi],
+        "predicted_around": predicted[lo:hi],
+        "excess_sizes": excess,
+    }
+
+
+def compare_case(result: dict) -> list[str]:
+    """One measured run (`write_rank`'s file) beside the replay of the same program, part by
+    part: the build, then each iteration."""
+    from emulator.memory import replay_memory
+    from emulator.memory.export import history_by_iteration
+
+    case, init, its = result["case"], result["init"], result["iterations"]
+    trace = predicted_trace(case, built_on_device=init == "device")
+    parts = measured_parts(result["events"])
+    history = history_by_iteration(trace, gpu=GPU, steady_iterations=max(len(its) - 1, 0))
+    predicted = {
+        "setup": event_rows(history["setup"]),
+        "first": event_rows(history["first"]),
+        "steady": [event_rows(part) for part in history["steady"]],
+    }
+    predicted_its = [predicted["first"], *predicted["steady"]]
+    replay = replay_memory(trace, gpu=GPU)
+    lines = [f"### {case}, built on {init}", "",
+             "| part | seconds | peak allocated (GB) | peak reserved (GB) | reserved at end (GB) "
+             "| opened: meas / pred (GB) | requests: meas / pred | first difference |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+
+    def part_row(label: str, real: list, model: list, it: dict | None) -> str:
+        p = parting(requests(real), requests(model))
+        figures = (
+            f"{it['iteration_s']:.3f} | {it['peak_allocated'] / 1e9:.3f} "
+            f"| {it['peak_reserved'] / 1e9:.3f} | {it['end_reserved'] / 1e9:.3f}"
+            if it else " | | |"
+        )
+        return (
+            f"| {label} | {figures} | {opened_bytes(real) / 1e9:.3f} / {opened_bytes(model) / 1e9:.3f} "
+            f"| {p['measured_requests']} / {p['predicted_requests']} | {p['first_difference']} |"
+        )
+
+    lines.append(part_row("build", parts["setup"], predicted["setup"], None))
+    for i, (real, model, it) in enumerate(zip(parts["iterations"], predicted_its, its, strict=True)):
+        lines.append(part_row(f"iteration {i}", real, model, it))
+    lines.append(
+        f"| predicted steady peaks | | {replay.peak_allocated_bytes / 1e9:.3f} "
+        f"| {replay.peak_reserved_bytes / 1e9:.3f} | | | | |"
+    )
+    for label, real, model in (("build", parts["setup"], predicted["setup"]),
+                               ("first iteration", parts["iterations"][0], predicted["first"])):  # fmt: skip
+        p = parting(requests(real), requests(model))
+        lines += [
+            "",
+            f"{label}: first difference at request {p['first_difference']} (measured "
+            f"{p['measured_around']}, predicted {p['predicted_around']}); sizes requested more "
+            "often measured (+) or predicted (-), largest bytes first: "
+            + (", ".join(f"{size:,} B x {n:+d}" for size, n in p["excess_sizes"][:12]) or "none"),
+        ]
+    return [*lines, ""]
+
+
+def compare(folder: Path) -> list[str]:
+    paths = sorted(folder.glob("*.json.gz"))
+    if not paths:
+        raise SystemExit(f"--compare {folder}: no <case>.<init>.json.gz here")
+    lines = []
+    for path in paths:
+        with gzip.open(path, "rt") as f:
+            lines += compare_case(json.load(f))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="*", metavar="CASE", help=f"default: {', '.join(CASES)}")
+    parser.add_argument("--measure", type=Path, metavar="DIR",
+                        help="run the ranks on this GPU, write DIR/<case>.<init>.json.gz")  # fmt: skip
+    parser.add_argument("--init", action="append", choices=INITS,
+                        help="how --measure builds the model (repeatable; default: both)")  # fmt: skip
+    parser.add_argument("--budget-s", type=float, default=450.0,
+                        help="--measure starts no run after this many seconds (default 450)")  # fmt: skip
+    parser.add_argument("--compare", type=Path, metavar="DIR", help="score a --measure folder")
+    parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)  # one run, in its own process
+    parser.add_argument("--out", type=Path, help="also write the markdown here")
+    args = parser.parse_args(argv)
+    try:
+        cases = [spec_path(c).stem for c in args.cases] or list(CASES)
+    except ValueError as err:
+        parser.exit(2, f"{err}\n")
+    inits = args.init or list(INITS)
+    if args.rank:
+        write_rank(cases[0], inits[0], args.measure)
+        return 0
+    if args.measure:
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.exit(2, "--measure: no CUDA device here\n")
+        args.measure.mkdir(parents=True, exist_ok=True)
+        return measure(cases, inits, args.measure, args.budget_s)
+    command = command_line("results/fidelity/fake_pg_memory.py", argv)
+    if args.compare:
+        report(command, compare(args.compare), args.out)
+        return 0
+    report(command, score(json.loads(MEASURED.read_text()), cases), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,124 @@
+"""One rank of the shared fake-process-group jobs (results/fidelity/fake_pg_memory.py): the
+peaks against the shared measurement, the comparison of a memory history part by part, and a
+rank run under torch's fake backend on CPU (the GPU run is a device check)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SMALLEST = "gpt3-13b-l8-tp4-s2048-mb4"  # the quickest of the four to capture
+
+
+def marked(fake_pg, parts: list[list[dict]]) -> list[list]:
+    """Replay events as a measured history: each part followed by a marker request."""
+    marker = [[a, 1, fake_pg.MARKER_BYTES, 0, 0] for a in ("alloc", "free_requested", "free_completed")]
+    return [row for part in parts for row in (*fake_pg.event_rows(part), *marker)]
+
+
+def test_the_specs_are_the_shared_ones(fake_pg):
+    shared = fake_pg.SHARED / "fake-pg-ranks"
+    if not shared.is_dir():
+        pytest.skip("../shared is not beside this checkout")
+    for case in fake_pg.CASES:
+        assert (fake_pg.SPECS / f"{case}.toml").read_text() == (shared / f"{case}.toml").read_text()
+    assert set(fake_pg.CASES) == {
+        k for k, v in json.loads(fake_pg.MEASURED.read_text()).items() if isinstance(v, dict)
+    }
+
+
+def test_the_build_on_the_device_is_what_the_measured_rank_reserved_beyond_the_model(fake_pg):
+    if not fake_pg.MEASURED.is_file():
+        pytest.skip("../shared is not beside this checkout")
+    real = json.loads(fake_pg.MEASURED.read_text())[SMALLEST]["peak_steady"]
+    on_device = fake_pg.predict(SMALLEST)
+    on_meta = fake_pg.predict(SMALLEST, built_on_device=False)
+    assert on_device.peak_allocated_bytes == pytest.approx(real["allocated"], rel=1e-4)
+    assert on_meta.peak_allocated_bytes == pytest.approx(real["allocated"], rel=1e-3)
+    # the fp32 model built whole on the GPU and sharded leaves its segments cached: without
+    # them the prediction is 14.6 % low, with them 3.9 % high (fake_pg_memory.md)
+    assert on_meta.peak_reserved_bytes < 0.9 * real["reserved"]
+    assert on_device.peak_reserved_bytes == pytest.approx(real["reserved"], rel=0.05)
+
+
+def test_a_history_equal_to_the_replay_parts_nowhere(fake_pg):
+    from emulator.memory.export import history_by_iteration
+
+    trace = fake_pg.predicted_trace(SMALLEST)
+    history = history_by_iteration(trace, gpu=fake_pg.GPU, steady_iterations=2)
+    figures = {"iteration_s": 0.2, "peak_allocated": 1, "peak_reserved": 2, "end_allocated": 1,
+               "end_reserved": 2}  # fmt: skip
+    result = {
+        "case": SMALLEST,
+        "init": "device",
+        "iterations": [figures] * 3,
+        "events": marked(fake_pg, [history["setup"], history["first"], *history["steady"]]),
+    }
+    table = [line for line in fake_pg.compare_case(result) if line.startswith("| build") or line.startswith("| iteration")]
+    assert len(table) == 4
+    assert all(line.endswith("| None |") for line in table)
+    build_opened = sum(e["size"] for e in history["setup"] if e["action"] == "segment_alloc")
+    assert build_opened > 10e9  # the fp32 model's segments, opened before the first iteration
+    assert f"{build_opened / 1e9:.3f} / {build_opened / 1e9:.3f}" in table[0]
+
+
+def test_a_history_without_markers_is_refused(fake_pg):
+    with pytest.raises(ValueError, match="no marker request of 7777 B"):
+        fake_pg.measured_parts([["alloc", 0, 512, 0, 0]])
+
+
+def test_parting_names_the_first_difference_and_the_sizes_asked_for_more(fake_pg):
+    part = fake_pg.parting([1, 2, 3, 4, 4], [1, 2, 5, 4], context=1)
+    assert part["first_difference"] == 2
+    assert part["measured_around"] == [2, 3, 4] and part["predicted_around"] == [2, 5, 4]
+    assert part["excess_sizes"] == [(5, -1), (4, 1), (3, 1)]
+    assert fake_pg.parting([1, 2], [1, 2])["first_difference"] is None
+    assert fake_pg.parting([1, 2], [1, 2, 3])["first_difference"] == 2
+
+
+@pytest.mark.parametrize("init", ["device", "meta"])
+def test_a_rank_runs_under_the_fake_backend_on_cpu(init, tmp_path):
+    # a process of its own: the fake process group stays initialised
+    script = textwrap.dedent(
+        f"""
+        import dataclasses, json
+        from tests.results.conftest import load_script
+        from prismbench.spec import load_job_spec
+        fake_pg = load_script("fidelity/fake_pg_memory.py")
+        job = load_job_spec(fake_pg.spec_path("llama3-8b-tp8-sp-s8192-mb1"))
+        model = dataclasses.replace(job.model, layers=2, hidden=64, ffn_hidden=256, heads=8,
+                                    kv_heads=8, vocab=128, max_seq_len=64)
+        job = dataclasses.replace(job, model=model, batch=dataclasses.replace(job.batch, seq_len=32))
+        print(json.dumps(fake_pg.run_rank(job, "cpu", {init!r}, warmup=1, steady=1)))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["init"] == init and len(result["iterations"]) == 2
+    assert "events" not in result  # no allocator history without CUDA
+
+
+def test_an_unknown_case_exits_2_naming_it(fake_pg, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        fake_pg.main(["gpt3-9t"])
+    assert exit_.value.code == 2
+    assert "CASE 'gpt3-9t': not one of" in capsys.readouterr().err
+
+
+def test_measure_needs_cuda(fake_pg, tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    with pytest.raises(SystemExit) as exit_:
+        fake_pg.main(["--measure", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_device_checks_run_it(fake_pg):
+    script = (fake_pg.ROOT / "results" / "device_checks.sh").read_text()
+    assert "$py results/fidelity/fake_pg_memory.py \\\n    --measure /tmp/fake_pg_memory" in script
