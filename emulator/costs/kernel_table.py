@@ -20,7 +20,13 @@ does this GPU take for an op of this shape". `KernelTable.lookup` tries, in orde
    efficiency is not: on a real H200 the 125M GPT at micro-batch 71 (GEMMs of 145 408 rows,
    8.9x the table's largest of that shape) ran 0.5815 s an iteration; with 88 % of its compute
    priced by the curves it was predicted 0.418 s (-28 %), with those ops extrapolated 0.58 s
-   (`results/fidelity/big_batch_h200.md`);
+   (`results/fidelity/big_batch_h200.md`); and a GEMM of the unaligned variant with no row near
+   or below takes the rate of the `NEIGHBOURS` nearest unaligned rows at any distance (those of
+   `MIN_EXTRAPOLATED_ROW_S` or longer where there are any), weighted as in 2: the roofline
+   curves describe aligned tensor-core kernels, 5-7x faster than cuBLAS's unaligned ones, whose
+   rate hardly moves with shape (the H100 table's unaligned rows: 95-153 TFLOP/s from m = 512
+   to 32 768; a tensor-parallel rank's 12 565-row vocabulary shard, measured under the fake
+   process group, 98-145 TFLOP/s, where the curves priced it at ~690);
 4. nothing (None): the caller prices the op with its roofline curves (`costs.compute`): ops
    smaller than every row, or larger on some fields and smaller on others.
 Each answer also says how many kernels the op launches (`kernels`: the mean over the same
@@ -198,6 +204,13 @@ class KernelTable:
                 # the largest shapes only: far smaller rows run below saturation
                 largest = below[distance[below] <= distance[below].min() + max_log2_distance]
                 return self._from_rows(op, k, largest, distance, sm_count, "extrapolated")
+        if own in distances and own[3] == "unaligned":
+            # the curves price aligned tensor-core kernels only: any measured unaligned row is
+            # nearer the truth (module docstring, step 3)
+            times = self.groups[own][4]
+            rows = np.flatnonzero(times >= MIN_EXTRAPOLATED_ROW_S)
+            rows = rows if len(rows) else np.arange(len(times))
+            return self._from_rows(op, own, rows, distances[own], sm_count, "extrapolated")
         return None
 
     def _from_rows(

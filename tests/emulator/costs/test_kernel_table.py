@@ -148,6 +148,20 @@ def test_unaligned_gemms_never_borrow_aligned_rows(mixed_table):
     assert rate == pytest.approx(10e12 * tiles, rel=0.01) and tiles != pytest.approx(1, abs=0.05)
 
 
+def test_an_unaligned_gemm_far_from_every_unaligned_row_takes_their_rate_not_the_curves(mixed_table):
+    # the curves price aligned tensor-core kernels; the only unaligned row (2 048 x 2 049 x 2 048,
+    # 10 TFLOP/s) is 16x off in n and in k and not below: still nearer the truth
+    far = gemm_op("mm", 8192, 127, 32768)
+    seconds, source, _ = mixed_table.lookup(far, H100.sm_count)
+    assert source == "extrapolated"
+    per_slot = 10e12 / gemm_tile_utilisation(2048, 2049, 1, H100.sm_count)
+    assert far.flops / seconds == pytest.approx(per_slot * gemm_tile_utilisation(8192, 127, 1, H100.sm_count))
+    assert seconds > 5 * curve_time_s(far, H100)
+    # a larger unaligned GEMM is never cheaper than a smaller one beside it
+    times = [op_time_s(gemm_op("mm", m, 4096, 4096), H100, table=mixed_table) for m in (88948, 101218)]
+    assert times[0] < times[1]
+
+
 def test_neighbours_are_capped(tmp_path):
     # 20 rows around 4096^3, the nearest at 100 TFLOP/s, the 12 farthest at 1 TFLOP/s
     # (rates per busy tile slot)
