@@ -5,7 +5,8 @@ batch, training settings, kernels and cluster. All but the cluster are the workl
 (`workloads.job`); the cluster, the rules that need its hardware, and TOML loading are here.
 Every rule is checked where the dataclass is built; a broken rule raises `SpecError` with the
 field and the numbers in the message, before anything runs.
-`../shared/data/jobspec.example.toml` (copied to `examples/`) is the contract.
+`../shared/data/jobspec.example.toml` is the contract; `examples/jobspec.example.toml` keeps
+its values and names every field since added (kernels, and each field's choices: a test).
 """
 
 from __future__ import annotations

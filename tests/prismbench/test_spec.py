@@ -42,6 +42,14 @@ def test_example_job_is_llama3_70b_on_8192_gpus():
     assert job.stage_layers == (20, 20, 20, 20)
 
 
+def test_the_example_is_the_shared_contract_s_job():
+    contract = ROOT.parent / "shared" / "data" / "jobspec.example.toml"
+    if not contract.is_file():
+        pytest.skip("../shared is not beside this checkout")
+    example = load_job_spec(ROOT / "examples" / "jobspec.example.toml")
+    assert example.to_dict() == load_job_spec(contract).to_dict()
+
+
 def test_the_example_names_every_field_a_spec_takes():
     # the README sends readers to the example for the fields: each one must be there, at
     # least as a commented-out line with its choices
