@@ -3,13 +3,13 @@
 # a session's 15 minutes of device time, machine start included; name the steps a session still
 # needs). Run so far (results/gpu_runs/): every step but compile, sac_kinds, host_tiny and
 # fake_pg_memory on an H100 (2026-11-28; the repeats at 40 iterations), all but reprofile,
-# expandable and sac_host_llama on an H200 (2026-11-27). Still needed, as calls of under 10
-# minutes each:
+# expandable, sac_host_llama and the three steps added since (sac_kinds, host_tiny,
+# fake_pg_memory) on an H200 (2026-11-27). Still needed, as calls of under 10 minutes each:
 #   1. `gpu torch host_tiny sac_host sac_host_llama sac_kinds` (570 s at most, 8 files): the host
 #      model's evidence (new, 2026-11-29): host cost per launching op and per aten call without
 #      the profiler, which the host figures overstate in GPU-bound runs, and whether op-level
 #      SAC's host cost follows its calls' kinds on a GPU's host as on a CPU;
-#   2. `gpu torch fake_pg_memory` (540 s, 2 files and the log): issue 16's memory of a rank of a
+#   2. `gpu torch fake_pg_memory` (540 s, 2 files: the archive and the log): issue 16's memory of a rank of a
 #      several-rank job (new, 2026-11-29): built on the device as the shared measurement was
 #      (predicted reserved +0.1 .. +7.2 %, `fake_pg_memory.md`; where the rest comes from) and
 #      on meta as `record` now builds it (what `emulate` predicts; never measured);
