@@ -28,7 +28,8 @@ does this GPU take for an op of this shape". `KernelTable.lookup` tries, in orde
    to 32 768; a tensor-parallel rank's 12 565-row vocabulary shard, measured under the fake
    process group, 98-145 TFLOP/s, where the curves priced it at ~690);
 4. nothing (None): the caller prices the op with its roofline curves (`costs.compute`): ops
-   smaller than every row, or larger on some fields and smaller on others.
+   smaller than every row, or larger on some fields and smaller on others (an unaligned GEMM
+   only where its group has no row at all).
 Each answer also says how many kernels the op launches (`kernels`: the mean over the same
 rows, with the same weights, of the rows that state it; 1 where none does), for the time a
 stream idles between kernels (`costs.pricing`). Profiles and `prismbench calibrate` state it;
@@ -176,8 +177,9 @@ class KernelTable:
         self, op: OpRecord, sm_count: int, *, max_log2_distance: float = 1.0
     ) -> tuple[float, str, float] | None:
         """(seconds, "exact" | "interpolated" | "extrapolated", kernels launched) for `op`, or
-        None where the table has no row near or below it. `sm_count`: the SMs of the table's GPU
-        (a GEMM's tile utilisation depends on them)."""
+        None where the table has no row near or below it (an unaligned GEMM: no unaligned row at
+        all). `sm_count`: the SMs of the table's GPU (a GEMM's tile utilisation depends on
+        them)."""
         own = lookup_keys(op)[0]
         target = _features(op)
         distances = {
