@@ -20,11 +20,7 @@ import numpy as np
 
 from emulator.capture.trace import RankTrace
 from emulator.hardware import gpu_preset
-from emulator.memory.config import parse_alloc_conf
-from emulator.memory.events import replay_events
-from emulator.memory.iterations import iteration_events
-from emulator.memory.outside import CUBLAS_WORKSPACE_BYTES, CUBLASLT_WORKSPACE_BYTES, outside_memory
-from emulator.memory.replay import _allocator, _replay, _run
+from emulator.memory.replay import _replay, _run, prepared_replay
 
 
 def snapshot(trace: RankTrace, **replay_kwargs) -> dict:
@@ -72,13 +68,7 @@ def history_by_iteration(
     if steady_iterations < 0:
         raise ValueError(f"steady_iterations={steady_iterations} must be >= 0")
     preset = gpu_preset(gpu) if gpu else None
-    arch = preset.arch if preset else None
-    allocator = _allocator(parse_alloc_conf(alloc_conf), preset, outside_memory(trace, arch), None, True)
-    events = replay_events(
-        trace, CUBLAS_WORKSPACE_BYTES.get(arch, CUBLAS_WORKSPACE_BYTES["ampere"]), True,
-        CUBLASLT_WORKSPACE_BYTES,
-    )  # fmt: skip
-    first, steady = iteration_events(trace, events)
+    allocator, first, steady, _ = prepared_replay(trace, preset, alloc_conf, history=True)
     in_iteration = trace.columns["phase"][first["rows"]] >= 0  # the setup events come first
     setup_count = int(np.argmax(in_iteration)) if in_iteration.any() else len(in_iteration)
     live: dict = {}

@@ -155,8 +155,27 @@ def _replay(
     history=False,
 ):
     preset = gpu_preset(gpu) if isinstance(gpu, str) else gpu
-    config = alloc_conf if isinstance(alloc_conf, AllocatorConfig) else parse_alloc_conf(alloc_conf)
     conf_text = alloc_conf if isinstance(alloc_conf, str) else repr(alloc_conf)
+    allocator, first_ev, steady_ev, outside = prepared_replay(
+        trace, preset, alloc_conf, memory_fraction, workspaces, outside, history
+    )
+    runs = _iterations(allocator, first_ev, steady_ev)
+    result = _result(trace, runs, allocator, outside, preset, conf_text, stage, top_modules)
+    return result, allocator
+
+
+def prepared_replay(
+    trace: RankTrace,
+    preset: GpuPreset | None,
+    alloc_conf: str | AllocatorConfig = "",
+    memory_fraction: float | None = None,
+    workspaces: bool = True,
+    outside: OutsideMemory | None = None,
+    history: bool = False,
+) -> tuple[CachingAllocator, dict, dict, OutsideMemory]:
+    """What a replay starts from: the device's empty allocator, the first and the steady
+    iteration's events (emulator.memory.iterations) and the memory outside the allocator."""
+    config = alloc_conf if isinstance(alloc_conf, AllocatorConfig) else parse_alloc_conf(alloc_conf)
     arch = preset.arch if preset else None
     outside = outside or outside_memory(trace, arch)
     allocator = _allocator(config, preset, outside, memory_fraction, history)
@@ -166,9 +185,7 @@ def _replay(
         workspaces,
         CUBLASLT_WORKSPACE_BYTES,
     )
-    runs = _iterations(allocator, *iteration_events(trace, ev))
-    result = _result(trace, runs, allocator, outside, preset, conf_text, stage, top_modules)
-    return result, allocator
+    return allocator, *iteration_events(trace, ev), outside
 
 
 def _iterations(allocator: CachingAllocator, first_ev: dict, steady_ev: dict) -> dict:
