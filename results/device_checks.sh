@@ -9,10 +9,11 @@
 #      model's evidence (new, 2026-11-29): host cost per launching op and per aten call without
 #      the profiler, which the host figures overstate in GPU-bound runs, and whether op-level
 #      SAC's host cost follows its calls' kinds on a GPU's host as on a CPU;
-#   2. `gpu torch fake_pg_memory` (540 s, 2 files: the archive and the log): issue 16's memory of a rank of a
-#      several-rank job (new, 2026-11-29): built on the device as the shared measurement was
-#      (predicted reserved +0.1 .. +7.2 %, `fake_pg_memory.md`; where the rest comes from) and
-#      on meta as `record` now builds it (what `emulate` predicts; never measured);
+#   2. `gpu torch fake_pg_memory` (540 s, 2 files: the archive and the log): issue 16's memory
+#      of a rank of a several-rank job (new, 2026-11-29): built on the device as the shared
+#      measurement was (where the reserved bytes the replay over-predicts come from,
+#      `fake_pg_memory.md`) and on meta as `record` now builds it (what `emulate` predicts;
+#      never measured);
 #   3. `gpu_tests reprofile` (510 s): the workloads' CUDA paths changed after the H100 run
 #      (compiled custom op kernels, SDPA's flash backend for `flash2`, one block mask per
 #      forward); then `compile` (a compiled torchtitan block's Inductor kernels timed) and

@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import SHARED, command_line, report  # noqa: E402
+from shared_gpu import SHARED, command_line, local_gpu_preset, report  # noqa: E402
 
 SPECS = Path(__file__).resolve().parent / "fake_pg_ranks"
 MEASURED = SHARED / "fake-pg-ranks" / "results.json"
@@ -54,7 +54,8 @@ WARMUP = 3  # as the shared measurement
 STEADY = 2
 INITS = ("device", "meta")  # the shared measurement's build, and the one `record` runs
 # A request of this size (rounded into the small pool, not otherwise made by these programs)
-# marks the end of the build and of each iteration in a measured history.
+# marks the end of the build and of each iteration in a measured history. The first one may
+# open a 2 MiB small-pool segment of its own: counted in the build's part, 0.002 GB at most.
 MARKER_BYTES = 7_777
 MAX_FRAMES = 16  # innermost Python frames kept per event
 RANK_TIMEOUT_S = 240
@@ -84,35 +85,46 @@ def predicted_trace(case: str, *, built_on_device: bool = True):
     return capture.traces[int(capture.world.class_of(0))]
 
 
-def predict(case: str, *, built_on_device: bool = True):
-    from emulator.memory import replay_memory
-
-    return replay_memory(predicted_trace(case, built_on_device=built_on_device), gpu=GPU)
-
-
 def _cell(predicted: int, measured: int, digits: int) -> str:
     return f"{predicted / 1e9:.3f} ({100 * (predicted - measured) / measured:+.{digits}f} %)"
 
 
 def score(measured: dict, cases: list[str]) -> list[str]:
     """Predicted against measured steady peaks, one row per case: the program as measured
-    (built on the device) and as `emulate` takes a job of several ranks to run (built on meta)."""
-    lines = [
+    (built on the device) and as `emulate` takes a job of several ranks to run (built on meta);
+    then the segments each prediction opens in each part of the run."""
+    from emulator.memory import replay_memory
+
+    peaks = [
         "| case | allocated: meas (GB) | pred, built on device | reserved: meas (GB) "
         "| pred, built on device | pred, built on meta (emulate) |",
         "|---|--:|--:|--:|--:|--:|",
     ]
+    parts = [
+        "Segments opened per part of the run, predicted (GB: the build with the declared state "
+        "/ the first iteration / the next one):",
+        "",
+        "| case | built on device | built on meta |",
+        "|---|--:|--:|",
+    ]
     for i, case in enumerate(cases, 1):
         print(f"[{i}/{len(cases)}] {case}: capturing and replaying", file=sys.stderr, flush=True)
-        on_device, on_meta = predict(case), predict(case, built_on_device=False)
+        traces = [predicted_trace(case, built_on_device=on_device) for on_device in (True, False)]
+        on_device, on_meta = (replay_memory(trace, gpu=GPU) for trace in traces)
         allocated, reserved = (measured[case]["peak_steady"][k] for k in ("allocated", "reserved"))
-        lines.append(
+        peaks.append(
             f"| {case} | {allocated / 1e9:.3f} "
             f"| {_cell(on_device.peak_allocated_bytes, allocated, 3)} "
             f"| {reserved / 1e9:.3f} | {_cell(on_device.peak_reserved_bytes, reserved, 2)} "
             f"| {_cell(on_meta.peak_reserved_bytes, reserved, 2)} |"
         )
-    return lines
+        opened = []
+        for trace in traces:
+            history = predicted_parts(trace, GPU, steady_iterations=1)
+            runs = (history["setup"], history["first"], *history["steady"])
+            opened.append(" / ".join(f"{opened_bytes(part) / 1e9:.2f}" for part in runs))
+        parts.append(f"| {case} | {opened[0]} | {opened[1]} |")
+    return [*peaks, "", *parts]
 
 
 # ---- on the GPU -------------------------------------------------------------------------------
@@ -130,16 +142,11 @@ def run_rank(
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from workloads import build_training, make_mesh, train_step
+    from workloads import build_training, make_mesh
 
     if init not in INITS:
         raise ValueError(f"init={init!r}: one of {', '.join(INITS)}")
     cuda = device == "cuda"
-
-    def mark() -> None:
-        if cuda:  # made and freed at once
-            torch.empty(MARKER_BYTES, dtype=torch.uint8, device=device)
-
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=job.world_size)
     mesh = make_mesh(job, device)
     if cuda:
@@ -148,27 +155,12 @@ def run_rank(
     shape = (job.local_batch_rows, job.batch.seq_len)
     tokens = torch.randint(0, job.model.vocab, shape, generator=torch.Generator().manual_seed(0))
     tokens = tokens.to(device)
-    mark()
+    _mark(device)
     iterations = []
     for i in range(warmup + steady):
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
-        train_step(job, state, tokens, tokens)
-        if cuda:
-            torch.cuda.synchronize()
-        row = {"iteration_s": time.perf_counter() - start}
-        if cuda:
-            row |= {
-                "peak_allocated": torch.cuda.max_memory_allocated(),
-                "peak_reserved": torch.cuda.max_memory_reserved(),
-                "end_allocated": torch.cuda.memory_allocated(),
-                "end_reserved": torch.cuda.memory_reserved(),
-            }
-        mark()
-        iterations.append(row)
-        print(f"iteration {i}: {row}", flush=True)
+        iterations.append(_timed_iteration(job, state, tokens, device))
+        _mark(device)
+        print(f"iteration {i}: {iterations[-1]}", flush=True)
     history = {}
     if cuda:
         history = compact_snapshot(torch.cuda.memory._snapshot())
@@ -176,6 +168,39 @@ def run_rank(
     dist.destroy_process_group()
     return {"device": device, "init": init, "warmup": warmup, "iterations": iterations,
             "torch": torch.__version__} | history  # fmt: skip
+
+
+def _mark(device: str) -> None:
+    """A MARKER_BYTES request, made and freed at once, where a CUDA history is recorded."""
+    import torch
+
+    if device == "cuda":
+        torch.empty(MARKER_BYTES, dtype=torch.uint8, device=device)
+
+
+def _timed_iteration(job, state, tokens, device: str) -> dict:
+    """One train step: its seconds and, on CUDA, the allocator's peaks over it and its end."""
+    import torch
+
+    from workloads import train_step
+
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    train_step(job, state, tokens, tokens)
+    if cuda:
+        torch.cuda.synchronize()
+    row = {"iteration_s": time.perf_counter() - start}
+    if not cuda:
+        return row
+    return row | {
+        "peak_allocated": torch.cuda.max_memory_allocated(),
+        "peak_reserved": torch.cuda.max_memory_reserved(),
+        "end_allocated": torch.cuda.memory_allocated(),
+        "end_reserved": torch.cuda.memory_reserved(),
+    }
 
 
 def compact_snapshot(snapshot: dict) -> dict:
@@ -213,24 +238,32 @@ def measure(cases: list[str], inits: list[str], out: Path, budget_s: float) -> i
     for case in cases:
         for init in inits:
             left = deadline - time.monotonic()
-            command = [sys.executable, __file__, case, "--init", init, "--measure", str(out), "--rank"]
-            try:
-                ok = left > 0 and subprocess.run(command, timeout=min(RANK_TIMEOUT_S, left)).returncode == 0
-            except subprocess.TimeoutExpired:
-                ok = False
-            if not ok:
+            if left <= 0 or not _rank_process(case, init, out, min(RANK_TIMEOUT_S, left)):
                 failed.append(f"{case} ({init})")
-                print(f"{case} ({init}): not measured ({'failed' if left > 0 else 'no time left'})", flush=True)
+                why = "failed" if left > 0 else "no time left"
+                print(f"{case} ({init}): not measured ({why})", flush=True)
     if failed:
         print(f"not measured: {', '.join(failed)}", flush=True)
     return 1 if failed else 0
 
 
+def _rank_process(case: str, init: str, out: Path, timeout_s: float) -> bool:
+    """Whether `write_rank(case, init, out)`, in a process of its own, ended well in time."""
+    command = [sys.executable, __file__, case, "--init", init, "--measure", str(out), "--rank"]
+    try:
+        return subprocess.run(command, timeout=timeout_s).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
 def write_rank(case: str, init: str, out: Path) -> None:
+    import torch
+
     from prismbench.spec import load_job_spec
 
     print(f"== {case}, built on {init}", flush=True)
-    result = {"case": case} | run_rank(load_job_spec(spec_path(case)), init=init)
+    machine = {"gpu": torch.cuda.get_device_name(), "preset": local_gpu_preset()}
+    result = {"case": case} | machine | run_rank(load_job_spec(spec_path(case)), init=init)
     path = out / f"{case}.{init}.json.gz"
     tmp = path.with_suffix(".tmp")
     with gzip.open(tmp, "wt") as f:
@@ -295,58 +328,71 @@ def parting(measured: list[int], predicted: list[int], context: int = 3) -> dict
     }
 
 
-def compare_case(result: dict) -> list[str]:
-    """One measured run (`write_rank`'s file) beside the replay of the same program, part by
-    part: the build, then each iteration."""
-    from emulator.memory import replay_memory
+def predicted_parts(trace, gpu: str, steady_iterations: int) -> dict:
+    """The replay's history of `trace` in the measured histories' form: "setup", "first" and
+    a list of "steady" parts (emulator.memory.export.history_by_iteration)."""
     from emulator.memory.export import history_by_iteration
 
-    case, init, its = result["case"], result["init"], result["iterations"]
-    trace = predicted_trace(case, built_on_device=init == "device")
-    parts = measured_parts(result["events"])
-    history = history_by_iteration(trace, gpu=GPU, steady_iterations=max(len(its) - 1, 0))
-    predicted = {
+    history = history_by_iteration(trace, gpu=gpu, steady_iterations=steady_iterations)
+    return {
         "setup": event_rows(history["setup"]),
         "first": event_rows(history["first"]),
         "steady": [event_rows(part) for part in history["steady"]],
     }
-    predicted_its = [predicted["first"], *predicted["steady"]]
-    replay = replay_memory(trace, gpu=GPU)
-    lines = [f"### {case}, built on {init}", "",
+
+
+def part_row(label: str, real: list, model: list, iteration: dict | None) -> str:
+    """One part of a run, measured beside predicted: its allocator figures (an iteration's),
+    the segments each side opened, the requests each side made, where they first differ."""
+    p = parting(requests(real), requests(model))
+    figures = " | | |"
+    if iteration:
+        gb = (iteration[k] / 1e9 for k in ("peak_allocated", "peak_reserved", "end_reserved"))
+        figures = " | ".join([f"{iteration['iteration_s']:.3f}", *(f"{x:.3f}" for x in gb)])
+    opened = f"{opened_bytes(real) / 1e9:.3f} / {opened_bytes(model) / 1e9:.3f}"
+    requested = f"{p['measured_requests']} / {p['predicted_requests']}"
+    return f"| {label} | {figures} | {opened} | {requested} | {p['first_difference']} |"
+
+
+def parting_line(label: str, real: list, model: list) -> str:
+    p = parting(requests(real), requests(model))
+    sizes = ", ".join(f"{size:,} B x {n:+d}" for size, n in p["excess_sizes"][:12]) or "none"
+    return (
+        f"{label}: first difference at request {p['first_difference']} (measured "
+        f"{p['measured_around']}, predicted {p['predicted_around']}); sizes requested more "
+        f"often measured (+) or predicted (-), largest bytes first: {sizes}"
+    )
+
+
+def compare_case(result: dict) -> list[str]:
+    """One measured run (`write_rank`'s file) beside the replay of the same program on the
+    measured GPU's preset, part by part: the build, then each iteration."""
+    from emulator.memory import replay_memory
+
+    case, init, its = result["case"], result["init"], result["iterations"]
+    gpu = result.get("preset", GPU)
+    trace = predicted_trace(case, built_on_device=init == "device")
+    measured = measured_parts(result["events"])
+    predicted = predicted_parts(trace, gpu, max(len(its) - 1, 0))
+    replay = replay_memory(trace, gpu=gpu)
+    lines = [f"### {case}, built on {init}, on {result.get('gpu', gpu)}", "",
              "| part | seconds | peak allocated (GB) | peak reserved (GB) | reserved at end (GB) "
              "| opened: meas / pred (GB) | requests: meas / pred | first difference |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
-
-    def part_row(label: str, real: list, model: list, it: dict | None) -> str:
-        p = parting(requests(real), requests(model))
-        figures = (
-            f"{it['iteration_s']:.3f} | {it['peak_allocated'] / 1e9:.3f} "
-            f"| {it['peak_reserved'] / 1e9:.3f} | {it['end_reserved'] / 1e9:.3f}"
-            if it else " | | |"
-        )
-        return (
-            f"| {label} | {figures} | {opened_bytes(real) / 1e9:.3f} / {opened_bytes(model) / 1e9:.3f} "
-            f"| {p['measured_requests']} / {p['predicted_requests']} | {p['first_difference']} |"
-        )
-
-    lines.append(part_row("build", parts["setup"], predicted["setup"], None))
-    for i, (real, model, it) in enumerate(zip(parts["iterations"], predicted_its, its, strict=True)):
-        lines.append(part_row(f"iteration {i}", real, model, it))
-    lines.append(
+             "|---|--:|--:|--:|--:|--:|--:|--:|",
+             part_row("build", measured["setup"], predicted["setup"], None)]  # fmt: skip
+    model_iterations = [predicted["first"], *predicted["steady"]]
+    for i, pair in enumerate(zip(measured["iterations"], model_iterations, its, strict=True)):
+        lines.append(part_row(f"iteration {i}", *pair))
+    lines += [
         f"| predicted steady peaks | | {replay.peak_allocated_bytes / 1e9:.3f} "
-        f"| {replay.peak_reserved_bytes / 1e9:.3f} | | | | |"
-    )
-    for label, real, model in (("build", parts["setup"], predicted["setup"]),
-                               ("first iteration", parts["iterations"][0], predicted["first"])):  # fmt: skip
-        p = parting(requests(real), requests(model))
-        lines += [
-            "",
-            f"{label}: first difference at request {p['first_difference']} (measured "
-            f"{p['measured_around']}, predicted {p['predicted_around']}); sizes requested more "
-            "often measured (+) or predicted (-), largest bytes first: "
-            + (", ".join(f"{size:,} B x {n:+d}" for size, n in p["excess_sizes"][:12]) or "none"),
-        ]
-    return [*lines, ""]
+        f"| {replay.peak_reserved_bytes / 1e9:.3f} | | | | |",
+        "",
+        parting_line("build", measured["setup"], predicted["setup"]),
+        "",
+        parting_line("first iteration", measured["iterations"][0], predicted["first"]),
+        "",
+    ]
+    return lines
 
 
 def compare(folder: Path) -> list[str]:
@@ -364,13 +410,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", nargs="*", metavar="CASE", help=f"default: {', '.join(CASES)}")
     parser.add_argument("--measure", type=Path, metavar="DIR",
-                        help="run the ranks on this GPU, write DIR/<case>.<init>.json.gz")  # fmt: skip
+                        help="run the ranks on this GPU, write DIR/<case>.<init>.json.gz")
     parser.add_argument("--init", action="append", choices=INITS,
-                        help="how --measure builds the model (repeatable; default: both)")  # fmt: skip
+                        help="how --measure builds the model (repeatable; default: both)")
     parser.add_argument("--budget-s", type=float, default=450.0,
-                        help="--measure starts no run after this many seconds (default 450)")  # fmt: skip
+                        help="--measure starts no run after this many seconds (default 450)")
     parser.add_argument("--compare", type=Path, metavar="DIR", help="score a --measure folder")
-    parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)  # one run, in its own process
+    # one run, in a process of its own (`measure` starts it)
+    parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help="also write the markdown here")
     args = parser.parse_args(argv)
     try:

@@ -14,7 +14,8 @@ SMALLEST = "gpt3-13b-l8-tp4-s2048-mb4"  # the quickest of the four to capture
 
 def marked(fake_pg, parts: list[list[dict]]) -> list[list]:
     """Replay events as a measured history: each part followed by a marker request."""
-    marker = [[a, 1, fake_pg.MARKER_BYTES, 0, 0] for a in ("alloc", "free_requested", "free_completed")]
+    actions = ("alloc", "free_requested", "free_completed")
+    marker = [[action, 1, fake_pg.MARKER_BYTES, 0, 0] for action in actions]
     return [row for part in parts for row in (*fake_pg.event_rows(part), *marker)]
 
 
@@ -32,9 +33,13 @@ def test_the_specs_are_the_shared_ones(fake_pg):
 def test_the_build_on_the_device_is_what_the_measured_rank_reserved_beyond_the_model(fake_pg):
     if not fake_pg.MEASURED.is_file():
         pytest.skip("../shared is not beside this checkout")
+    from emulator.memory import replay_memory
+
     real = json.loads(fake_pg.MEASURED.read_text())[SMALLEST]["peak_steady"]
-    on_device = fake_pg.predict(SMALLEST)
-    on_meta = fake_pg.predict(SMALLEST, built_on_device=False)
+    on_device, on_meta = (
+        replay_memory(fake_pg.predicted_trace(SMALLEST, built_on_device=b), gpu=fake_pg.GPU)
+        for b in (True, False)
+    )
     assert on_device.peak_allocated_bytes == pytest.approx(real["allocated"], rel=1e-4)
     assert on_meta.peak_allocated_bytes == pytest.approx(real["allocated"], rel=1e-3)
     # the fp32 model built whole on the GPU and sharded leaves its segments cached: without
@@ -56,12 +61,26 @@ def test_a_history_equal_to_the_replay_parts_nowhere(fake_pg):
         "iterations": [figures] * 3,
         "events": marked(fake_pg, [history["setup"], history["first"], *history["steady"]]),
     }
-    table = [line for line in fake_pg.compare_case(result) if line.startswith("| build") or line.startswith("| iteration")]
+    table = [line for line in fake_pg.compare_case(result) if line.startswith(("| build", "| it"))]
     assert len(table) == 4
     assert all(line.endswith("| None |") for line in table)
     build_opened = sum(e["size"] for e in history["setup"] if e["action"] == "segment_alloc")
     assert build_opened > 10e9  # the fp32 model's segments, opened before the first iteration
     assert f"{build_opened / 1e9:.3f} / {build_opened / 1e9:.3f}" in table[0]
+
+
+def test_a_snapshot_is_compacted_to_rows_and_stacks_listed_once(fake_pg):
+    from emulator.memory.export import snapshot
+
+    snap = snapshot(fake_pg.predicted_trace(SMALLEST), gpu=fake_pg.GPU)
+    compact = fake_pg.compact_snapshot(snap)
+    trace = snap["device_traces"][0]
+    assert fake_pg.event_rows(trace) == [row[:4] + [-1] for row in compact["events"]]
+    assert compact["stacks"] == [["prismbench:0 replay"]]  # the replay's one placeholder frame
+    assert {row[4] for row in compact["events"]} == {0}
+    assert sum(s["total_size"] for s in compact["segments"]) == sum(
+        s["total_size"] for s in snap["segments"]
+    )
 
 
 def test_a_history_without_markers_is_refused(fake_pg):
@@ -90,7 +109,8 @@ def test_a_rank_runs_under_the_fake_backend_on_cpu(init, tmp_path):
         job = load_job_spec(fake_pg.spec_path("llama3-8b-tp8-sp-s8192-mb1"))
         model = dataclasses.replace(job.model, layers=2, hidden=64, ffn_hidden=256, heads=8,
                                     kv_heads=8, vocab=128, max_seq_len=64)
-        job = dataclasses.replace(job, model=model, batch=dataclasses.replace(job.batch, seq_len=32))
+        batch = dataclasses.replace(job.batch, seq_len=32)
+        job = dataclasses.replace(job, model=model, batch=batch)
         print(json.dumps(fake_pg.run_rank(job, "cpu", {init!r}, warmup=1, steady=1)))
         """
     )
