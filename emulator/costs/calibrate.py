@@ -48,9 +48,16 @@ def gemm_grid(quick: bool = False) -> list[tuple[int, int, int]]:
 
 
 def attention_grid(quick: bool = False) -> list[tuple[int, int, int, int]]:
-    """(batch, heads, seq, head_dim) for causal attention at 4096 model width."""
+    """(batch, heads, seq, head_dim) for causal attention at 4096 model width: a layer's heads
+    over a batch of ATTN_TOKENS_PER_BATCH tokens, and one tensor-parallel rank's heads at batch
+    1: fewer heads than a whole layer runs, below every row of the measured tables, where the
+    curves' one published efficiency prices the kernel (results/calibration/README.md, the tp 8
+    fake-process-group rank)."""
     seqs = ATTN_SEQ_LENS[:2] if quick else ATTN_SEQ_LENS
-    return [(max(1, ATTN_TOKENS_PER_BATCH // s), 4096 // d, s, d) for d in ATTN_HEAD_DIMS for s in seqs]
+    tps = TP_DEGREES[-1:] if quick else TP_DEGREES[1:]
+    layers = [(max(1, ATTN_TOKENS_PER_BATCH // s), 4096 // d, s, d) for d in ATTN_HEAD_DIMS for s in seqs]
+    ranks = [(1, 4096 // d // tp, s, d) for d in ATTN_HEAD_DIMS for s in seqs for tp in tps]
+    return layers + ranks
 
 
 def write_kernel_csv(rows: Iterable[dict], path: str | Path, provenance: dict) -> Path:

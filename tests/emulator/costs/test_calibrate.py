@@ -21,6 +21,12 @@ def test_attention_grid_has_both_head_dims_and_long_sequences():
     assert {d for *_, d in grid} == {64, 128} and max(s for _, _, s, _ in grid) == 131072
 
 
+def test_attention_grid_has_one_tensor_parallel_rank_s_heads():
+    # a tp 8 rank of a 32-head layer runs 4 heads, at micro-batch 1
+    assert (1, 4, 8192, 128) in attention_grid() and (1, 8, 8192, 64) in attention_grid()
+    assert {h for b, h, *_ in attention_grid() if b == 1} >= {4, 8, 16}
+
+
 def test_csv_has_columns_and_provenance(tmp_path):
     prov = {"gpu": "synthetic", "driver": "x", "torch": "x", "clocks": "x", "date": "x"}
     row = {"op": "copy", "dtype": "bf16", "nbytes": 2048, "time_us": 1.0, "repetitions": 3, "spread_us": 0.1}
