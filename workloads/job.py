@@ -117,6 +117,7 @@ class TrainingJob:
         kernels = kernels.for_model(self.model.family, self.model.positions)
         object.__setattr__(self, "kernels", kernels)
         check_schedule(p.schedule, p.pp, p.vpp, self.num_microbatches, self.kernels.pipeline_recv)
+        self._check_recompute()
         self._check_async_tp()
         self._check_attention()
         self._check_fp8()
@@ -155,6 +156,18 @@ class TrainingJob:
                 f"train.attention_dropout={self.train.attention_dropout} needs "
                 f"kernels.attention='unfused' (is {self.kernels.attention!r}): dropout inside "
                 "a fused attention kernel is not modelled"
+            )
+
+    def _check_recompute(self) -> None:
+        """Zero-bubble's split backward computes a block's weight gradients apart from its
+        input gradients; torch's composable `checkpoint` (workloads.recompute) recomputes the
+        block inside a context that cannot be entered twice, so the real program fails at the
+        first weight-gradient step (torch 2.13, on CPU as under capture)."""
+        if self.parallel.schedule == "zero-bubble" and self.train.recompute != "none":
+            raise SpecError(
+                f"parallel.schedule='zero-bubble' needs train.recompute='none' (is "
+                f"{self.train.recompute!r}): its split backward enters the recompute of torch's "
+                "composable checkpoint twice, which torch refuses"
             )
 
     def _check_async_tp(self) -> None:
