@@ -72,9 +72,11 @@ class ClassFigures:
     oom: bool
     oom_detail: dict | None
     # torch's num_alloc_retries (requests served only after freeing the cache) in the first and
-    # in a steady iteration; steady ones recur every step and are not priced in the time
+    # in a steady iteration; steady ones recur every step and are not priced in the time; and
+    # over every iteration replayed until the steady one (one-off retries on the way included)
     first_iteration_alloc_retries: int
     steady_alloc_retries: int
+    alloc_retries: int
     # Per kernel_table.PRICE_SOURCES: compute ops of one iteration of this class it priced
     # and their summed duration (s).
     compute_priced_by: dict[str, dict[str, float]]
@@ -382,6 +384,7 @@ def _class_figures(world, breakdown, mem, priced_by) -> ClassFigures:
         oom_detail=asdict(mem.oom) if mem.oom is not None else None,
         first_iteration_alloc_retries=mem.first_iteration_alloc_retries,
         steady_alloc_retries=mem.steady_alloc_retries,
+        alloc_retries=mem.alloc_retries,
         compute_priced_by=priced_by,
     )
 

@@ -281,6 +281,8 @@ def render_emulation(r, console: Console) -> None:
             console.print(oom_message(c.pp, c.members, c.oom_detail))
         elif c.steady_alloc_retries:
             console.print(alloc_retries_message(c.pp, c.steady_alloc_retries))
+        elif c.alloc_retries:
+            console.print(one_off_retries_message(c.pp, c.alloc_retries))
 
 
 def alloc_retries_message(pp: int, retries: int) -> str:
@@ -289,6 +291,14 @@ def alloc_retries_message(pp: int, retries: int) -> str:
         f"Pipeline rank {pp} fits only by freeing the allocator's cache: {retries} cudaMalloc "
         "retries every steady iteration (torch's num_alloc_retries; each synchronizes the device "
         "and frees and maps segments again), a slowdown the iteration time above does not include."
+    )
+
+
+def one_off_retries_message(pp: int, retries: int) -> str:
+    """The note for a rank class that frees the cache on its way to the steady state only."""
+    return (
+        f"Pipeline rank {pp} frees the allocator's cache on its way to the steady state: "
+        f"{retries} cudaMalloc retries in the iterations before it, once, none in every step."
     )
 
 

@@ -54,6 +54,9 @@ def test_emulate_json_holds_the_design_contract(tmp_path, capsys):
     assert result["tokens_per_s"] == pytest.approx(8 * 64 / result["iteration_time_s"])
     assert result["peak_memory_reserved_bytes"] >= result["peak_memory_allocated_bytes"] > 0
     assert result["oom"] is False
+    for c in result["per_class"]:  # the total counts the first and the last steady iteration too
+        retries = c["first_iteration_alloc_retries"] + c["steady_alloc_retries"]
+        assert c["alloc_retries"] >= retries
     assert "capture" in err  # progress goes to stderr, the JSON alone to stdout
 
 

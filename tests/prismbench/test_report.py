@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from prismbench.report import GIB, alloc_retries_message, format_bytes, oom_message
+from prismbench.report import (
+    GIB,
+    alloc_retries_message,
+    format_bytes,
+    one_off_retries_message,
+    oom_message,
+)
 
 
 def test_bytes_take_the_largest_binary_unit():
@@ -69,3 +75,9 @@ def test_retries_every_step_are_a_warning_that_says_they_are_not_priced():
     message = alloc_retries_message(2, 3)
     assert message.startswith("Pipeline rank 2 fits only by freeing the allocator's cache: 3 ")
     assert "does not include" in message
+
+
+def test_retries_only_on_the_way_to_the_steady_state_are_a_note_that_says_so():
+    message = one_off_retries_message(1, 2)
+    assert message.startswith("Pipeline rank 1 frees the allocator's cache on its way")
+    assert "2 cudaMalloc retries" in message and "once, none in every step" in message
