@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import SHARED  # noqa: E402
+from shared_gpu import SHARED, command_line, report  # noqa: E402
 
 FAKE = SHARED / "fake-pg-ranks"
 
@@ -66,10 +66,7 @@ def main() -> None:
         ]
         cells = " | ".join(f"{t:.4f} | {100 * (t - real) / real:+.1f} %" for t in times)
         lines.append(f"| {case} | {real:.4f} | {cells} |")
-    text = "\n".join(lines)
-    print(text)
-    if out:
-        out.write_text(text + "\n")
+    report(command_line("results/calibration/fake_pg_ranks.py", None), lines, out)
 
 
 if __name__ == "__main__":
