@@ -8,8 +8,8 @@ recorded: its real program (as the shared H100 measurements ran it, `build_train
 None, device="cuda")`) builds the model in fp32 on the device and casts it, leaving freed
 fp32 segments cached before its first iteration; a job of several ranks is taken to build
 on meta and materialise its shards in place (what a large job must do, and what `prismbench
-record` runs: `builds_on_meta`), which leaves nothing behind, so its build is not recorded. The optimizer
-state is created by one optimizer step on zero gradients, so the recorded iteration is
+record` runs: `builds_on_meta`), which leaves nothing behind, so its build is not recorded.
+The optimizer state is created by one optimizer step on zero gradients, so the recorded iteration is
 a steady-state one; what that step created is declared apart from what the optimizer held
 before it, so the memory replay can create it where a real first iteration does.
 """

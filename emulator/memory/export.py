@@ -20,6 +20,7 @@ import numpy as np
 
 from emulator.capture.trace import RankTrace
 from emulator.hardware import gpu_preset
+from emulator.memory.iterations import take_events
 from emulator.memory.replay import _replay, _run, prepared_replay
 
 
@@ -79,13 +80,10 @@ def history_by_iteration(
         allocator.history.clear()
         return history
 
-    def cut(part: dict, index: np.ndarray) -> dict:
-        return {k: (v[index] if isinstance(v, np.ndarray) else v) for k, v in part.items()}
-
     n = len(first["rows"])
     return {
-        "setup": replayed(cut(first, np.arange(setup_count))),
-        "first": replayed(cut(first, np.arange(setup_count, n))),
+        "setup": replayed(take_events(first, np.arange(setup_count))),
+        "first": replayed(take_events(first, np.arange(setup_count, n))),
         "steady": [replayed(steady) for _ in range(steady_iterations)],
     }
 

@@ -46,7 +46,7 @@ def iteration_events(trace: RankTrace, events: dict) -> tuple[dict, dict]:
     before, after = in_iteration[in_iteration < at], in_iteration[in_iteration >= at]
     first = np.concatenate([np.flatnonzero(setup & ~lazy), before, np.flatnonzero(lazy), after])
     steady = in_iteration[~_kept(events, in_iteration)]
-    return _take(events, first), _take(events, steady)
+    return take_events(events, first), take_events(events, steady)
 
 
 def _kept(events: dict, index: np.ndarray) -> np.ndarray:
@@ -56,5 +56,6 @@ def _kept(events: dict, index: np.ndarray) -> np.ndarray:
     return ~is_free & ~freed
 
 
-def _take(events: dict, index: np.ndarray) -> dict:
+def take_events(events: dict, index: np.ndarray) -> dict:
+    """The events at `index` (every column cut alike; the category names kept)."""
     return {k: (v[index] if isinstance(v, np.ndarray) else v) for k, v in events.items()}

@@ -259,16 +259,19 @@ def _rank_process(case: str, init: str, out: Path, timeout_s: float) -> bool:
 def write_rank(case: str, init: str, out: Path) -> None:
     import torch
 
+    from prismbench.files import write_atomically
     from prismbench.spec import load_job_spec
 
     print(f"== {case}, built on {init}", flush=True)
     machine = {"gpu": torch.cuda.get_device_name(), "preset": local_gpu_preset()}
     result = {"case": case} | machine | run_rank(load_job_spec(spec_path(case)), init=init)
-    path = out / f"{case}.{init}.json.gz"
-    tmp = path.with_suffix(".tmp")
-    with gzip.open(tmp, "wt") as f:
-        json.dump(result, f)
-    tmp.replace(path)  # a run cut while writing leaves no file a comparison would read
+
+    def write(tmp: Path) -> None:
+        with gzip.open(tmp, "wt") as f:
+            json.dump(result, f)
+
+    # a run cut while writing leaves no file a comparison would read
+    write_atomically(out / f"{case}.{init}.json.gz", write)
 
 
 # ---- comparing ---------------------------------------------------------------------------------
