@@ -29,7 +29,8 @@ torch-level patches active only during capture:
   to the fused op pair (`emulator.capture.fused_ops`);
 - DTensor learns an op's output shape by running it on fake tensors (once per sharding, in
   an lru_cache) in the active fake mode, i.e. ours; those runs are paused in the recorder,
-  else the first micro-batch (and the first capture in a worker) would carry phantom kernels;
+  else the first micro-batch (and the first capture in a worker) would carry phantom kernels,
+  and a recorded build a phantom full-size storage per sharded parameter shape;
 - micro-batch markers: `PipelineStage.forward_one_chunk` / `backward_one_chunk` /
   `backward_weight_one_chunk` set the recorder's micro-batch, as do the steps of a pipeline
   executor of the program's own (`RankProgram.pipeline_steps`); without pipelining, each
@@ -308,7 +309,11 @@ def capture_rank(
         ):
             recorder = OpRecorder(sequence=sequence)
             if program.record_build:
-                with recorder, recorder.recording_build():
+                with (
+                    recorder,
+                    recorder.recording_build(),
+                    dtensor_shape_propagation_unrecorded(recorder),
+                ):
                     state = program.build(context)
             else:
                 state = program.build(context)

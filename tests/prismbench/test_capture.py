@@ -717,6 +717,28 @@ def test_a_rank_of_several_records_its_build_only_when_asked():
     assert len(_setup_rows(built, ALLOC)) > len(_setup_rows(built, FREE))  # its shards stay
 
 
+def test_a_recorded_tensor_parallel_build_allocates_each_full_parameter_once():
+    """Sharding a parameter, DTensor learns the result's shape by running the op on fake
+    tensors of the global shape; on a GPU those are no device memory, so the recorded build
+    holds none of them (they opened segments the real allocator never did: the shared
+    fake-process-group ranks' reserved bytes were 4-7 % high). The largest fp32 parameter size
+    is no shard's or cast's size, so it is allocated once per parameter of that size."""
+    import torch
+
+    from emulator.capture.trace import ALLOC
+    from workloads.models import build_model
+
+    job = debug_job({"tp": 2}, train={"precision": "bf16"})
+    built = capture_rank(0, world_of(job).world_size, rank_program(job, record_build=True))
+    with torch.device("meta"):
+        full_sizes = collections.Counter(
+            4 * p.numel() for p in build_model(job.built_model).parameters()
+        )
+    largest = max(full_sizes)
+    allocated = built.columns["size_bytes"][_setup_rows(built, ALLOC)]
+    assert int((allocated == largest).sum()) == full_sizes[largest]
+
+
 def test_jobs_that_differ_only_in_hardware_share_a_capture():
     from prismbench.capture import cache_key
 
