@@ -10,10 +10,10 @@
 #      the profiler, which the host figures overstate in GPU-bound runs, and whether op-level
 #      SAC's host cost follows its calls' kinds on a GPU's host as on a CPU;
 #   2. `gpu torch fake_pg_memory` (540 s, 2 files: the archive and the log): issue 16's memory
-#      of a rank of a several-rank job (new, 2026-11-29): built on the device as the shared
-#      measurement was (where the reserved bytes the replay over-predicts come from,
-#      `fake_pg_memory.md`) and on meta as `record` now builds it (what `emulate` predicts;
-#      never measured);
+#      of a rank of a several-rank job (new, 2026-11-29): built on meta as `record` now builds
+#      it (what `emulate` predicts; never measured) and on the device as the shared measurement
+#      was (its peaks now predicted to the byte, `fake_pg_memory.md`: the history checks the
+#      parts too);
 #   3. `gpu_tests reprofile` (510 s): the workloads' CUDA paths changed after the H100 run
 #      (compiled custom op kernels, SDPA's flash backend for `flash2`, one block mask per
 #      forward); then `compile` (a compiled torchtitan block's Inductor kernels timed) and
