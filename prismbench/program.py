@@ -7,8 +7,9 @@ because fake mode refuses to swap plain fake parameters in place). A one-GPU job
 recorded: its real program (as the shared H100 measurements ran it, `build_training(job,
 None, device="cuda")`) builds the model in fp32 on the device and casts it, leaving freed
 fp32 segments cached before its first iteration; a job of several ranks is taken to build
-on meta and materialise its shards in place (what a large job must do, and what `prismbench
-record` runs: `builds_on_meta`), which leaves nothing behind, so its build is not recorded.
+on meta and materialise its shards in place (what a large job must do), which leaves nothing
+behind, so its build is not recorded. `train.model_init` says otherwise where a program does
+(`TrainingJob.builds_on_meta`; `prismbench record` builds as it says).
 The optimizer state is created by one optimizer step on zero gradients, so the recorded iteration is
 a steady-state one; what that step created is declared apart from what the optimizer held
 before it, so the memory replay can create it where a real first iteration does.
@@ -68,18 +69,9 @@ def _create_optimizer_state(state) -> dict[str, list[torch.Tensor]]:
     }
 
 
-def builds_on_meta(job) -> bool:
-    """Whether the job's real program builds its model on meta and materialises only its own
-    shards (a job of several ranks: what a large job must do, and what `prismbench record`
-    runs), rather than the whole model in fp32 on the device before casting and sharding it (a
-    one-GPU job, as the shared H100 measurements ran it)."""
-    return job.world_size > 1
-
-
-def rank_program(job, *, record_build: bool | None = None) -> RankProgram:
-    """`record_build`: record the build's storages (default: where the real program builds on
-    the device, `builds_on_meta`); True stands for a rank of several that built the whole
-    model on its device, as the shared fake-process-group measurements did."""
+def rank_program(job) -> RankProgram:
+    """The program of one rank of `job`; its build is recorded where the real program builds
+    on the device (`TrainingJob.builds_on_meta`)."""
     from workloads import build_training, make_mesh, train_step
     from workloads.parallelize import data_parallel_mesh
 
@@ -118,7 +110,7 @@ def rank_program(job, *, record_build: bool | None = None) -> RankProgram:
         roots=lambda built: built[0].parts,
         micro_batch_steps=lambda built: built[0],  # TrainingState.forward / .backward
         pipeline_steps=lambda built: _own_pipeline(built[0]),
-        record_build=not builds_on_meta(job) if record_build is None else record_build,
+        record_build=not job.builds_on_meta,
         recording_rules=_recording_rules(job),
         # torchtitan compiles each TransformerBlock (`apply_compile`); the workloads' blocks
         # are `layers.<i>` as torchtitan's are

@@ -68,13 +68,13 @@ def _rank_run(
     import torch
     import torch.distributed as dist
 
-    from prismbench.program import builds_on_meta
     from workloads import build_training, make_mesh, train_step
 
     cuda = device == "cuda"
     mesh = make_mesh(job, device)
-    # the program the emulator predicts: several ranks materialise their own shards only
-    init_device = "meta" if builds_on_meta(job) else None
+    # the program the emulator predicts (`train.model_init`: by default several ranks
+    # materialise their own shards only)
+    init_device = "meta" if job.builds_on_meta else None
     state = build_training(job, mesh, device=device, init_device=init_device)
     rows = job.local_batch_rows
     generator = torch.Generator().manual_seed(dist.get_rank())

@@ -28,6 +28,7 @@ SCHEDULES = (*SINGLE_STAGE_SCHEDULES, *MULTI_STAGE_SCHEDULES)
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 RECOMPUTE_MODES = ("none", "selective", "full")
 OPTIMIZERS = ("adamw",)
+MODEL_INITS = ("auto", "device", "meta")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -83,11 +84,17 @@ class TrainSpec:
     # probability of dropping an attention probability (Megatron's --attention-dropout); only
     # the unfused attention takes it (TrainingJob checks)
     attention_dropout: float = 0.0
+    # where the program builds its model: "device" builds the whole model in fp32 on the GPU,
+    # then casts and shards it (a plain script; the freed fp32 segments stay cached); "meta"
+    # builds it on meta and materialises this rank's shards in place (torchtitan; nothing
+    # freed); "auto": "device" for one GPU, "meta" for several (TrainingJob.builds_on_meta)
+    model_init: str = "auto"
 
     def __post_init__(self) -> None:
         check_choice("train", "precision", self.precision, PRECISIONS)
         check_choice("train", "recompute", self.recompute, RECOMPUTE_MODES)
         check_choice("train", "optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("train", "model_init", self.model_init, MODEL_INITS)
         p = self.attention_dropout
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
             raise SpecError(f"train.attention_dropout={p!r} must be a number in [0, 1)")
@@ -210,6 +217,16 @@ class TrainingJob:
     @property
     def world_size(self) -> int:
         return self.parallel.world_size
+
+    @property
+    def builds_on_meta(self) -> bool:
+        """Whether the real program builds the model on meta and materialises only this rank's
+        shards, rather than the whole model in fp32 on the device before casting and sharding
+        it (`train.model_init`; "auto": on the device for one GPU, as the shared H100
+        measurements ran it, on meta for several ranks, what a large job must do)."""
+        if self.train.model_init == "auto":
+            return self.world_size > 1
+        return self.train.model_init == "meta"
 
     @property
     def built_model(self) -> ModelSpec:

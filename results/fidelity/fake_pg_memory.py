@@ -13,9 +13,10 @@ fp32, on the GPU, then cast and sharded). The fake backend moves nothing and all
 (its all-gathers copy the local input into each chunk of the caller's output), so the rank
 allocates what it would beside real peers. Predicted: the job's capture (rank 0's class)
 replayed by `emulator.memory` for the h100-sxm-80g preset, default allocator settings, the
-steady iteration; once with the build's storages recorded (the program as measured) and once
-as `emulate` takes a rank of several to run (built on meta, only its shards materialised:
-`prismbench.program.builds_on_meta`, what `prismbench record` runs). The job specs are copies
+steady iteration; once built on the device, its build's storages recorded (the program as
+measured: `train.model_init = "device"`) and once as `emulate` takes a rank of several to run
+by default (built on meta, only its shards materialised, what `prismbench record` runs then:
+"meta"). The job specs are copies
 of the shared ones (`fake_pg_ranks/`; the shared folder does not travel to a device machine).
 
 --measure (a GPU): each CASE (default: all four) runs as rank 0 under the fake backend, once per
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import gzip
 import json
 import subprocess
@@ -68,20 +70,23 @@ def spec_path(case: str) -> Path:
     return path
 
 
-def predicted_trace(case: str, *, built_on_device: bool = True):
-    """Rank 0's trace of `case`. built_on_device: with the build's storages recorded, as the
-    measured program ran (the whole model built in fp32 on the GPU, then cast and sharded;
-    captured here, in this process); else as `emulate` predicts a job of several ranks (built
-    on meta, its shards materialised in place; `prismbench.program.builds_on_meta`; cached)."""
-    from emulator.capture.rank import capture_rank
-    from prismbench.capture import capture_job, world_of
-    from prismbench.program import rank_program
+def job_of(case: str, init: str):
+    """`case`'s job with its model built as `init` says (INITS, `train.model_init`): "device" as
+    the shared measurement built it (whole, in fp32, on the GPU, then cast and sharded), "meta"
+    as `emulate` takes a rank of several to run by default."""
     from prismbench.spec import load_job_spec
 
+    if init not in INITS:
+        raise ValueError(f"init={init!r}: one of {', '.join(INITS)}")
     job = load_job_spec(spec_path(case))
-    if built_on_device:
-        return capture_rank(0, world_of(job).world_size, rank_program(job, record_build=True))
-    capture = capture_job(job)
+    return dataclasses.replace(job, train=dataclasses.replace(job.train, model_init=init))
+
+
+def predicted_trace(case: str, init: str = "device"):
+    """Rank 0's trace of `case` built as `init` says (`job_of`; captures are cached)."""
+    from prismbench.capture import capture_job
+
+    capture = capture_job(job_of(case, init))
     return capture.traces[int(capture.world.class_of(0))]
 
 
@@ -109,7 +114,7 @@ def score(measured: dict, cases: list[str]) -> list[str]:
     ]
     for i, case in enumerate(cases, 1):
         print(f"[{i}/{len(cases)}] {case}: capturing and replaying", file=sys.stderr, flush=True)
-        traces = [predicted_trace(case, built_on_device=on_device) for on_device in (True, False)]
+        traces = [predicted_trace(case, init) for init in INITS]
         on_device, on_meta = (replay_memory(trace, gpu=GPU) for trace in traces)
         allocated, reserved = (measured[case]["peak_steady"][k] for k in ("allocated", "reserved"))
         peaks.append(
@@ -130,13 +135,12 @@ def score(measured: dict, cases: list[str]) -> list[str]:
 # ---- on the GPU -------------------------------------------------------------------------------
 
 
-def run_rank(
-    job, device: str = "cuda", init: str = "device", warmup: int = WARMUP, steady: int = STEADY
-) -> dict:
-    """Rank 0 of `job` under the fake backend on `device`, its model built as `init` says
-    (INITS): per iteration its seconds and (on CUDA) the allocator's peaks and end state; on
-    CUDA also the allocator's events from before the build to the end (a MARKER_BYTES request
-    after the build and after each iteration cuts them into parts) and the segments at the end.
+def run_rank(job, device: str = "cuda", warmup: int = WARMUP, steady: int = STEADY) -> dict:
+    """Rank 0 of `job` under the fake backend on `device`, its model built as the job says
+    (`train.model_init`): per iteration its seconds and (on CUDA) the allocator's peaks and end
+    state; on CUDA also the allocator's events from before the build to the end (a MARKER_BYTES
+    request after the build and after each iteration cuts them into parts) and the segments at
+    the end.
     Call in a process of its own (the process group stays initialised)."""
     import torch
     import torch.distributed as dist
@@ -144,14 +148,13 @@ def run_rank(
 
     from workloads import build_training, make_mesh
 
-    if init not in INITS:
-        raise ValueError(f"init={init!r}: one of {', '.join(INITS)}")
     cuda = device == "cuda"
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=job.world_size)
     mesh = make_mesh(job, device)
     if cuda:
         torch.cuda.memory._record_memory_history(context="alloc", stacks="python")
-    state = build_training(job, mesh, device=device, init_device="meta" if init == "meta" else None)
+    init_device = "meta" if job.builds_on_meta else None
+    state = build_training(job, mesh, device=device, init_device=init_device)
     shape = (job.local_batch_rows, job.batch.seq_len)
     tokens = torch.randint(0, job.model.vocab, shape, generator=torch.Generator().manual_seed(0))
     tokens = tokens.to(device)
@@ -166,8 +169,8 @@ def run_rank(
         history = compact_snapshot(torch.cuda.memory._snapshot())
         torch.cuda.memory._record_memory_history(enabled=None)
     dist.destroy_process_group()
-    return {"device": device, "init": init, "warmup": warmup, "iterations": iterations,
-            "torch": torch.__version__} | history  # fmt: skip
+    return {"device": device, "init": job.train.model_init, "warmup": warmup,
+            "iterations": iterations, "torch": torch.__version__} | history  # fmt: skip
 
 
 def _mark(device: str) -> None:
@@ -260,11 +263,10 @@ def write_rank(case: str, init: str, out: Path) -> None:
     import torch
 
     from prismbench.files import write_atomically
-    from prismbench.spec import load_job_spec
 
     print(f"== {case}, built on {init}", flush=True)
     machine = {"gpu": torch.cuda.get_device_name(), "preset": local_gpu_preset()}
-    result = {"case": case} | machine | run_rank(load_job_spec(spec_path(case)), init=init)
+    result = {"case": case} | machine | run_rank(job_of(case, init))
 
     def write(tmp: Path) -> None:
         with gzip.open(tmp, "wt") as f:
@@ -374,7 +376,7 @@ def compare_case(result: dict) -> list[str]:
 
     case, init, its = result["case"], result["init"], result["iterations"]
     gpu = result.get("preset", GPU)
-    trace = predicted_trace(case, built_on_device=init == "device")
+    trace = predicted_trace(case, init)
     measured = measured_parts(result["events"])
     predicted = predicted_parts(trace, gpu, max(len(its) - 1, 0))
     replay = replay_memory(trace, gpu=gpu)

@@ -694,21 +694,24 @@ def test_a_one_gpu_build_leaves_its_freed_fp32_parameters_before_the_iteration(t
     assert len(_setup_rows(two, FREE)) == 0
 
 
-def test_a_rank_of_several_records_its_build_only_when_asked():
-    """Several ranks build on meta (`builds_on_meta`, what `record` runs); a rank that built the
-    whole fp32 model on its device, as the shared fake-process-group measurements did, records
-    it: every full fp32 parameter allocated and freed before the iteration."""
+def test_a_rank_of_several_records_its_build_where_its_program_builds_on_the_device():
+    """Several ranks build on meta by default (`train.model_init = "auto"`, what `record` runs);
+    a rank that builds the whole fp32 model on its device (`"device"`, as the shared
+    fake-process-group measurements did) records it: every full fp32 parameter allocated and
+    freed before the iteration. One GPU built on meta records nothing."""
     import torch
 
     from emulator.capture.trace import ALLOC, FREE
-    from prismbench.program import builds_on_meta
     from workloads.models import build_model
 
     job = debug_job({"tp": 2}, train={"precision": "bf16"})
-    assert builds_on_meta(job) and not builds_on_meta(debug_job(train={"precision": "bf16"}))
-    world = world_of(job)
+    one_gpu = debug_job(train={"precision": "bf16"})
+    assert job.builds_on_meta and not one_gpu.builds_on_meta
     assert not rank_program(job).record_build
-    built = capture_rank(0, world.world_size, rank_program(job, record_build=True))
+    one_gpu_on_meta = debug_job(train={"precision": "bf16", "model_init": "meta"})
+    assert one_gpu_on_meta.builds_on_meta and not rank_program(one_gpu_on_meta).record_build
+    on_device = debug_job({"tp": 2}, train={"precision": "bf16", "model_init": "device"})
+    built = capture_rank(0, world_of(on_device).world_size, rank_program(on_device))
     c = built.columns
     freed = int(c["size_bytes"][_setup_rows(built, FREE)].sum())
     with torch.device("meta"):
@@ -728,8 +731,8 @@ def test_a_recorded_tensor_parallel_build_allocates_each_full_parameter_once():
     from emulator.capture.trace import ALLOC
     from workloads.models import build_model
 
-    job = debug_job({"tp": 2}, train={"precision": "bf16"})
-    built = capture_rank(0, world_of(job).world_size, rank_program(job, record_build=True))
+    job = debug_job({"tp": 2}, train={"precision": "bf16", "model_init": "device"})
+    built = capture_rank(0, world_of(job).world_size, rank_program(job))
     with torch.device("meta"):
         full_sizes = collections.Counter(
             4 * p.numel() for p in build_model(job.built_model).parameters()

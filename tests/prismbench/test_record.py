@@ -51,10 +51,19 @@ def test_record_times_a_real_two_process_run(tmp_path, capsys):
     assert provenance.machine and provenance.software and provenance.commit and provenance.date
 
 
-@pytest.mark.parametrize(("parallel", "init_device"), [("dp = 2", "meta"), ("dp = 1", None)])
+@pytest.mark.parametrize(
+    ("parallel", "init_device"),
+    [
+        ("dp = 2", "meta"),
+        ("dp = 1", None),
+        ('dp = 2\n[train]\nmodel_init = "device"', None),
+        ('dp = 1\n[train]\nmodel_init = "meta"', "meta"),
+    ],
+)
 def test_a_rank_builds_as_the_emulator_takes_its_program_to(parallel, init_device):
-    # several ranks materialise their own shards only (prismbench.program.builds_on_meta); a
-    # one-GPU job builds whole on its device, as the shared H100 measurements ran it
+    # by default several ranks materialise their own shards only, a one-GPU job builds whole
+    # on its device, as the shared H100 measurements ran it; `train.model_init` says otherwise
+    # (TrainingJob.builds_on_meta)
     script = textwrap.dedent(
         f"""
         import torch.distributed as dist, workloads
