@@ -68,7 +68,7 @@ def cache_key(job) -> str:
     program; so do `kernels.launch_blocking` and `kernels.tp_grad_overlap`), the capturing
     source, the libraries it calls and the trace schema. Jobs that differ only in GPU,
     network, fused attention kernel, blocking launches or Megatron's gradient overlap share
-    one."""
+    one; so do `train.model_init = "auto"` and the choice it stands for."""
     tables = job.to_dict()
     tables["cluster"] = {"gpus_per_node": job.cluster.gpus_per_node}
     tables["train"]["model_init"] = "meta" if job.builds_on_meta else "device"  # "auto" resolved

@@ -74,8 +74,7 @@ def _rank_run(
     mesh = make_mesh(job, device)
     # the program the emulator predicts (`train.model_init`: by default several ranks
     # materialise their own shards only)
-    init_device = "meta" if job.builds_on_meta else None
-    state = build_training(job, mesh, device=device, init_device=init_device)
+    state = build_training(job, mesh, device=device, init_device=job.init_device)
     rows = job.local_batch_rows
     generator = torch.Generator().manual_seed(dist.get_rank())
     tokens = torch.randint(0, job.model.vocab, (rows, job.batch.seq_len), generator=generator)

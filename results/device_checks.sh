@@ -10,8 +10,9 @@
 #      the profiler, which the host figures overstate in GPU-bound runs, and whether op-level
 #      SAC's host cost follows its calls' kinds on a GPU's host as on a CPU;
 #   2. `gpu torch fake_pg_memory` (540 s, 2 files: the archive and the log): issue 16's memory
-#      of a rank of a several-rank job (new, 2026-11-29): built on meta as `record` now builds
-#      it (what `emulate` predicts; never measured) and on the device as the shared measurement
+#      of a rank of a several-rank job (new, 2026-11-29): built on meta as `record` builds it
+#      by default (`train.model_init = "auto"`: what `emulate` predicts; never measured) and
+#      on the device as the shared measurement
 #      was (its peaks now predicted to the byte, `fake_pg_memory.md`: the history checks the
 #      parts too);
 #   3. `gpu_tests reprofile` (510 s): the workloads' CUDA paths changed after the H100 run

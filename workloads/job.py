@@ -229,6 +229,12 @@ class TrainingJob:
         return self.train.model_init == "meta"
 
     @property
+    def init_device(self) -> str | None:
+        """`workloads.build_training`'s `init_device` for the real program: "meta" where it
+        builds on meta (`builds_on_meta`), else None (on the device it runs on)."""
+        return "meta" if self.builds_on_meta else None
+
+    @property
     def built_model(self) -> ModelSpec:
         """The model as built: its vocabulary padded as `kernels.vocab_multiple` says
         (`workloads.kernels.padded_vocab`); labels stay below `model.vocab`."""

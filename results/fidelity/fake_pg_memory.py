@@ -14,10 +14,10 @@ fp32, on the GPU, then cast and sharded). The fake backend moves nothing and all
 allocates what it would beside real peers. Predicted: the job's capture (rank 0's class)
 replayed by `emulator.memory` for the h100-sxm-80g preset, default allocator settings, the
 steady iteration; once built on the device, its build's storages recorded (the program as
-measured: `train.model_init = "device"`) and once as `emulate` takes a rank of several to run
-by default (built on meta, only its shards materialised, what `prismbench record` runs then:
-"meta"). The job specs are copies
-of the shared ones (`fake_pg_ranks/`; the shared folder does not travel to a device machine).
+measured: `train.model_init = "device"`), and once built on meta, only its shards
+materialised ("meta": what `emulate` predicts and `prismbench record` runs for a rank of
+several by default). The job specs are copies of the shared ones (`fake_pg_ranks/`; the
+shared folder does not travel to a device machine).
 
 --measure (a GPU): each CASE (default: all four) runs as rank 0 under the fake backend, once per
 build (`--init`, default both: "device" as the shared measurement, "meta" as `record`), each in
@@ -153,8 +153,7 @@ def run_rank(job, device: str = "cuda", warmup: int = WARMUP, steady: int = STEA
     mesh = make_mesh(job, device)
     if cuda:
         torch.cuda.memory._record_memory_history(context="alloc", stacks="python")
-    init_device = "meta" if job.builds_on_meta else None
-    state = build_training(job, mesh, device=device, init_device=init_device)
+    state = build_training(job, mesh, device=device, init_device=job.init_device)
     shape = (job.local_batch_rows, job.batch.seq_len)
     tokens = torch.randint(0, job.model.vocab, shape, generator=torch.Generator().manual_seed(0))
     tokens = tokens.to(device)

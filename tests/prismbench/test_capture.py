@@ -755,6 +755,16 @@ def test_jobs_that_differ_only_in_hardware_share_a_capture():
     assert cache_key(four_per_node) != cache_key(h100)
 
 
+def test_model_init_auto_shares_a_capture_with_the_choice_it_stands_for():
+    from prismbench.capture import cache_key
+
+    def key(parallel, model_init):
+        return cache_key(debug_job(parallel, train={"model_init": model_init}))
+
+    assert key({"tp": 2}, "auto") == key({"tp": 2}, "meta") != key({"tp": 2}, "device")
+    assert key({}, "auto") == key({}, "device") != key({}, "meta")
+
+
 def test_alibi_attention_is_one_flash_kernel_each_way_and_keeps_no_score_matrix():
     """Position-masked attention (workloads/models/attention_ops.py) is captured as what the
     fused GPU kernel does: one op forward and one backward per layer and micro-batch, the output

@@ -52,18 +52,15 @@ def test_record_times_a_real_two_process_run(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    ("parallel", "init_device"),
-    [
-        ("dp = 2", "meta"),
-        ("dp = 1", None),
-        ('dp = 2\n[train]\nmodel_init = "device"', None),
-        ('dp = 1\n[train]\nmodel_init = "meta"', "meta"),
-    ],
+    ("dp", "model_init", "init_device"),
+    [(2, "auto", "meta"), (1, "auto", None), (2, "device", None), (1, "meta", "meta")],
 )
-def test_a_rank_builds_as_the_emulator_takes_its_program_to(parallel, init_device):
+def test_a_rank_builds_as_the_emulator_takes_its_program_to(dp, model_init, init_device):
     # by default several ranks materialise their own shards only, a one-GPU job builds whole
     # on its device, as the shared H100 measurements ran it; `train.model_init` says otherwise
     # (TrainingJob.builds_on_meta)
+    train = f'[train]\nmodel_init = "{model_init}"\n'
+    spec_text = TWO_RANKS.replace("dp = 2", f"dp = {dp}") + train
     script = textwrap.dedent(
         f"""
         import torch.distributed as dist, workloads
@@ -72,7 +69,7 @@ def test_a_rank_builds_as_the_emulator_takes_its_program_to(parallel, init_devic
         from prismbench.spec import load_job_spec
         import pathlib, tempfile
         spec = pathlib.Path(tempfile.mkdtemp()) / "job.toml"
-        spec.write_text({TWO_RANKS.replace("dp = 2", parallel)!r})
+        spec.write_text({spec_text!r})
         job = load_job_spec(spec)
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=job.world_size)
         def build_training(job, mesh, **kwargs):

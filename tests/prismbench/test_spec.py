@@ -170,6 +170,17 @@ def test_fp8_is_refused_on_a100():
         job_spec_from_dict(tables)
 
 
+def test_where_the_model_is_built_defaults_by_world_size_and_is_refused_when_unknown():
+    assert job_spec_from_dict(with_change("parallel", tp=8, dp=256)).builds_on_meta
+    one_gpu = with_change("parallel", tp=1, dp=1, pp=1, sequence_parallel=False)
+    one_gpu["batch"] = {**one_gpu["batch"], "global_batch": one_gpu["batch"]["micro_batch"]}
+    assert not job_spec_from_dict(one_gpu).builds_on_meta
+    one_gpu["train"] = {**one_gpu["train"], "model_init": "meta"}
+    assert job_spec_from_dict(one_gpu).init_device == "meta"
+    with pytest.raises(SpecError, match="train.model_init='cpu' must be one of"):
+        job_spec_from_dict(with_change("train", model_init="cpu"))
+
+
 def test_explicit_link_table_is_accepted():
     job = job_spec_from_dict(with_change("cluster", intra_node={"bandwidth_GBps": 300.0, "latency_us": 1.0}))
     assert job.cluster.intra_node["bandwidth_GBps"] == 300.0
