@@ -101,6 +101,9 @@ class EmulationResult:
     device_total_estimate_bytes: int
     gpu_capacity_bytes: int
     oom: bool
+    # where the program builds its model, `train.model_init` resolved: "device" (the whole fp32
+    # model, then cast and sharded: its freed segments stay cached) or "meta" (shards only)
+    model_built_on: str
     kernel_table: str  # the measured table that priced compute ("" when none: curves only)
     compute_priced_by: dict[str, dict[str, float]]  # summed over classes
     breakdown: dict[str, float]
@@ -415,6 +418,7 @@ def _result(job, name, capture, timing, per_class, gpu, started, table_label) ->
         device_total_estimate_bytes=max(c.device_total_estimate_bytes for c in per_class),
         gpu_capacity_bytes=gpu.usable_capacity_bytes,
         oom=any(c.oom for c in per_class),
+        model_built_on="meta" if job.builds_on_meta else "device",
         kernel_table=table_label,
         compute_priced_by={
             source: {

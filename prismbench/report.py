@@ -219,6 +219,12 @@ def render_capture(summary: dict[str, Any], console: Console) -> None:
     console.print(f"wall time {summary['wall_s']:.1f} s ({source}: {summary['cache_dir']})")
 
 
+_BUILT_ON = {
+    "device": "the device: whole, in fp32, then cast and sharded (its freed segments cached)",
+    "meta": "meta: each rank's own shards only",
+}
+
+
 def render_emulation(r, console: Console) -> None:
     """The headline figures, the breakdown, and one row per class."""
     head = Table(
@@ -246,6 +252,7 @@ def render_emulation(r, console: Console) -> None:
         ("device total estimate (nvidia-smi)", format_bytes(r.device_total_estimate_bytes)),
         ("GPU capacity (what CUDA offers)", format_bytes(r.gpu_capacity_bytes)),
         ("out of memory", "YES" if r.oom else "no"),
+        ("model built on (train.model_init)", _BUILT_ON[r.model_built_on]),
         (
             f"compute priced by (ops of the {len(r.per_class)} class(es))",
             _priced_by(r.compute_priced_by),

@@ -61,6 +61,27 @@ def test_emulate_json_holds_the_design_contract(tmp_path, capsys):
 
 
 @pytest.mark.integration
+def test_a_rank_of_several_built_on_the_device_keeps_its_fp32_build_cached():
+    """`train.model_init = "device"`: the whole fp32 model built on the GPU, then cast and
+    sharded, leaves its freed segments cached; the iteration's live bytes do not change."""
+
+    def emulated(model_init):
+        tables = {
+            "model": {"name": "llama-debug"},
+            "parallel": {"tp": 2},
+            "batch": {"seq_len": 64, "global_batch": 2},
+            "train": {"model_init": model_init},
+        }
+        return emulate(job_spec_from_dict(tables), workers=1)
+
+    on_meta, on_device = emulated("auto"), emulated("device")
+    assert (on_meta.model_built_on, on_device.model_built_on) == ("meta", "device")
+    assert on_device.peak_memory_allocated_bytes == on_meta.peak_memory_allocated_bytes
+    assert on_device.peak_memory_reserved_bytes > on_meta.peak_memory_reserved_bytes
+    assert on_device.to_dict()["model_built_on"] == "device"
+
+
+@pytest.mark.integration
 def test_breakdown_of_each_class_sums_to_the_iteration(tmp_path):
     job = job_spec_from_dict(
         {
