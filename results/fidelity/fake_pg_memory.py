@@ -231,14 +231,15 @@ def compact_snapshot(snapshot: dict) -> dict:
 
 
 def measure(cases: list[str], inits: list[str], out: Path, budget_s: float) -> int:
-    """Each case and build in a fresh process (an empty allocator, a process group of its own);
-    one that fails, runs past RANK_TIMEOUT_S or past what is left of `budget_s` is listed and
-    the others still run while time is left (so that a caller's own limit never cuts a run
-    mid-write)."""
+    """Each case and build in a fresh process (an empty allocator, a process group of its own),
+    every case built on meta first: those ranks were never measured, where the ranks built on
+    the device are predicted to the byte already. One that fails, runs past RANK_TIMEOUT_S or
+    past what is left of `budget_s` is listed and the others still run while time is left (so
+    that a caller's own limit never cuts a run mid-write)."""
     deadline = time.monotonic() + budget_s
     failed = []
-    for case in cases:
-        for init in inits:
+    for init in sorted(inits, key=lambda i: i != "meta"):
+        for case in cases:
             left = deadline - time.monotonic()
             if left <= 0 or not _rank_process(case, init, out, min(RANK_TIMEOUT_S, left)):
                 failed.append(f"{case} ({init})")

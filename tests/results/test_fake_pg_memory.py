@@ -149,6 +149,18 @@ def test_measure_needs_cuda(fake_pg, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_measure_runs_every_rank_built_on_meta_first(fake_pg, tmp_path, monkeypatch):
+    runs = []
+    def run(case, init, *_):
+        runs.append((case, init))
+        return True
+
+    monkeypatch.setattr(fake_pg, "_rank_process", run)
+    cases = list(fake_pg.CASES[:2])
+    assert fake_pg.measure(cases, list(fake_pg.INITS), tmp_path, budget_s=60.0) == 0
+    assert runs == [(case, "meta") for case in cases] + [(case, "device") for case in cases]
+
+
 def test_the_device_checks_run_it(fake_pg):
     script = (fake_pg.ROOT / "results" / "device_checks.sh").read_text()
     assert "$py results/fidelity/fake_pg_memory.py \\\n    --measure /tmp/fake_pg_memory" in script
