@@ -327,6 +327,8 @@ def oom_message(pp: int, members: int, detail: dict) -> str:
     where = f"{detail['iteration']} iteration, {at['phase']}"
     if at["phase"] in ("forward", "backward", "recompute") and at["micro_batch"] >= 0:
         where += f" mb{at['micro_batch']}"  # the timeline's name: mb0 is the first
+    if at["phase"] == "setup":  # the rows before the first op (emulator.memory.replay)
+        where = "before the first iteration, building the model and its state (train.model_init)"
     allocated, reserved = detail["allocated_bytes"], detail["reserved_bytes"]
     capacity = detail["allocator_capacity_bytes"]
     live = sorted(detail["live_by_category"].items(), key=lambda item: -item[1])

@@ -71,6 +71,25 @@ def test_an_oom_outside_a_micro_batch_names_its_phase_only():
     assert "0 B free" in message
 
 
+def test_an_oom_before_the_first_op_is_in_the_build():
+    detail = {
+        "iteration": "first",
+        "at": {"event_index": 3, "seq": 3, "stage": 0, "phase": "setup", "micro_batch": -1,
+               "module": ""},  # fmt: skip
+        "request_bytes": 256 << 20,
+        "allocated_bytes": 77 * GIB,
+        "reserved_bytes": 77 * GIB,
+        "allocator_capacity_bytes": 77 * GIB,
+        "gpu_capacity_bytes": 79 * GIB,
+        "live_by_category": {"other": 77 * GIB},
+    }
+    message = oom_message(0, 8, detail)
+    assert message.startswith(
+        "Out of memory on pipeline rank 0 (8 ranks): before the first iteration, building the "
+        "model and its state (train.model_init), in the top level"
+    )
+
+
 def test_retries_every_step_are_a_warning_that_says_they_are_not_priced():
     message = alloc_retries_message(2, 3)
     assert message.startswith("Pipeline rank 2 fits only by freeing the allocator's cache: 3 ")
