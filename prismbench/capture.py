@@ -71,7 +71,7 @@ def cache_key(job) -> str:
     one; so do `train.model_init = "auto"` and the choice it stands for."""
     tables = job.to_dict()
     tables["cluster"] = {"gpus_per_node": job.cluster.gpus_per_node}
-    tables["train"]["model_init"] = "meta" if job.builds_on_meta else "device"  # "auto" resolved
+    tables["train"]["model_init"] = job.model_built_on  # "auto" resolved
     kernels = tables.get("kernels", {})
     kernels.pop("launch_blocking", None)
     kernels.pop("tp_grad_overlap", None)

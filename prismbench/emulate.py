@@ -418,7 +418,7 @@ def _result(job, name, capture, timing, per_class, gpu, started, table_label) ->
         device_total_estimate_bytes=max(c.device_total_estimate_bytes for c in per_class),
         gpu_capacity_bytes=gpu.usable_capacity_bytes,
         oom=any(c.oom for c in per_class),
-        model_built_on="meta" if job.builds_on_meta else "device",
+        model_built_on=job.model_built_on,
         kernel_table=table_label,
         compute_priced_by={
             source: {

@@ -9,9 +9,9 @@ None, device="cuda")`) builds the model in fp32 on the device and casts it, leav
 fp32 segments cached before its first iteration; a job of several ranks is taken to build
 on meta and materialise its shards in place (what a large job must do), which leaves nothing
 behind, so its build is not recorded. `train.model_init` says otherwise where a program does
-(`TrainingJob.builds_on_meta`; `prismbench record` builds as it says).
-The optimizer state is created by one optimizer step on zero gradients, so the recorded iteration is
-a steady-state one; what that step created is declared apart from what the optimizer held
+(`TrainingJob.builds_on_meta`; `prismbench record` builds as it says). The optimizer state
+is created by one optimizer step on zero gradients, so the recorded iteration is a
+steady-state one; what that step created is declared apart from what the optimizer held
 before it, so the memory replay can create it where a real first iteration does.
 """
 

@@ -219,14 +219,19 @@ class TrainingJob:
         return self.parallel.world_size
 
     @property
-    def builds_on_meta(self) -> bool:
-        """Whether the real program builds the model on meta and materialises only this rank's
-        shards, rather than the whole model in fp32 on the device before casting and sharding
-        it (`train.model_init`; "auto": on the device for one GPU, as the shared H100
-        measurements ran it, on meta for several ranks, what a large job must do)."""
+    def model_built_on(self) -> str:
+        """`train.model_init` resolved: "meta" where the real program builds the model on meta
+        and materialises only this rank's shards, "device" where it builds the whole model in
+        fp32 on the device before casting and sharding it ("auto": on the device for one GPU,
+        as the shared H100 measurements ran it, on meta for several ranks, what a large job
+        must do)."""
         if self.train.model_init == "auto":
-            return self.world_size > 1
-        return self.train.model_init == "meta"
+            return "meta" if self.world_size > 1 else "device"
+        return self.train.model_init
+
+    @property
+    def builds_on_meta(self) -> bool:
+        return self.model_built_on == "meta"
 
     @property
     def init_device(self) -> str | None:
