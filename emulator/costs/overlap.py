@@ -7,6 +7,12 @@ overlaps a collective therefore runs on fewer SMs and shares HBM bandwidth:
 - compute-bound: slowdown = SMs / (SMs - channels)
 - memory-bound:  slowdown = 1 + comm_GBps * 2 / (hbm_GBps * hbm_efficiency)  (each byte moved
   is read from and written to HBM once by the NCCL kernel)
+comm_GBps is the traffic of the collectives running beside the kernel, not the link's rating:
+a collective moves its bus bytes (nccl-tests' busbw x time: the buffer x the kind's bus factor)
+in its duration, at most at the intra-node link's rate (`traffic_bytes`); the replay averages
+the bytes over the time the overlapping collectives run (emulator.graph.replay). So a
+latency-bound all-reduce of a few KiB hardly slows the kernels beside it, and a faster link
+never adds to the slowdown a collective causes in all: it moves the same bytes in less time.
 The model has no fitted constant; it ignores L2 and power interaction (docs/MODELS.md).
 
 Async tensor parallelism (`async_tp_exposed_s`): torch's micro-pipelined TP ops
@@ -45,8 +51,27 @@ def compute_slowdown(
     if comm_GBps < 0:
         raise ValueError(f"comm_GBps={comm_GBps} must be >= 0")
     if memory_bound:
-        return 1.0 + 2.0 * comm_GBps / (gpu.hbm_bandwidth_GBps * gpu.hbm_efficiency)
+        return 1.0 + comm_GBps * 1e9 * memory_slowdown_per_Bps(gpu)
     return gpu.sm_count / (gpu.sm_count - comm_channels)
+
+
+def memory_slowdown_per_Bps(gpu: GpuPreset) -> float:
+    """What a memory-bound kernel's slowdown grows by per byte/s of collective traffic beside
+    it: 2 / (HBM bytes/s x its efficiency) (module docstring)."""
+    return 2.0 / (gpu.hbm_bandwidth_GBps * 1e9 * gpu.hbm_efficiency)
+
+
+def traffic_bytes(nbytes: float, bus_factor: float, duration_s: float, link_GBps: float) -> float:
+    """Bytes a member of a collective moves through HBM's side of its links during the call:
+    its bus bytes (`nbytes` x the kind's nccl-tests bus factor), at most what the intra-node
+    link carries in `duration_s` (NVLink SHARP's all-reduce has a busbw above the link's rate:
+    the switch reduces, so the GPU moves less than the bus factor counts)."""
+    if nbytes < 0 or bus_factor < 0 or duration_s < 0 or link_GBps < 0:
+        raise ValueError(
+            f"nbytes={nbytes}, bus_factor={bus_factor}, duration_s={duration_s} and "
+            f"link_GBps={link_GBps} must be >= 0"
+        )
+    return min(nbytes * bus_factor, link_GBps * 1e9 * duration_s)
 
 
 def async_tp_exposed_s(comm_s: float, gemm_s: float, tp: int) -> float:

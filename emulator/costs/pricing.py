@@ -4,9 +4,11 @@ What the execution graph asks of the cost models, in one place: `compute_prices`
 compute row, through `costs.compute.op_price` and an optional kernel table, with which of
 exact row / interpolation / roofline priced it; attention through `costs.attention_rates`
 where the job runs a kernel the table did not measure),
-`row_slowdowns` (how much a row slows beside running communication, `costs.overlap`) and
+`row_slowdowns` and `row_memory_slopes` (how much a row slows beside running communication,
+`costs.overlap`) and
 `CommPricer` (a collective's or p2p call's duration over its group's ranks,
-`costs.collectives`). `op_record` reads the cost-model record of one row from its tensors.
+`costs.collectives`, and the bytes it moves meanwhile). `op_record` reads the cost-model record
+of one row from its tensors.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from emulator.costs.compute import op_price
 from emulator.costs.host_dispatch import HostDispatch
 from emulator.costs.kernel_table import PRICE_SOURCES, KernelTable
 from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS, OpRecord
-from emulator.costs.overlap import compute_slowdown
+from emulator.costs.overlap import compute_slowdown, memory_slowdown_per_Bps, traffic_bytes
 from emulator.world.collectives import collective
 
 _TORCH_DTYPES = {
@@ -187,20 +189,32 @@ def price_source_summary(durations: np.ndarray, sources: np.ndarray) -> dict[str
     }
 
 
-def row_slowdowns(trace: RankTrace, cost: CostContext) -> np.ndarray:
-    """Overlap slowdown of each row if it ran beside a collective (1 with overlap off).
+def _compute_bound(trace: RankTrace) -> np.ndarray:
+    """Rows whose kernels are bound by the SMs (GEMMs, attention), not by HBM."""
+    bound = {trace.strings.index(n) for n in (*GEMM_OPS, *ATTENTION_OPS) if n in trace.strings}
+    return np.isin(trace.columns["name"], list(bound))
 
-    Channels = the link's NCCL channel count; the memory-bound factor takes the intra-node
-    link rate as the collective's HBM traffic (the worst case: inter-node comm moves less)."""
+
+def row_slowdowns(trace: RankTrace, cost: CostContext) -> np.ndarray:
+    """Overlap slowdown of each compute-bound row if it ran beside a collective (the SMs its
+    channels take: the link's NCCL channel count); 1 for memory-bound rows, whose slowdown
+    depends on the collective's traffic (`row_memory_slopes`), and 1 with overlap off."""
     if not cost.overlap:
         return np.ones(len(trace))
     topo = cost.topology
-    args = dict(comm_channels=topo.link.channels, comm_GBps=topo.link.bandwidth_GBps)
-    s_compute = compute_slowdown(topo.gpu, memory_bound=False, **args)
-    s_memory = compute_slowdown(topo.gpu, memory_bound=True, **args)
-    bound = {trace.strings.index(n) for n in (*GEMM_OPS, *ATTENTION_OPS) if n in trace.strings}
-    is_compute_bound = np.isin(trace.columns["name"], list(bound))
-    return np.where(is_compute_bound, s_compute, s_memory)
+    s_compute = compute_slowdown(
+        topo.gpu, comm_channels=topo.link.channels, comm_GBps=0.0, memory_bound=False
+    )
+    return np.where(_compute_bound(trace), s_compute, 1.0)
+
+
+def row_memory_slopes(trace: RankTrace, cost: CostContext) -> np.ndarray:
+    """What each memory-bound row's overlap slowdown grows by per byte/s of collective traffic
+    beside it (`costs.overlap.memory_slowdown_per_Bps`); 0 for compute-bound rows and with
+    overlap off. The replay multiplies it by the traffic of the collectives running then."""
+    if not cost.overlap:
+        return np.zeros(len(trace))
+    return np.where(_compute_bound(trace), 0.0, memory_slowdown_per_Bps(cost.topology.gpu))
 
 
 class CommPricer:
@@ -219,3 +233,14 @@ class CommPricer:
         if key not in self._cache:
             self._cache[key] = collective_time_s(kind, nbytes, ranks, self.topology)
         return self._cache[key]
+
+    def traffic_bytes(self, kind: str, nbytes: float, n_ranks: int, duration_s: float) -> float:
+        """Bytes a member moves through its links in a call of `duration_s`
+        (`costs.overlap.traffic_bytes`); 0 without a topology or for a kind with no bus
+        factor (a barrier)."""
+        if self.topology is None or n_ranks < 2:
+            return 0.0
+        factor = collective(collective(kind).cost_kind).bus_factor
+        if factor is None:
+            return 0.0
+        return traffic_bytes(nbytes, factor(n_ranks), duration_s, self.topology.link.bandwidth_GBps)

@@ -45,7 +45,9 @@ Durations are not this module's business: it asks emulator.costs.pricing for eve
 row's duration and overlap slowdown (or takes durations given per trace row, e.g. measured)
 and for each collective's duration over the representative's group, or over the lane's group
 that straddles nodes where the class's groups sit on them differently (`_Builder.slowest_s`);
-replay applies a segment's slowdown to the part of it that overlaps running comm.
+replay applies a segment's slowdown to the part of it that overlaps running comm: its
+compute-bound ops' factor (`slowdown`) plus its memory-bound ops' share times the traffic of the
+collectives running then (`memory_slowdown_per_Bps` x bytes/s; a collective's `traffic_bytes`).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from emulator.costs.pricing import (
     CostContext,
     compute_durations_s,
     op_record,
+    row_memory_slopes,
     row_slowdowns,
 )
 from emulator.graph.execution_graph import (
@@ -272,13 +275,23 @@ class _Builder:
     """Walks one class trace in program order and emits nodes (see module docstring)."""
 
     def __init__(
-        self, trace: RankTrace, world: World, pp: int, durations_s, slowdowns, comm, spreads_s
+        self,
+        trace: RankTrace,
+        world: World,
+        pp: int,
+        durations_s,
+        slowdowns,
+        memory_slopes,
+        comm,
+        spreads_s,
     ):
         self.trace, self.world, self.pp, self.comm = trace, world, pp, comm
         self.rep = world.representative(pp)
         self.durations, self.slowdowns, self.spreads = durations_s, slowdowns, spreads_s
+        self.memory_slopes = memory_slopes
         self.cols = {k: [] for k in NODE_COLUMNS}
         self.slow_weight: list[float] = []
+        self.slope_weight: list[float] = []
         self.streams: dict[object, int] = {}
         self.labels: list[str] = []
         self.strings: dict[str, int] = {"": 0}
@@ -313,6 +326,7 @@ class _Builder:
         for k in NODE_COLUMNS:
             self.cols[k].append(values.get(k, -1 if k in _MINUS_ONE else 0))
         self.slow_weight.append(0.0)
+        self.slope_weight.append(0.0)
         return i
 
     def build(self) -> ClassGraph:
@@ -330,10 +344,11 @@ class _Builder:
             for k in ("kind", "stream", "phase", "micro_batch", "flops", "seq")
         }
         durs, slows = self.durations[rows].tolist(), self.slowdowns[rows].tolist()
+        slopes = self.memory_slopes[rows].tolist()
         variances = (self.spreads[rows] ** 2).tolist()
         waited = set(c["comm_seq"][kinds == WAIT].tolist())
         tags = c["tag"][rows].tolist()
-        cols, weight = self.cols, self.slow_weight
+        cols, weight, slope_weight = self.cols, self.slow_weight, self.slope_weight
         for j, row in enumerate(rows.tolist()):
             kind = lists["kind"][j]
             s_trace = lists["stream"][j]
@@ -343,6 +358,7 @@ class _Builder:
                 cols["duration_s"][n] += durs[j]
                 cols["variance_s2"][n] += variances[j]
                 weight[n] += durs[j] * slows[j]
+                slope_weight[n] += durs[j] * slopes[j]
                 cols["flops"][n] += lists["flops"][j]
                 cols["rows"][n] += 1
             elif kind == COMM:
@@ -360,6 +376,7 @@ class _Builder:
         for n, w in enumerate(weight):
             if cols["kind"][n] == SEGMENT and cols["duration_s"][n] > 0:
                 cols["slowdown"][n] = w / cols["duration_s"][n]
+                cols["memory_slowdown_per_Bps"][n] = slope_weight[n] / cols["duration_s"][n]
         nodes = {k: np.asarray(v, dtype=NODE_COLUMNS[k]) for k, v in cols.items()}
         return ClassGraph(
             pp=self.pp, nodes=nodes, streams=tuple(self.labels), strings=tuple(self.strings)
@@ -444,6 +461,7 @@ class _Builder:
                 name=self.intern(kind),
                 group=self.intern("pp"),
                 duration_s=duration,
+                traffic_bytes=self.comm.traffic_bytes(kind, nbytes, 2, duration),
                 peer_class=peer_class,
                 **base,
             )
@@ -454,6 +472,7 @@ class _Builder:
         s = self.stream(("group", gid), f"comm {gid} ({label})")
         mask = sum(1 << self.world.lane_axes.index(a) for a in axes)
         duration = self.slowest_s(gid, kind, nbytes, ranks, axes)
+        traffic = self.comm.traffic_bytes(kind, nbytes, len(ranks), duration)
         if row in self.async_tp:
             duration = async_tp_exposed_s(duration, self.async_tp[row], len(ranks))
         if row in self.weight_grad_overlap:
@@ -464,6 +483,7 @@ class _Builder:
             name=self.intern(kind),
             group=self.intern(label),
             duration_s=duration,
+            traffic_bytes=traffic,
             axes=mask,
             **base,
         )
@@ -541,13 +561,14 @@ def build_graph(
         if blocking:  # the host waits for each kernel: its dispatch time is on the stream
             durs = durs + np.where(trace.columns["kind"] == COMPUTE, dispatch, 0.0)
         slows = row_slowdowns(trace, cost) if cost is not None else np.ones(len(trace))
+        slopes = row_memory_slopes(trace, cost) if cost is not None else np.zeros(len(trace))
         topology = cost.topology if (cost is not None and comm_durations) else None
         spreads = np.zeros(len(trace)) if spreads_s is None else np.asarray(spreads_s[p], float)
         if spreads.shape != (len(trace),):
             raise ValueError(
                 f"spreads_s[{p}] has shape {spreads.shape}, trace has {len(trace)} rows"
             )
-        b = _Builder(trace, world, p, durs, slows, CommPricer(topology), spreads)
+        b = _Builder(trace, world, p, durs, slows, slopes, CommPricer(topology), spreads)
         if cost is not None and cost.async_tp:
             pairs = async_tp_pairs(trace, world)
             b.async_tp = {row: float(durs[gemms].sum()) for row, gemms in pairs.items()}

@@ -21,7 +21,10 @@ NODE_COLUMNS = {
     "group": np.int32,  # group label ("tp", "dp+cp", "pp"), index into strings
     "duration_s": np.float64,
     "variance_s2": np.float64,  # compute: sum of its ops' duration variances (independent ops)
-    "slowdown": np.float64,
+    "slowdown": np.float64,  # compute: beside comm, from its compute-bound ops (costs.overlap)
+    # compute: what its slowdown grows by per byte/s of comm traffic beside it (memory-bound ops)
+    "memory_slowdown_per_Bps": np.float64,
+    "traffic_bytes": np.float64,  # comm: bytes a member moves through its links (costs.overlap)
     "flops": np.int64,
     "first_row": np.int64,  # trace row of the node's first event
     "rows": np.int64,  # trace rows merged into the node
@@ -37,8 +40,10 @@ NODE_COLUMNS = {
     "host_s": np.float64,  # earliest start the host allows: its first row issued (0: no host model)
     "host_end_s": np.float64,  # compute: earliest end the host allows (launch-queue bound); 0
 }
-# columns a graph saved before they existed lacks; loading fills them with 0 (no host bound)
-_ADDED_COLUMNS = ("host_s", "host_end_s")
+# columns a graph saved before they existed lacks; loading fills them with 0: no host bound, and
+# no traffic-dependent slowdown (such a graph's `slowdown` held the memory-bound ops' share at
+# the link's rated bandwidth, so it replays as it did)
+_ADDED_COLUMNS = ("host_s", "host_end_s", "memory_slowdown_per_Bps", "traffic_bytes")
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -10,7 +10,10 @@ replay does not depend on the world size. Rules (per node, for all lanes at once
   `host_s`); duration x the rank's speed factor, stretched by the overlap slowdown s for the
   time w that a collective of the rank is still running: d' = min(d*s, d + w*(1 - 1/s)) (the
   work done during w runs at rate 1/s); end = max(start + d', host_end_s + d' - d), the
-  launch-queue bound of emulator.costs.host_dispatch (graph.build.host_bounds);
+  launch-queue bound of emulator.costs.host_dispatch (graph.build.host_bounds). s = the
+  segment's `slowdown` + `memory_slowdown_per_Bps` x the comm traffic then: the bytes of the
+  collectives of the current busy window (a run of the rank's comm nodes each starting before
+  the previous ones end) over the window's length (emulator.costs.overlap);
 - collective: ready = max(own comm stream, issuing stream, the host issuing it); start = max of the members'
   ready along the group's lane axes (keepdims), and over the member classes for a group
   spanning pp; end = start + duration; every member's end is the same;
@@ -48,9 +51,11 @@ from emulator.world.mesh import World
 
 # ---- lane arithmetic -------------------------------------------------------------------------
 
+_SHORTEST_S = 1e-15  # a busy window's length is divided by at least this
+
 
 def _scalar_ops():
-    return 0.0, max, lambda x, axes: x, lambda x, lane: x
+    return 0.0, max, lambda x, axes: x, lambda x, lane: x, lambda c, a, b: a if c else b
 
 
 def _array_ops(shape):
@@ -66,7 +71,7 @@ def _array_ops(shape):
             return float(x)
         return float(x[tuple(i if n > 1 else 0 for i, n in zip(lane, x.shape, strict=True))])
 
-    return np.zeros(shape), np.maximum, reduce, pick
+    return np.zeros(shape), np.maximum, reduce, pick, np.where
 
 
 def _max_along(x: np.ndarray, axis: int) -> np.ndarray:
@@ -96,9 +101,12 @@ class _Class:
     ):
         self.g = g = graph.classes[pp]
         self.pp, self.n, self.cursor = pp, len(g), 0
-        zero, self.vmax, self.reduce, self.pick = ops
+        zero, self.vmax, self.reduce, self.pick, self.select = ops
         self.clock = [zero] * len(g.streams)
-        self.busy = zero
+        self.busy = zero  # end of the rank's latest comm node
+        # the busy window (comm nodes overlapping one another up to `busy`): start, bytes moved
+        self.window_start = zero
+        self.window_bytes = zero
         self.ends: dict[int, object] = {}  # end of comm nodes a wait will read
         self.send_ready: dict[int, object] = {}  # ready of sends a recv will read
         self.factor = factor
@@ -119,6 +127,8 @@ class _Class:
                 "kind",
                 "stream",
                 "slowdown",
+                "memory_slowdown_per_Bps",
+                "traffic_bytes",
                 "issue_stream",
                 "dep",
                 "join",
@@ -156,10 +166,12 @@ class _Class:
         """Replay nodes until blocked or done; True when anything moved."""
         start_cursor = self.cursor
         c, clock, vmax, reduce = self.cols, self.clock, self.vmax, self.reduce
-        kinds, streams, slows, issue_streams = (
+        kinds, streams, slows, slopes, traffic, issue_streams = (
             c["kind"],
             c["stream"],
             c["slowdown"],
+            c["memory_slowdown_per_Bps"],
+            c["traffic_bytes"],
             c["issue_stream"],
         )
         deps, joins, dur, factor = c["dep"], c["join"], self.dur, self.factor
@@ -177,8 +189,10 @@ class _Class:
                 else:
                     d = dur[i] if factor is None else dur[i] * factor
                 sl = slows[i]
-                if sl > 1.0:
+                if sl > 1.0 or slopes[i] > 0.0:
                     w = vmax(self.busy - start, 0.0)
+                    if slopes[i] > 0.0:
+                        sl = sl + slopes[i] * self._window_Bps()
                     d = np.minimum(d * sl, d + w * (1.0 - 1.0 / sl))
                 end = start + d
                 if host_end[i] > 0.0:  # launch-bound: kernels wait for the host to issue them
@@ -210,13 +224,26 @@ class _Class:
                         break
                     start = vmax(ready, src.send_ready.pop(joins[i]))
                 end = clock[s] = start + (dur[i] if sampled is None else sampled(pp, i))
-                self.busy = vmax(self.busy, end)
+                self._extend_window(start, end, traffic[i])
             if i in self.waited:  # any node a later wait reads: a comm, or a stream's position
                 self.ends[i] = end
             self.record(free, ready, start, end, kernels)
             i += 1
         self.cursor = i
         return i > start_cursor
+
+    def _extend_window(self, start, end, nbytes: float) -> None:
+        """A comm node [start, end) moving `nbytes`: it joins the busy window if it starts
+        before the window ends, else it opens a new one."""
+        opens = start >= self.busy
+        self.window_start = self.select(opens, start, self.window_start)
+        self.window_bytes = self.select(opens, nbytes, self.window_bytes + nbytes)
+        self.busy = self.vmax(self.busy, end)
+
+    def _window_Bps(self):
+        """Mean comm traffic (bytes/s) of the busy window; 0 where it has no length."""
+        span = self.busy - self.window_start
+        return self.window_bytes / self.vmax(span, _SHORTEST_S) * (span > 0.0)
 
     def _waited_end(self, node: int):
         """End of a waited node, forgotten after its last wait (lane values can be large)."""

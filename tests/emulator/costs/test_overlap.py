@@ -5,6 +5,8 @@ import pytest
 from emulator.costs.overlap import (
     async_tp_exposed_s,
     compute_slowdown,
+    memory_slowdown_per_Bps,
+    traffic_bytes,
     weight_grad_overlap_exposed_s,
 )
 from emulator.hardware import gpu_preset
@@ -27,6 +29,22 @@ def test_memory_bound_slowdown_grows_with_comm_traffic():
     low = compute_slowdown(H100, comm_channels=16, comm_GBps=50.0, memory_bound=True)
     high = compute_slowdown(H100, comm_channels=16, comm_GBps=400.0, memory_bound=True)
     assert 1.0 < low < high
+
+
+def test_the_memory_bound_factor_is_one_plus_its_slope_times_the_traffic():
+    slope = memory_slowdown_per_Bps(H100)  # 2 / (3 350 GB/s x its efficiency)
+    assert slope == pytest.approx(2.0 / (H100.hbm_bandwidth_GBps * 1e9 * H100.hbm_efficiency))
+    factor = compute_slowdown(H100, comm_channels=16, comm_GBps=200.0, memory_bound=True)
+    assert factor == pytest.approx(1.0 + slope * 200e9)
+
+
+def test_traffic_is_the_bus_bytes_at_most_at_the_link_rate():
+    # an all-gather of 1 GB over 8 ranks moves 7/8 GB a member; in 2 ms that is 437.5 GB/s,
+    # above a 370.8 GB/s link: the link's rate bounds it
+    assert traffic_bytes(1e9, 7 / 8, 4e-3, 370.8) == pytest.approx(0.875e9)
+    assert traffic_bytes(1e9, 7 / 8, 2e-3, 370.8) == pytest.approx(370.8e9 * 2e-3)
+    with pytest.raises(ValueError, match="duration_s=-1"):
+        traffic_bytes(1e9, 1.0, -1, 370.8)
 
 
 def test_channels_beyond_sms_refused():

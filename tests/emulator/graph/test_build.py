@@ -5,7 +5,11 @@ import numpy as np
 import pytest
 
 from emulator.costs.collectives import Topology, collective_time_s
-from emulator.costs.overlap import async_tp_exposed_s, weight_grad_overlap_exposed_s
+from emulator.costs.overlap import (
+    async_tp_exposed_s,
+    memory_slowdown_per_Bps,
+    weight_grad_overlap_exposed_s,
+)
 from emulator.costs.pricing import CostContext
 from emulator.graph.build import (
     async_tp_pairs,
@@ -231,15 +235,34 @@ def test_host_bounds_of_a_segment_and_a_collective():
     assert g["host_s"][coll].tolist() == [7.5]
 
 
-def test_graph_saved_without_host_columns_loads_with_zeros(tmp_path):
+def test_graph_saved_without_later_columns_loads_with_zeros(tmp_path):
     world = World.grid(dp=1, pp=2, cp=1, tp=1)
     graph = build(world, pipeline(world, 2, 1.0, 2.0, "1f1b"))
     graph.save(tmp_path / "g.npz")
+    later = ("_host_s", "_host_end_s", "_memory_slowdown_per_Bps", "_traffic_bytes")
     with np.load(tmp_path / "g.npz") as z:
-        old = {k: z[k] for k in z.files if not k.endswith(("_host_s", "_host_end_s"))}
+        old = {k: z[k] for k in z.files if not k.endswith(later)}
     np.savez(tmp_path / "old.npz", **old)
     loaded = ExecutionGraph.load(tmp_path / "old.npz")
-    assert not loaded.classes[0]["host_end_s"].any()
+    for column in ("host_end_s", "memory_slowdown_per_Bps", "traffic_bytes"):
+        assert not loaded.classes[0][column].any()
+
+
+def test_a_segment_carries_its_memory_bound_share_and_a_collective_its_bytes():
+    world = World.grid(dp=1, pp=1, cp=1, tp=8)
+    s = Stage(world, 0)
+    s.collective("all_gather", "tp", nbytes=1 << 20)
+    s.compute(3e-3, name="mm")
+    s.compute(1e-3, name="add")
+    g = build(world, [s], CostContext(topology=TOPO)).classes[0]
+    seg, coll = g["kind"] == SEGMENT, g["kind"] == COLLECTIVE
+    # the GEMM's factor weighs 3/4 of the segment (the add's is 1), the add's slope 1/4
+    gemm_factor = TOPO.gpu.sm_count / (TOPO.gpu.sm_count - TOPO.link.channels)
+    assert g["slowdown"][seg].tolist() == pytest.approx([0.75 * gemm_factor + 0.25])
+    slope = 0.25 * memory_slowdown_per_Bps(TOPO.gpu)
+    assert g["memory_slowdown_per_Bps"][seg].tolist() == pytest.approx([slope])
+    # 1 MiB gathered over 8 members: each moves 7/8 of it (below the link's rate for the call)
+    assert g["traffic_bytes"][coll].tolist() == pytest.approx([7 / 8 * (1 << 20)])
 
 
 def _sequence_parallel_layer(

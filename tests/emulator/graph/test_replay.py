@@ -1,10 +1,13 @@
 """Closed-form checks of emulator.graph.replay on synthetic stage programs (tests/emulator/synthetic_traces.py)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from emulator.costs.collectives import Topology
 from emulator.costs.pricing import CostContext
+from emulator.graph.execution_graph import COLLECTIVE
 from emulator.graph.replay import replay
 from emulator.graph.results import BREAKDOWN_FIELDS
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
@@ -246,6 +249,79 @@ def test_compute_overlapping_a_collective_is_slowed():
     seg = int(np.flatnonzero(graph.classes[0]["kind"] == 0)[0])
     assert t.end_s[seg] - t.start_s[seg] == pytest.approx(expected)
     assert expected > 1e-3
+
+
+def _topology(link_GBps=370.8):
+    link = dataclasses.replace(intra_node_link("nvlink4"), bandwidth_GBps=link_GBps)
+    return Topology(
+        gpu=gpu_preset("h100-sxm-80g"),
+        gpus_per_node=8,
+        link=link,
+        network=inter_node_network("ib-ndr-8x400"),
+    )
+
+
+def _elementwise_beside(kind, nbytes, topo, ops=50, op_s=2e-6):
+    """Replay of `ops` memory-bound ops issued beside an async tp collective; (graph, result)."""
+    world = World.grid(dp=1, pp=1, cp=1, tp=8)
+    s = Stage(world, 0)
+    h = s.collective(kind, "tp", nbytes=nbytes, async_op=True)
+    for _ in range(ops):
+        s.compute(op_s, name="add")
+    s.wait(h)
+    graph = build(world, [s], CostContext(topology=topo))
+    return graph, replay(graph)
+
+
+def test_a_memory_bound_op_is_slowed_by_the_traffic_of_the_collective_beside_it():
+    topo = _topology()
+    graph, result = _elementwise_beside("all_gather", 1 << 26, topo)  # 64 MiB, ~0.2 ms
+    g, t = graph.classes[0], result.timelines[0]
+    seg = int(np.flatnonzero(g["kind"] == 0)[0])
+    comm_s = float(g["duration_s"][0])
+    traffic_Bps = 7 / 8 * (1 << 26) / comm_s  # what each member moves per second
+    assert traffic_Bps < 370.8e9  # below the link's rate: the call's own traffic counts
+    slow = 1 + 2 * traffic_Bps / (topo.gpu.hbm_bandwidth_GBps * 1e9 * topo.gpu.hbm_efficiency)
+    assert comm_s > 100e-6  # the collective outlasts the 100 us of ops: all of them slowed
+    assert t.end_s[seg] - t.start_s[seg] == pytest.approx(100e-6 * slow)
+
+
+def test_a_latency_bound_collective_hardly_slows_the_ops_beside_it():
+    _, result = _elementwise_beside("all_reduce", 4096, _topology())
+    assert result.iteration_time_s == pytest.approx(100e-6, rel=1e-3)
+
+
+@pytest.mark.parametrize("kind, nbytes", [("all_reduce", 4096), ("all_gather", 1 << 26)])
+def test_a_faster_link_never_slows_ops_that_hide_a_collective(kind, nbytes):
+    # 5 ms of memory-bound ops hide the collective on every link: a faster one moves its bytes
+    # in less time, so the ops beside it are slowed no more in all
+    times = [
+        _elementwise_beside(kind, nbytes, _topology(bw), ops=100, op_s=50e-6)[1].iteration_time_s
+        for bw in (100.0, 185.4, 370.8, 450.0)
+    ]
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(times, times[1:], strict=False))
+
+
+def test_collectives_overlapping_one_another_add_their_bytes():
+    world = World.grid(dp=2, pp=1, cp=1, tp=8)
+    s = Stage(world, 0)
+    first = s.collective("all_reduce", "tp", nbytes=1 << 20, async_op=True)
+    second = s.collective("all_reduce", "dp", nbytes=1 << 20, async_op=True)
+    s.compute(2e-3, name="add")
+    s.wait(first)
+    s.wait(second)
+    graph = build(world, [s], CostContext(topology=_topology()))
+    g = graph.classes[0]
+    coll = np.flatnonzero(g["kind"] == COLLECTIVE)
+    g["duration_s"][coll] = 1e-3  # fixed durations: the window's length is known
+    t = replay(graph).timelines[0]
+    seg = int(np.flatnonzero(g["kind"] == 0)[-1])
+    # both calls run from 0 to 1 ms, each on its group's stream: the window [0, 1 ms) moves
+    # both calls' bytes, and the 2 ms segment runs beside it for 1 ms
+    window_Bps = float(g["traffic_bytes"][coll].sum()) / 1e-3
+    slow = 1 + float(g["memory_slowdown_per_Bps"][seg]) * window_Bps
+    assert t.start_s[seg] == pytest.approx(0.0)
+    assert t.end_s[seg] == pytest.approx(2e-3 + 1e-3 * (1 - 1 / slow))
 
 
 def test_to_dict_has_the_figures():
