@@ -327,8 +327,6 @@ class OpRecorder(TorchDispatchMode):
             self.storages.see(t.untyped_storage(), category)
         if info.name:
             self._record_compute(func, info, args, kwargs, out, outs, phase)
-        elif func is torch.ops.aten._local_scalar_dense.default:
-            self._emit(MARKER, "item")  # a device-to-host sync on a GPU
         return out
 
     def _record_compute(self, func, info, args, kwargs, out, outs, phase) -> None:
