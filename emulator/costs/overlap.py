@@ -11,8 +11,10 @@ comm_GBps is the traffic of the collectives running beside the kernel, not the l
 a collective moves its bus bytes (nccl-tests' busbw x time: the buffer x the kind's bus factor)
 in its duration, at most at the intra-node link's rate (`traffic_bytes`); the replay averages
 the bytes over the time the overlapping collectives run (emulator.graph.replay). So a
-latency-bound all-reduce of a few KiB hardly slows the kernels beside it, and a faster link
-never adds to the slowdown a collective causes in all: it moves the same bytes in less time.
+latency-bound all-reduce of a few KiB hardly slows the kernels beside it. A faster link moves
+the same bytes in less time: kernels that outlast the collective are slowed less in all, while
+a kernel that runs wholly inside it is slowed more (the same bytes, denser), which can cost the
+iteration a little where that kernel is on the critical path and the collective is not.
 The model has no fitted constant; it ignores L2 and power interaction (docs/MODELS.md).
 
 Async tensor parallelism (`async_tp_exposed_s`): torch's micro-pipelined TP ops

@@ -471,12 +471,15 @@ class _Builder:
         label = _group_label(self.world, axes, pps)
         s = self.stream(("group", gid), f"comm {gid} ({label})")
         mask = sum(1 << self.world.lane_axes.index(a) for a in axes)
-        duration = self.slowest_s(gid, kind, nbytes, ranks, axes)
-        traffic = self.comm.traffic_bytes(kind, nbytes, len(ranks), duration)
+        duration = call_s = self.slowest_s(gid, kind, nbytes, ranks, axes)
         if row in self.async_tp:
             duration = async_tp_exposed_s(duration, self.async_tp[row], len(ranks))
         if row in self.weight_grad_overlap:
             duration = weight_grad_overlap_exposed_s(duration, *self.weight_grad_overlap[row])
+        # a node that keeps only the exposed part of its call moves that part of its bytes, at
+        # the call's rate (the rest move beside the GEMMs the overlap rule priced)
+        traffic = self.comm.traffic_bytes(kind, nbytes, len(ranks), call_s)
+        traffic *= duration / call_s if call_s > 0 else 0.0
         n = self.add(
             kind=COLLECTIVE,
             stream=s,

@@ -21,7 +21,9 @@ NODE_COLUMNS = {
     "group": np.int32,  # group label ("tp", "dp+cp", "pp"), index into strings
     "duration_s": np.float64,
     "variance_s2": np.float64,  # compute: sum of its ops' duration variances (independent ops)
-    "slowdown": np.float64,  # compute: beside comm, from its compute-bound ops (costs.overlap)
+    # compute: beside comm, its ops' factor weighted by their time, memory-bound ops at 1 (their
+    # part is the next column's; costs.overlap)
+    "slowdown": np.float64,
     # compute: what its slowdown grows by per byte/s of comm traffic beside it (memory-bound ops)
     "memory_slowdown_per_Bps": np.float64,
     "traffic_bytes": np.float64,  # comm: bytes a member moves through its links (costs.overlap)

@@ -7,13 +7,14 @@ factors, no per-lane overrides), which is then the time of every lane: the cost 
 replay does not depend on the world size. Rules (per node, for all lanes at once):
 
 - compute: start = its stream's clock (and no earlier than the host issues its first op,
-  `host_s`); duration x the rank's speed factor, stretched by the overlap slowdown s for the
-  time w that a collective of the rank is still running: d' = min(d*s, d + w*(1 - 1/s)) (the
-  work done during w runs at rate 1/s); end = max(start + d', host_end_s + d' - d), the
-  launch-queue bound of emulator.costs.host_dispatch (graph.build.host_bounds). s = the
-  segment's `slowdown` + `memory_slowdown_per_Bps` x the comm traffic then: the bytes of the
-  collectives of the current busy window (a run of the rank's comm nodes each starting before
-  the previous ones end) over the window's length (emulator.costs.overlap);
+  `host_s`); duration d x the rank's speed factor; the work left when the rank's busy window
+  of comm opens (r) is stretched by the overlap slowdown s for the time w that the window
+  still lasts: r' = min(r*s, r + w*(1 - 1/s)) (the work done during w runs at rate 1/s); end =
+  max(start + d', host_end_s + d' - d), the launch-queue bound of
+  emulator.costs.host_dispatch (graph.build.host_bounds). The busy window: a run of the
+  rank's comm nodes each starting no later than the ones before it end; s = the segment's
+  `slowdown` + `memory_slowdown_per_Bps` x the window's comm traffic (its nodes'
+  `traffic_bytes` over its length; emulator.costs.overlap);
 - collective: ready = max(own comm stream, issuing stream, the host issuing it); start = max of the members'
   ready along the group's lane axes (keepdims), and over the member classes for a group
   spanning pp; end = start + duration; every member's end is the same;
@@ -55,7 +56,7 @@ _SHORTEST_S = 1e-15  # a busy window's length is divided by at least this
 
 
 def _scalar_ops():
-    return 0.0, max, lambda x, axes: x, lambda x, lane: x, lambda c, a, b: a if c else b
+    return 0.0, max, lambda x, axes: x, lambda x, lane: x, lambda c, a, b: a if c else b, min
 
 
 def _array_ops(shape):
@@ -71,7 +72,7 @@ def _array_ops(shape):
             return float(x)
         return float(x[tuple(i if n > 1 else 0 for i, n in zip(lane, x.shape, strict=True))])
 
-    return np.zeros(shape), np.maximum, reduce, pick, np.where
+    return np.zeros(shape), np.maximum, reduce, pick, np.where, np.minimum
 
 
 def _max_along(x: np.ndarray, axis: int) -> np.ndarray:
@@ -101,7 +102,7 @@ class _Class:
     ):
         self.g = g = graph.classes[pp]
         self.pp, self.n, self.cursor = pp, len(g), 0
-        zero, self.vmax, self.reduce, self.pick, self.select = ops
+        zero, self.vmax, self.reduce, self.pick, self.select, self.vmin = ops
         self.clock = [zero] * len(g.streams)
         self.busy = zero  # end of the rank's latest comm node
         # the busy window (comm nodes overlapping one another up to `busy`): start, bytes moved
@@ -188,12 +189,8 @@ class _Class:
                     d = sampled(pp, i)
                 else:
                     d = dur[i] if factor is None else dur[i] * factor
-                sl = slows[i]
-                if sl > 1.0 or slopes[i] > 0.0:
-                    w = vmax(self.busy - start, 0.0)
-                    if slopes[i] > 0.0:
-                        sl = sl + slopes[i] * self._window_Bps()
-                    d = np.minimum(d * sl, d + w * (1.0 - 1.0 / sl))
+                if slows[i] > 1.0 or slopes[i] > 0.0:
+                    d = self._beside_comm(d, start, slows[i], slopes[i])
                 end = start + d
                 if host_end[i] > 0.0:  # launch-bound: kernels wait for the host to issue them
                     end = vmax(end, host_end[i] + (d - base[i]))
@@ -232,18 +229,31 @@ class _Class:
         self.cursor = i
         return i > start_cursor
 
+    def _beside_comm(self, d, start, slowdown: float, slope: float):
+        """Duration of a segment of work `d` starting at `start` beside the busy window: it
+        runs at full speed until the window opens, then slowed by s = `slowdown` + `slope` x
+        the window's traffic while the window lasts (w): the rest r takes min(r s, r + w (1 -
+        1/s))."""
+        vmax = self.vmax
+        sl = slowdown
+        if slope > 0.0:
+            span = self.busy - self.window_start
+            sl = sl + slope * self.window_bytes / vmax(span, _SHORTEST_S) * (span > 0.0)
+        lead = vmax(self.window_start - start, 0.0)
+        w = vmax(self.busy - vmax(start, self.window_start), 0.0)
+        rest = vmax(d - lead, 0.0)
+        return d - rest + np.minimum(rest * sl, rest + w * (1.0 - 1.0 / sl))
+
     def _extend_window(self, start, end, nbytes: float) -> None:
-        """A comm node [start, end) moving `nbytes`: it joins the busy window if it starts
-        before the window ends, else it opens a new one."""
-        opens = start >= self.busy
-        self.window_start = self.select(opens, start, self.window_start)
+        """A comm node [start, end) moving `nbytes`: it joins the busy window if it starts no
+        later than the window ends (a call queued on a comm stream starts as the one before it
+        ends), reaching back to its start where it began before the window (nodes are replayed
+        in program order, not in time order: a recv waiting for its sender, a lane held back
+        at a join); else it opens a new window."""
+        opens = start > self.busy
+        self.window_start = self.select(opens, start, self.vmin(self.window_start, start))
         self.window_bytes = self.select(opens, nbytes, self.window_bytes + nbytes)
         self.busy = self.vmax(self.busy, end)
-
-    def _window_Bps(self):
-        """Mean comm traffic (bytes/s) of the busy window; 0 where it has no length."""
-        span = self.busy - self.window_start
-        return self.window_bytes / self.vmax(span, _SHORTEST_S) * (span > 0.0)
 
     def _waited_end(self, node: int):
         """End of a waited node, forgotten after its last wait (lane values can be large)."""

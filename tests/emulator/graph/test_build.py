@@ -333,6 +333,9 @@ def test_async_tp_leaves_a_tp_collective_only_the_time_beyond_its_gemms():
         expected = async_tp_exposed_s(plain["duration_s"][node], gemm_s, 4)
         assert fused["duration_s"][node] == pytest.approx(expected)
         assert fused["duration_s"][node] < plain["duration_s"][node]
+        # the node keeps that part of the call's bytes: the call's rate, not a denser one
+        rate = plain["traffic_bytes"][node] / plain["duration_s"][node]
+        assert fused["traffic_bytes"][node] == pytest.approx(rate * expected)
     others = plain["kind"] != COLLECTIVE
     np.testing.assert_array_equal(plain["duration_s"][others], fused["duration_s"][others])
 
@@ -411,5 +414,7 @@ def test_megatron_overlap_leaves_the_collective_only_what_the_weight_gradients_d
     expected = weight_grad_overlap_exposed_s(plain["duration_s"][node], 3 * 2e-3, slowdown)
     assert overlapped["duration_s"][node] == pytest.approx(expected)
     assert 0 < overlapped["duration_s"][node] < plain["duration_s"][node]
+    rate = plain["traffic_bytes"][node] / plain["duration_s"][node]
+    assert overlapped["traffic_bytes"][node] == pytest.approx(rate * expected)
     others = plain["kind"] != COLLECTIVE
     np.testing.assert_array_equal(plain["duration_s"][others], overlapped["duration_s"][others])

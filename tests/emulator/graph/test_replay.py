@@ -324,6 +324,79 @@ def test_collectives_overlapping_one_another_add_their_bytes():
     assert t.end_s[seg] == pytest.approx(2e-3 + 1e-3 * (1 - 1 / slow))
 
 
+def _slowed_s(work_s, window_s, slowdown):
+    """Work beside a window of comm from its start (replay's rule): min(r s, r + w (1 - 1/s))."""
+    return min(work_s * slowdown, work_s + window_s * (1 - 1 / slowdown))
+
+
+def test_a_call_queued_behind_another_on_its_stream_joins_its_window():
+    world = World.grid(dp=1, pp=1, cp=1, tp=8)
+    s = Stage(world, 0)
+    big = s.collective("all_reduce", "tp", nbytes=1 << 30, async_op=True)
+    small = s.collective("all_reduce", "tp", nbytes=4096, async_op=True)  # starts as big ends
+    s.compute(5e-3, name="add")
+    s.wait(big)
+    s.wait(small)
+    graph = build(world, [s], CostContext(topology=_topology()))
+    g = graph.classes[0]
+    coll = np.flatnonzero(g["kind"] == COLLECTIVE)
+    g["duration_s"][coll] = [2e-3, 1e-3]  # the window is [0, 3 ms)
+    seg = int(np.flatnonzero(g["kind"] == 0)[0])
+    t = replay(graph).timelines[0]
+    slow = 1 + float(g["memory_slowdown_per_Bps"][seg]) * float(g["traffic_bytes"][coll].sum()) / 3e-3
+    assert t.end_s[seg] - t.start_s[seg] == pytest.approx(_slowed_s(5e-3, 3e-3, slow))
+
+
+def test_a_call_replayed_late_that_started_early_opens_the_window_back():
+    # stage 1's recv waits 10 ms for its sender, its all-gather starts at 0: the recv is
+    # replayed first (program order), so the all-gather joins its window from before it
+    world = World.grid(dp=1, pp=2, cp=1, tp=2)
+    s0 = Stage(world, 0)
+    s0.compute(10e-3, name="mm")
+    s0.send(1, nbytes=1 << 20)
+    s1 = Stage(world, 1)
+    recv = s1.recv(0, nbytes=1 << 20, wait=False)
+    gather = s1.collective("all_gather", "tp", nbytes=1 << 26, async_op=True)
+    s1.compute(1e-3, name="add")
+    s1.wait(gather)
+    s1.wait(recv)
+    graph = build(world, [s0, s1], CostContext(topology=_topology()))
+    g = graph.classes[1]
+    t = replay(graph).timelines[world.representative(1)]
+    seg = int(np.flatnonzero(g["kind"] == 0)[0])
+    comm = np.flatnonzero(g["kind"] != 0)
+    comm = comm[g["traffic_bytes"][comm] > 0]
+    ends = t.end_s[comm]
+    assert t.start_s[seg] == 0.0 and min(t.start_s[comm]) == 0.0
+    window_Bps = float(g["traffic_bytes"][comm].sum()) / float(ends.max())  # [0, its last end)
+    slow = 1 + float(g["memory_slowdown_per_Bps"][seg]) * window_Bps
+    assert t.end_s[seg] - t.start_s[seg] == pytest.approx(_slowed_s(1e-3, ends.max(), slow))
+
+
+def test_work_before_the_window_opens_runs_at_full_speed():
+    # stage 1's prefetched recv waits 10 ms for its sender: of the 12 ms of work issued after
+    # it, the first 10 ms run before it starts, unslowed
+    world = World.grid(dp=1, pp=2, cp=1, tp=1)
+    s0 = Stage(world, 0)
+    s0.compute(10e-3, name="mm")
+    s0.send(1, nbytes=1 << 28)
+    s1 = Stage(world, 1)
+    recv = s1.recv(0, nbytes=1 << 28, wait=False)
+    s1.compute(12e-3, name="add")
+    s1.wait(recv)
+    graph = build(world, [s0, s1], CostContext(topology=_topology()))
+    g = graph.classes[1]
+    t = replay(graph).timelines[world.representative(1)]
+    seg = int(np.flatnonzero(g["kind"] == 0)[0])
+    node = int(np.flatnonzero(g["traffic_bytes"] > 0)[0])
+    assert t.start_s[node] == pytest.approx(10e-3) and t.start_s[seg] == 0.0
+    transfer_s = float(g["duration_s"][node])
+    slow = 1 + float(g["memory_slowdown_per_Bps"][seg]) * float(g["traffic_bytes"][node]) / transfer_s
+    expected = 10e-3 + _slowed_s(2e-3, transfer_s, slow)
+    assert t.end_s[seg] - t.start_s[seg] == pytest.approx(expected)
+    assert expected > 12e-3
+
+
 def test_to_dict_has_the_figures():
     world = World.grid(dp=2, pp=1, cp=1, tp=1)
     d = replay(build(world, [_dp_program(world, 3.0, 0.5)])).to_dict()
