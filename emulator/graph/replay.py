@@ -33,6 +33,9 @@ durations drawn per node by the caller): the Monte Carlo of emulator.variability
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import numpy as np
 
 from emulator.graph.execution_graph import (
@@ -55,11 +58,27 @@ from emulator.world.mesh import World
 _SHORTEST_S = 1e-15  # a busy window's length is divided by at least this
 
 
-def _scalar_ops():
-    return 0.0, max, lambda x, axes: x, lambda x, lane: x, lambda c, a, b: a if c else b, min
+class _LaneOps(NamedTuple):
+    """Arithmetic on lane values, for plain floats (a uniform replay) or arrays."""
+
+    zero: object
+    vmax: Callable
+    reduce: Callable  # max over the given lane axes, keeping them
+    pick: Callable  # one lane's value
+    select: Callable  # where(condition, a, b)
+    vmin: Callable
+    some: Callable  # any lane true
+    every: Callable  # every lane true
 
 
-def _array_ops(shape):
+def _scalar_ops() -> _LaneOps:
+    return _LaneOps(
+        0.0, max, lambda x, axes: x, lambda x, lane: x, lambda c, a, b: a if c else b, min,
+        bool, bool,
+    )  # fmt: skip
+
+
+def _array_ops(shape) -> _LaneOps:
     def reduce(x, axes):
         if not np.ndim(x):
             return x
@@ -72,7 +91,9 @@ def _array_ops(shape):
             return float(x)
         return float(x[tuple(i if n > 1 else 0 for i, n in zip(lane, x.shape, strict=True))])
 
-    return np.zeros(shape), np.maximum, reduce, pick, np.where, np.minimum
+    return _LaneOps(
+        np.zeros(shape), np.maximum, reduce, pick, np.where, np.minimum, np.any, np.all
+    )
 
 
 def _max_along(x: np.ndarray, axis: int) -> np.ndarray:
@@ -102,7 +123,8 @@ class _Class:
     ):
         self.g = g = graph.classes[pp]
         self.pp, self.n, self.cursor = pp, len(g), 0
-        zero, self.vmax, self.reduce, self.pick, self.select, self.vmin = ops
+        self.ops = ops
+        zero, self.vmax, self.reduce, self.pick = ops.zero, ops.vmax, ops.reduce, ops.pick
         self.clock = [zero] * len(g.streams)
         self.busy = zero  # end of the rank's latest comm node
         # the busy window (comm nodes overlapping one another up to `busy`): start, bytes moved
@@ -189,7 +211,7 @@ class _Class:
                     d = sampled(pp, i)
                 else:
                     d = dur[i] if factor is None else dur[i] * factor
-                if slows[i] > 1.0 or slopes[i] > 0.0:
+                if (slows[i] > 1.0 or slopes[i] > 0.0) and self.ops.some(self.busy > start):
                     d = self._beside_comm(d, start, slows[i], slopes[i])
                 end = start + d
                 if host_end[i] > 0.0:  # launch-bound: kernels wait for the host to issue them
@@ -251,8 +273,12 @@ class _Class:
         in program order, not in time order: a recv waiting for its sender, a lane held back
         at a join); else it opens a new window."""
         opens = start > self.busy
-        self.window_start = self.select(opens, start, self.vmin(self.window_start, start))
-        self.window_bytes = self.select(opens, nbytes, self.window_bytes + nbytes)
+        if self.ops.every(opens):  # the common case, one comm at a time: no lane arithmetic
+            self.window_start, self.window_bytes, self.busy = start, nbytes, end
+            return
+        select = self.ops.select
+        self.window_start = select(opens, start, self.ops.vmin(self.window_start, start))
+        self.window_bytes = select(opens, nbytes, self.window_bytes + nbytes)
         self.busy = self.vmax(self.busy, end)
 
     def _waited_end(self, node: int):
@@ -337,7 +363,7 @@ def replay(
         )
         for p in range(world.pp)
     ]
-    job = _Job(graph, classes, ops[1])
+    job = _Job(graph, classes, ops.vmax)
     _run(job)
     iteration = max(c.end_s() for c in classes)
     timelines = {r: _timeline(r, c.pp, rows) for c in classes for r, rows in c.rows.items()}
@@ -372,7 +398,7 @@ def replay_samples(graph: ExecutionGraph, samples: int, durations) -> np.ndarray
         raise ValueError(f"samples={samples!r} must be >= 1")
     ops = _array_ops((samples, *graph.lanes))
     classes = [_Class(graph, p, ops, None, None, {}, durations) for p in range(graph.world.pp)]
-    _run(_Job(graph, classes, ops[1]))
+    _run(_Job(graph, classes, ops.vmax))
     end = np.zeros(samples)
     for c in classes:
         end = np.maximum(end, c.end_per_sample(samples))
