@@ -9,8 +9,8 @@ replay does not depend on the world size. Rules (per node, for all lanes at once
 - compute: start = its stream's clock (and no earlier than the host issues its first op,
   `host_s`); duration d x the rank's speed factor; the work left when the rank's busy window
   of comm opens (r) is stretched by the overlap slowdown s for the time w that the window
-  still lasts: r' = min(r*s, r + w*(1 - 1/s)) (the work done during w runs at rate 1/s); end =
-  max(start + d', host_end_s + d' - d), the launch-queue bound of
+  still lasts: r' = min(r*s, r + w*(1 - 1/s)) (the work done during w runs at rate 1/s), so
+  d' = d - r + r'; end = max(start + d', host_end_s + d' - d), the launch-queue bound of
   emulator.costs.host_dispatch (graph.build.host_bounds). The busy window: a run of the
   rank's comm nodes each starting no later than the ones before it end; s = the segment's
   `slowdown` + `memory_slowdown_per_Bps` x the window's comm traffic (its nodes'
