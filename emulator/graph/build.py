@@ -477,7 +477,8 @@ class _Builder:
         if row in self.weight_grad_overlap:
             duration = weight_grad_overlap_exposed_s(duration, *self.weight_grad_overlap[row])
         # a node that keeps only the exposed part of its call moves that part of its bytes, at
-        # the call's rate (the rest move beside the GEMMs the overlap rule priced)
+        # the call's rate (the rest move beside the GEMMs: Megatron's rule slows them by the
+        # factor beside comm, async TP's takes no slowdown)
         traffic = self.comm.traffic_bytes(kind, nbytes, len(ranks), call_s)
         traffic *= duration / call_s if call_s > 0 else 0.0
         n = self.add(

@@ -43,8 +43,8 @@ NODE_COLUMNS = {
     "host_end_s": np.float64,  # compute: earliest end the host allows (launch-queue bound); 0
 }
 # columns a graph saved before they existed lacks; loading fills them with 0: no host bound, and
-# no traffic-dependent slowdown (such a graph's `slowdown` held the memory-bound ops' share at
-# the link's rated bandwidth, so it replays as it did)
+# no traffic-dependent slowdown (such a graph's `slowdown` holds its memory-bound ops' share at
+# the link's rated bandwidth, applied as the replay applies it now: from when comm starts)
 _ADDED_COLUMNS = ("host_s", "host_end_s", "memory_slowdown_per_Bps", "traffic_bytes")
 
 

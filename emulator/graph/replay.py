@@ -28,7 +28,9 @@ members, are not replayed yet, and resumes when they are (a cycle is a deadlock 
 and is reported). Definitions of the outputs: docs/METRICS.md.
 
 `replay_samples` runs the same rules for N samples at once (lane values shaped (N, *lanes),
-durations drawn per node by the caller): the Monte Carlo of emulator.variability.
+durations drawn per node by the caller, none negative): the Monte Carlo of
+emulator.variability. A comm node keeps the bytes it was built with, so a duration drawn or
+overridden for it changes its rate.
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ class _Class:
         self.ops = ops
         zero, self.vmax, self.reduce, self.pick = ops.zero, ops.vmax, ops.reduce, ops.pick
         self.clock = [zero] * len(g.streams)
-        self.busy = zero  # end of the rank's latest comm node
+        self.busy = zero  # the latest end of the rank's comm nodes: its window's end
         # the busy window (comm nodes overlapping one another up to `busy`): start, bytes moved
         self.window_start = zero
         self.window_bytes = zero
@@ -267,18 +269,22 @@ class _Class:
         return d - rest + np.minimum(rest * sl, rest + w * (1.0 - 1.0 / sl))
 
     def _extend_window(self, start, end, nbytes: float) -> None:
-        """A comm node [start, end) moving `nbytes`: it joins the busy window if it starts no
-        later than the window ends (a call queued on a comm stream starts as the one before it
-        ends), reaching back to its start where it began before the window (nodes are replayed
-        in program order, not in time order: a recv waiting for its sender, a lane held back
-        at a join); else it opens a new window."""
+        """A comm node [start, end) moving `nbytes`: it opens a new busy window if it starts
+        after the window ends; else it joins it (a call queued on a comm stream starts as the
+        one before it ends), reaching back to its start where it began before the window
+        (nodes are replayed in program order, not in time order: a recv waiting for its
+        sender, a lane held back at a join). One that ended before the window opened is left
+        out rather than joined across the idle time between: the rank keeps only its latest
+        window, so work beside such a call runs unslowed (a list of windows per lane would
+        count it)."""
         opens = start > self.busy
         if self.ops.every(opens):  # the common case, one comm at a time: no lane arithmetic
             self.window_start, self.window_bytes, self.busy = start, nbytes, end
             return
-        select = self.ops.select
-        self.window_start = select(opens, start, self.ops.vmin(self.window_start, start))
-        self.window_bytes = select(opens, nbytes, self.window_bytes + nbytes)
+        select, ws, wb = self.ops.select, self.window_start, self.window_bytes
+        before = end < ws
+        self.window_start = select(opens, start, select(before, ws, self.ops.vmin(ws, start)))
+        self.window_bytes = select(opens, nbytes, select(before, wb, wb + nbytes))
         self.busy = self.vmax(self.busy, end)
 
     def _waited_end(self, node: int):

@@ -7,7 +7,7 @@ import pytest
 
 from emulator.costs.collectives import Topology
 from emulator.costs.pricing import CostContext
-from emulator.graph.execution_graph import COLLECTIVE
+from emulator.graph.execution_graph import COLLECTIVE, SEGMENT
 from emulator.graph.replay import replay
 from emulator.graph.results import BREAKDOWN_FIELDS
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
@@ -277,12 +277,12 @@ def test_a_memory_bound_op_is_slowed_by_the_traffic_of_the_collective_beside_it(
     topo = _topology()
     graph, result = _elementwise_beside("all_gather", 1 << 26, topo)  # 64 MiB, ~0.2 ms
     g, t = graph.classes[0], result.timelines[0]
-    seg = int(np.flatnonzero(g["kind"] == 0)[0])
+    seg = int(np.flatnonzero(g["kind"] == SEGMENT)[0])
     comm_s = float(g["duration_s"][0])
     traffic_Bps = 7 / 8 * (1 << 26) / comm_s  # what each member moves per second
     assert traffic_Bps < 370.8e9  # below the link's rate: the call's own traffic counts
     slow = 1 + 2 * traffic_Bps / (topo.gpu.hbm_bandwidth_GBps * 1e9 * topo.gpu.hbm_efficiency)
-    assert comm_s > 100e-6  # the collective outlasts the 100 us of ops: all of them slowed
+    assert comm_s >= 100e-6 * slow  # it outlasts the ops even slowed: all of them are
     assert t.end_s[seg] - t.start_s[seg] == pytest.approx(100e-6 * slow)
 
 
@@ -315,7 +315,7 @@ def test_collectives_overlapping_one_another_add_their_bytes():
     coll = np.flatnonzero(g["kind"] == COLLECTIVE)
     g["duration_s"][coll] = 1e-3  # fixed durations: the window's length is known
     t = replay(graph).timelines[0]
-    seg = int(np.flatnonzero(g["kind"] == 0)[-1])
+    seg = int(np.flatnonzero(g["kind"] == SEGMENT)[-1])
     # both calls run from 0 to 1 ms, each on its group's stream: the window [0, 1 ms) moves
     # both calls' bytes, and the 2 ms segment runs beside it for 1 ms
     window_Bps = float(g["traffic_bytes"][coll].sum()) / 1e-3
@@ -341,36 +341,54 @@ def test_a_call_queued_behind_another_on_its_stream_joins_its_window():
     g = graph.classes[0]
     coll = np.flatnonzero(g["kind"] == COLLECTIVE)
     g["duration_s"][coll] = [2e-3, 1e-3]  # the window is [0, 3 ms)
-    seg = int(np.flatnonzero(g["kind"] == 0)[0])
+    seg = int(np.flatnonzero(g["kind"] == SEGMENT)[0])
     t = replay(graph).timelines[0]
     slow = 1 + float(g["memory_slowdown_per_Bps"][seg]) * float(g["traffic_bytes"][coll].sum()) / 3e-3
     assert t.end_s[seg] - t.start_s[seg] == pytest.approx(_slowed_s(5e-3, 3e-3, slow))
 
 
-def test_a_call_replayed_late_that_started_early_opens_the_window_back():
-    # stage 1's recv waits 10 ms for its sender, its all-gather starts at 0: the recv is
-    # replayed first (program order), so the all-gather joins its window from before it
+def _late_gather(sender_s, gather_bytes, then, name, *, wait_gather):
+    """Stage 1 of a pp 2 x tp 2 job: a prefetched recv that waits `sender_s` for its sender,
+    then a tp all-gather that starts at 0 (replayed after the recv: program order), then
+    `then` seconds of `name` beside the gather or after it: (graph, class 1, its timeline)."""
     world = World.grid(dp=1, pp=2, cp=1, tp=2)
     s0 = Stage(world, 0)
-    s0.compute(10e-3, name="mm")
+    s0.compute(sender_s, name="mm")
     s0.send(1, nbytes=1 << 20)
     s1 = Stage(world, 1)
     recv = s1.recv(0, nbytes=1 << 20, wait=False)
-    gather = s1.collective("all_gather", "tp", nbytes=1 << 26, async_op=True)
-    s1.compute(1e-3, name="add")
-    s1.wait(gather)
+    gather = s1.collective("all_gather", "tp", nbytes=gather_bytes, async_op=True)
+    if wait_gather:
+        s1.wait(gather)
+    s1.compute(then, name=name)
+    if not wait_gather:
+        s1.wait(gather)
     s1.wait(recv)
     graph = build(world, [s0, s1], CostContext(topology=_topology()))
-    g = graph.classes[1]
-    t = replay(graph).timelines[world.representative(1)]
-    seg = int(np.flatnonzero(g["kind"] == 0)[0])
-    comm = np.flatnonzero(g["kind"] != 0)
-    comm = comm[g["traffic_bytes"][comm] > 0]
-    ends = t.end_s[comm]
-    assert t.start_s[seg] == 0.0 and min(t.start_s[comm]) == 0.0
-    window_Bps = float(g["traffic_bytes"][comm].sum()) / float(ends.max())  # [0, its last end)
+    return graph, graph.classes[1], replay(graph).timelines[world.representative(1)]
+
+
+def test_a_call_replayed_late_that_started_early_opens_the_window_back():
+    # the recv runs from 0.1 ms, the all-gather from 0 to past it: one window from 0
+    graph, g, t = _late_gather(1e-4, 1 << 28, 1e-3, "add", wait_gather=False)
+    seg = int(np.flatnonzero(g["kind"] == SEGMENT)[0])
+    recv, gather = np.flatnonzero(g["traffic_bytes"] > 0)
+    assert t.start_s[recv] == pytest.approx(1e-4) and t.start_s[gather] == 0.0
+    assert t.end_s[gather] > t.start_s[recv]  # they overlap
+    window_s = max(t.end_s[recv], t.end_s[gather])
+    window_Bps = float(g["traffic_bytes"][recv] + g["traffic_bytes"][gather]) / window_s
     slow = 1 + float(g["memory_slowdown_per_Bps"][seg]) * window_Bps
-    assert t.end_s[seg] - t.start_s[seg] == pytest.approx(_slowed_s(1e-3, ends.max(), slow))
+    assert t.end_s[seg] - t.start_s[seg] == pytest.approx(_slowed_s(1e-3, window_s, slow))
+
+
+def test_a_call_that_ended_before_the_window_opened_does_not_stretch_it():
+    # the all-gather is over long before the recv starts at 10 ms: a GEMM run after it, with
+    # nothing beside it, is not slowed (the rank keeps one window: the gather is left out)
+    graph, g, t = _late_gather(10e-3, 1 << 26, 5e-3, "mm", wait_gather=True)
+    recv, gather = np.flatnonzero(g["traffic_bytes"] > 0)
+    seg = int(np.flatnonzero(g["kind"] == SEGMENT)[-1])
+    assert t.end_s[gather] <= t.start_s[seg] < t.end_s[seg] <= t.start_s[recv]
+    assert t.end_s[seg] - t.start_s[seg] == pytest.approx(5e-3)
 
 
 def test_work_before_the_window_opens_runs_at_full_speed():
@@ -387,7 +405,7 @@ def test_work_before_the_window_opens_runs_at_full_speed():
     graph = build(world, [s0, s1], CostContext(topology=_topology()))
     g = graph.classes[1]
     t = replay(graph).timelines[world.representative(1)]
-    seg = int(np.flatnonzero(g["kind"] == 0)[0])
+    seg = int(np.flatnonzero(g["kind"] == SEGMENT)[0])
     node = int(np.flatnonzero(g["traffic_bytes"] > 0)[0])
     assert t.start_s[node] == pytest.approx(10e-3) and t.start_s[seg] == 0.0
     transfer_s = float(g["duration_s"][node])
