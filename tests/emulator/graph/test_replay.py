@@ -302,18 +302,26 @@ def test_a_faster_link_never_slows_ops_that_hide_a_collective(kind, nbytes):
     assert all(b <= a * (1 + 1e-12) for a, b in zip(times, times[1:], strict=False))
 
 
-def test_collectives_overlapping_one_another_add_their_bytes():
-    world = World.grid(dp=2, pp=1, cp=1, tp=8)
+def _two_calls_then_work(world, calls, work_s, durations_s):
+    """Two async all-reduces ((axis, bytes) each) issued before `work_s` of memory-bound work,
+    their durations then set to `durations_s` so the window's length is known: (graph, class
+    0, its collective nodes)."""
     s = Stage(world, 0)
-    first = s.collective("all_reduce", "tp", nbytes=1 << 20, async_op=True)
-    second = s.collective("all_reduce", "dp", nbytes=1 << 20, async_op=True)
-    s.compute(2e-3, name="add")
-    s.wait(first)
-    s.wait(second)
+    handles = [s.collective("all_reduce", axis, nbytes=n, async_op=True) for axis, n in calls]
+    s.compute(work_s, name="add")
+    for h in handles:
+        s.wait(h)
     graph = build(world, [s], CostContext(topology=_topology()))
     g = graph.classes[0]
     coll = np.flatnonzero(g["kind"] == COLLECTIVE)
-    g["duration_s"][coll] = 1e-3  # fixed durations: the window's length is known
+    g["duration_s"][coll] = durations_s
+    return graph, g, coll
+
+
+def test_collectives_overlapping_one_another_add_their_bytes():
+    world = World.grid(dp=2, pp=1, cp=1, tp=8)
+    calls = [("tp", 1 << 20), ("dp", 1 << 20)]
+    graph, g, coll = _two_calls_then_work(world, calls, 2e-3, [1e-3, 1e-3])
     t = replay(graph).timelines[0]
     seg = int(np.flatnonzero(g["kind"] == SEGMENT)[-1])
     # both calls run from 0 to 1 ms, each on its group's stream: the window [0, 1 ms) moves
@@ -330,17 +338,11 @@ def _slowed_s(work_s, window_s, slowdown):
 
 
 def test_a_call_queued_behind_another_on_its_stream_joins_its_window():
+    # a 1 GiB all-reduce over [0, 2 ms), a 4 KiB one queued behind it over [2, 3 ms): the
+    # window is [0, 3 ms)
     world = World.grid(dp=1, pp=1, cp=1, tp=8)
-    s = Stage(world, 0)
-    big = s.collective("all_reduce", "tp", nbytes=1 << 30, async_op=True)
-    small = s.collective("all_reduce", "tp", nbytes=4096, async_op=True)  # starts as big ends
-    s.compute(5e-3, name="add")
-    s.wait(big)
-    s.wait(small)
-    graph = build(world, [s], CostContext(topology=_topology()))
-    g = graph.classes[0]
-    coll = np.flatnonzero(g["kind"] == COLLECTIVE)
-    g["duration_s"][coll] = [2e-3, 1e-3]  # the window is [0, 3 ms)
+    calls = [("tp", 1 << 30), ("tp", 4096)]
+    graph, g, coll = _two_calls_then_work(world, calls, 5e-3, [2e-3, 1e-3])
     seg = int(np.flatnonzero(g["kind"] == SEGMENT)[0])
     t = replay(graph).timelines[0]
     slow = 1 + float(g["memory_slowdown_per_Bps"][seg]) * float(g["traffic_bytes"][coll].sum()) / 3e-3
