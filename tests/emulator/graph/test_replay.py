@@ -417,6 +417,60 @@ def test_work_before_the_window_opens_runs_at_full_speed():
     assert expected > 12e-3
 
 
+def _mixed_program(world):
+    """Per stage: a prefetched recv, a tp all-gather and dp all-reduce beside GEMMs and
+    elementwise ops on two streams, a send, a blocking all-reduce over every lane axis."""
+    stages = []
+    for p in range(world.pp):
+        s = Stage(world, p)
+        recv = s.recv(p - 1, nbytes=1 << 24, wait=False) if p > 0 else None
+        gather = s.collective("all_gather", "tp", nbytes=1 << 25, async_op=True)
+        for _ in range(3):
+            s.compute(1e-4, name="add")
+            s.compute(2e-4, name="mm")
+        reduce = s.collective("all_reduce", "dp", nbytes=1 << 20, async_op=True)
+        s.compute(3e-4, name="add", stream=1)
+        if recv is not None:
+            s.wait(recv)
+        s.compute(1e-4, name="mul")
+        if p < world.pp - 1:
+            s.send(p + 1, nbytes=1 << 24)
+        s.wait(gather)
+        s.wait(reduce)
+        s.collective("all_reduce", ("dp", "cp", "tp"), nbytes=4096)
+        s.compute(2e-4, name="add")
+        stages.append(s)
+    return stages
+
+
+def test_the_overlap_fast_paths_give_what_the_full_arithmetic_gives(monkeypatch):
+    import emulator.graph.replay as replay_module
+
+    world = World.grid(dp=2, pp=3, cp=1, tp=2)
+    graph = build(world, _mixed_program(world), CostContext(topology=_topology(50.0)))
+    factors = np.random.default_rng(0).lognormal(0.0, 0.1, world.shape)
+
+    def runs():
+        uniform = replay(graph).timelines
+        lanes = replay(graph, speed_factors=factors, ranks=range(world.world_size)).timelines
+        return uniform, lanes
+
+    fast = runs()
+    for name in ("_scalar_ops", "_array_ops"):  # the fast paths never taken
+        make = getattr(replay_module, name)
+        monkeypatch.setattr(
+            replay_module,
+            name,
+            lambda *a, make=make: make(*a)._replace(some=lambda x: True, every=lambda x: False),
+        )
+    full = runs()
+    for a, b in zip(fast, full, strict=True):
+        assert a.keys() == b.keys()
+        for rank in a:
+            for field in ("ready_s", "start_s", "end_s", "free_s", "kernel_s"):
+                np.testing.assert_array_equal(getattr(a[rank], field), getattr(b[rank], field))
+
+
 def test_to_dict_has_the_figures():
     world = World.grid(dp=2, pp=1, cp=1, tp=1)
     d = replay(build(world, [_dp_program(world, 3.0, 0.5)])).to_dict()
