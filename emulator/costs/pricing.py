@@ -4,8 +4,7 @@ What the execution graph asks of the cost models, in one place: `compute_prices`
 compute row, through `costs.compute.op_price` and an optional kernel table, with which of
 exact row / interpolation / roofline priced it; attention through `costs.attention_rates`
 where the job runs a kernel the table did not measure),
-`row_slowdowns` and `row_memory_slopes` (how much a row slows beside running communication,
-`costs.overlap`) and
+`row_overlap` (how much a row slows beside running communication, `costs.overlap`) and
 `CommPricer` (a collective's or p2p call's duration over its group's ranks,
 `costs.collectives`, and the bytes it moves meanwhile). `op_record` reads the cost-model record
 of one row from its tensors.
@@ -189,32 +188,25 @@ def price_source_summary(durations: np.ndarray, sources: np.ndarray) -> dict[str
     }
 
 
-def _compute_bound(trace: RankTrace) -> np.ndarray:
-    """Rows whose kernels are bound by the SMs (GEMMs, attention), not by HBM."""
-    bound = {trace.strings.index(n) for n in (*GEMM_OPS, *ATTENTION_OPS) if n in trace.strings}
-    return np.isin(trace.columns["name"], list(bound))
-
-
-def row_slowdowns(trace: RankTrace, cost: CostContext) -> np.ndarray:
-    """Overlap slowdown of each compute-bound row if it ran beside a collective (the SMs its
-    channels take: the link's NCCL channel count); 1 for memory-bound rows, whose slowdown
-    depends on the collective's traffic (`row_memory_slopes`), and 1 with overlap off."""
-    if not cost.overlap:
-        return np.ones(len(trace))
-    topo = cost.topology
+def row_overlap(trace: RankTrace, cost: CostContext | None) -> tuple[np.ndarray, np.ndarray]:
+    """How much each row slows beside a running collective (`costs.overlap`), as two arrays:
+    the factor of compute-bound rows (GEMMs, attention: the SMs the link's NCCL channels
+    take), 1 for memory-bound rows; and what a memory-bound row's factor grows by per byte/s
+    of collective traffic beside it (`memory_slowdown_per_Bps`), 0 for compute-bound rows.
+    The replay multiplies the second by the traffic of the collectives running then. No cost
+    context, or overlap off: factors 1, slopes 0."""
+    if cost is None or not cost.overlap:
+        return np.ones(len(trace)), np.zeros(len(trace))
+    gpu, link = cost.topology.gpu, cost.topology.link
+    names = {trace.strings.index(n) for n in (*GEMM_OPS, *ATTENTION_OPS) if n in trace.strings}
+    compute_bound = np.isin(trace.columns["name"], list(names))
     s_compute = compute_slowdown(
-        topo.gpu, comm_channels=topo.link.channels, comm_GBps=0.0, memory_bound=False
+        gpu, comm_channels=link.channels, comm_GBps=0.0, memory_bound=False
     )
-    return np.where(_compute_bound(trace), s_compute, 1.0)
-
-
-def row_memory_slopes(trace: RankTrace, cost: CostContext) -> np.ndarray:
-    """What each memory-bound row's overlap slowdown grows by per byte/s of collective traffic
-    beside it (`costs.overlap.memory_slowdown_per_Bps`); 0 for compute-bound rows and with
-    overlap off. The replay multiplies it by the traffic of the collectives running then."""
-    if not cost.overlap:
-        return np.zeros(len(trace))
-    return np.where(_compute_bound(trace), 0.0, memory_slowdown_per_Bps(cost.topology.gpu))
+    return (
+        np.where(compute_bound, s_compute, 1.0),
+        np.where(compute_bound, 0.0, memory_slowdown_per_Bps(gpu)),
+    )
 
 
 class CommPricer:

@@ -66,8 +66,7 @@ from emulator.costs.pricing import (
     CostContext,
     compute_durations_s,
     op_record,
-    row_memory_slopes,
-    row_slowdowns,
+    row_overlap,
 )
 from emulator.graph.execution_graph import (
     COLLECTIVE,
@@ -564,8 +563,7 @@ def build_graph(
         blocking = dispatch is not None and cost is not None and cost.launch_blocking
         if blocking:  # the host waits for each kernel: its dispatch time is on the stream
             durs = durs + np.where(trace.columns["kind"] == COMPUTE, dispatch, 0.0)
-        slows = row_slowdowns(trace, cost) if cost is not None else np.ones(len(trace))
-        slopes = row_memory_slopes(trace, cost) if cost is not None else np.zeros(len(trace))
+        slows, slopes = row_overlap(trace, cost)
         topology = cost.topology if (cost is not None and comm_durations) else None
         spreads = np.zeros(len(trace)) if spreads_s is None else np.asarray(spreads_s[p], float)
         if spreads.shape != (len(trace),):
