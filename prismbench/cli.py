@@ -453,6 +453,8 @@ def _cmd_variability(args: argparse.Namespace) -> int:
         raise SpecError(f"--threshold={args.threshold!r}: a step time in seconds must be > 0")
     if args.placement is not None:
         _check_placement(job, *args.placement)
+    _check_allocations("--samples", args.samples, "--steps-per-allocation",
+                       args.steps_per_allocation)  # fmt: skip
     result = variability(
         job,
         name=job.model.name,
@@ -467,6 +469,7 @@ def _cmd_variability(args: argparse.Namespace) -> int:
         progress=_progress,
         rank_sources=args.rank_sources,
         slow_gpus=args.placement,
+        steps_per_allocation=args.steps_per_allocation,
     )
     if args.plot:
         plot_distribution(result, Path(args.plot))
@@ -476,6 +479,17 @@ def _cmd_variability(args: argparse.Namespace) -> int:
     else:
         report.render_variability(result, _console())
     return EXIT_OK
+
+
+def _check_allocations(samples_flag: str, samples: int, steps_flag: str, steps: int) -> None:
+    """The samples split into whole allocations (emulator.variability.summary), as flags."""
+    from emulator.variability.summary import check_allocations
+
+    try:
+        check_allocations(samples, steps)
+    except ValueError as err:
+        message = str(err).replace("samples=", f"{samples_flag}=", 1)
+        raise SpecError(message.replace("steps_per_allocation=", f"{steps_flag}=")) from None
 
 
 def _check_placement(job, slow_gpus: int, factor: float) -> None:
@@ -628,6 +642,7 @@ def _add_emulate(commands) -> None:
 
 def _add_variability(commands) -> None:
     from emulator.variability.model import MEASURED_PRESET, PRESET_NAMES
+    from emulator.variability.summary import DEFAULT_STEPS_PER_ALLOCATION
 
     cmd = commands.add_parser(
         "variability",
@@ -655,6 +670,16 @@ def _add_variability(commands) -> None:
     )
     cmd.add_argument(
         "--k-steps", type=_positive_int, default=1000, help="steps of the run-time bound (1000)"
+    )
+    cmd.add_argument(
+        "--steps-per-allocation",
+        type=_positive_int,
+        default=DEFAULT_STEPS_PER_ALLOCATION,
+        metavar="S",
+        help="consecutive samples drawn on one allocation's per-GPU speed factors, as the steps "
+        "of one run share their GPUs; splits the spread into between and within allocations "
+        f"for the K-step bound; --samples must be more than S ({DEFAULT_STEPS_PER_ALLOCATION}; "
+        "1: every sample a fresh allocation, steps taken as independent)",
     )
     cmd.add_argument(
         "--rank-sources",

@@ -22,7 +22,7 @@ import duckdb
 
 from workloads.config import SpecError
 
-SCHEMA_VERSION = 2  # 2: case_variability (validate --variability)
+SCHEMA_VERSION = 3  # 2: case_variability (validate --variability); 3: its allocation split
 RUN_STATUSES = ("running", "complete", "interrupted", "failed")
 # validate --variability, per case: prismbench.validate_variability's figures (seconds, ratios,
 # a probability) and the baseline's measured spread (NULL where it has none)
@@ -41,6 +41,9 @@ VARIABILITY_COLUMNS = {
     "p_exceeds_threshold": "DOUBLE",
     "k_steps": "INTEGER",
     "k_steps_bound_s": "DOUBLE",
+    "steps_per_allocation": "INTEGER",
+    "allocation_std_s": "DOUBLE",
+    "within_allocation_std_s": "DOUBLE",
     "slowdown_mean": "DOUBLE",
     "slowdown_p95": "DOUBLE",
     "predicted_relative_spread": "DOUBLE",
@@ -69,8 +72,17 @@ _SCHEMA = (
     _CASE_VARIABILITY,
 )
 # What brings a database of version v to v + 1 (after which _SCHEMA's CREATE ... IF NOT EXISTS
-# runs): version 2 only adds a table, which _SCHEMA creates.
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: ()}
+# runs): version 2 only adds a table, which _SCHEMA creates; version 3 adds the allocation
+# split's columns to it where it exists (NULL in the rows before).
+_ALLOCATION_COLUMNS = ("steps_per_allocation", "allocation_std_s", "within_allocation_std_s")
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (),
+    2: tuple(
+        f"ALTER TABLE IF EXISTS case_variability ADD COLUMN IF NOT EXISTS {name} "
+        f"{VARIABILITY_COLUMNS[name]}"
+        for name in _ALLOCATION_COLUMNS
+    ),
+}
 
 
 class HistoryError(SpecError):

@@ -563,8 +563,11 @@ def render_variability(r, console: Console) -> None:
         ("p5 / p50", f"{_seconds(d.p5_s)} / {_seconds(d.p50_s)}"),
         ("p95 / p99", f"{_seconds(d.p95_s)} / {_seconds(d.p99_s)}"),
         (f"P(step > {_seconds(d.threshold_s)})", f"{100 * d.p_exceeds_threshold:.1f} %"),
+        *_allocation_rows(d),
         (
-            f"{d.k_steps:,} steps: mean, {100 * d.confidence:.0f} % upper bound",
+            f"{d.k_steps:,} steps on one allocation: mean, {100 * d.confidence:.0f} % upper bound"
+            if d.allocation_std_s is not None
+            else f"{d.k_steps:,} independent steps: mean, {100 * d.confidence:.0f} % upper bound",
             f"{_seconds(d.k_steps_mean_s)}, {_seconds(d.k_steps_bound_s)}",
         ),
         ("slowdown vs deterministic: mean, p95", f"{d.slowdown_mean:.3f}x, {d.slowdown_p95:.3f}x"),
@@ -577,6 +580,17 @@ def render_variability(r, console: Console) -> None:
         render_attribution(r.attribution, console)
     if r.placement is not None:
         render_placement(r.placement, console)
+
+
+def _allocation_rows(d) -> list[tuple[str, str]]:
+    """The spread split into allocations of GPUs and steps within one (summary's docstring)."""
+    if d.allocation_std_s is None:
+        return [("allocations", f"{d.allocations:,} of 1 step (no split)")]
+    return [
+        ("allocations", f"{d.allocations:,} of {d.steps_per_allocation} steps"),
+        ("std between allocations (of the mean step)", _seconds(d.allocation_std_s)),
+        ("std within an allocation (of a step)", _seconds(d.within_allocation_std_s)),
+    ]
 
 
 def render_attribution(a, console: Console) -> None:

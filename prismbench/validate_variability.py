@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from emulator.variability.model import MEASURED_PRESET, PRESET_NAMES
+from emulator.variability.summary import DEFAULT_STEPS_PER_ALLOCATION, check_allocations
 from workloads.config import SpecError
 
 PLOT_NAME = "step_time_distribution.png"  # in the case's artifact folder, logged to MLflow
@@ -28,6 +29,7 @@ class VariabilitySettings:
     preset: str
     samples: int = 1000
     seed: int = 0
+    steps_per_allocation: int = DEFAULT_STEPS_PER_ALLOCATION  # as `variability`'s default
 
     def __post_init__(self) -> None:
         if self.preset not in PRESET_NAMES:
@@ -39,6 +41,10 @@ class VariabilitySettings:
             raise SpecError(f"--variability-samples={self.samples!r} must be an integer >= 1")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise SpecError(f"--variability-seed={self.seed!r} must be an integer >= 0")
+        try:
+            check_allocations(self.samples, self.steps_per_allocation)
+        except ValueError as err:
+            raise SpecError(f"--variability-samples: {err}") from None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -76,7 +82,8 @@ def case_distribution(
 
     result = sample_priced(priced, name=name, world_size=world_size,
                            model=resolve_preset(settings.preset, gpu), preset=settings.preset,
-                           samples=settings.samples, seed=settings.seed, progress=progress)  # fmt: skip
+                           samples=settings.samples, seed=settings.seed, progress=progress,
+                           steps_per_allocation=settings.steps_per_allocation)  # fmt: skip
     if plot_path is not None:
         plot_distribution(result, plot_path)
     d = result.distribution
@@ -95,6 +102,9 @@ def case_distribution(
         "p_exceeds_threshold": d.p_exceeds_threshold,
         "k_steps": d.k_steps,
         "k_steps_bound_s": d.k_steps_bound_s,
+        "steps_per_allocation": d.steps_per_allocation,
+        "allocation_std_s": d.allocation_std_s,
+        "within_allocation_std_s": d.within_allocation_std_s,
         "slowdown_mean": d.slowdown_mean,
         "slowdown_p95": d.slowdown_p95,
         "predicted_relative_spread": (d.p95_s - d.p5_s) / 2 / d.p50_s,

@@ -26,7 +26,12 @@ from emulator.variability.model import PRISM_LOW, VariabilityModel
 from emulator.variability.monte_carlo import sample_step_times
 from emulator.variability.placement import PlacementStudy, compare_placements
 from emulator.variability.sources import noise_sources
-from emulator.variability.summary import StepTimeDistribution, summarize
+from emulator.variability.summary import (
+    DEFAULT_STEPS_PER_ALLOCATION,
+    StepTimeDistribution,
+    check_allocations,
+    summarize,
+)
 from prismbench.emulate import PricedJob, price_job
 from prismbench.files import write_atomically
 
@@ -79,18 +84,22 @@ def variability(
     rank_sources: bool = False,
     slow_gpus: tuple[int, float] | None = None,
     host_dispatch="preset",
+    steps_per_allocation: int = DEFAULT_STEPS_PER_ALLOCATION,
 ) -> VariabilityResult:
     """Sample `job`'s step time `samples` times under `model` (named `preset` in the result).
 
     rank_sources: also run every noise source alone (same seed and samples) and rank them.
     slow_gpus: (k, factor): also place k GPUs `factor` x slower every way they fit.
-    host_dispatch: as `emulate`'s ("preset": the measured host time per op; None: none)."""
+    host_dispatch: as `emulate`'s ("preset": the measured host time per op; None: none).
+    steps_per_allocation: consecutive samples on one draw of the per-GPU factors (steps of one
+    run; emulator.variability.summary); `samples` must be a multiple of it."""
+    check_allocations(samples, steps_per_allocation)  # before the capture, not after it
     priced = price_job(job, use_cache=use_cache, workers=workers, progress=progress,
                        host_dispatch=host_dispatch)  # fmt: skip
     return sample_priced(priced, name=name, world_size=job.world_size, model=model, preset=preset,
                          samples=samples, seed=seed, threshold_s=threshold_s, k_steps=k_steps,
-                         progress=progress, rank_sources=rank_sources,
-                         slow_gpus=slow_gpus)  # fmt: skip
+                         progress=progress, rank_sources=rank_sources, slow_gpus=slow_gpus,
+                         steps_per_allocation=steps_per_allocation)  # fmt: skip
 
 
 def sample_priced(
@@ -107,6 +116,7 @@ def sample_priced(
     progress: Callable[[str], None] | None = None,
     rank_sources: bool = False,
     slow_gpus: tuple[int, float] | None = None,
+    steps_per_allocation: int = DEFAULT_STEPS_PER_ALLOCATION,
 ) -> VariabilityResult:
     """The step-time distribution of a job already captured and priced (`price_job`)."""
     say = progress or (lambda _msg: None)
@@ -119,13 +129,15 @@ def sample_priced(
     deterministic = replay(graph).iteration_time_s
     say(f"graph: {graph.nodes:,} nodes; {samples} samples")
     started = time.perf_counter()
-    times = sample_step_times(graph, model, samples=samples, seed=seed)
+    times = sample_step_times(graph, model, samples=samples, seed=seed,
+                              steps_per_allocation=steps_per_allocation)  # fmt: skip
     wall = time.perf_counter() - started
     attribution = placement = None
     if rank_sources:
         sources = noise_sources(graph, model, traces, spreads)
         say(f"ranking {len(sources)} noise sources: {samples} samples each")
-        attribution = attribute_variance(graph, model, sources, samples=samples, seed=seed)
+        attribution = attribute_variance(graph, model, sources, samples=samples, seed=seed,
+                                         steps_per_allocation=steps_per_allocation)  # fmt: skip
     if slow_gpus is not None:
         say(f"placing {slow_gpus[0]} GPUs {slow_gpus[1]}x slower: {samples} samples each")
         placement = compare_placements(graph, model, *slow_gpus, samples=samples, seed=seed)
@@ -133,9 +145,8 @@ def sample_priced(
         job=name,
         world_size=world_size,
         preset=preset,
-        distribution=summarize(
-            times, deterministic, seed=seed, threshold_s=threshold_s, k_steps=k_steps
-        ),
+        distribution=summarize(times, deterministic, seed=seed, threshold_s=threshold_s,
+                               k_steps=k_steps, steps_per_allocation=steps_per_allocation),  # fmt: skip
         monte_carlo_wall_s=wall,
         attribution=attribution,
         placement=placement,

@@ -87,18 +87,21 @@ def attribute_variance(
     *,
     samples: int = 1000,
     seed: int = 0,
+    steps_per_allocation: int = 1,
 ) -> Attribution:
-    """Every source of `sources` alone against all of `model`'s noise (module docstring)."""
+    """Every source of `sources` alone against all of `model`'s noise (module docstring);
+    `steps_per_allocation` as the run it explains drew its samples (the same draws, then)."""
     deterministic = replay(graph).iteration_time_s
     started = time.perf_counter()
-    everything = sample_step_times(graph, model, samples=samples, seed=seed, mask=NoiseMask())
+    draws = dict(samples=samples, seed=seed, steps_per_allocation=steps_per_allocation)
+    everything = sample_step_times(graph, model, mask=NoiseMask(), **draws)
     total_var = float(everything.var(ddof=1)) if samples > 1 else 0.0
     total_p95 = float(np.percentile(everything, 95)) - deterministic
     effects = [
         _effect(
             s.name,
             s.category,
-            sample_step_times(graph, model, samples=samples, seed=seed, mask=s.mask),
+            sample_step_times(graph, model, mask=s.mask, **draws),
             deterministic,
             total_var,
             total_p95,

@@ -82,9 +82,10 @@ class NetworkRegime:
 class VariabilityModel:
     """The spread of every duration of a step (see module docstring).
 
-    spatial_cv: CV of the per-GPU speed factor (lognormal, mean 1), redrawn for every sample
-    (every sample is a fresh allocation of GPUs) unless `speed_factors` fixes them (an array
-    shaped like the world's mesh, e.g. one known slow GPU).
+    spatial_cv: CV of the per-GPU speed factor (lognormal, mean 1), drawn once per allocation
+    of GPUs (the Monte Carlo's `steps_per_allocation` consecutive samples share it) unless
+    `speed_factors` fixes them (an array shaped like the world's mesh, e.g. one known slow
+    GPU).
     temporal_cv: CV of one kernel's duration on one GPU; a segment of independent kernels has
     the sum of their variances (emulator.graph.build, `variance_s2`).
     temporal_cv_by_class: the temporal CV of the NOISE_CLASSES it names (the others keep

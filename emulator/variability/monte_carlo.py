@@ -11,7 +11,9 @@ as PRISM does (emulator.variability.model):
   rank's persistent speed factor: d = f_rank * (mean + sqrt(variance) * z). The spreads are
   the graph's (set when it was built: the model's `temporal_spreads_s`, or measured ones); a
   model without kernel noise (`has_kernel_noise`) turns it off without rebuilding the graph;
-  the factor is the rank's persistent one times its per-step one (`step_cv`);
+  the factor is the rank's persistent one (one draw per allocation, shared by the
+  `steps_per_allocation` consecutive samples that stand for steps of one run) times its
+  per-step one (`step_cv`);
 - collective: one draw per group instance per sample, shared by every member (it starts when
   the last member is ready and all end together); a collective spanning pipeline stages
   draws once for all of them: d = duration * network * (1 + collective_cv * z);
@@ -39,6 +41,7 @@ from emulator.graph.execution_graph import COLLECTIVE, RECV, SEGMENT, SEND, Exec
 from emulator.graph.replay import replay_samples
 from emulator.variability.model import VariabilityModel
 from emulator.variability.sampling import NoisePool, network_factors, speed_factors
+from emulator.variability.summary import check_allocations
 
 # Elements of one lane value per chunk: 2**19 float64 = 4 MiB, within a core's L2/L3 share
 # here; larger chunks measured no faster (results/perf/variability.md).
@@ -83,13 +86,14 @@ class _Durations:
         rng,
         samples: int,
         mask: NoiseMask | None = None,
+        steps_per_allocation: int = 1,
     ):
         self.graph, self.variability, self.samples = graph, model, samples
         mask = mask or NoiseMask()
         world = graph.world
         lanes = graph.lanes
         self.lane_shape = (samples, *lanes)
-        factors = speed_factors(rng, model, world, samples)
+        factors = speed_factors(rng, model, world, samples, steps_per_allocation)
         if not mask.spatial:
             factors = None
         pos = world.pipeline_position
@@ -170,17 +174,23 @@ def sample_step_times(
     samples: int = 1000,
     seed: int = 0,
     mask: NoiseMask | None = None,
+    steps_per_allocation: int = 1,
 ) -> np.ndarray:
     """Step times (s) of `samples` draws of `model` over `graph`: shape (samples,); `mask`
-    applies only part of the model's noise (NoiseMask)."""
+    applies only part of the model's noise (NoiseMask). `steps_per_allocation` consecutive
+    samples share one draw of the persistent per-GPU factors: steps of one run on the same
+    GPUs (1: every sample on a fresh allocation); emulator.variability.summary splits them."""
     if not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples={samples!r} must be an int >= 1")
+    check_allocations(samples, steps_per_allocation)
     if mask is not None:
         mask.check(graph)
     rng = np.random.default_rng(seed)
-    chunk = chunk_samples(graph, samples)
+    # whole allocations per chunk, so that none straddles two chunks' draws
+    chunk = max(1, chunk_samples(graph, samples) // steps_per_allocation) * steps_per_allocation
     times = np.empty(samples)
     for lo in range(0, samples, chunk):
         n = min(chunk, samples - lo)
-        times[lo : lo + n] = replay_samples(graph, n, _Durations(graph, model, rng, n, mask))
+        durations = _Durations(graph, model, rng, n, mask, steps_per_allocation)
+        times[lo : lo + n] = replay_samples(graph, n, durations)
     return times

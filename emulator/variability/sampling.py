@@ -1,7 +1,8 @@
 """Random draws of a Monte Carlo run, all from one numpy Generator (seeded: reproducible).
 
-- `speed_factors`: the factor of every GPU, per sample: the persistent one (spatial variation)
-  times the one redrawn every step (the model's `step_cv`);
+- `speed_factors`: the factor of every GPU, per sample: the persistent one (spatial variation,
+  one draw per allocation: the samples that stand for steps of one run share it) times the one
+  redrawn every step (the model's `step_cv`);
 - `network_factors`: the regime of the network, one per sample (step);
 - `NoisePool`: standard normals for the per-segment and per-collective noise (temporal).
 
@@ -26,9 +27,17 @@ from emulator.world.mesh import World
 POOL_WINDOWS = 16  # pool size in largest windows (see the module docstring)
 
 
-def speed_factors(rng: np.random.Generator, model: VariabilityModel, world: World, samples: int):
+def speed_factors(
+    rng: np.random.Generator,
+    model: VariabilityModel,
+    world: World,
+    samples: int,
+    steps_per_allocation: int = 1,
+):
     """Per-GPU speed factors shaped (samples, *world.shape), or (1, *world.shape) when they do
-    not vary between samples; None when every factor is 1."""
+    not vary between samples; None when every factor is 1. The persistent factors are drawn
+    once per allocation, each `steps_per_allocation` consecutive samples in turn (the last
+    allocation cut short where `samples` is no multiple)."""
     factors = None
     if model.speed_factors is not None:
         if model.speed_factors.shape != world.shape:
@@ -38,9 +47,12 @@ def speed_factors(rng: np.random.Generator, model: VariabilityModel, world: Worl
             )
         factors = model.speed_factors[None]
     elif model.spatial_cv > 0:
+        allocations = -(-samples // steps_per_allocation)
         factors = from_moments(1.0, model.spatial_cv, "lognormal").sample(
-            rng, (samples, *world.shape)
+            rng, (allocations, *world.shape)
         )
+        if steps_per_allocation > 1:
+            factors = np.repeat(factors, steps_per_allocation, axis=0)[:samples]
     if model.step_cv > 0:
         step = from_moments(1.0, model.step_cv, "lognormal").sample(rng, (samples, *world.shape))
         factors = step if factors is None else factors * step

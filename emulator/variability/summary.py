@@ -1,10 +1,23 @@
 """What a user reads off sampled step times: percentiles, exceedance, K-step bound, slowdown.
 
-The time of K steps treats steps as independent draws of the sampled distribution: its mean
-is K x mean and, by the central limit theorem, its one-sided upper bound at `confidence` is
-K x mean + z x sqrt(K) x std. Each sample draws fresh per-GPU speed factors (a fresh
-allocation); on one fixed allocation steps are positively correlated (the same slow GPUs
-every step), and the bound is then too tight: sample with fixed `speed_factors` for that.
+A run's K steps share one allocation of GPUs: the same slow GPUs slow every step, so the
+steps of one run are positively correlated, and the time of K steps spreads far more than K
+independent steps would. The Monte Carlo draws `steps_per_allocation` (S) consecutive samples
+on one allocation's persistent per-GPU speed factors (emulator.variability.monte_carlo), so
+the samples split into allocations (the last one shorter where S does not divide them) and,
+within each, steps. A one-way random-effects analysis of variance separates the two:
+within-allocation variance sigma_w^2 = the allocations' pooled sample variance,
+between-allocation variance sigma_b^2 = max(var(allocation means) - sigma_w^2 / S, 0) (the
+spread of the means less what S steps' noise adds to it). The time of K steps on an
+allocation a is then about normal, mean K m_a, variance K sigma_w^2 (the steps' other noise is
+drawn independently every step), with m_a the allocation's mean step time; over allocations
+it is a mixture, and the bound at `confidence` is that mixture's quantile, the m_a taken as
+the observed allocation means pulled towards the grand mean so that their spread is sigma_b
+(by sqrt(sigma_b^2 / var(allocation means))): their shape, skew included, is kept. With no
+spatial variation sigma_b is about 0 and the bound is K x mean + z x sqrt(K) x sigma_w, what
+independent steps give; with S = 1 (a fresh allocation every sample) the split cannot be
+made, and that independent-steps bound is given with the step's whole std: too tight
+wherever per-GPU factors persist over a run.
 """
 
 from __future__ import annotations
@@ -12,7 +25,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
+
+# Samples a Monte Carlo draws on one allocation by default: 1 000 samples are then 100
+# allocations of 10 steps, enough of each to estimate both variances. The price: where the
+# per-GPU factors make most of a step's spread (a few GPUs), its percentiles rest on 100
+# independent allocations rather than 1 000.
+DEFAULT_STEPS_PER_ALLOCATION = 10
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -34,6 +53,12 @@ class StepTimeDistribution:
     confidence: float
     k_steps_mean_s: float
     k_steps_bound_s: float  # upper bound on the time of k_steps at `confidence`
+    steps_per_allocation: int  # consecutive samples on one allocation's per-GPU factors
+    allocations: int
+    # std of an allocation's mean step time over allocations, and of a step within one
+    # allocation (module docstring); None with one step per allocation
+    allocation_std_s: float | None
+    within_allocation_std_s: float | None
     slowdown_mean: float  # mean / deterministic (ratio)
     slowdown_p95: float  # p95 / deterministic (ratio)
     times_s: np.ndarray
@@ -50,8 +75,11 @@ def summarize(
     threshold_s: float | None = None,
     k_steps: int = 1000,
     confidence: float = 0.95,
+    steps_per_allocation: int = 1,
 ) -> StepTimeDistribution:
-    """Figures of sampled step times; `threshold_s` defaults to the deterministic prediction."""
+    """Figures of sampled step times; `threshold_s` defaults to the deterministic prediction.
+    `steps_per_allocation`: how many consecutive samples share one allocation (as
+    `sample_step_times` drew them)."""
     t = np.asarray(times_s, dtype=float)
     if t.ndim != 1 or not len(t):
         raise ValueError(f"times_s must be a non-empty 1-d array, got shape {t.shape}")
@@ -61,10 +89,17 @@ def summarize(
         raise ValueError(f"k_steps={k_steps!r} must be an int >= 1")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence={confidence!r} must be in (0, 1)")
+    check_allocations(len(t), steps_per_allocation)
     threshold = deterministic_s if threshold_s is None else float(threshold_s)
     p5, p50, p95, p99 = np.percentile(t, [5, 50, 95, 99])
     mean, std = float(t.mean()), float(t.std(ddof=1)) if len(t) > 1 else 0.0
     z = float(stats.norm.ppf(confidence))
+    if steps_per_allocation == 1:
+        between = within = None
+        bound = k_steps * mean + z * np.sqrt(k_steps) * std
+    else:
+        means, between, within = _allocation_split(t, steps_per_allocation)
+        bound = _k_steps_quantile(means, within, k_steps, confidence)
     return StepTimeDistribution(
         samples=len(t),
         seed=seed,
@@ -80,8 +115,58 @@ def summarize(
         k_steps=k_steps,
         confidence=confidence,
         k_steps_mean_s=k_steps * mean,
-        k_steps_bound_s=float(k_steps * mean + z * np.sqrt(k_steps) * std),
+        k_steps_bound_s=float(bound),
+        steps_per_allocation=steps_per_allocation,
+        allocations=-(-len(t) // steps_per_allocation),
+        allocation_std_s=between,
+        within_allocation_std_s=within,
         slowdown_mean=mean / deterministic_s,
         slowdown_p95=float(p95) / deterministic_s,
         times_s=t,
     )
+
+
+def check_allocations(samples: int, steps_per_allocation: int) -> None:
+    """`samples` split into allocations of `steps_per_allocation` (the last may be shorter),
+    at least two of them when an allocation has more than one step: the spread between
+    allocations needs two."""
+    if not isinstance(steps_per_allocation, int) or steps_per_allocation < 1:
+        raise ValueError(f"steps_per_allocation={steps_per_allocation!r} must be an int >= 1")
+    if steps_per_allocation > 1 and samples <= steps_per_allocation:
+        raise ValueError(
+            f"samples={samples} must be more than steps_per_allocation={steps_per_allocation}: "
+            f"the spread between allocations needs at least two of them"
+        )
+
+
+def _allocation_split(t: np.ndarray, steps: int) -> tuple[np.ndarray, float, float]:
+    """Allocation means pulled to a spread of sigma_b, sigma_b and sigma_w (docstring). With
+    a shorter last allocation the estimators are the unbalanced ones: sigma_w^2 pooled over
+    n - allocations degrees of freedom; var(allocation means) expects sigma_b^2 + sigma_w^2 x
+    mean(1 / steps of an allocation)."""
+    allocation = np.arange(len(t)) // steps
+    counts = np.bincount(allocation)
+    means = np.bincount(allocation, weights=t) / counts
+    within_var = float(((t - means[allocation]) ** 2).sum() / (len(t) - len(counts)))
+    spread_var = float(means.var(ddof=1))
+    between_var = max(spread_var - within_var * float((1.0 / counts).mean()), 0.0)
+    pull = np.sqrt(between_var / spread_var) if spread_var > 0 else 0.0
+    grand = float(means.mean())
+    return grand + pull * (means - grand), float(np.sqrt(between_var)), float(np.sqrt(within_var))
+
+
+def _k_steps_quantile(means, within: float, k: int, confidence: float) -> float:
+    """The `confidence` quantile of the time of k steps: a mixture over allocations of
+    normals (mean k m_a, std sqrt(k) sigma_w); with sigma_w = 0 the k m_a themselves (their
+    `confidence` quantile, the smallest value at least that share of them reaches)."""
+    centres = k * np.asarray(means)
+    width = np.sqrt(k) * within
+    if width <= 1e-12 * np.abs(centres).max():  # zero, or a mean's rounding: point masses
+        return float(np.quantile(centres, confidence, method="inverted_cdf"))
+
+    def excess(b: float) -> float:
+        return float(stats.norm.cdf((b - centres) / width).mean()) - confidence
+
+    reach = 10 * width
+    return float(optimize.brentq(excess, centres.min() - reach, centres.max() + reach,
+                                 xtol=1e-12 * max(1.0, centres.max())))  # fmt: skip

@@ -26,7 +26,7 @@ from emulator.graph.build import build_graph  # noqa: E402
 from emulator.graph.replay import replay  # noqa: E402
 from emulator.variability.model import PRISM_LOW  # noqa: E402
 from emulator.variability.monte_carlo import sample_step_times  # noqa: E402
-from emulator.variability.summary import summarize  # noqa: E402
+from emulator.variability.summary import DEFAULT_STEPS_PER_ALLOCATION, summarize  # noqa: E402
 from emulator.world.mesh import World  # noqa: E402
 
 SAMPLES = 1000
@@ -43,9 +43,10 @@ def measure(world_size: int) -> str:
     graph = build_graph(traces, world, cost, durations_s=durations, spreads_s=spreads)
     deterministic = replay(graph).iteration_time_s
     t0 = time.perf_counter()
-    times = sample_step_times(graph, PRISM_LOW, samples=SAMPLES, seed=0)
+    steps = DEFAULT_STEPS_PER_ALLOCATION  # as `prismbench variability` samples
+    times = sample_step_times(graph, PRISM_LOW, samples=SAMPLES, seed=0, steps_per_allocation=steps)
     wall = time.perf_counter() - t0
-    d = summarize(times, deterministic, seed=0)
+    d = summarize(times, deterministic, seed=0, steps_per_allocation=steps)
     segments = sum(int((c["kind"] == 0).sum()) for c in graph.classes)
     return (
         f"| {world_size} | {dp} | {dp * TP} | {graph.nodes} | {segments} | {wall:.1f} | "

@@ -76,6 +76,23 @@ def test_a_version_1_history_is_migrated_on_its_first_write(tmp_path):
     assert history.read(db, "SELECT * FROM case_variability") == []
 
 
+def test_a_version_2_history_gains_the_allocation_columns_and_keeps_its_rows(tmp_path):
+    import duckdb
+
+    db = tmp_path / "h.duckdb"
+    _v1_database(db, version=2)
+    old = {k: v for k, v in history.VARIABILITY_COLUMNS.items() if "allocation" not in k}
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE case_variability (run_id VARCHAR, baseline VARCHAR, "
+                + ", ".join(f"{k} {v}" for k, v in old.items()) + ")")  # fmt: skip
+    con.execute("INSERT INTO case_variability (run_id, baseline, p95_s) VALUES ('old', 'b', 2.0)")
+    con.close()
+    history.start_run(db, "r", commit="c", dirty=False, machine="m", settings={})
+    (row,) = history.read(db, "SELECT * FROM case_variability")
+    assert row["p95_s"] == 2.0 and row["steps_per_allocation"] is None
+    assert history.read(db, "SELECT version FROM schema_info") == [{"version": 3}]
+
+
 def test_a_newer_history_is_refused_untouched(tmp_path):
     db = tmp_path / "h.duckdb"
     _v1_database(db, version=history.SCHEMA_VERSION + 1)

@@ -79,6 +79,9 @@ def test_the_flag_stores_the_distribution_in_duckdb_mlflow_and_the_summary(
     recorded, single = rows
     assert recorded["p5_s"] <= recorded["p50_s"] <= recorded["p95_s"] <= recorded["p99_s"]
     assert recorded["std_s"] > 0 and recorded["monte_carlo_wall_s"] > 0
+    # 40 samples: 4 allocations of 10 steps, the spread split between and within them
+    assert recorded["steps_per_allocation"] == 10
+    assert recorded["within_allocation_std_s"] > 0 and recorded["allocation_std_s"] >= 0
     (case,) = history.read(db, "SELECT result FROM cases WHERE baseline = 'mine__tiny__1g__r001'")
     assert recorded["deterministic_s"] == json.loads(case["result"])["iteration_time_s"]
     assert recorded["measured_iterations"] == 8

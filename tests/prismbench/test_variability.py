@@ -51,10 +51,10 @@ def test_one_slow_gpu_shifts_p95_by_its_extra_compute():
     factors = np.ones((2, 1, 1, 2))
     factors[1, 0, 0, 0] = slow
     model = NO_VARIABILITY.with_speed_factors(factors)
-    d = variability(job, model=model, samples=8, workers=1, host_dispatch=None).distribution
+    d = variability(job, model=model, samples=20, workers=1, host_dispatch=None).distribution
     hand = (slow - 1) * base.per_class[0].compute_s
     assert 0.99 * hand <= d.p95_s - base.iteration_time_s <= hand
-    launch_bound = variability(job, model=model, samples=8, workers=1).distribution
+    launch_bound = variability(job, model=model, samples=20, workers=1).distribution
     assert launch_bound.p95_s - launch_bound.deterministic_s < 0.1 * hand
 
 
@@ -80,6 +80,8 @@ def test_cli_prints_json_and_draws_the_plot(tmp_path, capsys):
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "p95" in table and " ms" in table
+    assert "5 of 10 steps" in table and "std within an allocation" in table
+    assert first["steps_per_allocation"] == 10 and first["within_allocation_std_s"] > 0
 
 
 @pytest.mark.integration
@@ -99,6 +101,8 @@ def test_plot_into_a_directory_not_yet_made_makes_it(tmp_path, capsys):
         ("--samples", "0", "--samples"),
         ("--seed", "-1", "--seed"),
         ("--threshold", "0", "--threshold"),
+        ("--steps-per-allocation", "0", "--steps-per-allocation"),
+        ("--samples", "10", "--samples=10 must be more than --steps-per-allocation=10"),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(option, value, needle, tmp_path, capsys):

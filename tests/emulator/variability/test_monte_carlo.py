@@ -121,3 +121,41 @@ def test_a_per_step_factor_scales_a_single_gpus_step_by_its_cv():
     # one GPU, no communication: the step is the deterministic one times one lognormal factor
     assert times.mean() == pytest.approx(4.0, rel=2e-3)
     assert times.std() / times.mean() == pytest.approx(0.02, rel=0.05)
+
+
+def test_the_steps_of_one_allocation_share_its_gpus_speed_factors(tp_dp_graph, monkeypatch):
+    # Spatial variation alone: every step of an allocation takes the same time, allocations
+    # differ; chunks of 3 samples are widened to whole allocations of 5.
+    import emulator.variability.monte_carlo as monte_carlo
+
+    monkeypatch.setattr(monte_carlo, "CHUNK_ELEMENTS", 3 * 8)  # 3 samples of 8 lanes
+    model = VariabilityModel(spatial_cv=0.1, temporal_cv=0.0, collective_cv=0.0)
+    times = sample_step_times(tp_dp_graph, model, samples=40, seed=0, steps_per_allocation=5)
+    runs = times.reshape(8, 5)
+    assert (runs == runs[:, :1]).all()
+    assert len(np.unique(runs[:, 0])) == 8
+    d = summarize(times, replay(tp_dp_graph).iteration_time_s, seed=0, k_steps=100,
+                  steps_per_allocation=5)  # fmt: skip
+    assert d.within_allocation_std_s == pytest.approx(0, abs=1e-12)  # a mean's rounding
+    assert d.k_steps_bound_s == pytest.approx(100 * runs[:, 0].max(), rel=1e-12)  # 7/8 < 95 %
+
+
+def test_one_step_per_allocation_draws_as_before(pipeline_graph):
+    one = sample_step_times(pipeline_graph, PRISM_HIGH, samples=60, seed=4, steps_per_allocation=1)
+    assert np.array_equal(one, sample_step_times(pipeline_graph, PRISM_HIGH, samples=60, seed=4))
+
+
+def test_a_slow_allocation_is_slow_for_all_its_steps():
+    # One GPU, spatial (5 %) and per-step (2 %) factors: within an allocation the steps spread
+    # by the per-step factor alone, between allocations by the spatial one.
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    for _ in range(4):
+        s.compute(1.0, phase="forward")
+    graph = build(world, [s])
+    model = VariabilityModel(spatial_cv=0.05, temporal_cv=0.0, collective_cv=0.0, step_cv=0.02)
+    times = sample_step_times(graph, model, samples=4000, seed=5, steps_per_allocation=20)
+    d = summarize(times, 4.0, seed=5, steps_per_allocation=20)
+    assert d.allocations == 200
+    assert d.within_allocation_std_s == pytest.approx(4.0 * 0.02, rel=0.05)
+    assert d.allocation_std_s == pytest.approx(4.0 * 0.05, rel=0.15)

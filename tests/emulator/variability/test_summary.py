@@ -1,0 +1,89 @@
+"""The figures read off sampled step times, the K-step bound on one allocation above all."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from emulator.variability.summary import check_allocations, summarize
+
+Z95 = stats.norm.ppf(0.95)
+
+
+def test_one_step_per_allocation_bounds_k_independent_steps():
+    times = np.random.default_rng(0).normal(2.0, 0.1, 1000)
+    d = summarize(times, 2.0, seed=0, k_steps=400)
+    assert d.allocation_std_s is None and d.within_allocation_std_s is None
+    assert d.allocations == 1000
+    assert d.k_steps_bound_s == pytest.approx(400 * times.mean() + Z95 * 20 * times.std(ddof=1))
+
+
+def test_steps_that_repeat_their_allocation_bound_k_steps_by_its_quantile():
+    # No noise within an allocation: a run of K steps takes K x its allocation's step, and
+    # the bound is that product's 95th percentile over allocations.
+    per_allocation = np.arange(1.0, 21.0)  # 20 allocations, 1 s .. 20 s a step
+    times = np.repeat(per_allocation, 5)
+    d = summarize(times, 1.0, seed=0, k_steps=100, steps_per_allocation=5)
+    assert d.within_allocation_std_s == 0
+    assert d.allocation_std_s == pytest.approx(per_allocation.std(ddof=1))
+    assert d.k_steps_bound_s == 100 * 19.0  # the 19th of 20 values: P(<= 19 s) = 0.95
+    # as independent steps: 100 x 10.5 s + 1.645 x 10 x 5.8 s, 1 145 s, far short of a run on
+    # one of the two slowest allocations in twenty
+    assert summarize(times, 1.0, seed=0, k_steps=100).k_steps_bound_s < 1150
+
+
+def test_the_bound_on_one_allocation_matches_the_random_effects_normal():
+    # Allocation means normal (sd 0.02 s), steps normal around them (sd 0.1 s): the time of K
+    # steps on a random allocation is normal, mean K mu, variance K sw^2 + K^2 sb^2.
+    rng = np.random.default_rng(1)
+    allocations, steps, k = 2000, 10, 1000
+    means = rng.normal(5.0, 0.02, allocations)
+    times = (means[:, None] + rng.normal(0, 0.1, (allocations, steps))).ravel()
+    d = summarize(times, 5.0, seed=0, k_steps=k, steps_per_allocation=steps)
+    assert d.allocation_std_s == pytest.approx(0.02, rel=0.1)
+    assert d.within_allocation_std_s == pytest.approx(0.1, rel=0.02)
+    expected = k * 5.0 + Z95 * np.sqrt(k * 0.1**2 + k**2 * 0.02**2)
+    assert d.k_steps_bound_s == pytest.approx(expected, abs=0.1 * (expected - k * 5.0))
+    # taking the steps as independent misses most of the margin
+    assert summarize(times, 5.0, seed=0, k_steps=k).k_steps_bound_s - k * 5.0 < 0.35 * (
+        expected - k * 5.0
+    )
+
+
+def test_no_spread_between_allocations_gives_the_independent_steps_bound():
+    rng = np.random.default_rng(2)
+    times = rng.normal(3.0, 0.05, 4000)
+    d = summarize(times, 3.0, seed=0, k_steps=500, steps_per_allocation=10)
+    independent = summarize(times, 3.0, seed=0, k_steps=500)
+    margin = independent.k_steps_bound_s - 500 * times.mean()
+    assert d.allocation_std_s < 0.01 * 0.05 * 10  # sampling noise of the split
+    assert d.k_steps_bound_s - 500 * times.mean() == pytest.approx(margin, rel=0.15)
+
+
+def test_no_variability_bounds_k_steps_by_k_deterministic_steps():
+    d = summarize(np.full(100, 2.5), 2.5, seed=0, k_steps=1000, steps_per_allocation=10)
+    assert d.k_steps_bound_s == 2500.0
+    assert d.allocation_std_s == 0 and d.within_allocation_std_s == 0
+
+
+def test_a_shorter_last_allocation_takes_its_part_in_the_split():
+    rng = np.random.default_rng(3)
+    means = rng.normal(5.0, 0.05, 301)
+    steps = np.repeat(means, 10)[:3005] + rng.normal(0, 0.1, 3005)  # the last allocation: 5
+    d = summarize(steps, 5.0, seed=0, steps_per_allocation=10)
+    assert d.allocations == 301 and d.samples == 3005
+    assert d.within_allocation_std_s == pytest.approx(0.1, rel=0.05)
+    assert d.allocation_std_s == pytest.approx(0.05, rel=0.15)
+
+
+@pytest.mark.parametrize(
+    ("samples", "steps", "message"),
+    [
+        (10, 10, "samples=10 must be more than steps_per_allocation=10"),
+        (10, 0, "steps_per_allocation=0 must be an int >= 1"),
+    ],
+)
+def test_samples_that_make_no_two_allocations_are_refused(samples, steps, message):
+    with pytest.raises(ValueError, match=message):
+        check_allocations(samples, steps)
+    with pytest.raises(ValueError, match=message):
+        summarize(np.ones(samples), 1.0, seed=0, steps_per_allocation=steps)
