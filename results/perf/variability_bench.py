@@ -64,7 +64,8 @@ def main(worlds: list[int]) -> None:
         f"{commit_label()}, {time.strftime('%Y-%m-%d')}; one run per row (not best-of).",
         "",
         f"{SAMPLES} samples of replay_bench.py's synthetic 405B-like job: {PP} classes, tp={TP}, "
-        f"{MICRO_BATCHES} micro-batches, dp grows; PRISM_LOW model.",
+        f"{MICRO_BATCHES} micro-batches, dp grows; PRISM_LOW model, allocations of "
+        f"{DEFAULT_STEPS_PER_ALLOCATION} steps (the CLI's default).",
         "",
         "| world | dp | lanes/class | nodes | segments | Monte Carlo s | deterministic s "
         "| p50 s | p95 s |",
