@@ -23,6 +23,32 @@ assert sorted(RECORDED_PREFIX) == sorted(MEASURED_GPUS)
 RECORDED = ROOT / "results" / "baselines" / "recorded"
 
 
+# ef45604 gave torchtitan's op-level SAC policy the name "op" and the workloads' earlier one,
+# which recordings made before it ran under "op", the name "op-prism-86a4f47"
+POLICY_RENAMED_AT = "ef45604"
+
+
+def recording_job(recording: dict):
+    """The job spec of a `Recording.to_dict()` as this code names it: a recording made before
+    POLICY_RENAMED_AT (its provenance's commit) that says selective_recompute "op" ran the
+    policy now called "op-prism-86a4f47"."""
+    from prismbench.spec import job_spec_from_dict
+
+    job = json.loads(json.dumps(recording["job"]))
+    kernels = job.get("kernels", {})
+    commit = recording.get("provenance", {}).get("commit")
+    if kernels.get("selective_recompute") == "op" and commit and not _descends(commit):
+        kernels["selective_recompute"] = "op-prism-86a4f47"
+    return job_spec_from_dict(job)
+
+
+def _descends(commit: str) -> bool:
+    """Whether `commit` contains POLICY_RENAMED_AT (git; a commit it does not know: no)."""
+    done = subprocess.run(["git", "merge-base", "--is-ancestor", POLICY_RENAMED_AT, commit],
+                          cwd=ROOT, capture_output=True, check=False)  # fmt: skip
+    return done.returncode == 0
+
+
 def recorded_baseline_path(case: str, gpu: str) -> Path:
     """Where the recorded baseline of shared job `case` measured on `gpu` is (or would be)."""
     return RECORDED / f"{RECORDED_PREFIX[gpu]}__{case}.toml"

@@ -14,11 +14,10 @@ shared_gpu.recorded_baseline_path) goes through `prismbench.variability.variabil
 function `prismbench variability` calls, on its GPU's preset (the job's `cluster.gpu`) with a
 fixed seed, under two variability presets (prism-low, the CLI's default, and measured: that
 GPU's own temporal figures, results/variability/<gpu>.json) and two ways of treating the GPU:
-- fresh GPU per sample: what the CLI does (each sample draws a new per-GPU speed factor,
-  spatial CV 1.64 %: a fresh allocation);
+- a random GPU: what the CLI does (a per-GPU speed factor, spatial CV 1.64 %, drawn for
+  each allocation of 10 consecutive samples: the step-time distribution over GPUs and steps);
 - one fixed GPU: the per-GPU factor fixed at 1 (`VariabilityModel.with_speed_factors`), as in
-  the recording, where one GPU ran every iteration (emulator/variability/summary.py: "on one
-  fixed allocation ... sample with fixed speed_factors").
+  the recording, where one GPU ran every iteration: the spread within one allocation.
 Each prediction is scored against the measured iterations (`score`):
 (a) the two-sample KS statistic of the times as they are: it includes the compute model's
     mean error, which is not the variability model's;
@@ -50,7 +49,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import command_line, recorded_job, report  # noqa: E402
+from shared_gpu import command_line, recorded_job, recording_job, report  # noqa: E402
 
 GPU_RUNS = ROOT / "results" / "gpu_runs"
 REPEATS = (GPU_RUNS / "h200-2026-11-27" / "checks_second", GPU_RUNS / "h100-2026-11-28" / "second")
@@ -145,11 +144,9 @@ def p95_interval(times, seed: int, resamples: int = 2000) -> tuple[float, float]
 def load_repeat(path: Path):
     """(case, job spec, measured iteration seconds) of a repeat_CASE.json; the job must be its
     recorded baseline's on its GPU."""
-    from prismbench.spec import job_spec_from_dict
-
     recording = json.loads(path.read_text())
     case = path.stem.removeprefix("repeat_")
-    job = job_spec_from_dict(recording["job"])
+    job = recording_job(recording)
     if job.cluster.gpu not in GPU_NAME:
         raise SystemExit(f"{path}: gpu {job.cluster.gpu!r}, expected one of {sorted(GPU_NAME)}")
     if job != recorded_job(case, job.cluster.gpu):
@@ -198,7 +195,7 @@ TABLE_HEAD = [
 
 
 def table_row(preset: str, fixed_gpu: bool, s: Score) -> str:
-    gpu = "one fixed" if fixed_gpu else "fresh per sample (CLI)"
+    gpu = "one fixed" if fixed_gpu else "random, per allocation (CLI)"
     return (
         f"| {preset} | {gpu} | {s.ks_raw:.3f} | {s.ks_raw_p:.2g} | {s.ks_shape:.3f} | "
         f"{s.ks_shape_p:.2g} | {s.ks_expected:.3f} | {met(s.ks_raw)} | {met(s.ks_shape)} | "
