@@ -276,14 +276,18 @@ def _variability_settings(args: argparse.Namespace):
 
     if args.variability is None:
         given = [o for o, v in (("--variability-samples", args.variability_samples),
-                                ("--variability-seed", args.variability_seed)) if v is not None]  # fmt: skip
+                                ("--variability-seed", args.variability_seed),
+                                ("--variability-steps-per-allocation",
+                                 args.variability_steps_per_allocation)) if v is not None]  # fmt: skip
         if given:
             raise SpecError(f"{', '.join(given)} given without --variability PRESET")
         return None
+    steps = args.variability_steps_per_allocation
     return VariabilitySettings(
         preset=args.variability,
         samples=1000 if args.variability_samples is None else args.variability_samples,
         seed=args.variability_seed or 0,
+        **({} if steps is None else {"steps_per_allocation": steps}),
     )
 
 
@@ -885,6 +889,7 @@ def _add_validate(commands) -> None:
 
 def _add_validate_variability(validate_cmd) -> None:
     from emulator.variability.model import PRESET_NAMES
+    from emulator.variability.summary import DEFAULT_STEPS_PER_ALLOCATION
 
     validate_cmd.add_argument(
         "--variability",
@@ -905,6 +910,13 @@ def _add_validate_variability(validate_cmd) -> None:
         type=_non_negative_int,
         metavar="SEED",
         help="random seed of --variability (0); the same seed gives the same figures",
+    )
+    validate_cmd.add_argument(
+        "--variability-steps-per-allocation",
+        type=_positive_int,
+        metavar="S",
+        help=f"samples per allocation of GPUs with --variability (as `variability "
+        f"--steps-per-allocation`; {DEFAULT_STEPS_PER_ALLOCATION})",
     )
 
 

@@ -24,7 +24,8 @@ PLOT_NAME = "step_time_distribution.png"  # in the case's artifact folder, logge
 
 @dataclass(frozen=True, kw_only=True)
 class VariabilitySettings:
-    """What `validate --variability PRESET --variability-samples N --variability-seed S` asks."""
+    """What `validate --variability PRESET --variability-samples N --variability-seed SEED
+    --variability-steps-per-allocation S` asks."""
 
     preset: str
     samples: int = 1000
@@ -44,7 +45,9 @@ class VariabilitySettings:
         try:
             check_allocations(self.samples, self.steps_per_allocation)
         except ValueError as err:
-            raise SpecError(f"--variability-samples: {err}") from None
+            message = str(err).replace("samples=", "--variability-samples=", 1)
+            raise SpecError(message.replace("steps_per_allocation=",
+                                            "--variability-steps-per-allocation=")) from None  # fmt: skip
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -112,6 +112,11 @@ def test_without_the_flag_nothing_is_written(tmp_path, baselines_dir, capsys):
         (("--variability", "none", "--variability-samples", "0"), "--variability-samples"),
         (("--variability", "none", "--variability-seed", "-1"), "--variability-seed"),
         (("--variability-samples", "10"), "--variability-samples"),
+        (("--variability-steps-per-allocation", "5"), "--variability-steps-per-allocation"),
+        (("--variability", "none", "--variability-samples", "10"),
+         "--variability-samples=10 must be more than --variability-steps-per-allocation=10"),
+        (("--variability", "none", "--variability-steps-per-allocation", "0"),
+         "--variability-steps-per-allocation"),
     ],
 )
 def test_a_bad_value_exits_2_naming_the_option(tmp_path, baselines_dir, capsys, flags, option):
