@@ -1,0 +1,73 @@
+"""Markdown tables of one `prismbench variability ... --rank-sources --placement K:F --json` run.
+
+    python results/fidelity/variability_tables.py RUN.json
+
+Prints the step-time figures (the allocation split and the K-step bound among them), the noise
+sources ranked and the placements, as variability.md's section "Which signatures drive the
+variance; placement" shows them; every figure is the JSON's, formatted as the CLI's tables
+format it (prismbench.report).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from prismbench.report import _seconds, _signed_seconds
+
+
+def tables(run: dict) -> str:
+    lines = [
+        f"Step time: deterministic {_seconds(run['deterministic_s'])}, mean "
+        f"{_seconds(run['mean_s'])}, std {_seconds(run['std_s'])}, p50 {_seconds(run['p50_s'])}, "
+        f"p95 {_seconds(run['p95_s'])} ({run['slowdown_p95']:.3f}x deterministic); "
+        f"{run['samples']} samples in {run['allocations']} allocations of "
+        f"{run['steps_per_allocation']} steps, seed {run['seed']}, preset {run['preset']}. "
+        f"Between allocations (std of an allocation's mean step) "
+        f"{_seconds(run['allocation_std_s'])}, within one {_seconds(run['within_allocation_std_s'])}; "
+        f"{run['k_steps']:,} steps on one allocation: mean {_seconds(run['k_steps_mean_s'])}, "
+        f"{100 * run['confidence']:.0f} % bound {_seconds(run['k_steps_bound_s'])}.",
+        "",
+        "| rank | source | category | std | variance share | mean - deterministic | "
+        "p95 - deterministic | p95 share |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    attribution = run["attribution"]
+    for rank, e in enumerate(attribution["sources"], 1):
+        lines.append(_source_row(str(rank), e))
+    lines.append(_source_row("-", attribution["total"]))
+    placement = run["placement"]
+    lines += [
+        "",
+        f"{placement['slow_gpus']} GPUs {placement['factor']}x slower:",
+        "",
+        "| placement | ranks | deterministic | p50 | p95 | p95 / no slow GPU |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in (placement["reference"], *placement["placements"]):
+        ranks = ", ".join(map(str, p["ranks"])) or "-"
+        lines.append(
+            f"| {p['placement']} | {ranks} | {_seconds(p['deterministic_s'])} | "
+            f"{_seconds(p['p50_s'])} | {_seconds(p['p95_s'])} | {p['p95_ratio']:.4f}x |"
+        )
+    lines += [
+        "",
+        f"Monte Carlo wall time: {run['monte_carlo_wall_s']:.1f} s for the all-on run, "
+        f"{attribution['monte_carlo_wall_s']:.0f} s for the {len(attribution['sources']) + 1} "
+        f"attribution runs, {placement['monte_carlo_wall_s']:.0f} s for the "
+        f"{len(placement['placements']) + 1} placement runs ({run['samples']} samples each).",
+    ]
+    return "\n".join(lines)
+
+
+def _source_row(rank: str, e: dict) -> str:
+    return (
+        f"| {rank} | {e['source']} | {e['category']} | {_seconds(e['std_s'])} | "
+        f"{100 * e['variance_share']:.1f} % | {_signed_seconds(e['mean_shift_s'])} | "
+        f"{_signed_seconds(e['p95_excess_s'])} | {100 * e['p95_share']:.1f} % |"
+    )
+
+
+if __name__ == "__main__":
+    print(tables(json.loads(Path(sys.argv[1]).read_text())))
