@@ -646,7 +646,7 @@ def _add_emulate(commands) -> None:
 
 def _add_variability(commands) -> None:
     from emulator.variability.model import MEASURED_PRESET, PRESET_NAMES
-    from emulator.variability.summary import DEFAULT_STEPS_PER_ALLOCATION
+    from emulator.variability.summary import DEFAULT_STEPS_PER_ALLOCATION, MIN_ALLOCATIONS
 
     cmd = commands.add_parser(
         "variability",
@@ -682,8 +682,9 @@ def _add_variability(commands) -> None:
         metavar="S",
         help="consecutive samples drawn on one allocation's per-GPU speed factors, as the steps "
         "of one run share their GPUs; splits the spread into between and within allocations "
-        f"for the K-step bound; --samples must be more than S ({DEFAULT_STEPS_PER_ALLOCATION}; "
-        "1: every sample a fresh allocation, steps taken as independent)",
+        f"for the K-step bound; --samples must make at least {MIN_ALLOCATIONS} allocations "
+        f"({DEFAULT_STEPS_PER_ALLOCATION}; 1: every sample a fresh allocation, steps taken as "
+        "independent)",
     )
     cmd.add_argument(
         "--rank-sources",

@@ -54,11 +54,17 @@ VARIABILITY_COLUMNS = {
     "measured_max_s": "DOUBLE",
     "measured_relative_spread": "DOUBLE",
 }
-_CASE_VARIABILITY = (
-    "CREATE TABLE IF NOT EXISTS case_variability (run_id VARCHAR, baseline VARCHAR, "
-    + ", ".join(f"{name} {kind}" for name, kind in VARIABILITY_COLUMNS.items())
-    + ", PRIMARY KEY (run_id, baseline))"
-)
+
+
+def _case_variability(columns: dict[str, str]) -> str:
+    return (
+        "CREATE TABLE IF NOT EXISTS case_variability (run_id VARCHAR, baseline VARCHAR, "
+        + ", ".join(f"{name} {kind}" for name, kind in columns.items())
+        + ", PRIMARY KEY (run_id, baseline))"
+    )
+
+
+_CASE_VARIABILITY = _case_variability(VARIABILITY_COLUMNS)
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS runs (
         run_id VARCHAR PRIMARY KEY, commit VARCHAR, dirty BOOLEAN, machine VARCHAR,
@@ -72,15 +78,22 @@ _SCHEMA = (
     _CASE_VARIABILITY,
 )
 # What brings a database of version v to v + 1 (after which _SCHEMA's CREATE ... IF NOT EXISTS
-# runs): version 2 only adds a table, which _SCHEMA creates; version 3 adds the allocation
-# split's columns to it where it exists (NULL in the rows before).
+# runs): version 2 adds case_variability; version 3 adds the allocation split's columns to it,
+# the rows before having been drawn one step per allocation (their split NULL: it cannot be
+# made).
 _ALLOCATION_COLUMNS = ("steps_per_allocation", "allocation_std_s", "within_allocation_std_s")
 MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (),
-    2: tuple(
-        f"ALTER TABLE IF EXISTS case_variability ADD COLUMN IF NOT EXISTS {name} "
-        f"{VARIABILITY_COLUMNS[name]}"
-        for name in _ALLOCATION_COLUMNS
+    1: (
+        _case_variability(
+            {k: v for k, v in VARIABILITY_COLUMNS.items() if k not in _ALLOCATION_COLUMNS}
+        ),
+    ),
+    2: (
+        *(
+            f"ALTER TABLE case_variability ADD COLUMN {name} {VARIABILITY_COLUMNS[name]}"
+            for name in _ALLOCATION_COLUMNS
+        ),
+        "UPDATE case_variability SET steps_per_allocation = 1",
     ),
 }
 

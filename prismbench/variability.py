@@ -92,7 +92,8 @@ def variability(
     slow_gpus: (k, factor): also place k GPUs `factor` x slower every way they fit.
     host_dispatch: as `emulate`'s ("preset": the measured host time per op; None: none).
     steps_per_allocation: consecutive samples on one draw of the per-GPU factors (steps of one
-    run; emulator.variability.summary); `samples` must be a multiple of it."""
+    run; emulator.variability.summary); above 1, `samples` must make at least MIN_ALLOCATIONS
+    allocations."""
     check_allocations(samples, steps_per_allocation)  # before the capture, not after it
     priced = price_job(job, use_cache=use_cache, workers=workers, progress=progress,
                        host_dispatch=host_dispatch)  # fmt: skip

@@ -10,8 +10,8 @@ format it (prismbench.report).
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 from prismbench.report import _seconds, _signed_seconds
@@ -70,4 +70,6 @@ def _source_row(rank: str, e: dict) -> str:
 
 
 if __name__ == "__main__":
-    print(tables(json.loads(Path(sys.argv[1]).read_text())))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", metavar="RUN.json", help="`prismbench variability ... --json`")
+    print(tables(json.loads(Path(parser.parse_args().run).read_text())))

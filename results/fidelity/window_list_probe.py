@@ -16,7 +16,7 @@ Captures come from the capture cache (run `validate` or `emulate` first).
 
 from __future__ import annotations
 
-import sys
+import argparse
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -90,4 +90,7 @@ def main(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="+", metavar="BASELINE",
+                        help="a substring of a published baseline's file name, e.g. r046")  # fmt: skip
+    main(parser.parse_args().names)

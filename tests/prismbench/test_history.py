@@ -89,7 +89,9 @@ def test_a_version_2_history_gains_the_allocation_columns_and_keeps_its_rows(tmp
     con.close()
     history.start_run(db, "r", commit="c", dirty=False, machine="m", settings={})
     (row,) = history.read(db, "SELECT * FROM case_variability")
-    assert row["p95_s"] == 2.0 and row["steps_per_allocation"] is None
+    # drawn, before version 3, one step per allocation: no split
+    assert row["p95_s"] == 2.0 and row["steps_per_allocation"] == 1
+    assert row["allocation_std_s"] is None
     assert history.read(db, "SELECT version FROM schema_info") == [{"version": 3}]
 
 

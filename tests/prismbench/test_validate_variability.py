@@ -66,20 +66,20 @@ def test_the_flag_stores_the_distribution_in_duckdb_mlflow_and_the_summary(
     import mlflow
 
     db = tmp_path / "h" / "p.duckdb"
-    flags = ("--variability", "prism-high", "--variability-samples", "40")
+    flags = ("--variability", "prism-high", "--variability-samples", "200")
     assert main(_args(baselines_dir, db, *flags)) == 0
     out = capsys.readouterr().out
-    assert "Step-time distribution per case (prism-high, 40 samples, seed 0)" in out
+    assert "Step-time distribution per case (prism-high, 200 samples, seed 0)" in out
     assert " ms" in out and "±" in out
     rows = history.read(db, "SELECT * FROM case_variability ORDER BY baseline")
     assert [(r["baseline"], r["preset"], r["samples"], r["seed"]) for r in rows] == [
-        ("mine__tiny__1g__r001", "prism-high", 40, 0),
-        ("mine__tiny__1g__r002", "prism-high", 40, 0),
+        ("mine__tiny__1g__r001", "prism-high", 200, 0),
+        ("mine__tiny__1g__r002", "prism-high", 200, 0),
     ]
     recorded, single = rows
     assert recorded["p5_s"] <= recorded["p50_s"] <= recorded["p95_s"] <= recorded["p99_s"]
     assert recorded["std_s"] > 0 and recorded["monte_carlo_wall_s"] > 0
-    # 40 samples: 4 allocations of 10 steps, the spread split between and within them
+    # 200 samples: 20 allocations of 10 steps, the spread split between and within them
     assert recorded["steps_per_allocation"] == 10
     assert recorded["within_allocation_std_s"] > 0 and recorded["allocation_std_s"] >= 0
     (case,) = history.read(db, "SELECT result FROM cases WHERE baseline = 'mine__tiny__1g__r001'")
@@ -113,8 +113,8 @@ def test_without_the_flag_nothing_is_written(tmp_path, baselines_dir, capsys):
         (("--variability", "none", "--variability-seed", "-1"), "--variability-seed"),
         (("--variability-samples", "10"), "--variability-samples"),
         (("--variability-steps-per-allocation", "5"), "--variability-steps-per-allocation"),
-        (("--variability", "none", "--variability-samples", "10"),
-         "--variability-samples=10 must be more than --variability-steps-per-allocation=10"),
+        (("--variability", "none", "--variability-samples", "100"),
+         "--variability-samples=100 makes 10 allocation(s) of --variability-steps-per-allocation=10"),
         (("--variability", "none", "--variability-steps-per-allocation", "0"),
          "--variability-steps-per-allocation"),
     ],
@@ -138,7 +138,7 @@ def test_the_same_seed_stores_the_same_figures(tmp_path, baselines_dir):
     chosen = load_baselines(baselines_dir)[:1]
     runs = [
         validate(chosen, db_path=db, workers=1,
-                 variability=VariabilitySettings(preset="prism-low", samples=30, seed=seed))
+                 variability=VariabilitySettings(preset="prism-low", samples=200, seed=seed))
         for seed in (5, 5, 6)
     ]  # fmt: skip
     assert runs[1].cases[0].result["from_cache"]  # the distribution comes from the capture cache
@@ -152,7 +152,7 @@ def test_the_same_seed_stores_the_same_figures(tmp_path, baselines_dir):
 
 
 def test_the_measured_preset_samples_cases_on_a_measured_gpu(tmp_path, baselines_dir):
-    settings = VariabilitySettings(preset="measured", samples=32)
+    settings = VariabilitySettings(preset="measured", samples=200)
     run = validate(load_baselines(baselines_dir), db_path=tmp_path / "h.duckdb", workers=1,
                    variability=settings)  # fmt: skip
     assert {c.variability["preset"] for c in run.cases} == {"measured"}

@@ -34,7 +34,7 @@ def private_cache(tmp_path, monkeypatch):
 def test_without_variability_every_sample_is_emulates_iteration_time():
     job = _job()
     expected = emulate(job, workers=1).iteration_time_s
-    d = variability(job, model=NO_VARIABILITY, samples=16, workers=1).distribution
+    d = variability(job, model=NO_VARIABILITY, samples=200, workers=1).distribution
     assert d.deterministic_s == expected
     assert (d.times_s == expected).all()
 
@@ -51,10 +51,10 @@ def test_one_slow_gpu_shifts_p95_by_its_extra_compute():
     factors = np.ones((2, 1, 1, 2))
     factors[1, 0, 0, 0] = slow
     model = NO_VARIABILITY.with_speed_factors(factors)
-    d = variability(job, model=model, samples=20, workers=1, host_dispatch=None).distribution
+    d = variability(job, model=model, samples=200, workers=1, host_dispatch=None).distribution
     hand = (slow - 1) * base.per_class[0].compute_s
     assert 0.99 * hand <= d.p95_s - base.iteration_time_s <= hand
-    launch_bound = variability(job, model=model, samples=20, workers=1).distribution
+    launch_bound = variability(job, model=model, samples=200, workers=1).distribution
     assert launch_bound.p95_s - launch_bound.deterministic_s < 0.1 * hand
 
 
@@ -66,11 +66,11 @@ def test_cli_prints_json_and_draws_the_plot(tmp_path, capsys):
         "[batch]\nseq_len = 64\nglobal_batch = 8\n"
     )
     plot = tmp_path / "steps.png"
-    argv = ["variability", str(job), "--samples", "50", "--seed", "3", "--workers", "1"]
+    argv = ["variability", str(job), "--samples", "200", "--seed", "3", "--workers", "1"]
     assert main([*argv, "--json", "--plot", str(plot)]) == 0
     first = json.loads(capsys.readouterr().out)
     assert plot.stat().st_size > 0
-    assert first["samples"] == 50 and first["seed"] == 3
+    assert first["samples"] == 200 and first["seed"] == 3
     assert first["p5_s"] <= first["p50_s"] <= first["p95_s"] <= first["p99_s"]
     assert main([*argv, "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
@@ -80,7 +80,7 @@ def test_cli_prints_json_and_draws_the_plot(tmp_path, capsys):
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "p95" in table and " ms" in table
-    assert "5 of 10 steps" in table and "std within an allocation" in table
+    assert "20 of 10 steps" in table and "std within an allocation" in table
     assert first["steps_per_allocation"] == 10 and first["within_allocation_std_s"] > 0
 
 
@@ -89,7 +89,7 @@ def test_plot_into_a_directory_not_yet_made_makes_it(tmp_path, capsys):
     job = tmp_path / "job.toml"
     job.write_text('[model]\nname = "llama-debug"\n[batch]\nseq_len = 64\nglobal_batch = 8\n')
     plot = tmp_path / "new" / "sub" / "steps.png"
-    argv = ["variability", str(job), "--samples", "20", "--workers", "1", "--plot", str(plot)]
+    argv = ["variability", str(job), "--samples", "200", "--workers", "1", "--plot", str(plot)]
     assert main(argv) == 0
     assert plot.read_bytes().startswith(b"\x89PNG")
     assert [p.name for p in plot.parent.iterdir()] == ["steps.png"]  # no temporary left
@@ -102,7 +102,7 @@ def test_plot_into_a_directory_not_yet_made_makes_it(tmp_path, capsys):
         ("--seed", "-1", "--seed"),
         ("--threshold", "0", "--threshold"),
         ("--steps-per-allocation", "0", "--steps-per-allocation"),
-        ("--samples", "10", "--samples=10 must be more than --steps-per-allocation=10"),
+        ("--samples", "190", "--samples=190 makes 19 allocation(s) of --steps-per-allocation=10"),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(option, value, needle, tmp_path, capsys):

@@ -79,7 +79,7 @@ def test_cli_measured_preset_samples_a_spread(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path / "cache"))
     job = tmp_path / "job.toml"
     job.write_text('[model]\nname = "llama-debug"\n[batch]\nseq_len = 64\nglobal_batch = 8\n')
-    assert main(["variability", str(job), "--preset", "measured", "--samples", "64", "--json"]) == 0
+    assert main(["variability", str(job), "--preset", "measured", "--samples", "200", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["preset"] == "measured"
     assert result["std_s"] > 0 and result["p95_s"] > result["p5_s"]

@@ -44,7 +44,7 @@ def test_two_slow_gpus_cost_their_extra_compute_at_every_placement():
     )
     base, slow = emulate(job, workers=1, host_dispatch=None), 1.3
     study = variability(
-        job, model=NO_VARIABILITY, samples=20, workers=1, slow_gpus=(2, slow), host_dispatch=None
+        job, model=NO_VARIABILITY, samples=200, workers=1, slow_gpus=(2, slow), host_dispatch=None
     ).placement
     hand = (slow - 1) * base.per_class[0].compute_s
     assert study.reference.p95_s == base.iteration_time_s
@@ -60,7 +60,7 @@ def test_two_slow_gpus_cost_their_extra_compute_at_every_placement():
 
 @pytest.mark.integration
 def test_cli_ranks_sources_and_places_slow_gpus_in_tables_and_json(job_toml, capsys):
-    argv = ["variability", str(job_toml), "--samples", "40", "--workers", "1"]
+    argv = ["variability", str(job_toml), "--samples", "200", "--workers", "1"]
     argv += ["--rank-sources", "--placement", "2:1.2"]
     assert main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

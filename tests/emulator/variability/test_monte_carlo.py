@@ -130,14 +130,16 @@ def test_the_steps_of_one_allocation_share_its_gpus_speed_factors(tp_dp_graph, m
 
     monkeypatch.setattr(monte_carlo, "CHUNK_ELEMENTS", 3 * 8)  # 3 samples of 8 lanes
     model = VariabilityModel(spatial_cv=0.1, temporal_cv=0.0, collective_cv=0.0)
-    times = sample_step_times(tp_dp_graph, model, samples=40, seed=0, steps_per_allocation=5)
-    runs = times.reshape(8, 5)
+    times = sample_step_times(tp_dp_graph, model, samples=100, seed=0, steps_per_allocation=5)
+    runs = times.reshape(20, 5)
     assert (runs == runs[:, :1]).all()
-    assert len(np.unique(runs[:, 0])) == 8
+    assert len(np.unique(runs[:, 0])) == 20
     d = summarize(times, replay(tp_dp_graph).iteration_time_s, seed=0, k_steps=100,
                   steps_per_allocation=5)  # fmt: skip
     assert d.within_allocation_std_s == pytest.approx(0, abs=1e-12)  # a mean's rounding
-    assert d.k_steps_bound_s == pytest.approx(100 * runs[:, 0].max(), rel=1e-12)  # 7/8 < 95 %
+    # 19 of 20 allocations are 95 %: the middle of the gap between the two slowest
+    slowest = np.sort(runs[:, 0])[-2:]
+    assert d.k_steps_bound_s == pytest.approx(100 * slowest.mean(), rel=1e-12)
 
 
 def test_one_step_per_allocation_draws_as_before(pipeline_graph):
