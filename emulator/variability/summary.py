@@ -20,7 +20,7 @@ drawn independently every step), with m_a the allocation's mean step time. The b
   sigma_w / sqrt(S) its estimate is mostly noise, often cut to 0, and for large K it is
   sigma_b that sets the bound.
 Measured on synthetic step times (results/fidelity/k_steps_coverage.md) the mixture alone
-held for 0.82-0.96 of runs, lowest where sigma_b / sigma_w is 0.1 (large jobs: the maximum of
+held for 0.82-0.95 of runs, lowest where sigma_b / sigma_w is 0.1 (large jobs: the maximum of
 the per-GPU factors over many GPUs varies little between allocations); the larger of the two
 holds for 0.93-0.97. With no spatial variation sigma_b is about 0 and the bound is about K x
 mean + z x sqrt(K) x sigma_w, what independent steps give; with S = 1 (a fresh allocation
@@ -40,9 +40,10 @@ from scipy import optimize, stats
 # per-GPU factors make most of a step's spread (a few GPUs), its percentiles rest on 100
 # independent allocations rather than 1 000.
 DEFAULT_STEPS_PER_ALLOCATION = 10
-# Fewest allocations the split is made from: the bound on many steps is about a high quantile
-# of the allocation means, so it cannot exceed the largest of them; with 4 allocations its
-# coverage is 0.80 where 0.95 is meant, with 20 0.94 (results/fidelity/k_steps_coverage.md).
+# Fewest allocations the split is made from: the mixture's bound on many steps is about a high
+# quantile of the allocation means, so it cannot pass the largest; with 2-4 allocations it
+# held for 0.62-0.80 of runs where 0.95 is meant (a review's simulation at 7d499ab). From 20
+# allocations on, the bound given holds for 0.93-0.97 (results/fidelity/k_steps_coverage.md).
 MIN_ALLOCATIONS = 20
 
 
