@@ -111,12 +111,17 @@ def test_variability_only_slows_a_synchronous_step_on_average(pipeline_graph):
     assert d.k_steps_bound_s > d.k_steps_mean_s == pytest.approx(d.k_steps * d.mean_s)
 
 
-def test_a_per_step_factor_scales_a_single_gpus_step_by_its_cv():
+def _one_gpu_four_seconds():
+    """One GPU, four 1 s segments, no communication."""
     world = World.grid(dp=1, pp=1, cp=1, tp=1)
     s = Stage(world, 0)
     for _ in range(4):
         s.compute(1.0, phase="forward")
-    graph = build(world, [s])
+    return build(world, [s])
+
+
+def test_a_per_step_factor_scales_a_single_gpus_step_by_its_cv():
+    graph = _one_gpu_four_seconds()
     model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=0.0, step_cv=0.02)
     times = sample_step_times(graph, model, samples=4000, seed=3)
     # one GPU, no communication: the step is the deterministic one times one lognormal factor
@@ -146,7 +151,7 @@ def test_the_steps_of_one_allocation_share_its_gpus_speed_factors(tp_dp_graph, m
     assert d.k_steps_bound_s > 100 * np.sort(step)[-2:].mean()
 
 
-def test_one_step_per_allocation_draws_as_before(pipeline_graph):
+def test_one_step_per_allocation_is_the_library_default(pipeline_graph):
     one = sample_step_times(pipeline_graph, PRISM_HIGH, samples=60, seed=4, steps_per_allocation=1)
     assert np.array_equal(one, sample_step_times(pipeline_graph, PRISM_HIGH, samples=60, seed=4))
 
@@ -154,11 +159,7 @@ def test_one_step_per_allocation_draws_as_before(pipeline_graph):
 def test_a_slow_allocation_is_slow_for_all_its_steps():
     # One GPU, spatial (5 %) and per-step (2 %) factors: within an allocation the steps spread
     # by the per-step factor alone, between allocations by the spatial one.
-    world = World.grid(dp=1, pp=1, cp=1, tp=1)
-    s = Stage(world, 0)
-    for _ in range(4):
-        s.compute(1.0, phase="forward")
-    graph = build(world, [s])
+    graph = _one_gpu_four_seconds()
     model = VariabilityModel(spatial_cv=0.05, temporal_cv=0.0, collective_cv=0.0, step_cv=0.02)
     times = sample_step_times(graph, model, samples=4000, seed=5, steps_per_allocation=20)
     d = summarize(times, 4.0, seed=5, steps_per_allocation=20)
