@@ -19,15 +19,18 @@ drawn independently every step), with m_a the allocation's mean step time. The b
   pivotal quantities (`pivotal_bound_s`): where sigma_b is small beside sigma_w / sqrt(S)
   its estimate is mostly noise, often cut to 0, and for large K it is sigma_b that sets the
   bound, so the bound allows for the sigma_b the samples cannot rule out.
-Measured on synthetic step times (results/fidelity/k_steps_coverage.md, which says how wide
-each is too) the mixture alone held for 0.82-0.95 of runs, lowest where sigma_b / sigma_w is
-0.1 (large jobs: the maximum of the per-GPU factors over many GPUs varies little between
-allocations). A Student-t bound over Satterthwaite's degrees of freedom, tried first, covered
-but could be absurdly wide (for 1 000 steps, margins 1e27 times the right one: its degrees of
-freedom fall below 1 when K is many times S and sigma_b is about 0). With no spatial variation the bound is K x mean + z x sqrt(K) x
-sigma_w plus what the unruled-out sigma_b adds; with S = 1 (a fresh allocation every sample)
-the split cannot be made, and the independent-steps bound is given with the step's whole std:
-too tight wherever per-GPU factors persist over a run.
+Measured on synthetic step times (results/fidelity/k_steps_coverage.md, which also says how
+wide each bound is) the bound given holds for 0.92-0.99 of runs where 0.95 is meant; its
+margin over K x mean is a median 0.9-1.6x the true one where sigma_b / sigma_w >= 0.1, and
+1.3-6x at 0.01 with K >= 100 (the samples cannot rule out a larger sigma_b). The mixture alone
+held for 0.82-0.96, lowest where sigma_b / sigma_w is 0.1 (large jobs: the maximum of the
+per-GPU factors over many GPUs varies little between allocations). A Student-t bound over
+Satterthwaite's degrees of freedom, tried first, covered but could be absurdly wide (for
+1 000 steps, margins 1e27 times the right one: its degrees of freedom fall below 1 when K is
+many times S and sigma_b is about 0). With no spatial variation the bound is K x mean + z x
+sqrt(K) x sigma_w plus what the sigma_b not ruled out adds; with S = 1 (a fresh allocation
+every sample) the split cannot be made, and the independent-steps bound is given with the
+step's whole std: too tight wherever per-GPU factors persist over a run.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ DEFAULT_STEPS_PER_ALLOCATION = 10
 # Fewest allocations the split is made from: the mixture's bound on many steps is about a high
 # quantile of the allocation means, so it cannot pass the largest; with 2-4 allocations it
 # held for 0.62-0.80 of runs where 0.95 is meant (a review's simulation at 7d499ab). From 20
-# allocations on, the bound given holds for 0.93-0.97 (results/fidelity/k_steps_coverage.md).
+# allocations on, the bound given holds for 0.92-0.98 (results/fidelity/k_steps_coverage.md).
 MIN_ALLOCATIONS = 20
 # Draws of the pivotal bound's quantities: its 95th percentile then moves between seeds by
 # 0.3-0.6 % of the bound's margin over K x mean (std over 30 seeds, synthetic step times).
