@@ -186,7 +186,9 @@ def sample_step_times(
     if mask is not None:
         mask.check(graph)
     rng = np.random.default_rng(seed)
-    # whole allocations per chunk, so that none straddles two chunks' draws
+    # whole allocations per chunk, so that none straddles two chunks' draws: an allocation of
+    # more samples than CHUNK_ELEMENTS / lanes holds (64 at 8 192 GPUs, pp 1) makes chunks,
+    # and their memory, that many samples large
     chunk = max(1, chunk_samples(graph, samples) // steps_per_allocation) * steps_per_allocation
     times = np.empty(samples)
     for lo in range(0, samples, chunk):
