@@ -448,6 +448,7 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_variability(args: argparse.Namespace) -> int:
+    from emulator.variability.summary import check_allocations
     from prismbench.variability import plot_distribution, variability
     from prismbench.variability_calibration import resolve_preset
 
@@ -457,8 +458,11 @@ def _cmd_variability(args: argparse.Namespace) -> int:
         raise SpecError(f"--threshold={args.threshold!r}: a step time in seconds must be > 0")
     if args.placement is not None:
         _check_placement(job, *args.placement)
-    _check_allocations("--samples", args.samples, "--steps-per-allocation",
-                       args.steps_per_allocation)  # fmt: skip
+    try:
+        check_allocations(args.samples, args.steps_per_allocation, samples_name="--samples",
+                          steps_name="--steps-per-allocation")  # fmt: skip
+    except ValueError as err:
+        raise SpecError(str(err)) from None
     result = variability(
         job,
         name=job.model.name,
@@ -483,17 +487,6 @@ def _cmd_variability(args: argparse.Namespace) -> int:
     else:
         report.render_variability(result, _console())
     return EXIT_OK
-
-
-def _check_allocations(samples_flag: str, samples: int, steps_flag: str, steps: int) -> None:
-    """The samples split into whole allocations (emulator.variability.summary), as flags."""
-    from emulator.variability.summary import check_allocations
-
-    try:
-        check_allocations(samples, steps)
-    except ValueError as err:
-        message = str(err).replace("samples=", f"{samples_flag}=", 1)
-        raise SpecError(message.replace("steps_per_allocation=", f"{steps_flag}=")) from None
 
 
 def _check_placement(job, slow_gpus: int, factor: float) -> None:

@@ -81,17 +81,17 @@ _SCHEMA = (
 # runs): version 2 adds case_variability; version 3 adds the allocation split's columns to it,
 # the rows before having been drawn one step per allocation (their split NULL: it cannot be
 # made).
-_ALLOCATION_COLUMNS = ("steps_per_allocation", "allocation_std_s", "within_allocation_std_s")
+ALLOCATION_COLUMNS = ("steps_per_allocation", "allocation_std_s", "within_allocation_std_s")
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
         _case_variability(
-            {k: v for k, v in VARIABILITY_COLUMNS.items() if k not in _ALLOCATION_COLUMNS}
+            {k: v for k, v in VARIABILITY_COLUMNS.items() if k not in ALLOCATION_COLUMNS}
         ),
     ),
     2: (
         *(
             f"ALTER TABLE case_variability ADD COLUMN {name} {VARIABILITY_COLUMNS[name]}"
-            for name in _ALLOCATION_COLUMNS
+            for name in ALLOCATION_COLUMNS
         ),
         "UPDATE case_variability SET steps_per_allocation = 1",
     ),

@@ -43,11 +43,11 @@ class VariabilitySettings:
         if not isinstance(self.seed, int) or self.seed < 0:
             raise SpecError(f"--variability-seed={self.seed!r} must be an integer >= 0")
         try:
-            check_allocations(self.samples, self.steps_per_allocation)
+            check_allocations(self.samples, self.steps_per_allocation,
+                              samples_name="--variability-samples",
+                              steps_name="--variability-steps-per-allocation")  # fmt: skip
         except ValueError as err:
-            message = str(err).replace("samples=", "--variability-samples=", 1)
-            raise SpecError(message.replace("steps_per_allocation=",
-                                            "--variability-steps-per-allocation=")) from None  # fmt: skip
+            raise SpecError(str(err)) from None
 
     def to_dict(self) -> dict:
         return asdict(self)

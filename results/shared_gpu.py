@@ -43,9 +43,13 @@ def recording_job(recording: dict):
 
 
 def _descends(commit: str) -> bool:
-    """Whether `commit` contains POLICY_RENAMED_AT (git; a commit it does not know: no)."""
+    """Whether `commit` contains POLICY_RENAMED_AT (git; a commit it does not know is an
+    error: a shallow clone cannot say)."""
     done = subprocess.run(["git", "merge-base", "--is-ancestor", POLICY_RENAMED_AT, commit],
-                          cwd=ROOT, capture_output=True, check=False)  # fmt: skip
+                          cwd=ROOT, capture_output=True, text=True, check=False)  # fmt: skip
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"recording made at {commit}: git cannot say whether it contains "
+                         f"{POLICY_RENAMED_AT}: {done.stderr.strip()}")  # fmt: skip
     return done.returncode == 0
 
 

@@ -23,7 +23,8 @@ as PRISM does (emulator.variability.model):
 
 With no variability every draw is the graph's duration times exactly 1, so the replay's
 arithmetic is the deterministic replay's and the step time equals `replay`'s exactly.
-Samples run in chunks small enough that a lane value stays a few MB (CHUNK_ELEMENTS).
+Samples run in chunks small enough that a lane value stays a few MB (CHUNK_ELEMENTS), unless
+one allocation (`steps_per_allocation` samples) is larger than that.
 
 A `NoiseMask` switches sources off (variance attribution, emulator.variability.attribution):
 every draw is still made, in the same order, and only its use is masked, so two runs with the
@@ -85,8 +86,8 @@ class _Durations:
         model: VariabilityModel,
         rng,
         samples: int,
-        mask: NoiseMask | None = None,
-        steps_per_allocation: int = 1,
+        mask: NoiseMask | None,
+        steps_per_allocation: int,
     ):
         self.graph, self.variability, self.samples = graph, model, samples
         mask = mask or NoiseMask()

@@ -22,6 +22,7 @@ import numpy as np
 
 from emulator.variability.distributions import from_moments
 from emulator.variability.model import VariabilityModel
+from emulator.variability.summary import allocation_count
 from emulator.world.mesh import World
 
 POOL_WINDOWS = 16  # pool size in largest windows (see the module docstring)
@@ -32,7 +33,7 @@ def speed_factors(
     model: VariabilityModel,
     world: World,
     samples: int,
-    steps_per_allocation: int = 1,
+    steps_per_allocation: int,
 ):
     """Per-GPU speed factors shaped (samples, *world.shape), or (1, *world.shape) when they do
     not vary between samples; None when every factor is 1. The persistent factors are drawn
@@ -47,7 +48,7 @@ def speed_factors(
             )
         factors = model.speed_factors[None]
     elif model.spatial_cv > 0:
-        allocations = -(-samples // steps_per_allocation)
+        allocations = allocation_count(samples, steps_per_allocation)
         factors = from_moments(1.0, model.spatial_cv, "lognormal").sample(
             rng, (allocations, *world.shape)
         )

@@ -23,8 +23,9 @@ Measured on synthetic step times (results/fidelity/k_steps_coverage.md, which al
 wide each bound is) the bound given holds for 0.92-0.99 of runs where 0.95 is meant; its
 margin over K x mean is a median 0.9-1.6x the true one where sigma_b / sigma_w >= 0.1, and
 1.3-6x at 0.01 with K >= 100 (the samples cannot rule out a larger sigma_b). The mixture alone
-held for 0.82-0.96, lowest where sigma_b / sigma_w is 0.1 (large jobs: the maximum of the
-per-GPU factors over many GPUs varies little between allocations). A Student-t bound over
+held for 0.82-0.96, lowest where sigma_b / sigma_w is 0.1 (where a step's own noise dwarfs the
+allocation's: 0.31 on the Megatron 39.1B row of results/fidelity/variability.md, whose network
+regime makes most of a step's spread; 4.5 on its torchtitan FSDP row). A Student-t bound over
 Satterthwaite's degrees of freedom, tried first, covered but could be absurdly wide (for
 1 000 steps, margins 1e27 times the right one: its degrees of freedom fall below 1 when K is
 many times S and sigma_b is about 0). With no spatial variation the bound is K x mean + z x
@@ -48,11 +49,12 @@ DEFAULT_STEPS_PER_ALLOCATION = 10
 # Fewest allocations the split is made from: the mixture's bound on many steps is about a high
 # quantile of the allocation means, so it cannot pass the largest; with 2-4 allocations it
 # held for 0.62-0.80 of runs where 0.95 is meant (a review's simulation at 7d499ab). From 20
-# allocations on, the bound given holds for 0.92-0.98 (results/fidelity/k_steps_coverage.md).
+# allocations on, the bound given holds for 0.92-0.99 (results/fidelity/k_steps_coverage.md).
 MIN_ALLOCATIONS = 20
 # Draws of the pivotal bound's quantities: its 95th percentile then moves between seeds by
 # 0.3-0.6 % of the bound's margin over K x mean (std over 30 seeds, synthetic step times).
 PIVOT_DRAWS = 100_000
+PIVOT_STREAM = 1  # the pivots' random stream: default_rng((seed, PIVOT_STREAM))
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -142,7 +144,7 @@ def summarize(
         k_steps_mean_s=k_steps * mean,
         k_steps_bound_s=float(bound),
         steps_per_allocation=steps_per_allocation,
-        allocations=-(-len(t) // steps_per_allocation),
+        allocations=allocation_count(len(t), steps_per_allocation),
         allocation_std_s=between,
         within_allocation_std_s=within,
         slowdown_mean=mean / deterministic_s,
@@ -151,34 +153,42 @@ def summarize(
     )
 
 
-def check_allocations(samples: int, steps_per_allocation: int) -> None:
-    """`samples` split into allocations of `steps_per_allocation` (the last may be shorter),
-    at least MIN_ALLOCATIONS of them when an allocation has more than one step."""
+def allocation_count(samples: int, steps_per_allocation: int) -> int:
+    """Allocations `samples` make, `steps_per_allocation` each (the last may be shorter)."""
+    return -(-samples // steps_per_allocation)
+
+
+def check_allocations(
+    samples: int,
+    steps_per_allocation: int,
+    *,
+    samples_name: str = "samples",
+    steps_name: str = "steps_per_allocation",
+) -> None:
+    """`samples` split into allocations of `steps_per_allocation`, at least MIN_ALLOCATIONS of
+    them when an allocation has more than one step; the error names the two as the caller
+    does (a CLI its flags)."""
     if not isinstance(steps_per_allocation, int) or steps_per_allocation < 1:
-        raise ValueError(f"steps_per_allocation={steps_per_allocation!r} must be an int >= 1")
-    allocations = -(-samples // steps_per_allocation)
+        raise ValueError(f"{steps_name}={steps_per_allocation!r} must be an int >= 1")
+    allocations = allocation_count(samples, steps_per_allocation)
     if steps_per_allocation > 1 and allocations < MIN_ALLOCATIONS:
         raise ValueError(
-            f"samples={samples} makes {allocations} allocation(s) of steps_per_allocation="
+            f"{samples_name}={samples} makes {allocations} allocation(s) of {steps_name}="
             f"{steps_per_allocation}; the K-step bound needs at least {MIN_ALLOCATIONS} "
-            f"(samples >= {MIN_ALLOCATIONS * steps_per_allocation}, or fewer steps per "
+            f"({samples_name} >= {MIN_ALLOCATIONS * steps_per_allocation}, or fewer steps per "
             f"allocation; 1 takes steps as independent)"
         )
 
 
-def k_steps_bounds_s(
-    times_s, steps_per_allocation: int, k_steps: int, confidence: float, seed: int = 0
-):
-    """(mixture, pivotal) bounds on the time of `k_steps` on one allocation (module docstring;
-    `summarize` gives the larger): step times drawn `steps_per_allocation` to an allocation,
-    more than one."""
+def mixture_bound_s(times_s, steps_per_allocation: int, k_steps: int, confidence: float):
+    """The mixture's bound alone on the time of `k_steps` on one allocation (module docstring;
+    `summarize` gives the larger of it and the pivotal bound): step times drawn
+    `steps_per_allocation` (more than one) to an allocation."""
     t = np.asarray(times_s, dtype=float)
     check_allocations(len(t), steps_per_allocation)
     if steps_per_allocation < 2:
-        raise ValueError("k_steps_bounds_s needs steps_per_allocation >= 2: no split without")
-    split = _AllocationSplit.of(t, steps_per_allocation)
-    return (split.mixture_bound_s(k_steps, confidence),
-            split.pivotal_bound_s(k_steps, confidence, seed))  # fmt: skip
+        raise ValueError("mixture_bound_s needs steps_per_allocation >= 2: no split without")
+    return _AllocationSplit.of(t, steps_per_allocation).mixture_bound_s(k_steps, confidence)
 
 
 @dataclass(frozen=True)
@@ -190,9 +200,9 @@ class _AllocationSplit:
     h the harmonic mean of the allocations' step counts."""
 
     means: np.ndarray  # each allocation's mean step time
-    steps: float  # h
+    harmonic_steps: float  # h
     samples: int
-    spread_var: float  # var(means), ddof 1
+    means_var: float  # var(means), ddof 1
     within_var: float  # sigma_w^2
 
     @staticmethod
@@ -206,7 +216,7 @@ class _AllocationSplit:
 
     @property
     def between_std_s(self) -> float:
-        return float(np.sqrt(max(self.spread_var - self.within_var / self.steps, 0.0)))
+        return float(np.sqrt(max(self.means_var - self.within_var / self.harmonic_steps, 0.0)))
 
     @property
     def within_std_s(self) -> float:
@@ -217,7 +227,7 @@ class _AllocationSplit:
         std sqrt(k) sigma_w), m_a the allocation means pulled to a spread of sigma_b; with
         sigma_w = 0 the k m_a themselves (their `confidence` quantile)."""
         grand = float(self.means.mean())
-        pull = self.between_std_s / np.sqrt(self.spread_var) if self.spread_var > 0 else 0.0
+        pull = self.between_std_s / np.sqrt(self.means_var) if self.means_var > 0 else 0.0
         centres = k * (grand + pull * (self.means - grand))
         width = np.sqrt(k) * self.within_std_s
         if width <= 1e-12 * np.abs(centres).max():  # zero, or a mean's rounding: point masses
@@ -240,11 +250,12 @@ class _AllocationSplit:
         (samples - allocations) / chi2(samples - allocations), sigma_b^2 = max((tau^2 -
         sigma_w^2) / h, 0) and the mean (normal, variance tau^2 / (allocations h)); the
         `confidence` quantile of k x mean + sqrt(k^2 sigma_b^2 + k sigma_w^2) x z over them.
-        Seeded: the same seed, the same bound."""
-        rng = np.random.default_rng(seed)
-        allocations, h = len(self.means), self.steps
+        Seeded: the same seed, the same bound; its stream apart from the Monte Carlo's of the
+        same seed."""
+        rng = np.random.default_rng((seed, PIVOT_STREAM))
+        allocations, h = len(self.means), self.harmonic_steps
         n = PIVOT_DRAWS
-        tau2 = h * self.spread_var * (allocations - 1) / rng.chisquare(allocations - 1, n)
+        tau2 = h * self.means_var * (allocations - 1) / rng.chisquare(allocations - 1, n)
         within_dof = self.samples - allocations
         within = self.within_var * within_dof / rng.chisquare(within_dof, n)
         between = np.maximum(tau2 - within, 0.0) / h

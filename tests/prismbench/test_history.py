@@ -81,7 +81,9 @@ def test_a_version_2_history_gains_the_allocation_columns_and_keeps_its_rows(tmp
 
     db = tmp_path / "h.duckdb"
     _v1_database(db, version=2)
-    old = {k: v for k, v in history.VARIABILITY_COLUMNS.items() if "allocation" not in k}
+    old = {
+        k: v for k, v in history.VARIABILITY_COLUMNS.items() if k not in history.ALLOCATION_COLUMNS
+    }
     con = duckdb.connect(str(db))
     con.execute("CREATE TABLE case_variability (run_id VARCHAR, baseline VARCHAR, "
                 + ", ".join(f"{k} {v}" for k, v in old.items()) + ")")  # fmt: skip

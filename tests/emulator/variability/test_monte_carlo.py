@@ -156,7 +156,7 @@ def test_one_step_per_allocation_is_the_library_default(pipeline_graph):
     assert np.array_equal(one, sample_step_times(pipeline_graph, PRISM_HIGH, samples=60, seed=4))
 
 
-def test_a_slow_allocation_is_slow_for_all_its_steps():
+def test_the_split_recovers_the_per_step_and_spatial_cvs():
     # One GPU, spatial (5 %) and per-step (2 %) factors: within an allocation the steps spread
     # by the per-step factor alone, between allocations by the spatial one.
     graph = _one_gpu_four_seconds()

@@ -111,7 +111,7 @@ def test_a_shorter_last_allocation_takes_its_part_in_the_split():
         (10, 0, "steps_per_allocation=0 must be an int >= 1"),
     ],
 )
-def test_samples_that_make_no_two_allocations_are_refused(samples, steps, message):
+def test_fewer_than_min_allocations_or_a_bad_s_is_refused(samples, steps, message):
     with pytest.raises(ValueError, match=message):
         check_allocations(samples, steps)
     with pytest.raises(ValueError, match=message):
