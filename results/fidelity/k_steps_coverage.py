@@ -14,7 +14,8 @@ gives the mean share over the data sets (0.95 is right) and how wide the bound i
 true 95th percentile (a bound can hold by being absurdly wide: coverage alone would not show
 it). Beside it: the independent-steps bound (steps_per_allocation 1 on the same data: what was
 given before 7d499ab) and the mixture's bound alone (the larger of it and the pivotal bound
-is the one given).
+is the one given). A second table gives what sharing allocations costs the estimates of one
+step's percentiles.
 sigma_w is 1 % of the step; sigma_b / sigma_w is the setting's ratio (under prism-low the two
 published rows of results/fidelity/variability.md give 0.31, Megatron 39.1B on 512 GPUs, whose
 network regime makes most of a step's spread, and 4.5, torchtitan Llama 3.1 8B FSDP on 128). Writes results/fidelity/k_steps_coverage.md.
@@ -90,6 +91,20 @@ def coverage(rng, effects, ratio: float, samples: int, steps: int, k: int, reps:
     return (*shares.mean(axis=0), *np.percentile(widths, [50, 90]))
 
 
+def percentile_noise(rng, ratio: float, steps: int, samples: int = 1000, reps: int = 2000):
+    """Standard deviations of the p95 and p99 estimates of one step's time from `samples`
+    step times drawn `steps` to an allocation (normal allocation effects), over `reps` data
+    sets, in units of a step's std: what sharing allocations costs the percentiles."""
+    within = WITHIN_CV * STEP_S
+    between = ratio * within
+    estimates = np.empty((reps, 2))
+    for r in range(reps):
+        means = STEP_S + between * rng.standard_normal(allocation_count(samples, steps))
+        times = np.repeat(means, steps)[:samples] + within * rng.standard_normal(samples)
+        estimates[r] = np.percentile(times, [95, 99])
+    return estimates.std(axis=0) / np.hypot(between, within)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=200, help="data sets per setting (200)")
@@ -114,6 +129,20 @@ def main(argv: list[str] | None = None) -> None:
                              f"| {given_coverage:.3f} | {margin_median:.2f} | {margin_p90:.2f} "
                              f"| {independent_coverage:.3f} | {mixture_coverage:.3f} |")  # fmt: skip
                 print(lines[-1], flush=True)
+    lines += [
+        "",
+        "What allocations of 10 cost one step's percentiles: the standard deviation of the p95 "
+        "and p99 estimates from 1 000 samples, over 2 000 data sets (normal allocation effects), "
+        "in units of a step's std, one step per allocation against 10:",
+        "",
+        "| sigma_b / sigma_w | p95, 1 | p95, 10 | p99, 1 | p99, 10 |",
+        "|--:|--:|--:|--:|--:|",
+    ]
+    for ratio in RATIOS:
+        (p95_one, p99_one), (p95_ten, p99_ten) = (percentile_noise(rng, ratio, s) for s in (1, 10))
+        lines.append(f"| {ratio:g} | {p95_one:.3f} | {p95_ten:.3f} | {p99_one:.3f} "
+                     f"| {p99_ten:.3f} |")  # fmt: skip
+        print(lines[-1], flush=True)
     lines += [
         "",
         f"The bound is meant to hold for 0.95 of runs. Margin / true: the bound's margin over "
