@@ -106,7 +106,6 @@ class OpRecorder(TorchDispatchMode):
         self._mod_tracker = torch_compat.LeafSafeModTracker()
         self._fake_mode = None
         self._resize_patch = None
-        self._dtensor = self.declarations.dtensor
         self.streams: StreamTracker | None = None  # the tracker `stream_tracker` made
         # give every compute row the storage ids of its tensors (OpEvent.flows): off by
         # default, the hot path pays for it only where a capture rule needs it

@@ -347,10 +347,6 @@ class OpInfo:
     reads_inputs: bool = True  # False for READS_NO_INPUT
     clones_self: bool = False  # CLONES_SELF
 
-    @property
-    def is_compute(self) -> bool:
-        return bool(self.name)
-
 
 def _registry_flops(formula):
     return lambda args, kwargs, out: formula(*args, **kwargs, out_val=out)

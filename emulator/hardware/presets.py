@@ -129,9 +129,6 @@ class GpuPreset:
                 raise ValueError(f"{owner}.peak_dense_tflops lacks {dtype!r}")
         object.__setattr__(self, "peak_dense_tflops", MappingProxyType(dict(self.peak_dense_tflops)))
 
-    def has_dtype(self, dtype: str) -> bool:
-        return dtype in self.peak_dense_tflops
-
     def peak_tflops(self, dtype: str) -> float:
         """Dense tensor-core peak for `dtype`; refuses a dtype the GPU has no units for (fp8 on A100)."""
         if dtype not in DTYPES:

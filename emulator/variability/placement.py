@@ -40,7 +40,6 @@ from emulator.variability.model import VariabilityModel
 from emulator.variability.monte_carlo import sample_step_times
 from emulator.world.mesh import PIPELINE_AXIS, World
 
-PLACEMENTS = ("tp-group", "stage", "stage-across-replicas", "spread")
 NO_SLOW_GPUS = "none"
 
 
