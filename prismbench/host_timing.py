@@ -30,17 +30,15 @@ from __future__ import annotations
 
 import bisect
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from prismbench.profile_readers import open_text
+from emulator.costs.host_dispatch import CLASSES
+from prismbench.profile_readers import OP_NAME, open_text
 
-CLASSES = ("forward", "backward", "optimizer")
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)
-_OP_NAME = re.compile(r"^[A-Za-z_]\w*::[\w.]+$")
 _ENGINE = "autograd::engine::evaluate_function"
 _OPTIMIZER = "Optimizer.step#"
 _FOREACH = "aten::_foreach_"
@@ -83,7 +81,7 @@ def _events(path: Path) -> list[dict]:
 
 
 def _is_launch(event: dict) -> bool:
-    return bool(event.get("kernels")) and bool(_OP_NAME.match(event["op"]))
+    return bool(event.get("kernels")) and bool(OP_NAME.match(event["op"]))
 
 
 def _enclosed(events: list[dict], prefix: str, starts: np.ndarray) -> np.ndarray:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 # An op event is "namespace::name" (aten::mm, my_ns::fused_op); kernel names ("void at::...",
 # "nvjet_sm90_..."), "Memset (Device)" and runtime events ("Activity Buffer Request") are not.
-_OP_NAME = re.compile(r"^[A-Za-z_]\w*::[\w.]+$")
+OP_NAME = re.compile(r"^[A-Za-z_]\w*::[\w.]+$")
 _GPU_CATEGORIES = ("kernel", "gpu_memset", "gpu_memcpy")
 
 
@@ -90,7 +90,7 @@ def read_ops_jsonl(path: str | Path) -> list[ProfiledOp]:
                     f"{path}:{line_no}: each line must be a JSON object with op, shapes, "
                     f"kernels ({err})"
                 ) from None
-            if not kernels or not _OP_NAME.match(op):
+            if not kernels or not OP_NAME.match(op):
                 continue  # a kernel's own event, or a runtime event: its kernels count once
             ops.append(
                 ProfiledOp(
