@@ -33,11 +33,13 @@ class Seam:
 
 
 _PIPE = "torch.distributed.pipelining"
-_STAGE = f"{_PIPE}.stage._PipelineStageBase"
+# the pipelining classes capture patches (emulator.capture.rank, emulator.capture.chunk_reuse)
+PIPELINE_STAGE = f"{_PIPE}.stage._PipelineStageBase"
+PIPELINE_SCHEDULES = f"{_PIPE}.schedules"
 SEAMS = (
     # patched for the length of a capture
     Seam(
-        f"{_PIPE}.schedules._PipelineSchedule._warmup_p2p",
+        f"{PIPELINE_SCHEDULES}._PipelineSchedule._warmup_p2p",
         ("self", "stages", "has_backward"),
         "pipelining/schedules.py: the shape-inference vote, replaced by its STATIC outcome",
         since="2.13",  # torch 2.11 stages with example args infer no shapes at run time
@@ -56,24 +58,28 @@ SEAMS = (
         "tensor/_sharding_prop.py: DTensor's fake shape propagation, run unrecorded",
     ),
     Seam(
-        f"{_STAGE}.forward_one_chunk",
+        f"{PIPELINE_STAGE}.forward_one_chunk",
         ("self", "fwd_chunk_id"),
         "pipelining/stage.py: one pipeline action per micro-batch (micro-batch markers)",
     ),
-    Seam(f"{_STAGE}.backward_one_chunk", ("self", "bwd_chunk_id"), "pipelining/stage.py"),
-    Seam(f"{_STAGE}.backward_weight_one_chunk", ("self", "bwd_chunk_id"), "pipelining/stage.py"),
+    Seam(f"{PIPELINE_STAGE}.backward_one_chunk", ("self", "bwd_chunk_id"), "pipelining/stage.py"),
     Seam(
-        f"{_STAGE}.forward_maybe_with_nosync",
+        f"{PIPELINE_STAGE}.backward_weight_one_chunk",
+        ("self", "bwd_chunk_id"),
+        "pipelining/stage.py",
+    ),
+    Seam(
+        f"{PIPELINE_STAGE}.forward_maybe_with_nosync",
         ("self",),
         "pipelining/stage.py: where chunk reuse stands in for a stage's forward",
     ),
     Seam(
-        f"{_STAGE}.backward_maybe_with_nosync",
+        f"{PIPELINE_STAGE}.backward_maybe_with_nosync",
         ("self", "backward_type", "bwd_kwargs"),
         "pipelining/stage.py: where chunk reuse stands in for a stage's backward",
     ),
-    Seam(f"{_PIPE}.schedules.PipelineScheduleSingle.step", ("self",), "pipelining/schedules.py"),
-    Seam(f"{_PIPE}.schedules.PipelineScheduleMulti.step", ("self",), "pipelining/schedules.py"),
+    Seam(f"{PIPELINE_SCHEDULES}.PipelineScheduleSingle.step", ("self",), "pipelining/schedules.py"),
+    Seam(f"{PIPELINE_SCHEDULES}.PipelineScheduleMulti.step", ("self",), "pipelining/schedules.py"),
     Seam("torch.cpu.Stream.record_event", None, "cpu/__init__.py: stream events, tracked"),
     Seam("torch.cpu.Stream.wait_event", None, "cpu/__init__.py"),
     Seam("torch.cpu.Stream.wait_stream", None, "cpu/__init__.py"),

@@ -41,9 +41,8 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from workloads.job import RECOMPUTE_MODES
 from workloads.kernels import SELECTIVE_GRANULARITIES
-
-MODES = ("none", "selective", "full")
 
 _aten = torch.ops.aten
 # The attention kernels: the GPU's (flash, memory-efficient; cuDNN's where SDPA picks it on an
@@ -136,8 +135,8 @@ def apply_recompute(
     early_stop: bool = True,
 ) -> nn.Module:
     """Checkpoint each block of `model.layers` per `mode`; returns the same model."""
-    if mode not in MODES:
-        raise ValueError(f"train.recompute={mode!r} must be one of {MODES}")
+    if mode not in RECOMPUTE_MODES:
+        raise ValueError(f"train.recompute={mode!r} must be one of {RECOMPUTE_MODES}")
     if selective not in SELECTIVE_GRANULARITIES:
         raise ValueError(f"selective={selective!r} must be one of {SELECTIVE_GRANULARITIES}")
     if mode == "none":

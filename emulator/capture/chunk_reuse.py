@@ -43,8 +43,8 @@ from emulator import torch_compat
 from emulator.capture.injection import ReuseSink
 from emulator.capture.trace import ALLOC, FREE, RECORD, STREAM_WAIT, OpEvent
 
-_STAGE = "torch.distributed.pipelining.stage._PipelineStageBase"
-_SCHEDULES = "torch.distributed.pipelining.schedules"
+_STAGE = torch_compat.PIPELINE_STAGE
+_SCHEDULES = torch_compat.PIPELINE_SCHEDULES
 _FULL_BACKWARD_SCHEDULES = (
     pipeline_schedules.Schedule1F1B,
     pipeline_schedules.ScheduleGPipe,

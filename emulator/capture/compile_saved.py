@@ -34,10 +34,9 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from emulator.capture.trace import ALLOC, COMPUTE, FREE, PHASES, OpEvent
+from emulator.capture.trace import ALLOC, BACKWARD_PHASES, COMPUTE, FREE, PHASES, OpEvent
 
 _FORWARD = PHASES.index("forward")
-_AFTER_FORWARD = (PHASES.index("backward"), PHASES.index("recompute"))
 
 
 def unread_saved(events: Sequence[OpEvent], region_of: Callable[[str], str]) -> dict[int, int]:
@@ -61,7 +60,7 @@ def unread_saved(events: Sequence[OpEvent], region_of: Callable[[str], str]) -> 
                 continue
             if e.phase == _FORWARD:
                 last_forward[u] = max(last_forward[u], i)
-            elif e.phase in _AFTER_FORWARD and not is_out:
+            elif e.phase in BACKWARD_PHASES and not is_out:
                 # in any order: a fused row stands where its chain ends, which can be after
                 # the free of a storage its chain's first op read (compile_fusion)
                 read_after.add(u)

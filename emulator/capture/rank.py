@@ -164,8 +164,8 @@ def dtensor_shape_propagation_unrecorded(recorder: OpRecorder) -> Iterator[None]
         yield
 
 
-_SCHEDULES = "torch.distributed.pipelining.schedules"
-_STAGE = "torch.distributed.pipelining.stage._PipelineStageBase"
+_SCHEDULES = torch_compat.PIPELINE_SCHEDULES
+_STAGE = torch_compat.PIPELINE_STAGE
 _SHAPE_PROPAGATION = (
     "torch.distributed.tensor._sharding_prop.ShardingPropagator._propagate_tensor_meta_non_cached"
 )

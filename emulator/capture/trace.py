@@ -25,6 +25,8 @@ SCHEMA_VERSION = 3  # 3: the master_weights category
 EVENT_KINDS = ("compute", "comm", "wait", "alloc", "free", "marker", "record", "stream_wait")
 COMPUTE, COMM, WAIT, ALLOC, FREE, MARKER, RECORD, STREAM_WAIT = range(len(EVENT_KINDS))
 PHASES = ("forward", "backward", "recompute", "optimizer")
+# the phases autograd's engine runs (recompute re-runs forward ops inside backward)
+BACKWARD_PHASES = (PHASES.index("backward"), PHASES.index("recompute"))
 CATEGORIES = (
     "parameter",
     "buffer",

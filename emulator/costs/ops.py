@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from emulator.hardware.presets import DTYPES
+
 GEMM_OPS = ("mm", "addmm", "bmm", "linear", "scaled_mm")
 ATTENTION_OPS = ("flash_attn_fwd", "flash_attn_bwd")
 MEMORY_OPS = (
     "elementwise", "norm", "softmax", "reduction", "copy", "embedding", "optimizer_step", "cross_entropy",
 )
 OP_NAMES = GEMM_OPS + ATTENTION_OPS + MEMORY_OPS
-OP_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 # FlashAttention-2 (Dao 2023) and its benchmark script count the backward pass as 2.5x the forward
 # FLOPs (5 matmuls of the forward's size-2 each, against 2 in the forward).
@@ -47,8 +48,8 @@ class OpRecord:
     def __post_init__(self) -> None:
         if self.name not in OP_NAMES:
             raise ValueError(f"op.name={self.name!r} is not in the vocabulary; known: {OP_NAMES}")
-        if self.dtype not in OP_DTYPES:
-            raise ValueError(f"op.dtype={self.dtype!r} must be one of {OP_DTYPES}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"op.dtype={self.dtype!r} must be one of {DTYPES}")
         if self.name == "scaled_mm" and self.dtype != "fp8":
             raise ValueError(f"op.dtype={self.dtype!r}: scaled_mm is an fp8 GEMM")
         for field in ("flops", "bytes_read", "bytes_written", "m", "n", "k", "heads_q", "heads_kv",

@@ -23,6 +23,7 @@ from types import MappingProxyType
 _DATA_DIR = Path(__file__).parent
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 ARCHS = ("ampere", "hopper")
+NCCL_DEFAULT_CHANNELS = 16  # a link preset's NCCL channels where its file names none
 # CUDA compute capability (major) of each architecture: how a real GPU is told apart.
 ARCH_OF_COMPUTE_CAPABILITY = {8: "ampere", 9: "hopper"}
 # A real GPU is a preset when its architecture and SM count match and its total memory (the
@@ -151,7 +152,7 @@ class LinkPreset:
     line_rate_GBps: float | None = None
     links: int | None = None
     nvls: bool = False
-    channels: int = 16
+    channels: int = NCCL_DEFAULT_CHANNELS
     # the job-spec field an explicit table came from ("cluster.intra_node"): its errors name
     # that field, which the spec's author wrote, rather than a preset
     spec_field: InitVar[str | None] = None

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from emulator.capture.trace import ALLOC, COMPUTE, FREE, PHASES, RankTrace
+from emulator.capture.trace import ALLOC, BACKWARD_PHASES, COMPUTE, FREE, RankTrace
+from emulator.costs.ops import GEMM_OPS
 
 WORKSPACE_CATEGORY = "cublas_workspace"
 KERNEL_WORKSPACE_CATEGORY = "kernel_workspace"
-_MATMULS = ("mm", "addmm", "bmm", "linear", "scaled_mm")
-_BACKWARD_PHASES = (PHASES.index("backward"), PHASES.index("recompute"))
 
 
 def replay_events(
@@ -87,7 +86,7 @@ def replay_events(
 
 def _first_matmuls(trace: RankTrace) -> np.ndarray:
     c = trace.columns
-    names = [trace.strings.index(m) for m in _MATMULS if m in trace.strings]
+    names = [trace.strings.index(m) for m in GEMM_OPS if m in trace.strings]
     rows = np.flatnonzero((c["kind"] == COMPUTE) & np.isin(c["name"], names))
     return _first_per_thread_and_stream(trace, rows)
 
@@ -113,7 +112,7 @@ def _first_per_thread_and_stream(trace: RankTrace, rows: np.ndarray) -> np.ndarr
     c = trace.columns
     if not len(rows):
         return np.zeros(0, np.int64)
-    thread = np.isin(c["phase"][rows], _BACKWARD_PHASES).astype(np.int64)
+    thread = np.isin(c["phase"][rows], BACKWARD_PHASES).astype(np.int64)
     key = thread * (1 << 20) + c["stream"][rows].astype(np.int64)
     _, first = np.unique(key, return_index=True)
     return np.sort(rows[first])

@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from emulator.capture.trace import COMM, RankTrace
+from emulator.hardware.presets import NCCL_DEFAULT_CHANNELS
 
 MiB = 1 << 20
 CUDA_CONTEXT_BYTES = {"ampere": 300 * MiB, "hopper": 804_061_184}  # see the docstring
@@ -52,7 +53,6 @@ NCCL_SETUP_BYTES = {"ampere": 0, "hopper": 585_105_408}  # see the docstring
 NCCL_SIMPLE_BUFFER_BYTES = 4 * MiB  # NCCL_BUFFSIZE default (src/init.cc DEFAULT_BUFFSIZE)
 NCCL_LL_BUFFER_BYTES = 8 * 512 * 8 * 16  # DEFAULT_LL_BUFFSIZE
 NCCL_LL128_BUFFER_BYTES = 120 * 640 * 8 * 8  # DEFAULT_LL128_BUFFSIZE
-NCCL_DEFAULT_CHANNELS = 16  # the intra-node link presets' `channels` default (presets.py)
 CUBLAS_WORKSPACE_BYTES = {
     "hopper": 4096 * 1024 * 8,  # CublasHandlePool.cpp: sm90 default ":4096:8"
     "ampere": 4096 * 1024 * 2 + 16 * 1024 * 8,  # default ":4096:2:16:8"
