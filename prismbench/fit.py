@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from emulator.units import GiB
 from prismbench.report import module_label
 from prismbench.spec import JobSpec, SpecError, job_spec_from_dict
 
@@ -115,7 +116,7 @@ def fit(
             check = check_memory(varied, alloc_conf=alloc_conf)
             probes[value] = FitProbe(value=value, memory=check)
             verdict = "fits" if check.fits else "does not fit"
-            say(f"{vary} = {value}: {verdict}, headroom {check.headroom_bytes / 2**30:.2f} GiB")
+            say(f"{vary} = {value}: {verdict}, headroom {check.headroom_bytes / GiB:.2f} GiB")
         return probes[value].memory.fits
 
     largest, bracketed = _search(fits, _current(job, vary), step)

@@ -20,9 +20,10 @@ from emulator.graph.execution_graph import COLLECTIVE, RECV, SEGMENT, SEND, Clas
 from emulator.graph.results import Timeline
 from emulator.memory.events import KERNEL_WORKSPACE_CATEGORY, WORKSPACE_CATEGORY
 from emulator.memory.replay import MemoryResult
+from emulator.units import GiB, MiB
+from prismbench.report import format_bytes
 
 _MAX_POINTS = 4000  # timeline points plotted (events are binned beyond this)
-GiB, MiB, KiB = 1 << 30, 1 << 20, 1 << 10
 # Band shading per phase; recompute runs inside backward and is shaded as backward.
 _BAND_COLOURS = {
     "setup": "#e4e4e4",
@@ -212,13 +213,13 @@ def _draw_table(ax, result: MemoryResult, colours: dict[str, str]) -> None:
     live = dict.fromkeys(colours, 0) | result.live_at_peak_by_category
     peak = result.peak_allocated_bytes
     rows = sorted(live.items(), key=lambda kv: (-kv[1], kv[0]))
-    text = [[name, _size(b), f"{100 * b / peak:.1f} %" if peak else "-"] for name, b in rows]
+    text = [[name, format_bytes(b), f"{100 * b / peak:.1f} %" if peak else "-"] for name, b in rows]
     text += [
-        ["peak allocated", _size(peak), ""],
-        ["peak reserved", _size(result.peak_reserved_bytes), ""],
+        ["peak allocated", format_bytes(peak), ""],
+        ["peak reserved", format_bytes(result.peak_reserved_bytes), ""],
     ]
     if result.gpu_capacity_bytes:
-        text += [[f"{result.gpu} capacity", _size(result.gpu_capacity_bytes), ""]]
+        text += [[f"{result.gpu} capacity", format_bytes(result.gpu_capacity_bytes), ""]]
     table = ax.table(
         cellText=text,
         colLabels=["category", "bytes live at the allocated peak", "share of it"],
@@ -235,11 +236,3 @@ def _draw_table(ax, result: MemoryResult, colours: dict[str, str]) -> None:
     for i in range(len(rows) + 1, len(text) + 1):
         for j in range(3):
             table[i, j].get_text().set_fontweight("bold")
-
-
-def _size(nbytes: int) -> str:
-    """Bytes in the largest binary unit that keeps the figure >= 1 (GiB, MiB, KiB, B)."""
-    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if abs(nbytes) >= scale:
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{nbytes} B"

@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from emulator.units import GiB
 from prismbench.files import write_atomically
 from workloads.config import SpecError
 
@@ -218,7 +219,7 @@ def local_gpu(index: int = 0) -> tuple[str, list[str]]:
 
     gpu = torch.cuda.get_device_properties(index)
     description = (f"{gpu.name} (compute capability {gpu.major}.{gpu.minor}, "
-                   f"{gpu.multi_processor_count} SMs, {gpu.total_memory / 2**30:.2f} GiB)")  # fmt: skip
+                   f"{gpu.multi_processor_count} SMs, {gpu.total_memory / GiB:.2f} GiB)")  # fmt: skip
     return description, gpu_presets_matching(gpu.major, gpu.multi_processor_count, gpu.total_memory)
 
 
@@ -236,7 +237,7 @@ def _check_gpu_is_preset(gpu: str, index: int) -> None:
                else "no GPU preset describes it (emulator/hardware/)")  # fmt: skip
     raise SpecError(
         f"cluster.gpu={gpu!r}: GPU {index} here is an {description}, not {gpu} ({preset.arch}, "
-        f"{preset.sm_count} SMs, {preset.usable_capacity_bytes / 2**30:.2f} GiB): {instead}"
+        f"{preset.sm_count} SMs, {preset.usable_capacity_bytes / GiB:.2f} GiB): {instead}"
     )
 
 

@@ -14,9 +14,9 @@ from rich.table import Table
 
 from emulator.costs.kernel_table import PRICE_SOURCES
 from emulator.graph.results import BREAKDOWN_FIELDS
+from emulator.units import GiB, KiB, MiB
 from prismbench.explain import NARAYANAN_EQ3, Explanation
 
-GIB = 1024**3
 PFLOP = 1e15
 
 
@@ -29,7 +29,7 @@ def format_params(count: float) -> str:
 
 def format_bytes(count: float) -> str:
     """Bytes in the largest binary unit that keeps the number >= 1: 1536 -> '1.50 KiB'."""
-    for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if abs(count) >= size:
             return f"{count / size:,.2f} {unit}"
     return f"{count:,.0f} B"

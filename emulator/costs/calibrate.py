@@ -19,6 +19,7 @@ from pathlib import Path
 
 from emulator.costs.kernel_table import COLUMNS
 from emulator.costs.kernel_timing import time_kernels_us
+from emulator.units import GiB
 
 HIDDEN_SIZES = (1024, 2048, 4096, 8192, 12288, 16384, 25600)
 TP_DEGREES = (1, 2, 4, 8)
@@ -27,7 +28,7 @@ ATTN_HEAD_DIMS = (64, 128)
 ATTN_SEQ_LENS = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
 ATTN_TOKENS_PER_BATCH = 131072  # batch * seq kept constant so long sequences stay in memory
 HBM_SWEEP_BYTES = tuple(2**p for p in range(20, 33))  # 1 MiB .. 4 GiB
-MAX_GEMM_OPERAND_BYTES = 8 * 2**30
+MAX_GEMM_OPERAND_BYTES = 8 * GiB
 
 
 def gemm_grid(quick: bool = False) -> list[tuple[int, int, int]]:

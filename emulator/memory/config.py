@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MiB = 1 << 20
+from emulator.units import MiB
+
 # c10/cuda/CUDACachingAllocator.cpp constants.
 K_MIN_BLOCK_SIZE = 512  # all sizes are rounded to at least 512 bytes
 K_SMALL_SIZE = 1 * MiB  # largest "small" allocation

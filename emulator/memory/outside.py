@@ -46,8 +46,8 @@ from dataclasses import asdict, dataclass
 
 from emulator.capture.trace import COMM, RankTrace
 from emulator.hardware.presets import NCCL_DEFAULT_CHANNELS
+from emulator.units import MiB
 
-MiB = 1 << 20
 CUDA_CONTEXT_BYTES = {"ampere": 300 * MiB, "hopper": 804_061_184}  # see the docstring
 NCCL_SETUP_BYTES = {"ampere": 0, "hopper": 585_105_408}  # see the docstring
 NCCL_SIMPLE_BUFFER_BYTES = 4 * MiB  # NCCL_BUFFSIZE default (src/init.cc DEFAULT_BUFFSIZE)
@@ -57,7 +57,7 @@ CUBLAS_WORKSPACE_BYTES = {
     "hopper": 4096 * 1024 * 8,  # CublasHandlePool.cpp: sm90 default ":4096:8"
     "ampere": 4096 * 1024 * 2 + 16 * 1024 * 8,  # default ":4096:2:16:8"
 }
-CUBLASLT_WORKSPACE_BYTES = 1024 * 1024  # CublasHandlePool.cpp: CUBLASLT_WORKSPACE_SIZE default
+CUBLASLT_WORKSPACE_BYTES = MiB  # CublasHandlePool.cpp: CUBLASLT_WORKSPACE_SIZE default
 
 
 @dataclass(frozen=True, kw_only=True)

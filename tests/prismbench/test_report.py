@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from emulator.units import GiB
 from prismbench.report import (
-    GIB,
     alloc_retries_message,
     format_bytes,
     one_off_retries_message,
@@ -13,7 +13,7 @@ from prismbench.report import (
 
 def test_bytes_take_the_largest_binary_unit():
     assert format_bytes(1536) == "1.50 KiB"
-    assert format_bytes(3 * GIB) == "3.00 GiB"
+    assert format_bytes(3 * GiB) == "3.00 GiB"
     assert format_bytes(12) == "12 B"
 
 
@@ -29,11 +29,11 @@ def test_an_oom_says_where_what_was_asked_and_what_was_live():
             "module": "Llama.layers.9.feed_forward.w2",
         },
         "request_bytes": 512 << 20,
-        "allocated_bytes": 77 * GIB,
-        "reserved_bytes": 77 * GIB + (256 << 20),
-        "allocator_capacity_bytes": 78 * GIB,
-        "gpu_capacity_bytes": 79 * GIB,
-        "live_by_category": {"gradient": 8 * GIB, "activation": 65 * GIB, "parameter": 4 * GIB},
+        "allocated_bytes": 77 * GiB,
+        "reserved_bytes": 77 * GiB + (256 << 20),
+        "allocator_capacity_bytes": 78 * GiB,
+        "gpu_capacity_bytes": 79 * GiB,
+        "live_by_category": {"gradient": 8 * GiB, "activation": 65 * GiB, "parameter": 4 * GiB},
     }
     message = oom_message(1, 2048, detail)
     assert message.startswith("Out of memory on pipeline rank 1 (2,048 ranks): first iteration, "
@@ -57,11 +57,11 @@ def test_an_oom_outside_a_micro_batch_names_its_phase_only():
             "micro_batch": -1,
             "module": "Global",  # what the capture records outside every module (ModTracker)
         },
-        "request_bytes": GIB,
-        "allocated_bytes": 10 * GIB,
-        "reserved_bytes": 10 * GIB,
-        "allocator_capacity_bytes": 10 * GIB,
-        "gpu_capacity_bytes": 11 * GIB,
+        "request_bytes": GiB,
+        "allocated_bytes": 10 * GiB,
+        "reserved_bytes": 10 * GiB,
+        "allocator_capacity_bytes": 10 * GiB,
+        "gpu_capacity_bytes": 11 * GiB,
         "live_by_category": {},
     }
     message = oom_message(0, 1, detail)
@@ -77,11 +77,11 @@ def test_an_oom_before_the_first_op_is_in_the_build():
         "at": {"event_index": 3, "seq": 3, "stage": 0, "phase": "setup", "micro_batch": -1,
                "module": ""},  # fmt: skip
         "request_bytes": 256 << 20,
-        "allocated_bytes": 77 * GIB,
-        "reserved_bytes": 77 * GIB,
-        "allocator_capacity_bytes": 77 * GIB,
-        "gpu_capacity_bytes": 79 * GIB,
-        "live_by_category": {"other": 77 * GIB},
+        "allocated_bytes": 77 * GiB,
+        "reserved_bytes": 77 * GiB,
+        "allocator_capacity_bytes": 77 * GiB,
+        "gpu_capacity_bytes": 79 * GiB,
+        "live_by_category": {"other": 77 * GiB},
     }
     message = oom_message(0, 8, detail)
     assert message.startswith(
