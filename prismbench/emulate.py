@@ -40,13 +40,14 @@ ATTENTION_RATES = {
     "triton": KERNEL_TABLES / "triton-attention.csv",
     "flash2": KERNEL_TABLES / "flash2-attention.csv",
 }
-# The dense peak MFU is taken against: the GEMM dtype of the job (fp8 jobs against the fp8
-# peak, as MosaicML reports its FP8 rows; torchtitan quotes bf16 peak, see METRICS.md).
 CRITICAL_PATH_SHOWN = 50
 # Version of the emulate JSON (EmulationResult.to_dict): raised when a key changes meaning or
 # goes away, so stored results (DuckDB, MLflow) can tell which contract they hold.
 RESULT_SCHEMA_VERSION = 3  # 2: steady-state peaks, first-iteration peaks beside them;
 # 3: breakdown.host_wait_s, no longer inside compute_s
+# The dense peak MFU is taken against: the GEMM dtype of the job (fp8 jobs against the fp8
+# peak, as MosaicML reports its FP8 rows; fp32 jobs against tf32; torchtitan quotes bf16 peak,
+# see METRICS.md).
 _PEAK_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp32": "tf32"}
 
 

@@ -3,7 +3,8 @@
 A GPU directory laid out as ../shared/data/gpu/<gpu>/ holds, per job, one profiled iteration
 (`profiles/<job>.ops.jsonl.gz` or a Chrome trace: prismbench.profile_readers) and the times of
 n repeated iterations (`summary.json`: iteration_s_min|median|max, iterations).
-`calibrate_gpu` turns them into the figures of emulator.variability.calibration:
+`read_jobs` reads them and `calibrate_jobs` turns them into the figures of
+emulator.variability.calibration:
 - kernel noise per class and the jitter floor, from every signature that repeats at least
   MIN_SAMPLES times in a profile;
 - per job, the iteration's CV measured (range of n iterations over d2(n), over the median)
@@ -145,7 +146,7 @@ def read_jobs(gpu_dir: str | Path) -> list[JobVariation]:
 
 @dataclass(frozen=True)
 class GpuVariation:
-    """What `calibrate_gpu` measured (module docstring)."""
+    """What `calibrate_jobs` measured (module docstring)."""
 
     noise: KernelNoise
     step_cv: float

@@ -1,3 +1,6 @@
+"""Tests for workloads/kernels.py: each framework's kernel choices, the rules that refuse
+bad ones, and the padded vocabulary."""
+
 import pytest
 
 from prismbench.spec import job_spec_from_dict
