@@ -44,7 +44,8 @@ WARMUP = 3
 
 def compiled_block(job, device: str):
     """(a function running `job`'s block, checkpointed and compiled, forward on a fresh random
-    micro-batch, a function running that forward's backward)."""
+    micro-batch, a function running that forward's backward and returning the input's
+    gradient)."""
     import torch
 
     from workloads.train import build_training
@@ -64,6 +65,7 @@ def compiled_block(job, device: str):
 
     def backward():
         held["out"].backward(grad)
+        return held["x"].grad
 
     return forward, backward
 

@@ -49,4 +49,6 @@ def test_a_small_block_runs_checkpointed_and_compiled_forward_and_backward_on_cp
     forward, backward = compile_gpu.compiled_block(job, "cpu")
     for _ in range(2):
         forward()
-        backward()
+        grad = backward()
+        assert grad.shape == (2, 32, 64)
+        assert bool(grad.isfinite().all()) and bool(grad.abs().sum() > 0)
