@@ -1,10 +1,11 @@
 """The `prismbench` command line: argparse wiring, one small handler per subcommand.
 
 Handlers call a library function and print its result (rich tables, or one JSON object with
-`--json`). Exit codes: 0 success, 2 bad input (spec errors, missing or malformed files, usage
-errors, no CUDA for `calibrate`), 130 Ctrl-C, 143 SIGTERM; errors are one line
-`error: <message>` on stderr. SIGTERM (`kill`, `timeout`, CI runners, job schedulers) ends a
-command as Ctrl-C does: `validate` records its run as interrupted and stops its workers.
+`--json`). Exit codes: 0 success, 1 a gate crossed (`gate`, `validate --gate`), 2 bad input
+(spec errors, missing or malformed files, usage errors, no CUDA for `calibrate`), 130 Ctrl-C,
+143 SIGTERM; errors are one line `error: <message>` on stderr. SIGTERM (`kill`, `timeout`, CI
+runners, job schedulers) ends a command as Ctrl-C does: `validate` records its run as
+interrupted and stops its workers.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ _aten = torch.ops.aten
 
 # CPU-only kernel -> the aten op a CUDA build runs for the same Python call. Memory is the same
 # for the flash pair: both keep the output and a float32 logsumexp of B x H x S_q
-# (checked in tests/emulator/test_opmap.py); the CUDA op's extra philox outputs are 0-dim.
+# (checked in tests/emulator/capture/test_opmap.py); the CUDA op's extra philox outputs are 0-dim.
 GPU_EQUIVALENT = {
     "aten._scaled_dot_product_flash_attention_for_cpu": "aten._scaled_dot_product_flash_attention",
     "aten._scaled_dot_product_flash_attention_for_cpu_backward": "aten._scaled_dot_product_flash_attention_backward",
