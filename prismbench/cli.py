@@ -75,6 +75,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         raise SpecError("--profile-out names the profile of --job's iteration; the grid writes none")
     if args.job is not None and args.quick:
         raise SpecError("--quick shortens the grid's sweep; --job profiles one iteration instead")
+    if args.job is None and args.json:
+        raise SpecError("--json prints --job's ingest result; the grid writes its table to --out")
     if not torch.cuda.is_available():
         print("error: calibrate measures kernels on a CUDA GPU; none is available", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -107,6 +109,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     _check_output(args.profile_out, "--profile-out")
     profile_out = Path(args.profile_out or Path(args.out).with_suffix(".ops.jsonl.gz"))
     result = calibrate_job(job, Path(args.out), profile_out, provenance=gpu_provenance())
+    if args.json:
+        _print_json(result.to_dict() | {"profile": str(profile_out), "out": args.out})
+        return EXIT_OK
     report.render_ingest(result, _console())
     print(f"wrote the profile {profile_out} and {len(result.rows)} kernel rows to {args.out}")
     return EXIT_OK
@@ -738,6 +743,9 @@ def _add_calibrate(commands) -> None:
         "--profile-out",
         metavar="FILE",
         help="with --job: where the profile goes (default: beside --out, .ops.jsonl.gz)",
+    )
+    calibrate.add_argument(
+        "--json", action="store_true", help="with --job: print the ingest result as one JSON object"
     )
     calibrate.set_defaults(handler=_cmd_calibrate)
 

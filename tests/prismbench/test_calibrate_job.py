@@ -12,7 +12,7 @@ from prismbench.capture import capture_job
 from prismbench.cli import main
 from prismbench.profile_readers import read_ops_jsonl
 from prismbench.spec import SpecError, job_spec_from_dict
-from tests.prismbench.test_profile_ingest import TINY, _compute_rows, _profiled
+from tests.prismbench.test_profile_ingest import TINY, TINY_TOML, _compute_rows, _profiled
 
 JOB = job_spec_from_dict(TINY)
 
@@ -50,10 +50,44 @@ def test_refuses_a_parallel_job(tmp_path):
 
 @pytest.mark.parametrize(
     ("options", "named"),
-    [(["--profile-out", "p.ops.jsonl.gz"], "--profile-out"), (["--job", "j.toml", "--quick"], "--quick")],
+    [
+        (["--profile-out", "p.ops.jsonl.gz"], "--profile-out"),
+        (["--job", "j.toml", "--quick"], "--quick"),
+        (["--json"], "--json"),
+    ],
 )
 def test_an_option_of_the_other_mode_is_refused(tmp_path, options, named, capsys):
     # the grid (no --job) and a job's profile take different options: one given to the other
     # mode would be ignored
     assert main(["calibrate", "--out", str(tmp_path / "rows.csv"), *options]) == 2
     assert named in capsys.readouterr().err
+
+
+def test_the_job_mode_prints_its_ingest_result_as_json(tmp_path, monkeypatch, capsys):
+    import json
+
+    import torch
+
+    trace = capture_job(JOB).traces[0]
+    records = [
+        {"op": o.op, "shapes": [list(s) for s in o.shapes], "self_cuda_us": o.kernel_us,
+         "kernels": [list(k) for k in o.kernels], "cpu_start_us": float(i)}
+        for i, o in enumerate(_profiled(trace, r, 3.0) for r in _compute_rows(trace))
+    ]  # fmt: skip
+    real = calibrate_job
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        "emulator.costs.kernel_timing.profile_iteration", lambda step, warmup, cuda: records
+    )
+    monkeypatch.setattr(
+        "prismbench.calibrate_job.calibrate_job",
+        lambda job, out, profile, provenance: real(job, out, profile, device="cpu"),
+    )
+    monkeypatch.setattr("emulator.costs.calibrate.gpu_provenance", lambda: {})
+    job_file = tmp_path / "tiny.toml"
+    job_file.write_text(TINY_TOML)
+    out = tmp_path / "rows.csv"
+    assert main(["calibrate", "--job", str(job_file), "--out", str(out), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["out"] == str(out) and printed["profile"] == str(tmp_path / "rows.ops.jsonl.gz")
+    assert printed["matched_rows"] == printed["trace_rows"] > 0
