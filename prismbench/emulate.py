@@ -27,7 +27,7 @@ from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
 from emulator.memory import replay_memory
 from emulator.memory.export import write_snapshot
 from prismbench.capture import JobCapture, capture_job
-from prismbench.explain import explain
+from prismbench.explain import explain, stage_model_flops_per_gpu
 from prismbench.files import write_atomically
 from prismbench.plots import memory_event_times_s, plot_memory_timeline
 from prismbench.spec import SpecError
@@ -58,6 +58,14 @@ class ClassFigures:
     pp: int
     representative_rank: int
     members: int
+    # the job's figures for one GPU of this class (docs/METRICS.md): every class ends with
+    # the step, so its iteration time and tokens/s are the job's; its model FLOPs are its
+    # layers' (and the logits' on the last stage), so TFLOP/s and MFU show stage imbalance
+    iteration_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
     compute_s: float
     exposed_comm_s: float
     bubble_s: float
@@ -333,10 +341,19 @@ def emulate(
         )
         say(f"wrote memory timelines and snapshots to {memory_dir}")
     priced_by = {p: price_source_summary(*prices[p]) for p in capture.traces}
-    per_class = tuple(
-        _class_figures(capture.world, b, memory[b.pp], priced_by[b.pp]) for b in timing.per_class
+    rates = _Rates(
+        timing.iteration_time_s,
+        job.tokens_per_iteration,
+        stage_model_flops_per_gpu(explain(job)),
+        gpu.peak_tflops(_PEAK_DTYPE[job.train.precision]),
     )
-    return _result(job, name, capture, timing, per_class, gpu, started, _table_label(cost.table))
+    per_class = tuple(
+        _class_figures(capture.world, b, memory[b.pp], priced_by[b.pp], rates)
+        for b in timing.per_class
+    )
+    return _result(
+        job, name, capture, timing, per_class, rates, gpu, started, _table_label(cost.table)
+    )
 
 
 def _export_memory(
@@ -371,11 +388,28 @@ def _layout(job) -> str:
     return f"{axes}, micro-batch {job.batch.micro_batch} x {job.batch.seq_len} tokens"
 
 
-def _class_figures(world, breakdown, mem, priced_by) -> ClassFigures:
+@dataclass(frozen=True)
+class _Rates:
+    """What the throughput figures of the job and of each class are computed from."""
+
+    iteration_time_s: float
+    tokens_per_iteration: int
+    model_flops_per_gpu_by_stage: tuple[float, ...]
+    peak_tflops: float
+
+
+def _class_figures(world, breakdown, mem, priced_by, rates: _Rates) -> ClassFigures:
+    iteration = rates.iteration_time_s
+    tflops = rates.model_flops_per_gpu_by_stage[breakdown.pp] / iteration / 1e12
     return ClassFigures(
         pp=breakdown.pp,
         representative_rank=world.representative(breakdown.pp),
         members=world.classes()[breakdown.pp].members,
+        iteration_time_s=iteration,
+        tokens_per_s=rates.tokens_per_iteration / iteration,
+        tflops_per_gpu=tflops,
+        hardware_tflops_per_gpu=breakdown.flops / iteration / 1e12,
+        mfu=tflops / rates.peak_tflops,
         **{name: getattr(breakdown, name) for name in BREAKDOWN_FIELDS},
         comm_s_by_group=breakdown.comm_s_by_group,
         hardware_flops=breakdown.flops,
@@ -393,24 +427,25 @@ def _class_figures(world, breakdown, mem, priced_by) -> ClassFigures:
     )
 
 
-def _result(job, name, capture, timing, per_class, gpu, started, table_label) -> EmulationResult:
+def _result(
+    job, name, capture, timing, per_class, rates, gpu, started, table_label
+) -> EmulationResult:
     iteration = timing.iteration_time_s
     world = job.world_size
-    model_flops = explain(job).flops.model_flops_per_iteration
     hardware_flops = sum(c.hardware_flops * c.members for c in per_class)
-    peak_tflops = gpu.peak_tflops(_PEAK_DTYPE[job.train.precision])
-    tflops = model_flops / iteration / world / 1e12
+    # every class has world / pp members: the job's per-GPU rate is the classes' mean
+    tflops = sum(rates.model_flops_per_gpu_by_stage) / len(per_class) / iteration / 1e12
     n = len(per_class)
     return EmulationResult(
         job=name,
         world_size=world,
         ranks_executed=len(capture.traces),
         iteration_time_s=iteration,
-        tokens_per_s=job.tokens_per_iteration / iteration,
+        tokens_per_s=rates.tokens_per_iteration / iteration,
         tflops_per_gpu=tflops,
         hardware_tflops_per_gpu=hardware_flops / iteration / world / 1e12,
-        mfu=tflops / peak_tflops,
-        peak_tflops=peak_tflops,
+        mfu=tflops / rates.peak_tflops,
+        peak_tflops=rates.peak_tflops,
         peak_memory_allocated_bytes=max(c.peak_memory_allocated_bytes for c in per_class),
         peak_memory_reserved_bytes=max(c.peak_memory_reserved_bytes for c in per_class),
         first_iteration_peak_memory_reserved_bytes=max(

@@ -289,6 +289,23 @@ def flops(m: ModelSpec, *, seq_len: int, tokens: int, recompute: str, world_size
     )
 
 
+def stage_model_flops_per_gpu(explanation: Explanation) -> tuple[float, ...]:
+    """Model FLOPs one GPU of each pipeline rank runs in an iteration, by the conventions of
+    `flops`: its layers' share of every layer's forward and backward and, on the rank holding
+    the output layer, the logits'. Over every GPU they sum to model_flops_per_iteration."""
+    f, stages = explanation.flops, explanation.stages
+    layers = sum(s.layers for s in stages)
+    layer_forward = (f.forward_flops_per_token - f.logits_flops_per_token) / layers
+    gpus_per_stage = explanation.world_size / len(stages)
+    return tuple(
+        3
+        * explanation.tokens_per_iteration
+        * (s.layers * layer_forward + (f.logits_flops_per_token if s.has_output else 0))
+        / gpus_per_stage
+        for s in stages
+    )
+
+
 # ---- layout -------------------------------------------------------------------------------
 
 

@@ -267,6 +267,8 @@ def render_emulation(r, console: Console) -> None:
     for column in (
         "pp",
         "ranks",
+        "TFLOP/s per GPU",
+        "MFU",
         *map(breakdown_label, BREAKDOWN_FIELDS),
         "allocated",
         "reserved",
@@ -277,6 +279,8 @@ def render_emulation(r, console: Console) -> None:
         table.add_row(
             str(c.pp),
             f"{c.members:,}",
+            f"{c.tflops_per_gpu:.1f}",
+            f"{100 * c.mfu:.1f} %",
             *(f"{getattr(c, name):.3f} s" for name in BREAKDOWN_FIELDS),
             format_bytes(c.peak_memory_allocated_bytes),
             format_bytes(c.peak_memory_reserved_bytes),

@@ -61,6 +61,28 @@ def test_emulate_json_holds_the_design_contract(tmp_path, capsys):
 
 
 @pytest.mark.integration
+def test_each_class_has_the_job_figures_for_one_of_its_gpus(tmp_path):
+    job = job_spec_from_dict(
+        {
+            "model": {"name": "llama-debug"},
+            "parallel": {"pp": 2, "dp": 2},
+            "batch": {"seq_len": 64, "global_batch": 8},
+        }
+    )
+    result = emulate(job, workers=1)
+    first, last = result.per_class
+    for c in result.per_class:  # every class ends with the step
+        assert (c.iteration_time_s, c.tokens_per_s) == (result.iteration_time_s, result.tokens_per_s)
+        assert c.mfu == pytest.approx(c.tflops_per_gpu / result.peak_tflops)
+        assert c.hardware_tflops_per_gpu == pytest.approx(
+            c.hardware_flops / c.iteration_time_s / 1e12
+        )
+    assert last.tflops_per_gpu > first.tflops_per_gpu  # the same layers, and the logits
+    assert (first.tflops_per_gpu + last.tflops_per_gpu) / 2 == pytest.approx(result.tflops_per_gpu)
+    assert (first.mfu + last.mfu) / 2 == pytest.approx(result.mfu)
+
+
+@pytest.mark.integration
 def test_a_rank_of_several_built_on_the_device_keeps_its_fp32_build_cached():
     """`train.model_init = "device"`: the whole fp32 model built on the GPU, then cast and
     sharded, leaves its freed segments cached; the iteration's live bytes do not change."""

@@ -16,6 +16,7 @@ from prismbench.explain import (
     flops,
     layer_params,
     model_state_bytes,
+    stage_model_flops_per_gpu,
     total_params,
 )
 from prismbench.spec import job_spec_from_dict, load_job_spec
@@ -241,6 +242,18 @@ def test_interleaved_stages_follow_the_torch_convention():
     assert r0.virtual_stages == (0, 2) and r0.layers_per_virtual_stage == (1, 2)
     assert r1.virtual_stages == (1, 3) and r1.layers_per_virtual_stage == (2, 1)
     assert r0.has_embedding and not r0.has_output and r1.has_output
+
+
+def test_stage_model_flops_split_the_job_s_by_layers_and_the_logits_go_last():
+    model = {"family": "llama", "layers": 6, "hidden": 64, "ffn_hidden": 128, "heads": 4,
+             "vocab": 100}  # fmt: skip
+    job = _job(model=model, parallel={"pp": 2, "vpp": 2, "dp": 2, "schedule": "interleaved-1f1b"})
+    e = explain(job)
+    r0, r1 = stage_model_flops_per_gpu(e)  # 3 layers each; rank 1 holds the output layer
+    tokens, f = e.tokens_per_iteration, e.flops
+    logits = 3 * tokens * f.logits_flops_per_token / 2  # 2 GPUs per pipeline rank (dp 2)
+    assert r1 - r0 == pytest.approx(logits)
+    assert 2 * (r0 + r1) == pytest.approx(f.model_flops_per_iteration)
 
 
 def test_dict_form_holds_raw_numbers(example):
