@@ -306,9 +306,10 @@ def to_baseline(recording: Recording, name: str):
 
     p = recording.provenance
     commit = p["commit"] + (" (with uncommitted changes)" if p["dirty"] else "")
+    job = job_spec_from_dict(recording.job)
     return Baseline(
         name=name,
-        job=job_spec_from_dict(recording.job),
+        job=job,
         measured=Measured(
             iteration_time_s=recording.iteration_s_median,
             iterations=len(recording.iteration_s),
@@ -321,7 +322,7 @@ def to_baseline(recording: Recording, name: str):
         provenance=Provenance(
             kind="recorded",
             source="prismbench record",
-            model=recording.job["model"]["name"],
+            model=job.model.name,
             notes=_notes(recording),
             machine=p["machine"],
             software=p["software"],

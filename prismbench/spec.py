@@ -78,10 +78,16 @@ class JobSpec(TrainingJob):
             )
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        """The fully resolved spec as plain TOML-compatible tables (round-trips through from_dict)."""
-        return {name: dataclasses.asdict(getattr(self, name)) for name in _SECTIONS}
+        """The fully resolved spec as plain TOML-compatible tables (round-trips through from_dict).
+        A model given by its dims alone has no registry name (`_build_model` calls it "custom"),
+        so none is written: `job_spec_from_dict` would look "custom" up as a flavor."""
+        tables = {name: dataclasses.asdict(getattr(self, name)) for name in _SECTIONS}
+        if self.model.name == CUSTOM_MODEL_NAME:
+            del tables["model"]["name"]
+        return tables
 
 
+CUSTOM_MODEL_NAME = "custom"  # a model given by its dims, without a registry name
 _SECTIONS = ("model", "parallel", "batch", "train", "kernels", "cluster")
 _SECTION_TYPES = {
     "parallel": ParallelSpec,
@@ -115,7 +121,7 @@ def _build_model(table: dict) -> ModelSpec:
         raise SpecError(f"model: without a registry name, {missing} must be given")
     table.setdefault("kv_heads", table["heads"])
     table.setdefault("positions", "rope" if table["family"] == "llama" else "learned")
-    return ModelSpec(name="custom", **table)
+    return ModelSpec(name=CUSTOM_MODEL_NAME, **table)
 
 
 def _build_section(section: str, table: Any) -> Any:

@@ -82,6 +82,8 @@ def test_explicit_model_without_name():
                            max_seq_len=8192)
     job = job_spec_from_dict(tables)
     assert job.model.name == "custom" and job.model.kv_heads == 8 and job.model.positions == "learned"
+    # what fit, record and the caches rebuild a job from: no flavor "custom" to look up
+    assert job_spec_from_dict(job.to_dict()) == job
 
 
 @pytest.mark.parametrize(
