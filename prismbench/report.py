@@ -138,12 +138,12 @@ def _flops_table(e: Explanation) -> Table:
     )
     table.add_column("what")
     table.add_column("value", justify="right")
-    table.add_row("forward per token", f"{f.forward_flops_per_token / 1e9:,.2f} GFLOP")
+    table.add_row("forward per token", format_flops(f.forward_flops_per_token))
     table.add_row(
         "  of which attention (QK^T, AV; not causal-halved)",
-        f"{f.attention_flops_per_token / 1e9:,.2f} GFLOP",
+        format_flops(f.attention_flops_per_token),
     )
-    table.add_row("  of which logits", f"{f.logits_flops_per_token / 1e9:,.2f} GFLOP")
+    table.add_row("  of which logits", format_flops(f.logits_flops_per_token))
     table.add_row("model FLOPs (no recompute)", format_flops(f.model_flops_per_iteration))
     table.add_row(
         f"hardware FLOPs (recompute={f.recompute})", format_flops(f.hardware_flops_per_iteration)
@@ -172,7 +172,7 @@ def _gpu_table(e: Explanation) -> Table:
     )
     table.add_row(f"dense {e.precision} peak", f"{g.peak_dense_tflops:,.1f} TFLOP/s")
     table.add_row(
-        "iteration time at 100% of peak (lower bound)", f"{g.iteration_time_at_peak_s:.3f} s"
+        "iteration time at 100% of peak (lower bound)", _seconds(g.iteration_time_at_peak_s)
     )
     return table
 
