@@ -105,8 +105,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from prismbench.calibrate_job import calibrate_job
 
     job = load_job_spec(args.job)
-    _check_output(args.out, "--out")
-    _check_output(args.profile_out, "--profile-out")
+    _check_output(args.out, "--out", inputs=(args.job,))
+    _check_output(args.profile_out, "--profile-out", inputs=(args.job, args.out))
     profile_out = Path(args.profile_out or Path(args.out).with_suffix(".ops.jsonl.gz"))
     result = calibrate_job(job, Path(args.out), profile_out, provenance=gpu_provenance())
     if args.json:
@@ -143,7 +143,7 @@ def _cmd_ingest_profile(args: argparse.Namespace) -> int:
     from prismbench.profile_readers import ProfileError
 
     job = load_job_spec(args.job)
-    _check_output(args.out, "--out")
+    _check_output(args.out, "--out", inputs=(args.job, args.profile))
     provenance = _provenance(args.provenance)
     try:
         result = ingest_profile(
@@ -212,12 +212,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_gate(args: argparse.Namespace) -> int:
-    from prismbench.gate import gate, load_result
+    from prismbench.gate import gate, read_side, result_of
     from prismbench.thresholds import parse_thresholds
 
     thresholds = parse_thresholds(args.fail)
-    reference = load_result(args.reference, progress=_progress)
-    candidate = load_result(args.candidate, progress=_progress)
+    sides = [read_side(args.reference), read_side(args.candidate)]  # both checked, then run
+    reference = result_of(sides[0], args.reference, progress=_progress)
+    candidate = result_of(sides[1], args.candidate, progress=_progress)
     result = gate(reference, candidate, thresholds, names=(args.reference, args.candidate))
     if args.json:
         _print_json(result.to_dict())
@@ -316,9 +317,9 @@ def _cmd_record(args: argparse.Namespace) -> int:
     job = load_job_spec(args.job)
     if Path(args.out).suffix != ".toml":
         raise SpecError(f"--out {args.out}: a recorded baseline is a .toml file")
-    _check_output(args.out, "--out")
+    _check_output(args.out, "--out", inputs=(args.job,))
     if args.profile:
-        _check_output(args.profile, "--profile")
+        _check_output(args.profile, "--profile", inputs=(args.job, args.out))
     _progress(f"recording {args.job} on {args.device}: {job.world_size} process(es), "
               f"{args.threads} thread(s) each, {args.warmup} warm-up + {args.iterations} timed "
               "iterations")  # fmt: skip
@@ -367,12 +368,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _check_output(path: str | None, option: str, *, directory: bool = False) -> None:
+def _check_output(
+    path: str | None, option: str, *, directory: bool = False, inputs: Sequence[str | None] = ()
+) -> None:
     """Refuse an output path that cannot be written, before any work starts: a directory where
-    a file goes (or a file where a directory goes), or a parent that is a file or not writable."""
+    a file goes (or a file where a directory goes), a parent that is a file or not writable, or
+    one of the command's own `inputs` (the job spec, a profile), which it would overwrite."""
     if path is None:
         return
     target = Path(path)
+    for given in (Path(g) for g in inputs if g is not None):
+        linked = target.exists() and given.exists() and os.path.samefile(target, given)
+        if linked or target.resolve() == given.resolve():
+            raise SpecError(f"{option} {path}: is the input {given}; it would be overwritten")
     if directory and target.exists() and not target.is_dir():
         raise SpecError(f"{option} {path}: exists and is not a directory")
     if directory and target.is_dir() and not os.access(target, os.W_OK):
@@ -386,6 +394,22 @@ def _check_output(path: str | None, option: str, *, directory: bool = False) -> 
         raise SpecError(f"{option} {path}: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK):
         raise SpecError(f"{option} {path}: {parent} is not writable")
+
+
+def _check_image_format(path: str | None, option: str) -> None:
+    """Refuse, before any work, an image path whose suffix matplotlib cannot write (it would
+    fail only once the figure is drawn, the work done); no suffix is a PNG."""
+    if path is None:
+        return
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kind = Path(path).suffix[1:]
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if kind and kind.lower() not in supported:
+        raise SpecError(
+            f"{option} {path}: cannot draw a .{kind} file; give one of "
+            f"{', '.join('.' + k for k in sorted(supported))} (no suffix: PNG)"
+        )
 
 
 def _progress(message: str) -> None:
@@ -411,12 +435,16 @@ def _cmd_capture(args: argparse.Namespace) -> int:
 
 
 def _parse_ranks(text: str | None) -> list[int] | None:
-    if not text:
+    if text is None:
         return None
     try:
-        return [int(r) for r in text.split(",")]
+        ranks = [int(r) for r in text.split(",")]
     except ValueError:
         raise SpecError(f"--ranks={text!r} must be comma-separated integers") from None
+    repeated = sorted({r for r in ranks if ranks.count(r) > 1})
+    if repeated:  # each would be drawn twice over itself, its events and flows doubled
+        raise SpecError(f"--ranks={text!r}: rank(s) {repeated} given more than once")
+    return ranks
 
 
 def _cmd_emulate(args: argparse.Namespace) -> int:
@@ -428,8 +456,10 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
         parse_alloc_conf(args.alloc_conf)
     except ValueError as err:  # checked before anything runs, like the job spec
         raise SpecError(f"--alloc-conf: {err}") from None
-    _check_output(args.trace, "--trace")
+    _check_output(args.trace, "--trace", inputs=(args.job,))
     _check_output(args.memory_out, "--memory-out", directory=True)
+    if args.ranks is not None and args.trace is None:
+        raise SpecError("--ranks picks the ranks of --trace's timeline; give --trace FILE too")
     ranks = _parse_ranks(args.ranks)
     for rank in ranks or ():
         if not 0 <= rank < job.world_size:
@@ -459,7 +489,8 @@ def _cmd_variability(args: argparse.Namespace) -> int:
     from prismbench.variability_calibration import resolve_preset
 
     job = load_job_spec(args.job)
-    _check_output(args.plot, "--plot")
+    _check_output(args.plot, "--plot", inputs=(args.job,))
+    _check_image_format(args.plot, "--plot")
     if args.threshold is not None and not args.threshold > 0:
         raise SpecError(f"--threshold={args.threshold!r}: a step time in seconds must be > 0")
     if args.placement is not None:
@@ -509,15 +540,16 @@ def _check_placement(job, slow_gpus: int, factor: float) -> None:
 
 
 def _placement(text: str) -> tuple[int, float]:
-    """K:FACTOR, K slow GPUs (an integer >= 1) FACTOR x slower (a number > 0)."""
+    """K:FACTOR, K slow GPUs (an integer >= 1) FACTOR x slower (a number > 1: at 1 they are no
+    slower, below 1 faster, and the study compares slow GPUs' placements)."""
     k, _, factor = text.partition(":")
     try:
         value = (int(k), float(factor))
     except ValueError:
         value = (0, 0.0)
-    if value[0] < 1 or not 0 < value[1] < float("inf"):
+    if value[0] < 1 or not 1 < value[1] < float("inf"):
         raise argparse.ArgumentTypeError(
-            f"{text!r} must be K:FACTOR, K slow GPUs (an integer >= 1) FACTOR x slower (> 0), "
+            f"{text!r} must be K:FACTOR, K slow GPUs (an integer >= 1) FACTOR x slower (> 1), "
             "e.g. 8:1.1"
         )
     return value

@@ -48,19 +48,22 @@ class GateResult:
         }
 
 
-def load_result(path: str | Path, *, progress=None) -> dict:
-    """An emulate-JSON dict from `path`: read when it is JSON, emulated when it is a job spec."""
+def read_side(path: str | Path):
+    """One side of the gate, checked without emulating it: a validated JobSpec for a job spec
+    (.toml), or the emulate-JSON dict of a saved result. Both sides are read before either is
+    emulated, so a bad second side is refused before the first one's emulation runs."""
     path = Path(path)
+    if path.is_dir():
+        raise SpecError(f"{path}: is a directory (give a job spec .toml or an emulate --json file)")
     if not path.is_file():
         raise SpecError(f"{path}: no such file (give a job spec .toml or an emulate --json file)")
     if path.suffix == ".toml":
-        from prismbench.emulate import emulate
         from prismbench.spec import load_job_spec
 
-        return emulate(load_job_spec(path), name=path.stem, progress=progress).to_dict()
+        return load_job_spec(path)
     try:
         result = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise SpecError(
             f"{path}: not JSON ({err}); give a job spec .toml or an emulate --json file"
         ) from None
@@ -71,6 +74,20 @@ def load_result(path: str | Path, *, progress=None) -> dict:
             f"version {RESULT_SCHEMA_VERSION}; emulate the job again"
         )
     return result
+
+
+def result_of(side, path: str | Path, *, progress=None) -> dict:
+    """`read_side`'s answer as an emulate-JSON dict: a job spec emulated here (captures cached)."""
+    if isinstance(side, dict):
+        return side
+    from prismbench.emulate import emulate
+
+    return emulate(side, name=Path(path).stem, progress=progress).to_dict()
+
+
+def load_result(path: str | Path, *, progress=None) -> dict:
+    """An emulate-JSON dict from `path`: read when it is JSON, emulated when it is a job spec."""
+    return result_of(read_side(path), path, progress=progress)
 
 
 def gate(reference: dict, candidate: dict, thresholds: list[Threshold], *,

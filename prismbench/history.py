@@ -216,7 +216,14 @@ def read(path: Path, query: str, params: list | None = None) -> list[dict]:
     """Rows of a read-only query as dicts (waits for a writer's lock like the writes do)."""
     con = connect_with_retry(path)
     try:
-        cursor = con.execute(query, params or [])
+        try:
+            cursor = con.execute(query, params or [])
+        except duckdb.CatalogException as err:  # a DuckDB file, but not validate's history
+            raise HistoryError(
+                f"--db {path}: a DuckDB database without the validation history's tables (runs, "
+                f"cases, metric_results): give the --db `prismbench validate` wrote "
+                f"({str(err).splitlines()[0]})"
+            ) from None
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     finally:

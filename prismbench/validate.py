@@ -136,11 +136,16 @@ def select_baselines(baselines, expressions: list[str] | None, everything: bool)
         if missing:
             raise SpecError(f"validate: the default selection names baselines not found: {missing}")
         return [by_name[name] for name in DEFAULT_SELECTION]
-    patterns = [e if any(c in e for c in "*?[") else f"*{e}*" for e in expressions]
-    chosen = [b for b in baselines if any(fnmatch.fnmatchcase(b.name, p) for p in patterns)]
-    if not chosen:
-        raise SpecError(f"--select {expressions}: no baseline name matches")
-    return chosen
+    empty = [e for e in expressions if not e.strip()]
+    if empty:  # as a substring it is in every name: the whole set, for hours, by accident
+        raise SpecError(f"--select {empty}: an empty expression matches every baseline; use --all")
+    patterns = {e: e if any(c in e for c in "*?[") else f"*{e}*" for e in expressions}
+    unmatched = [
+        e for e, p in patterns.items() if not any(fnmatch.fnmatchcase(b.name, p) for b in baselines)
+    ]
+    if unmatched:  # one of several that matches nothing is a typo, not a smaller selection
+        raise SpecError(f"--select {unmatched}: no baseline name matches")
+    return [b for b in baselines if any(fnmatch.fnmatchcase(b.name, p) for p in patterns.values())]
 
 
 def case_metrics(baseline, result: dict) -> list[MetricResult]:

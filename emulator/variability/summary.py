@@ -176,8 +176,9 @@ def check_allocations(
         raise ValueError(
             f"{samples_name}={samples} makes {allocations} allocation(s) of {steps_name}="
             f"{steps_per_allocation}; the K-step bound needs at least {MIN_ALLOCATIONS} "
-            f"({samples_name} >= {MIN_ALLOCATIONS * steps_per_allocation}, or fewer steps per "
-            f"allocation; 1 takes steps as independent)"
+            # the last allocation may be shorter: one step of the last is enough
+            f"({samples_name} >= {(MIN_ALLOCATIONS - 1) * steps_per_allocation + 1}, or fewer "
+            f"steps per allocation; 1 takes steps as independent)"
         )
 
 

@@ -245,3 +245,20 @@ def test_a_directory_or_an_empty_file_as_job_spec_is_named(tmp_path, capsys):
     assert f"job spec '{tmp_path}': is a directory" in capsys.readouterr().err
     assert main(["explain", str(empty)]) == 2
     assert f"job spec '{empty}': the file is empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["emulate", "{job}", "--trace", "{job}"],
+        ["variability", "{job}", "--plot", "{job}"],
+        ["record", "{job}", "--out", "{job}"],
+        ["ingest-profile", "{job}", "--job", "{job}", "--out", "{job}"],
+    ],
+)
+def test_an_output_path_that_is_the_input_is_refused(tmp_path, capsys, command):
+    text = '[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n'
+    job = _write(tmp_path, text)
+    assert main([a.format(job=job) for a in command]) == 2
+    _assert_one_line_error(capsys, "is the input", "it would be overwritten")
+    assert Path(job).read_text() == text

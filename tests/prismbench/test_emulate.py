@@ -142,8 +142,24 @@ def test_trace_into_a_directory_not_yet_made_makes_it(tmp_path):
 
 def test_a_rank_outside_the_world_is_refused(tmp_path, capsys):
     job = write_job(tmp_path, {"pp": 2, "dp": 2})
-    assert main(["emulate", job, "--ranks", "0,9"]) == 2
+    assert main(["emulate", job, "--trace", str(tmp_path / "t.json"), "--ranks", "0,9"]) == 2
     assert "--ranks: rank 9 is outside the world [0, 4)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--ranks", "1"], "give --trace FILE too"),  # would be ignored: no timeline is written
+        (["--ranks", "", "--trace", "t.json"], "must be comma-separated integers"),
+        (["--ranks", "1,1", "--trace", "t.json"], "rank(s) [1] given more than once"),
+    ],
+)
+def test_ranks_that_would_be_ignored_or_doubled_are_refused(tmp_path, capsys, extra, needle):
+    job = write_job(tmp_path, {"pp": 2, "dp": 2})
+    extra = [str(tmp_path / a) if a == "t.json" else a for a in extra]
+    assert main(["emulate", job, *extra]) == 2
+    assert needle in capsys.readouterr().err
+    assert not (tmp_path / "t.json").exists()
 
 
 @pytest.mark.integration

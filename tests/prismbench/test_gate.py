@@ -73,6 +73,26 @@ def test_cli_exit_codes(tmp_path, reference, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
+def test_bad_input_exits_2_before_either_side_is_emulated(tmp_path, reference, capsys, monkeypatch):
+    import prismbench.emulate
+
+    def no_emulation(*_args, **_kwargs):
+        raise AssertionError("emulated before both sides were checked")
+
+    monkeypatch.setattr(prismbench.emulate, "emulate", no_emulation)
+    job = tmp_path / "tiny.toml"
+    job.write_text(TINY_TOML)
+    binary = tmp_path / "result.json"
+    binary.write_bytes(b"\xff\xfe{}")
+    fail = ["--fail", "iteration_time_s:+2%"]
+    assert main(["gate", "--reference", str(job), "--candidate", str(binary), *fail]) == 2
+    assert "not JSON" in capsys.readouterr().err
+    assert main(["gate", "--reference", str(job), "--candidate", str(tmp_path / "no.json"), *fail]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["gate", "--reference", str(job), "--candidate", str(tmp_path), *fail]) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
 def test_cli_emulates_a_job_spec_and_refuses_an_old_result(tmp_path, reference, capsys):
     job = tmp_path / "tiny.toml"
     job.write_text(TINY_TOML)

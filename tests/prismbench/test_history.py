@@ -125,3 +125,17 @@ def test_a_db_path_that_is_no_duckdb_history_is_refused_naming_db(tmp_path, caps
     assert main(["dashboard", "--db", str(text), "--out", str(out)]) == 2
     assert capsys.readouterr().err.startswith(f"error: --db {text}: cannot be opened")
     assert text.read_text() == "not a db\n" and list(folder.iterdir()) == [] and not out.exists()
+
+
+def test_a_duckdb_file_that_is_no_history_is_refused_by_dashboard(tmp_path, capsys):
+    import duckdb
+
+    from prismbench.cli import main
+
+    other = tmp_path / "other.duckdb"
+    duckdb.connect(str(other)).close()  # a DuckDB database with none of the history's tables
+    out = tmp_path / "page"
+    assert main(["dashboard", "--db", str(other), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --db {other}: a DuckDB database without") and err.count("\n") == 1
+    assert not out.exists()

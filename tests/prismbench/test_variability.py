@@ -103,6 +103,8 @@ def test_plot_into_a_directory_not_yet_made_makes_it(tmp_path, capsys):
         ("--threshold", "0", "--threshold"),
         ("--steps-per-allocation", "0", "--steps-per-allocation"),
         ("--samples", "190", "--samples=190 makes 19 allocation(s) of --steps-per-allocation=10"),
+        ("--samples", "190", "--samples >= 191,"),  # 191 makes the 20 allocations (one short)
+        ("--plot", "steps.txt", "--plot steps.txt: cannot draw a .txt file"),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(option, value, needle, tmp_path, capsys):

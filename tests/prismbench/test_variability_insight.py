@@ -77,7 +77,7 @@ def test_cli_ranks_sources_and_places_slow_gpus_in_tables_and_json(job_toml, cap
     assert "by placement" in text and "p95 / no slow GPU" in text and " ms" in text
 
 
-@pytest.mark.parametrize("value", ["2", "0:1.1", "2:0", "2:x", "x:1.1", "2:inf"])
+@pytest.mark.parametrize("value", ["2", "0:1.1", "2:0", "2:0.5", "2:1", "2:x", "x:1.1", "2:inf"])
 def test_a_bad_placement_exits_2_naming_the_option(value, job_toml, capsys):
     assert main(["variability", str(job_toml), "--placement", value]) == 2
     assert "--placement" in capsys.readouterr().err
