@@ -61,6 +61,16 @@ def render_workloads(rows: Sequence[dict[str, Any]], console: Console) -> None:
     console.print(table)
 
 
+def format_nodes(world_size: int, nodes: int, gpus_per_node: int) -> str:
+    """'4 x 8 GPUs', or how a world that does not fill its nodes sits on them."""
+    last = world_size - (nodes - 1) * gpus_per_node
+    if last == gpus_per_node:
+        return f"{nodes:,} x {gpus_per_node} GPUs"
+    if nodes == 1:
+        return f"1 ({world_size} of its {gpus_per_node} GPUs)"
+    return f"{nodes:,} of {gpus_per_node} GPUs (the last uses {last})"
+
+
 def _layout_table(e: Explanation) -> Table:
     table = Table(title=f"World layout: {e.model}", show_header=False)
     table.add_column("what")
@@ -68,7 +78,7 @@ def _layout_table(e: Explanation) -> Table:
     mesh = ", ".join(f"{n}={s}" for n, s in zip(e.mesh_dim_names, e.mesh_shape, strict=True))
     table.add_row("world size", f"{e.world_size:,} GPUs")
     table.add_row("mesh (row-major, tp fastest)", mesh)
-    table.add_row("nodes", f"{e.nodes:,} x {e.gpus_per_node} GPUs")
+    table.add_row("nodes", format_nodes(e.world_size, e.nodes, e.gpus_per_node))
     for axis in e.axes:
         where = (
             "intra-node"

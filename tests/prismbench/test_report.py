@@ -6,6 +6,7 @@ from emulator.units import GiB
 from prismbench.report import (
     alloc_retries_message,
     format_bytes,
+    format_nodes,
     one_off_retries_message,
     oom_message,
 )
@@ -15,6 +16,12 @@ def test_bytes_take_the_largest_binary_unit():
     assert format_bytes(1536) == "1.50 KiB"
     assert format_bytes(3 * GiB) == "3.00 GiB"
     assert format_bytes(12) == "12 B"
+
+
+def test_nodes_say_how_a_world_that_does_not_fill_them_sits_on_them():
+    assert format_nodes(32, 4, 8) == "4 x 8 GPUs"
+    assert format_nodes(2, 1, 8) == "1 (2 of its 8 GPUs)"
+    assert format_nodes(8, 3, 3) == "3 of 3 GPUs (the last uses 2)"
 
 
 def test_an_oom_says_where_what_was_asked_and_what_was_live():
