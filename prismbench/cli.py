@@ -574,7 +574,14 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         parse_alloc_conf(args.alloc_conf)
     except ValueError as err:
         raise SpecError(f"--alloc-conf: {err}") from None
-    result = fit(job, args.vary, step=args.step, alloc_conf=args.alloc_conf, progress=_progress)
+    result = fit(
+        job,
+        args.vary,
+        step=args.step,
+        maximum=args.max,
+        alloc_conf=args.alloc_conf,
+        progress=_progress,
+    )
     if args.json:
         _print_json(result.to_dict())
     else:
@@ -747,6 +754,13 @@ def _add_fit(commands) -> None:
         "--step",
         type=_positive_int,
         help="values step by this (default: what the job's parallelism needs)",
+    )
+    fit_cmd.add_argument(
+        "--max",
+        type=_positive_int,
+        metavar="N",
+        help="search no value above N (default: none; each probe captures the job at that "
+        "value, so a small model searched far up takes long)",
     )
     fit_cmd.add_argument(
         "--alloc-conf", default="", metavar="CONF", help="PYTORCH_ALLOC_CONF to model"

@@ -16,6 +16,9 @@ settings follow the rules in `varied_job`. A value the job spec refuses (a seque
 than a learned position table, ...) counts as not fitting in the search but is no memory
 figure: it is kept apart (`refused`, with the spec's message), and when it is the value one
 step above the answer, the answer is bounded by the spec, not memory (`limited_by`).
+`maximum` bounds the search from above: no value beyond it is emulated (a probe's capture
+grows with the value: a debug model fits ~1e5 layers, each probe minutes), and when the
+value one step above the answer is beyond it, `limited_by` says "maximum".
 """
 
 from __future__ import annotations
@@ -69,9 +72,10 @@ class FitResult:
     step: int
     largest_fitting: int | None  # None: not even the smallest value fits
     headroom_bytes: int | None  # at largest_fitting
-    # what stops the answer one step up: "memory" (that value does not fit) or "spec" (the
-    # spec refuses it, `refused` says why)
+    # what stops the answer one step up: "memory" (that value does not fit), "spec" (the
+    # spec refuses it, `refused` says why) or "maximum" (it is beyond the search's bound)
     limited_by: str
+    maximum: int | None  # the search's bound (None: none)
     fits_above: tuple[int, ...]  # larger values that fit too, past one that does not
     contiguous: bool  # every value from the bracketing fit up to largest_fitting was probed
     gpu: str
@@ -87,6 +91,7 @@ def fit(
     vary: str,
     *,
     step: int | None = None,
+    maximum: int | None = None,
     alloc_conf: str = "",
     progress: Callable[[str], None] | None = None,
 ) -> FitResult:
@@ -97,13 +102,16 @@ def fit(
         step = _default_step(job, vary)
     elif step < 1:
         raise SpecError(f"step({step}) must be >= 1")
+    if maximum is not None and maximum < step:
+        raise SpecError(f"maximum({maximum}) must be >= the step ({step}): nothing to search")
     say = progress or (lambda _message: None)
     probes: dict[int, FitProbe] = {}
     refused: dict[int, FitRefusal] = {}
 
     def fits(value: int) -> bool:
-        """Whether `value` fits; a value the spec refuses does not, and is kept apart."""
-        if value in refused:
+        """Whether `value` fits; a value the spec refuses does not, and is kept apart; one
+        beyond `maximum` is not emulated and counts as not fitting."""
+        if value in refused or (maximum is not None and value > maximum):
             return False
         if value not in probes:
             try:
@@ -134,11 +142,19 @@ def fit(
         contiguous=contiguous,
         headroom_bytes=None if largest is None else probes[largest].memory.headroom_bytes,
         # the search ends on a miss one step above the answer (or at `step`, when nothing fits)
-        limited_by="spec" if (largest or 0) + step in refused else "memory",
+        limited_by=_limit((largest or 0) + step, refused, maximum),
+        maximum=maximum,
         gpu=job.cluster.gpu,
         probes=tuple(probes.values()),
         refused=tuple(refused.values()),
     )
+
+
+def _limit(above: int, refused: dict, maximum: int | None) -> str:
+    """What the value one step above the answer ran into."""
+    if maximum is not None and above > maximum:
+        return "maximum"
+    return "spec" if above in refused else "memory"
 
 
 def check_memory(job: JobSpec, *, alloc_conf: str = "") -> MemoryCheck:

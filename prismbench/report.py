@@ -398,6 +398,11 @@ def render_fit(result, console: Console) -> None:
             f"{result.vary} {above:,} is refused by the spec: {reason}; the bound is the "
             "spec's, not memory"
         )
+    if result.limited_by == "maximum":
+        console.print(
+            f"{result.vary} {(result.largest_fitting or 0) + result.step:,} is beyond --max "
+            f"{result.maximum:,}: the bound is the search's, not memory"
+        )
     if result.fits_above:
         console.print(
             f"Larger values fit again: {', '.join(map(str, result.fits_above))} (what the "

@@ -154,6 +154,26 @@ def test_memory_is_named_the_bound_when_the_next_value_does_not_fit(monkeypatch)
     assert result.largest_fitting == 100 and result.limited_by == "memory"
 
 
+def test_a_maximum_bounds_the_search_and_is_named_the_bound(monkeypatch, tmp_path, capsys):
+    from prismbench.cli import main
+
+    _everything_fits(monkeypatch)
+    result = fit(_job(), "micro_batch", maximum=50)
+    assert result.largest_fitting == 50 and result.limited_by == "maximum"
+    assert max(p.value for p in result.probes) == 50  # nothing beyond it was emulated
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n')
+    assert main(["fit", str(job), "--vary", "micro_batch", "--max", "20"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Largest micro_batch that fits: 20" in text
+    assert "micro_batch 21 is beyond --max 20: the bound is the search's, not memory" in text
+
+
+def test_a_maximum_below_the_step_is_refused():
+    with pytest.raises(SpecError, match=r"maximum\(1\) must be >= the step \(2\)"):
+        fit(_job(), "micro_batch", step=2, maximum=1)
+
+
 @pytest.mark.parametrize("step", [0, -1])
 def test_a_step_below_one_is_refused(step):
     with pytest.raises(SpecError, match=rf"step\({step}\) must be >= 1"):
