@@ -496,6 +496,8 @@ def format_field(field: str, value: float) -> str:
         return f"{value:.4f} s"
     if "tflops" in field:
         return f"{value:.2f} TFLOP/s"
+    if field == "mfu" or field.endswith(".mfu"):  # a fraction of the dense peak
+        return f"{100 * value:.4g} % of peak"
     return f"{value:g}"
 
 

@@ -6,6 +6,7 @@ from emulator.units import GiB
 from prismbench.report import (
     alloc_retries_message,
     format_bytes,
+    format_field,
     format_nodes,
     one_off_retries_message,
     oom_message,
@@ -16,6 +17,13 @@ def test_bytes_take_the_largest_binary_unit():
     assert format_bytes(1536) == "1.50 KiB"
     assert format_bytes(3 * GiB) == "3.00 GiB"
     assert format_bytes(12) == "12 B"
+
+
+def test_a_field_is_printed_with_the_unit_its_name_says():
+    assert format_field("iteration_time_s", 1.5) == "1.5000 s"
+    assert format_field("tokens_per_s", 12345.6) == "12,346 tokens/s"
+    assert format_field("peak_memory_reserved_bytes", 3 * GiB) == "3.00 GiB"
+    assert format_field("mfu", 0.41234) == "41.23 % of peak"
 
 
 def test_nodes_say_how_a_world_that_does_not_fill_them_sits_on_them():
