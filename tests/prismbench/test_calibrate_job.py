@@ -17,13 +17,18 @@ from tests.prismbench.test_profile_ingest import TINY, TINY_TOML, _compute_rows,
 JOB = job_spec_from_dict(TINY)
 
 
-def test_profile_and_rows_are_written(tmp_path, monkeypatch):
+def _profile_records() -> list[dict]:
+    """What profile_iteration would return for JOB on a GPU: each captured op, 3 us."""
     trace = capture_job(JOB).traces[0]
-    records = [
+    return [
         {"op": o.op, "shapes": [list(s) for s in o.shapes], "self_cuda_us": o.kernel_us,
          "kernels": [list(k) for k in o.kernels], "cpu_start_us": float(i)}
         for i, o in enumerate(_profiled(trace, r, 3.0) for r in _compute_rows(trace))
     ]  # fmt: skip
+
+
+def test_profile_and_rows_are_written(tmp_path, monkeypatch):
+    records = _profile_records()
     monkeypatch.setattr(
         "emulator.costs.kernel_timing.profile_iteration", lambda step, warmup, cuda: records
     )
@@ -68,12 +73,7 @@ def test_the_job_mode_prints_its_ingest_result_as_json(tmp_path, monkeypatch, ca
 
     import torch
 
-    trace = capture_job(JOB).traces[0]
-    records = [
-        {"op": o.op, "shapes": [list(s) for s in o.shapes], "self_cuda_us": o.kernel_us,
-         "kernels": [list(k) for k in o.kernels], "cpu_start_us": float(i)}
-        for i, o in enumerate(_profiled(trace, r, 3.0) for r in _compute_rows(trace))
-    ]  # fmt: skip
+    records = _profile_records()
     real = calibrate_job
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(

@@ -60,8 +60,9 @@ def test_emulate_json_holds_the_design_contract(tmp_path, capsys):
     assert "capture" in err  # progress goes to stderr, the JSON alone to stdout
 
 
-@pytest.mark.integration
-def test_each_class_has_the_job_figures_for_one_of_its_gpus(tmp_path):
+@pytest.fixture(scope="module")
+def pipelined(tmp_path_factory):
+    """A debug Llama in two pipeline stages over two replicas, emulated once for the module."""
     job = job_spec_from_dict(
         {
             "model": {"name": "llama-debug"},
@@ -69,7 +70,14 @@ def test_each_class_has_the_job_figures_for_one_of_its_gpus(tmp_path):
             "batch": {"seq_len": 64, "global_batch": 8},
         }
     )
-    result = emulate(job, workers=1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PRISMBENCH_CACHE", str(tmp_path_factory.mktemp("cache")))
+        return emulate(job, workers=1)
+
+
+@pytest.mark.integration
+def test_each_class_has_the_job_figures_for_one_of_its_gpus(pipelined):
+    result = pipelined
     first, last = result.per_class
     for c in result.per_class:  # every class ends with the step
         assert (c.iteration_time_s, c.tokens_per_s) == (result.iteration_time_s, result.tokens_per_s)
@@ -104,15 +112,8 @@ def test_a_rank_of_several_built_on_the_device_keeps_its_fp32_build_cached():
 
 
 @pytest.mark.integration
-def test_breakdown_of_each_class_sums_to_the_iteration(tmp_path):
-    job = job_spec_from_dict(
-        {
-            "model": {"name": "llama-debug"},
-            "parallel": {"pp": 2, "dp": 2},
-            "batch": {"seq_len": 64, "global_batch": 8},
-        }
-    )
-    result = emulate(job, workers=1)
+def test_breakdown_of_each_class_sums_to_the_iteration(pipelined):
+    result = pipelined
     for c in result.per_class:
         total = sum(getattr(c, name) for name in BREAKDOWN_FIELDS)
         assert total == pytest.approx(result.iteration_time_s, rel=1e-9)
