@@ -28,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import SHARED  # noqa: E402
+from shared_gpu import SHARED, command_line, report  # noqa: E402
 
 DISPATCH = ROOT / "results" / "kernels" / "host-dispatch.json"
 
@@ -86,10 +86,7 @@ def main() -> None:
         f"kernels + gap + host {statistics.median(abs(e) for e in with_gap):.1f} % "
         f"(max {max(abs(e) for e in with_gap):.1f} %)"
     )
-    text = "\n".join(lines)
-    print(text)
-    if out:
-        out.write_text(text + "\n")
+    report(command_line("results/calibration/host_dispatch_check.py", None), lines, out)
 
 
 if __name__ == "__main__":
