@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +32,9 @@ from prismbench.capture import capture_job
 from prismbench.emulate import emulate, topology_of
 from prismbench.program import rank_program
 from prismbench.spec import job_spec_from_dict
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from shared_gpu import commit_label  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "capture.md"
 
@@ -123,7 +127,8 @@ def main() -> None:
     args = parser.parse_args()
     header = [
         f"Measured by `results/perf/capture_bench.py` on {platform.machine()}, "
-        f"{os.cpu_count()} cores, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}.",
+        f"{os.cpu_count()} cores, Python {platform.python_version()}, at commit "
+        f"{commit_label()}, {time.strftime('%Y-%m-%d')}.",
         "",
     ]
     with tempfile.TemporaryDirectory() as tmp:
