@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # the repository root: runs without installing
 
 from prismbench.baselines import Baseline, Measured, Provenance, baseline_to_toml  # noqa: E402
-from prismbench.spec import SpecError, job_spec_from_dict  # noqa: E402
+from prismbench.spec import CUSTOM_MODEL_NAME, SpecError, job_spec_from_dict  # noqa: E402
 from workloads.config import stage_layer_counts  # noqa: E402
 from workloads.flavors import FLAVORS, find_flavors, parameter_count  # noqa: E402
 
@@ -548,7 +548,7 @@ def convert(line: int, row: dict) -> Baseline:
     check_parameter_count(job.model, row)
     derived: dict[str, str] = {}
     figures = measured(row, rule, derived)
-    name = f"{rule.slug}__{_slug(job.model.name if job.model.name != 'custom' else row['model'])}"
+    name = f"{rule.slug}__{_slug(job.model.name if job.model.name != CUSTOM_MODEL_NAME else row['model'])}"
     return Baseline(
         name=f"{name}__{job.world_size}g__r{line:03d}",
         job=job,
