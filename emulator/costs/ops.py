@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from emulator.hardware.presets import DTYPES
-
 GEMM_OPS = ("mm", "addmm", "bmm", "linear", "scaled_mm")
 ATTENTION_OPS = ("flash_attn_fwd", "flash_attn_bwd")
 MEMORY_OPS = (
     "elementwise", "norm", "softmax", "reduction", "copy", "embedding", "optimizer_step", "cross_entropy",
 )
 OP_NAMES = GEMM_OPS + ATTENTION_OPS + MEMORY_OPS
+# the dtypes an op runs in, and a GPU preset has peaks for (emulator.hardware.presets reads it
+# here: this module keys a capture (prismbench.capture_sources), the presets only price one)
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 # FlashAttention-2 (Dao 2023) and its benchmark script count the backward pass as 2.5x the forward
 # FLOPs (5 matmuls of the forward's size-2 each, against 2 in the forward).

@@ -20,8 +20,9 @@ from functools import cache
 from pathlib import Path
 from types import MappingProxyType
 
+from emulator.costs.ops import DTYPES
+
 _DATA_DIR = Path(__file__).parent
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 ARCHS = ("ampere", "hopper")
 NCCL_DEFAULT_CHANNELS = 16  # a link preset's NCCL channels where its file names none
 # CUDA compute capability (major) of each architecture: how a real GPU is told apart.
