@@ -341,10 +341,12 @@ def emulate(
         )
         say(f"wrote memory timelines and snapshots to {memory_dir}")
     priced_by = {p: price_source_summary(*prices[p]) for p in capture.traces}
+    explanation = explain(job)
     rates = _Rates(
         timing.iteration_time_s,
         job.tokens_per_iteration,
-        stage_model_flops_per_gpu(explain(job)),
+        explanation.flops.model_flops_per_iteration,
+        stage_model_flops_per_gpu(explanation),
         gpu.peak_tflops(_PEAK_DTYPE[job.train.precision]),
     )
     per_class = tuple(
@@ -394,6 +396,7 @@ class _Rates:
 
     iteration_time_s: float
     tokens_per_iteration: int
+    model_flops_per_iteration: int
     model_flops_per_gpu_by_stage: tuple[float, ...]
     peak_tflops: float
 
@@ -433,8 +436,9 @@ def _result(
     iteration = timing.iteration_time_s
     world = job.world_size
     hardware_flops = sum(c.hardware_flops * c.members for c in per_class)
-    # every class has world / pp members: the job's per-GPU rate is the classes' mean
-    tflops = sum(rates.model_flops_per_gpu_by_stage) / len(per_class) / iteration / 1e12
+    # the classes' mean (every class has world / pp members), computed as it always was: a
+    # mean of per-stage quotients differs in the last bit where world / pp is no power of 2
+    tflops = rates.model_flops_per_iteration / iteration / world / 1e12
     n = len(per_class)
     return EmulationResult(
         job=name,

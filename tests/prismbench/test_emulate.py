@@ -91,6 +91,25 @@ def test_each_class_has_the_job_figures_for_one_of_its_gpus(pipelined):
 
 
 @pytest.mark.integration
+def test_the_job_figures_are_the_old_ones_to_the_bit_on_any_world():
+    """The job's TFLOP/s and MFU as they were before per-class figures, on a world whose
+    pipeline ranks hold 3 GPUs each (a mean of per-stage quotients differs in the last bit)."""
+    from prismbench.explain import explain
+
+    job = job_spec_from_dict(
+        {
+            "model": {"name": "llama-debug"},
+            "parallel": {"pp": 4, "dp": 3},
+            "batch": {"seq_len": 64, "global_batch": 12},
+        }
+    )
+    result = emulate(job, workers=1)
+    model_flops = explain(job).flops.model_flops_per_iteration
+    tflops = model_flops / result.iteration_time_s / job.world_size / 1e12
+    assert (result.tflops_per_gpu, result.mfu) == (tflops, tflops / result.peak_tflops)
+
+
+@pytest.mark.integration
 def test_a_rank_of_several_built_on_the_device_keeps_its_fp32_build_cached():
     """`train.model_init = "device"`: the whole fp32 model built on the GPU, then cast and
     sharded, leaves its freed segments cached; the iteration's live bytes do not change."""
