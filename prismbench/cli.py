@@ -212,11 +212,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_gate(args: argparse.Namespace) -> int:
-    from prismbench.gate import gate, read_side, result_of
+    from prismbench.gate import check_fields, gate, read_side, result_of
     from prismbench.thresholds import parse_thresholds
 
     thresholds = parse_thresholds(args.fail)
     sides = [read_side(args.reference), read_side(args.candidate)]  # both checked, then run
+    for side, path in zip(sides, (args.reference, args.candidate), strict=True):
+        check_fields(side, path, thresholds)
     reference = result_of(sides[0], args.reference, progress=_progress)
     candidate = result_of(sides[1], args.candidate, progress=_progress)
     result = gate(reference, candidate, thresholds, names=(args.reference, args.candidate))

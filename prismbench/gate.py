@@ -9,7 +9,7 @@ threshold fails the gate (`prismbench gate` exits 1); bad input exits 2.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from prismbench.emulate import RESULT_SCHEMA_VERSION
@@ -83,6 +83,25 @@ def result_of(side, path: str | Path, *, progress=None) -> dict:
     from prismbench.emulate import emulate
 
     return emulate(side, name=Path(path).stem, progress=progress).to_dict()
+
+
+def check_fields(side, path: str | Path, thresholds: list[Threshold]) -> None:
+    """Refuse, before any emulation, a threshold field `side` cannot have: on a saved result
+    the field itself, on a job spec (not emulated yet) the top-level key of the emulate JSON
+    contract it starts with."""
+    if isinstance(side, dict):
+        for t in thresholds:
+            field_value(side, t.field, where=str(path))
+        return
+    from prismbench.emulate import EmulationResult
+
+    known = ["schema_version", *(f.name for f in fields(EmulationResult))]
+    for t in thresholds:
+        if t.field.split(".")[0] not in known:
+            raise SpecError(
+                f"{path}: an emulate result has no field {t.field!r}; its top-level fields: "
+                f"{', '.join(known)}"
+            )
 
 
 def load_result(path: str | Path, *, progress=None) -> dict:

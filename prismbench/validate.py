@@ -138,7 +138,9 @@ def select_baselines(baselines, expressions: list[str] | None, everything: bool)
         return [by_name[name] for name in DEFAULT_SELECTION]
     empty = [e for e in expressions if not e.strip()]
     if empty:  # as a substring it is in every name: the whole set, for hours, by accident
-        raise SpecError(f"--select {empty}: an empty expression matches every baseline; use --all")
+        raise SpecError(
+            f"--select {empty}: an empty or blank expression matches every baseline; use --all"
+        )
     patterns = {e: e if any(c in e for c in "*?[") else f"*{e}*" for e in expressions}
     unmatched = [
         e for e, p in patterns.items() if not any(fnmatch.fnmatchcase(b.name, p) for b in baselines)

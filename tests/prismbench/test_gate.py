@@ -91,6 +91,14 @@ def test_bad_input_exits_2_before_either_side_is_emulated(tmp_path, reference, c
     assert "no such file" in capsys.readouterr().err
     assert main(["gate", "--reference", str(job), "--candidate", str(tmp_path), *fail]) == 2
     assert "is a directory" in capsys.readouterr().err
+    # a field neither side can have: refused before the job spec is emulated
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(reference))
+    typo = ["--fail", "iteration_s:+2%"]
+    assert main(["gate", "--reference", str(saved), "--candidate", str(job), *typo]) == 2
+    assert "no numeric field 'iteration_s'" in capsys.readouterr().err
+    assert main(["gate", "--reference", str(job), "--candidate", str(job), *typo]) == 2
+    assert "an emulate result has no field 'iteration_s'" in capsys.readouterr().err
 
 
 def test_cli_emulates_a_job_spec_and_refuses_an_old_result(tmp_path, reference, capsys):

@@ -83,8 +83,10 @@ def test_select_by_glob_or_substring_and_refuse_nothing(baselines_dir):
         select_baselines(all_, ["nothing"], False)
     with pytest.raises(SpecError, match=r"\['nothing'\]: no baseline name matches"):
         select_baselines(all_, ["r002", "nothing"], False)  # a typo beside a match
-    with pytest.raises(SpecError, match="an empty expression matches every baseline"):
+    with pytest.raises(SpecError, match="an empty or blank expression matches every baseline"):
         select_baselines(all_, [""], False)
+    with pytest.raises(SpecError, match="an empty or blank expression"):
+        select_baselines(all_, ["r002", "  "], False)
 
 
 def test_validate_scores_stores_and_gates(tmp_path, baselines_dir):
