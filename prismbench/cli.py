@@ -59,8 +59,19 @@ def _cmd_workloads(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _load_job(path: str):
+    """The job spec at `path`; each `[kernels]` override that changes nothing for the job is
+    said on stderr (workloads.kernels.moot_overrides): nothing is ignored silently."""
+    from workloads.kernels import moot_overrides
+
+    job = load_job_spec(path)
+    for note in moot_overrides(job):
+        _progress(f"note: {path}: {note}")
+    return job
+
+
 def _cmd_explain(args: argparse.Namespace) -> int:
-    explanation = explain(load_job_spec(args.job))
+    explanation = explain(_load_job(args.job))
     if args.json:
         _print_json(explanation_to_dict(explanation))
     else:
@@ -104,7 +115,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from emulator.costs.calibrate import gpu_provenance
     from prismbench.calibrate_job import calibrate_job
 
-    job = load_job_spec(args.job)
+    job = _load_job(args.job)
     _check_output(args.out, "--out", inputs=(args.job,))
     _check_output(args.profile_out, "--profile-out", inputs=(args.job, args.out))
     profile_out = Path(args.profile_out or Path(args.out).with_suffix(".ops.jsonl.gz"))
@@ -142,7 +153,7 @@ def _cmd_ingest_profile(args: argparse.Namespace) -> int:
     from prismbench.profile_ingest import ingest_profile, write_rows_csv
     from prismbench.profile_readers import ProfileError
 
-    job = load_job_spec(args.job)
+    job = _load_job(args.job)
     _check_output(args.out, "--out", inputs=(args.job, args.profile))
     provenance = _provenance(args.provenance)
     try:
@@ -173,7 +184,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from prismbench.emulate import kernel_table_for
     from prismbench.profile_readers import ProfileError
 
-    job = load_job_spec(args.job)
+    job = _load_job(args.job)
     skip = tuple(args.skip_source)
     if args.no_kernel_table and (args.kernel_table or skip):
         given = "--kernel-table" if args.kernel_table else "--skip-source"
@@ -316,7 +327,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 def _cmd_record(args: argparse.Namespace) -> int:
     from prismbench.record import record, write_record
 
-    job = load_job_spec(args.job)
+    job = _load_job(args.job)
     if Path(args.out).suffix != ".toml":
         raise SpecError(f"--out {args.out}: a recorded baseline is a .toml file")
     _check_output(args.out, "--out", inputs=(args.job,))
@@ -421,7 +432,7 @@ def _progress(message: str) -> None:
 def _cmd_capture(args: argparse.Namespace) -> int:
     from prismbench.capture import capture_job, summarize, write_capture
 
-    job = load_job_spec(args.job)
+    job = _load_job(args.job)
     _check_output(args.out, "--out", directory=True)
     capture = capture_job(
         job, workers=args.workers, use_cache=not args.no_cache, progress=_progress
@@ -453,7 +464,7 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
     from emulator.memory import parse_alloc_conf
     from prismbench.emulate import emulate
 
-    job = load_job_spec(args.job)
+    job = _load_job(args.job)
     try:
         parse_alloc_conf(args.alloc_conf)
     except ValueError as err:  # checked before anything runs, like the job spec
@@ -490,7 +501,7 @@ def _cmd_variability(args: argparse.Namespace) -> int:
     from prismbench.variability import plot_distribution, variability
     from prismbench.variability_calibration import resolve_preset
 
-    job = load_job_spec(args.job)
+    job = _load_job(args.job)
     _check_output(args.plot, "--plot", inputs=(args.job,))
     _check_image_format(args.plot, "--plot")
     if args.threshold is not None and not args.threshold > 0:
@@ -571,7 +582,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     from emulator.memory import parse_alloc_conf
     from prismbench.fit import fit
 
-    job = load_job_spec(args.job)
+    job = _load_job(args.job)
     try:
         parse_alloc_conf(args.alloc_conf)
     except ValueError as err:

@@ -3,7 +3,10 @@
 The emulator predicts the program it captures, so the program must run what the framework
 behind a measurement runs. `[kernels] framework = "megatron"` picks that framework's
 choices; any field given next to it overrides the framework's value. Each choice is
-implemented for real by the workloads (loss-parity tests cover every value).
+implemented for real by the workloads (loss-parity tests cover every value). Some fields act
+on some jobs only (`MOOT_WHEN`: cp_attention without context parallelism, the fp8 fields in
+bf16, ...); an override of one that changes nothing for its job is said by the CLI
+(`moot_overrides`), not refused: a resolved spec written out whole names every field.
 
 Frameworks (the values each one selects are in the `*_BY_FRAMEWORK` tables below, with
 the source of each):
@@ -579,7 +582,7 @@ class KernelsSpec:
         check_choice("kernels", "framework", self.framework, FRAMEWORKS)
         # the fields left to the framework (`for_pipeline` and `for_precision` may revise them)
         object.__setattr__(
-            self, "_chosen", frozenset(n for n in CHOICES if getattr(self, n) is None)
+            self, "_chosen", frozenset(n for n in (*CHOICES, *FLAGS) if getattr(self, n) is None)
         )
         self._resolve_compile()
         for name, (allowed, by_framework) in CHOICES.items():
@@ -694,6 +697,14 @@ class KernelsSpec:
             revised = revised._revised(cp_attention="all-gather")
         return revised
 
+    def given(self) -> dict[str, Any]:
+        """The fields the spec gave that differ from its framework's choice, as resolved."""
+        return {
+            name: getattr(self, name)
+            for name, by_framework in {**{n: c[1] for n, c in CHOICES.items()}, **FLAGS}.items()
+            if name not in self._chosen and getattr(self, name) != by_framework[self.framework]
+        }
+
     def overrides(self) -> dict[str, Any]:
         """The fields that differ from the framework's own choices."""
         preset = KernelsSpec(framework=self.framework)
@@ -702,6 +713,38 @@ class KernelsSpec:
             for f in fields(self)
             if f.name != "framework" and getattr(self, f.name) != getattr(preset, f.name)
         }
+
+
+# Fields that change nothing for some jobs (the field list above): when, and the rule to say.
+MOOT_WHEN: dict[str, tuple[str, Any]] = {
+    "cp_attention": ("parallel.cp = 1", lambda job: job.parallel.cp == 1),
+    "sp_collectives": ("no sequence parallelism", lambda job: not job.parallel.sequence_parallel),
+    "sp_regather": ("no sequence parallelism", lambda job: not job.parallel.sequence_parallel),
+    "tp_grad_overlap": ("parallel.tp = 1", lambda job: job.parallel.tp == 1),
+    "fsdp_reshard": ("it acts under parallel.zero = 3 only", lambda job: job.parallel.zero != 3),
+    "pipeline_recv": ("parallel.pp = 1", lambda job: job.parallel.pp == 1),
+    "pipeline_transfer": ("parallel.pp = 1", lambda job: job.parallel.pp == 1),
+    "fp8_recipe": ("train.precision is not fp8", lambda job: job.train.precision != "fp8"),
+    "fp8_casts": ("train.precision is not fp8", lambda job: job.train.precision != "fp8"),
+    "grad_reduce": ("FSDP (parallel.zero >= 2) reduces its own way", lambda job: job.parallel.zero >= 2),
+    "dp_grad_collective": (
+        "it acts under parallel.zero = 1 only (zero 0 all-reduces, FSDP reduce-scatters)",
+        lambda job: job.parallel.zero != 1,
+    ),
+    "grad_accumulation": ("FSDP (parallel.zero >= 2) keeps no such buffer", lambda job: job.parallel.zero >= 2),
+    "selective_recompute": ("train.recompute is not selective", lambda job: job.train.recompute != "selective"),
+    "recompute_reruns": ("train.recompute = none", lambda job: job.train.recompute == "none"),
+}  # fmt: skip
+
+
+def moot_overrides(job: Any) -> list[str]:
+    """What the job's `[kernels]` overrides (`KernelsSpec.given`) that change nothing for it
+    are, one line each: the CLI says so, so that none is ignored silently."""
+    return [
+        f"kernels.{name}={value!r} changes nothing for this job: {MOOT_WHEN[name][0]}"
+        for name, value in job.kernels.given().items()
+        if name in MOOT_WHEN and MOOT_WHEN[name][1](job)
+    ]
 
 
 def padded_vocab(vocab: int, multiple: int, tp: int = 1) -> int:

@@ -262,3 +262,18 @@ def test_an_output_path_that_is_the_input_is_refused(tmp_path, capsys, command):
     assert main([a.format(job=job) for a in command]) == 2
     _assert_one_line_error(capsys, "is the input", "it would be overwritten")
     assert Path(job).read_text() == text
+
+
+def test_a_kernels_override_that_changes_nothing_is_said_not_ignored(tmp_path, capsys):
+    text = (
+        '[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n'
+        '[kernels]\ncp_attention = "ring"\n'
+    )
+    job = _write(tmp_path, text)
+    assert main(["explain", job, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["world_size"] == 1  # the JSON alone on stdout
+    assert err == (
+        f"note: {job}: kernels.cp_attention='ring' changes nothing for this job: "
+        "parallel.cp = 1\n"
+    )

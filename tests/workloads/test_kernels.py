@@ -5,7 +5,7 @@ import pytest
 
 from prismbench.spec import job_spec_from_dict
 from workloads.config import SpecError
-from workloads.kernels import CHOICES, FRAMEWORKS, KernelsSpec, padded_vocab
+from workloads.kernels import CHOICES, FRAMEWORKS, KernelsSpec, moot_overrides, padded_vocab
 
 
 def test_every_framework_has_a_valid_choice_for_every_field():
@@ -60,15 +60,38 @@ def test_padding_multiplies_the_multiple_by_tp_as_megatron_does():
     assert padded_vocab(50257, 1, tp=8) == 50257  # 1: no padding at any tp
 
 
-def _job(kernels: dict, parallel: dict | None = None):
+def _job(kernels: dict, parallel: dict | None = None, train: dict | None = None):
     return job_spec_from_dict(
         {
             "model": {"name": "gpt2-124m"},
             "parallel": parallel or {},
             "batch": {"seq_len": 128, "global_batch": 2},
+            "train": train or {},
             "kernels": kernels,
         }
     )
+
+
+def test_an_override_that_changes_nothing_for_the_job_is_said():
+    ring = {"cp_attention": "ring"}  # the default framework's choice: all-gather
+    assert moot_overrides(_job(ring)) == [
+        "kernels.cp_attention='ring' changes nothing for this job: parallel.cp = 1"
+    ]
+    assert moot_overrides(_job(ring, {"cp": 2})) == []  # context parallelism: it acts
+    # the framework's own choice, written out, overrides nothing
+    assert moot_overrides(_job({"cp_attention": "all-gather"})) == []
+    fp8 = {"fp8_recipe": "rowwise"}
+    assert moot_overrides(_job(fp8, train={"precision": "fp8"})) == []
+    assert moot_overrides(_job(fp8)) == [
+        "kernels.fp8_recipe='rowwise' changes nothing for this job: train.precision is not fp8"
+    ]
+
+
+def test_a_choice_the_framework_revises_for_the_job_is_not_an_override():
+    # torchtitan keeps no FSDP unit gathered when pipelined (fsdp_reshard "none", its own
+    # choice for pp > 1): not given by the spec, so nothing to say at zero 1
+    job = _job({"framework": "torchtitan"}, {"pp": 2, "zero": 1})
+    assert job.kernels.fsdp_reshard == "none" and moot_overrides(job) == []
 
 
 def test_the_model_is_built_with_the_padded_vocabulary_and_explain_counts_it():
