@@ -1,9 +1,10 @@
 """The pre-merge performance gate: the same job before and after a change, against thresholds.
 
 `gate(reference, candidate, thresholds)` compares two emulation results (dicts in the emulate
-JSON contract) field by field; `load_result(path)` reads one side: a saved `emulate --json`
-file, or a job spec (TOML), which is emulated here (captures cached). A field crossing its
-threshold fails the gate (`prismbench gate` exits 1); bad input exits 2.
+JSON contract) field by field. `read_side(path)` reads one side, a saved `emulate --json` file
+or a job spec (TOML), and `check_fields` checks the thresholds against it, both before
+anything is emulated; `result_of` then emulates a job spec here (captures cached). A field
+crossing its threshold fails the gate (`prismbench gate` exits 1); bad input exits 2.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from prismbench.emulate import RESULT_SCHEMA_VERSION
+from prismbench.emulate import RESULT_SCHEMA_VERSION, EmulationResult
 from prismbench.thresholds import Threshold, field_value
 from workloads.config import SpecError
 
@@ -93,8 +94,6 @@ def check_fields(side, path: str | Path, thresholds: list[Threshold]) -> None:
         for t in thresholds:
             field_value(side, t.field, where=str(path))
         return
-    from prismbench.emulate import EmulationResult
-
     known = ["schema_version", *(f.name for f in fields(EmulationResult))]
     for t in thresholds:
         if t.field.split(".")[0] not in known:
@@ -102,11 +101,6 @@ def check_fields(side, path: str | Path, thresholds: list[Threshold]) -> None:
                 f"{path}: an emulate result has no field {t.field!r}; its top-level fields: "
                 f"{', '.join(known)}"
             )
-
-
-def load_result(path: str | Path, *, progress=None) -> dict:
-    """An emulate-JSON dict from `path`: read when it is JSON, emulated when it is a job spec."""
-    return result_of(read_side(path), path, progress=progress)
 
 
 def gate(reference: dict, candidate: dict, thresholds: list[Threshold], *,

@@ -698,12 +698,9 @@ class KernelsSpec:
         return revised
 
     def given(self) -> dict[str, Any]:
-        """The fields the spec gave that differ from its framework's choice, as resolved."""
-        return {
-            name: getattr(self, name)
-            for name, by_framework in {**{n: c[1] for n, c in CHOICES.items()}, **FLAGS}.items()
-            if name not in self._chosen and getattr(self, name) != by_framework[self.framework]
-        }
+        """The overrides the spec gave, not those the framework's own revisions for the job
+        made (`for_pipeline`, `for_precision`, `for_model`)."""
+        return {k: v for k, v in self.overrides().items() if k not in self._chosen}
 
     def overrides(self) -> dict[str, Any]:
         """The fields that differ from the framework's own choices."""
