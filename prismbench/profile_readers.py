@@ -205,7 +205,8 @@ def read_profile(path: str | Path) -> list[ProfiledOp]:
     """Either format, told apart by content: JSON lines with "op", or a Chrome trace."""
     path = Path(path)
     with readable(path), open_text(path) as handle:
-        first = handle.readline()
+        # kineto's older exports open with a blank line before the trace's "{"
+        first = next((line for line in handle if line.strip()), "")
     try:
         head = json.loads(first)
     except json.JSONDecodeError:
