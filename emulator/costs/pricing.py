@@ -128,9 +128,10 @@ def compute_prices(trace: RankTrace, cost: CostContext) -> tuple[np.ndarray, np.
     into `kernel_table.PRICE_SOURCES`, -1 for rows that are not compute), once per distinct op.
 
     Rows are the same op when name, aten op, flops, bytes, causal flag and first tensor's dtype
-    agree (two GEMMs of different shapes with equal flops and bytes would share a price: shapes
-    are not compared; dtypes are, since the table's rows are per dtype: a bf16 and an fp8 copy
-    of equal bytes are different kernels)."""
+    agree (dtypes, since the table's rows are per dtype: a bf16 and an fp8 copy of equal bytes
+    are different kernels), and for GEMMs and attention, which the table prices by shape, their
+    tensors' shapes too (`shape_signatures`: a GEMM and its transpose move the same flops and
+    bytes but are measured apart)."""
     c = trace.columns
     rows = np.flatnonzero(c["kind"] == COMPUTE)
     out = np.zeros(len(trace))
@@ -148,6 +149,7 @@ def compute_prices(trace: RankTrace, cost: CostContext) -> tuple[np.ndarray, np.
                 for k in ("name", "aten", "flops", "read_bytes", "write_bytes", "causal")
             ),
             first_dtype.astype(np.int64),
+            shape_signatures(trace, rows),
         ],
         axis=1,
     )
@@ -157,6 +159,23 @@ def compute_prices(trace: RankTrace, cost: CostContext) -> tuple[np.ndarray, np.
     codes = np.array([PRICE_SOURCES.index(s) for _, s in priced], dtype=np.int8)
     sources[rows] = codes[inverse.reshape(-1)]
     return out, sources
+
+
+def shape_signatures(trace: RankTrace, rows: np.ndarray) -> np.ndarray:
+    """Per row of `rows`, an id shared by exactly the GEMM and attention rows whose tensors have
+    the same shapes in the same order (0 for every other op: their price reads no shape)."""
+    names = {i for i, s in enumerate(trace.strings) if s in GEMM_OPS or s in ATTENTION_OPS}
+    shaped = np.isin(trace.columns["name"][rows], list(names))
+    r = trace.ragged
+    offsets, dims, dim_offsets = r["tensor_offsets"], r["tensor_dims"], r["tensor_dim_offsets"]
+    ids: dict[tuple, int] = {}
+    out = np.zeros(len(rows), dtype=np.int64)
+    for i in np.flatnonzero(shaped):
+        lo, hi = offsets[rows[i]], offsets[rows[i] + 1]
+        ranks = tuple(np.diff(dim_offsets[lo : hi + 1]).tolist())
+        shapes = tuple(dims[dim_offsets[lo] : dim_offsets[hi]].tolist())
+        out[i] = ids.setdefault((ranks, shapes), len(ids) + 1)
+    return out
 
 
 def _price(op: OpRecord, cost: CostContext) -> tuple[float, str]:

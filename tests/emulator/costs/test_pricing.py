@@ -131,3 +131,30 @@ def test_each_kernel_an_op_launches_pays_the_streams_idle_time_before_it():
     assert with_gap == pytest.approx(kernel + 2e-6)
     with pytest.raises(ValueError, match="kernel_gap_s=-1e-06 must be >= 0"):
         CostContext(topology=TOPO, kernel_gap_s=-1e-6)
+
+
+def test_a_gemm_and_its_transpose_are_priced_by_their_own_table_rows(tmp_path):
+    """(64 x 256) @ (256 x 128) and (128 x 256) @ (256 x 64) move the same flops and bytes;
+    the table measured them apart, and each is priced by its own exact row."""
+    from emulator.costs.kernel_table import COLUMNS, load_kernel_table
+    from emulator.costs.pricing import compute_prices
+
+    table = tmp_path / "table.csv"
+    rows = [{"op": "mm", "dtype": "bf16", "aten": "aten.mm", "m": str(m), "n": str(n),
+             "k": "256", "batch": "1", "time_us": time_us, "repetitions": "1", "source": "test"}
+            for m, n, time_us in ((64, 128, "5"), (128, 64, "9"))]  # fmt: skip
+    table.write_text(
+        ",".join(COLUMNS) + "\n"
+        + "\n".join(",".join(row.get(c, "") for c in COLUMNS) for row in rows) + "\n"
+    )
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    for m, n in ((64, 128), (128, 64)):
+        s.compute(0.0, name="mm", flops=2 * m * n * 256,
+                  read_bytes=2 * 256 * (m + n), write_bytes=2 * m * n,
+                  tensors=(((m, 256), "bfloat16", False), ((256, n), "bfloat16", False),
+                           ((m, n), "bfloat16", True)))  # fmt: skip
+    trace, _ = s.trace()
+    durations, sources = compute_prices(trace, CostContext(topology=TOPO, table=load_kernel_table(table)))
+    assert durations[:2] * 1e6 == pytest.approx([5.0, 9.0])
+    assert list(sources[:2]) == [0, 0]  # both exact rows
