@@ -301,6 +301,16 @@ def baseline_from_dict(name: str, tables: Mapping[str, Any]) -> Baseline:
         raise BaselineError(f"provenance: {err}") from None
 
 
+def is_baseline_file(path: str | Path) -> bool:
+    """Whether `path` is a TOML file with a baseline's `[job]` and `[measured]` tables (False
+    for anything unreadable: the job spec reader then says what is wrong with it)."""
+    try:
+        tables = tomllib.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    return isinstance(tables.get("job"), dict) and "measured" in tables
+
+
 def load_baseline(path: str | Path) -> Baseline:
     """Read one baseline file; every error names the path."""
     path = Path(path)

@@ -60,11 +60,20 @@ def _cmd_workloads(args: argparse.Namespace) -> int:
 
 
 def _load_job(path: str):
-    """The job spec at `path`; each `[kernels]` override that changes nothing for the job is
-    said on stderr (workloads.kernels.moot_overrides): nothing is ignored silently."""
+    """The job spec at `path`, or the `[job]` table of the baseline file at `path` (said on
+    stderr); each `[kernels]` override that changes nothing for the job is said on stderr
+    (workloads.kernels.moot_overrides): nothing is ignored silently."""
+    from prismbench.baselines import BaselineError, is_baseline_file, load_baseline
     from workloads.kernels import moot_overrides
 
-    job = load_job_spec(path)
+    if is_baseline_file(path):
+        try:
+            job = load_baseline(path).job
+        except BaselineError as err:
+            raise SpecError(str(err)) from None
+        _progress(f"note: {path} is a baseline: its [job] table is the job")
+    else:
+        job = load_job_spec(path)
     for note in moot_overrides(job):
         _progress(f"note: {path}: {note}")
     return job

@@ -48,6 +48,26 @@ def test_explain_json_is_one_object_with_raw_numbers(capsys):
     assert data["max_model_state_bytes"] > 0
 
 
+def test_a_baseline_file_is_read_for_its_job_table(capsys):
+    """`explain BASELINE` explains the baseline's [job] table, and says so on stderr."""
+    from prismbench.baselines import load_baseline
+    from prismbench.explain import explain, explanation_to_dict
+
+    baseline = ROOT / "results" / "baselines" / "torchtitan2024__llama3.1-8b__8g__r033.toml"
+    assert main(["explain", str(baseline), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == json.loads(json.dumps(explanation_to_dict(explain(load_baseline(baseline).job))))
+    assert "is a baseline: its [job] table is the job" in err
+
+
+def test_a_baseline_with_a_bad_job_table_is_refused_naming_the_file(tmp_path, capsys):
+    baseline = ROOT / "results" / "baselines" / "torchtitan2024__llama3.1-8b__8g__r033.toml"
+    broken = tmp_path / "broken.toml"
+    broken.write_text(baseline.read_text().replace("[job.model]", "[job.model]\nlayerz = 3", 1))
+    assert main(["explain", str(broken)]) == 2
+    _assert_one_line_error(capsys, "broken.toml", "layerz")
+
+
 def test_workloads_lists_flavors_with_params(capsys):
     assert main(["workloads"]) == 0
     out = capsys.readouterr().out
