@@ -62,9 +62,10 @@ def _cmd_workloads(args: argparse.Namespace) -> int:
 def _load_job(path: str):
     """The job spec at `path`, or the `[job]` table of the baseline file at `path` (said on
     stderr); each `[kernels]` override that changes nothing for the job is said on stderr
-    (workloads.kernels.moot_overrides): nothing is ignored silently."""
+    (workloads.kernels.moot_overrides): nothing is ignored silently; so is what the default
+    framework runs that production frameworks do not (`research_program_notes`)."""
     from prismbench.baselines import BaselineError, is_baseline_file, load_baseline
-    from workloads.kernels import moot_overrides
+    from workloads.kernels import moot_overrides, research_program_notes
 
     if is_baseline_file(path):
         try:
@@ -74,7 +75,7 @@ def _load_job(path: str):
         _progress(f"note: {path} is a baseline: its [job] table is the job")
     else:
         job = load_job_spec(path)
-    for note in moot_overrides(job):
+    for note in (*moot_overrides(job), *research_program_notes(job)):
         _progress(f"note: {path}: {note}")
     return job
 

@@ -744,6 +744,27 @@ def moot_overrides(job: Any) -> list[str]:
     ]
 
 
+def research_program_notes(job: Any) -> list[str]:
+    """What the job runs that no production framework runs and that moves its time most, one
+    line each: choices of `prism-86a4f47` (the default framework, the program of the shared
+    H100 profiles) kept so those profiles stay comparable. The CLI says them; nothing changes."""
+    notes = []
+    if job.model.positions == "alibi" and job.kernels.custom_ops == "eager":
+        notes.append(
+            "ALiBi attention runs as float32 eager math over the whole score matrix "
+            "(kernels.custom_ops = 'eager'); llm-foundry and Megatron run a fused bf16 kernel: "
+            "set kernels.framework, or kernels.custom_ops = 'fused'"
+        )
+    if job.train.precision == "fp8" and job.kernels.fp8_casts == "unfused":
+        notes.append(
+            "fp8 casts run unfused, amax, scale and cast kernels around every GEMM "
+            "(kernels.fp8_casts = 'unfused'), which can make fp8 slower than bf16; "
+            "torch.compile (kernels.compile = true) and Transformer Engine "
+            "(kernels.framework = 'nemo' or 'megatron') fuse them"
+        )
+    return notes
+
+
 def padded_vocab(vocab: int, multiple: int, tp: int = 1) -> int:
     """Rows of the embedding and output layer: the vocabulary rounded up to a multiple of
     `multiple` * `tp` (Megatron's make-vocab-size-divisible-by; llm.c pads GPT-2's 50 257 to

@@ -5,7 +5,14 @@ import pytest
 
 from prismbench.spec import job_spec_from_dict
 from workloads.config import SpecError
-from workloads.kernels import CHOICES, FRAMEWORKS, KernelsSpec, moot_overrides, padded_vocab
+from workloads.kernels import (
+    CHOICES,
+    FRAMEWORKS,
+    KernelsSpec,
+    moot_overrides,
+    padded_vocab,
+    research_program_notes,
+)
 
 
 def test_every_framework_has_a_valid_choice_for_every_field():
@@ -85,6 +92,20 @@ def test_an_override_that_changes_nothing_for_the_job_is_said():
     assert moot_overrides(_job(fp8)) == [
         "kernels.fp8_recipe='rowwise' changes nothing for this job: train.precision is not fp8"
     ]
+
+
+def test_what_the_default_framework_runs_unlike_production_is_said():
+    """ALiBi as eager fp32 math and unfused fp8 casts: said under the default framework, not
+    under one that fuses them, nor for a job they do not concern."""
+    alibi = {"model": {"name": "mpt-1b"}, "batch": {"seq_len": 128, "global_batch": 2}}
+    [note] = research_program_notes(job_spec_from_dict(alibi))
+    assert "ALiBi" in note and "custom_ops = 'eager'" in note
+    assert research_program_notes(job_spec_from_dict(alibi | {"kernels": {"framework": "llm-foundry"}})) == []
+    [note] = research_program_notes(_job({}, train={"precision": "fp8"}))
+    assert "fp8 casts run unfused" in note
+    compiled = {"compile": True, "fp8_recipe": "tensorwise"}
+    assert research_program_notes(_job(compiled, train={"precision": "fp8"})) == []
+    assert research_program_notes(_job({})) == []  # bf16 GPT-2, learned positions
 
 
 def test_a_choice_the_framework_revises_for_the_job_is_not_an_override():
