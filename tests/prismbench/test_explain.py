@@ -26,7 +26,7 @@ from workloads.flavors import FLAVORS, get_flavor, parameter_count
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jobspec.example.toml"
 
 
-def _job(model=None, parallel=None, batch=None, train=None, cluster=None):
+def _job(model=None, parallel=None, batch=None, train=None, cluster=None, kernels=None):
     tables = {
         "model": model or {"name": "llama-debug"},
         "parallel": parallel or {},
@@ -36,6 +36,8 @@ def _job(model=None, parallel=None, batch=None, train=None, cluster=None):
         tables["train"] = train
     if cluster:
         tables["cluster"] = cluster
+    if kernels:
+        tables["kernels"] = kernels
     return job_spec_from_dict(tables)
 
 
@@ -143,8 +145,26 @@ def test_zero_sharding_rounds_up_and_one_rank_still_uses_fsdp():
         {"parallel": {"tp": 2, "zero": 0}, "train": {"precision": "bf16"}},
         {"parallel": {"pp": 2}, "train": {"precision": "bf16"}},
         {"parallel": {"zero": 3}, "train": {"precision": "bf16"}},
+        {"parallel": {}, "train": {"precision": "fp8"}},  # fp8 GEMMs, bf16 weights
+        {
+            "parallel": {},
+            "train": {"precision": "bf16"},
+            "kernels": {"grad_accumulation": "model-dtype"},
+        },
+        {"parallel": {"cp": 2}, "train": {"precision": "bf16"}},
     ],
-    ids=["one-rank-bf16", "one-rank-fp32", "dp2-zero1", "dp2-fsdp", "tp2", "pp2", "one-rank-fsdp"],
+    ids=[
+        "one-rank-bf16",
+        "one-rank-fp32",
+        "dp2-zero1",
+        "dp2-fsdp",
+        "tp2",
+        "pp2",
+        "one-rank-fsdp",
+        "one-rank-fp8",
+        "model-dtype-grads",
+        "cp2",
+    ],
 )
 def test_explain_counts_what_the_capture_declares(job, tmp_path):
     """explain's model state per pipeline rank against the bytes the program declares before
@@ -152,9 +172,9 @@ def test_explain_counts_what_the_capture_declares(job, tmp_path):
     from emulator.capture.trace import ALLOC
     from prismbench.capture import capture_job
 
-    spec = _job(parallel=job["parallel"], train=job["train"])
+    spec = _job(parallel=job["parallel"], train=job["train"], kernels=job.get("kernels"))
     captured = capture_job(spec, workers=1, cache_dir=tmp_path)
-    declared = ("parameter", "gradient", "master_weights", "optimizer_state")
+    declared = ("parameter", "buffer", "gradient", "master_weights", "optimizer_state")
     for stage in explain(spec).stages:
         trace = captured.traces[stage.pp_rank]
         c = trace.columns
@@ -162,6 +182,7 @@ def test_explain_counts_what_the_capture_declares(job, tmp_path):
         names = np.array([trace.strings[i] for i in c["category"][rows]])
         held = {n: int(c["size_bytes"][rows[names == n]].sum()) for n in declared}
         assert held["parameter"] == stage.weights_bytes
+        assert held["buffer"] == 0  # the workloads register none, so explain counts none
         assert held["master_weights"] == stage.master_weights_bytes
         if spec.parallel.zero >= 2:  # FSDP2 makes gradients in backward; zero_grad frees them
             assert held["gradient"] == 0 and stage.grads_bytes == stage.weights_bytes
