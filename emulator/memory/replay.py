@@ -83,7 +83,7 @@ class MemoryTimeline:
 @dataclass(frozen=True, kw_only=True)
 class MemoryResult:
     """Peaks of the steady iteration (the headline) and of the first; `peak`, the live
-    breakdowns and `timeline` are the steady iteration's."""
+    breakdowns and `timeline` are the steady iteration's, `first_timeline` the first's."""
 
     peak_allocated_bytes: int
     peak_reserved_bytes: int
@@ -113,6 +113,15 @@ class MemoryResult:
     steady_alloc_retries: int
     unmatched_frees: int
     timeline: MemoryTimeline = field(repr=False, compare=False)
+    first_timeline: MemoryTimeline = field(repr=False, compare=False)
+
+    @property
+    def allocator_limit_bytes(self) -> int | None:
+        """What the allocator may reserve: the usable capacity less the memory outside it
+        (`_allocator`); None without a GPU."""
+        if self.gpu_capacity_bytes is None:
+            return None
+        return max(self.gpu_capacity_bytes - self.outside.total_bytes, 0)
 
     def __post_init__(self) -> None:
         if self.peak_reserved_bytes < self.peak_allocated_bytes:
@@ -122,7 +131,8 @@ class MemoryResult:
             )
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k not in ("timeline", "outside")}
+        timelines = ("timeline", "first_timeline")
+        d = {k: v for k, v in asdict(self).items() if k not in (*timelines, "outside")}
         return d | {"outside": self.outside.to_dict(), "is_oom": self.oom is not None}
 
 
@@ -199,6 +209,7 @@ def _iterations(allocator: CachingAllocator, first_ev: dict, steady_ev: dict) ->
             allocator.peak_requested,
         ),
         "first_retries": allocator.num_alloc_retries,
+        "first": first,
         "oom": None if oom is None else ("first", first, oom),
         "unmatched": unmatched,
         "converged": False,
@@ -228,7 +239,8 @@ def _blocks_state(allocator: CachingAllocator) -> tuple:
 
 
 def _allocator(config, preset, outside, memory_fraction, history) -> CachingAllocator:
-    """The allocator of one device: what the GPU has, less what lives outside the allocator."""
+    """The allocator of one device: what the GPU has, less what lives outside the allocator
+    (MemoryResult.allocator_limit_bytes says the same)."""
     total = preset.usable_capacity_bytes if preset else None
     if memory_fraction is not None and not 0 < memory_fraction <= 1:
         raise ValueError(f"memory_fraction={memory_fraction} must be in (0, 1]")
@@ -386,6 +398,7 @@ def _result(trace, runs, allocator, outside, preset, conf_text, stage, top) -> M
         steady_alloc_retries=runs["steady_retries"],
         unmatched_frees=runs["unmatched"],
         timeline=t,
+        first_timeline=runs["first"],
     )
 
 
