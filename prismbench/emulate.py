@@ -328,7 +328,8 @@ def emulate(
         for p, trace in capture.traces.items()
     }
     if memory_dir is not None:
-        label = f"{name} ({job.model.name}): {job.world_size:,} x {gpu.name}, {_layout(job)}"
+        named = job_title(name, job.model.name)
+        label = f"{named}: {job.world_size:,} x {gpu.name}, {_layout(job)}"
         _export_memory(
             memory_dir,
             capture.traces,
@@ -367,19 +368,26 @@ def _export_memory(
     world = graph.world
     for p, trace in traces.items():
         rank = world.representative(p)
-        times = memory_event_times_s(
-            trace, graph.classes[p], timing.timelines[rank], memory[p].timeline.rows
-        )
+        times = {  # the first iteration's events are drawn over the same replayed step
+            which: memory_event_times_s(trace, graph.classes[p], timing.timelines[rank], t.rows)
+            for which, t in (("steady", memory[p].timeline), ("first", memory[p].first_timeline))
+        }
         plot_memory_timeline(
             memory[p],
             directory / f"memory_class_{p:04d}.png",
             title=f"{job}\npipeline rank {p} of {world.pp} (rank {rank}): memory",
             trace=trace,
-            event_times_s=times,
+            event_times_s=times["steady"],
+            first_event_times_s=times["first"],
         )
         write_snapshot(
             trace, directory / f"snapshot_class_{p:04d}.pickle", gpu=gpu, alloc_conf=alloc_conf
         )
+
+
+def job_title(name: str, model: str) -> str:
+    """The job's name, and its model's when that says more: "llama2-7b", "run3 (llama2-7b)"."""
+    return name if name == model else f"{name} ({model})"
 
 
 def _layout(job) -> str:

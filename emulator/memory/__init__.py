@@ -24,8 +24,8 @@ is data, never an exception: after the first allocation that does not fit, the r
 as on an unlimited device so every figure is still given.
 
 The replay runs a first iteration and then steady ones (iterations.py). Exports:
-`prismbench.plots.plot_memory_timeline(result, path, title, trace=, event_times_s=)` (PNG, with
-the harness) and
+`prismbench.plots.plot_memory_timeline(result, path, title, trace=, event_times_s=,
+first_event_times_s=)` (PNG, with the harness) and
 `write_snapshot(trace, path, ...)` (a pickle in torch.cuda.memory._snapshot()'s format, which
 pytorch.org/memory_viz opens) and `history_by_iteration(trace, gpu=, steady_iterations=)` (the
 allocator's events cut where a process's are: build and declared state, first iteration, each

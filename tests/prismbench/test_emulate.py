@@ -6,7 +6,7 @@ import pytest
 
 from emulator.graph.results import BREAKDOWN_FIELDS
 from prismbench.cli import main
-from prismbench.emulate import RESULT_SCHEMA_VERSION, emulate
+from prismbench.emulate import RESULT_SCHEMA_VERSION, emulate, job_title
 from prismbench.spec import SpecError, job_spec_from_dict
 
 CONTRACT_KEYS = {
@@ -32,6 +32,11 @@ def write_job(tmp_path, parallel: dict, model: str = "llama-debug") -> str:
     path = tmp_path / "job.toml"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
+
+
+def test_the_title_names_the_model_once_when_the_job_is_named_after_it():
+    assert job_title("llama2-7b", "llama2-7b") == "llama2-7b"  # was "llama2-7b (llama2-7b)"
+    assert job_title("run3", "llama2-7b") == "run3 (llama2-7b)"
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,8 @@
-"""The harness's figures: a memory timeline PNG from a replayed capture, and the functions
-that give it its x axis (phase bands, event times)."""
+"""The harness's figures: a memory timeline PNG from a replayed capture, the functions that
+give it its x axis (phase bands, event times), and what it draws (colours, limits, the table,
+the OOM, which iterations)."""
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -7,13 +10,25 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from emulator.capture.op_recorder import OpRecorder
-from emulator.capture.trace import COMPUTE
+from emulator.capture.trace import CATEGORIES, COMPUTE
 from emulator.graph.build import build_graph
 from emulator.graph.replay import replay
-from emulator.memory import replay_memory
+from emulator.hardware import gpu_preset
+from emulator.memory import OutsideMemory, replay_memory
+from emulator.memory.events import KERNEL_WORKSPACE_CATEGORY, WORKSPACE_CATEGORY
+from emulator.units import GiB, MiB
 from emulator.world.mesh import World
 from prismbench.emulate import emulate
-from prismbench.plots import memory_event_times_s, phase_bands, plot_memory_timeline
+from prismbench.plots import (
+    category_colours,
+    iterations_drawn,
+    limit_lines,
+    memory_event_times_s,
+    phase_bands,
+    plot_memory_timeline,
+    plot_title,
+    table_rows,
+)
 from prismbench.spec import job_spec_from_dict
 from tests.emulator.capture.test_op_recorder import BATCH, GPT, SEQ, VOCAB, run_step
 from tests.emulator.memory.test_replay import capture
@@ -102,6 +117,125 @@ def test_after_a_collective_an_event_is_at_its_issue_and_after_a_wait_at_its_end
     # all-reduce's issue, the second compute, the wait
     times = memory_event_times_s(trace, graph.classes[0], timeline, np.arange(len(trace)))
     np.testing.assert_allclose(times, [0.0, 1.0, 1.0, 3.0, 4.0])
+
+
+OUTSIDE = OutsideMemory(  # 1 MiB outside the allocator, as a CUDA context would hold
+    cuda_context_bytes=MiB,
+    nccl_setup_bytes=0,
+    nccl_buffer_bytes=0,
+    nccl_communicators=0,
+    nccl_channels=0,
+)
+
+
+def _on_a_gpu_of(capacity_bytes: int):
+    """The test capture replayed on an H100 that offers `capacity_bytes`, 1 MiB of it outside
+    the allocator."""
+    gpu = dataclasses.replace(gpu_preset("h100-sxm-80g"), usable_capacity_bytes=capacity_bytes)
+    return replay_memory(capture()[0], gpu=gpu, outside=OUTSIDE)
+
+
+@pytest.fixture(scope="module")
+def roomy():
+    """A replay with room to spare: its peak reserved plus 1 MiB outside, plus 8 MiB."""
+    free = replay_memory(capture()[0], gpu="h100-sxm-80g", outside=OUTSIDE)
+    reserved = max(free.peak_reserved_bytes, free.first_iteration_peak_reserved_bytes)
+    return _on_a_gpu_of(reserved + MiB + 8 * MiB)
+
+
+@pytest.fixture(scope="module")
+def short():
+    """The same replay on a GPU one byte short of what it needs: an OOM."""
+    free = replay_memory(capture()[0], gpu="h100-sxm-80g", outside=OUTSIDE)
+    reserved = max(free.peak_reserved_bytes, free.first_iteration_peak_reserved_bytes)
+    result = _on_a_gpu_of(reserved + MiB - 1)
+    assert result.oom is not None
+    return result
+
+
+def test_every_category_the_replay_knows_has_its_own_colour():
+    known = (*CATEGORIES, WORKSPACE_CATEGORY, KERNEL_WORKSPACE_CATEGORY)
+    colours = category_colours(known)
+    assert len(set(colours.values())) == len(known)
+    assert colours[KERNEL_WORKSPACE_CATEGORY] != colours["parameter"]  # tab10 gave both C0
+
+
+def test_a_category_keeps_its_colour_whatever_else_is_drawn():
+    assert category_colours(["kernel_workspace"]) == {
+        "kernel_workspace": category_colours(["parameter", "kernel_workspace"])["kernel_workspace"]
+    }
+    colours = category_colours(["parameter", "zeta", "alpha"])  # unknown labels: colours left
+    assert len(set(colours.values())) == 3
+
+
+def test_the_limits_are_the_usable_capacity_and_the_allocator_limit_1MiB_under_it(roomy):
+    lines = {line.label: line.size_bytes for line in limit_lines(roomy)}
+    assert lines == {
+        "h100-sxm-80g usable capacity": roomy.gpu_capacity_bytes,
+        "allocator limit (capacity - outside the allocator)": roomy.gpu_capacity_bytes - MiB,
+    }
+
+
+def test_limits_far_above_the_job_are_not_drawn_but_are_in_the_table():
+    small = replay_memory(capture()[0], gpu="h100-sxm-80g")  # MiB of a job on 79 GiB
+    assert limit_lines(small) == []
+    rows = {row.name: row.size_bytes for row in table_rows(small, set())}
+    assert rows["h100-sxm-80g usable capacity"] == small.gpu_capacity_bytes > 79 * GiB
+    outside = rows["outside the allocator (CUDA context, NCCL)"]
+    assert outside == small.outside.total_bytes > 0
+    assert rows["allocator limit (capacity - outside)"] == small.gpu_capacity_bytes - outside
+
+
+def test_without_a_gpu_there_are_no_limits():
+    result = replay_memory(capture()[0])
+    assert limit_lines(result) == []
+    assert [row.name for row in table_rows(result, set()) if not row.category] == [
+        "peak allocated",
+        "peak reserved",
+    ]
+
+
+def test_the_table_lists_every_drawn_category_largest_first_with_its_share(roomy):
+    rows = table_rows(roomy, {"drawn_but_not_live"})
+    categories = [row for row in rows if row.category]
+    assert {row.name: row.size_bytes for row in categories}["drawn_but_not_live"] == 0
+    sizes = [row.size_bytes for row in categories]
+    assert sizes == sorted(sizes, reverse=True)
+    assert sum(sizes) == roomy.peak_allocated_bytes
+    assert not any(row.name.startswith("OOM") for row in rows)
+
+
+def test_only_the_steady_iteration_is_drawn_when_the_first_peaks_no_higher(roomy):
+    assert roomy.first_iteration_peak_reserved_bytes <= roomy.peak_reserved_bytes
+    assert iterations_drawn(roomy) == ("steady",)
+    higher = dataclasses.replace(
+        roomy, first_iteration_peak_allocated_bytes=roomy.peak_allocated_bytes + 1
+    )
+    assert iterations_drawn(higher) == ("first", "steady")
+
+
+def test_an_oom_is_said_in_the_title_listed_in_the_table_and_its_iteration_drawn(short):
+    oom = short.oom
+    title = plot_title(short, "one rank")
+    assert title.startswith(f"OUT OF MEMORY in the {oom.iteration} iteration ({oom.at.phase}")
+    assert title.endswith("\none rank")
+    assert plot_title(dataclasses.replace(short, oom=None), "one rank") == "one rank"
+    last = table_rows(short, set())[-1]
+    assert last.name == f"OOM: refused request ({oom.iteration} iteration)"
+    assert last.size_bytes == oom.request_bytes
+    assert oom.iteration in iterations_drawn(short)
+
+
+def test_a_first_iteration_oom_is_drawn_over_its_event_times(short, tmp_path):
+    oom_first = dataclasses.replace(short, oom=dataclasses.replace(short.oom, iteration="first"))
+    times = {
+        "event_times_s": np.linspace(0, 1, short.events),
+        "first_event_times_s": np.linspace(0, 1, len(short.first_timeline.rows)),
+    }
+    path = plot_memory_timeline(oom_first, tmp_path / "oom.png", title="one rank", **times)
+    assert path.read_bytes()[:8] == PNG
+    with pytest.raises(ValueError, match="first iteration: 3 event times"):
+        plot_memory_timeline(oom_first, tmp_path / "x.png", first_event_times_s=np.zeros(3))
 
 
 @pytest.mark.integration
