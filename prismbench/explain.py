@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from emulator.hardware import gpu_preset
+from emulator.memory.outside import CUDA_CONTEXT_BYTES, NCCL_SETUP_BYTES, nccl_buffer_bytes
 from emulator.world.mesh import World
 from workloads.config import ModelSpec
 from workloads.flavors import FLAVORS, parameter_count
@@ -113,15 +114,21 @@ class FlopsInfo:
 
 @dataclass(frozen=True, kw_only=True)
 class GpuFit:
-    """The job against its GPU preset: model state vs HBM, and the compute-bound time floor."""
+    """The job against its GPU preset: model state against what the allocator may hold, and the
+    compute-bound time floor."""
 
     gpu: str
-    hbm_capacity_bytes: int
+    hbm_capacity_bytes: int  # nominal DRAM, as the datasheet counts it
+    usable_capacity_bytes: int  # what CUDA offers (the preset's cited figure)
+    # CUDA context, NCCL setup and each communicator's buffers (emulator.memory.outside), the
+    # communicators as the layout makes them (`layout_nccl_communicators`)
+    outside_allocator_bytes: int
+    allocator_limit_bytes: int  # usable - outside: where the caching allocator runs out
     # for the dtype the job's GEMMs run in (fp8: the fp8 peak, though only GEMMs run in fp8;
     # fp32: the fp32 units', as torch runs fp32 matmuls without tf32 by default: a time floor,
     # not the tf32 peak emulate's MFU is quoted against, docs/METRICS.md)
     peak_dense_tflops: float
-    model_state_fraction_of_hbm: float  # worst pipeline stage; activations come on top
+    model_state_fraction_of_allocator_limit: float  # worst pipeline stage; activations on top
     iteration_time_at_peak_s: float  # hardware FLOPs per GPU at dense peak: a lower bound
 
 
@@ -410,18 +417,38 @@ def explain(job: Any) -> Explanation:
         stages=stages,
         flops=flops_info,
         max_model_state_bytes=max_state,
-        gpu=_gpu_fit(job.cluster.gpu, job.train.precision, max_state, flops_info),
+        gpu=_gpu_fit(job, max_state, flops_info),
     )
 
 
-def _gpu_fit(name: str, precision: str, max_state_bytes: int, flops_info: FlopsInfo) -> GpuFit:
-    gpu = gpu_preset(name)
-    peak_tflops = gpu.peak_tflops(precision)
+def layout_nccl_communicators(tp: int, pp: int, cp: int, dp: int) -> int:
+    """NCCL communicators one rank makes under this layout, as the workloads build them: a
+    (dp, pp, cp, tp) DeviceMesh whose groups of more than one rank are the tp, pp and cp groups
+    and the flattened dp x cp group gradients are reduced over; every group that spans the whole
+    world is torch's default group, one communicator. (`emulator.memory.outside.
+    nccl_communicators` counts the same from a captured trace.)"""
+    world = tp * pp * cp * dp
+    sizes = [size for size in (tp, pp, cp, dp * cp) if size > 1]
+    return sum(size < world for size in sizes) + any(size == world for size in sizes)
+
+
+def _gpu_fit(job, max_state_bytes: int, flops_info: FlopsInfo) -> GpuFit:
+    gpu = gpu_preset(job.cluster.gpu)
+    p = job.parallel
+    comms = layout_nccl_communicators(p.tp, p.pp, p.cp, p.dp)
+    outside = (
+        CUDA_CONTEXT_BYTES[gpu.arch] + NCCL_SETUP_BYTES[gpu.arch] + nccl_buffer_bytes(comms)
+    )  # as emulator.memory.outside.outside_memory counts a captured rank's
+    limit = max(gpu.usable_capacity_bytes - outside, 0)
+    peak_tflops = gpu.peak_tflops(job.train.precision)
     return GpuFit(
-        gpu=name,
+        gpu=gpu.name,
         hbm_capacity_bytes=gpu.hbm_capacity_bytes,
+        usable_capacity_bytes=gpu.usable_capacity_bytes,
+        outside_allocator_bytes=outside,
+        allocator_limit_bytes=limit,
         peak_dense_tflops=peak_tflops,
-        model_state_fraction_of_hbm=max_state_bytes / gpu.hbm_capacity_bytes,
+        model_state_fraction_of_allocator_limit=max_state_bytes / limit if limit else float("inf"),
         iteration_time_at_peak_s=flops_info.hardware_flops_per_gpu / (peak_tflops * 1e12),
     )
 
@@ -437,5 +464,8 @@ def explanation_to_dict(explanation: Explanation) -> dict[str, Any]:
         "as the workloads hold them (distributed optimizer: 2+4+4+8 mixed precision, 2+2+4+8 "
         "with kernels.grad_accumulation='model-dtype'; FSDP: 4+4+0+8 sharded over dp*cp); "
         "see prismbench.explain",
+        "allocator_limit": "usable_capacity_bytes (what CUDA offers) - outside_allocator_bytes "
+        "(CUDA context, NCCL setup, each communicator's buffers): what the caching allocator "
+        "may reserve, docs/MEMORY.md",
     }
     return data

@@ -175,10 +175,16 @@ def _gpu_table(e: Explanation) -> Table:
     table = Table(title=f"Against the GPU preset {g.gpu}", show_header=False)
     table.add_column("what")
     table.add_column("value", justify="right")
-    table.add_row("HBM capacity", format_bytes(g.hbm_capacity_bytes))
+    table.add_row("HBM (nominal)", format_bytes(g.hbm_capacity_bytes))
+    table.add_row("usable capacity (what CUDA offers)", format_bytes(g.usable_capacity_bytes))
+    table.add_row(
+        "outside the allocator (CUDA context, NCCL)", format_bytes(g.outside_allocator_bytes)
+    )
+    table.add_row("allocator limit (usable - outside)", format_bytes(g.allocator_limit_bytes))
+    share = g.model_state_fraction_of_allocator_limit
     table.add_row(
         "model state, worst stage (activations not included)",
-        f"{format_bytes(e.max_model_state_bytes)} ({g.model_state_fraction_of_hbm:.0%} of HBM)",
+        f"{format_bytes(e.max_model_state_bytes)} ({share:.0%} of the allocator limit)",
     )
     table.add_row(f"dense {e.precision} peak", f"{g.peak_dense_tflops:,.1f} TFLOP/s")
     table.add_row(

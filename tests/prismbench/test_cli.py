@@ -38,6 +38,8 @@ def test_explain_prints_tables(capsys):
     assert "8,192 GPUs" in out
     assert "70.55 B params" in out
     assert "PFLOP" in out and "GiB" in out
+    # model state is weighed against what the allocator may hold, both figures named
+    assert "usable capacity (what CUDA offers)" in out and "of the allocator limit" in out
 
 
 def test_explain_json_is_one_object_with_raw_numbers(capsys):

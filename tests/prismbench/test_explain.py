@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from emulator.hardware import gpu_preset
 from emulator.world.mesh import World
 from prismbench.explain import (
     axis_placements,
@@ -15,6 +16,7 @@ from prismbench.explain import (
     explanation_to_dict,
     flops,
     layer_params,
+    layout_nccl_communicators,
     model_state_bytes,
     stage_model_flops_per_gpu,
     total_params,
@@ -152,6 +154,8 @@ def test_zero_sharding_rounds_up_and_one_rank_still_uses_fsdp():
             "kernels": {"grad_accumulation": "model-dtype"},
         },
         {"parallel": {"cp": 2}, "train": {"precision": "bf16"}},
+        {"parallel": {"tp": 2, "cp": 2}, "train": {"precision": "bf16"}},
+        {"parallel": {"tp": 2, "dp": 2, "pp": 2}, "train": {"precision": "bf16"}},
     ],
     ids=[
         "one-rank-bf16",
@@ -164,12 +168,16 @@ def test_zero_sharding_rounds_up_and_one_rank_still_uses_fsdp():
         "one-rank-fp8",
         "model-dtype-grads",
         "cp2",
+        "tp2-cp2",
+        "tp2-dp2-pp2",
     ],
 )
 def test_explain_counts_what_the_capture_declares(job, tmp_path):
     """explain's model state per pipeline rank against the bytes the program declares before
-    the iteration (parameters, gradient buffer, master weights, optimizer state)."""
+    the iteration (parameters, gradient buffer, master weights, optimizer state), and its NCCL
+    communicators against those the program made."""
     from emulator.capture.trace import ALLOC
+    from emulator.memory.outside import nccl_communicators
     from prismbench.capture import capture_job
 
     spec = _job(parallel=job["parallel"], train=job["train"], kernels=job.get("kernels"))
@@ -191,6 +199,8 @@ def test_explain_counts_what_the_capture_declares(job, tmp_path):
         # beyond the moments: AdamW's step counter, a few bytes per tensor it steps
         tensors = int((names == "parameter").sum())
         assert 0 < held["optimizer_state"] - stage.optimizer_bytes <= 8 * tensors
+        p = spec.parallel
+        assert nccl_communicators(trace) == layout_nccl_communicators(p.tp, p.pp, p.cp, p.dp)
 
 
 def test_zero3_shards_over_dp_times_cp():
@@ -284,10 +294,18 @@ def test_dict_form_holds_raw_numbers(example):
     assert data["flops"]["model_flops_per_iteration"] == example.flops.model_flops_per_iteration
 
 
-def test_gpu_fit_compares_model_state_with_hbm_and_peak(example):
+def test_gpu_fit_compares_model_state_with_what_the_allocator_may_hold_and_peak(example):
     fit = example.gpu
-    assert fit.hbm_capacity_bytes == 80 * 1024**3  # h100-sxm-80g preset
-    assert fit.model_state_fraction_of_hbm == example.max_model_state_bytes / (80 * 1024**3)
+    assert fit.hbm_capacity_bytes == 80 * 1024**3  # h100-sxm-80g preset, nominal
+    assert fit.usable_capacity_bytes == gpu_preset("h100-sxm-80g").usable_capacity_bytes
+    # Hopper's CUDA context and NCCL setup, then 16 channels x (4 MiB + 512 KiB + 4800 KiB) for
+    # each of tp8, pp4 and dp256's communicators (none spans the 8192-GPU world)
+    buffers = 3 * 16 * (4 * 1024**2 + 512 * 1024 + 4800 * 1024)
+    assert fit.outside_allocator_bytes == 804_061_184 + 585_105_408 + buffers
+    assert fit.allocator_limit_bytes == fit.usable_capacity_bytes - fit.outside_allocator_bytes
+    assert fit.model_state_fraction_of_allocator_limit == (
+        example.max_model_state_bytes / fit.allocator_limit_bytes
+    )
     assert fit.iteration_time_at_peak_s == pytest.approx(
         example.flops.hardware_flops_per_gpu / (fit.peak_dense_tflops * 1e12)
     )
