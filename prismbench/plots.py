@@ -180,7 +180,7 @@ def plot_title(result: MemoryResult, title: str) -> str:
     if oom is None:
         return title
     per_micro_batch = oom.at.phase in ("forward", "backward", "recompute")
-    where = oom.at.phase + (f" {oom.at.micro_batch}" if per_micro_batch else "")
+    where = oom.at.phase + (f" of micro-batch {oom.at.micro_batch}" if per_micro_batch else "")
     return (
         f"OUT OF MEMORY in the {oom.iteration} iteration ({where}): "
         f"{format_bytes(oom.request_bytes)} requested, {format_bytes(oom.allocated_bytes)} "
