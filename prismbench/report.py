@@ -339,28 +339,53 @@ def module_label(module: str) -> str:
     return top if module in ("", TOP_LEVEL_MODULE) else module
 
 
+def torch_format_size(count: int) -> str:
+    """c10's format_size, which torch's OOM message prints its figures with: two decimals of
+    the largest unit a figure exceeds (so 1 GiB reads "1024.00 MiB"), "N bytes" up to 1 KiB."""
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if count > size:
+            return f"{count / size:.2f} {unit}"
+    return f"{count} bytes"
+
+
 def oom_message(pp: int, members: int, detail: dict) -> str:
     """What torch's OOM error says, for the first allocation of a rank class that did not fit
-    (`emulator.memory.replay.OomReport` as a dict): where, the request, what the allocator held
-    and could hold, and what was live by category, largest first."""
-    at = detail["at"]
-    where = f"{detail['iteration']} iteration, {at['phase']}"
-    if at["phase"] in ("forward", "backward", "recompute") and at["micro_batch"] >= 0:
-        where += f" mb{at['micro_batch']}"  # the timeline's name: mb0 is the first
-    if at["phase"] == "setup":  # the rows before the first op (emulator.memory.replay)
-        where = "before the first iteration, building the model and its state (train.model_init)"
+    (`emulator.memory.replay.OomReport` as a dict): where and in which op, then torch's own
+    sentences and figures (CUDACachingAllocator.cpp: "Tried to allocate" is the segment the
+    allocator asked CUDA for, the request beside it), then what was live by category."""
     allocated, reserved = detail["allocated_bytes"], detail["reserved_bytes"]
-    capacity = detail["allocator_capacity_bytes"]
     live = sorted(detail["live_by_category"].items(), key=lambda item: -item[1])
     return (
-        f"Out of memory on pipeline rank {pp} ({members:,} ranks): {where}, in "
-        f"{module_label(at['module'])}. Tried to allocate {format_bytes(detail['request_bytes'])}; "
-        f"the allocator may reserve {format_bytes(capacity)} (CUDA offers "
-        f"{format_bytes(detail['gpu_capacity_bytes'])}, less the memory outside the allocator), "
-        f"of which {format_bytes(allocated)} is allocated, {format_bytes(reserved - allocated)} "
-        f"reserved but unallocated and {format_bytes(max(capacity - reserved, 0))} free. "
+        f"Out of memory on pipeline rank {pp} ({members:,} ranks): {_oom_where(detail)}. "
+        f"Tried to allocate {_tried(detail)}. The GPU has a total capacity of "
+        f"{torch_format_size(detail['gpu_capacity_bytes'])} of which "
+        f"{torch_format_size(detail['free_bytes'])} is free. Including non-PyTorch memory, this "
+        f"process has {torch_format_size(detail['process_in_use_bytes'])} memory in use "
+        f"({format_bytes(detail['outside_bytes'])} of it outside the allocator: CUDA context and "
+        f"NCCL). Of the allocated memory {torch_format_size(allocated)} is allocated by PyTorch, "
+        f"and {torch_format_size(reserved - allocated)} is reserved by PyTorch but unallocated. "
         "Live: " + ", ".join(f"{name} {format_bytes(size)}" for name, size in live) + "."
     )
+
+
+def _oom_where(detail: dict) -> str:
+    """ "steady iteration, backward mb0, in MODULE, op OP" (the op left out when none)."""
+    at = detail["at"]
+    if at["phase"] == "setup":  # the rows before the first op (emulator.memory.replay)
+        where = "before the first iteration, building the model and its state (train.model_init)"
+    else:
+        where = f"{detail['iteration']} iteration, {at['phase']}"
+        if at["phase"] in ("forward", "backward", "recompute") and at["micro_batch"] >= 0:
+            where += f" mb{at['micro_batch']}"  # the timeline's name: mb0 is the first
+    where += f", in {module_label(at['module'])}"
+    return where + (f", op {at['op']}" if at["op"] else "")
+
+
+def _tried(detail: dict) -> str:
+    """torch's "Tried to allocate" figure, with the request it rounds when they print apart."""
+    tried = torch_format_size(detail["allocation_bytes"])
+    request = torch_format_size(detail["request_bytes"])
+    return tried if tried == request else f"{tried} (a segment, for a request of {request})"
 
 
 def _priced_by(priced_by: dict[str, dict[str, float]]) -> str:

@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from emulator.capture.trace import PHASES, RankTrace
+from emulator.capture.trace import COMM, COMPUTE, PHASES, RankTrace
 from emulator.hardware import GpuPreset, gpu_preset
 from emulator.memory.allocator import CachingAllocator
+from emulator.memory.blocks import allocation_size, round_size
 from emulator.memory.config import AllocatorConfig, parse_alloc_conf
 from emulator.memory.events import replay_events
 from emulator.memory.iterations import iteration_events
@@ -33,6 +34,7 @@ from emulator.memory.outside import (
 )
 
 MAX_STEADY_ITERATIONS = 8
+_ZERO_FILL = "aten.fill_"  # emulator.capture.opmap.ZERO_FILL, which imports torch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,19 +47,28 @@ class MemoryEvent:
     phase: str
     micro_batch: int
     module: str
+    op: str  # the aten op (or collective) the event belongs to; "" before the first op
 
 
 @dataclass(frozen=True, kw_only=True)
 class OomReport:
-    """The first allocation that did not fit, after torch's cache-release retries."""
+    """The first allocation that did not fit, after torch's cache-release retries, with the
+    figures of torch's OutOfMemoryError message (CUDACachingAllocator.cpp, malloc), taken as
+    torch takes them: after the retries have freed the cache."""
 
     iteration: str  # "first" or "steady"
     at: MemoryEvent
-    request_bytes: int
-    allocated_bytes: int
-    reserved_bytes: int
-    allocator_capacity_bytes: int
-    gpu_capacity_bytes: int
+    request_bytes: int  # what the op asked for (unrounded)
+    # torch's "Tried to allocate": get_allocation_size(round_size(request)), the segment the
+    # failed cudaMalloc asked for (20 MiB for a 3 MiB request; the rounded request above 10 MiB)
+    allocation_bytes: int
+    allocated_bytes: int  # "... is allocated by PyTorch"
+    reserved_bytes: int  # allocated + "... is reserved by PyTorch but unallocated"
+    allocator_capacity_bytes: int  # GPU capacity - outside: what the allocator may reserve
+    gpu_capacity_bytes: int  # "GPU 0 has a total capacity of ..." (cudaMemGetInfo's total)
+    outside_bytes: int  # CUDA context and NCCL (emulator.memory.outside)
+    free_bytes: int  # "... of which ... is free": GPU capacity - outside - reserved
+    process_in_use_bytes: int  # "this process has ... memory in use": reserved + outside
     live_by_category: dict[str, int]
 
 
@@ -285,13 +296,7 @@ def _run(
         else:
             block = malloc(size, stream)
             if block is None:
-                oom = oom or (
-                    j,
-                    size,
-                    allocator.allocated,
-                    allocator.reserved,
-                    allocator.capacity_bytes,
-                )
+                oom = oom or _failure(allocator, j, size)
                 allocator.capacity_bytes = None  # the figures go on as on an unlimited device
                 block = malloc(size, stream)
             row, category = int(ev["rows"][j]), int(ev["category"][j])
@@ -314,6 +319,19 @@ def _run(
         categories=ev["categories"],
     )
     return timeline, oom, unmatched
+
+
+def _failure(allocator: CachingAllocator, j: int, size: int) -> dict:
+    """What torch's OOM message reports of the allocator when event `j` (`size` bytes) fails."""
+    config = allocator.config
+    return {
+        "at": j,
+        "request_bytes": size,
+        "allocation_bytes": allocation_size(round_size(size, config), config),
+        "allocated_bytes": allocator.allocated,
+        "reserved_bytes": allocator.reserved,
+        "allocator_capacity_bytes": allocator.capacity_bytes,
+    }
 
 
 def _allocation_columns(ev: dict, carried: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -364,7 +382,26 @@ def _where(trace: RankTrace, t: MemoryTimeline, j: int, stage: int | None) -> Me
         phase=PHASES[phase] if 0 <= phase < len(PHASES) else "setup",
         micro_batch=int(c["micro_batch"][row]),
         module=trace.strings[c["module"][row]],
+        op=_op_at(trace, row) if phase >= 0 else "",
     )
+
+
+def _op_at(trace: RankTrace, row: int) -> str:
+    """The op of an allocation at `row`: the first compute or collective row from there on (the
+    op recorder writes an op's output allocations right before its row; a kernel's own
+    workspace is at its row). A zero fill that a kernel runs on its output
+    (opmap.ZERO_FILLED_OUTPUT) is recorded between the two: the op is the kernel after it."""
+    c, strings = trace.columns, trace.strings
+    ops = np.flatnonzero(np.isin(c["kind"][row:], (COMPUTE, COMM))) + row
+    if not len(ops):
+        return ""
+    names = [strings[c["aten"][r]] or strings[c["name"][r]] for r in ops[:2].tolist()]
+    if names[0] == _ZERO_FILL and len(names) > 1:
+        from emulator.capture.opmap import ZERO_FILLED_OUTPUT  # imports torch: only here
+
+        if names[1] in ZERO_FILLED_OUTPUT:
+            return names[1]
+    return names[0]
 
 
 def _result(trace, runs, allocator, outside, preset, conf_text, stage, top) -> MemoryResult:
@@ -390,7 +427,7 @@ def _result(trace, runs, allocator, outside, preset, conf_text, stage, top) -> M
         + outside.total_bytes,
         gpu=preset.name if preset else None,
         gpu_capacity_bytes=preset.usable_capacity_bytes if preset else None,
-        oom=_oom_report(trace, runs["oom"], preset, stage),
+        oom=_oom_report(trace, runs["oom"], preset, outside, stage),
         alloc_conf=conf_text,
         events=n,
         alloc_retries=allocator.num_alloc_retries,
@@ -402,17 +439,19 @@ def _result(trace, runs, allocator, outside, preset, conf_text, stage, top) -> M
     )
 
 
-def _oom_report(trace, oom, preset, stage) -> OomReport | None:
+def _oom_report(trace, oom, preset, outside, stage) -> OomReport | None:
     if oom is None:
         return None
-    iteration, t, (at, size, allocated, reserved, capacity) = oom
+    iteration, t, failure = oom
+    at, reserved = failure.pop("at"), failure["reserved_bytes"]
+    total, outside_bytes = preset.usable_capacity_bytes, outside.total_bytes
     return OomReport(
         iteration=iteration,
         at=_where(trace, t, at, stage),
-        request_bytes=size,
-        allocated_bytes=allocated,
-        reserved_bytes=reserved,
-        allocator_capacity_bytes=capacity,
-        gpu_capacity_bytes=preset.usable_capacity_bytes,
+        **failure,
+        gpu_capacity_bytes=total,
+        outside_bytes=outside_bytes,
+        free_bytes=max(total - outside_bytes - reserved, 0),
+        process_in_use_bytes=reserved + outside_bytes,
         live_by_category=_by_category(t, at - 1) if at else {},
     )

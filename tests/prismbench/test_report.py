@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from emulator.units import GiB
+from emulator.units import GiB, MiB
 from prismbench.report import (
     alloc_retries_message,
     format_bytes,
@@ -10,6 +10,7 @@ from prismbench.report import (
     format_nodes,
     one_off_retries_message,
     oom_message,
+    torch_format_size,
 )
 
 
@@ -32,7 +33,10 @@ def test_nodes_say_how_a_world_that_does_not_fill_them_sits_on_them():
     assert format_nodes(8, 3, 3) == "3 of 3 GPUs (the last uses 2)"
 
 
-def test_an_oom_says_where_what_was_asked_and_what_was_live():
+def _oom_detail(**changes) -> dict:
+    """An OomReport as a dict: a 512 MiB request failing in a forward with 78 GiB to reserve
+    (79 GiB of GPU, 1 GiB outside the allocator), 256 MiB of it cached."""
+    allocated, reserved, outside = 77 * GiB, 77 * GiB + 256 * MiB, GiB
     detail = {
         "iteration": "first",
         "at": {
@@ -42,66 +46,73 @@ def test_an_oom_says_where_what_was_asked_and_what_was_live():
             "phase": "forward",
             "micro_batch": 1,
             "module": "Llama.layers.9.feed_forward.w2",
-        },
-        "request_bytes": 512 << 20,
-        "allocated_bytes": 77 * GiB,
-        "reserved_bytes": 77 * GiB + (256 << 20),
+            "op": "aten.mm",
+        },  # fmt: skip
+        "request_bytes": 512 * MiB,
+        "allocation_bytes": 512 * MiB,
+        "allocated_bytes": allocated,
+        "reserved_bytes": reserved,
         "allocator_capacity_bytes": 78 * GiB,
         "gpu_capacity_bytes": 79 * GiB,
+        "outside_bytes": outside,
+        "free_bytes": 79 * GiB - outside - reserved,
+        "process_in_use_bytes": reserved + outside,
         "live_by_category": {"gradient": 8 * GiB, "activation": 65 * GiB, "parameter": 4 * GiB},
     }
-    message = oom_message(1, 2048, detail)
+    return detail | changes
+
+
+def test_an_oom_says_where_in_which_op_and_what_was_live():
+    message = oom_message(1, 2048, _oom_detail())
     assert message.startswith("Out of memory on pipeline rank 1 (2,048 ranks): first iteration, "
-                              "forward mb1, in Llama.layers.9.feed_forward.w2.")  # fmt: skip
-    assert "Tried to allocate 512.00 MiB" in message
-    assert "78.00 GiB (CUDA offers 79.00 GiB" in message
-    assert (
-        "77.00 GiB is allocated, 256.00 MiB reserved but unallocated and 768.00 MiB free" in message
-    )
+                              "forward mb1, in Llama.layers.9.feed_forward.w2, op aten.mm.")  # fmt: skip
     assert message.endswith("Live: activation 65.00 GiB, gradient 8.00 GiB, parameter 4.00 GiB.")
 
 
-def test_an_oom_outside_a_micro_batch_names_its_phase_only():
-    detail = {
-        "iteration": "steady",
-        "at": {
-            "event_index": 1,
-            "seq": 1,
-            "stage": 0,
-            "phase": "optimizer",
-            "micro_batch": -1,
-            "module": "Global",  # what the capture records outside every module (ModTracker)
-        },
-        "request_bytes": GiB,
-        "allocated_bytes": 10 * GiB,
-        "reserved_bytes": 10 * GiB,
-        "allocator_capacity_bytes": 10 * GiB,
-        "gpu_capacity_bytes": 11 * GiB,
-        "live_by_category": {},
-    }
-    message = oom_message(0, 1, detail)
+def test_an_oom_gives_torch_s_figures_in_torch_s_words():
+    message = oom_message(1, 2048, _oom_detail())
     assert (
-        "steady iteration, optimizer, in the top level (the model's root or no module)." in message
+        "Tried to allocate 512.00 MiB. The GPU has a total capacity of 79.00 GiB of which "
+        "768.00 MiB is free. Including non-PyTorch memory, this process has 78.25 GiB memory in "
+        "use (1.00 GiB of it outside the allocator: CUDA context and NCCL). Of the allocated "
+        "memory 77.00 GiB is allocated by PyTorch, and 256.00 MiB is reserved by PyTorch but "
+        "unallocated." in message
     )
-    assert "0 B free" in message
+
+
+def test_tried_to_allocate_is_the_segment_torch_asks_for_with_the_request_beside_it():
+    detail = _oom_detail(request_bytes=3 * MiB, allocation_bytes=20 * MiB)
+    assert "Tried to allocate 20.00 MiB (a segment, for a request of 3.00 MiB)." in oom_message(
+        0, 1, detail
+    )
+
+
+def test_sizes_print_as_torch_s_format_size_does():
+    assert torch_format_size(1024) == "1024 bytes"
+    assert torch_format_size(1536) == "1.50 KiB"
+    assert torch_format_size(GiB) == "1024.00 MiB"  # c10 takes the unit a size exceeds
+    assert torch_format_size(14 * GiB) == "14.00 GiB"
+
+
+def test_an_oom_outside_a_micro_batch_names_its_phase_only():
+    at = {"event_index": 1, "seq": 1, "stage": 0, "phase": "optimizer", "micro_batch": -1,
+          "module": "Global", "op": "aten._foreach_sqrt"}  # fmt: skip
+    message = oom_message(0, 1, _oom_detail(iteration="steady", at=at, free_bytes=0))
+    assert (
+        "steady iteration, optimizer, in the top level (the model's root or no module), "
+        "op aten._foreach_sqrt." in message
+    )
+    assert "of which 0 bytes is free" in message
 
 
 def test_an_oom_before_the_first_op_is_in_the_build():
-    detail = {
-        "iteration": "first",
-        "at": {"event_index": 3, "seq": 3, "stage": 0, "phase": "setup", "micro_batch": -1,
-               "module": ""},  # fmt: skip
-        "request_bytes": 256 << 20,
-        "allocated_bytes": 77 * GiB,
-        "reserved_bytes": 77 * GiB,
-        "allocator_capacity_bytes": 77 * GiB,
-        "gpu_capacity_bytes": 79 * GiB,
-        "live_by_category": {"other": 77 * GiB},
-    }
-    message = oom_message(0, 8, detail)
+    at = {"event_index": 3, "seq": 3, "stage": 0, "phase": "setup", "micro_batch": -1,
+          "module": "", "op": ""}  # fmt: skip
+    message = oom_message(0, 8, _oom_detail(at=at))
     assert message.startswith(
         "Out of memory on pipeline rank 0 (8 ranks): before the first iteration, building the "
-        "model and its state (train.model_init), in the top level"
+        "model and its state (train.model_init), in the top level (the model's root or no "
+        "module). Tried"
     )
 
 

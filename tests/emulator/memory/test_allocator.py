@@ -181,6 +181,29 @@ def test_out_of_memory_frees_the_cache_and_retries_before_failing():
     assert a.num_ooms == 1
 
 
+def test_expandable_segments_map_pages_up_to_the_capacity_and_no_further():
+    a = make("expandable_segments:True", capacity_bytes=60 * MiB)
+    a.free(a.malloc(30 * MiB))  # two 20 MiB pages mapped, now one free 40 MiB block
+    a.malloc(50 * MiB)  # the free 40 MiB and one more page: 60 MiB mapped, 10 MiB free
+    assert (a.reserved, a.num_alloc_retries) == (60 * MiB, 0)
+    # 15 MiB: the free 10 MiB plus a page would be 80 MiB mapped; freeing the cache unmaps
+    # nothing (no free page is whole) and the retry fails: OOM (_map_block's capacity check)
+    assert a.malloc(15 * MiB) is None
+    assert (a.reserved, a.num_alloc_retries, a.num_ooms) == (60 * MiB, 1, 1)
+
+
+@pytest.mark.parametrize("capacity, fits", [(62 * MiB, True), (62 * MiB - 1, False)])
+def test_expandable_segments_unmap_free_pages_before_failing(capacity, fits):
+    a = make("expandable_segments:True", capacity_bytes=capacity)
+    a.free(a.malloc(40 * MiB))  # two large pages mapped, both free
+    a.malloc(1000)  # one 2 MiB small page: 42 MiB mapped
+    # 45 MiB: the free 40 MiB and one more page would be 62 MiB; at 62 MiB - 1 that fails, the
+    # retry unmaps the two free pages (2 MiB left) and maps three for the request: 62 MiB again
+    block = a.malloc(45 * MiB)
+    assert (block is not None, a.num_alloc_retries) == (fits, 1 if not fits else 0)
+    assert a.reserved == (62 * MiB if fits else 2 * MiB)
+
+
 @pytest.mark.parametrize(
     "conf, message",
     [

@@ -13,9 +13,16 @@ from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _Update
 from emulator.capture.op_recorder import OpRecorder
 from emulator.capture.trace import ALLOC, FREE
 from emulator.hardware import gpu_preset
-from emulator.memory import CachingAllocator, parse_alloc_conf, replay_memory
+from emulator.memory import (
+    CachingAllocator,
+    allocation_size,
+    parse_alloc_conf,
+    replay_memory,
+    round_size,
+)
 from emulator.memory.export import _segments, history_by_iteration, snapshot, write_snapshot
 from emulator.memory.outside import CUBLAS_WORKSPACE_BYTES, CUBLASLT_WORKSPACE_BYTES
+from emulator.memory.replay import _op_at
 from tests.emulator.capture.test_op_recorder import BATCH, GPT, SEQ, VOCAB, run_step
 
 MiB = 1 << 20
@@ -107,16 +114,20 @@ def _gpu_with(capacity):
     return dataclasses.replace(gpu_preset("h100-sxm-80g"), usable_capacity_bytes=capacity)
 
 
-def test_oom_on_both_sides_of_the_capacity_line(trace):
-    free_run = replay_memory(trace, gpu="h100-sxm-80g")
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True"])
+def test_oom_on_both_sides_of_the_capacity_line(trace, conf):
+    free_run = replay_memory(trace, gpu="h100-sxm-80g", alloc_conf=conf)
     reserved = max(free_run.peak_reserved_bytes, free_run.first_iteration_peak_reserved_bytes)
     need = reserved + free_run.outside.total_bytes  # what cudaMemGetInfo must offer
-    fits = replay_memory(trace, gpu=_gpu_with(need))
+    fits = replay_memory(trace, gpu=_gpu_with(need), alloc_conf=conf)
     assert fits.oom is None and fits.peak_reserved_bytes == free_run.peak_reserved_bytes
-    short = replay_memory(trace, gpu=_gpu_with(need - 1))
+    short = replay_memory(trace, gpu=_gpu_with(need - 1), alloc_conf=conf)
     assert short.oom is not None
     report = short.oom
-    assert report.reserved_bytes + report.request_bytes > report.allocator_capacity_bytes
+    # what a cudaMalloc of a new segment, or the 20 MiB pages an expandable segment maps, adds
+    pages = -(-report.request_bytes // (20 * MiB)) * 20 * MiB
+    added = pages if conf else report.allocation_bytes
+    assert report.reserved_bytes + added > report.allocator_capacity_bytes
     assert (
         report.at.phase
         and report.at.module
@@ -125,6 +136,29 @@ def test_oom_on_both_sides_of_the_capacity_line(trace):
     # The figures are still given, as on an unlimited device.
     assert short.peak_allocated_bytes == free_run.peak_allocated_bytes
     assert short.to_dict()["is_oom"] is True
+
+
+def test_an_oom_report_holds_the_figures_of_torch_s_message(trace):
+    free_run = replay_memory(trace, gpu="h100-sxm-80g")
+    need = free_run.peak_reserved_bytes + free_run.outside.total_bytes
+    report = replay_memory(trace, gpu=_gpu_with(need - 1)).oom
+    conf = parse_alloc_conf("")
+    assert report.allocation_bytes == allocation_size(round_size(report.request_bytes, conf), conf)
+    assert report.outside_bytes == free_run.outside.total_bytes
+    assert report.process_in_use_bytes == report.reserved_bytes + report.outside_bytes
+    # what is free and what the process holds make up what CUDA offers
+    assert report.free_bytes + report.process_in_use_bytes == need - 1
+
+
+def test_an_allocation_is_named_after_the_op_it_is_made_for(trace):
+    c = trace.columns
+    aten = [trace.strings[i] for i in c["aten"].tolist()]
+    nll = aten.index("aten.nll_loss_backward")
+    # the zero fill CUDA runs on the op's output first is recorded between the two
+    assert c["kind"][nll - 2] == ALLOC and aten[nll - 1] == "aten.fill_"
+    assert _op_at(trace, nll - 2) == "aten.nll_loss_backward"
+    mm = aten.index("aten.mm")
+    assert c["kind"][mm - 1] == ALLOC and _op_at(trace, mm - 1) == "aten.mm"
 
 
 def test_snapshot_is_read_by_torch_memory_viz(trace, tmp_path):
