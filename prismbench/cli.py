@@ -499,6 +499,10 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
         progress=_progress,
         host_dispatch=None if args.no_host_dispatch else "preset",
     )
+    for c in result.per_class:
+        if not c.steady_converged:
+            print(report.steady_warning(f"pipeline rank {c.pp}", c.steady_iterations),
+                  file=sys.stderr)  # fmt: skip
     if args.json:
         _print_json(result.to_dict())
     else:
@@ -590,6 +594,7 @@ def _non_negative_int(text: str) -> int:
 
 def _cmd_fit(args: argparse.Namespace) -> int:
     from emulator.memory import parse_alloc_conf
+    from emulator.memory.replay import MAX_STEADY_ITERATIONS
     from prismbench.fit import fit
 
     job = _load_job(args.job)
@@ -605,6 +610,10 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         alloc_conf=args.alloc_conf,
         progress=_progress,
     )
+    unsettled = [f"{p.value:,}" for p in result.probes if not p.memory.steady_converged]
+    if unsettled:
+        what = f"{args.vary} = {', '.join(unsettled)}"
+        print(report.steady_warning(what, MAX_STEADY_ITERATIONS), file=sys.stderr)
     if args.json:
         _print_json(result.to_dict())
     else:

@@ -86,6 +86,11 @@ class ClassFigures:
     first_iteration_alloc_retries: int
     steady_alloc_retries: int
     alloc_retries: int
+    # steady iterations replayed until the allocator's blocks repeated; not converged: they
+    # still changed after emulator.memory.replay.MAX_STEADY_ITERATIONS (the figures are the
+    # last one's)
+    steady_iterations: int
+    steady_converged: bool
     # Per kernel_table.PRICE_SOURCES: compute ops of one iteration of this class it priced
     # and their summed duration (s).
     compute_priced_by: dict[str, dict[str, float]]
@@ -434,6 +439,8 @@ def _class_figures(world, breakdown, mem, priced_by, rates: _Rates) -> ClassFigu
         first_iteration_alloc_retries=mem.first_iteration_alloc_retries,
         steady_alloc_retries=mem.steady_alloc_retries,
         alloc_retries=mem.alloc_retries,
+        steady_iterations=mem.steady_iterations,
+        steady_converged=mem.steady_converged,
         compute_priced_by=priced_by,
     )
 

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from emulator.units import GiB
-from prismbench.report import module_label
 from prismbench.spec import JobSpec, SpecError, job_spec_from_dict
 
 VARIABLES = ("micro_batch", "seq_len", "layers")
@@ -38,18 +37,36 @@ MAX_SCAN = 16
 
 
 @dataclass(frozen=True, kw_only=True)
+class OomSite:
+    """Where a job first ran out of memory (emulator.memory.replay.OomReport, in brief)."""
+
+    pp: int  # the class (pipeline rank)
+    iteration: str  # "first" or "steady"
+    phase: str
+    module: str
+    op: str  # the aten op (or collective) that asked; "" before the first op
+    request_bytes: int
+    allocation_bytes: int  # torch's "Tried to allocate": the segment asked of CUDA
+
+
+@dataclass(frozen=True, kw_only=True)
 class MemoryCheck:
     """Whether a job fits on its GPU and by how much (negative headroom: short by)."""
 
     fits: bool
-    peak_reserved_bytes: int  # the larger of the first and steady iteration, max over classes
+    # the larger of the first and steady iteration, max over classes; for a job that does not
+    # fit, as if the GPU were unlimited (the replay goes on past the OOM)
+    peak_reserved_bytes: int
     outside_bytes: int
     capacity_bytes: int  # what CUDA offers the process (the preset's usable capacity)
     headroom_bytes: int  # capacity - outside - peak reserved
-    oom_at: str | None  # where the first OOM happened, as "class p, iteration, phase, module"
+    oom_at: OomSite | None  # the first OOM, over classes in order
     # cache-freeing cudaMalloc retries every steady step, the most over classes: a value that
     # fits only this way runs slower than the emulated time (emulator.memory.replay)
     steady_alloc_retries: int
+    # every class's allocator repeated its blocks within replay.MAX_STEADY_ITERATIONS steady
+    # iterations (False: the steady figures are the last replayed iteration's)
+    steady_converged: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,18 +182,17 @@ def check_memory(job: JobSpec, *, alloc_conf: str = "") -> MemoryCheck:
 
     gpu = gpu_preset(job.cluster.gpu)
     capture = capture_job(job)
-    worst, oom_at, retries = None, None, 0
+    worst, oom_at, retries, converged = None, None, 0, True
     for p, trace in capture.traces.items():
         m = replay_memory(trace, gpu=gpu, alloc_conf=alloc_conf, stage=p)
         retries = max(retries, m.steady_alloc_retries)
+        converged = converged and m.steady_converged
         reserved = max(m.peak_reserved_bytes, m.first_iteration_peak_reserved_bytes)
         headroom = gpu.usable_capacity_bytes - m.outside.total_bytes - reserved
         if worst is None or headroom < worst[0]:
             worst = (headroom, reserved, m.outside.total_bytes)
         if m.oom is not None and oom_at is None:
-            at = m.oom.at
-            where = f"{m.oom.iteration} iteration, {at.phase}, {module_label(at.module)}"
-            oom_at = f"class {p}, {where}"
+            oom_at = _oom_site(p, m.oom)
     headroom, reserved, outside = worst
     return MemoryCheck(
         fits=oom_at is None,
@@ -186,6 +202,20 @@ def check_memory(job: JobSpec, *, alloc_conf: str = "") -> MemoryCheck:
         headroom_bytes=headroom,
         oom_at=oom_at,
         steady_alloc_retries=retries,
+        steady_converged=converged,
+    )
+
+
+def _oom_site(pp: int, oom) -> OomSite:
+    at = oom.at
+    return OomSite(
+        pp=pp,
+        iteration=oom.iteration,
+        phase=at.phase,
+        module=at.module,
+        op=at.op,
+        request_bytes=oom.request_bytes,
+        allocation_bytes=oom.allocation_bytes,
     )
 
 

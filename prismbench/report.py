@@ -388,6 +388,22 @@ def _tried(detail: dict) -> str:
     return tried if tried == request else f"{tried} (a segment, for a request of {request})"
 
 
+def oom_site_label(site) -> str:
+    """A `prismbench.fit.OomSite` in a few words: "class 0, steady iteration, backward, in
+    MODULE, op OP"."""
+    where = f"class {site.pp}, {site.iteration} iteration, {site.phase}, in "
+    return where + module_label(site.module) + (f", op {site.op}" if site.op else "")
+
+
+def steady_warning(what: str, iterations: int) -> str:
+    """The stderr line for replays whose allocator never settled (emulator.memory.replay)."""
+    return (
+        f"warning: {what}: the allocator's blocks still changed after {iterations} steady "
+        "iterations (MAX_STEADY_ITERATIONS); its steady figures are the last one's, which "
+        "later steps may not repeat"
+    )
+
+
 def _priced_by(priced_by: dict[str, dict[str, float]]) -> str:
     """ "exact 812 ops (0.201 s), interpolated 40 ops (0.010 s), extrapolated 0 ops (0.000 s),
     roofline 3 ops (0.000 s)"."""
@@ -400,19 +416,21 @@ def render_fit(result, console: Console) -> None:
     """Each emulated value (in the order tried), then the answer."""
     table = Table(title=f"What fits on {result.gpu}: {result.vary} (step {result.step})")
     columns = ("value", "fits", "peak reserved", "outside allocator", "headroom",
-               "retries a step", "OOM at")  # fmt: skip
+               "retries a step", "OOM request", "OOM at")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column == "OOM at" else "right")
     for p in result.probes:
-        m = p.memory
+        m, oom = p.memory, p.memory.oom_at
         table.add_row(
             f"{p.value:,}",
             "yes" if m.fits else "NO",
-            format_bytes(m.peak_reserved_bytes),
+            # past an OOM the replay goes on as on an unlimited GPU: its figure, not the GPU's
+            format_bytes(m.peak_reserved_bytes) + ("" if m.fits else " (as if unlimited)"),
             format_bytes(m.outside_bytes),
             format_bytes(m.headroom_bytes),
             str(m.steady_alloc_retries) if m.fits else "",
-            m.oom_at or "",
+            "" if oom is None else format_bytes(oom.request_bytes),
+            "" if oom is None else oom_site_label(oom),
         )
     console.print(table)
     if result.largest_fitting is None:

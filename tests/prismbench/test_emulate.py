@@ -260,3 +260,26 @@ def _empty_rates():
     path = Path(tempfile.mkdtemp()) / "rates.csv"
     path.write_text("arch,causal,head_dim,seqlen,fwd_bwd_tflops,peak_bf16_tflops,source\n")
     return path
+
+
+def test_emulate_says_on_stderr_when_the_allocator_never_settles(tmp_path, capsys, monkeypatch):
+    import emulator.memory.replay
+
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "gpt-debug"\n'
+                   "[batch]\nseq_len = 128\nmicro_batch = 16\nglobal_batch = 32\n")  # fmt: skip
+    assert main(["emulate", str(job), "--json", "--workers", "1"]) == 0
+    out, err = capsys.readouterr()
+    settled = json.loads(out)["per_class"][0]
+    # its allocator repeats its blocks after two steady iterations
+    assert (settled["steady_iterations"], settled["steady_converged"]) == (2, True)
+    assert "warning" not in err
+    monkeypatch.setattr(emulator.memory.replay, "MAX_STEADY_ITERATIONS", 1)
+    assert main(["emulate", str(job), "--json", "--workers", "1"]) == 0
+    out, err = capsys.readouterr()
+    unsettled = json.loads(out)["per_class"][0]
+    assert (unsettled["steady_iterations"], unsettled["steady_converged"]) == (1, False)
+    assert (
+        "warning: pipeline rank 0: the allocator's blocks still changed after 1 steady "
+        "iterations (MAX_STEADY_ITERATIONS)" in err
+    )

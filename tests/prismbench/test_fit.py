@@ -6,8 +6,13 @@ import json
 import pytest
 
 import emulator.hardware
-from prismbench.fit import _search, check_memory, fit
+from prismbench.fit import OomSite, _search, check_memory, fit
+from prismbench.report import oom_site_label
 from prismbench.spec import SpecError, job_spec_from_dict
+
+# where a made-up check that does not fit ran out
+HERE = OomSite(pp=0, iteration="steady", phase="backward", module="GPT.lm_head",
+               op="aten.mm", request_bytes=3 << 20, allocation_bytes=20 << 20)  # fmt: skip
 
 
 def _probe_below(line: int, tried: list[int]):
@@ -61,7 +66,10 @@ def test_fit_on_a_gpu_whose_capacity_is_exactly_what_a_micro_batch_needs(monkeyp
     result = fit(_job(1), "micro_batch")
     assert result.largest_fitting == line and result.headroom_bytes == 0
     by_value = {p.value: p.memory for p in result.probes}
-    assert by_value[line].fits and not by_value[n].fits and "iteration" in by_value[n].oom_at
+    assert by_value[line].fits and by_value[line].oom_at is None and not by_value[n].fits
+    oom = by_value[n].oom_at
+    assert oom.iteration in ("first", "steady") and oom.phase and oom.op.startswith("aten.")
+    assert oom.allocation_bytes >= oom.request_bytes > 0
     # exactly the segments it needs: never a cache-freeing retry
     assert by_value[line].steady_alloc_retries == 0
     # one byte less and the step's micro-batches no longer fit (every one of them, here)
@@ -89,8 +97,8 @@ def test_a_value_that_fits_past_one_that_does_not_is_reported_apart(monkeypatch)
         fits = mb <= 33 or mb in (39, 40)
         return prismbench.fit.MemoryCheck(
             fits=fits, peak_reserved_bytes=mb, outside_bytes=0, capacity_bytes=0,
-            headroom_bytes=1 if fits else -1, oom_at=None if fits else "here",
-            steady_alloc_retries=0,
+            headroom_bytes=1 if fits else -1, oom_at=None if fits else HERE,
+            steady_alloc_retries=0, steady_converged=True,
         )  # fmt: skip
 
     monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, alloc_conf="": check(job))
@@ -105,7 +113,7 @@ def _everything_fits(monkeypatch):
     def check(job):
         return prismbench.fit.MemoryCheck(
             fits=True, peak_reserved_bytes=job.batch.seq_len, outside_bytes=0, capacity_bytes=0,
-            headroom_bytes=1, oom_at=None, steady_alloc_retries=0,
+            headroom_bytes=1, oom_at=None, steady_alloc_retries=0, steady_converged=True,
         )  # fmt: skip
 
     monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, alloc_conf="": check(job))
@@ -145,8 +153,8 @@ def test_memory_is_named_the_bound_when_the_next_value_does_not_fit(monkeypatch)
         fits = job.batch.seq_len <= 100
         return prismbench.fit.MemoryCheck(
             fits=fits, peak_reserved_bytes=0, outside_bytes=0, capacity_bytes=0,
-            headroom_bytes=1 if fits else -1, oom_at=None if fits else "here",
-            steady_alloc_retries=0,
+            headroom_bytes=1 if fits else -1, oom_at=None if fits else HERE,
+            steady_alloc_retries=0, steady_converged=True,
         )  # fmt: skip
 
     monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, alloc_conf="": check(job))
@@ -178,3 +186,49 @@ def test_a_maximum_below_the_step_is_refused():
 def test_a_step_below_one_is_refused(step):
     with pytest.raises(SpecError, match=rf"step\({step}\) must be >= 1"):
         fit(_job(), "micro_batch", step=step)
+
+
+def test_the_fit_table_shows_the_oom_s_request_op_and_an_unlimited_peak(
+    monkeypatch, tmp_path, capsys
+):
+    import prismbench.fit
+    from prismbench.cli import main
+
+    def check(job):
+        fits = job.batch.micro_batch <= 2
+        return prismbench.fit.MemoryCheck(
+            fits=fits, peak_reserved_bytes=job.batch.micro_batch << 30, outside_bytes=0,
+            capacity_bytes=0, headroom_bytes=1 if fits else -1, oom_at=None if fits else HERE,
+            steady_alloc_retries=0, steady_converged=True,
+        )  # fmt: skip
+
+    monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, alloc_conf="": check(job))
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n')
+    assert main(["fit", str(job), "--vary", "micro_batch"]) == 0
+    rows = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    (row,) = [r for r in rows if r.startswith("│ 4 │")]
+    assert "4.00 GiB (as if unlimited)" in row and "3.00 MiB" in row
+    assert oom_site_label(HERE) == "class 0, steady iteration, backward, in GPT.lm_head, op aten.mm"
+    assert main(["fit", str(job), "--vary", "micro_batch", "--json"]) == 0
+    probes = {p["value"]: p["memory"] for p in json.loads(capsys.readouterr().out)["probes"]}
+    assert probes[4]["oom_at"] == dataclasses.asdict(HERE) and probes[2]["oom_at"] is None
+
+
+def test_fit_warns_when_the_allocator_never_settles(monkeypatch, tmp_path, capsys):
+    import emulator.memory.replay
+    from prismbench.cli import main
+
+    monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path))
+    job = tmp_path / "job.toml"
+    # this job's allocator repeats its blocks after two steady iterations; one is allowed
+    job.write_text('[model]\nname = "gpt-debug"\n'
+                   "[batch]\nseq_len = 128\nmicro_batch = 16\nglobal_batch = 32\n")  # fmt: skip
+    monkeypatch.setattr(emulator.memory.replay, "MAX_STEADY_ITERATIONS", 1)
+    assert main(["fit", str(job), "--vary", "micro_batch", "--max", "16", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["probes"][0]["memory"]["steady_converged"] is False
+    assert (
+        "warning: micro_batch = 16: the allocator's blocks still changed after 1 steady "
+        "iterations (MAX_STEADY_ITERATIONS)" in err
+    )
