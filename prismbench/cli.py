@@ -857,7 +857,8 @@ def _add_compare(commands) -> None:
             "Capture JOB, price every op as emulate does, match the ops to PROFILE (a "
             "torch.profiler record of the same program) and print, per op class, predicted "
             "and measured GPU time, largest absolute error first, with how each class was "
-            "priced (exact table row, interpolated, extrapolated to a larger shape, roofline)."
+            "priced (exact table row, interpolated, extrapolated to a larger shape, an attention "
+            "kernel's published rates, roofline)."
         ),
     )
     compare.add_argument("job", metavar="JOB.toml", help="the profiled job")

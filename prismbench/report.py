@@ -406,7 +406,7 @@ def steady_warning(what: str, iterations: int) -> str:
 
 def _priced_by(priced_by: dict[str, dict[str, float]]) -> str:
     """ "exact 812 ops (0.201 s), interpolated 40 ops (0.010 s), extrapolated 0 ops (0.000 s),
-    roofline 3 ops (0.000 s)"."""
+    published-rates 0 ops (0.000 s), roofline 3 ops (0.000 s)"."""
     return ", ".join(
         f"{source} {int(v['ops'])} ops ({v['time_s']:.3f} s)" for source, v in priced_by.items()
     )
@@ -495,7 +495,7 @@ def render_comparison(result, console: Console, top: int = 15) -> None:
         title=f"Op classes, largest absolute error first (top {top} of {len(result.classes)})"
     )
     for column in ("op", "aten op", "ops (trace/profile)", "predicted ms", "measured ms",
-                   "error ms", "error", "priced by (exact/interp/extrap/roofline)"):  # fmt: skip
+                   "error ms", "error", f"priced by ({'/'.join(PRICE_SOURCES)})"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("op", "aten op") else "right")
     for c in result.classes[:top]:
         rel = f"{c.error_s / c.measured_s:+.1%}" if c.measured_s else "n/a (not measured)"

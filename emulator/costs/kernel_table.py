@@ -62,8 +62,9 @@ COLUMNS = ("op", "dtype", "aten", *SHAPE_FIELDS, "time_us", "repetitions", "spre
 # Tables written before kernel counts were recorded are still read (every count then 1).
 OPTIONAL_COLUMNS = ("kernels",)
 # How a compute op was priced: from the table (exact shape, interpolated or extrapolated to a
-# larger shape) or by the curves.
-PRICE_SOURCES = ("exact", "interpolated", "extrapolated", "roofline")
+# larger shape), from the published rates of an attention kernel the table did not measure
+# (`[kernels] attention`, `costs.attention_rates`), or by the curves.
+PRICE_SOURCES = ("exact", "interpolated", "extrapolated", "published-rates", "roofline")
 # DEFAULT (not fitted): the shortest a row may run to lend its rate to a larger op (lookup step
 # 3). Shorter kernels run below their throughput (a few us of ramp and tail, and the 2.2 us a
 # stream idles per kernel, `costs.host_dispatch`): carried up by orders of magnitude, their

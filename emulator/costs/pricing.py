@@ -180,11 +180,12 @@ def shape_signatures(trace: RankTrace, rows: np.ndarray) -> np.ndarray:
 
 def _price(op: OpRecord, cost: CostContext) -> tuple[float, str]:
     """(duration, price source) of one op: attention by the job's kernel rates when given (rates
-    interpolated between published measurements: one kernel), everything else by `op_price`;
-    plus the stream's idle time before each kernel it launches."""
+    interpolated between published measurements: one kernel; "published-rates", so that they
+    are not taken for the table's own interpolation), everything else by `op_price`; plus the
+    stream's idle time before each kernel it launches."""
     gpu = cost.topology.gpu
     if cost.attention is not None and op.name in ATTENTION_OPS:
-        seconds, source, kernels = cost.attention.time_s(op, gpu), "interpolated", 1.0
+        seconds, source, kernels = cost.attention.time_s(op, gpu), "published-rates", 1.0
     else:
         seconds, source, kernels = op_price(op, gpu, table=cost.table)
     return seconds + kernels * cost.kernel_gap_s, source

@@ -21,7 +21,8 @@ dispatch. "host wait" is the time the GPU waits for the host: predicted, the bre
 `host_wait_s` (docs/METRICS.md); measured, the iteration's median less the kernel time of the
 case's profiled iteration and its kernels' idle gaps at the same leave-one-out figure the
 prediction uses (what is left once the GPU's own work is counted). "priced by" counts the compute
-ops of one iteration by how the table priced them (exact shape, interpolated, extrapolated, roofline curves).
+ops of one iteration by how they were priced (`kernel_table.PRICE_SOURCES`: exact shape, interpolated,
+extrapolated, an attention kernel's published rates, roofline curves).
 Progress goes to stderr, the table to stdout.
 """
 
@@ -104,7 +105,7 @@ def main() -> None:
     lines = [
         "| case | predicted (s) | measured (s) | error | no host (s) | no-host error "
         "| host wait: predicted / measured (ms) "
-        "| priced by: exact / interpolated / extrapolated / roofline |",
+        f"| priced by: {' / '.join(PRICE_SOURCES)} |",
         "|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     errors, before = [], []

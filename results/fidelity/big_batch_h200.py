@@ -23,6 +23,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
 from shared_gpu import recorded_job, report  # noqa: E402
 
+from emulator.costs.kernel_table import PRICE_SOURCES  # noqa: E402
+
 GPU = "h200-141g"
 RUNS = ROOT / "results" / "gpu_runs" / "h200-2026-11-27" / "checks_second"
 RESULT = "oom_pairs_gpu result: "
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     lines = [
-        "| job | measured (s) | predicted (s) | error | priced exact / interpolated / extrapolated / roofline |",
+        f"| job | measured (s) | predicted (s) | error | share of compute time: {' / '.join(PRICE_SOURCES)} |",
         "|---|--:|--:|--:|---|",
     ]
     for case, vary, value, seconds in measured_runs():

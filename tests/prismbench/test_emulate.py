@@ -229,10 +229,12 @@ def test_a_job_running_triton_attention_is_priced_by_its_rates_and_slower(monkey
     assert attention_rates_for(flash) is None and cost_context(flash).attention is None
     assert cost_context(triton).attention.arch == "ampere"
     # without the host's launch queue, which binds so small a model, kernels alone set the time
-    slower, faster = (
-        emulate(j, workers=1, host_dispatch=None).iteration_time_s for j in (triton, flash)
-    )
-    assert slower > faster
+    slower, faster = (emulate(j, workers=1, host_dispatch=None) for j in (triton, flash))
+    assert slower.iteration_time_s > faster.iteration_time_s
+    # the rates' attention ops are counted apart from the table's interpolation
+    rated = slower.compute_priced_by["published-rates"]["ops"]
+    assert rated == 2  # the layer's attention forward and backward
+    assert faster.compute_priced_by["published-rates"]["ops"] == 0
     # a GPU architecture the kernel was never measured on is refused, naming the field
     monkeypatch.setitem(emulate_module.ATTENTION_RATES, "triton", _empty_rates())
     with pytest.raises(SpecError, match=r"kernels.attention='triton': no published rates"):

@@ -5,6 +5,7 @@ import pytest
 
 from emulator.costs.collectives import Topology
 from emulator.costs.compute import op_time_s
+from emulator.costs.kernel_table import PRICE_SOURCES
 from emulator.costs.ops import gemm_op
 from emulator.costs.pricing import CommPricer, CostContext, compute_durations_s, op_record
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
@@ -119,7 +120,7 @@ def test_attention_rates_price_attention_rows_and_leave_the_others_to_the_table(
     assert triton[0] == plain[0]  # the GEMM
     assert triton[1] == pytest.approx(rates.time_s(op_record(trace, 1), TOPO.gpu))
     assert triton[1] > plain[1]
-    assert sources[1] == 1  # "interpolated": between published measurements
+    assert PRICE_SOURCES[sources[1]] == "published-rates"  # not the table's interpolation
 
 
 def test_each_kernel_an_op_launches_pays_the_streams_idle_time_before_it():
