@@ -188,10 +188,26 @@ def _cmd_ingest_profile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_compare(args: argparse.Namespace) -> int:
-    from emulator.costs.kernel_table import load_kernel_table
-    from prismbench.compare import compare_profile
+def _kernel_table(job, paths: Sequence[str], skip: tuple[str, ...] = ()):
+    """The table that prices `job`: "preset" (its GPU's committed table) when no --kernel-table
+    or --skip-source is given, else that table with the --kernel-table files merged over it
+    (`prismbench.emulate.kernel_table_for`), less the --skip-source rows; a file that cannot
+    be read, or was measured on another GPU, is refused naming the option."""
     from prismbench.emulate import kernel_table_for
+
+    if not paths and not skip:
+        return "preset"
+    try:
+        table = kernel_table_for(job.cluster.gpu, extra=paths, skip_sources=skip)
+    except (OSError, ValueError) as err:
+        raise SpecError(f"{'--kernel-table' if paths else '--skip-source'}: {err}") from None
+    if table is None:
+        raise SpecError(f"--skip-source: cluster.gpu={job.cluster.gpu!r} has no committed kernel table")
+    return table
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from prismbench.compare import compare_profile
     from prismbench.profile_readers import ProfileError
 
     job = _load_job(args.job)
@@ -204,20 +220,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
-    table = None if args.no_kernel_table else "preset"
-    if skip or args.kernel_table:
-        try:
-            table = (
-                load_kernel_table(args.kernel_table, skip_sources=skip)
-                if args.kernel_table
-                else kernel_table_for(job.cluster.gpu, skip_sources=skip)
-            )
-            if table is None:
-                raise ValueError(f"cluster.gpu={job.cluster.gpu!r} has no committed kernel table")
-        except (OSError, ValueError) as err:
-            option = "--kernel-table" if args.kernel_table else "--skip-source"
-            print(f"error: {option}: {err}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+    table = None if args.no_kernel_table else _kernel_table(job, args.kernel_table, skip)
     try:
         result = compare_profile(
             job, Path(args.profile), name=Path(args.job).stem, kernel_table=table
@@ -291,7 +294,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     run = v.validate(chosen, db_path=Path(args.db), workers=args.workers, log_mlflow=log,
                      progress=_progress, use_cache=not args.no_cache, artifacts=args.artifacts,
-                     variability=spread)  # fmt: skip
+                     variability=spread, kernel_tables=tuple(args.kernel_table))  # fmt: skip
     failures = v.gate_failures(run.cases, thresholds)
     if args.json:
         _print_json(v.run_to_dict(run, failures))
@@ -498,6 +501,7 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
         memory_dir=Path(args.memory_out) if args.memory_out else None,
         progress=_progress,
         host_dispatch=None if args.no_host_dispatch else "preset",
+        kernel_table=_kernel_table(job, args.kernel_table),
     )
     for c in result.per_class:
         if not c.steady_converged:
@@ -542,6 +546,7 @@ def _cmd_variability(args: argparse.Namespace) -> int:
         rank_sources=args.rank_sources,
         slow_gpus=args.placement,
         steps_per_allocation=args.steps_per_allocation,
+        kernel_table=_kernel_table(job, args.kernel_table),
     )
     if args.plot:
         plot_distribution(result, Path(args.plot))
@@ -674,6 +679,19 @@ def _add_capture_options(command) -> None:
     )
 
 
+def _add_kernel_table_option(command) -> None:
+    """--kernel-table, the same for every command that prices a job (`_kernel_table`)."""
+    command.add_argument(
+        "--kernel-table",
+        action="append",
+        default=[],
+        metavar="CSV",
+        help="kernel rows measured on the job's GPU (calibrate --job, ingest-profile), merged "
+        "over its committed table: a row of the same op and shape replaces the table's; "
+        "repeatable, a later file's row winning",
+    )
+
+
 def _add_capture(commands) -> None:
     capture = commands.add_parser(
         "capture", help="record one iteration of every class of ranks (one trace per class)"
@@ -710,6 +728,7 @@ def _add_emulate(commands) -> None:
         action="store_true",
         help="kernels run back to back: no host time per op (docs/MODELS.md, host dispatch)",
     )
+    _add_kernel_table_option(emulate_cmd)
     _add_capture_options(emulate_cmd)
     emulate_cmd.set_defaults(handler=_cmd_emulate)
 
@@ -770,6 +789,7 @@ def _add_variability(commands) -> None:
     )
     cmd.add_argument("--json", action="store_true", help="print one JSON object")
     cmd.add_argument("--plot", metavar="FILE", help="write a histogram and CDF (PNG)")
+    _add_kernel_table_option(cmd)
     _add_capture_options(cmd)
     cmd.set_defaults(handler=_cmd_variability)
 
@@ -868,9 +888,7 @@ def _add_compare(commands) -> None:
         metavar="PROFILE",
         help="<case>.ops.jsonl[.gz] or a Chrome trace",
     )
-    compare.add_argument(
-        "--kernel-table", metavar="CSV", help="price with this table (default: the GPU's own)"
-    )
+    _add_kernel_table_option(compare)
     compare.add_argument(
         "--skip-source",
         action="append",
@@ -965,6 +983,7 @@ def _add_validate(commands) -> None:
     )
     validate_cmd.add_argument("--workers", type=_positive_int, help="processes (default: cores)")
     validate_cmd.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_kernel_table_option(validate_cmd)
     _add_validate_variability(validate_cmd)
     validate_cmd.set_defaults(handler=_cmd_validate)
 

@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from emulator.costs.attention_rates import AttentionRates, load_attention_rates
 from emulator.costs.collectives import Topology
 from emulator.costs.host_dispatch import HostDispatch, from_figures, kernel_gap_from_figures
-from emulator.costs.kernel_table import PRICE_SOURCES, KernelTable, load_kernel_table
+from emulator.costs.kernel_table import (
+    PRICE_SOURCES,
+    KernelTable,
+    MeasuredRow,
+    merge_rows,
+    read_rows,
+    table_from_rows,
+)
 from emulator.costs.pricing import CostContext, compute_prices, price_source_summary
 from emulator.graph.build import build_graph
 from emulator.graph.replay import replay
@@ -142,15 +149,42 @@ def topology_of(job) -> Topology:
     )
 
 
-def kernel_table_for(gpu: str, *, skip_sources: tuple[str, ...] = ()) -> KernelTable | None:
-    """The committed measured table of a GPU preset (results/kernels/<gpu>.csv), if any, less
-    the rows of `skip_sources` (`load_kernel_table`)."""
+def kernel_table_for(
+    gpu: str, *, skip_sources: tuple[str, ...] = (), extra: Sequence[str | Path] = ()
+) -> KernelTable | None:
+    """The committed measured table of a GPU preset (results/kernels/<gpu>.csv), if any, with
+    the rows of the `extra` CSVs (a user's own measurements: `prismbench calibrate --job`,
+    `ingest-profile`) merged over it, each refused unless measured on that GPU
+    (`check_table_gpu`); a later file's row wins over an earlier one's of the same op and shape
+    (`merge_rows`). Less the rows of `skip_sources` (`table_from_rows`). The label names every
+    file, the winning one first: "rows.csv over results/kernels/h100-sxm-80g.csv"."""
     path = KERNEL_TABLES / f"{gpu}.csv"
     # named relative to the repository, so results do not depend on where it is checked out
-    label = str(path.relative_to(KERNEL_TABLES.parents[1]))
-    if not path.exists():
+    tables = [(str(path.relative_to(KERNEL_TABLES.parents[1])), read_rows(path))] if path.exists() else []
+    for extra_path in extra:
+        rows = read_rows(extra_path)
+        check_table_gpu(rows, gpu, extra_path)
+        tables.append((str(extra_path), rows))
+    if not tables:
         return None
-    return load_kernel_table(path, label=label, skip_sources=skip_sources)
+    label = " over ".join(name for name, _ in reversed(tables))
+    rows = merge_rows(*(rows for _, rows in tables))
+    return table_from_rows(rows, label=label, skip_sources=skip_sources)
+
+
+def check_table_gpu(rows: list[MeasuredRow], gpu: str, path: str | Path) -> None:
+    """Refuse kernel rows measured on another GPU than the preset `gpu`: each row's `gpu`
+    column (torch's device name, as `calibrate` and `ingest-profile` record it) must be one of
+    the preset's `device_names`; another GPU's kernels run at another speed. Rows that name no
+    GPU (a Chrome trace ingested without `--provenance gpu=...`) are taken as the preset's."""
+    preset = gpu_preset(gpu)
+    foreign = sorted({row.gpu for row in rows if row.gpu and row.gpu not in preset.device_names})
+    if foreign:
+        names = ", ".join(repr(n) for n in preset.device_names) or "none listed"
+        raise ValueError(
+            f"{path}: rows measured on {', '.join(map(repr, foreign))}, not on cluster.gpu="
+            f"{gpu!r} (whose device names are {names}): a table prices the GPU it was measured on"
+        )
 
 
 # Frameworks whose tensor parallelism is their own autograd functions over plain tensors

@@ -175,9 +175,10 @@ def _source_hash(packages: tuple[str, ...]) -> str:
     return files_hash(path for package in packages for path in (ROOT / package).rglob("*.py"))
 
 
-def result_cache_key(job) -> str:
+def result_cache_key(job, kernel_tables: tuple[str, ...] = ()) -> str:
     """What an emulation result depends on: the job spec, every source file of the three
-    packages, the libraries the capture calls, the committed kernel tables and the result
+    packages, the libraries the capture calls, the committed kernel tables, the user's
+    `kernel_tables` merged over them (contents and order: a later file wins) and the result
     schema; the measured host dispatch figures."""
     from prismbench.capture import library_versions
     from prismbench.emulate import HOST_DISPATCH, KERNEL_TABLES, RESULT_SCHEMA_VERSION
@@ -185,7 +186,7 @@ def result_cache_key(job) -> str:
     digest = hashlib.sha256(json.dumps(job.to_dict(), sort_keys=True).encode())
     digest.update(_source_hash(("prismbench", "emulator", "workloads")).encode())
     digest.update(library_versions().encode())
-    for path in [*sorted(KERNEL_TABLES.glob("*.csv")), HOST_DISPATCH]:
+    for path in [*sorted(KERNEL_TABLES.glob("*.csv")), HOST_DISPATCH, *map(Path, kernel_tables)]:
         digest.update(path.name.encode() + path.read_bytes())
     digest.update(str(RESULT_SCHEMA_VERSION).encode())
     return digest.hexdigest()[:24]
@@ -198,21 +199,24 @@ def _emulate_one(
     artifact_dir: Path | None,
     variability: VariabilitySettings | None = None,
     plot_dir: Path | None = None,
+    kernel_tables: tuple[str, ...] = (),
 ) -> dict:
     """emulate(job).to_dict(), from the result cache when the same job was emulated by the
     same code and tables (`result_cache_key`); the result says which (`from_cache`). With
     `artifact_dir` (and no cache hit), the Perfetto timeline and memory plots go there. With
     `variability`, its step-time figures under "variability" (never cached; the capture is
-    loaded from the capture cache on a result-cache hit) and their plot in `plot_dir`."""
+    loaded from the capture cache on a result-cache hit) and their plot in `plot_dir`.
+    kernel_tables: CSVs merged over the job's GPU's table (`emulate.kernel_table_for`)."""
     from prismbench.capture import default_cache_dir
 
     started = time.perf_counter()
-    path = default_cache_dir().parent / "results" / f"{result_cache_key(job)}.json"
-    priced = _priced(job, use_cache) if variability else None
+    path = default_cache_dir().parent / "results" / f"{result_cache_key(job, kernel_tables)}.json"
+    table = _kernel_table(job, kernel_tables)
+    priced = _priced(job, use_cache, table) if variability else None
     if use_cache and path.is_file() and artifact_dir is None:
         result = json.loads(path.read_text()) | {"job": name, "from_cache": True}
     else:
-        fresh = _emulate_fresh(job, name, artifact_dir, priced)
+        fresh = _emulate_fresh(job, name, artifact_dir, priced, table)
         write_atomically(path, lambda tmp: tmp.write_text(json.dumps(fresh)))
         result = fresh | {"from_cache": False}
     if variability is not None:
@@ -230,13 +234,36 @@ def _emulate_one(
     return result | {"case_wall_s": time.perf_counter() - started}
 
 
-def _priced(job, use_cache: bool):
+def _kernel_table(job, kernel_tables: tuple[str, ...]):
+    """"preset", or the job's GPU's table with `kernel_tables` merged over it."""
+    from prismbench.emulate import kernel_table_for
+
+    return kernel_table_for(job.cluster.gpu, extra=kernel_tables) if kernel_tables else "preset"
+
+
+def check_kernel_tables(baselines, kernel_tables: tuple[str, ...]) -> None:
+    """Refuse the run up front, rather than fail cases one by one, when `kernel_tables`
+    cannot price every one of `baselines`: unreadable, or measured on another GPU than a
+    baseline's (`emulate.check_table_gpu`; the error names that GPU's baselines)."""
+    from prismbench.emulate import kernel_table_for
+
+    for gpu in sorted({b.job.cluster.gpu for b in baselines}):
+        try:
+            kernel_table_for(gpu, extra=kernel_tables)
+        except (OSError, ValueError) as err:
+            names = ", ".join(b.name for b in baselines if b.job.cluster.gpu == gpu)
+            raise SpecError(
+                f"--kernel-table: {err}; select cases on the table's GPU (cases on {gpu}: {names})"
+            ) from None
+
+
+def _priced(job, use_cache: bool, table):
     from prismbench.emulate import price_job
 
-    return price_job(job, use_cache=use_cache)
+    return price_job(job, use_cache=use_cache, kernel_table=table)
 
 
-def _emulate_fresh(job, name: str, artifact_dir: Path | None, priced) -> dict:
+def _emulate_fresh(job, name: str, artifact_dir: Path | None, priced, table) -> dict:
     from prismbench.emulate import emulate
 
     extra = {}
@@ -246,7 +273,7 @@ def _emulate_fresh(job, name: str, artifact_dir: Path | None, priced) -> dict:
             "trace_path": artifact_dir / "timeline.json",
             "memory_dir": artifact_dir / "memory",
         }
-    return emulate(job, name=name, priced=priced, **extra).to_dict()
+    return emulate(job, name=name, priced=priced, kernel_table=table, **extra).to_dict()
 
 
 @dataclass
@@ -267,17 +294,23 @@ def validate(
     use_cache: bool = True,
     artifacts: bool = False,
     variability: VariabilitySettings | None = None,
+    kernel_tables: tuple[str, ...] = (),
 ) -> ValidationRun:
     """Emulate and score `baselines`, recording the run; see the module docstring.
     artifacts: also write each case's Perfetto timeline and memory plots beside the database
     (<db folder>/artifacts/<run id>/<baseline>/; MLflow logs them); emulates every case again.
     variability: also sample each case's step-time distribution (stored in the history's
-    case_variability table; its histogram and CDF go to the same artifact folder)."""
+    case_variability table; its histogram and CDF go to the same artifact folder).
+    kernel_tables: CSVs of kernel rows merged over each case's GPU table (`check_kernel_tables`
+    first)."""
     say = progress or (lambda _msg: None)
     workers = workers or min(len(baselines), os.cpu_count() or 1)
     commit, dirty = git_version()
     settings = {"baselines": [b.name for b in baselines], "workers": workers, "use_cache": use_cache,
                 "artifacts": artifacts}  # fmt: skip
+    if kernel_tables:
+        check_kernel_tables(baselines, kernel_tables)
+        settings["kernel_tables"] = list(kernel_tables)
     if variability is not None:
         variability.check_gpus(baselines)
         settings["variability"] = variability.to_dict()
@@ -301,6 +334,7 @@ def validate(
                     _artifact_dir(run, b.name) if artifacts else None,
                     variability,
                     _artifact_dir(run, b.name) if variability else None,
+                    kernel_tables,
                 ): (b, time.perf_counter())
                 for b in baselines
             }

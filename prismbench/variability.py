@@ -84,6 +84,7 @@ def variability(
     rank_sources: bool = False,
     slow_gpus: tuple[int, float] | None = None,
     host_dispatch="preset",
+    kernel_table="preset",
     steps_per_allocation: int = DEFAULT_STEPS_PER_ALLOCATION,
 ) -> VariabilityResult:
     """Sample `job`'s step time `samples` times under `model` (named `preset` in the result).
@@ -91,12 +92,13 @@ def variability(
     rank_sources: also run every noise source alone (same seed and samples) and rank them.
     slow_gpus: (k, factor): also place k GPUs `factor` x slower every way they fit.
     host_dispatch: as `emulate`'s ("preset": the measured host time per op; None: none).
+    kernel_table: as `emulate`'s ("preset": the GPU's committed table; a loaded one; None).
     steps_per_allocation: consecutive samples on one draw of the per-GPU factors (steps of one
     run; emulator.variability.summary); above 1, `samples` must make at least MIN_ALLOCATIONS
     allocations."""
     check_allocations(samples, steps_per_allocation)  # before the capture, not after it
     priced = price_job(job, use_cache=use_cache, workers=workers, progress=progress,
-                       host_dispatch=host_dispatch)  # fmt: skip
+                       host_dispatch=host_dispatch, kernel_table=kernel_table)  # fmt: skip
     return sample_priced(priced, name=name, world_size=job.world_size, model=model, preset=preset,
                          samples=samples, seed=seed, threshold_s=threshold_s, k_steps=k_steps,
                          progress=progress, rank_sources=rank_sources, slow_gpus=slow_gpus,

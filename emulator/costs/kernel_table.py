@@ -170,7 +170,7 @@ class KernelTable:
     """Measured rows grouped by `group_key`: log-shape features, achieved rates, repetitions,
     kernels per call (NaN where a row does not say) and measured seconds."""
 
-    gpu: str
+    gpus: tuple[str, ...]  # the GPUs its rows say they were measured on (the `gpu` column)
     groups: dict
     label: str = ""  # where it was read from, and which sources were left out
 
@@ -264,19 +264,28 @@ def _tile_utilisation(features: np.ndarray, sm_count: int) -> np.ndarray:
     return np.array([gemm_tile_utilisation(m, n, b, sm_count) for m, n, _, b in shapes])
 
 
-def load_kernel_table(
-    path: str | Path, *, skip_sources: tuple[str, ...] = (), label: str | None = None
-) -> KernelTable:
-    """Read a kernel CSV; refuses missing columns and non-positive times, naming the line.
+@dataclass(frozen=True)
+class MeasuredRow:
+    """One row of a kernel CSV, read and checked (`read_rows`)."""
 
-    skip_sources: rows whose `source` starts with one of these are left out (leave-one-out
-    scoring: a job's own profile must not price that job); a prefix that leaves out no row is
-    refused, as a typo would score a job against its own profile. label: how results name the
-    table (default: the path as given)."""
+    op: OpRecord
+    time_us: float
+    repetitions: float
+    kernels: float  # NaN: not stated
+    gpu: str  # the provenance column: the GPU it was measured on ("" where not said)
+    source: str
+
+
+def row_key(op: OpRecord) -> tuple:
+    """What two rows of the same op and shape share: the op's group and its shape features
+    (the rows `KernelTable.lookup` would average as "exact")."""
+    return (group_key(op), tuple(_features(op)))
+
+
+def read_rows(path: str | Path) -> list[MeasuredRow]:
+    """The rows of a kernel CSV; refuses missing columns and non-positive times, naming the line."""
     path = Path(path)
-    grouped: dict[tuple, tuple[list, list, list, list]] = {}
-    gpu = ""
-    skipped: set[str] = set()
+    rows = []
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
         required = [column for column in COLUMNS if column not in OPTIONAL_COLUMNS]
@@ -284,36 +293,75 @@ def load_kernel_table(
         if missing:
             raise ValueError(f"{path}: kernel table lacks columns {missing}")
         for line, row in enumerate(reader, start=2):
-            if skip_sources and row["source"].startswith(skip_sources):
-                skipped.update(p for p in skip_sources if row["source"].startswith(p))
-                continue
             try:
-                time_us = float(row["time_us"])
-                repetitions = float(row["repetitions"] or 1)
-                kernels = float(row.get("kernels") or "nan")
-                op = row_op(row)
+                rows.append(_measured_row(row))
             except ValueError as err:
                 raise ValueError(f"{path}:{line}: {err}") from None
-            if not time_us > 0:
-                raise ValueError(f"{path}:{line}: time_us={row['time_us']!r} must be > 0")
-            if not repetitions > 0:
-                raise ValueError(f"{path}:{line}: repetitions={row['repetitions']!r} must be > 0")
-            if not (np.isnan(kernels) or kernels >= 1):
-                raise ValueError(f"{path}:{line}: kernels={row['kernels']!r} must be blank or >= 1")
-            gpu = row["gpu"]
-            for key in lookup_keys(op):
-                features, rates, weights, counts, times = grouped.setdefault(key, ([], [], [], [], []))
-                features.append(_features(op))
-                rates.append(_work(op) / (time_us * 1e-6))
-                weights.append(repetitions)
-                counts.append(kernels)
-                times.append(time_us * 1e-6)
-    unmatched = [p for p in skip_sources if p not in skipped]
+    return rows
+
+
+def _measured_row(row: dict) -> MeasuredRow:
+    measured = MeasuredRow(
+        op=row_op(row),
+        time_us=float(row["time_us"]),
+        repetitions=float(row["repetitions"] or 1),
+        kernels=float(row.get("kernels") or "nan"),
+        gpu=row["gpu"],
+        source=row["source"],
+    )
+    if not measured.time_us > 0:
+        raise ValueError(f"time_us={row['time_us']!r} must be > 0")
+    if not measured.repetitions > 0:
+        raise ValueError(f"repetitions={row['repetitions']!r} must be > 0")
+    if not (np.isnan(measured.kernels) or measured.kernels >= 1):
+        raise ValueError(f"kernels={row['kernels']!r} must be blank or >= 1")
+    return measured
+
+
+def merge_rows(*row_lists: list[MeasuredRow]) -> list[MeasuredRow]:
+    """Several tables' rows as one: a later list's rows replace an earlier list's rows of the
+    same op and shape (`row_key`), so a user's own measurement of an op wins over the preset's
+    instead of being averaged with it; rows of other shapes are all kept."""
+    merged: list[MeasuredRow] = []
+    for rows in row_lists:
+        replaced = {row_key(row.op) for row in rows}
+        merged = [row for row in merged if row_key(row.op) not in replaced] + list(rows)
+    return merged
+
+
+def load_kernel_table(
+    path: str | Path, *, skip_sources: tuple[str, ...] = (), label: str | None = None
+) -> KernelTable:
+    """Read a kernel CSV (`read_rows`) as a table (`table_from_rows`); label: how results name
+    the table (default: the path as given)."""
+    return table_from_rows(read_rows(path), label=label or str(path), skip_sources=skip_sources)
+
+
+def table_from_rows(
+    rows: list[MeasuredRow], *, label: str, skip_sources: tuple[str, ...] = ()
+) -> KernelTable:
+    """The lookup table of `rows`, named `label`.
+
+    skip_sources: rows whose `source` starts with one of these are left out (leave-one-out
+    scoring: a job's own profile must not price that job); a prefix that leaves out no row is
+    refused, as a typo would score a job against its own profile."""
+    unmatched = [p for p in skip_sources if not any(r.source.startswith(p) for r in rows)]
     if unmatched:
-        raise ValueError(f"{path}: no row's source starts with {unmatched[0]!r}, the prefix to leave out")
-    if not grouped:  # an empty table would price every op by the roofline, unannounced
+        raise ValueError(f"{label}: no row's source starts with {unmatched[0]!r}, the prefix to leave out")
+    kept = [r for r in rows if not (skip_sources and r.source.startswith(skip_sources))]
+    if not kept:  # an empty table would price every op by the roofline, unannounced
         left = f" once {', '.join(skip_sources)} are left out" if skip_sources else ""
-        raise ValueError(f"{path}: kernel table has no rows{left}")
+        raise ValueError(f"{label}: kernel table has no rows{left}")
+    grouped: dict[tuple, tuple[list, list, list, list, list]] = {}
+    for row in kept:
+        for key in lookup_keys(row.op):
+            features, rates, weights, counts, times = grouped.setdefault(key, ([], [], [], [], []))
+            features.append(_features(row.op))
+            rates.append(_work(row.op) / (row.time_us * 1e-6))
+            weights.append(row.repetitions)
+            counts.append(row.kernels)
+            times.append(row.time_us * 1e-6)
     groups = {key: tuple(np.array(column) for column in group) for key, group in grouped.items()}
-    label = (label or str(path)) + (f" without {', '.join(skip_sources)}" if skip_sources else "")
-    return KernelTable(gpu=gpu, groups=groups, label=label)
+    label += f" without {', '.join(skip_sources)}" if skip_sources else ""
+    gpus = tuple(dict.fromkeys(r.gpu for r in kept if r.gpu))
+    return KernelTable(gpus=gpus, groups=groups, label=label)

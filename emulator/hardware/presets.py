@@ -108,9 +108,15 @@ class GpuPreset:
     attention_efficiency: float
     attention_head_dim: int
     boost_clock_MHz: float | None = None
+    # what torch.cuda.get_device_name() says on this GPU: how a measured kernel table's `gpu`
+    # column is told to belong to it (`prismbench.emulate.check_table_gpu`)
+    device_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         owner = f"gpu[{self.name}]"
+        if not all(isinstance(n, str) and n for n in self.device_names):
+            raise ValueError(f"{owner}.device_names={self.device_names!r} must be non-empty strings")
+        object.__setattr__(self, "device_names", tuple(self.device_names))
         if self.arch not in ARCHS:
             raise ValueError(f"{owner}.arch={self.arch!r} must be one of {ARCHS}")
         for name in ("sm_count", "hbm_bandwidth_GBps", "hbm_capacity_bytes", "power_W", "attention_head_dim"):

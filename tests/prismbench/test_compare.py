@@ -124,3 +124,4 @@ def test_cli_refuses_a_profile_of_another_job(tmp_path, trace, capsys):
     assert main(["compare", str(other), "--profile", str(profile), "--no-kernel-table"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {profile}: not a profile of the job other:"), err
+

@@ -285,3 +285,59 @@ def test_emulate_says_on_stderr_when_the_allocator_never_settles(tmp_path, capsy
         "warning: pipeline rank 0: the allocator's blocks still changed after 1 steady "
         "iterations (MAX_STEADY_ITERATIONS)" in err
     )
+
+
+def _ingested_rows(tmp_path, capsys, *, slower: float, gpu: str):
+    """Rows that `ingest-profile` writes for a synthetic profile of the tiny GPT job measured
+    `slower` x what the GPU's own table prices, on `gpu`: (job path, rows path, matched rows,
+    the table's kernel seconds of the job, without the idle gaps between kernels)."""
+    from emulator.costs.pricing import compute_prices
+    from prismbench.capture import capture_job
+    from prismbench.emulate import cost_context
+    from prismbench.spec import load_job_spec
+    from tests.prismbench.test_profile_ingest import (
+        TINY_TOML,
+        _compute_rows,
+        _profiled,
+        _write_jsonl,
+    )
+
+    job = tmp_path / "tiny.toml"
+    job.write_text(TINY_TOML)
+    trace = capture_job(load_job_spec(job)).traces[0]
+    priced_s, _ = compute_prices(trace, cost_context(load_job_spec(job), kernel_gap_s=0.0))
+    rows = _compute_rows(trace)
+    profile = [_profiled(trace, r, slower * priced_s[r] * 1e6) for r in rows]
+    path = _write_jsonl(tmp_path / "tiny.ops.jsonl.gz", profile)
+    out = tmp_path / "rows.csv"
+    ingest = ["ingest-profile", str(path), "--job", str(job), "--out", str(out), "--json"]
+    assert main([*ingest, "--provenance", f"gpu={gpu}"]) == 0
+    matched = json.loads(capsys.readouterr().out)["matched_rows"]
+    return job, out, matched, float(sum(priced_s[rows]))
+
+
+def test_rows_measured_on_the_jobs_gpu_price_it_over_the_committed_table(tmp_path, capsys):
+    from prismbench.emulate import kernel_gap_for
+
+    job, rows, matched, table_s = _ingested_rows(
+        tmp_path, capsys, slower=10.0, gpu="NVIDIA H100 80GB HBM3"
+    )
+    assert main(["emulate", str(job), "--kernel-table", str(rows), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["kernel_table"] == f"{rows} over results/kernels/h100-sxm-80g.csv"
+    by = result["compute_priced_by"]
+    assert by["exact"]["ops"] == matched  # every op its own row, none the committed table's
+    compute_s = sum(source["time_s"] for source in by.values())
+    assert compute_s == pytest.approx(10 * table_s + matched * kernel_gap_for(), rel=1e-6)
+
+
+def test_rows_measured_on_another_gpu_are_refused_naming_it(tmp_path, capsys):
+    job, rows, _, _ = _ingested_rows(tmp_path, capsys, slower=1.0, gpu="NVIDIA H200")
+    assert main(["emulate", str(job), "--kernel-table", str(rows), "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        f"error: --kernel-table: {rows}: rows measured on 'NVIDIA H200', not on "
+        "cluster.gpu='h100-sxm-80g' (whose device names are 'NVIDIA H100 80GB HBM3'): a table "
+        "prices the GPU it was measured on\n"
+    )

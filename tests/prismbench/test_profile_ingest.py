@@ -238,7 +238,7 @@ def test_rows_aggregate_and_round_trip_through_load_kernel_table(trace, tmp_path
     assert sum(row["repetitions"] for row in result.rows) == len(ops)
     path = write_rows_csv(result.rows, tmp_path / "rows.csv")
     table = load_kernel_table(path)
-    assert table.gpu == "Test GPU"
+    assert table.gpus == ("Test GPU",)
     with path.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == len(result.rows) and {r["op"] for r in rows} >= {"mm", "addmm", "norm"}
@@ -299,7 +299,7 @@ def test_cli_refuses_an_unknown_or_repeated_provenance_key(trace, tmp_path, caps
         assert main([*ingest, *(a for item in items for a in ("--provenance", item))]) == 2
         assert capsys.readouterr().err == message and not out.exists()
     assert main([*ingest, "--provenance", "gpu=Test GPU", "--provenance", "torch=2.13"]) == 0
-    assert load_kernel_table(out).gpu == "Test GPU"
+    assert load_kernel_table(out).gpus == ("Test GPU",)
 
 
 def test_a_truncated_or_undecodable_profile_is_refused_naming_it(trace, tmp_path, capsys):

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -338,3 +339,41 @@ def test_sigterm_ends_a_validation_as_ctrl_c_does(tmp_path, baselines_dir, monke
     assert history.read(db, "SELECT status FROM runs") == [{"status": "interrupted"}]
     assert len(list((tmp_path / "cache" / "results").glob("*.json"))) < 8
     assert len(workers) == 3 and kill_survivors(workers, 10 * PARENT_POLL_S) == []
+
+
+def _kernel_rows(path: Path, gpu: str) -> str:
+    """A one-row kernel table measured on `gpu` (a made-up GEMM time)."""
+    from emulator.costs.calibrate import write_kernel_csv
+
+    row = {"op": "mm", "dtype": "bf16", "m": 64, "n": 64, "k": 64, "batch": 1, "time_us": 9.0,
+           "repetitions": 1, "spread_us": 0.0, "source": "mine"}  # fmt: skip
+    provenance = {"gpu": gpu, "driver": "", "torch": "", "clocks": "", "date": ""}
+    return str(write_kernel_csv([row], path, provenance))
+
+
+def test_a_users_kernel_table_prices_the_cases_and_keys_the_result_cache(
+    tmp_path, baselines_dir, monkeypatch
+):
+    monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path / "cache"))
+    chosen = load_baselines(baselines_dir)[:1]
+    rows = _kernel_rows(tmp_path / "rows.csv", "NVIDIA H100 80GB HBM3")
+    runs = [
+        validate(chosen, db_path=tmp_path / "h.duckdb", workers=1, kernel_tables=tables)
+        for tables in ((), (rows,), (rows,))
+    ]
+    results = [r.cases[0].result for r in runs]
+    assert [r["from_cache"] for r in results] == [False, False, True]  # not the plain run's
+    assert results[1]["kernel_table"] == f"{rows} over results/kernels/h100-sxm-80g.csv"
+
+
+def test_a_kernel_table_of_another_gpu_is_refused_before_a_run_starts(
+    tmp_path, baselines_dir, capsys
+):
+    rows = _kernel_rows(tmp_path / "rows.csv", "NVIDIA A100-SXM4-80GB")
+    db = tmp_path / "p.duckdb"
+    args = _validate_args(baselines_dir, "--db", str(db), "--no-mlflow", "--all")
+    assert main([*args, "--kernel-table", rows]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --kernel-table: {rows}: rows measured on 'NVIDIA A100-SXM4-80GB'")
+    assert "cases on h100-sxm-80g: mine__tiny__1g__r001, mine__tiny__1g__r002" in err
+    assert not db.exists()

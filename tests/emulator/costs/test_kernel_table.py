@@ -7,7 +7,13 @@ import pytest
 from emulator.costs.calibrate import write_kernel_csv
 from emulator.costs.compute import curve_time_s, op_price, op_time_s
 from emulator.costs.gemm_tiles import gemm_tile_utilisation
-from emulator.costs.kernel_table import NEIGHBOURS, load_kernel_table
+from emulator.costs.kernel_table import (
+    NEIGHBOURS,
+    load_kernel_table,
+    merge_rows,
+    read_rows,
+    table_from_rows,
+)
 from emulator.costs.ops import attention_op, gemm_op, memory_op
 from emulator.hardware import gpu_preset
 
@@ -201,6 +207,16 @@ def test_skip_sources_leaves_rows_out(tmp_path):
     table = load_kernel_table(path, skip_sources=("profile:a",))
     assert table.lookup(gemm_op("mm", 2048, 2048, 2048), H100.sm_count)[1] == "interpolated"
     assert "without profile:a" in table.label
+
+
+def test_a_later_tables_row_replaces_an_earlier_ones_of_the_same_op_and_shape(tmp_path):
+    preset = write_kernel_csv([_gemm_row(2048, 20.0), _gemm_row(4096, 100.0)], tmp_path / "p.csv", SYNTHETIC)
+    mine = write_kernel_csv([_gemm_row(2048, 50.0) | {"source": "profile:mine"}], tmp_path / "m.csv", SYNTHETIC)
+    table = table_from_rows(merge_rows(read_rows(preset), read_rows(mine)), label="m over p")
+    # replaced, not averaged with the preset's 20 us; the 4096 row kept
+    assert table.lookup(gemm_op("mm", 2048, 2048, 2048), H100.sm_count)[:2] == (pytest.approx(50e-6), "exact")
+    assert table.lookup(gemm_op("mm", 4096, 4096, 4096), H100.sm_count)[:2] == (pytest.approx(100e-6), "exact")
+    assert table.gpus == ("synthetic",)
 
 
 def test_attention_variants_do_not_price_each_other(tmp_path):
