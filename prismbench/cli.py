@@ -228,6 +228,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     except ProfileError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if result.in_sample_source:
+        _progress(
+            f"note: the kernel table holds this profile's own rows (source "
+            f"{result.in_sample_source}): the comparison is in-sample; pass --skip-source "
+            f"{result.in_sample_source} to leave them out"
+        )
     if args.json:
         _print_json(result.to_dict())
     else:

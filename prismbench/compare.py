@@ -48,6 +48,9 @@ class Comparison:
     profile: str
     kernel_table: str
     classes: list[ClassComparison]
+    # the table holds rows of this very profile (their `source`, `profile_source`): its ops
+    # are priced by their own measurement, so the error says little about other jobs
+    in_sample_source: str | None = None
 
     @property
     def predicted_s(self) -> float:
@@ -65,6 +68,7 @@ class Comparison:
             "job": self.job,
             "profile": self.profile,
             "kernel_table": self.kernel_table,
+            "in_sample_source": self.in_sample_source,
             "predicted_compute_s": self.predicted_s,
             "measured_kernel_s": self.measured_s,
             "error": total_error,
@@ -121,10 +125,11 @@ def compare_profile(
 ) -> Comparison:
     """Capture `job` (class 0's trace: the profiled rank is one of it), price it, and compare
     with the profile, per op class. kernel_table as in `prismbench.emulate.emulate`. A profile
-    that is not one of the job is refused (`prismbench.profile_ingest.check_coverage`)."""
+    that is not one of the job is refused (`prismbench.profile_ingest.check_coverage`); a
+    table holding the profile's own rows is said (`Comparison.in_sample_source`)."""
     from prismbench.capture import capture_job
     from prismbench.emulate import cost_context
-    from prismbench.profile_ingest import align_profile, check_coverage
+    from prismbench.profile_ingest import align_profile, check_coverage, profile_source
 
     cost = cost_context(job, kernel_table, kernel_gap_s=0.0)
     ops = read_profile(profile_path)
@@ -132,9 +137,11 @@ def compare_profile(
     trace = traces[min(traces)]
     aligned = align_profile(ops, trace)
     check_coverage(profile_path, f"the job {name}", aligned)
+    source = profile_source(profile_path)
     return Comparison(
         job=name,
         profile=str(profile_path),
         kernel_table="" if cost.table is None else cost.table.label,
         classes=compare_ops(ops, trace, cost, aligned),
+        in_sample_source=source if cost.table is not None and source in cost.table.sources else None,
     )

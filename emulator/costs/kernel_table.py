@@ -173,6 +173,8 @@ class KernelTable:
     gpus: tuple[str, ...]  # the GPUs its rows say they were measured on (the `gpu` column)
     groups: dict
     label: str = ""  # where it was read from, and which sources were left out
+    # the `source` of its rows: whether a profile's own rows price it (`compare`'s in-sample note)
+    sources: frozenset[str] = frozenset()
 
     def lookup(
         self, op: OpRecord, sm_count: int, *, max_log2_distance: float = 1.0
@@ -364,4 +366,5 @@ def table_from_rows(
     groups = {key: tuple(np.array(column) for column in group) for key, group in grouped.items()}
     label += f" without {', '.join(skip_sources)}" if skip_sources else ""
     gpus = tuple(dict.fromkeys(r.gpu for r in kept if r.gpu))
-    return KernelTable(gpus=gpus, groups=groups, label=label)
+    sources = frozenset(r.source for r in kept)
+    return KernelTable(gpus=gpus, groups=groups, label=label, sources=sources)

@@ -125,3 +125,25 @@ def test_cli_refuses_a_profile_of_another_job(tmp_path, trace, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"error: {profile}: not a profile of the job other:"), err
 
+
+def test_cli_says_when_the_table_holds_the_profiles_own_rows(tmp_path, trace, capsys):
+    profile = _write_jsonl(
+        tmp_path / "tiny.ops.jsonl.gz", [_profiled(trace, r, 3.0) for r in _compute_rows(trace)]
+    )
+    job = tmp_path / "tiny.toml"
+    job.write_text(TINY_TOML)
+    rows = tmp_path / "rows.csv"
+    ingest = ["ingest-profile", str(profile), "--job", str(job), "--out", str(rows), "--json"]
+    assert main([*ingest, "--provenance", "gpu=NVIDIA H100 80GB HBM3"]) == 0
+    capsys.readouterr()
+    compare = ["compare", str(job), "--profile", str(profile), "--kernel-table", str(rows), "--json"]
+    assert main(compare) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["in_sample_source"] == "profile:tiny"
+    assert err.endswith(
+        "note: the kernel table holds this profile's own rows (source profile:tiny): the "
+        "comparison is in-sample; pass --skip-source profile:tiny to leave them out\n"
+    )
+    assert main([*compare, "--skip-source", "profile:tiny"]) == 0  # leave-one-out: no note
+    out, err = capsys.readouterr()
+    assert json.loads(out)["in_sample_source"] is None and "in-sample" not in err

@@ -216,7 +216,7 @@ def test_a_later_tables_row_replaces_an_earlier_ones_of_the_same_op_and_shape(tm
     # replaced, not averaged with the preset's 20 us; the 4096 row kept
     assert table.lookup(gemm_op("mm", 2048, 2048, 2048), H100.sm_count)[:2] == (pytest.approx(50e-6), "exact")
     assert table.lookup(gemm_op("mm", 4096, 4096, 4096), H100.sm_count)[:2] == (pytest.approx(100e-6), "exact")
-    assert table.gpus == ("synthetic",)
+    assert "profile:mine" in table.sources and table.gpus == ("synthetic",)
 
 
 def test_attention_variants_do_not_price_each_other(tmp_path):
