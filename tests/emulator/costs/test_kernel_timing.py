@@ -1,6 +1,11 @@
 """emulator.costs.kernel_timing on profiler events whose kernels are written here (a fake
 clock: torch's own FunctionEvent, with kernel durations we choose), and on a CPU profile."""
 
+import statistics
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import pytest
 import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
@@ -10,6 +15,7 @@ from emulator.costs.kernel_timing import (
     profile_iteration,
     range_kernel_counts,
     range_times_us,
+    time_kernels_us,
 )
 
 
@@ -73,3 +79,70 @@ def test_profiling_an_iteration_on_cpu_runs_it_and_finds_no_kernels():
 
     assert profile_iteration(step, warmup=2, cuda=False) == []
     assert len(calls) == 3
+
+
+class _FakeGpu:
+    """A CUDA device under the profiler, on a fake clock: each call of `step` launches the next
+    of `launches` (its kernels' durations, us); a `record_function` range becomes a 50 us host
+    event holding the kernels launched inside it, as torch's profiler reports one. Calls
+    outside a range (warm-up) are not recorded; `drop` ranges are lost (a profiler that saw
+    fewer repetitions than were run)."""
+
+    def __init__(self, launches, drop=0):
+        self.launches, self.drop = iter(launches), drop
+        self.events, self.open = [], None
+
+    def step(self):
+        kernels = next(self.launches)
+        if self.open is not None:
+            self.open += kernels
+
+    @contextmanager
+    def record_function(self, label):
+        self.open = []
+        yield
+        start = 100 * len(self.events)
+        mm = _op("aten::mm", start + 1, start + 49, [(f"k{i}", us) for i, us in enumerate(self.open)])
+        if self.drop:
+            self.drop -= 1
+        else:
+            self.events.append(_op(label, start, start + 50, children=[mm]))
+        self.open = None
+
+    @contextmanager
+    def profile(self, activities):
+        yield SimpleNamespace(events=lambda: list(self.events))
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    def install(launches, drop=0):
+        gpu = _FakeGpu(launches, drop)
+        monkeypatch.setattr(torch.profiler, "profile", gpu.profile)
+        monkeypatch.setattr(torch.autograd.profiler, "record_function", gpu.record_function)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+        return gpu
+
+    return install
+
+
+def test_time_kernels_us_is_the_median_and_spread_of_the_repetitions_kernels(fake_gpu):
+    # a slow warm-up call (not timed), then three repetitions of 5, 7 and 6 us of kernels,
+    # launched as 2, 2 and 3 kernels, each inside a host range of 50 us
+    gpu = fake_gpu([[400.0], [2.0, 3.0], [3.0, 4.0], [1.0, 2.0, 3.0]])
+    median, spread, kernels = time_kernels_us(gpu.step, repetitions=3, warmup=1)
+    assert median == 6.0
+    assert spread == pytest.approx(statistics.pstdev([5.0, 7.0, 6.0]))  # population, not sample
+    assert kernels == 2  # the median call's count
+
+
+def test_time_kernels_us_refuses_when_the_profiler_missed_repetitions(fake_gpu):
+    gpu = fake_gpu([[5.0]] * 3, drop=1)
+    with pytest.raises(RuntimeError, match=r"the profiler saw 2 of 3 repetitions with kernels"):
+        time_kernels_us(gpu.step, repetitions=3, warmup=0)
+
+
+def test_time_kernels_us_refuses_repetitions_that_launched_no_kernel(fake_gpu):
+    gpu = fake_gpu([[5.0], [], [5.0]])  # a CPU build records ranges but no kernels
+    with pytest.raises(RuntimeError, match=r"saw 3 of 3 repetitions with kernels: \[5.0, 0.0, 5.0\]"):
+        time_kernels_us(gpu.step, repetitions=3, warmup=0)
