@@ -7,6 +7,9 @@ kernel-table row that says which op the capture records for it (`recorded_fields
 dtype, the capture's byte count), so the row is found by the lookup that prices that op.
 `prismbench calibrate` appends these rows to the bf16 GEMM grid of `emulator.costs.calibrate`.
 Attention runs torch's default SDPA backend, as the workloads do (cuDNN on an H100).
+Not in the grid: cross-entropy and softmax, the AdamW foreach step and SiLU (each call records
+several captured ops, and a call is timed as one range), fp16 and fp32 GEMMs, masked (ALiBi)
+and non-causal attention; `calibrate --job` measures those of a job from its profile.
 """
 
 from __future__ import annotations
