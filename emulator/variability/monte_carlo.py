@@ -88,6 +88,7 @@ class _Durations:
         samples: int,
         mask: NoiseMask | None,
         steps_per_allocation: int,
+        draws_per_sample: int,
     ):
         self.graph, self.variability, self.samples = graph, model, samples
         mask = mask or NoiseMask()
@@ -106,7 +107,7 @@ class _Durations:
         if not mask.network:
             network = np.ones(samples)
         self.network = network.reshape((samples,) + (1,) * len(lanes))
-        self.pool = NoisePool(rng, int(np.prod(self.lane_shape)))
+        self.pool = NoisePool(rng, int(np.prod(self.lane_shape)), draws_per_sample * samples)
         self.cols = [self._columns(p, c, mask) for p, c in enumerate(graph.classes)]
         self.joins: dict[int, np.ndarray] = {}  # pp-spanning collective -> its shared draw
         self.transfers: dict[tuple[int, int], np.ndarray] = {}  # (class, send node) -> draw
@@ -163,6 +164,29 @@ class _Durations:
         return d
 
 
+def draws_per_sample(graph: ExecutionGraph, model: VariabilityModel) -> int:
+    """Normals one sample takes from the NoisePool: a lane each per noisy segment, and per comm
+    draw one per group instance (the lanes outside its axes; a pp-spanning collective once)."""
+    lanes = graph.lanes
+    draws, joins = 0, set()
+    for c in graph.classes:
+        kind = c["kind"]
+        if model.has_kernel_noise:
+            draws += int(np.prod(lanes)) * int(((kind == SEGMENT) & (c["variance_s2"] > 0)).sum())
+        if model.collective_cv <= 0:
+            continue
+        comm = ((kind == COLLECTIVE) | (kind == SEND)) & (c["duration_s"] > 0)
+        for node in np.flatnonzero(comm).tolist():
+            join = int(c["join"][node]) if kind[node] == COLLECTIVE else -1
+            if join in joins:
+                continue
+            if join >= 0:
+                joins.add(join)
+            axes = int(c["axes"][node])
+            draws += int(np.prod([1 if (axes >> a) & 1 else n for a, n in enumerate(lanes)]))
+    return draws
+
+
 def chunk_samples(graph: ExecutionGraph, samples: int) -> int:
     """Samples per chunk: CHUNK_ELEMENTS over one class's lanes, at least 1."""
     return max(1, min(samples, CHUNK_ELEMENTS // int(np.prod(graph.lanes))))
@@ -192,8 +216,9 @@ def sample_step_times(
     # and their memory, that many samples large
     chunk = max(1, chunk_samples(graph, samples) // steps_per_allocation) * steps_per_allocation
     times = np.empty(samples)
+    per_sample = draws_per_sample(graph, model)
     for lo in range(0, samples, chunk):
         n = min(chunk, samples - lo)
-        durations = _Durations(graph, model, rng, n, mask, steps_per_allocation)
+        durations = _Durations(graph, model, rng, n, mask, steps_per_allocation, per_sample)
         times[lo : lo + n] = replay_samples(graph, n, durations)
     return times

@@ -8,12 +8,22 @@
 
 Why a pool: a Monte Carlo run needs one normal per (sample, lane, segment): 1 000 samples of
 an 8 192-GPU job with ~1 000 segments per rank is ~1e10 draws, ~100 s at numpy's ~11 ns per
-normal on this machine, against ~1 ns per element for the replay's arithmetic. The pool draws
-16 windows' worth of normals once and gives each segment a window at a random offset (a view:
-no copy). Windows overlap, so two segments can reuse a value, at positions shifted by the
-offsets' difference; the same value lands in the same sample for a shift under one sample's
-lanes, about 1 / (8 x samples per chunk) of segment pairs: the correlation this leaves between
-a sample's segments is negligible against the noise itself.
+normal on this machine, against ~1 ns per element for the replay's arithmetic. Where a chunk's
+draws fit in what a pool would hold (POOL_WINDOWS of the largest window, at least POOL_VALUES),
+every window is fresh normals: no dearer than the pool, and every draw independent. Beyond
+that, the pool draws that many normals once and gives each window a random offset in it (a
+view: no copy). Windows overlap, so a value is reused, at another offset, about
+draws / pool-size times; inside one sample that is rare, but across samples it is not: the
+samples share values, so their mean varies from seed to seed more than sigma/sqrt(N) says. An
+audit measured it (30 seeds x 1 000 samples, temporal noise only, when every graph took the
+16-window pool): the seed-to-seed std of the mean was 7.9x sigma/sqrt(N) on one lane of 1 000
+segments, 5.1x on 500, 4.9x on tp 8 with 500 segments, 2.4x on a real 22B tp8 job; all of those
+draw fresh normals now. The jobs that still take the pool have many lanes, over which a step's
+maximum spreads the reuse: on tp 8 x dp 8 (64 lanes) with 500 segments, each pool value used ~4
+times, the seed-to-seed std of the mean was 3.8 ms with the pool and 3.1 ms with fresh normals
+(sigma/sqrt(N) = 2.6 ms; 20 seeds x 1 000 samples, so each figure is good to ~16 %): within
+the noise of the check. Larger jobs reuse each value more (~300 times at 8 192 GPUs), over
+more lanes; that was not measured.
 """
 
 from __future__ import annotations
@@ -26,6 +36,10 @@ from emulator.variability.summary import allocation_count
 from emulator.world.mesh import World
 
 POOL_WINDOWS = 16  # pool size in largest windows (see the module docstring)
+# The least a pool holds: 2**23 float64 normals = 64 MiB, ~0.1 s to draw here; 16 windows of an
+# 8 192-GPU chunk (2**19 values each, monte_carlo.CHUNK_ELEMENTS) are that size already, so the
+# largest jobs' pool, and their speed, are as before.
+POOL_VALUES = 1 << 23
 
 
 def speed_factors(
@@ -70,13 +84,18 @@ def network_factors(rng: np.random.Generator, model: VariabilityModel, samples: 
 
 
 class NoisePool:
-    """Standard normals handed out as windows at random offsets (module docstring)."""
+    """Standard normals for windows: fresh ones while a pool would be as large as the draws,
+    else windows at random offsets of a pool (module docstring). `draws`: the values all the
+    windows of the chunk take together."""
 
-    def __init__(self, rng: np.random.Generator, largest_window: int):
+    def __init__(self, rng: np.random.Generator, largest_window: int, draws: int):
         self.rng = rng
-        self.values = rng.standard_normal(POOL_WINDOWS * largest_window)
+        size = max(POOL_WINDOWS * largest_window, POOL_VALUES)
+        self.values = None if draws <= size else rng.standard_normal(size)
 
     def window(self, shape: tuple[int, ...]) -> np.ndarray:
+        if self.values is None:
+            return self.rng.standard_normal(shape)
         n = int(np.prod(shape))
         start = int(self.rng.integers(0, len(self.values) - n + 1))
         return self.values[start : start + n].reshape(shape)

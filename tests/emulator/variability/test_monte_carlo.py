@@ -100,6 +100,23 @@ def test_segment_noise_has_the_summed_variance_of_its_kernels():
     assert times.std() == pytest.approx(2 * 0.03, rel=0.05)
 
 
+def test_samples_are_independent_so_the_mean_converges_as_one_over_sqrt_n():
+    # One rank, 500 segments of 1 s with std cv: a step's std is cv sqrt(500). Independent
+    # samples give a mean whose seed-to-seed std is that over sqrt(N); samples sharing a
+    # 16-window pool of normals gave 5x it (each value reused ~500/16 times across samples).
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    for mb in range(500):
+        s.compute(1.0, phase="forward", mb=mb)  # a micro-batch each: 500 segments
+    cv, samples = 0.01, 1000
+    graph = build(world, [s], temporal_cv=cv)
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=cv, collective_cv=0.0)
+    means = [sample_step_times(graph, model, samples=samples, seed=k).mean() for k in range(20)]
+    error_of_mean = cv * np.sqrt(500) / np.sqrt(samples)
+    # 20 seeds estimate a std within ~16 % (1 / sqrt(2 x 19)): 1.5x is three of those away
+    assert np.std(means, ddof=1) < 1.5 * error_of_mean
+
+
 def test_variability_only_slows_a_synchronous_step_on_average(pipeline_graph):
     d = summarize(
         sample_step_times(pipeline_graph, PRISM_HIGH, samples=300, seed=0),
