@@ -72,6 +72,56 @@ def test_one_slow_gpu_delays_the_step_by_its_extra_compute(tp_dp_graph, slow):
     assert d.p95_s == replay(tp_dp_graph, speed_factors=factors).iteration_time_s
 
 
+def _two_ranks_noisy_layers(layers: int, cv: float):
+    """dp 2; per layer 1 s of compute with std cv, then a blocking 0.1 s dp all-reduce."""
+    world = World.grid(dp=2, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    for _ in range(layers):
+        s.compute(1.0, phase="forward")
+        s.collective("all_reduce", "dp", duration_s=0.1)
+    return build(world, [s], temporal_cv=cv)
+
+
+def test_each_blocking_collective_waits_for_its_slowest_member():
+    """Each layer ends when the slower of two iid N(1, cv^2) computes does: E[max of two iid
+    normals] = mu + sigma / sqrt(pi), so the mean step exceeds the deterministic one by
+    L cv / sqrt(pi), here 16 x 0.05 / 1.772 = 0.451 s. Collectives that let each rank run on
+    would give only the maximum of the two ranks' sums, sqrt(L) cv / sqrt(pi) = 0.113 s. The
+    step's std is cv sqrt(L (1 - 1/pi)) = 0.165 s (a maximum's variance is sigma^2 (1 - 1/pi)),
+    so 4 000 samples hold the mean within 4 x 0.0026 s."""
+    layers, cv, samples = 16, 0.05, 4000
+    graph = _two_ranks_noisy_layers(layers, cv)
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=cv, collective_cv=0.0)
+    shift = (
+        sample_step_times(graph, model, samples=samples, seed=4).mean()
+        - replay(graph).iteration_time_s
+    )
+    step_std = cv * np.sqrt(layers * (1 - 1 / np.pi))
+    assert shift == pytest.approx(layers * cv / np.sqrt(np.pi), abs=4 * step_std / np.sqrt(samples))
+
+
+def test_a_slow_gpu_under_noise_sets_p95_by_its_scaled_compute():
+    """Rank 1 at factor f = 1.5 computes f (1 + sigma z), sigma = 0.02: 25 of its stds above
+    rank 0's 1 + sigma z, so it alone sets the step: f (1 + sigma z) + the 0.1 s all-reduce, and
+    p95 = f (1 + 1.645 sigma) + 0.1 = 1.5494 s (the factor scales the noise too; scaling the
+    mean alone would give 1.5329 s). At 4 000 samples a p95's std is sqrt(0.95 x 0.05 / N) /
+    pdf(1.645) x f sigma = 1.0 ms; the mean is f + 0.1 within 4 x f sigma / sqrt(N)."""
+    slow, cv, samples = 1.5, 0.02, 4000
+    graph = _two_ranks_noisy_layers(1, cv)
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=cv, collective_cv=0.0)
+    times = sample_step_times(
+        graph,
+        model.with_speed_factors(np.array([1.0, slow]).reshape(graph.world.shape)),
+        samples=samples,
+        seed=5,
+    )
+    quantile_std_s = np.sqrt(0.95 * 0.05 / samples) / stats.norm.pdf(1.645) * slow * cv
+    assert np.percentile(times, 95) == pytest.approx(
+        slow * (1 + 1.645 * cv) + 0.1, abs=4 * quantile_std_s
+    )
+    assert times.mean() == pytest.approx(slow + 0.1, abs=4 * slow * cv / np.sqrt(samples))
+
+
 def test_a_collective_is_one_draw_shared_by_its_members():
     # dp all-reduce of 1 s after 1 s of compute on 8 ranks: one draw per call keeps the mean at
     # 1 s; a draw per member would end at their max, 1 + 1.42 x cv on average (max of 8 normals).
