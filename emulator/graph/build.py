@@ -427,6 +427,10 @@ class _Builder:
             self.placed[key] = self.world.placements(self.world.lane_groups(ranks, axes))
         return max(self.comm.duration_s(kind, nbytes, g) for g in self.placed[key])
 
+    def crosses_nodes(self, key) -> int:
+        """1 where some lane's group of `key` (placed by `slowest_s`) spans several nodes."""
+        return int(any(np.unique(self.world.node_of(g)).size > 1 for g in self.placed[key]))
+
     def comm_node(self, row: int, issuing: int, phase: int, mb: int) -> int:
         c, strings = self.trace.columns, self.trace.strings
         kind = strings[c["name"][row]]
@@ -461,6 +465,7 @@ class _Builder:
                 group=self.intern("pp"),
                 duration_s=duration,
                 traffic_bytes=self.comm.traffic_bytes(kind, nbytes, 2, duration),
+                crosses_nodes=self.crosses_nodes(("p2p", peer)),
                 peer_class=peer_class,
                 **base,
             )
@@ -487,6 +492,7 @@ class _Builder:
             group=self.intern(label),
             duration_s=duration,
             traffic_bytes=traffic,
+            crosses_nodes=self.crosses_nodes(gid),
             axes=mask,
             **base,
         )

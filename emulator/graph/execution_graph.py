@@ -41,11 +41,17 @@ NODE_COLUMNS = {
     "peer_class": np.int32,  # send/recv: the other class; -1
     "host_s": np.float64,  # earliest start the host allows: its first row issued (0: no host model)
     "host_end_s": np.float64,  # compute: earliest end the host allows (launch-queue bound); 0
+    # comm: 1 where the call's group (in some lane) spans more than one node, so its traffic
+    # crosses the network; 0 inside a node and for compute
+    "crosses_nodes": np.int8,
 }
 # columns a graph saved before they existed lacks; loading fills them with 0: no host bound, and
 # no traffic-dependent slowdown (such a graph's `slowdown` holds its memory-bound ops' share at
 # the link's rated bandwidth, applied as the replay applies it now: from when comm starts)
 _ADDED_COLUMNS = ("host_s", "host_end_s", "memory_slowdown_per_Bps", "traffic_bytes")
+# ... except these, filled with a value that keeps what such a graph did: every comm node is
+# taken to cross nodes (the network regime applied to all communication, as it was)
+_ADDED_FILLS = {"crosses_nodes": 1}
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -84,8 +90,8 @@ class ClassGraph:
 
 def _column(z, p: int, k: str) -> np.ndarray:
     key = f"c{p}_{k}"
-    if key not in z and k in _ADDED_COLUMNS:
-        return np.zeros(len(z[f"c{p}_kind"]), dtype=NODE_COLUMNS[k])
+    if key not in z and k in (*_ADDED_COLUMNS, *_ADDED_FILLS):
+        return np.full(len(z[f"c{p}_kind"]), _ADDED_FILLS.get(k, 0), dtype=NODE_COLUMNS[k])
     return z[key]
 
 

@@ -7,7 +7,12 @@ PRISM (arXiv 2510.15596; reading notes and figures in ../shared/seeds/README.md)
   0.98-6.46 % for GEMMs over time on one GPU;
 - collectives: one duration per call, shared by all its members (it ends when the slowest
   member is done: the replay starts it at the latest member's ready time);
-- the network: one regime per step shared by all communication.
+- the network: one regime per step shared by all communication that crosses the network.
+  By default (`network_scope="inter-node"`) the regime applies only to calls whose group
+  spans more than one node (the graph's `crosses_nodes`): NVLink traffic inside a node does
+  not see the network's congestion. `network_scope="all"` applies it to every call and
+  transfer, as the sampler did before (on a single-node tp8 job it made 72 % of the step's
+  variance a "network regime" on NVLink all-reduces).
 
 We read the paper's "variation" figures as coefficients of variation (std / mean); the reading
 notes do not say whether they are CVs or (max - min) / mean ranges: if ranges, these defaults
@@ -25,9 +30,12 @@ Numbers the seeds do not give, stated as assumptions (replace them with estimate
 repeated measurements, emulator.variability.regimes):
 - `collective_cv`: the temporal CV of a kernel, applied to a collective's kernel;
 - the network regimes: a nominal regime (factor 1) 90 % of steps and a congested one 10 % of
-  steps, 1.4x slower. The 1.4x is the "40 % slowdown observed under high latency" in the
-  machine-written summary on the paper's abstract page (../shared/seeds/prism_abstract.txt,
-  "Key Results"), not a figure of the paper; the 10 % is our assumption.
+  steps, 1.4x slower. Neither figure is PRISM's: the 1.4x is the "40 % slowdown observed under
+  high latency" in the machine-written summary on the paper's abstract page
+  (../shared/seeds/prism_abstract.txt, "Key Results"; the same block states results that are
+  not the paper's), and the 10 % is our assumption. Wherever communication across nodes is on
+  the critical path, this assumed regime sets the tail: p95 then lies in the congested steps,
+  and the CLI says so.
 """
 
 from __future__ import annotations
@@ -42,6 +50,9 @@ from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS
 # A normal draw of the relative noise must stay well above -1: with the ~1e7 standard normals
 # of a run the smallest is about -5.5 sigma, so CVs up to 0.15 keep every duration positive.
 MAX_NORMAL_CV = 0.15
+
+# Which communication the network regime slows (VariabilityModel.network_scope).
+NETWORK_SCOPES = ("inter-node", "all")
 
 # Kernels whose temporal spread is modelled alike (measured per class on a GPU).
 NOISE_CLASSES = ("gemm", "attention", "memory")
@@ -95,7 +106,8 @@ class VariabilityModel:
     step_cv: CV of a per-GPU factor (lognormal, mean 1) drawn afresh every step, on top of the
     spatial one: the part of the temporal variation a step's kernels share.
     collective_cv: CV of one collective or pipeline transfer.
-    network: the regimes of the network, one drawn per step; probabilities sum to 1."""
+    network: the regimes of the network, one drawn per step; probabilities sum to 1.
+    network_scope: "inter-node" (the regime on comm whose group spans nodes) or "all"."""
 
     spatial_cv: float
     temporal_cv: float
@@ -105,8 +117,11 @@ class VariabilityModel:
     step_cv: float = 0.0
     network: tuple[NetworkRegime, ...] = (NetworkRegime(1.0, 1.0),)
     speed_factors: np.ndarray | None = None
+    network_scope: str = "inter-node"
 
     def __post_init__(self) -> None:
+        if self.network_scope not in NETWORK_SCOPES:
+            raise ValueError(f"network_scope={self.network_scope!r} is not one of {NETWORK_SCOPES}")
         if self.spatial_cv < 0:
             raise ValueError(f"spatial_cv={self.spatial_cv!r} must be >= 0")
         for name in ("temporal_cv", "collective_cv"):

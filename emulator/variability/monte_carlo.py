@@ -19,7 +19,8 @@ as PRISM does (emulator.variability.model):
   draws once for all of them: d = duration * network * (1 + collective_cv * z);
 - pipeline transfer: one draw per pair of ranks, the same for the send and its recv, like a
   collective's (the transfer's own, no-bubble regime: the replay adds the waiting);
-- network: one regime per sample for all communication.
+- network: one regime per sample, on the communication the model's `network_scope` names
+  (by default the calls and transfers whose group spans nodes: the graph's `crosses_nodes`).
 
 With no variability every draw is the graph's duration times exactly 1, so the replay's
 arithmetic is the deterministic replay's and the step time equals `replay`'s exactly.
@@ -59,7 +60,8 @@ class NoiseMask:
     comm: per class, per node: True where a collective's or transfer's noise applies (a
     transfer's draw is made at its send, a pp-spanning collective's at its first member).
     spatial: the per-GPU speed factors (drawn or fixed); network: the per-step regime, on
-    the comm nodes where `network_comm` (per class, per node) is True (None: on all)."""
+    the comm nodes of the model's `network_scope` where `network_comm` (per class, per node)
+    is True (None: on all of them)."""
 
     segment_std_s: tuple[np.ndarray, ...] | None = None
     comm: tuple[np.ndarray, ...] | None = None
@@ -108,21 +110,27 @@ class _Durations:
             network = np.ones(samples)
         self.network = network.reshape((samples,) + (1,) * len(lanes))
         self.pool = NoisePool(rng, int(np.prod(self.lane_shape)), draws_per_sample * samples)
-        self.cols = [self._columns(p, c, mask) for p, c in enumerate(graph.classes)]
+        self.cols = [self._columns(p, c, mask, model) for p, c in enumerate(graph.classes)]
         self.joins: dict[int, np.ndarray] = {}  # pp-spanning collective -> its shared draw
         self.transfers: dict[tuple[int, int], np.ndarray] = {}  # (class, send node) -> draw
 
     @staticmethod
-    def _columns(pp: int, c, mask: NoiseMask) -> dict[str, list]:
+    def _columns(pp: int, c, mask: NoiseMask, model: VariabilityModel) -> dict[str, list]:
         """Class pp's node columns as lists: draw_s (the graph's std, where a draw is made),
         std_s (the std applied), noisy (comm noise applied) and regime (the network regime
-        applied) after the mask."""
+        applied: in the model's scope and the mask's)."""
         cols = {k: c[k].tolist() for k in ("kind", "duration_s", "axes", "join", "peer_class")}
         cols["draw_s"] = np.sqrt(c["variance_s2"]).tolist()
         std = mask.segment_std_s
         cols["std_s"] = cols["draw_s"] if std is None else np.asarray(std[pp], float).tolist()
-        for name, flags in (("noisy", mask.comm), ("regime", mask.network_comm)):
-            cols[name] = [True] * len(c) if flags is None else np.asarray(flags[pp], bool).tolist()
+        noisy, regime = np.ones(len(c), bool), np.ones(len(c), bool)
+        if mask.comm is not None:
+            noisy &= np.asarray(mask.comm[pp], bool)
+        if mask.network_comm is not None:
+            regime &= np.asarray(mask.network_comm[pp], bool)
+        if model.network_scope == "inter-node":
+            regime &= c["crosses_nodes"].astype(bool)
+        cols["noisy"], cols["regime"] = noisy.tolist(), regime.tolist()
         return cols
 
     def __call__(self, pp: int, node: int):

@@ -1,12 +1,19 @@
 """Monte Carlo over the replay on synthetic programs (tests/emulator/synthetic_traces.py):
 reproducibility, the deterministic limit, a slow GPU, shared collective draws, segment noise."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from scipy import stats
 
 from emulator.graph.replay import replay
-from emulator.variability.model import NO_VARIABILITY, PRISM_HIGH, VariabilityModel
+from emulator.variability.model import (
+    DEFAULT_NETWORK,
+    NO_VARIABILITY,
+    PRISM_HIGH,
+    VariabilityModel,
+)
 from emulator.variability.monte_carlo import sample_step_times
 from emulator.variability.summary import summarize
 from emulator.world.mesh import World
@@ -233,3 +240,39 @@ def test_the_split_recovers_the_per_step_and_spatial_cvs():
     assert d.allocations == 200
     assert d.within_allocation_std_s == pytest.approx(4.0 * 0.02, rel=0.05)
     assert d.allocation_std_s == pytest.approx(4.0 * 0.05, rel=0.15)
+
+
+def _tp8_layers(dp: int):
+    """tp 8 on 8-GPU nodes (one node per dp replica): 1 s compute, a 0.2 s tp all-reduce
+    (NVLink, inside the node), then a 0.5 s dp all-reduce (across nodes when dp > 1)."""
+    world = World.grid(dp=dp, pp=1, cp=1, tp=8, gpus_per_node=8)
+    s = Stage(world, 0)
+    s.compute(1.0, phase="forward")
+    s.collective("all_reduce", "tp", duration_s=0.2)
+    if dp > 1:
+        s.collective("all_reduce", "dp", duration_s=0.5)
+    return build(world, [s])
+
+
+NETWORK_ONLY = VariabilityModel(
+    spatial_cv=0.0, temporal_cv=0.0, collective_cv=0.0, network=DEFAULT_NETWORK
+)
+
+
+def test_the_network_regime_leaves_a_single_node_job_alone():
+    times = sample_step_times(_tp8_layers(dp=1), NETWORK_ONLY, samples=400, seed=0)
+    assert (times == 1.2).all()
+
+
+def test_the_network_regime_slows_communication_across_nodes():
+    # Only the dp all-reduce crosses nodes: 10 % of steps take it 1.4x, so the mean step is
+    # 1.7 + 0.1 x 0.4 x 0.5 s; 4 000 samples hold the regime's share within ~1.9 % (4 sigma).
+    times = sample_step_times(_tp8_layers(dp=2), NETWORK_ONLY, samples=4000, seed=0)
+    assert set(np.round(times, 12)) == {1.7, 1.9}
+    assert times.mean() == pytest.approx(1.7 + 0.1 * 0.4 * 0.5, abs=4 * 0.2 * np.sqrt(0.09 / 4000))
+
+
+def test_network_scope_all_applies_the_regime_inside_a_node_too():
+    model = replace(NETWORK_ONLY, network_scope="all")
+    times = sample_step_times(_tp8_layers(dp=1), model, samples=400, seed=0)
+    assert set(np.round(times, 12)) == {1.2, 1.28}

@@ -94,8 +94,9 @@ def test_every_signature_is_a_source_and_a_model_without_it_has_none(pipeline_ca
 
 def test_the_network_regime_on_one_signature_stretches_only_those_calls():
     # 1 s of compute, a blocking tp all-reduce (0.1 s) and dp all-reduce (0.5 s); half the
-    # steps congested at 2x: the regime on one signature adds its duration or nothing.
-    world = World.grid(dp=4, pp=1, cp=1, tp=2)
+    # steps congested at 2x: the regime on one signature adds its duration or nothing. One GPU
+    # per node, so that every call crosses the network (the regime's default scope).
+    world = World.grid(dp=4, pp=1, cp=1, tp=2, gpus_per_node=1)
     s = Stage(world, 0)
     s.compute(1.0)
     s.collective("all_reduce", "tp", duration_s=0.1)
