@@ -34,8 +34,9 @@ repeated measurements, emulator.variability.regimes):
   high latency" in the machine-written summary on the paper's abstract page
   (../shared/seeds/prism_abstract.txt, "Key Results"; the same block states results that are
   not the paper's), and the 10 % is our assumption. Wherever communication across nodes is on
-  the critical path, this assumed regime sets the tail: p95 then lies in the congested steps,
-  and the CLI says so.
+  the critical path, this assumed regime sets the tail: p95 then lies in the congested steps
+  (on the README's 8 192-GPU example every step above p95 is a congested one, an audit found),
+  so such a p95 restates the assumption; the CLI does not yet say when it does.
 """
 
 from __future__ import annotations
