@@ -28,8 +28,9 @@ K = 100, where the sum of K steps is near normal (results/fidelity/k_steps_two_r
 margin over K x mean is a median 0.9-1.6x the true one where sigma_b / sigma_w >= 0.1, and
 1.3-6x at 0.01 with K >= 100 (the samples cannot rule out a larger sigma_b). The mixture alone
 held for 0.82-0.96, lowest where sigma_b / sigma_w is 0.1 (where a step's own noise dwarfs the
-allocation's: 0.31 on the Megatron 39.1B row of results/fidelity/variability.md, whose network
-regime makes most of a step's spread; 4.5 on its torchtitan FSDP row). A Student-t bound over
+allocation's; the Megatron 39.1B row of results/fidelity/variability.md gave 0.31 while the
+network regime slowed its NVLink all-reduces too, 1.45 now that it slows only inter-node
+communication; 4.5 on its torchtitan FSDP row). A Student-t bound over
 Satterthwaite's degrees of freedom, tried first, covered but could be absurdly wide (for
 1 000 steps, margins 1e27 times the right one: its degrees of freedom fall below 1 when K is
 many times S and sigma_b is about 0). With no spatial variation the bound is K x mean + z x

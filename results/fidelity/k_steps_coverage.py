@@ -17,8 +17,9 @@ given before 7d499ab) and the mixture's bound alone (the larger of it and the pi
 is the one given). A second table gives what sharing allocations costs the estimates of one
 step's percentiles.
 sigma_w is 1 % of the step; sigma_b / sigma_w is the setting's ratio (under prism-low the two
-published rows of results/fidelity/variability.md give 0.31, Megatron 39.1B on 512 GPUs, whose
-network regime makes most of a step's spread, and 4.5, torchtitan Llama 3.1 8B FSDP on 128). Writes results/fidelity/k_steps_coverage.md.
+published rows of results/fidelity/variability.md give 1.45, Megatron 39.1B on 512 GPUs (0.31
+while the network regime also slowed its NVLink all-reduces), and 4.5, torchtitan Llama 3.1 8B
+FSDP on 128). Writes results/fidelity/k_steps_coverage.md.
 """
 
 from __future__ import annotations
