@@ -10,6 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from workloads.models.attention_ops import (
     flex_position_masked_attention,
     masked_attention,
+    masked_attention_backward,
     position_masked_attention,
 )
 from workloads.models.common import alibi_slopes
@@ -127,3 +128,33 @@ def test_on_cuda_flash_only_attention_runs_the_flash_kernel_not_cudnn():
         torch.cuda.synchronize()
     names = [e.name.lower() for e in prof.events() if e.device_type.name == "CUDA"]
     assert any("flash" in n for n in names) and not any("cudnn" in n for n in names), names
+
+
+def _as_projected(t):
+    """t [b, h, s, d] laid out as the workloads pass it: a [b, s, h, d] projection transposed."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck_passes_forward_and_backward_with_the_workloads_layout(dtype):
+    # opcheck compares the fake kernel's outputs with the real one's, strides included: a real
+    # kernel that returned contiguous outputs for transposed inputs would fail it
+    q, k, v, slopes = _inputs(dtype=dtype)
+    q, k, v = (_as_projected(t).requires_grad_() for t in (q, k, v))
+    pos = torch.arange(q.shape[2])
+    torch.library.opcheck(masked_attention, (q, k, v, pos, pos, slopes))
+    out, lse = masked_attention(q, k, v, pos, pos, slopes)
+    grad = _as_projected(torch.randn_like(out))
+    saved = (t.detach() for t in (q, k, v, out, lse))
+    args = (grad, *saved, pos, pos, slopes)
+    torch.library.opcheck(masked_attention_backward, args)
+
+
+def test_outputs_take_the_layout_of_q_k_and_v_as_flex_attention_lays_them_out():
+    q, k, v, slopes = _inputs()
+    q, k, v = (_as_projected(t).requires_grad_() for t in (q, k, v))
+    pos = torch.arange(q.shape[2])
+    out, _ = masked_attention(q, k, v, pos, pos, slopes)
+    out.backward(_as_projected(torch.randn_like(out)))
+    assert out.stride() == q.stride()
+    assert [t.grad.stride() for t in (q, k, v)] == [t.stride() for t in (q, k, v)]

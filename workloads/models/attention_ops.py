@@ -18,7 +18,8 @@ autograd. FlexAttention is not used on CPU: its backward does not run there in t
 
 Mask: key j is visible to query i when kv_positions[j] <= q_positions[i]; with slopes
 (one per local head, float32), the score gets -slope_h * (q_pos - kv_pos) added.
-Layout: q [b, h, s_q, d], k/v [b, h_kv, s_kv, d] (GQA when h_kv < h).
+Layout: q [b, h, s_q, d], k/v [b, h_kv, s_kv, d] (GQA when h_kv < h); each output takes the
+layout of its input (q for the output and dq, k for dk, v for dv), as FlexAttention lays it out.
 """
 
 from __future__ import annotations
@@ -53,16 +54,28 @@ def _reduce_kv(grad: Tensor, kv_heads: int) -> Tensor:
     return grad.view(b, kv_heads, h // kv_heads, s, d).sum(dim=2)
 
 
+def _laid_out_like(t: Tensor, values: Tensor) -> Tensor:
+    """`values` in t's dtype and layout: the allocation the fake kernels make (`empty_like`)."""
+    return torch.empty_like(t).copy_(values)
+
+
 @torch.library.custom_op("prism::masked_attention", mutates_args=())
 def masked_attention(
     q: Tensor, k: Tensor, v: Tensor, q_positions: Tensor, kv_positions: Tensor, slopes: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Returns (out [b, h, s_q, d] in q's dtype, logsumexp [b, h, s_q] in float32)."""
+    """Returns (out [b, h, s_q, d] in q's dtype and layout, logsumexp [b, h, s_q] in float32).
+
+    The output takes q's strides, as FlexAttention's does on CUDA (Inductor's lowering lays it
+    out with `infer_dense_strides(size, query.get_stride())`, torch/_inductor/kernel/flex/
+    flex_attention.py; `empty_like` gives the same for the dense q the workloads pass): q is a
+    transposed [b, s, h, d] projection, so the output is too, and the transpose back to
+    [b, s, h * d] before the output projection is a view on the GPU. A contiguous output here
+    would make the real CPU run copy where the GPU and the fake kernel do not."""
     heads = q.shape[1]
     scores = _scores(q, _expand_kv(k, heads), q_positions, kv_positions, slopes)
     lse = torch.logsumexp(scores, dim=-1)
     p = torch.exp(scores - lse.unsqueeze(-1))
-    return (p @ _expand_kv(v, heads).float()).to(q.dtype), lse
+    return _laid_out_like(q, p @ _expand_kv(v, heads).float()), lse
 
 
 @masked_attention.register_fake
@@ -82,6 +95,9 @@ def masked_attention_backward(
     kv_positions: Tensor,
     slopes: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
+    """Returns (dq, dk, dv), each in the dtype and layout of q, k and v: FlexAttention's
+    backward lowering lays each gradient out in its input's stride order, as the forward does
+    its output (see masked_attention)."""
     heads, kv_heads = q.shape[1], k.shape[1]
     k_full, v_full = _expand_kv(k, heads).float(), _expand_kv(v, heads).float()
     p = torch.exp(_scores(q, k_full, q_positions, kv_positions, slopes) - lse.unsqueeze(-1))
@@ -93,9 +109,9 @@ def masked_attention_backward(
     dq = ds @ k_full
     dk = ds.transpose(-1, -2) @ q.float()
     return (
-        dq.to(q.dtype),
-        _reduce_kv(dk, kv_heads).to(k.dtype),
-        _reduce_kv(dv, kv_heads).to(v.dtype),
+        _laid_out_like(q, dq),
+        _laid_out_like(k, _reduce_kv(dk, kv_heads)),
+        _laid_out_like(v, _reduce_kv(dv, kv_heads)),
     )
 
 
