@@ -1,5 +1,6 @@
 """Tests for workloads/models/rope_ops.py: the fused RoPE op, its backward, and what fake mode sees."""
 
+import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -49,3 +50,10 @@ def test_fake_mode_sees_one_op_forward_and_one_backward():
             rope(x, positions, THETA, False).sum().backward()
     assert [op for op in ops.seen if "rope" in op] == ["prism.rope.default"] * 2
     assert x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck_passes(dtype):
+    # the fake kernel against the real one (shapes, dtypes, strides), autograd and tracing
+    x = torch.randn(2, 6, 3, 16, dtype=dtype, requires_grad=True)
+    torch.library.opcheck(rope, (x, torch.arange(6) * 5, THETA, False))
