@@ -77,7 +77,12 @@ Fields:
   2), priced at its published rates, 1.3-1.7x slower than the cuDNN kernels of the H100
   table (on a GPU the workloads ask SDPA for its flash backend: the kernel priced runs; a real
   H100 run without that ran cuDNN, 1.4-2.1x faster, results/calibration/README.md). `triton`
-  runs FlexAttention on a GPU, not flash-attn's Triton kernel. All three compute exact attention and keep the output and a float32 logsumexp, so
+  changes the price only: the workloads run `flash`'s program, so on a GPU causal attention
+  is SDPA with the backend torch picks (cuDNN on an H100), not flash-attn's Triton kernel, and
+  a GPU run of a `triton` job measures another kernel than the one priced. ALiBi and
+  position-masked attention (context-parallel chunks) run compiled FlexAttention on a GPU
+  under `custom_ops = "fused"` whichever of the three is set (`flash2` included: it forces
+  SDPA's backend only), their eager math under `"eager"` (`custom_ops`). All three compute exact attention and keep the output and a float32 logsumexp, so
   the program, its memory and its loss are the same: the choice is what the kernel costs.
   `unfused`: no fused kernel, the score matrix in memory, as
   Megatron-LM ran attention before flash attention (a batched GEMM for the scores, Megatron's
