@@ -119,3 +119,9 @@ def compile_gpu():
 def fake_pg():
     """results/fidelity/fake_pg_memory.py: one rank of the shared fake-process-group jobs."""
     return load_script("fidelity/fake_pg_memory.py")
+
+
+@pytest.fixture(scope="session")
+def paired_deltas():
+    """results/fidelity/paired_deltas.py: published pairs that change one setting."""
+    return load_script("fidelity/paired_deltas.py")
