@@ -105,16 +105,10 @@ MODELS = {
     "llama": {"model": "llama-debug"},
     "gpt-alibi": {"model": "gpt-debug", "positions": "alibi"},
 }
-# Megatron runs attention unfused: the gradient reaching RoPE's backward is a transposed view,
-# and prism::rope's fake kernel keeps that layout where its CPU and CUDA kernels return contiguous
-ROPE_FAKE_KEEPS_LAYOUT = pytest.mark.xfail(strict=True, reason="prism::rope's fake layout")
 
 
 def _case(framework: str, model: str, precision: str = "bf16"):
-    marks = ROPE_FAKE_KEEPS_LAYOUT if (framework, model) == ("megatron", "llama") else ()
-    return pytest.param(
-        framework, model, precision, id=f"{framework}-{model}-{precision}", marks=marks
-    )
+    return pytest.param(framework, model, precision, id=f"{framework}-{model}-{precision}")
 
 
 CASES = [_case(framework, model) for framework in FRAMEWORKS for model in MODELS]

@@ -52,8 +52,11 @@ def test_fake_mode_sees_one_op_forward_and_one_backward():
     assert x.grad.shape == x.shape
 
 
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_opcheck_passes(dtype):
-    # the fake kernel against the real one (shapes, dtypes, strides), autograd and tracing
-    x = torch.randn(2, 6, 3, 16, dtype=dtype, requires_grad=True)
-    torch.library.opcheck(rope, (x, torch.arange(6) * 5, THETA, False))
+def test_opcheck_passes(dtype, transposed):
+    # the fake kernel against the real one (shapes, dtypes, strides), autograd and tracing;
+    # transposed: the layout of the gradient unfused attention hands RoPE's backward
+    x = torch.randn(2, 3, 6, 16, dtype=dtype).transpose(1, 2) if transposed else (
+        torch.randn(2, 6, 3, 16, dtype=dtype))  # fmt: skip
+    torch.library.opcheck(rope, (x.requires_grad_(), torch.arange(6) * 5, THETA, False))

@@ -8,7 +8,7 @@ tensor (angles, float32 upcast, four products, stack, downcast) that also keep f
 copies alive for backward: neither what a GPU runs nor what it costs. So `prism::rope` is a
 custom op: its CPU implementation is the reference math, its CUDA implementation the same math
 compiled into one fused kernel (`workloads.models.cuda_kernels`), its fake implementation
-allocates only the output, and its backward is the same op rotating by the opposite angle (a rotation's
+allocates only the output (contiguous, as both kernels return it: see `rope`), and its backward is the same op rotating by the opposite angle (a rotation's
 transpose is its inverse), saving only the positions.
 
 Layout: x [b, s, h, d]; pairs (2i, 2i+1) of the last dim rotate by positions * theta^(-2i/d)
@@ -43,12 +43,20 @@ def rotate(x: Tensor, positions: Tensor, theta: float, inverse: bool) -> Tensor:
 
 @torch.library.custom_op("prism::rope", mutates_args=())
 def rope(x: Tensor, positions: Tensor, theta: float, inverse: bool) -> Tensor:
+    """x rotated (`rotate`), returned contiguous whatever x's layout.
+
+    Contiguous because that is what the CUDA kernel returns: Inductor compiles `rotate` keeping
+    its eager output strides (`keep_output_stride`, on by default), and `rotate` ends in a
+    `torch.stack`, which allocates contiguous. Backward hands this op a transposed gradient
+    under unfused attention and torch's ring attention; a fake kernel that kept that layout
+    made the capture copy it back (a clone per q and k per layer in backward) where the GPU
+    does not."""
     return rotate(x, positions, theta, inverse)
 
 
 @rope.register_fake
 def _(x, positions, theta, inverse):
-    return torch.empty_like(x)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 register_compiled_cuda_kernel(rope, rotate)
