@@ -35,7 +35,7 @@ def test_csv_has_columns_and_provenance(tmp_path):
         reader = csv.DictReader(handle)
         assert tuple(reader.fieldnames) == COLUMNS
         assert next(reader)["gpu"] == "synthetic"
-    assert load_kernel_table(path).gpu == "synthetic"
+    assert load_kernel_table(path).gpus == ("synthetic",)
 
 
 def test_unknown_row_field_is_refused(tmp_path):
