@@ -173,6 +173,30 @@ KERNELS["cp2-dp2-zero3-llama-ring"] = {"cp_attention": "ring"}
 CASES["cp2-dp2-zero3-llama-ring"] = ({"name": "llama-debug"}, {"cp": 2, "dp": 2, "zero": 3})
 KERNELS["cp4-llama-ring"] = {"cp_attention": "ring"}
 CASES["cp4-llama-ring"] = ({"name": "llama-debug"}, {"cp": 4})
+# Each production framework's preset as a whole (workloads/kernels.py FRAMEWORKS), on a layout
+# it runs: every choice the preset makes at once, not one field at a time (issue 15's goal).
+# torchtitan's compile is left off: the CPU run would compile, the parity is the eager program's.
+PRESETS = {
+    "dp4-zero3-gpt-alibi-llm-foundry": (
+        {"name": "gpt-debug", "positions": "alibi"},
+        {"dp": 4, "zero": 3},
+        {"framework": "llm-foundry"},
+    ),
+    "tp2-sp-pp2-gpt-nemo": ({"name": "gpt-debug"}, {"tp": 2, "pp": 2}, {"framework": "nemo"}),
+    "tp2-sp-pp2-gpt-megatron": (
+        {"name": "gpt-debug"},
+        {"tp": 2, "pp": 2},
+        {"framework": "megatron"},
+    ),
+    "dp4-zero1-gpt-llm.c": ({"name": "gpt-debug"}, {"dp": 4, "zero": 1}, {"framework": "llm.c"}),
+    "dp2-tp2-zero3-llama-torchtitan": (
+        {"name": "llama-debug"},
+        {"dp": 2, "tp": 2, "zero": 3},
+        {"framework": "torchtitan"},
+    ),
+}
+for _name, (_model, _parallel, _kernels) in PRESETS.items():
+    CASES[_name], KERNELS[_name] = (_model, _parallel), _kernels
 MICRO_BATCH = {name: 2 for name in CASES if name.endswith("-mb2")}
 # cases whose four-process spawn CI leaves out (the suite's 10-minute budget): each repeats a
 # mechanism a CI case proves (the two-micro-batch sp variants beside their one-micro-batch
