@@ -211,9 +211,11 @@ def _emulate_one(
 
     started = time.perf_counter()
     path = default_cache_dir().parent / "results" / f"{result_cache_key(job, kernel_tables)}.json"
-    table = _kernel_table(job, kernel_tables)
+    cached = use_cache and path.is_file() and artifact_dir is None
+    # the tables are read only where something is priced (a cached result needs none)
+    table = _kernel_table(job, kernel_tables) if variability or not cached else None
     priced = _priced(job, use_cache, table) if variability else None
-    if use_cache and path.is_file() and artifact_dir is None:
+    if cached:
         result = json.loads(path.read_text()) | {"job": name, "from_cache": True}
     else:
         fresh = _emulate_fresh(job, name, artifact_dir, priced, table)

@@ -443,12 +443,12 @@ def _oom_report(trace, oom, preset, outside, stage) -> OomReport | None:
     if oom is None:
         return None
     iteration, t, failure = oom
-    at, reserved = failure.pop("at"), failure["reserved_bytes"]
+    at, reserved = failure["at"], failure["reserved_bytes"]
     total, outside_bytes = preset.usable_capacity_bytes, outside.total_bytes
     return OomReport(
         iteration=iteration,
         at=_where(trace, t, at, stage),
-        **failure,
+        **{k: v for k, v in failure.items() if k != "at"},
         gpu_capacity_bytes=total,
         outside_bytes=outside_bytes,
         free_bytes=max(total - outside_bytes - reserved, 0),
