@@ -33,9 +33,9 @@ Each prediction is scored against the measured iterations (`score`):
     medians, against P95_GOAL (PRISM: p95 within ~4-5 % of measured; we take 5 %).
 Beside them, per recording, what the series itself says: the lag-1 autocorrelation and a
 Ljung-Box test over 10 lags (KS p-values and kstwo assume independent iterations), a
-Spearman trend over the iteration index (drift), the skewness, the family of Normal, Gamma and
-LogNormal that fits the iterations best (emulator.variability.distributions.fit_durations, as
-issue 18 fits durations); the 95 % level of (c) again with the dependence between iterations
+Spearman trend over the iteration index (drift), the skewness, the CV of the bulk (iqr_cv),
+the family of Normal, Gamma and LogNormal that fits the iterations best
+(emulator.variability.distributions.fit_durations, as issue 18 fits durations); the 95 % level of (c) again with the dependence between iterations
 kept (a moving-block bootstrap, blocks of BLOCK iterations: sup |F*_n - F_n| over resampled
 series); and a block-bootstrap interval of the measured p95 (how sharp the p95 error can be).
 
@@ -125,6 +125,13 @@ def ks_level(n: int, confidence: float = 0.95) -> float:
 
 def cv(times: np.ndarray) -> float:
     return float(times.std(ddof=1) / times.mean())
+
+
+def iqr_cv(times) -> float:
+    """The CV of the bulk of `times`: the interquartile range over 1.349 (a normal's), over the
+    median; unmoved by a few slow iterations, unlike `cv`."""
+    q1, q2, q3 = np.percentile(times, [25, 50, 75])
+    return float((q3 - q1) / 1.349 / q2)
 
 
 def tail_ratio(times: np.ndarray) -> float:
@@ -357,7 +364,8 @@ def series_line(repeat: Repeat, seed: int) -> str:
     return (
         f"Series: lag-1 autocorrelation {lag1_autocorrelation(times):+.2f}, Ljung-Box "
         f"({LJUNG_BOX_LAGS} lags) p = {ljung_box_p(times):.2g}; trend over the run (Spearman) "
-        f"{rho:+.2f}, p = {rho_p:.2g}; skewness {skew:+.2f}; best family {family.family} "
+        f"{rho:+.2f}, p = {rho_p:.2g}; skewness {skew:+.2f}; CV of the bulk (interquartile "
+        f"range / 1.349 / median, a normal's CV) {iqr_cv(times):.2%}; best family {family.family} "
         f"(KS {family.ks_statistic:.3f} in-sample). 95 % level of (c) with the dependence kept "
         f"(blocks of {BLOCK}): {ks_level_dependent(times, seed):.3f} (independent iterations: "
         f"{ks_level(len(times)):.3f})."

@@ -139,3 +139,11 @@ def test_every_default_recording_is_its_recorded_baselines_job(repeats):
         ("gpt3-125m-s2048-mb8-none", "h200-2026-11-30", 200),
         ("llama3-8b-l2-s8192-mb2-none", "h200-2026-11-30", 200),
     ]
+
+
+def test_the_bulks_cv_is_a_normals_and_ignores_a_few_slow_iterations(repeats):
+    times = 1.0 + 0.01 * np.random.default_rng(10).standard_normal(10_000)
+    assert repeats.iqr_cv(times) == pytest.approx(0.01, rel=0.05)
+    times[:50] = 1.5  # 0.5 % of the iterations 50 % slow
+    assert repeats.iqr_cv(times) == pytest.approx(0.01, rel=0.05)
+    assert repeats.cv(times) > 3 * 0.01
