@@ -9,7 +9,7 @@ runs) trains for real (`prismbench.record.record` on cuda, 3 warm-up iterations,
 ITERATIONS timed ones), and DIR/repeat_CASE.json holds the
 recording (`Recording.to_dict`: every iteration's seconds, the allocator's peaks, the machine).
 The variability model's KS goal is scored against these distributions
-(`results/fidelity/variability_measured.py`).
+(`results/fidelity/variability_repeats.py`).
 """
 
 from __future__ import annotations
