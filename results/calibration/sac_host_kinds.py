@@ -100,6 +100,14 @@ def tiny_model(which: str, recompute: str, device: str):
     return model, torch.zeros((1, job.batch.seq_len), dtype=torch.long, device=device)
 
 
+def output_count(func) -> int:
+    """The outputs SAC stores when the policy saves `func`'s result: the entries of the tuple
+    it returns (a tensor list or a single tensor is one), read from the op's schema. Not from
+    the output itself: torch 2.13's `SelectiveCheckpointContext.op_output` holds it, torch
+    2.11's context has no such field (its policy runs before the op)."""
+    return max(1, len(func._schema.returns))
+
+
 class PolicyCounter:
     """Counts, while installed, the forward calls the SAC policy sees by op, the MUST_SAVE
     ones and their outputs (wraps `workloads.recompute._op_policy`)."""
@@ -118,9 +126,8 @@ class PolicyCounter:
                 if not ctx.is_recompute:
                     self.calls[str(func)] += 1
                     if decision == R.CheckpointPolicy.MUST_SAVE:
-                        out = ctx.op_output
                         self.saved[str(func)] += 1
-                        self.saved_outputs[str(func)] += len(out) if isinstance(out, tuple) else 1
+                        self.saved_outputs[str(func)] += output_count(func)
                 return decision
 
             return counting

@@ -74,3 +74,73 @@ def test_cuda_is_refused_where_torch_sees_none(sac_kinds, capsys):
         sac_kinds.main(["--device", "cuda"])
     assert e.value.code == 2
     assert "--device cuda: torch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_saved_outputs_are_counted_without_the_contexts_op_output(sac_kinds):
+    """torch 2.11's SelectiveCheckpointContext has no `op_output` (its policy runs before the
+    op): the counter reads the op's schema, and needs nothing else from the context."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import workloads.recompute as R
+
+    a = torch.ones(2, 2)
+    with sac_kinds.PolicyCounter() as counter:
+        policy = R._op_policy("op")
+        context = SimpleNamespace(is_recompute=False)  # what torch 2.11 hands the policy
+        for _ in range(3):  # torchtitan's policy recomputes every second matmul
+            policy(context, torch.ops.aten.mm.default, a, a)
+        policy(context, torch.ops.aten.view.default, a, [4])
+    assert counter.calls == {"aten.mm.default": 3, "aten.view.default": 1}
+    assert counter.saved == {"aten.mm.default": 2}
+    assert sum(counter.saved_outputs.values()) == 2
+
+
+@pytest.mark.parametrize(
+    "op, outputs",
+    [
+        ("mm.default", 1),
+        ("native_layer_norm.default", 3),  # output, mean, rstd
+        ("_scaled_dot_product_flash_attention_for_cpu.default", 2),  # output, logsumexp
+        ("split.Tensor", 1),  # one tensor list
+    ],
+)
+def test_an_ops_outputs_are_its_schemas_returns(sac_kinds, op, outputs):
+    import torch
+
+    packet, overload = op.rsplit(".", 1)
+    assert sac_kinds.output_count(getattr(getattr(torch.ops.aten, packet), overload)) == outputs
+
+
+def test_the_count_is_what_the_op_returns_where_the_context_holds_it(sac_kinds):
+    """Where torch hands the policy the op's output (2.13), the schema gives its length."""
+    import functools
+
+    import torch
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        SelectiveCheckpointContext,
+        checkpoint,
+        create_selective_checkpoint_contexts,
+    )
+
+    if "op_output" not in SelectiveCheckpointContext.__init__.__code__.co_varnames:
+        pytest.skip("this torch hands the policy no op output")
+    seen = []
+
+    def policy(ctx, func, *args, **kwargs):
+        if not ctx.is_recompute:
+            out = ctx.op_output
+            seen.append((len(out) if isinstance(out, tuple) else 1, sac_kinds.output_count(func)))
+        return CheckpointPolicy.MUST_SAVE
+
+    def block(x):
+        y = torch.nn.functional.layer_norm(x, (8,))
+        return torch.split(y @ y.t(), 2)[0].sin()
+
+    x = torch.randn(4, 8, requires_grad=True)
+    context = functools.partial(create_selective_checkpoint_contexts, policy)
+    checkpoint(block, x, use_reentrant=False, context_fn=context).sum().backward()
+    assert len(seen) >= 4
+    assert all(given == counted for given, counted in seen), seen
