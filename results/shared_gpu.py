@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -128,7 +129,7 @@ def commit_label() -> str:
 def command_line(script: str, argv: list[str] | None) -> str:
     """How `script` (a path from the repository root) was run: for a report's heading."""
     args = argv if argv is not None else sys.argv[1:]
-    return f"python {script}" + "".join(f" {a}" for a in args)
+    return f"python {script}" + "".join(f" {shlex.quote(a)}" for a in args)
 
 
 def report(command: str, lines: list[str], out: Path | None) -> None:

@@ -2,6 +2,8 @@
 
     python3 results/calibration/host_tiny_gpu.py --out FILE [--device cuda|cpu]
         [--iterations N] [--case CASE ...]          (from the repository root; ~2 min on a GPU)
+    python results/calibration/host_tiny_gpu.py --from-json JSON [--where TEXT] [--out FILE]
+                                                    (here, on a CPU: the report of a GPU run)
 
 The host model's figures come from torch.profiler records of real runs, whose intervals between
 launching ops overstate host cost where a run is GPU-bound (`host_per_call.md`, table 2: the
@@ -25,7 +27,16 @@ are not tiny there): plumbing, not a measurement. Writes FILE (markdown) and FIL
 again after every job, so a job that fails (its traceback on stderr, its row says so) or a cut
 keeps the jobs before it. The jobs are the recorded shared ones
 (`results/baselines/recorded/h100shared__*.toml`): no ../shared needed, which does not travel
-to the device machine.
+to the device machine. Each job's record also says where it ran and its launches and calls
+per trace phase (recompute apart from backward).
+
+`--from-json` renders the report again from such a JSON (no measurement: any machine), with a
+second table: the jobs without recompute fitted by one host figure per launching op and by
+one per aten call (the geometric mean of theirs, each job's miss), and what the jobs with
+recompute take beyond that per-launch figure, per launch and per call of their recomputation.
+A JSON written before the records said where they ran (the H200 run of 2026-11-30, at
+664c165) needs `--where`; one without the per-phase counts has them counted here (a capture of
+each tiny job on this machine's torch, which may count a few calls differently).
 """
 
 from __future__ import annotations
@@ -33,12 +44,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import statistics
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -71,9 +85,11 @@ def tiny_job(case: str):
     return dataclasses.replace(job, model=model, batch=batch)
 
 
-def counts(job, host) -> tuple[dict[str, dict[str, int]], float]:
-    """Per class: the launching ops (compute rows) and aten calls of one captured iteration;
-    and the host seconds the emulator charges that capture at `host`'s figures."""
+def counts(job, host) -> tuple[dict, dict, float]:
+    """Per class, and per trace phase (recompute apart): the launching ops (compute rows) and
+    aten calls of one captured iteration; and the host seconds the emulator charges that
+    capture at `host`'s figures (None: not priced)."""
+    from emulator.capture.trace import PHASES
     from emulator.costs.host_dispatch import dispatch_times_s
 
     if job.num_microbatches > 2:  # micro-batch reuse would add rows no call dispatched
@@ -81,10 +97,16 @@ def counts(job, host) -> tuple[dict[str, dict[str, int]], float]:
     with tempfile.TemporaryDirectory(prefix="host-tiny-") as cache:
         trace, classes, calls = captured_calls(job, Path(cache))
     out = {cls: {"launches": 0, "calls": 0} for cls in CLASSES}
+    phases = {}
     for row, n in calls.items():
         out[classes[row]]["launches"] += 1
         out[classes[row]]["calls"] += n
-    return out, float(dispatch_times_s(trace, host).sum())
+        p = int(trace.columns["phase"][row])
+        phase = phases.setdefault(PHASES[p] if p >= 0 else "forward", {"launches": 0, "calls": 0})
+        phase["launches"] += 1
+        phase["calls"] += n
+    model_s = float(dispatch_times_s(trace, host).sum()) if host is not None else None
+    return out, phases, model_s
 
 
 def iteration_s(job, device: str, iterations: int) -> tuple[list[float], float]:
@@ -115,11 +137,19 @@ def iteration_s(job, device: str, iterations: int) -> tuple[list[float], float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="markdown report (and .json)")
+    parser.add_argument("--out", type=Path, help="markdown report (and .json, when measuring)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--iterations", type=int, default=20, help="timed iterations (20)")
     parser.add_argument("--case", action="append", choices=shared_cases(), help="default: all")
+    parser.add_argument("--from-json", type=Path, metavar="JSON",
+                        help="render the report of this run's JSON again; measure nothing")  # fmt: skip
+    parser.add_argument("--where", help="--from-json: the run's torch and GPU, where its "
+                        "records do not say (e.g. 'torch 2.11.0+cu130, NVIDIA H200')")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.from_json:
+        return rerender(parser, args, argv)
+    if args.out is None:
+        parser.error("--out FILE is needed to measure")
     if args.iterations < 1:
         parser.error(f"--iterations {args.iterations}: at least 1")
     if not args.out.parent.is_dir():
@@ -142,27 +172,128 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)  # fmt: skip
         try:
             job = tiny_job(case)
-            per_class, model_s = counts(job, host)
+            per_class, per_phase, model_s = counts(job, host)
             timed, profiled = iteration_s(job, args.device, args.iterations)
         except Exception:  # noqa: BLE001 - a GPU check: the other jobs still count
             traceback.print_exc()
             results[case] = {"failed": traceback.format_exc(limit=1).strip().splitlines()[-1]}
         else:
             results[case] = {
+                "where": where,
                 "per_class": per_class,
+                "per_phase": per_phase,
                 "model_host_s": model_s,
                 "iteration_s": timed,
                 "median_s": statistics.median(timed),
                 "profiled_s": profiled,
             }
-        write(args, argv, where, host, results)
+        args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+        lines = table_lines(results, where, args.iterations, host)
+        report(command_line("results/calibration/host_tiny_gpu.py", argv), lines, args.out)
     return 0 if all("failed" not in r for r in results.values()) else 1
 
 
-def write(args, argv, where: str, host, results: dict) -> None:
-    """The report so far: FILE (markdown) and FILE with .json."""
+def rerender(parser, args, argv) -> int:
+    """The report of a measured JSON, with the fits (`fit_lines`): nothing is measured."""
+    from emulator.costs.host_dispatch import from_figures
+
+    try:
+        results = json.loads(args.from_json.read_text())
+    except (OSError, ValueError) as e:
+        parser.error(f"--from-json {args.from_json}: {e}")
+    if not isinstance(results, dict) or not all(
+        isinstance(r, dict) and ("failed" in r or "per_class" in r) for r in results.values()
+    ):
+        parser.error(f"--from-json {args.from_json}: not the JSON host_tiny_gpu.py writes")
+    said = {r["where"] for r in results.values() if "where" in r}
+    if len(said) > 1:
+        parser.error(f"--from-json {args.from_json}: jobs from several runs: {sorted(said)}")
+    where = args.where or (said.pop() if said else None)
+    if where is None:
+        parser.error(f"--from-json {args.from_json}: its records do not say where they ran: "
+                     "give --where")  # fmt: skip
+    measured = [r for r in results.values() if "failed" not in r]
+    iterations = statistics.median(len(r["iteration_s"]) for r in measured) if measured else 0
+    host = from_figures(json.loads(HOST_DISPATCH.read_text()), "aten")
+    lines = table_lines(results, where, int(iterations), host)
+    lines += ["", *fit_lines(results)]
+    report(command_line("results/calibration/host_tiny_gpu.py", argv), lines, args.out)
+    return 0
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def per_phase(case: str, record: dict) -> tuple[dict, bool]:
+    """The job's launches and calls per trace phase: its record's, or counted here (True)."""
+    if "per_phase" in record:
+        return record["per_phase"], False
+    return counts(tiny_job(case), None)[1], True
+
+
+def fit_lines(results: dict) -> list[str]:
+    """The jobs without recompute fitted by one host figure per launch and one per call; what
+    the jobs with recompute take beyond the per-launch figure."""
+    rows, recounted = {}, False
+    for case, r in results.items():
+        if "failed" in r:
+            continue
+        phases, here = per_phase(case, r)
+        recounted |= here
+        launches = sum(v["launches"] for v in r["per_class"].values())
+        calls = sum(v["calls"] for v in r["per_class"].values())
+        rec = phases.get("recompute", {"launches": 0, "calls": 0})
+        rows[case] = (launches, calls, 1e6 * r["median_s"], rec["launches"], rec["calls"])
+    plain = {c: v for c, v in rows.items() if not v[3]}
+    if len(plain) < 2:
+        return ["(fewer than two jobs without recompute: no fit)"]
+    per_launch = geomean(us / n for n, _, us, _, _ in plain.values())
+    per_call = geomean(us / c for _, c, us, _, _ in plain.values())
+    a, b = np.linalg.lstsq(
+        np.array([[n, c] for n, c, *_ in plain.values()], float),
+        np.array([us for _, _, us, *_ in plain.values()]), rcond=None,
+    )[0]  # fmt: skip
     lines = [
-        f"{where}; {TOKENS} tokens, hidden 64; median of {args.iterations} iterations; the "
+        f"The {len(plain)} jobs without recompute, fitted (geometric mean of theirs): "
+        f"{per_launch:.1f} us per launching op, or {per_call:.1f} us per aten call; least "
+        f"squares over launches and calls together: {a:.1f} us per launch + {b:.2f} us per "
+        "call. The jobs with recompute against the per-launch figure: what they take beyond "
+        "it, per launch and per call of their recomputation"
+        + (" (the per-phase counts are this machine's captures: the JSON has none)." if recounted else "."),
+        "",
+        "| job | calls / launch | one figure per launch: miss | one per call: miss "
+        "| recompute launches / calls | beyond per launch (ms) | per recompute launch (us) "
+        "| per recompute call (us) |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]  # fmt: skip
+    for case, (n, c, us, rn, rc) in rows.items():
+        beyond = us - per_launch * n
+        tail = (f"{rn} / {rc} | {beyond / 1e3:.1f} | {beyond / rn:.0f} | {beyond / rc:.0f}"
+                if rn else "- | | |")  # fmt: skip
+        lines.append(
+            f"| {case} | {c / n:.2f} | {100 * (per_launch * n / us - 1):+.0f} % "
+            f"| {100 * (per_call * c / us - 1):+.0f} % | {tail} |"
+        )
+    ratios = {c: r["profiled_s"] / r["median_s"] for c, r in results.items() if "failed" not in r}
+    extra = [1e6 * (r["profiled_s"] - r["median_s"]) / rows[c][1]
+             for c, r in results.items() if "failed" not in r]  # fmt: skip
+    lines += [
+        "",
+        f"The profiler, per job: profiled / unprofiled {min(ratios.values()):.2f} - "
+        f"{max(ratios.values()):.2f} (geometric mean {geomean(ratios.values()):.3f}; the host "
+        f"model divides by 1.509), or {min(extra):.1f} - {max(extra):.1f} us per call: "
+        f"{max(ratios.values()) / min(ratios.values()):.2f} x between the extremes as a factor, "
+        f"{max(extra) / min(extra):.2f} x as a cost per call.",
+    ]
+    return lines
+
+
+def table_lines(results: dict, where: str, iterations: int, host) -> list[str]:
+    """The report's first table: per job, host time per launch and per call, the model's."""
+    lines = [
+        f"{where}; {TOKENS} tokens, hidden 64; median of {iterations} iterations; the "
         f"model: {host.source} (us per launching op, forward / backward / optimizer: "
         + " / ".join(f"{1e6 * host.per_op_s[c]:.1f}" for c in CLASSES) + ", a phase's first op "
         "its entry figure).",
@@ -185,8 +316,7 @@ def write(args, argv, where: str, host, results: dict) -> None:
             f"| {model_us:.0f} | {model_us / us:.2f} | {r['profiled_s'] / r['median_s']:.2f} "
             f"| {extra:.1f} |"
         )
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    report(command_line("results/calibration/host_tiny_gpu.py", argv), lines, args.out)
+    return lines
 
 
 if __name__ == "__main__":
