@@ -19,11 +19,24 @@ compile_gpu.json holds, per row and pass, the kernel count and time of each kind
 `validate` does (FSDP2 over two ranks), prices it on the GPU's preset with the kernel table,
 and sets the rule's memory-bound rows of the block (forward; backward with the
 recomputation) beside the measured Triton kernels: count and time.
+
+Whether the block was compiled at all: DIR/compile_gpu.json also records, per row, what
+Dynamo made of it (graphs compiled, graph breaks and their reasons), and `--compare` says it.
+The first run (an H200, 2026-11-30, at 664c165, before this record) measured an eager block:
+its kernels are those of the same block run eagerly (37 forward kernels for bf16, 227 for fp8,
+as the eager reprofile's), and its only Triton kernels RoPE's custom op's
+(`compile_gpu_h200.md`). The workloads' attention on CUDA with `flash_only` (`kernels.attention
+= "flash2"`) asks `is_fake(q)`, a function Dynamo refuses to trace; inside the checkpointed
+block that graph break makes Dynamo run the whole block eagerly (on a CPU `q.is_cuda` is false
+first, so the CPU checks never saw it). So the block here runs with `flash_only` off and SDPA's
+FlashAttention-2 backend chosen around the compiled call (`sdpa_kernel`), the kernel the rows
+price, which is what `flash_only` asks for.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -47,11 +60,13 @@ def compiled_block(job, device: str):
     micro-batch, a function running that forward's backward and returning the input's
     gradient)."""
     import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from workloads.train import build_training
 
     state = build_training(one_layer_job(job, fsdp=False), None, device=device)
     block = next(iter(state.parts[0].layers.values()))
+    flash = without_flash_only(block) and device == "cuda"
     compiled = torch.compile(checkpointed(block, job.train.recompute))
     shape = (job.batch.micro_batch, job.batch.seq_len, job.model.hidden)
     dtype = next(block.parameters()).dtype
@@ -61,13 +76,60 @@ def compiled_block(job, device: str):
 
     def forward():
         held["x"] = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
-        held["out"] = compiled(held["x"], positions)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if flash else contextlib.nullcontext():
+            held["out"] = compiled(held["x"], positions)
 
     def backward():
         held["out"].backward(grad)
         return held["x"].grad
 
     return forward, backward
+
+
+def without_flash_only(block) -> bool:
+    """Turn `flash_only` off in `block`'s attention modules; whether one had it on. Its CUDA
+    branch calls `is_fake`, which Dynamo does not trace: in a checkpointed block that makes
+    the whole block run eagerly (module docstring)."""
+    found = False
+    for module in block.modules():
+        if getattr(module, "flash_only", False):
+            module.flash_only = False
+            found = True
+    return found
+
+
+def dynamo_record() -> dict:
+    """What Dynamo made of the calls since its counters were last cleared: graphs compiled,
+    and each graph break's reason (its first line) with how often it happened."""
+    from torch._dynamo.utils import counters
+
+    breaks: dict[str, int] = {}
+    for reason, n in counters["graph_break"].items():
+        first = reason.strip().splitlines()[0] if reason.strip() else "?"
+        breaks[first] = breaks.get(first, 0) + n
+    return {"graphs": int(counters["stats"]["unique_graphs"]), "breaks": breaks}
+
+
+def dynamo_lines(measured: dict) -> list[str]:
+    """Per row, whether the block ran compiled: Dynamo's record, or that the JSON has none."""
+    lines = []
+    for name, row in measured["rows"].items():
+        label = name.split("__")[-1]
+        record = row.get("dynamo")
+        if record is None:
+            lines.append(
+                f"- {label}: the JSON does not record what Dynamo compiled (written before "
+                "compile_gpu.py kept it): the Inductor kernels above are the only evidence."
+            )
+        elif record["graphs"] == 0 or record["breaks"]:
+            reasons = "; ".join(f"{r} ({n}x)" for r, n in record["breaks"].items())
+            lines.append(
+                f"- {label}: **not one compiled block**: {record['graphs']} graph(s) compiled, "
+                f"graph breaks: {reasons or 'none'}."
+            )
+        else:
+            lines.append(f"- {label}: {record['graphs']} graph(s) compiled, no graph break.")
+    return lines
 
 
 def kernel_kinds(records: list[dict]) -> dict[str, dict[str, float]]:
@@ -83,6 +145,7 @@ def kernel_kinds(records: list[dict]) -> dict[str, dict[str, float]]:
 
 def measure(out: Path) -> Path:
     import torch
+    from torch._dynamo.utils import counters
 
     from emulator.costs.kernel_timing import profile_iteration
     from prismbench.baselines import load_baseline
@@ -94,6 +157,8 @@ def measure(out: Path) -> Path:
     figures["torch"] = torch.__version__
     for name in ROWS:
         job = load_baseline(ROOT / "results" / "baselines" / f"{name}.toml").job
+        torch._dynamo.reset()
+        counters.clear()
         forward, backward = compiled_block(job, "cuda")
         for _ in range(WARMUP):
             forward()
@@ -103,6 +168,7 @@ def measure(out: Path) -> Path:
         figures["rows"][name] = {
             "forward": kernel_kinds(forward_records),
             "backward": kernel_kinds(backward_records),
+            "dynamo": dynamo_record(),
         }
         print(name, json.dumps(figures["rows"][name]), flush=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -150,19 +216,20 @@ def compare(measured: dict) -> str:
         f"A compiled block on {measured['device']} (torch {measured['torch']}) against the rule "
         f"priced on the `{measured['gpu']}` preset."
     )
-    return "\n".join([head, "", *lines, ""])
+    return "\n".join([head, "", *lines, "", *dynamo_lines(measured), ""])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="measure: the folder; --compare: the report")
     parser.add_argument("--compare", type=Path, help="a compile_gpu.json to score here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.compare:
-        text = compare(json.loads(args.compare.read_text()))
-        if args.out:
-            args.out.write_text(text)
-        print(text)
+        sys.path.insert(0, str(ROOT / "results"))
+        from shared_gpu import command_line, report
+
+        lines = compare(json.loads(args.compare.read_text())).splitlines()
+        report(command_line("results/fidelity/compile_gpu.py", argv), lines, args.out)
         return
     if args.out is None:
         parser.error("--out DIR is needed to measure")

@@ -46,9 +46,59 @@ def test_a_small_block_runs_checkpointed_and_compiled_forward_and_backward_on_cp
     job = dataclasses.replace(
         job, model=small, batch=dataclasses.replace(job.batch, seq_len=32, micro_batch=2)
     )
+    import torch
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
     forward, backward = compile_gpu.compiled_block(job, "cpu")
     for _ in range(2):
         forward()
         grad = backward()
         assert grad.shape == (2, 32, 64)
         assert bool(grad.isfinite().all()) and bool(grad.abs().sum() > 0)
+    assert compile_gpu.dynamo_record() == {"graphs": 1, "breaks": {}}  # one compiled block
+
+
+def test_a_call_dynamo_will_not_trace_inside_a_checkpoint_leaves_no_graph_at_all(compile_gpu):
+    """What the first H200 run measured: `is_fake` (the workloads' CUDA flash branch) in a
+    checkpointed region, under torch.compile, and the region runs eagerly, whole."""
+    import torch
+    from torch._dynamo.utils import counters
+    from torch._subclasses.fake_tensor import is_fake
+    from torch.utils.checkpoint import checkpoint
+
+    def region(x):
+        y = x.sin()
+        return y * 2 if not is_fake(y) else y
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(lambda x: checkpoint(region, x, use_reentrant=False))
+    compiled(torch.randn(4, requires_grad=True)).sum().backward()
+    record = compile_gpu.dynamo_record()
+    assert record["graphs"] == 0
+    assert any("skipped" in reason for reason in record["breaks"]), record
+
+
+def test_the_block_runs_without_flash_only_and_says_whether_it_had_it(compile_gpu):
+    from torch import nn
+
+    attention = nn.Module()
+    attention.flash_only = True
+    block = nn.Sequential(nn.Linear(2, 2), attention)
+    assert compile_gpu.without_flash_only(block) is True
+    assert attention.flash_only is False
+    assert compile_gpu.without_flash_only(block) is False
+
+
+def test_the_comparison_says_whether_each_block_was_compiled(compile_gpu):
+    rows = {
+        "t__r034": {},
+        "t__r035": {"dynamo": {"graphs": 0, "breaks": {"Attempted to call skipped": 2}}},
+        "t__r036": {"dynamo": {"graphs": 1, "breaks": {}}},
+    }
+    old, eager, compiled = compile_gpu.dynamo_lines({"rows": rows})
+    assert old.startswith("- r034: the JSON does not record what Dynamo compiled")
+    assert "**not one compiled block**: 0 graph(s)" in eager and "skipped (2x)" in eager
+    assert compiled == "- r036: 1 graph(s) compiled, no graph break."
