@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
 # The open issues' GPU checks, each step with its own limit (together 2 380 s at most: more than
 # a session's 15 minutes of device time, machine start included; name the steps a session still
-# needs). Run so far (results/gpu_runs/): every step but compile, sac_kinds, host_tiny and
-# fake_pg_memory on an H100 (2026-11-28; the repeats at 40 iterations), all but reprofile,
-# expandable, sac_host_llama and the three steps added since (sac_kinds, host_tiny,
-# fake_pg_memory) on an H200 (2026-11-27). Still needed, as calls of under 10 minutes each:
-#   1. `gpu torch host_tiny sac_host sac_host_llama sac_kinds` (570 s at most, 8 files): the host
-#      model's evidence (new, 2026-11-29): host cost per launching op and per aten call without
-#      the profiler, which the host figures overstate in GPU-bound runs, and whether op-level
-#      SAC's host cost follows its calls' kinds on a GPU's host as on a CPU;
-#   2. `gpu torch fake_pg_memory` (540 s, 2 files: the archive and the log): issue 16's memory
-#      of a rank of a several-rank job (new, 2026-11-29): built on meta as `record` builds it
-#      by default (`train.model_init = "auto"`: what `emulate` predicts; never measured) and
-#      on the device as the shared measurement
-#      was (its peaks now predicted to the byte, `fake_pg_memory.md`: the history checks the
-#      parts too);
-#   3. `gpu_tests reprofile` (510 s): the workloads' CUDA paths changed after the H100 run
-#      (compiled custom op kernels, SDPA's flash backend for `flash2`, one block mask per
-#      forward); then `compile` (a compiled torchtitan block's Inductor kernels timed) and
-#      `repeat` at 200 iterations (KS <= 10 % is only decidable from n = 181).
+# needs). Run so far (results/gpu_runs/):
+#   - H100, 2026-11-28: every step but compile, sac_kinds, host_tiny and fake_pg_memory (the
+#     repeats at 40 iterations);
+#   - H200, 2026-11-27: all but reprofile, expandable, sac_host_llama, sac_kinds, host_tiny and
+#     fake_pg_memory;
+#   - H200, 2026-11-30 (at 664c165, torch 2.11): gpu, torch, gpu_tests, reprofile, repeat (200
+#     iterations), compile, host_tiny, sac_host, sac_host_llama and fake_pg_memory (not oom_pairs,
+#     expandable). sac_kinds failed there (torch 2.11's SelectiveCheckpointContext has no
+#     op_output; fixed since, not yet run). compile ran but measured an eager block: the
+#     workloads' CUDA flash branch calls is_fake, which Dynamo will not trace, and in the
+#     checkpointed block that runs it all eagerly (results/fidelity/HISTORY.md, "A compiled block
+#     on an H200, measured eagerly"; compile_gpu.py now avoids the branch, not yet run).
+# Still needed, as calls of under 10 minutes each:
+#   1. `gpu torch sac_host sac_host_llama sac_kinds` (300 s at most): whether op-level SAC's host
+#      cost follows its calls' kinds on a GPU's host, against that same host's full-size figures
+#      (sac_kinds still needs a device run: it has never run on one);
+#   2. `compile` (240 s): the compiled block again; compile_gpu.json now says per row what Dynamo
+#      compiled, which must be one graph and no break for the check to mean anything;
+#   3. `host_tiny` on an H100's host (240 s), the host the model's figures come from: the H200's
+#      host of 2026-11-30 was 1.4-1.8x faster at plain eager dispatch, so its tiny jobs bound
+#      the model's excess only through that speed ratio (results/calibration/README.md, "Host
+#      time without the profiler"); its records now count launches and calls per phase.
 # On the H100: gpu, torch, oom_pairs, reprofile and expandable took 456 s with the machine's
-# start, repeat (40) 40 s, gpu_tests 43 s.
+# start, repeat (40) 40 s, gpu_tests 43 s. On the H200 of 2026-11-30: 388 + 93 + 143 s of
+# commands, 684 s of device time with the start.
 # The script goes on after a failure.
 # From the repository root on the device machine, with $OUT the folder that comes back, and
 # .whl/ carried (below):
