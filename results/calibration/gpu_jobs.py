@@ -2,6 +2,7 @@
 
     python results/calibration/gpu_jobs.py [--gpu h100-sxm-80g|h200-141g] [--only CASE]
                                            [--table measured|rule-from-h100] [--out FILE]
+                                           [--experimental-host-scale FACTOR]
 
 Measured: ../shared/data/gpu/<gpu>/summary.json `iteration_s_median` (eight timed iterations
 after three warm-up ones, torch 2.11 / CUDA 13, workloads at 86a4f47; an H100 80GB HBM3 or an
@@ -24,6 +25,10 @@ prediction uses (what is left once the GPU's own work is counted). "priced by" c
 ops of one iteration by how they were priced (`kernel_table.PRICE_SOURCES`: exact shape, interpolated,
 extrapolated, an attention kernel's published rates, roofline curves).
 Progress goes to stderr, the table to stdout.
+
+`--experimental-host-scale FACTOR` (not the model: a what-if for a proposal) multiplies every
+host dispatch figure the prediction takes, per op and per phase entry, by FACTOR; the last
+line says so. The host model's own figures are those without it.
 """
 
 from __future__ import annotations
@@ -90,6 +95,20 @@ def rule_from_h100_table(case: str, gpu: str):
 def _options(parser) -> None:
     parser.add_argument("--table", choices=("measured", "rule-from-h100"), default="measured",
                         help="price with the GPU's own table or the H100's carried by the rule")  # fmt: skip
+    parser.add_argument("--experimental-host-scale", type=float, metavar="FACTOR",
+                        help="what-if, not the model: every host dispatch figure times FACTOR")  # fmt: skip
+
+
+def scaled_host(host, factor: float | None):
+    """`host`'s figures, per op and per entry, times `factor` (None: `host` itself)."""
+    if factor is None or host is None:
+        return host
+    return dataclasses.replace(
+        host,
+        per_op_s={k: v * factor for k, v in host.per_op_s.items()},
+        entry_s={k: v * factor for k, v in host.entry_s.items()},
+        source=f"{host.source}, EXPERIMENTAL x {factor:g}",
+    )
 
 
 def main() -> None:
@@ -97,6 +116,10 @@ def main() -> None:
     from prismbench.spec import load_job_spec
 
     args, cases, measured = cases_from_cli(__doc__.splitlines()[0], _options)
+    scale = args.experimental_host_scale
+    if scale is not None and not scale >= 0:
+        print(f"--experimental-host-scale {scale}: a factor >= 0", file=sys.stderr)
+        sys.exit(2)
     if args.table == "rule-from-h100" and args.gpu == "h100-sxm-80g":
         print("--table rule-from-h100: give --gpu h200-141g (the H100 is measured)",
               file=sys.stderr)  # fmt: skip
@@ -116,7 +139,7 @@ def main() -> None:
         else:
             table = rule_from_h100_table(case, args.gpu)
         job = load_job_spec(shared / "specs" / f"{case}.toml")
-        host = host_dispatch_for(job, skip_profiles=(case,))
+        host = scaled_host(host_dispatch_for(job, skip_profiles=(case,)), scale)
         gap = kernel_gap_for(skip_profiles=(case,))
         priced = price_job(job, kernel_table=table, host_dispatch=host, kernel_gap_s=gap)
         result = emulate(job, name=case, priced=priced)
@@ -140,6 +163,9 @@ def main() -> None:
                  f"no host: median {statistics.median(abs(e) for e in before):.1f} %, "
                  f"max {max(abs(e) for e in before):.1f} % ({args.gpu}, table {args.table}, "
                  f"commit {commit})")  # fmt: skip
+    if scale is not None:
+        lines.append(f"EXPERIMENTAL: every host dispatch figure x {scale:g} "
+                     "(--experimental-host-scale; not the host model)")  # fmt: skip
     text = "\n".join(lines)
     print(text)
     if args.out:
