@@ -28,15 +28,15 @@ as the eager reprofile's), and its only Triton kernels RoPE's custom op's
 (`compile_gpu_h200.md`). The workloads' attention on CUDA with `flash_only` (`kernels.attention
 = "flash2"`) asks `is_fake(q)`, a function Dynamo refuses to trace; inside the checkpointed
 block that graph break makes Dynamo run the whole block eagerly (on a CPU `q.is_cuda` is false
-first, so the CPU checks never saw it). So the block here runs with `flash_only` off and SDPA's
-FlashAttention-2 backend chosen around the compiled call (`sdpa_kernel`), the kernel the rows
-price, which is what `flash_only` asks for.
+first, so the CPU checks never saw it). The workloads now ask `on_real_gpu`, which Dynamo
+traces (`tests/workloads/test_attention_ops.py` compiles it with `fullgraph=True`), so the
+block runs here as the program runs it, `flash_only` on; a row whose `dynamo` record shows a
+graph break was not measured compiled.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import sys
@@ -60,13 +60,11 @@ def compiled_block(job, device: str):
     micro-batch, a function running that forward's backward and returning the input's
     gradient)."""
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from workloads.train import build_training
 
     state = build_training(one_layer_job(job, fsdp=False), None, device=device)
     block = next(iter(state.parts[0].layers.values()))
-    flash = without_flash_only(block) and device == "cuda"
     compiled = torch.compile(checkpointed(block, job.train.recompute))
     shape = (job.batch.micro_batch, job.batch.seq_len, job.model.hidden)
     dtype = next(block.parameters()).dtype
@@ -76,26 +74,13 @@ def compiled_block(job, device: str):
 
     def forward():
         held["x"] = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if flash else contextlib.nullcontext():
-            held["out"] = compiled(held["x"], positions)
+        held["out"] = compiled(held["x"], positions)
 
     def backward():
         held["out"].backward(grad)
         return held["x"].grad
 
     return forward, backward
-
-
-def without_flash_only(block) -> bool:
-    """Turn `flash_only` off in `block`'s attention modules; whether one had it on. Its CUDA
-    branch calls `is_fake`, which Dynamo does not trace: in a checkpointed block that makes
-    the whole block run eagerly (module docstring)."""
-    found = False
-    for module in block.modules():
-        if getattr(module, "flash_only", False):
-            module.flash_only = False
-            found = True
-    return found
 
 
 def dynamo_record() -> dict:

@@ -81,17 +81,6 @@ def test_a_call_dynamo_will_not_trace_inside_a_checkpoint_leaves_no_graph_at_all
     assert any("skipped" in reason for reason in record["breaks"]), record
 
 
-def test_the_block_runs_without_flash_only_and_says_whether_it_had_it(compile_gpu):
-    from torch import nn
-
-    attention = nn.Module()
-    attention.flash_only = True
-    block = nn.Sequential(nn.Linear(2, 2), attention)
-    assert compile_gpu.without_flash_only(block) is True
-    assert attention.flash_only is False
-    assert compile_gpu.without_flash_only(block) is False
-
-
 def test_the_comparison_says_whether_each_block_was_compiled(compile_gpu):
     rows = {
         "t__r034": {},

@@ -11,7 +11,9 @@ from workloads.models.attention_ops import (
     flex_position_masked_attention,
     masked_attention,
     masked_attention_backward,
+    on_real_gpu,
     position_masked_attention,
+    real,
 )
 from workloads.models.common import alibi_slopes
 
@@ -77,6 +79,23 @@ def test_on_cpu_the_module_path_is_the_custom_op():
         position_masked_attention(q, k, v, pos, pos, slopes),
         masked_attention(q, k, v, pos, pos, slopes)[0],
     )
+
+
+def test_the_capture_s_fake_cuda_tensors_take_the_op_not_a_gpu_kernel():
+    with FakeTensorMode():
+        fake_cuda = torch.empty(2, 4, 16, 8, device="cuda")
+    assert fake_cuda.is_cuda and not on_real_gpu(fake_cuda)
+    assert not on_real_gpu(torch.empty(2))  # a CPU tensor: no GPU kernel either
+
+
+def test_the_real_tensor_check_compiles_without_a_graph_break():
+    # a graph break here made a compiled, checkpointed block run eagerly on CUDA
+    def pick(x):
+        return x + 1 if real(x) else x - 1
+
+    x = torch.ones(3)
+    assert real(x)
+    torch.testing.assert_close(torch.compile(pick, fullgraph=True, backend="eager")(x), x + 1)
 
 
 @pytest.mark.gpu

@@ -202,11 +202,25 @@ def flex_position_masked_attention(
     )  # fmt: skip
 
 
+def on_real_gpu(t: Tensor) -> bool:
+    """True where `t` is a CUDA tensor a GPU kernel will run on (`real`)."""
+    return t.is_cuda and real(t)
+
+
+def real(t: Tensor) -> bool:
+    """False for a fake tensor: the capture's CUDA tensors are fake, and choosing a CUDA
+    kernel for them asks a GPU that may not be there. Under torch.compile the tensors Dynamo
+    traces are fake too, and `is_fake` is a call Dynamo will not trace: a graph break, which in
+    a checkpointed block runs the whole block eagerly (results/fidelity/compile_gpu_h200.md);
+    compiling means a real run."""
+    return torch.compiler.is_compiling() or not is_fake(t)
+
+
 def position_masked_attention(
     q: Tensor, k: Tensor, v: Tensor, q_positions: Tensor, kv_positions: Tensor, slopes: Tensor
 ) -> Tensor:
     """Position-masked attention as the GPU runs it: FlexAttention on real CUDA tensors, the
     `prism::masked_attention` op (priced and sized as the flash kernel) everywhere else."""
-    if q.is_cuda and not is_fake(q):
+    if on_real_gpu(q):
         return flex_position_masked_attention(q, k, v, q_positions, kv_positions, slopes)
     return masked_attention(q, k, v, q_positions, kv_positions, slopes)[0]

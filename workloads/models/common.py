@@ -14,10 +14,9 @@ import zlib
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch._subclasses.fake_tensor import is_fake
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from workloads.models.attention_ops import position_masked_attention
+from workloads.models.attention_ops import on_real_gpu, position_masked_attention
 from workloads.models.eager_ops import eager_masked_attention, eager_rope
 from workloads.models.rope_ops import rope
 from workloads.models.unfused_attention import unfused_attention
@@ -96,7 +95,7 @@ class CausalAttention(nn.Module):
             slopes = self.local_slopes(q.shape[1], q.device)
             attend = eager_masked_attention if self.eager else position_masked_attention
             out = attend(q, k, v, positions, positions, slopes)
-        elif self.flash_only and q.is_cuda and not is_fake(q):
+        elif self.flash_only and on_real_gpu(q):
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
