@@ -918,8 +918,9 @@ def _add_gate(commands) -> None:
         help="pre-merge gate: the same job before and after a change, against thresholds",
         description=(
             "Compare a candidate emulation with a reference one (each a job spec, emulated "
-            "here, or a saved `emulate --json` file) and exit 1 when a threshold is crossed, "
-            "2 on bad input.\n\n" + thresholds.__doc__.split("\n\n", 1)[1]
+            "here, or a saved `emulate --json` file) and exit 1 when a threshold is crossed or "
+            "the candidate is predicted to run out of memory (always checked), 2 on bad "
+            "input.\n\n" + thresholds.__doc__.split("\n\n", 1)[1]
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

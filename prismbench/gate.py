@@ -4,7 +4,9 @@
 JSON contract) field by field. `read_side(path)` reads one side, a saved `emulate --json` file
 or a job spec (TOML), and `check_fields` checks the thresholds against it, both before
 anything is emulated; `result_of` then emulates a job spec here (captures cached). A field
-crossing its threshold fails the gate (`prismbench gate` exits 1); bad input exits 2.
+crossing its threshold fails the gate (`prismbench gate` exits 1); so does a candidate
+predicted to run out of memory, whatever the thresholds (the row `FITS`, always there: a
+change that makes a job not fit is the first thing a gate must catch); bad input exits 2.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 from prismbench.emulate import RESULT_SCHEMA_VERSION, EmulationResult
 from prismbench.thresholds import Threshold, field_value
 from workloads.config import SpecError
+
+FITS = "fits in memory (always checked)"
 
 
 @dataclass(frozen=True)
@@ -116,4 +120,6 @@ def gate(reference: dict, candidate: dict, thresholds: list[Threshold], *,
             change = (cand - ref) / abs(ref)
             passed = not t.crossed(change)
         rows.append(GateRow(str(t), t.field, ref, cand, change, passed))
+    ref_oom, cand_oom = bool(reference["oom"]), bool(candidate["oom"])
+    rows.append(GateRow(FITS, "oom", float(ref_oom), float(cand_oom), None, not cand_oom))
     return GateResult(names[0], names[1], rows)

@@ -518,14 +518,13 @@ def render_gate(result, console: Console) -> None:
     for column in ("threshold", "reference", "candidate", "change", "result"):
         table.add_column(column, justify="left" if column == "threshold" else "right")
     for row in result.rows:
-        change = "n/a (reference is 0)" if row.change is None else f"{row.change:+.2%}"
-        table.add_row(
-            row.threshold,
-            format_field(row.field, row.reference),
-            format_field(row.field, row.candidate),
-            change,
-            "PASS" if row.passed else "FAIL",
-        )
+        if row.field == "oom":  # gate.FITS: whether each side runs out of memory
+            values = ["runs out of memory" if v else "fits" for v in (row.reference, row.candidate)]
+            change = ""
+        else:
+            values = [format_field(row.field, v) for v in (row.reference, row.candidate)]
+            change = "n/a (reference is 0)" if row.change is None else f"{row.change:+.2%}"
+        table.add_row(row.threshold, *values, change, "PASS" if row.passed else "FAIL")
     console.print(table)
     console.print("gate passed" if result.passed else "gate FAILED")
 

@@ -8,7 +8,7 @@ import pytest
 
 from prismbench.cli import main
 from prismbench.emulate import emulate
-from prismbench.gate import gate
+from prismbench.gate import FITS, gate
 from prismbench.spec import job_spec_from_dict
 from prismbench.thresholds import parse_thresholds
 from tests.prismbench.test_profile_ingest import TINY, TINY_TOML
@@ -27,10 +27,27 @@ def test_a_slowdown_beyond_the_bound_fails_and_one_within_passes(reference):
     thresholds = parse_thresholds("iteration_time_s:+2%,peak_memory_reserved_bytes:+1%")
     failed = gate(reference, _slower(reference, 1.05), thresholds)
     assert not failed.passed
-    assert [row.passed for row in failed.rows] == [False, True]
+    assert [row.passed for row in failed.rows] == [False, True, True]  # the last: FITS
     assert failed.rows[0].change == pytest.approx(0.05)
     assert gate(reference, _slower(reference, 1.01), thresholds).passed
     assert gate(reference, _slower(reference, 0.5), thresholds).passed  # faster is fine
+
+
+def test_a_candidate_predicted_to_run_out_of_memory_fails_whatever_the_thresholds(
+    reference, tmp_path, capsys
+):
+    assert not reference["oom"]
+    out_of_memory = reference | {"oom": True}
+    thresholds = parse_thresholds("iteration_time_s:1000%")
+    failed = gate(reference, out_of_memory, thresholds)
+    assert not failed.passed
+    assert [(row.threshold, row.passed) for row in failed.rows][-1] == (FITS, False)
+    assert gate(out_of_memory, reference, thresholds).passed  # a change that makes it fit
+    ref = _write(tmp_path / "ref.json", reference)
+    cand = _write(tmp_path / "cand.json", out_of_memory)
+    assert main(["gate", "--reference", ref, "--candidate", cand, "--fail", "iteration_time_s:1000%"]) == 1
+    out = capsys.readouterr().out
+    assert "runs out of memory" in out and "FAIL" in out
 
 
 def test_a_nan_on_either_side_fails_the_gate(reference):
