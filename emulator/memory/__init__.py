@@ -29,7 +29,8 @@ first_event_times_s=)` (PNG, with the harness) and
 `write_snapshot(trace, path, ...)` (a pickle in torch.cuda.memory._snapshot()'s format, which
 pytorch.org/memory_viz opens) and `history_by_iteration(trace, gpu=, steady_iterations=)` (the
 allocator's events cut where a process's are: build and declared state, first iteration, each
-steady one; `results/fidelity/fake_pg_memory.py --compare` lays a GPU's history beside them).
+steady one, with each part's peaks reset at its start;
+`results/fidelity/fake_pg_memory.py --compare` lays a GPU's history beside them).
 The allocator itself is `CachingAllocator` (allocator.py); rules and their sources are listed
 there and in docs/MEMORY.md.
 """

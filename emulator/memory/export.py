@@ -60,12 +60,17 @@ def write_snapshot(trace: RankTrace, path: str | Path, **replay_kwargs) -> Path:
 
 def history_by_iteration(
     trace: RankTrace, *, gpu: str | None = None, alloc_conf: str = "", steady_iterations: int = 1
-) -> dict[str, list]:
+) -> dict:
     """The allocator's events ({action, addr, size, stream}, as in a snapshot's device trace)
     in the order a process makes them: "setup" (the storages the capture recorded while the
     program was built, if it did, and the declared state), "first" (the first iteration) and
     "steady" (one list per steady iteration, `steady_iterations` of them), so that a real run's
-    memory history can be compared part by part."""
+    memory history can be compared part by part; and "peaks", the same parts' allocator peaks
+    ({"allocated", "reserved", "requested"} under "setup", "first" and "steady") with the
+    peaks reset at each part's start, as a process that calls
+    `torch.cuda.reset_peak_memory_stats()` before each iteration reads them (so "first" leaves
+    the build out, where `replay_memory`'s `first_iteration_peak_*` count it: from an empty
+    allocator)."""
     if steady_iterations < 0:
         raise ValueError(f"steady_iterations={steady_iterations} must be >= 0")
     preset = gpu_preset(gpu) if gpu else None
@@ -73,19 +78,24 @@ def history_by_iteration(
     in_iteration = trace.columns["phase"][first["rows"]] >= 0  # the setup events come first
     setup_count = int(np.argmax(in_iteration)) if in_iteration.any() else len(in_iteration)
     live: dict = {}
+    peaks: list[dict] = []
 
     def replayed(part: dict) -> list:
+        allocator.reset_peak_stats()
         _run(allocator, part, live)
+        peaks.append({"allocated": allocator.peak_allocated, "reserved": allocator.peak_reserved,
+                      "requested": allocator.peak_requested})  # fmt: skip
         history = allocator.history[:]
         allocator.history.clear()
         return history
 
     n = len(first["rows"])
-    return {
+    history = {
         "setup": replayed(take_events(first, np.arange(setup_count))),
         "first": replayed(take_events(first, np.arange(setup_count, n))),
         "steady": [replayed(steady) for _ in range(steady_iterations)],
     }
+    return history | {"peaks": {"setup": peaks[0], "first": peaks[1], "steady": peaks[2:]}}
 
 
 def _segments(blocks, frames) -> list[dict]:

@@ -199,6 +199,38 @@ def test_history_by_iteration_is_the_replay_cut_where_a_process_starts_each_part
         history_by_iteration(trace, steady_iterations=-1)
 
 
+def test_history_by_iteration_gives_each_parts_peaks_as_a_process_resetting_them_reads(trace):
+    parts = history_by_iteration(trace, gpu="h100-sxm-80g", steady_iterations=2)
+    result = replay_memory(trace, gpu="h100-sxm-80g")
+    peaks = parts["peaks"]
+    keys = ("allocated", "reserved", "requested")
+
+    def figures(part):
+        return tuple(part[k] for k in keys)
+
+    # the steady part is replay_memory's headline; from an empty allocator, the first
+    # iteration's peaks are those of the build and the first iteration together, since the
+    # peaks reset at each part's start
+    assert result.steady_converged and result.steady_iterations <= 2
+    assert figures(peaks["steady"][-1]) == (
+        result.peak_allocated_bytes,
+        result.peak_reserved_bytes,
+        result.peak_requested_bytes,
+    )
+    from_empty = tuple(map(max, figures(peaks["setup"]), figures(peaks["first"])))
+    assert from_empty == (
+        result.first_iteration_peak_allocated_bytes,
+        result.first_iteration_peak_reserved_bytes,
+        result.first_iteration_peak_requested_bytes,
+    )
+    # the setup (parameters and the declared state) stays live: the first iteration's peak is
+    # above what the setup holds; reserved never falls without empty_cache
+    assert peaks["first"]["allocated"] > peaks["setup"]["allocated"] > 0
+    reserved = [peaks[part]["reserved"] for part in ("setup", "first")]
+    reserved.append(peaks["steady"][0]["reserved"])
+    assert reserved == sorted(reserved)
+
+
 def test_snapshot_splits_expandable_segments_into_mapped_runs():
     a = CachingAllocator(parse_alloc_conf("expandable_segments:True"))
     a.malloc(5 * MiB)
