@@ -3,7 +3,7 @@
 
     python results/fidelity/fake_pg_memory.py [CASE...] [--out results/fidelity/fake_pg_memory.md]
     python3 results/fidelity/fake_pg_memory.py --measure DIR [--init device|meta] [CASE...]   (GPU)
-    python results/fidelity/fake_pg_memory.py --compare DIR [--out FILE]
+    python results/fidelity/fake_pg_memory.py --compare DIR|ARCHIVE.tar.gz [--out FILE]
 
 Measured: ../shared/data/gpu/h100-sxm-80g/fake-pg-ranks/results.json `peak_steady` (rank 0 of
 each job on one H100 with torch's `fake` process-group backend standing in for the other ranks;
@@ -25,9 +25,19 @@ a process of its own: WARMUP iterations and then STEADY more, each with its own 
 all under torch's memory history (`torch.cuda.memory._record_memory_history`, Python stacks)
 from before the build, a MARKER_BYTES request after the build and after each iteration.
 DIR/<case>.<init>.json.gz holds the per-iteration figures, the allocator's events (action,
-address, size, stream, stack) and the segments at the end. --compare replays each measured run
-part by part (emulator.memory.export.history_by_iteration: the build, the first iteration, the
-steady ones) and prints, per part, the segments each side opened, the requests each side made
+address, size, stream, stack) and the segments at the end, with the GPU, its preset and torch.
+
+--compare (here) reads such a folder, or the .tar.gz of it the device step brings back, and
+replays each run for the preset of the GPU it ran on (the capacity is the only input that
+differs between presets; the shared measurement's preset too, to score against it). First the
+summary, to the byte: the steady peaks (the warm-up iterations left out, as `peak_steady`);
+the first iteration (the run resets the peaks after the build, so the replay's first
+iteration is read with the peaks reset alike: emulator.memory.export.history_by_iteration's
+"peaks"; reserved never falls, so it is the peak from an empty allocator too), with the
+build's peak of live requested bytes from either history; meta against device, measured and
+predicted; and, with the shared folder beside the checkout, each run against the shared
+measurement of its case (built on the device). Then each run part by part (the build, the
+first iteration, the steady ones): the segments each side opened, the requests each side made
 and where the two request sequences first differ, with the sizes one side asks for more often.
 """
 
@@ -40,6 +50,7 @@ import gzip
 import json
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -335,7 +346,8 @@ def parting(measured: list[int], predicted: list[int], context: int = 3) -> dict
 
 def predicted_parts(trace, gpu: str, steady_iterations: int) -> dict:
     """The replay's history of `trace` in the measured histories' form: "setup", "first" and
-    a list of "steady" parts (emulator.memory.export.history_by_iteration)."""
+    a list of "steady" parts, and the parts' "peaks", reset at each part's start
+    (emulator.memory.export.history_by_iteration)."""
     from emulator.memory.export import history_by_iteration
 
     history = history_by_iteration(trace, gpu=gpu, steady_iterations=steady_iterations)
@@ -343,6 +355,7 @@ def predicted_parts(trace, gpu: str, steady_iterations: int) -> dict:
         "setup": event_rows(history["setup"]),
         "first": event_rows(history["first"]),
         "steady": [event_rows(part) for part in history["steady"]],
+        "peaks": history["peaks"],
     }
 
 
@@ -369,18 +382,171 @@ def parting_line(label: str, real: list, model: list) -> str:
     )
 
 
-def compare_case(result: dict) -> list[str]:
-    """One measured run (`write_rank`'s file) beside the replay of the same program on the
-    measured GPU's preset, part by part: the build, then each iteration."""
+def scored(result: dict) -> dict:
+    """One measured run (`write_rank`'s file) and the replay of the same program for the
+    measured GPU's preset: the measured parts and per-iteration figures, the predicted parts
+    (with their peaks, reset at each part's start as the run reset them), the replay's
+    headline (`replay_memory`) and, where the run was on another GPU, the replay for the
+    shared measurement's preset (GPU)."""
     from emulator.memory import replay_memory
 
     case, init, its = result["case"], result["init"], result["iterations"]
     gpu = result.get("preset", GPU)
     trace = predicted_trace(case, init)
-    measured = measured_parts(result["events"])
-    predicted = predicted_parts(trace, gpu, max(len(its) - 1, 0))
     replay = replay_memory(trace, gpu=gpu)
-    lines = [f"### {case}, built on {init}, on {result.get('gpu', gpu)}", "",
+    warmup = min(result.get("warmup", WARMUP), len(its) - 1)
+    return {
+        "case": case, "init": init, "gpu": gpu, "device": result.get("gpu", gpu),
+        "torch": result.get("torch"), "iterations": its,
+        "steady": {k: max(it[k] for it in its[warmup:]) for k in PEAKS},
+        "measured": measured_parts(result["events"]),
+        "predicted": predicted_parts(trace, gpu, max(len(its) - 1, 0)),
+        "replay": replay,
+        "on_shared_gpu": replay if gpu == GPU else replay_memory(trace, gpu=GPU),
+    }  # fmt: skip
+
+
+PEAKS = ("peak_allocated", "peak_reserved")  # a measured iteration's peaks, as run_rank names them
+
+
+def _header(*cells: str, left: int = 2) -> list[str]:
+    """A markdown table's head: `left` columns of names, then right-aligned figures."""
+    rule = "|".join(["---"] * left + ["--:"] * (len(cells) - left))
+    return [f"| {' | '.join(cells)} |", f"|{rule}|"]
+
+
+def _error(predicted: int, measured: int, digits: int) -> str:
+    return f"{predicted - measured:+,d} B ({100 * (predicted - measured) / measured:+.{digits}f} %)"
+
+
+def steady_table(runs: list[dict]) -> list[str]:
+    """The headline: each run's steady peaks (the warm-up iterations left out, as the shared
+    measurement's `peak_steady`) beside the replay's for its GPU's preset, to the byte."""
+    lines = _header("case", "built on", "allocated: measured (B)", "predicted - measured",
+                    "reserved: measured (B)", "predicted - measured")  # fmt: skip
+    for r in runs:
+        allocated, reserved = r["steady"]["peak_allocated"], r["steady"]["peak_reserved"]
+        lines.append(
+            f"| {r['case']} | {r['init']} | {allocated:,d} "
+            f"| {_error(r['replay'].peak_allocated_bytes, allocated, 4)} "
+            f"| {reserved:,d} | {_error(r['replay'].peak_reserved_bytes, reserved, 3)} |"
+        )
+    return lines
+
+
+def first_table(runs: list[dict]) -> list[str]:
+    """The first iteration: the run reset the peaks after the build, so its iteration 0 is
+    set beside the replay's first iteration with the peaks reset alike; reserved never falls
+    (no empty_cache), so it is the peak from an empty allocator too. The replay's own
+    `first_iteration_peak_allocated_bytes` (from an empty allocator, the build counted) is
+    listed where the build is the larger. The build's peak requested bytes (live requests,
+    from either history's events) check the part the run's peaks do not cover."""
+    lines = _header("case", "built on", "allocated: measured (B)", "predicted - measured",
+                    "reserved: measured (B)", "predicted - measured",
+                    "build's peak requested: measured (B)", "predicted - measured")  # fmt: skip
+    notes = []
+    for r in runs:
+        first, predicted = r["iterations"][0], r["predicted"]["peaks"]["first"]
+        allocated, reserved = first["peak_allocated"], first["peak_reserved"]
+        build = live_requested_peak(r["measured"]["setup"])
+        lines.append(
+            f"| {r['case']} | {r['init']} | {allocated:,d} "
+            f"| {_error(predicted['allocated'], allocated, 4)} "
+            f"| {reserved:,d} | {_error(predicted['reserved'], reserved, 3)} "
+            f"| {build:,d} | {_error(live_requested_peak(r['predicted']['setup']), build, 4)} |"
+        )
+        from_empty = r["replay"].first_iteration_peak_allocated_bytes
+        if from_empty > predicted["allocated"]:
+            notes.append(f"{r['case']} built on {r['init']}: {from_empty:,d} B")
+    if notes:
+        lines += ["", "The replay's first iteration from an empty allocator (the build counted: "
+                  "`first_iteration_peak_allocated_bytes`), where the build is the larger: "
+                  + "; ".join(notes) + "."]  # fmt: skip
+    return lines
+
+
+def live_requested_peak(events: list) -> int:
+    """The largest sum of live requests in a history's events (alloc adds its size,
+    free_requested takes it off, as torch's requested_bytes counts them), from zero at the
+    part's start: the same figure from a measured history and from the replay's."""
+    live = peak = 0
+    for action, _, size, *_ in events:
+        if action == "alloc":
+            live += size
+            peak = max(peak, live)
+        elif action == "free_requested":
+            live -= size
+    return peak
+
+
+def builds_table(runs: list[dict]) -> list[str]:
+    """What building on meta rather than on the device changes, measured and predicted
+    (meta - device, steady peaks), per case measured both ways."""
+    by_case: dict[str, dict] = collections.defaultdict(dict)
+    for r in runs:
+        by_case[r["case"]][r["init"]] = r
+    lines = _header("case", "allocated, meta - device: measured (B)", "predicted",
+                    "reserved, meta - device: measured (B)", "predicted", left=1)  # fmt: skip
+    for case, pair in sorted(by_case.items()):
+        if set(pair) != set(INITS):
+            continue
+        meta, device = pair["meta"], pair["device"]
+        cells = []
+        for key in PEAKS:
+            attr = f"{key}_bytes"
+            measured = meta["steady"][key] - device["steady"][key]
+            predicted = getattr(meta["replay"], attr) - getattr(device["replay"], attr)
+            cells += [f"{measured:+,d}", f"{predicted:+,d}"]
+        lines.append(f"| {case} | {' | '.join(cells)} |")
+    return lines
+
+
+def shared_table(runs: list[dict], shared: dict) -> list[str]:
+    """The runs beside the shared measurement of the same case (the H100's `peak_steady`,
+    built on the device): measured there, what this run measured minus it, and the replay
+    for the H100's preset against it."""
+    lines = _header("case", "built on", f"allocated on the {GPU} (B)", "this run - it",
+                    f"predicted ({GPU}) - it", f"reserved on the {GPU} (B)", "this run - it",
+                    "predicted - it")  # fmt: skip
+    for r in runs:
+        if r["case"] not in shared:
+            continue
+        peaks, cells = shared[r["case"]]["peak_steady"], []
+        for key in ("allocated", "reserved"):
+            measured = peaks[key]
+            predicted = getattr(r["on_shared_gpu"], f"peak_{key}_bytes")
+            this_run = r["steady"][f"peak_{key}"] - measured
+            cells += [f"{measured:,d}", f"{this_run:+,d}", _error(predicted, measured, 4)]
+        lines.append(f"| {r['case']} | {r['init']} | {' | '.join(cells)} |")
+    return lines
+
+
+def presets_line(runs: list[dict]) -> str:
+    """Whether the replay for the shared measurement's preset differs from the one for the
+    measured GPU's (capacity is the only input that differs)."""
+
+    def peaks(replay) -> tuple:
+        return (replay.peak_allocated_bytes, replay.peak_reserved_bytes,
+                replay.first_iteration_peak_allocated_bytes,
+                replay.first_iteration_peak_reserved_bytes)  # fmt: skip
+
+    differ = [f"{r['case']} ({r['init']})" for r in runs
+              if peaks(r["replay"]) != peaks(r["on_shared_gpu"])]  # fmt: skip
+    gpus = ", ".join(sorted({r["gpu"] for r in runs} - {GPU}))
+    if not gpus:
+        return f"Every run was on the {GPU}."
+    if differ:
+        return f"The replay for the {GPU} preset differs from {gpus}'s on: {', '.join(differ)}."
+    return (f"The replay for the {GPU} preset gives the same peaks, first and steady, as for "
+            f"{gpus} on every run (the capacity is the only input that differs).")  # fmt: skip
+
+
+def compare_case(result: dict | None = None, run: dict | None = None) -> list[str]:
+    """One measured run (`write_rank`'s file, or `scored`'s of it) beside the replay of the
+    same program on the measured GPU's preset, part by part: the build, then each iteration."""
+    r = run or scored(result)
+    its, measured, predicted = r["iterations"], r["measured"], r["predicted"]
+    lines = [f"### {r['case']}, built on {r['init']}, on {r['device']}", "",
              "| part | seconds | peak allocated (GB) | peak reserved (GB) | reserved at end (GB) "
              "| opened: meas / pred (GB) | requests: meas / pred | first difference |",
              "|---|--:|--:|--:|--:|--:|--:|--:|",
@@ -389,8 +555,8 @@ def compare_case(result: dict) -> list[str]:
     for i, pair in enumerate(zip(measured["iterations"], model_iterations, its, strict=True)):
         lines.append(part_row(f"iteration {i}", *pair))
     lines += [
-        f"| predicted steady peaks | | {replay.peak_allocated_bytes / 1e9:.3f} "
-        f"| {replay.peak_reserved_bytes / 1e9:.3f} | | | | |",
+        f"| predicted steady peaks | | {r['replay'].peak_allocated_bytes / 1e9:.3f} "
+        f"| {r['replay'].peak_reserved_bytes / 1e9:.3f} | | | | |",
         "",
         parting_line("build", measured["setup"], predicted["setup"]),
         "",
@@ -400,19 +566,45 @@ def compare_case(result: dict) -> list[str]:
     return lines
 
 
-def compare(folder: Path) -> list[str]:
-    paths = sorted(folder.glob("*.json.gz"))
-    if not paths:
-        raise SystemExit(f"--compare {folder}: no <case>.<init>.json.gz here")
-    lines = []
-    for path in paths:
-        with gzip.open(path, "rt") as f:
-            lines += compare_case(json.load(f))
+def load_measured(path: Path) -> list[dict]:
+    """The runs `--measure` wrote: DIR/<case>.<init>.json.gz, or the same files inside a
+    .tar.gz of DIR (as the device step brings it back), in file-name order."""
+    if path.is_dir():
+        files = {p.name: p.read_bytes() for p in path.rglob("*.json.gz")}
+    elif path.is_file() and tarfile.is_tarfile(path):
+        with tarfile.open(path) as archive:
+            members = [m for m in archive.getmembers() if m.name.endswith(".json.gz")]
+            files = {Path(m.name).name: archive.extractfile(m).read() for m in members}
+    else:
+        raise SystemExit(f"--compare {path}: neither a folder nor a .tar.gz")
+    if not files:
+        raise SystemExit(f"--compare {path}: no <case>.<init>.json.gz here")
+    return [json.loads(gzip.decompress(files[name])) for name in sorted(files)]
+
+
+def compare(path: Path, shared: dict | None = None) -> list[str]:
+    """Every run of a --measure folder (or its archive): the summary tables (steady peaks,
+    first iteration, meta against device, against the shared measurement), then each run
+    part by part."""
+    runs = [scored(result) for result in load_measured(path)]
+    runs.sort(key=lambda r: (r["case"], INITS.index(r["init"])))
+    versions = ", ".join(sorted({f"{r['device']} (torch {r['torch']})" for r in runs}))
+    presets = ", ".join(sorted({r["gpu"] for r in runs}))
+    lines = [f"Runs: {len(runs)}, on {versions}; predicted for the {presets} preset.", "",
+             "#### Steady iteration", "", *steady_table(runs), "",
+             "#### First iteration (peaks reset after the build)", "", *first_table(runs), "",
+             "#### Built on meta against built on the device", "", *builds_table(runs)]  # fmt: skip
+    if shared:
+        lines += ["", f"#### Against the shared {GPU} measurement (built on the device)", "",
+                  *shared_table(runs, shared)]  # fmt: skip
+    lines += ["", presets_line(runs), "", "#### Part by part", ""]
+    for r in runs:
+        lines += compare_case(run=r)
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("cases", nargs="*", metavar="CASE", help=f"default: {', '.join(CASES)}")
     parser.add_argument("--measure", type=Path, metavar="DIR",
                         help="run the ranks on this GPU, write DIR/<case>.<init>.json.gz")
@@ -420,7 +612,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="how --measure builds the model (repeatable; default: both)")
     parser.add_argument("--budget-s", type=float, default=450.0,
                         help="--measure starts no run after this many seconds (default 450)")
-    parser.add_argument("--compare", type=Path, metavar="DIR", help="score a --measure folder")
+    parser.add_argument("--compare", type=Path, metavar="DIR",
+                        help="score a --measure folder, or its .tar.gz")  # fmt: skip
     # one run, in a process of its own (`measure` starts it)
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help="also write the markdown here")
@@ -442,7 +635,8 @@ def main(argv: list[str] | None = None) -> int:
         return measure(cases, inits, args.measure, args.budget_s)
     command = command_line("results/fidelity/fake_pg_memory.py", argv)
     if args.compare:
-        report(command, compare(args.compare), args.out)
+        shared = json.loads(MEASURED.read_text()) if MEASURED.is_file() else None
+        report(command, compare(args.compare, shared), args.out)
         return 0
     report(command, score(json.loads(MEASURED.read_text()), cases), args.out)
     return 0

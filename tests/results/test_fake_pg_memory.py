@@ -2,9 +2,11 @@
 peaks against the shared measurement, the comparison of a memory history part by part, and a
 rank run under torch's fake backend on CPU (the GPU run is a device check)."""
 
+import gzip
 import json
 import subprocess
 import sys
+import tarfile
 import textwrap
 
 import pytest
@@ -76,6 +78,73 @@ def test_a_history_equal_to_the_replay_parts_nowhere(fake_pg):
     build_opened = sum(e["size"] for e in history["setup"] if e["action"] == "segment_alloc")
     assert build_opened > 10e9  # the fp32 model's segments, opened before the first iteration
     assert f"{build_opened / 1e9:.3f} / {build_opened / 1e9:.3f}" in table[0]
+
+
+def run_as_measured(fake_pg, init: str, iterations: int = 3) -> dict:
+    """`write_rank`'s file for SMALLEST built as `init`, measured as the replay predicts it:
+    each iteration's peaks (reset at its start) and the events of every part, marked."""
+    parts = fake_pg.predicted_parts(fake_pg.predicted_trace(SMALLEST, init), fake_pg.GPU,
+                                    iterations - 1)  # fmt: skip
+    peaks = [parts["peaks"]["first"], *parts["peaks"]["steady"]]
+    figures = [{"iteration_s": 0.2, "peak_allocated": p["allocated"],
+                "peak_reserved": p["reserved"], "end_reserved": p["reserved"]}
+               for p in peaks]  # fmt: skip
+    events = [row for part in (parts["setup"], parts["first"], *parts["steady"])
+              for row in (*part, *marked(fake_pg, [[]]))]  # fmt: skip
+    return {"case": SMALLEST, "init": init, "gpu": "a test GPU", "preset": fake_pg.GPU,
+            "torch": "2.x", "warmup": 1, "iterations": figures, "events": events}  # fmt: skip
+
+
+def table(lines: list[str], heading: str) -> list[str]:
+    """The rows of the table under `heading` (its head left out)."""
+    start = lines.index(heading) + 4
+    return lines[start : lines.index("", start)]
+
+
+def test_a_run_measured_as_predicted_scores_zero_in_every_summary_table(fake_pg, tmp_path):
+    folder = tmp_path / "fake_pg_memory"
+    folder.mkdir()
+    runs = {init: run_as_measured(fake_pg, init) for init in fake_pg.INITS}
+    for init, run in runs.items():
+        path = folder / f"{SMALLEST}.{init}.json.gz"
+        path.write_bytes(gzip.compress(json.dumps(run).encode()))
+    steady = {init: run["iterations"][-1] for init, run in runs.items()}
+    device_peaks = {k: steady["device"][f"peak_{k}"] for k in ("allocated", "reserved")}
+    shared = {SMALLEST: {"peak_steady": device_peaks}}
+    lines = fake_pg.compare(folder, shared)
+
+    rows = table(lines, "#### Steady iteration") + table(
+        lines, "#### First iteration (peaks reset after the build)"
+    )
+    assert len(rows) == 4
+    assert all(row.count("| +0 B (+0.000") >= 2 for row in rows), rows
+    (builds,) = table(lines, "#### Built on meta against built on the device")
+    meta_less = steady["meta"]["peak_reserved"] - steady["device"]["peak_reserved"]
+    assert meta_less < 0 and builds.count(f"| {meta_less:+,d} ") == 2
+    heading = f"#### Against the shared {fake_pg.GPU} measurement (built on the device)"
+    device, meta = table(lines, heading)
+    assert device.count("| +0 |") == 2 and f"| {meta_less:+,d} |" in meta
+    assert "| build |  | | | |" in lines[lines.index("#### Part by part") + 6]
+
+    # the archive the device step brings back reads as its folder
+    archive = tmp_path / "fake_pg_memory.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname=folder.name)
+    assert fake_pg.load_measured(archive) == fake_pg.load_measured(folder)
+
+
+def test_a_folder_without_runs_is_refused(fake_pg, tmp_path):
+    with pytest.raises(SystemExit, match="no <case>.<init>.json.gz here"):
+        fake_pg.load_measured(tmp_path)
+    with pytest.raises(SystemExit, match="neither a folder nor a .tar.gz"):
+        fake_pg.load_measured(tmp_path / "absent.tar.gz")
+
+
+def test_the_live_requested_peak_counts_requests_until_their_free_is_requested(fake_pg):
+    events = [["segment_alloc", 0, 2 << 20, 0, 0], ["alloc", 1, 100, 0, 0],
+              ["alloc", 2, 50, 0, 0], ["free_requested", 1, 100, 0, 0], ["alloc", 3, 80, 0, 0],
+              ["free_completed", 1, 100, 0, 0]]  # fmt: skip
+    assert fake_pg.live_requested_peak(events) == 150
 
 
 def test_a_snapshot_is_compacted_to_rows_and_stacks_listed_once(fake_pg):
