@@ -13,6 +13,9 @@
 #     workloads' CUDA flash branch calls is_fake, which Dynamo will not trace, and in the
 #     checkpointed block that runs it all eagerly (results/fidelity/HISTORY.md, "A compiled block
 #     on an H200, measured eagerly"; the workloads ask a check Dynamo traces since, not yet run).
+#     fake_pg_memory there: the meta-built ranks predicted to the byte in reserved
+#     (results/fidelity/fake_pg_memory.md); needed again only where the memory model or the
+#     workloads' build change.
 # Still needed, as calls of under 10 minutes each:
 #   1. `gpu torch sac_host sac_host_llama sac_kinds` (300 s at most): whether op-level SAC's host
 #      cost follows its calls' kinds on a GPU's host, against that same host's full-size figures
