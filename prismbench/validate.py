@@ -71,6 +71,7 @@ DEFAULT_SELECTION = (
     "h100shared__llama3-8b-l2-s8192-mb2-none",  # recorded: Llama 3, GQA
     "h200shared__gpt3-125m-s2048-mb8-none",  # recorded on one H200 (its own kernel table)
     "h100frameworks__gpt3-125m-s2048-mb8-none",  # recorded on one H100 with NeMo's kernels
+    "h200frameworks__gpt3-125m-s2048-mb8-none",  # the same on one H200 (the same capture)
 )
 RECORDED_DIR = "recorded"  # recorded baselines live in this sub-folder of the baselines folder
 
