@@ -64,6 +64,12 @@ PROFILE_ALIASES = {
     "aten.index_select": "embedding",
 }
 
+# Profile ops that take q, k, v (and the gradient, the output) as [batch, seq, heads, head_dim]:
+# SDPA's flash backend on CUDA transposes its [batch, heads, seq, head_dim] tensors before it
+# calls them (ATen's _scaled_dot_product_flash_attention_cuda and its backward), and a jsonl
+# profile lists the kernels under them; the capture records SDPA's own op (no CPU kernel runs
+# these two, so a capture never records them itself).
+_SEQ_BEFORE_HEADS = ("aten._flash_attention_forward", "aten._flash_attention_backward")
 _CONTIGUOUS_INPUT_PACKETS = {overload.rsplit(".", 1)[0] for overload in CONTIGUOUS_INPUT}
 # Ops the profiler lists between a parent and the kernel it launches first (jsonl profiles have
 # no nesting): embedding_dense_backward's arange on CUDA, before its grad_weight zero-fill.
@@ -175,7 +181,10 @@ def match_key(name: str, packet: str, inputs: list, outputs: list = ()) -> tuple
 def profile_key(op: ProfiledOp) -> tuple:
     packet = aten_packet(op.op)
     name = PROFILE_ALIASES.get(packet) or normalized_name(packet) or packet
-    return match_key(name, packet, _shapes(op.shapes))
+    shapes = _shapes(op.shapes)
+    if packet in _SEQ_BEFORE_HEADS:  # as SDPA, which the capture records, holds them
+        shapes = [(s[0], s[2], s[1], s[3]) if len(s) == 4 else s for s in shapes]
+    return match_key(name, packet, shapes)
 
 
 def trace_key(trace: RankTrace, row: int) -> tuple:

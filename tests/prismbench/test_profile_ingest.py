@@ -216,6 +216,21 @@ def test_ops_whose_profiled_shapes_say_nothing_match_by_op():
     assert match_key("copy", "aten.clone", [(64,)]) != match_key("copy", "aten.clone", [(32,)])
 
 
+def test_sdpa_flash_backend_kernels_match_the_sdpa_op_the_capture_records(trace):
+    """On CUDA, SDPA's flash backend hands `_flash_attention_forward`/`_backward` q, k, v as
+    [batch, seq, heads, head_dim] and a jsonl profile lists the kernels under them (the H200
+    reprofile of 2026-11-30): they match the capture's SDPA rows, [batch, heads, seq, dim]."""
+    inner = {"aten::_scaled_dot_product_flash_attention": "aten::_flash_attention_forward",
+             "aten::_scaled_dot_product_flash_attention_backward": "aten::_flash_attention_backward"}  # fmt: skip
+    ops = [
+        ProfiledOp(inner[op.op], tuple((s[0], s[2], s[1], s[3]) if len(s) == 4 else s for s in op.shapes),
+                   op.kernels, op.cpu_start_us) if op.op in inner else op
+        for op in _synthetic_profile(trace)
+    ]  # fmt: skip
+    assert {op.op for op in ops} >= set(inner.values())
+    assert ingest_ops(ops, trace).matched_rows == len(ops)
+
+
 def test_alignment_tolerates_an_inserted_and_a_missing_op(trace):
     ops = _synthetic_profile(trace)
     assert ingest_ops(ops, trace).matched_rows == len(ops)
