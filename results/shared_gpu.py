@@ -1,7 +1,8 @@
 """The shared GPU measurements (../shared/data/gpu/<gpu>/: an H100 80GB HBM3 and an H200, the same
-eight world-size-1 jobs on each): where they are, the command line the scripts comparing against
-them share (--gpu GPU, --only CASE..., --out FILE), and the leave-one-out kernel table they score
-with."""
+eight world-size-1 jobs on each): where they are, where the recordings made from them and the
+same jobs' runs with production-framework kernels are, the command line the scripts comparing
+against them share (--gpu GPU, --only CASE..., --out FILE), and the leave-one-out kernel table
+they score with."""
 
 from __future__ import annotations
 
@@ -22,6 +23,16 @@ SHARED = SHARED_GPU / "h100-sxm-80g"
 RECORDED_PREFIX = {"h100-sxm-80g": "h100shared", "h200-141g": "h200shared"}
 assert sorted(RECORDED_PREFIX) == sorted(MEASURED_GPUS)
 RECORDED = ROOT / "results" / "baselines" / "recorded"
+# preset -> the same eight jobs run again on that GPU with their families' production-framework
+# kernels (results/calibration/reprofile_gpu.py; issue 15): name prefix of its recordings
+# (RECORDED/<prefix>__<case>.toml, `prismbench record`'s own files, kept as written) and the
+# folder of rank 0's kernel times (<case>.ops.jsonl.gz)
+FRAMEWORKS_PREFIX = {"h100-sxm-80g": "h100frameworks", "h200-141g": "h200frameworks"}
+REPROFILED = {
+    "h100-sxm-80g": ROOT / "results" / "gpu_runs" / "h100-2026-11-28" / "reprofile",
+    "h200-141g": ROOT / "results" / "gpu_runs" / "h200-2026-11-30" / "reprofile",
+}
+assert sorted(FRAMEWORKS_PREFIX) == sorted(REPROFILED) == sorted(MEASURED_GPUS)
 
 
 # ef45604 gave torchtitan's op-level SAC policy the name "op" and the workloads' earlier one,

@@ -40,13 +40,22 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import SHARED, command_line, recorded_job, report  # noqa: E402
+from shared_gpu import (  # noqa: E402
+    FRAMEWORKS_PREFIX,
+    RECORDED,
+    REPROFILED,
+    SHARED,
+    command_line,
+    recorded_job,
+    report,
+)
 
 from emulator.costs.host_dispatch import CLASS_OF_PHASE, CLASSES  # noqa: E402
 from prismbench.emulate import HOST_DISPATCH  # noqa: E402
 
-REPROFILES = ROOT / "results" / "gpu_runs" / "h100-2026-11-28" / "reprofile"
-RECORDINGS = ROOT / "results" / "baselines" / "recorded"
+# the H100 node's held-out runs: the host figures are that node's
+REPROFILES = REPROFILED["h100-sxm-80g"]
+RECORDINGS = RECORDED
 
 
 @contextlib.contextmanager
@@ -158,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
             shared[case] = profile_figures(job, path, Path(cache))
             measured_s[case] = summary[case]["iteration_s_median"]
         for baseline in load_baselines(RECORDINGS):
-            if not baseline.name.startswith("h100frameworks__"):
+            if not baseline.name.startswith(f"{FRAMEWORKS_PREFIX['h100-sxm-80g']}__"):
                 continue
             case = baseline.name.split("__", 1)[1]
             print(f"held out {case}", file=sys.stderr, flush=True)

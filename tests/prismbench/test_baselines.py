@@ -350,15 +350,17 @@ def test_recorded_provenance_and_spread_are_checked():
         baseline_from_dict("x", inverted)
 
 
-def test_recorded_production_kernel_runs_name_their_framework_and_machine():
-    """The eight shared jobs run again on an H100 with their families' production kernels
-    (results/calibration/reprofile_gpu.py, 2026-11-28): `record`'s own files, kept as written."""
-    runs = [b for b in load_baselines(RECORDED) if b.name.startswith("h100frameworks__")]
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_recorded_production_kernel_runs_name_their_framework_and_machine(gpu):
+    """The eight shared jobs run again with their families' production kernels
+    (results/calibration/reprofile_gpu.py) on an H100 (2026-11-28) and on an H200 (2026-11-30):
+    `record`'s own files, kept as written."""
+    runs = [b for b in load_baselines(RECORDED) if b.name.startswith(f"{gpu}frameworks__")]
     assert len(runs) == 8
     frameworks = {b.job.model.name.split("-")[0]: b.job.kernels.framework for b in runs}
     assert frameworks == {"gpt2": "nemo", "gpt3": "nemo", "llama2": "torchtitan",
                           "llama3": "torchtitan", "mpt": "llm-foundry"}  # fmt: skip
     for b in runs:
         assert b.provenance.kind == "recorded" and b.provenance.source == "prismbench record"
-        assert "H100" in b.provenance.notes and b.job.cluster.gpu == "h100-sxm-80g"
+        assert gpu.upper() in b.provenance.notes and b.job.cluster.gpu.startswith(gpu)
         assert b.measured.iterations == 5 and b.measured.peak_mem_kind == "allocator_reserved"
