@@ -40,7 +40,7 @@ from torch import nn
 from torch.distributed import _functional_collectives as funcol
 
 from workloads.models.attention_ops import position_masked_attention
-from workloads.models.common import alibi_slopes
+from workloads.models.common import local_alibi_slopes
 from workloads.models.eager_ops import eager_masked_attention
 
 # torch 2.13 renamed it (the old name warns); torch 2.11 has only the old one.
@@ -100,10 +100,7 @@ class AllGatherAttention(nn.Module):
         )
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # -> [b, h, s, d]
         if self.alibi:
-            slopes = alibi_slopes(self.total_heads)[
-                self.head_offset : self.head_offset + q.shape[1]
-            ]
-            slopes = torch.tensor(slopes, dtype=torch.float32, device=q.device)
+            slopes = local_alibi_slopes(self.total_heads, self.head_offset, q.shape[1], q.device)
         else:
             slopes = torch.empty(0, dtype=torch.float32, device=q.device)
         attend = eager_masked_attention if self.eager else position_masked_attention

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from workloads.flavors import get_flavor, parameter_count
-from workloads.models.common import alibi_slopes
+from workloads.models.common import alibi_slopes, local_alibi_slopes
 from workloads.models.gpt import GPT
 
 DEBUG = get_flavor("gpt-debug")
@@ -96,6 +96,36 @@ def test_alibi_slopes_non_power_of_two():
     expected = [2.0 ** -(i + 1) for i in range(8)] + [2.0 ** -(i + 0.5) for i in range(4)]
     assert alibi_slopes(12) == pytest.approx(expected)
     assert all(math.isfinite(s) and 0 < s < 1 for s in alibi_slopes(25))
+
+
+@pytest.mark.parametrize("heads", [1, 8, 12, 25, 32, 112])
+def test_the_slopes_made_on_the_device_are_the_reference_slopes_of_each_rank(heads):
+    for tp in (t for t in (1, 2, 4, 8) if heads % t == 0):
+        local = heads // tp
+        made = torch.cat([local_alibi_slopes(heads, r * local, local, "cpu") for r in range(tp)])
+        assert made.dtype == torch.float32
+        torch.testing.assert_close(made, torch.tensor(alibi_slopes(heads)), rtol=2e-7, atol=0)
+    with pytest.raises(ValueError, match="exceeds model heads"):
+        local_alibi_slopes(heads, 1, heads, "cpu")
+
+
+def test_the_slopes_are_made_on_the_gpu_not_copied_from_the_host():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with FakeTensorMode(), Ops() as ops:
+        slopes = local_alibi_slopes(112, 56, 28, "cuda")  # crosses the two runs of slopes
+    assert slopes.is_cuda and slopes.shape == (28,)
+    assert not {"lift_fresh.default", "_to_copy.default"} & set(ops.names), ops.names
 
 
 def test_alibi_head_offset_slice_matches_full_heads():

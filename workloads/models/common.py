@@ -56,6 +56,36 @@ def alibi_slopes(heads: int) -> list[float]:
     return power_of_two(lower) + power_of_two(2 * lower)[0::2][: heads - lower]
 
 
+def local_alibi_slopes(total_heads: int, head_offset: int, local_heads: int, device) -> torch.Tensor:
+    """`alibi_slopes(total_heads)[head_offset : head_offset + local_heads]` as a float32 tensor
+    made on `device` (linspace and exp2 kernels), not copied from the host: a copy from the
+    host's pageable memory makes the host wait for the GPU's queue, which an H200 profile of the
+    MPT job showed in every layer, 4.6-5.5 ms each (results/calibration/README.md); llm-foundry
+    builds its ALiBi bias on the device too (`gen_slopes`). Head h's slope is 2^e with e linear
+    in h on each of `alibi_slopes`' two runs: -8 (h + 1) / n' below n' = 2^floor(log2 n), then
+    -8 (h - n') / n' - 4 / n' (every other slope of the 2n' sequence)."""
+    if head_offset < 0 or head_offset + local_heads > total_heads:
+        raise ValueError(
+            f"head_offset({head_offset}) + local heads({local_heads}) exceeds model heads "
+            f"({total_heads})"
+        )
+    lower = 2 ** math.floor(math.log2(total_heads))
+
+    def exponents(first: int, last: int) -> torch.Tensor:  # heads first..last-1, one run
+        if first >= last:
+            return torch.empty(0, device=device)
+        if first < lower:
+            at = lambda h: -8.0 * (h + 1) / lower  # noqa: E731
+        else:
+            at = lambda h: -8.0 * (h - lower) / lower - 4.0 / lower  # noqa: E731
+        return torch.linspace(at(first), at(last - 1), last - first, device=device)
+
+    end = head_offset + local_heads
+    if end <= lower or head_offset >= lower:
+        return torch.exp2(exponents(head_offset, end))
+    return torch.exp2(torch.cat((exponents(head_offset, lower), exponents(lower, end))))
+
+
 class CausalAttention(nn.Module):
     """Causal SDPA over q [b, s, h, d], k/v [b, s_kv, h_kv, d] (GQA when h_kv < h).
 
@@ -104,13 +134,7 @@ class CausalAttention(nn.Module):
 
     def local_slopes(self, local_heads: int, device) -> torch.Tensor:
         """ALiBi slopes of this rank's heads (float32), from `head_offset` on."""
-        slopes = alibi_slopes(self.total_heads)[self.head_offset : self.head_offset + local_heads]
-        if len(slopes) != local_heads:
-            raise ValueError(
-                f"head_offset({self.head_offset}) + local heads({local_heads}) exceeds "
-                f"model heads({self.total_heads})"
-            )
-        return torch.tensor(slopes, dtype=torch.float32, device=device)
+        return local_alibi_slopes(self.total_heads, self.head_offset, local_heads, device)
 
 
 def default_positions(x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
