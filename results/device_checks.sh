@@ -25,7 +25,11 @@
 #   3. `host_tiny` on an H100's host (240 s), the host the model's figures come from: the H200's
 #      host of 2026-11-30 was 1.4-1.8x faster at plain eager dispatch, so its tiny jobs bound
 #      the model's excess only through that speed ratio (results/calibration/README.md, "Host
-#      time without the profiler"); its records now count launches and calls per phase.
+#      time without the profiler"); its records now count launches and calls per phase;
+#   4. `rope reprofile` (about 250 s): why RoPE's compiled kernel runs 4.5-5x its price (new,
+#      2026-11-30: three variants against a copy's floor), and the eight jobs again since the
+#      ALiBi slopes are made on the device (the H200's MPT profile waited 4.6-5.5 ms a layer
+#      for their host copy).
 # On the H100: gpu, torch, oom_pairs, reprofile and expandable took 456 s with the machine's
 # start, repeat (40) 40 s, gpu_tests 43 s. On the H200 of 2026-11-30: 388 + 93 + 143 s of
 # commands, 684 s of device time with the start.
@@ -35,8 +39,8 @@
 #     bash results/device_checks.sh [STEP...]      (default: every step, in this order)
 # Writes $OUT/device_checks.log (every step's output) and, where the steps get that far,
 # oom_pairs_gpu.json, repeat_<job>.json, reprofile.tar.gz, compile_gpu.json, expandable_gpu.json,
-# sac_host.json / .txt, llama/sac_host.json / .txt, sac_kinds.md, host_tiny.md / .json and
-# fake_pg_memory.tar.gz: 15 files if every step runs, seven more than the device tool brings back (oom_pairs_gpu.md is removed: the json and the log hold its
+# sac_host.json / .txt, llama/sac_host.json / .txt, sac_kinds.md, host_tiny.md / .json,
+# fake_pg_memory.tar.gz and rope_kernel_gpu.json / .md: 17 files if every step runs, nine more than the device tool brings back (oom_pairs_gpu.md is removed: the json and the log hold its
 # table; compile_gpu.py prints each row's figures into the log too).
 #   1. the GPU as nvidia-smi reports it, the machine's torch, and the preset `record` takes it for;
 #   2. issues 14/15: the `gpu`-marked tests (CUDA attention kernels, the custom ops' compiled
@@ -67,6 +71,8 @@
 #      each built on the device and on meta in a process of its own, with the allocator's
 #      history from before the build (results/fidelity/fake_pg_memory.py; --compare scores the
 #      unpacked archive here, part by part).
+#  12. issue 15: `prism::rope`'s compiled kernel against a variant reading precomputed angle
+#      tables and a copy of the same bytes (results/calibration/rope_kernel_gpu.py).
 # The machine's python3 has torch (2.11, not the project's 2.13) but not this project's other
 # dependencies: the steps use only torch, numpy, rich and the repository (PYTHONPATH). torchao
 # travels as a wheel in .whl/ because a capture's cache key reads its version, and duckdb for
@@ -84,7 +90,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
         --target /tmp/site .whl/*.whl >> "$LOG" 2>&1 && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
-STEPS=" ${*:-gpu torch gpu_tests reprofile compile repeat oom_pairs expandable sac_host sac_host_llama sac_kinds host_tiny fake_pg_memory} "
+STEPS=" ${*:-gpu torch gpu_tests reprofile compile repeat oom_pairs expandable sac_host sac_host_llama sac_kinds host_tiny fake_pg_memory rope} "
 
 wanted() { [[ $STEPS == *" $1 "* ]]; }
 
@@ -130,6 +136,7 @@ measured=()
 wanted sac_kinds && step sac_kinds 150 $py results/calibration/sac_host_kinds.py --device cuda \
     ${measured[@]+"${measured[@]}"} --out "$OUT/sac_kinds.md"
 wanted host_tiny && step host_tiny 240 $py results/calibration/host_tiny_gpu.py --out "$OUT/host_tiny.md"
+wanted rope && step rope 90 $py results/calibration/rope_kernel_gpu.py --out "$OUT"
 wanted fake_pg_memory && step fake_pg_memory 480 $py results/fidelity/fake_pg_memory.py \
     --measure /tmp/fake_pg_memory
 # one file back, with whatever cases finished
