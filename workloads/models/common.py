@@ -71,19 +71,19 @@ def local_alibi_slopes(total_heads: int, head_offset: int, local_heads: int, dev
         )
     lower = 2 ** math.floor(math.log2(total_heads))
 
-    def exponents(first: int, last: int) -> torch.Tensor:  # heads first..last-1, one run
-        if first >= last:
-            return torch.empty(0, device=device)
-        if first < lower:
-            at = lambda h: -8.0 * (h + 1) / lower  # noqa: E731
-        else:
-            at = lambda h: -8.0 * (h - lower) / lower - 4.0 / lower  # noqa: E731
-        return torch.linspace(at(first), at(last - 1), last - first, device=device)
+    def exponent(h: int) -> float:
+        return -8.0 * (h + 1) / lower if h < lower else -8.0 * (h - lower) / lower - 4.0 / lower
 
     end = head_offset + local_heads
-    if end <= lower or head_offset >= lower:
-        return torch.exp2(exponents(head_offset, end))
-    return torch.exp2(torch.cat((exponents(head_offset, lower), exponents(lower, end))))
+    runs = [(head_offset, min(end, lower)), (max(head_offset, lower), end)]
+    pieces = [
+        torch.linspace(exponent(first), exponent(last - 1), last - first, device=device)
+        for first, last in runs
+        if first < last
+    ]
+    if len(pieces) < 2:
+        return torch.exp2(pieces[0] if pieces else torch.empty(0, device=device))
+    return torch.exp2(torch.cat(pieces))
 
 
 class CausalAttention(nn.Module):
