@@ -673,15 +673,11 @@ def _add_explain(commands) -> None:
     explain_cmd.set_defaults(handler=_cmd_explain)
 
 
-def _add_capture_options(command) -> None:
+def _add_capture_options(command, workers_help: str = "capture processes (default: cores)"):
     """What capture and emulate share: the cache and the worker processes."""
     command.add_argument("--no-cache", action="store_true", help="capture again even if cached")
     command.add_argument(
-        "--workers",
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help="capture processes (default: cores)",
+        "--workers", type=_positive_int, default=None, metavar="N", help=workers_help
     )
 
 
@@ -796,7 +792,7 @@ def _add_variability(commands) -> None:
     cmd.add_argument("--json", action="store_true", help="print one JSON object")
     cmd.add_argument("--plot", metavar="FILE", help="write a histogram and CDF (PNG)")
     _add_kernel_table_option(cmd)
-    _add_capture_options(cmd)
+    _add_capture_options(cmd, "capture processes, and Monte Carlo threads (default: cores)")
     cmd.set_defaults(handler=_cmd_variability)
 
 

@@ -83,10 +83,12 @@ def case_distribution(
     from prismbench.variability import plot_distribution, sample_priced
     from prismbench.variability_calibration import resolve_preset
 
+    # one thread: validate already runs its cases in parallel processes
     result = sample_priced(priced, name=name, world_size=world_size,
                            model=resolve_preset(settings.preset, gpu), preset=settings.preset,
                            samples=settings.samples, seed=settings.seed, progress=progress,
-                           steps_per_allocation=settings.steps_per_allocation)  # fmt: skip
+                           steps_per_allocation=settings.steps_per_allocation,
+                           threads=1)  # fmt: skip
     if plot_path is not None:
         plot_distribution(result, plot_path)
     d = result.distribution

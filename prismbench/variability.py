@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from emulator.graph.build import build_graph
+from emulator.graph.execution_graph import ExecutionGraph
 from emulator.graph.replay import replay
 from emulator.variability.attribution import Attribution, attribute_variance
 from emulator.variability.model import PRISM_LOW, VariabilityModel
@@ -89,7 +90,7 @@ def variability(
 ) -> VariabilityResult:
     """Sample `job`'s step time `samples` times under `model` (named `preset` in the result).
 
-    rank_sources: also run every noise source alone (same seed and samples) and rank them.
+    workers: capture processes, and the Monte Carlo's threads (None: one per core).    rank_sources: also run every noise source alone (same seed and samples) and rank them.
     slow_gpus: (k, factor): also place k GPUs `factor` x slower every way they fit.
     host_dispatch: as `emulate`'s ("preset": the measured host time per op; None: none).
     kernel_table: as `emulate`'s ("preset": the GPU's committed table; a loaded one; None).
@@ -102,7 +103,21 @@ def variability(
     return sample_priced(priced, name=name, world_size=job.world_size, model=model, preset=preset,
                          samples=samples, seed=seed, threshold_s=threshold_s, k_steps=k_steps,
                          progress=progress, rank_sources=rank_sources, slow_gpus=slow_gpus,
-                         steps_per_allocation=steps_per_allocation)  # fmt: skip
+                         steps_per_allocation=steps_per_allocation, threads=workers)  # fmt: skip
+
+
+def priced_graph(
+    priced: PricedJob, model: VariabilityModel
+) -> tuple[ExecutionGraph, dict[int, np.ndarray]]:
+    """The execution graph the Monte Carlo replays, and the temporal spread (s) under `model`
+    of every compute op it was built with, per class."""
+    durations = priced.durations_s
+    traces = priced.capture.traces
+    spreads = {p: model.temporal_spreads_s(d, op_names(traces[p])) for p, d in durations.items()}
+    graph = build_graph(
+        traces, priced.capture.world, priced.cost, durations_s=durations, spreads_s=spreads
+    )
+    return graph, spreads
 
 
 def sample_priced(
@@ -120,30 +135,30 @@ def sample_priced(
     rank_sources: bool = False,
     slow_gpus: tuple[int, float] | None = None,
     steps_per_allocation: int = DEFAULT_STEPS_PER_ALLOCATION,
+    threads: int | None = None,
 ) -> VariabilityResult:
-    """The step-time distribution of a job already captured and priced (`price_job`)."""
+    """The step-time distribution of a job already captured and priced (`price_job`), on
+    `threads` threads (None: one per core; emulator.variability.monte_carlo)."""
     say = progress or (lambda _msg: None)
-    durations = priced.durations_s
-    traces = priced.capture.traces
-    spreads = {p: model.temporal_spreads_s(d, op_names(traces[p])) for p, d in durations.items()}
-    graph = build_graph(
-        traces, priced.capture.world, priced.cost, durations_s=durations, spreads_s=spreads
-    )
+    graph, spreads = priced_graph(priced, model)
     deterministic = replay(graph).iteration_time_s
     say(f"graph: {graph.nodes:,} nodes; {samples} samples")
     started = time.perf_counter()
     times = sample_step_times(graph, model, samples=samples, seed=seed,
-                              steps_per_allocation=steps_per_allocation)  # fmt: skip
+                              steps_per_allocation=steps_per_allocation, threads=threads,
+                              progress=lambda done: say(f"sampled {done}/{samples}"))  # fmt: skip
     wall = time.perf_counter() - started
     attribution = placement = None
     if rank_sources:
-        sources = noise_sources(graph, model, traces, spreads)
+        sources = noise_sources(graph, model, priced.capture.traces, spreads)
         say(f"ranking {len(sources)} noise sources: {samples} samples each")
         attribution = attribute_variance(graph, model, sources, samples=samples, seed=seed,
-                                         steps_per_allocation=steps_per_allocation)  # fmt: skip
+                                         steps_per_allocation=steps_per_allocation,
+                                         threads=threads)  # fmt: skip
     if slow_gpus is not None:
         say(f"placing {slow_gpus[0]} GPUs {slow_gpus[1]}x slower: {samples} samples each")
-        placement = compare_placements(graph, model, *slow_gpus, samples=samples, seed=seed)
+        placement = compare_placements(graph, model, *slow_gpus, samples=samples, seed=seed,
+                                       threads=threads)  # fmt: skip
     return VariabilityResult(
         job=name,
         world_size=world_size,

@@ -27,9 +27,10 @@ Classes advance in turn; a class stops at a recv whose send, or a pp-spanning co
 members, are not replayed yet, and resumes when they are (a cycle is a deadlock of the program
 and is reported). Definitions of the outputs: docs/METRICS.md.
 
-`replay_samples` runs the same rules for N samples at once (lane values shaped (N, *lanes),
+`replay_samples` runs the same rules for N samples at once (lane values shaped (*lanes, N),
 durations drawn per node by the caller, none negative): the Monte Carlo of
-emulator.variability. A comm node keeps the bytes it was built with, so a duration drawn or
+emulator.variability. The samples axis is last so that a collective's maximum over lane axes
+runs over contiguous runs of samples, not over strides of a few lanes. A comm node keeps the bytes it was built with, so a duration drawn or
 overridden for it changes its rate.
 """
 
@@ -58,6 +59,9 @@ from emulator.world.mesh import World
 # ---- lane arithmetic -------------------------------------------------------------------------
 
 _SHORTEST_S = 1e-15  # a busy window's length is divided by at least this
+# A launch-bound end is skipped where it trails the kernels' own end by at least this: far
+# above the rounding of the two sums (~1e-14 s at 100 s), so skipping changes no bit.
+_HOST_BOUND_MARGIN_S = 1e-9
 
 
 class _LaneOps(NamedTuple):
@@ -71,22 +75,22 @@ class _LaneOps(NamedTuple):
     vmin: Callable
     some: Callable  # any lane true
     every: Callable  # every lane true
+    least: Callable  # the smallest lane value, a float
+    most: Callable  # the largest lane value, a float
 
 
 def _scalar_ops() -> _LaneOps:
     return _LaneOps(
         0.0, max, lambda x, axes: x, lambda x, lane: x, lambda c, a, b: a if c else b, min,
-        bool, bool,
+        bool, bool, float, float,
     )  # fmt: skip
 
 
 def _array_ops(shape) -> _LaneOps:
     def reduce(x, axes):
-        if not np.ndim(x):
+        if not np.ndim(x) or not axes:
             return x
-        for axis in axes:
-            x = _max_along(x, axis)
-        return x
+        return x.max(axis=axes, keepdims=True)
 
     def pick(x, lane):
         if not np.ndim(x):
@@ -94,24 +98,9 @@ def _array_ops(shape) -> _LaneOps:
         return float(x[tuple(i if n > 1 else 0 for i, n in zip(lane, x.shape, strict=True))])
 
     return _LaneOps(
-        np.zeros(shape), np.maximum, reduce, pick, np.where, np.minimum, np.any, np.all
-    )
-
-
-def _max_along(x: np.ndarray, axis: int) -> np.ndarray:
-    """x.max(axis, keepdims=True) by halving: numpy's own reduction over a short inner axis
-    is an order of magnitude slower on (samples, dp, cp, tp) arrays."""
-    n = x.shape[axis]
-    if n == 1:
-        return x
-    x = np.moveaxis(x, axis, 0)
-    while n > 1:
-        half = n // 2
-        folded = np.maximum(x[:half], x[half : 2 * half])
-        if n % 2:
-            folded[:1] = np.maximum(folded[:1], x[2 * half :])
-        x, n = folded, half
-    return np.moveaxis(x, 0, axis)
+        np.zeros(shape), np.maximum, reduce, pick, np.where, np.minimum, np.any, np.all,
+        lambda x: float(np.min(x)), lambda x: float(np.max(x)),
+    )  # fmt: skip
 
 
 # ---- one class -------------------------------------------------------------------------------
@@ -163,10 +152,8 @@ class _Class:
         }
         self.base = g["duration_s"].tolist()  # what host_end_s was computed with
         self.sampled = sampled  # (pp, node) -> duration, in replay_samples
-        lead = 0 if sampled is None else 1  # lane values there have a samples axis first
         self.axes = [
-            tuple(lead + a for a in range(len(graph.lanes)) if m >> a & 1)
-            for m in g["axes"].tolist()
+            tuple(a for a in range(len(graph.lanes)) if m >> a & 1) for m in g["axes"].tolist()
         ]
         self.peer = g["peer_class"].tolist()
         self.deposited: set[int] = set()
@@ -202,30 +189,49 @@ class _Class:
         deps, joins, dur, factor = c["dep"], c["join"], self.dur, self.factor
         host, host_end, base = c["host_s"], c["host_end_s"], self.base
         sampled, pp = self.sampled, self.pp
+        least, most, some = self.ops.least, self.ops.most, self.ops.some
         i = self.cursor
         while i < self.n:
             k, s = kinds[i], streams[i]
             kernels = None
             if k == SEGMENT:
+                # the lanes' earliest start decides, on one read, whether the host's bounds
+                # can bind in any lane; where they cannot, max() would change nothing
                 free = clock[s]
-                ready = start = free if host[i] <= 0.0 else vmax(free, host[i])
+                earliest = least(free)
+                ready = start = free
+                if host[i] > earliest:
+                    ready = start = vmax(free, host[i])
+                    earliest = host[i]
                 if sampled is not None:
                     d = sampled(pp, i)
                 else:
                     d = dur[i] if factor is None else dur[i] * factor
-                if (slows[i] > 1.0 or slopes[i] > 0.0) and self.ops.some(self.busy > start):
-                    d = self._beside_comm(d, start, slows[i], slopes[i])
+                if (
+                    (slows[i] > 1.0 or slopes[i] > 0.0)
+                    and most(self.busy) > earliest
+                    and some(self.busy > start)
+                ):
+                    d = self._beside_comm(d, start, earliest, slows[i], slopes[i])
                 end = start + d
-                if host_end[i] > 0.0:  # launch-bound: kernels wait for the host to issue them
+                # launch-bound: kernels wait for the host to issue them (binds where the host
+                # finishes issuing later than `base` after the segment's start)
+                if host_end[i] > 0.0 and host_end[i] - base[i] > earliest - _HOST_BOUND_MARGIN_S:
                     end = vmax(end, host_end[i] + (d - base[i]))
                 clock[s] = end
                 kernels = d
             elif k == WAIT_NODE:
                 free = ready = start = end = clock[s] = vmax(clock[s], self._waited_end(deps[i]))
             else:
-                free = ready = (
-                    clock[s] if issue_streams[i] < 0 else vmax(clock[s], clock[issue_streams[i]])
-                )
+                issue = issue_streams[i]
+                if k == COLLECTIVE and not self.tracked:
+                    # only the group's latest member's ready is used: the max over the group
+                    # commutes with the max over streams, so take it first, on fewer lanes
+                    free = ready = reduce(clock[s], self.axes[i])
+                    if issue >= 0:
+                        free = ready = vmax(ready, reduce(clock[issue], self.axes[i]))
+                else:
+                    free = ready = clock[s] if issue < 0 else vmax(clock[s], clock[issue])
                 if host[i] > 0.0:  # not before the host has issued the call
                     ready = vmax(ready, host[i])
                 if k == COLLECTIVE:
@@ -253,18 +259,26 @@ class _Class:
         self.cursor = i
         return i > start_cursor
 
-    def _beside_comm(self, d, start, slowdown: float, slope: float):
-        """Duration of a segment of work `d` starting at `start` beside the busy window: it
-        runs at full speed until the window opens, then slowed by s = `slowdown` + `slope` x
-        the window's traffic while the window lasts (w): the rest r takes min(r s, r + w (1 -
-        1/s))."""
-        vmax = self.vmax
+    def _beside_comm(self, d, start, earliest: float, slowdown: float, slope: float):
+        """Duration of a segment of work `d` (>= 0) starting at `start` (`earliest` in its
+        earliest lane) beside the busy window: it runs at full speed until the window opens,
+        then slowed by s = `slowdown` + `slope` x the window's traffic while the window lasts
+        (w): the rest r takes min(r s, r + w (1 - 1/s)). Where every lane's window is open,
+        or opened before the segment, the guards of the general case change no bit and are
+        skipped (a lane value is millions of entries in a Monte Carlo)."""
+        vmax, busy, window_start = self.vmax, self.busy, self.window_start
         sl = slowdown
         if slope > 0.0:
-            span = self.busy - self.window_start
-            sl = sl + slope * self.window_bytes / vmax(span, _SHORTEST_S) * (span > 0.0)
-        lead = vmax(self.window_start - start, 0.0)
-        w = vmax(self.busy - vmax(start, self.window_start), 0.0)
+            span = busy - window_start
+            if self.ops.least(span) >= _SHORTEST_S:
+                sl = sl + slope * self.window_bytes / span
+            else:
+                sl = sl + slope * self.window_bytes / vmax(span, _SHORTEST_S) * (span > 0.0)
+        if self.ops.most(window_start) <= earliest:  # no lead: the rest is all of d
+            w = vmax(busy - start, 0.0)
+            return np.minimum(d * sl, d + w * (1.0 - 1.0 / sl))
+        lead = vmax(window_start - start, 0.0)
+        w = vmax(busy - vmax(start, window_start), 0.0)
         rest = vmax(d - lead, 0.0)
         return d - rest + np.minimum(rest * sl, rest + w * (1.0 - 1.0 / sl))
 
@@ -301,7 +315,7 @@ class _Class:
         end = np.zeros(samples)
         for t in self.clock:
             if np.ndim(t):
-                t = t.reshape(t.shape[0], -1).max(axis=1)
+                t = t.reshape(-1, t.shape[-1]).max(axis=0)
             end = np.maximum(end, t)
         return end
 
@@ -396,14 +410,14 @@ def _timeline(rank: int, pp: int, rows: list[tuple]) -> Timeline:
 def replay_samples(graph: ExecutionGraph, samples: int, durations) -> np.ndarray:
     """Iteration time (s) of `samples` replays of `graph` at once, one per entry of the result.
 
-    Lane values carry a samples axis first: arrays shaped (samples, *lanes), or any shape that
+    Lane values carry a samples axis last: arrays shaped (*lanes, samples), or any shape that
     broadcasts to it. `durations(pp, node)` gives each compute and comm node's duration as
     such a value (compute: before the overlap slowdown, which applies as in `replay`). Nothing
     else changes: the same rules, so durations equal to the graph's reproduce `replay`'s
     iteration time exactly."""
     if samples < 1:
         raise ValueError(f"samples={samples!r} must be >= 1")
-    ops = _array_ops((samples, *graph.lanes))
+    ops = _array_ops((*graph.lanes, samples))
     classes = [_Class(graph, p, ops, None, None, {}, durations) for p in range(graph.world.pp)]
     _run(_Job(graph, classes, ops.vmax))
     end = np.zeros(samples)

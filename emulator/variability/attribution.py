@@ -88,12 +88,15 @@ def attribute_variance(
     samples: int = 1000,
     seed: int = 0,
     steps_per_allocation: int = 1,
+    threads: int | None = None,
 ) -> Attribution:
     """Every source of `sources` alone against all of `model`'s noise (module docstring);
-    `steps_per_allocation` as the run it explains drew its samples (the same draws, then)."""
+    `steps_per_allocation` as the run it explains drew its samples (the same draws, then);
+    `threads` as `sample_step_times`'."""
     deterministic = replay(graph).iteration_time_s
     started = time.perf_counter()
-    draws = dict(samples=samples, seed=seed, steps_per_allocation=steps_per_allocation)
+    draws = dict(samples=samples, seed=seed, steps_per_allocation=steps_per_allocation,
+                 threads=threads)  # fmt: skip
     everything = sample_step_times(graph, model, mask=NoiseMask(), **draws)
     total_var = float(everything.var(ddof=1)) if samples > 1 else 0.0
     total_p95 = float(np.percentile(everything, 95)) - deterministic

@@ -1,7 +1,7 @@
 """Monte Carlo over the mesh-vectorized replay: the distribution of a job's step time.
 
 `sample_step_times` replays the whole world N times at once (emulator.graph.replay's
-`replay_samples`: every lane value carries a samples axis first), drawing each node's duration
+`replay_samples`: every lane value carries a samples axis last), drawing each node's duration
 as PRISM does (emulator.variability.model):
 
 - compute: one draw per *segment* (the graph's run of compute ops between communication
@@ -25,7 +25,9 @@ as PRISM does (emulator.variability.model):
 With no variability every draw is the graph's duration times exactly 1, so the replay's
 arithmetic is the deterministic replay's and the step time equals `replay`'s exactly.
 Samples run in chunks small enough that a lane value stays a few MB (CHUNK_ELEMENTS), unless
-one allocation (`steps_per_allocation` samples) is larger than that.
+one allocation (`steps_per_allocation` samples) is larger than that; each chunk draws from its
+own generator, spawned from the seed (numpy's SeedSequence), so chunks can run on threads at
+once and the answer does not depend on how many.
 
 A `NoiseMask` switches sources off (variance attribution, emulator.variability.attribution):
 every draw is still made, in the same order, and only its use is masked, so two runs with the
@@ -35,6 +37,10 @@ run exactly.
 
 from __future__ import annotations
 
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,19 +102,21 @@ class _Durations:
         mask = mask or NoiseMask()
         world = graph.world
         lanes = graph.lanes
-        self.lane_shape = (samples, *lanes)
+        self.lane_shape = (*lanes, samples)
         factors = speed_factors(rng, model, world, samples, steps_per_allocation)
         if not mask.spatial:
             factors = None
+        elif factors is not None:  # samples last, as replay_samples' lane values
+            factors = np.ascontiguousarray(np.moveaxis(factors, 0, -1))
         pos = world.pipeline_position
         self.factors = [
-            None if factors is None else (factors if pos is None else np.take(factors, p, pos + 1))
+            None if factors is None else (factors if pos is None else np.take(factors, p, pos))
             for p in range(world.pp)
         ]
         network = network_factors(rng, model, samples)
         if not mask.network:
             network = np.ones(samples)
-        self.network = network.reshape((samples,) + (1,) * len(lanes))
+        self.network = network.reshape((1,) * len(lanes) + (samples,))
         self.pool = NoisePool(rng, int(np.prod(self.lane_shape)), draws_per_sample * samples)
         self.cols = [self._columns(p, c, mask, model) for p, c in enumerate(graph.classes)]
         self.joins: dict[int, np.ndarray] = {}  # pp-spanning collective -> its shared draw
@@ -166,7 +174,7 @@ class _Durations:
         d = duration * self.network if c["regime"][node] else duration
         if self.variability.collective_cv > 0 and duration > 0:
             shape = tuple(1 if (axes_mask >> a) & 1 else n for a, n in enumerate(self.graph.lanes))
-            z = self.pool.window((self.samples, *shape))
+            z = self.pool.window((*shape, self.samples))
             if c["noisy"][node]:
                 d = d * (1.0 + self.variability.collective_cv * z)
         return d
@@ -208,25 +216,54 @@ def sample_step_times(
     seed: int = 0,
     mask: NoiseMask | None = None,
     steps_per_allocation: int = 1,
+    threads: int | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> np.ndarray:
     """Step times (s) of `samples` draws of `model` over `graph`: shape (samples,); `mask`
     applies only part of the model's noise (NoiseMask). `steps_per_allocation` consecutive
     samples share one draw of the persistent per-GPU factors: steps of one run on the same
-    GPUs (1: every sample on a fresh allocation); emulator.variability.summary splits them."""
+    GPUs (1: every sample on a fresh allocation); emulator.variability.summary splits them.
+
+    The samples run in chunks (`chunk_samples`), each with its own generator spawned from
+    `seed`, on `threads` threads at once (None: one per core): numpy releases the GIL in the
+    replay's array arithmetic, where the time goes. The chunks and their draws do not depend
+    on `threads`, so neither does the answer. `progress(done)` hears the samples finished
+    after each chunk."""
     if not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples={samples!r} must be an int >= 1")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads={threads!r} must be an int >= 1 or None")
     check_allocations(samples, steps_per_allocation)
     if mask is not None:
         mask.check(graph)
-    rng = np.random.default_rng(seed)
     # whole allocations per chunk, so that none straddles two chunks' draws: an allocation of
     # more samples than CHUNK_ELEMENTS / lanes holds (64 at 8 192 GPUs, pp 1) makes chunks,
     # and their memory, that many samples large
     chunk = max(1, chunk_samples(graph, samples) // steps_per_allocation) * steps_per_allocation
+    starts = range(0, samples, chunk)
+    seeds = np.random.SeedSequence(seed).spawn(len(starts))
     times = np.empty(samples)
     per_sample = draws_per_sample(graph, model)
-    for lo in range(0, samples, chunk):
+
+    finished = [0]
+    lock = threading.Lock()
+
+    def run(lo: int, chunk_seed: np.random.SeedSequence) -> None:
         n = min(chunk, samples - lo)
+        rng = np.random.default_rng(chunk_seed)
         durations = _Durations(graph, model, rng, n, mask, steps_per_allocation, per_sample)
         times[lo : lo + n] = replay_samples(graph, n, durations)
+        if progress is not None:
+            with lock:
+                finished[0] += n
+                progress(finished[0])
+
+    threads = min(len(starts), threads or os.cpu_count() or 1)
+    if threads == 1:
+        for lo, chunk_seed in zip(starts, seeds, strict=True):
+            run(lo, chunk_seed)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            for done in [pool.submit(run, lo, s) for lo, s in zip(starts, seeds, strict=True)]:
+                done.result()
     return times

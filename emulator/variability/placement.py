@@ -137,8 +137,11 @@ class PlacementStudy:
         }
 
 
-def _run(graph, model, name, ranks, factors, samples, seed, reference_p95) -> PlacementEffect:
-    times = sample_step_times(graph, model.with_speed_factors(factors), samples=samples, seed=seed)
+def _run(
+    graph, model, name, ranks, factors, samples, seed, reference_p95, threads
+) -> PlacementEffect:
+    times = sample_step_times(graph, model.with_speed_factors(factors), samples=samples, seed=seed,
+                              threads=threads)  # fmt: skip
     p50, p95 = (float(x) for x in np.percentile(times, [50, 95]))
     return PlacementEffect(
         placement=name,
@@ -159,8 +162,10 @@ def compare_placements(
     *,
     samples: int = 1000,
     seed: int = 0,
+    threads: int | None = None,
 ) -> PlacementStudy:
-    """`slow_gpus` GPUs `factor` x slower at every placement they fit (module docstring)."""
+    """`slow_gpus` GPUs `factor` x slower at every placement they fit (module docstring);
+    `threads` as `sample_step_times`'."""
     world = graph.world
     if not isinstance(slow_gpus, int) or slow_gpus < 1:
         raise ValueError(f"slow_gpus={slow_gpus!r} must be an int >= 1")
@@ -173,7 +178,7 @@ def compare_placements(
         )
     started = time.perf_counter()
     ones = np.ones(world.shape)
-    reference = _run(graph, model, NO_SLOW_GPUS, (), ones, samples, seed, None)
+    reference = _run(graph, model, NO_SLOW_GPUS, (), ones, samples, seed, None, threads)
     effects = tuple(
         _run(
             graph,
@@ -184,6 +189,7 @@ def compare_placements(
             samples,
             seed,
             reference.p95_s,
+            threads,
         )
         for name, ranks in placements.items()
     )

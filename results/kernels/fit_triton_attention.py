@@ -90,7 +90,7 @@ def row_times(path: Path) -> dict:
         if c["kind"][n] != SEGMENT or attention[p][n] == 0.0:
             return c["duration_s"][n]
         base, att = c["duration_s"][n], attention[p][n]
-        return (base - att + att * inverse).reshape((len(RATIOS),) + (1,) * len(graph.lanes))
+        return (base - att + att * inverse).reshape((1,) * len(graph.lanes) + (len(RATIOS),))
 
     times = replay_samples(graph, len(RATIOS), duration)
     return {

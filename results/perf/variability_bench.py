@@ -1,15 +1,25 @@
 """Monte Carlo speed (emulator/variability/monte_carlo.py); writes results/perf/variability.md.
 
-The job is replay_bench.py's synthetic 405B-like program (16 pipeline stages, tp=8, 1F1B,
-8 layers per stage, sequence-parallel tp collectives, async dp reduce-scatters), 8
-micro-batches, dp grown to set the world size; durations modelled on h100-sxm-80g, and the
-PRISM_LOW variability model (every noise source on). Run:
-    PYTHONPATH=$PWD python results/perf/variability_bench.py [WORLD ...]   (default 1024 8192)
+Two jobs, 1000 samples each, PRISM_LOW (every noise source on), allocations of 10 steps (the
+CLI's default), seed 0:
+- the README's own 8 192-GPU example, `examples/jobspec.example.toml` (llama3-70b, tp 8, pp 4,
+  dp 256), captured and priced as `prismbench variability` does it (the capture is cached
+  after its first run; it is not timed): issue 18's target, 1 000 samples in <= 60 s here;
+  timed with one thread and with one per core (`sample_step_times(threads=...)`);
+- replay_bench.py's synthetic 405B-like program (16 pipeline stages, tp=8, 1F1B, 8 layers per
+  stage, sequence-parallel tp collectives, async dp reduce-scatters), 8 micro-batches, dp
+  grown to set the world size (durations modelled on h100-sxm-80g): how the cost scales with
+  the world, one thread per core.
+Wall and process (CPU, all threads) seconds of `sample_step_times` alone, one run per row, and
+the load average before and after each row (the machine is shared).
+    PYTHONPATH=$PWD python results/perf/variability_bench.py [WORLD ...] [--no-example]
+        (default worlds: 1024 8192)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import time
@@ -29,57 +39,94 @@ from emulator.variability.monte_carlo import sample_step_times  # noqa: E402
 from emulator.variability.summary import DEFAULT_STEPS_PER_ALLOCATION, summarize  # noqa: E402
 from emulator.world.mesh import World  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "jobspec.example.toml"
 SAMPLES = 1000
 MICRO_BATCHES = 8
+# what follows this heading in variability.md is written by hand and kept on regeneration
+NOTES = "## Notes"
+HEADER = (
+    "| job | world | lanes/class | nodes | threads | Monte Carlo wall s | CPU s | load before/after "
+    "| deterministic s | p50 s | p95 s |"
+)
 
 
-def measure(world_size: int) -> str:
+def cores() -> int:
+    return os.cpu_count() or 1
+
+
+def synthetic_graph(world_size: int):
     dp = world_size // (PP * TP)
     world = World.grid(dp=dp, pp=PP, cp=1, tp=TP)
     cost = CostContext(topology=TOPO)
     traces = {p: _stage_trace(world, p, MICRO_BATCHES) for p in range(PP)}
     durations = {p: compute_durations_s(t, cost) for p, t in traces.items()}
     spreads = {p: PRISM_LOW.temporal_spreads_s(d) for p, d in durations.items()}
-    graph = build_graph(traces, world, cost, durations_s=durations, spreads_s=spreads)
+    return build_graph(traces, world, cost, durations_s=durations, spreads_s=spreads)
+
+
+def example_graph():
+    from prismbench.emulate import price_job
+    from prismbench.spec import load_job_spec
+    from prismbench.variability import priced_graph
+
+    priced = price_job(load_job_spec(EXAMPLE), progress=lambda m: print(m, file=sys.stderr))
+    return priced_graph(priced, PRISM_LOW)[0]
+
+
+def measure(name: str, graph, threads: int) -> str:
     deterministic = replay(graph).iteration_time_s
-    t0 = time.perf_counter()
     steps = DEFAULT_STEPS_PER_ALLOCATION  # as `prismbench variability` samples
-    times = sample_step_times(graph, PRISM_LOW, samples=SAMPLES, seed=0, steps_per_allocation=steps)
-    wall = time.perf_counter() - t0
+    load_before = os.getloadavg()[0]
+    wall, cpu = time.perf_counter(), time.process_time()
+    times = sample_step_times(graph, PRISM_LOW, samples=SAMPLES, seed=0,
+                              steps_per_allocation=steps, threads=threads)  # fmt: skip
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     d = summarize(times, deterministic, seed=0, steps_per_allocation=steps)
-    segments = sum(int((c["kind"] == 0).sum()) for c in graph.classes)
+    lanes = int(np.prod(graph.lanes))
     return (
-        f"| {world_size} | {dp} | {dp * TP} | {graph.nodes} | {segments} | {wall:.1f} | "
+        f"| {name} | {graph.world.world_size} | {lanes} | {graph.nodes} | {threads} | "
+        f"{wall:.1f} | {cpu:.1f} | {load_before:.1f}/{os.getloadavg()[0]:.1f} | "
         f"{deterministic:.3f} | {d.p50_s:.3f} | {d.p95_s:.3f} |"
     )
 
 
-def main(worlds: list[int]) -> None:
+def main(worlds: list[int], example: bool) -> None:
+    command = " ".join(["results/perf/variability_bench.py", *map(str, worlds)])
+    if not example:
+        command += " --no-example"
     lines = [
         "# Monte Carlo speed (emulator/variability/monte_carlo.py)",
         "",
-        f"Machine: {platform.processor() or platform.machine()} (2 cores shared with other "
-        f"jobs), Python {platform.python_version()}, numpy {np.__version__}. Generated by "
-        f"`PYTHONPATH=$PWD python results/perf/variability_bench.py {' '.join(map(str, worlds))}` at commit "
-        f"{commit_label()}, {time.strftime('%Y-%m-%d')}; one run per row (not best-of).",
+        f"Machine: {platform.processor() or platform.machine()}, {cores()} cores shared with "
+        f"other jobs, Python {platform.python_version()}, numpy {np.__version__}. Generated by "
+        f"`PYTHONPATH=$PWD python {command}` at commit {commit_label()}, "
+        f"{time.strftime('%Y-%m-%d')}; one run per row (not best-of).",
         "",
-        f"{SAMPLES} samples of replay_bench.py's synthetic 405B-like job: {PP} classes, tp={TP}, "
-        f"{MICRO_BATCHES} micro-batches, dp grows; PRISM_LOW model, allocations of "
-        f"{DEFAULT_STEPS_PER_ALLOCATION} steps (the CLI's default).",
+        f"{SAMPLES} samples each, PRISM_LOW, allocations of {DEFAULT_STEPS_PER_ALLOCATION} "
+        "steps (the CLI's default), seed 0 (the module docstring says what each job is).",
         "",
-        "| world | dp | lanes/class | nodes | segments | Monte Carlo s | deterministic s "
-        "| p50 s | p95 s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        HEADER,
+        "|---|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|",
     ]
-    for ws in worlds:
-        lines.append(measure(ws))
+    rows = []
+    if example:
+        graph = example_graph()
+        rows += [("README example (llama3-70b)", graph, t) for t in sorted({1, cores()})]
+    rows += [(f"synthetic pp{PP}", synthetic_graph(ws), cores()) for ws in worlds]
+    for name, graph, threads in rows:
+        lines.append(measure(name, graph, threads))
         print(lines[-1], flush=True)
     out = Path(__file__).with_name("variability.md")
-    out.write_text("\n".join(lines) + "\n")
+    notes = out.read_text().partition(NOTES)[2] if out.exists() else ""
+    out.write_text("\n".join(lines) + "\n" + (f"\n{NOTES}{notes}" if notes else ""))
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("worlds", nargs="*", type=int, default=[1024, 8192], metavar="WORLD",
-                        help="world sizes (default: %(default)s)")  # fmt: skip
-    main(parser.parse_args().worlds)
+                        help="synthetic world sizes (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--no-example", action="store_true",
+                        help="leave out the README's 8 192-GPU example job")  # fmt: skip
+    args = parser.parse_args()
+    main(args.worlds, not args.no_example)

@@ -8,7 +8,7 @@ import pytest
 from emulator.costs.collectives import Topology
 from emulator.costs.pricing import CostContext
 from emulator.graph.execution_graph import COLLECTIVE, SEGMENT
-from emulator.graph.replay import replay
+from emulator.graph.replay import replay, replay_samples
 from emulator.graph.results import BREAKDOWN_FIELDS
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
 from emulator.world.mesh import World
@@ -417,19 +417,20 @@ def test_work_before_the_window_opens_runs_at_full_speed():
     assert expected > 12e-3
 
 
-def _mixed_program(world):
+def _mixed_program(world, dispatch_s=0.0):
     """Per stage: a prefetched recv, a tp all-gather and dp all-reduce beside GEMMs and
-    elementwise ops on two streams, a send, a blocking all-reduce over every lane axis."""
+    elementwise ops on two streams, a send, a blocking all-reduce over every lane axis; the
+    host takes `dispatch_s` to issue each compute op (build(host=True))."""
     stages = []
     for p in range(world.pp):
         s = Stage(world, p)
         recv = s.recv(p - 1, nbytes=1 << 24, wait=False) if p > 0 else None
         gather = s.collective("all_gather", "tp", nbytes=1 << 25, async_op=True)
         for _ in range(3):
-            s.compute(1e-4, name="add")
-            s.compute(2e-4, name="mm")
+            s.compute(1e-4, name="add", dispatch_s=dispatch_s)
+            s.compute(2e-4, name="mm", dispatch_s=dispatch_s)
         reduce = s.collective("all_reduce", "dp", nbytes=1 << 20, async_op=True)
-        s.compute(3e-4, name="add", stream=1)
+        s.compute(3e-4, name="add", stream=1, dispatch_s=dispatch_s)
         if recv is not None:
             s.wait(recv)
         s.compute(1e-4, name="mul")
@@ -443,11 +444,13 @@ def _mixed_program(world):
     return stages
 
 
-def test_the_overlap_fast_paths_give_what_the_full_arithmetic_gives(monkeypatch):
+@pytest.mark.parametrize("dispatch_s", [0.0, 1.5e-4])  # the host binds nothing, or some ops
+def test_the_fast_paths_give_what_the_full_arithmetic_gives(monkeypatch, dispatch_s):
     import emulator.graph.replay as replay_module
 
     world = World.grid(dp=2, pp=3, cp=1, tp=2)
-    graph = build(world, _mixed_program(world), CostContext(topology=_topology(50.0)))
+    program = _mixed_program(world, dispatch_s)
+    graph = build(world, program, CostContext(topology=_topology(50.0)), host=True)
     factors = np.random.default_rng(0).lognormal(0.0, 0.1, world.shape)
 
     def runs():
@@ -456,19 +459,46 @@ def test_the_overlap_fast_paths_give_what_the_full_arithmetic_gives(monkeypatch)
         return uniform, lanes
 
     fast = runs()
+    never = dict(some=lambda x: True, every=lambda x: False, least=lambda x: -np.inf,
+                 most=lambda x: np.inf)  # fmt: skip
     for name in ("_scalar_ops", "_array_ops"):  # the fast paths never taken
         make = getattr(replay_module, name)
-        monkeypatch.setattr(
-            replay_module,
-            name,
-            lambda *a, make=make: make(*a)._replace(some=lambda x: True, every=lambda x: False),
-        )
+        monkeypatch.setattr(replay_module, name, lambda *a, make=make: make(*a)._replace(**never))
     full = runs()
     for a, b in zip(fast, full, strict=True):
         assert a.keys() == b.keys()
         for rank in a:
             for field in ("ready_s", "start_s", "end_s", "free_s", "kernel_s"):
                 np.testing.assert_array_equal(getattr(a[rank], field), getattr(b[rank], field))
+
+
+def test_samples_replayed_at_once_are_each_sample_replayed_alone():
+    # replay_samples' arithmetic (samples last, a group's maximum taken first, the host's
+    # bounds skipped where no lane reaches them) against one replay per sample: per-lane
+    # speeds, and durations scaled so that the host binds in some samples and not others
+    world = World.grid(dp=2, pp=3, cp=1, tp=2)
+    graph = build(
+        world, _mixed_program(world, 1.5e-4), CostContext(topology=_topology(50.0)), host=True
+    )
+    factors = np.random.default_rng(1).lognormal(0.0, 0.1, world.shape)
+    scales = np.array([0.5, 1.0, 3.0])
+
+    def durations(p, node):
+        c = graph.classes[p]
+        d = c["duration_s"][node] * scales
+        return d * np.take(factors, p, world.pipeline_position)[..., None] if c[
+            "kind"
+        ][node] == SEGMENT else d
+
+    times = replay_samples(graph, len(scales), durations)
+    for k, scale in enumerate(scales):
+        overrides = {
+            p: {n: float(d) for n, d in enumerate(c["duration_s"] * scale)}
+            for p, c in enumerate(graph.classes)
+        }
+        alone = replay(graph, speed_factors=factors, overrides=overrides)
+        assert times[k] == alone.iteration_time_s
+    assert replay(graph).per_class[0].host_wait_s > 0.0
 
 
 def test_to_dict_has_the_figures():

@@ -225,6 +225,23 @@ def test_the_steps_of_one_allocation_share_its_gpus_speed_factors(tp_dp_graph, m
     assert d.k_steps_bound_s > 100 * np.sort(step)[-2:].mean()
 
 
+def test_the_answer_does_not_depend_on_the_threads(pipeline_graph, monkeypatch):
+    # chunks of 8 samples (4 lanes a class), each with its own generator: 8 chunks on one
+    # thread or three give the same times; progress hears every chunk, up to all samples
+    import emulator.variability.monte_carlo as monte_carlo
+
+    monkeypatch.setattr(monte_carlo, "CHUNK_ELEMENTS", 8 * 4)
+    heard = []
+    one = sample_step_times(pipeline_graph, PRISM_HIGH, samples=60, seed=2, threads=1,
+                            progress=heard.append)  # fmt: skip
+    three = sample_step_times(pipeline_graph, PRISM_HIGH, samples=60, seed=2, threads=3)
+    assert np.array_equal(one, three)
+    assert heard == [8, 16, 24, 32, 40, 48, 56, 60]
+    assert len(np.unique(one)) == 60  # no chunk repeats another's draws
+    with pytest.raises(ValueError, match="threads=0"):
+        sample_step_times(pipeline_graph, PRISM_HIGH, samples=60, threads=0)
+
+
 def test_one_step_per_allocation_is_the_library_default(pipeline_graph):
     one = sample_step_times(pipeline_graph, PRISM_HIGH, samples=60, seed=4, steps_per_allocation=1)
     assert np.array_equal(one, sample_step_times(pipeline_graph, PRISM_HIGH, samples=60, seed=4))
