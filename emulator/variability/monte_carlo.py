@@ -51,9 +51,11 @@ from emulator.variability.model import VariabilityModel
 from emulator.variability.sampling import NoisePool, network_factors, speed_factors
 from emulator.variability.summary import check_allocations
 
-# Elements of one lane value per chunk: 2**19 float64 = 4 MiB, within a core's L2/L3 share
-# here; larger chunks measured no faster (results/perf/variability.md).
-CHUNK_ELEMENTS = 1 << 19
+# Elements of one lane value per chunk: 2**18 float64 = 2 MiB. On the README's 8 192-GPU example
+# (250 samples, one thread, best of two on a loaded machine) 2**17, 2**18 and 2**19 took 11.4,
+# 11.2 and 13.1 s of CPU: a chunk's working set (tens of lane values) stays nearer the cores,
+# and smaller chunks pay Python's per-node cost more often.
+CHUNK_ELEMENTS = 1 << 18
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -36,9 +36,9 @@ from emulator.variability.summary import allocation_count
 from emulator.world.mesh import World
 
 POOL_WINDOWS = 16  # pool size in largest windows (see the module docstring)
-# The least a pool holds: 2**23 float64 normals = 64 MiB, ~0.1 s to draw here; 16 windows of an
-# 8 192-GPU chunk (2**19 values each, monte_carlo.CHUNK_ELEMENTS) are that size already, so the
-# largest jobs' pool, and their speed, are as before.
+# The least a pool holds: 2**23 float64 normals = 64 MiB, ~0.1 s to draw here (per chunk: one
+# chunk of a large job is 2**18 values of a lane value, monte_carlo.CHUNK_ELEMENTS, so its pool
+# is this one).
 POOL_VALUES = 1 << 23
 
 
