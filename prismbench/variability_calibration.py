@@ -9,7 +9,11 @@ emulator.variability.calibration:
   MIN_SAMPLES times in a profile;
 - per job, the iteration's CV measured (range of n iterations over d2(n), over the median)
   and the CV independent kernel noise would give (the model applied to the profile's own op
-  durations); their difference is that job's per-step CV; `step_cv` is the median over jobs.
+  durations); their difference is that job's per-step CV; `step_cv` is the median over jobs;
+- `step_cv_dispersion`: how much the per-step CV varies between runs (jobs, sessions): the
+  standard deviation of its log, lognormal around `step_cv`, most likely given every job's
+  measured range (emulator.variability.calibration.step_cv_dispersion_of). Tables written
+  before it existed lack it: the preset then reads 0 (one step CV for every run).
 
 `write_table` keeps the result in results/variability/<gpu>.json with its provenance;
 `measured_model` builds the VariabilityModel a `measured` preset uses: the temporal figures
@@ -33,6 +37,7 @@ from emulator.variability.calibration import (
     fit_signatures,
     iteration_kernel_cv,
     range_to_std,
+    step_cv_dispersion_of,
     step_cv_of,
 )
 from emulator.variability.model import (
@@ -150,6 +155,7 @@ class GpuVariation:
 
     noise: KernelNoise
     step_cv: float
+    step_cv_dispersion: float
     step_cv_by_job: dict[str, float]
     iteration_cv_by_job: dict[str, float]
     kernel_cv_by_job: dict[str, float]
@@ -161,9 +167,17 @@ def calibrate_jobs(jobs: list[JobVariation]) -> GpuVariation:
     kernel_cv = {job.job: job.kernel_cv(noise) for job in jobs}
     iteration_cv = {job.job: job.iteration_cv for job in jobs}
     step = {j: step_cv_of(iteration_cv[j], kernel_cv[j]) for j in kernel_cv}
+    step_cv = float(np.median(list(step.values())))
+    dispersion = step_cv_dispersion_of(
+        [(j.iteration_s_max - j.iteration_s_min) / j.iteration_s_median for j in jobs],
+        [j.iterations for j in jobs],
+        [kernel_cv[j.job] for j in jobs],
+        step_cv,
+    )
     return GpuVariation(
         noise=noise,
-        step_cv=float(np.median(list(step.values()))),
+        step_cv=step_cv,
+        step_cv_dispersion=dispersion,
         step_cv_by_job=step,
         iteration_cv_by_job=iteration_cv,
         kernel_cv_by_job=kernel_cv,
@@ -179,6 +193,7 @@ def table_dict(gpu: str, variation: GpuVariation, provenance: dict) -> dict:
         "temporal_cv_by_class": noise.cv_by_class,
         "temporal_floor_s": noise.floor_s,
         "step_cv": variation.step_cv,
+        "step_cv_dispersion": variation.step_cv_dispersion,
         "pools_by_class": noise.pools_by_class,
         "short_pools": noise.short_pools,
         "families": noise.families,
@@ -232,6 +247,7 @@ def measured_model(table: dict) -> VariabilityModel:
         temporal_cv_by_class=table["temporal_cv_by_class"],
         temporal_floor_s=float(table["temporal_floor_s"]),
         step_cv=float(table["step_cv"]),
+        step_cv_dispersion=float(table.get("step_cv_dispersion", 0.0)),
     )
 
 

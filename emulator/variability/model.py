@@ -24,7 +24,10 @@ temporal CV per noise class (`temporal_cv_by_class`: GEMMs, attention, memory-bo
 a per-kernel jitter floor (`temporal_floor_s`: short kernels vary by a fraction of a
 microsecond whatever their length) and `step_cv`, the spread of a per-GPU factor redrawn every
 step: iterations on one GPU vary several times more than independent kernel noise explains
-(clocks, host), so part of the temporal variation is shared by a step's kernels.
+(clocks, host), so part of the temporal variation is shared by a step's kernels. That spread
+is not one figure per GPU: one job's differs from one run to the next and two jobs' differ in
+one run (results/fidelity/variability.md, "Repeated iterations"), so `step_cv_dispersion`
+lets each allocation (a run) draw its own step CV around `step_cv` (its median), lognormally.
 
 Numbers the seeds do not give, stated as assumptions (replace them with estimates from
 repeated measurements, emulator.variability.regimes):
@@ -51,6 +54,10 @@ from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS
 # A normal draw of the relative noise must stay well above -1: with the ~1e7 standard normals
 # of a run the smallest is about -5.5 sigma, so CVs up to 0.15 keep every duration positive.
 MAX_NORMAL_CV = 0.15
+
+# The largest spread of log(step CV) between runs: at 3 a run 3 sigma out has a step CV
+# e^9 ~ 8 000 x the median's; anything wider is a mistake, not a measurement.
+MAX_STEP_CV_DISPERSION = 3.0
 
 # Which communication the network regime slows (VariabilityModel.network_scope).
 NETWORK_SCOPES = ("inter-node", "all")
@@ -106,6 +113,10 @@ class VariabilityModel:
     jitter does not shrink with their length; std = sqrt((cv x d)^2 + floor^2).
     step_cv: CV of a per-GPU factor (lognormal, mean 1) drawn afresh every step, on top of the
     spatial one: the part of the temporal variation a step's kernels share.
+    step_cv_dispersion: the spread of that CV between runs: each allocation draws its step CV
+    as step_cv x exp(step_cv_dispersion x Z), Z standard normal (so step_cv is its median and
+    this the standard deviation of its log), shared by its GPUs and steps. 0 (the default):
+    every run has step_cv, as before the field existed.
     collective_cv: CV of one collective or pipeline transfer.
     network: the regimes of the network, one drawn per step; probabilities sum to 1.
     network_scope: "inter-node" (the regime on comm whose group spans nodes) or "all"."""
@@ -116,6 +127,7 @@ class VariabilityModel:
     temporal_cv_by_class: Mapping[str, float] | None = None
     temporal_floor_s: float = 0.0
     step_cv: float = 0.0
+    step_cv_dispersion: float = 0.0
     network: tuple[NetworkRegime, ...] = (NetworkRegime(1.0, 1.0),)
     speed_factors: np.ndarray | None = None
     network_scope: str = "inter-node"
@@ -143,6 +155,11 @@ class VariabilityModel:
         for name in ("temporal_floor_s", "step_cv"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0")
+        if not 0 <= self.step_cv_dispersion <= MAX_STEP_CV_DISPERSION:
+            raise ValueError(
+                f"step_cv_dispersion={self.step_cv_dispersion!r} must be in "
+                f"[0, {MAX_STEP_CV_DISPERSION}]"
+            )
         if not self.network:
             raise ValueError("network must hold at least one regime")
         total = sum(r.probability for r in self.network)

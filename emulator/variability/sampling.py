@@ -2,7 +2,8 @@
 
 - `speed_factors`: the factor of every GPU, per sample: the persistent one (spatial variation,
   one draw per allocation: the samples that stand for steps of one run share it) times the one
-  redrawn every step (the model's `step_cv`);
+  redrawn every step (the model's `step_cv`; with `step_cv_dispersion`, each allocation first
+  draws its own step CV: `run_step_cvs`);
 - `network_factors`: the regime of the network, one per sample (step);
 - `NoisePool`: standard normals for the per-segment and per-collective noise (temporal).
 
@@ -69,9 +70,26 @@ def speed_factors(
         if steps_per_allocation > 1:
             factors = np.repeat(factors, steps_per_allocation, axis=0)[:samples]
     if model.step_cv > 0:
-        step = from_moments(1.0, model.step_cv, "lognormal").sample(rng, (samples, *world.shape))
+        shape = (samples, *world.shape)
+        if model.step_cv_dispersion > 0:
+            cvs = run_step_cvs(rng, model, samples, steps_per_allocation)
+            sigma = np.sqrt(np.log1p(cvs**2)).reshape(samples, *(1,) * len(world.shape))
+            step = np.exp(sigma * rng.standard_normal(shape) - sigma**2 / 2)  # mean 1, CV cvs
+        else:  # one step CV for every run: the draws as before step_cv_dispersion existed
+            step = from_moments(1.0, model.step_cv, "lognormal").sample(rng, shape)
         factors = step if factors is None else factors * step
     return factors
+
+
+def run_step_cvs(
+    rng: np.random.Generator, model: VariabilityModel, samples: int, steps_per_allocation: int
+) -> np.ndarray:
+    """The step CV of each sample, shape (samples,): one lognormal draw per allocation (median
+    `step_cv`, log standard deviation `step_cv_dispersion`), shared by its consecutive samples
+    as the persistent speed factors are."""
+    allocations = allocation_count(samples, steps_per_allocation)
+    cvs = model.step_cv * np.exp(model.step_cv_dispersion * rng.standard_normal(allocations))
+    return np.repeat(cvs, steps_per_allocation)[:samples]
 
 
 def network_factors(rng: np.random.Generator, model: VariabilityModel, samples: int) -> np.ndarray:

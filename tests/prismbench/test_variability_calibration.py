@@ -11,6 +11,7 @@ from prismbench.profile_readers import read_profile
 from prismbench.variability_calibration import (
     VARIABILITY_TABLES,
     calibrate_jobs,
+    measured_model,
     profile_pools,
     read_jobs,
     resolve_preset,
@@ -44,6 +45,8 @@ def test_the_committed_tables_are_what_the_shared_measurements_give(gpu):
     assert table["temporal_cv_by_class"] == pytest.approx(variation.noise.cv_by_class, rel=1e-9)
     assert table["temporal_floor_s"] == pytest.approx(variation.noise.floor_s, rel=1e-9)
     assert table["step_cv"] == pytest.approx(variation.step_cv, rel=1e-9)
+    assert table["step_cv_dispersion"] == pytest.approx(variation.step_cv_dispersion, rel=1e-6)
+    assert table["step_cv_dispersion"] > 0  # the jobs' step spreads differ beyond their ranges'
 
 
 def test_a_summary_without_iteration_times_is_refused_naming_the_field(tmp_path):
@@ -57,6 +60,9 @@ def test_measured_preset_reads_the_jobs_gpu_table():
     model = resolve_preset("measured", "h100-sxm-80g")
     assert model.temporal_cv_by_class == table["temporal_cv_by_class"]
     assert model.step_cv == table["step_cv"] > 0
+    assert model.step_cv_dispersion == table["step_cv_dispersion"] > 0
+    older = {k: v for k, v in table.items() if k != "step_cv_dispersion"}
+    assert measured_model(older).step_cv_dispersion == 0.0  # a table from before the field
     assert resolve_preset("prism-high", "h100-sxm-80g").temporal_cv > model.temporal_cv_of("gemm")
     with pytest.raises(SpecError, match="no measured variability for gpu 'a100-sxm-80g'"):
         resolve_preset("measured", "a100-sxm-80g")

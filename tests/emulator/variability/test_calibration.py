@@ -8,7 +8,9 @@ from emulator.variability.calibration import (
     expected_range,
     fit_signatures,
     iteration_kernel_cv,
+    range_density,
     range_to_std,
+    step_cv_dispersion_of,
     step_cv_of,
 )
 from emulator.variability.model import VariabilityModel, noise_class
@@ -91,6 +93,8 @@ def test_model_spreads_follow_each_ops_class_and_the_floor():
         ("temporal_cv_by_class", {"gemm": 0.5}, "must be in"),
         ("temporal_floor_s", -1.0, ">= 0"),
         ("step_cv", -0.1, ">= 0"),
+        ("step_cv_dispersion", -0.1, "must be in"),
+        ("step_cv_dispersion", 3.5, "must be in"),
     ],
 )
 def test_model_refuses_bad_measured_figures(field, value, message):
@@ -101,3 +105,32 @@ def test_model_refuses_bad_measured_figures(field, value, message):
 def test_a_step_cv_alone_makes_a_model_vary():
     model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=0.0, step_cv=0.01)
     assert not model.is_deterministic and not model.has_kernel_noise
+
+
+def test_the_range_density_integrates_to_one_with_mean_d2():
+    w = np.linspace(0.0, 12.0, 4001)
+    density = range_density(w, 8)
+    assert np.trapezoid(density, w) == pytest.approx(1.0, abs=1e-6)
+    assert np.trapezoid(w * density, w) == pytest.approx(expected_range(8), rel=1e-6)
+
+
+@pytest.mark.parametrize("dispersion", [0.0, 0.8])
+def test_the_dispersion_of_the_step_cv_is_recovered_from_ranges_of_eight(dispersion):
+    # 300 runs of 8 iterations, each with its own step CV (median 1 %) and 0.2 % kernel noise:
+    # the maximum likelihood recovers the spread asked for from the ranges alone.
+    rng = np.random.default_rng(11)
+    run_cvs = 0.01 * np.exp(dispersion * rng.standard_normal(300))
+    cvs = np.hypot(run_cvs, 0.002)
+    iterations = 1.0 + cvs[:, None] * rng.standard_normal((300, 8))
+    ranges = np.ptp(iterations, axis=1) / np.median(iterations, axis=1)
+    fitted = step_cv_dispersion_of(ranges, [8] * 300, [0.002] * 300, step_cv=0.01)
+    # near 0 the estimate of a spread is ~0.1 from sampling alone (its square's error, 300 runs)
+    assert fitted == pytest.approx(dispersion, abs=0.15)
+
+
+def test_no_step_cv_has_no_dispersion_and_bad_inputs_are_refused():
+    assert step_cv_dispersion_of([0.01, 0.02], [8, 8], [0.002, 0.002], step_cv=0.0) == 0.0
+    with pytest.raises(ValueError, match="one range, count and kernel CV per job"):
+        step_cv_dispersion_of([0.01, 0.02], [8], [0.002, 0.002], step_cv=0.01)
+    with pytest.raises(ValueError, match=">= 0"):
+        step_cv_dispersion_of([-0.01], [8], [0.002], step_cv=0.01)

@@ -259,6 +259,44 @@ def test_the_split_recovers_the_per_step_and_spatial_cvs():
     assert d.allocation_std_s == pytest.approx(4.0 * 0.05, rel=0.15)
 
 
+def _per_run_step_cvs(dispersion: float, seed: int = 6):
+    """One GPU, a 2 % median step CV spread between runs by `dispersion`: 400 allocations of
+    50 steps; each allocation's steps over 4 s."""
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=0.0, step_cv=0.02,
+                             step_cv_dispersion=dispersion)  # fmt: skip
+    times = sample_step_times(_one_gpu_four_seconds(), model, samples=20_000, seed=seed,
+                              steps_per_allocation=50)  # fmt: skip
+    return times.reshape(400, 50) / 4.0
+
+
+def test_each_run_draws_its_step_cv_lognormally_around_the_median():
+    runs = _per_run_step_cvs(0.5)
+    run_cvs = runs.std(axis=1, ddof=1) / runs.mean(axis=1)
+    # 50 steps estimate a run's CV to ~10 % (sd of its log): 0.5 asked, sqrt(0.5^2 + 0.1^2) seen
+    assert np.median(run_cvs) == pytest.approx(0.02, rel=0.08)
+    assert np.log(run_cvs).std() == pytest.approx(np.hypot(0.5, 0.1), rel=0.1)
+    assert runs.mean() == pytest.approx(1.0, abs=1e-3)  # every run's factor has mean 1
+
+
+def test_no_dispersion_is_one_step_cv_for_every_run_as_before():
+    runs = _per_run_step_cvs(0.0)
+    run_cvs = runs.std(axis=1, ddof=1) / runs.mean(axis=1)
+    assert np.median(run_cvs) == pytest.approx(0.02, rel=0.03)
+    assert np.log(run_cvs).std() == pytest.approx(0.1, rel=0.15)  # the estimate's own spread
+
+
+def test_a_dispersed_step_cv_is_reproducible_and_zero_variance_stays_exact(tp_dp_graph):
+    model = replace(PRISM_HIGH, step_cv=0.01, step_cv_dispersion=0.7)
+    a = sample_step_times(tp_dp_graph, model, samples=200, seed=2, steps_per_allocation=10)
+    b = sample_step_times(tp_dp_graph, model, samples=200, seed=2, steps_per_allocation=10)
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, sample_step_times(tp_dp_graph, replace(model, step_cv_dispersion=0.0),
+                                                   samples=200, seed=2, steps_per_allocation=10))  # fmt: skip
+    still = replace(NO_VARIABILITY, step_cv_dispersion=0.7)  # a spread of a zero CV: none
+    times = sample_step_times(tp_dp_graph, still, samples=80, seed=3, steps_per_allocation=4)
+    assert (times == replay(tp_dp_graph).iteration_time_s).all()
+
+
 def _tp8_layers(dp: int):
     """tp 8 on 8-GPU nodes (one node per dp replica): 1 s compute, a 0.2 s tp all-reduce
     (NVLink, inside the node), then a 0.5 s dp all-reduce (across nodes when dp > 1)."""
