@@ -46,6 +46,19 @@ iterations: step_cv_of(that recording's iteration CV, the CV independent kernel 
 that job); and, for recordings long enough for the KS goal (n >= iterations_for_goal()), one
 estimated on the recording's first half and scored on its second half only. They ask whether
 one run's spread predicts another's; nothing is fitted on the iterations it is scored against.
+
+Held-out rows (leave-one-job-out, `held_out_model`): the `measured` preset calibrated as
+results/variability/build.py does but from the other seven jobs of the shared data of the
+recording's GPU, on one fixed GPU, once with one step CV for every run and once with each run
+(allocation) drawing its own step CV (`step_cv_dispersion`, emulator.variability.model). Beside
+KS (b) each gets the level that model itself stays under with 95 % probability for a run of
+this length (`model_level`: RUNS simulated runs, each one allocation of n steps of the model,
+scored over medians against its predicted distribution) and the share of those runs that score
+at least the measured KS (the model's own p-value, for independent steps). Dividing by the
+medians lowers what an exact model scores: at n = 200 the level of (b) is ~0.074, not kstwo's
+0.095. A model whose runs differ in spread has a higher level: one run cannot show what the
+distribution over runs is. Last, `hindsight_step_cvs` scans one step CV for every run on the
+series itself (not a fit: the most that form of model could score).
 """
 
 from __future__ import annotations
@@ -64,7 +77,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import command_line, recorded_job, recording_job, report  # noqa: E402
+from shared_gpu import command_line, recorded_job, recording_job, report, shared_dir  # noqa: E402
 
 GPU_RUNS = ROOT / "results" / "gpu_runs"
 REPEATS = (
@@ -86,6 +99,10 @@ P95_GOAL = 0.05
 # dependent series measured (gpt3-125m on the H200, 2026-11-30: lag-1 +0.46) is gone by lag ~7.
 BLOCK = 10
 LJUNG_BOX_LAGS = 10
+# Simulated runs behind a model's own 95 % level of (b) (model_level): its quantile to ~0.01.
+RUNS = 200
+# Step CVs scanned in hindsight (hindsight_step_cvs): 0 to 2.5 % by 0.05 %.
+HINDSIGHT_CVS = np.round(np.arange(0.0, 0.02501, 0.0005), 6)
 
 
 @dataclass(frozen=True)
@@ -268,24 +285,85 @@ def load_repeat(path: Path) -> Repeat:
 
 def preset_model(job, preset: str, fixed_gpu: bool, step_cv: float | None = None):
     """The VariabilityModel of `preset` on the job's GPU; one fixed GPU (per-GPU factor 1) when
-    asked; `step_cv` replaces the preset's per-step CV when given."""
-    from prismbench.capture import world_of
+    asked; `step_cv` replaces the preset's per-step CV when given (one for every run: no
+    dispersion)."""
     from prismbench.variability_calibration import resolve_preset
 
     model = resolve_preset(preset, job.cluster.gpu)
     if step_cv is not None:
-        model = replace(model, step_cv=step_cv)
-    return model.with_speed_factors(np.ones(world_of(job).shape)) if fixed_gpu else model
+        model = replace(model, step_cv=step_cv, step_cv_dispersion=0.0)
+    return one_gpu(model, job) if fixed_gpu else model
 
 
-def predict(job, case: str, model, preset: str, samples: int, seed: int):
-    """The variability model's step-time distribution of `job` (prismbench.variability)."""
+def one_gpu(model, job):
+    """`model` with the per-GPU factor fixed at 1 (the recording's one GPU)."""
+    from prismbench.capture import world_of
+
+    return model.with_speed_factors(np.ones(world_of(job).shape))
+
+
+@functools.cache
+def shared_jobs(gpu: str):
+    """The shared measurements of `gpu` the `measured` preset is built from (read_jobs)."""
+    from prismbench.variability_calibration import read_jobs
+
+    return tuple(read_jobs(shared_dir(gpu)))
+
+
+def held_out_model(repeat: Repeat, dispersion: bool):
+    """The `measured` preset on one fixed GPU, calibrated as results/variability/build.py does
+    but without the recording's job (leave-one-job-out: kernel noise, step CV and its dispersion
+    from the other seven jobs of the shared data of its GPU); `dispersion` False: one step CV
+    for every run (the model before step_cv_dispersion)."""
+    from prismbench.variability_calibration import calibrate_jobs, measured_model, table_dict
+
+    others = [j for j in shared_jobs(repeat.job.cluster.gpu) if j.job != repeat.case]
+    model = measured_model(table_dict(repeat.job.cluster.gpu, calibrate_jobs(others), {}))
+    if not dispersion:
+        model = replace(model, step_cv_dispersion=0.0)
+    return one_gpu(model, repeat.job)
+
+
+def predict(job, case: str, model, preset: str, samples: int, seed: int, steps_per_allocation=None):
+    """The variability model's step-time distribution of `job` (prismbench.variability);
+    `steps_per_allocation` consecutive samples share one allocation (default: the CLI's)."""
+    from emulator.variability.summary import DEFAULT_STEPS_PER_ALLOCATION
     from prismbench.variability import variability
 
     result = variability(
-        job, name=case, model=model, preset=preset, samples=samples, seed=seed, workers=1
-    )
+        job, name=case, model=model, preset=preset, samples=samples, seed=seed, workers=1,
+        steps_per_allocation=steps_per_allocation or DEFAULT_STEPS_PER_ALLOCATION,
+    )  # fmt: skip
     return result.distribution
+
+
+def model_level(repeat: Repeat, model, reference, seed: int, runs: int = RUNS, measured_ks=None):
+    """The KS statistic (b) an exact `model` stays under with 95 % probability for a run of
+    this recording's length, and the share of runs scoring at least `measured_ks`: `runs`
+    simulated runs of n steps, each one allocation of `model` (its own step CV where the model
+    has a dispersion), scored over medians against `reference` (the model's distribution over
+    runs, as predicted)."""
+    n = len(repeat.times_s)
+    times = predict(repeat.job, repeat.case, model, "measured", n * runs, seed + 1, n).times_s
+    ks = np.array([
+        stats.ks_2samp(run / np.median(run), reference / np.median(reference)).statistic
+        for run in times.reshape(runs, n)
+    ])  # fmt: skip
+    share = None if measured_ks is None else float(np.mean(ks >= measured_ks - 1e-12))
+    return float(np.quantile(ks, 0.95)), share
+
+
+def hindsight_step_cvs(repeat: Repeat, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """KS (b) of the `measured` preset on one fixed GPU with one step CV for every run, for
+    each of HINDSIGHT_CVS: not a fit (it is scored on the series it scans), the best any model
+    of that form could do."""
+    ks = [
+        score(repeat.times_s, predict(repeat.job, repeat.case,
+                                      preset_model(repeat.job, "measured", True, step_cv=cv),
+                                      "measured", samples, seed).times_s).ks_shape
+        for cv in HINDSIGHT_CVS
+    ]  # fmt: skip
+    return HINDSIGHT_CVS, np.array(ks)
 
 
 def kernel_cv(repeat: Repeat, samples: int, seed: int) -> float:
@@ -405,6 +483,7 @@ def job_section(
     median = float(np.median(measured))
     gpu = GPU_NAME[job.cluster.gpu]
     p95_low, p95_high = p95_interval(measured, seed)
+    held_out = held_out_section(repeat, samples, seed)
     return [
         f"### {case} ({len(measured)} iterations on an {gpu}, {shown_path(repeat.path)})",
         "",
@@ -421,6 +500,48 @@ def job_section(
         "",
         *TABLE_HEAD,
         *rows,
+        "",
+        *held_out,
+    ]
+
+
+HELD_OUT_HEAD = [
+    "| model (measured, one fixed GPU, calibrated without this job) | step CV: median, "
+    "dispersion | KS over medians (b) | p (independent steps) | 95 % level: kstwo(n) | "
+    "this model's own (simulated runs) | share of the model's runs scoring >= | (b) <= 10 % | "
+    "CV measured | predicted | p95 error over medians |",
+    "|---|---|--:|--:|--:|--:|--:|---|--:|--:|--:|",
+]
+
+
+def held_out_section(repeat: Repeat, samples: int, seed: int) -> list[str]:
+    """The held-out rows (module docstring) and the hindsight scan of one step CV."""
+    rows = []
+    for dispersion, label in ((False, "one step CV for every run"),
+                              (True, "each run draws its step CV")):  # fmt: skip
+        model = held_out_model(repeat, dispersion)
+        predicted = predict(repeat.job, repeat.case, model, "measured", samples, seed).times_s
+        s = score(repeat.times_s, predicted)
+        level, share = model_level(repeat, model, predicted, seed, measured_ks=s.ks_shape)
+        rows.append(
+            f"| {label} | {model.step_cv:.2%}, {model.step_cv_dispersion:.2f} | "
+            f"{s.ks_shape:.3f} | {s.ks_shape_p:.2g} | {s.ks_level:.3f} | {level:.3f} | "
+            f"{share:.2f} | {met(s.ks_shape, KS_GOAL)} | {s.cv_measured:.2%} | "
+            f"{s.cv_predicted:.2%} | {s.tail_error:+.2%} |"
+        )
+    cvs, ks = hindsight_step_cvs(repeat, samples, seed)
+    inside = cvs[ks <= KS_GOAL]
+    where = f"{inside.min():.2%}-{inside.max():.2%}" if len(inside) else "no step CV"
+    return [
+        "Held out (leave-one-job-out: the `measured` preset calibrated from the other seven "
+        "jobs of the shared data of this GPU):",
+        "",
+        *HELD_OUT_HEAD,
+        *rows,
+        "",
+        f"One step CV for every run, scanned in hindsight on this series (not a fit: the best "
+        f"that form can do): KS (b) <= {KS_GOAL:.2f} for {where}; least "
+        f"{ks.min():.3f} at {cvs[ks.argmin()]:.2%}.",
         "",
     ]
 
