@@ -1,6 +1,7 @@
 """Tests for emulator.costs.kernel_table on a tiny SYNTHETIC table (made-up times, not measurements)."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -316,3 +317,48 @@ def test_an_op_just_past_a_short_row_is_never_priced_below_it(tmp_path):
     assert op_price(small, H100, table=table)[0] == curve_time_s(small, H100)
     other = replace(op, aten="aten.mul")
     assert op_price(other, H100, table=table)[0] == curve_time_s(other, H100)
+
+
+def _nll_row(aten, nbytes, time_us):
+    return {"op": "cross_entropy", "dtype": "fp32", "aten": aten, "nbytes": nbytes,
+            "time_us": time_us, "repetitions": 1, "spread_us": 0.0}  # fmt: skip
+
+
+def _fused_loss_backward(tokens, vocab):
+    """The fused loss's backward as the capture records it (workloads/loss.py): float32 loss
+    gradient first (its dtype keys the op), bf16 logits read, their bf16 gradient written."""
+    logits = tokens * vocab * 2
+    op = memory_op("cross_entropy", bytes_read=logits + tokens * 16, bytes_written=logits, dtype="fp32")
+    return replace(op, aten="prism.cross_entropy_backward")
+
+
+def test_nll_loss_rows_price_their_own_op_but_lend_no_rate_to_their_class(tmp_path):
+    # synthetic times, at the kernels' order: ~20 us whatever the vocabulary
+    rows = [_nll_row("aten.nll_loss_backward", 3_293_708_296, 11.0),
+            _nll_row("aten.nll_loss_forward", 1_646_886_920, 19.0)]  # fmt: skip
+    table = load_kernel_table(write_kernel_csv(rows, tmp_path / "t.csv", SYNTHETIC))
+    nll = replace(memory_op("cross_entropy", bytes_read=1_646_886_920, bytes_written=1_646_821_376,
+                            dtype="fp32"), aten="aten.nll_loss_backward")  # fmt: skip
+    assert op_price(nll, H100, table=table)[:2] == (pytest.approx(11e-6), "exact")
+    fused = _fused_loss_backward(8192, 50368)
+    seconds, source, _ = op_price(fused, H100, table=table)
+    assert source == "roofline" and seconds == curve_time_s(fused, H100)
+
+
+def test_other_memory_rows_still_lend_their_rate_to_their_class(tmp_path):
+    rows = [_nll_row("aten.nll_loss_backward", 1 << 30, 10.0),
+            _nll_row("aten.cross_entropy_made_up", 1 << 30, 400.0)]  # fmt: skip
+    table = load_kernel_table(write_kernel_csv(rows, tmp_path / "t.csv", SYNTHETIC))
+    op = replace(memory_op("cross_entropy", bytes_read=1 << 29, bytes_written=1 << 29, dtype="fp32"),
+                 aten="aten.another")  # fmt: skip
+    assert op_price(op, H100, table=table)[:2] == (pytest.approx(400e-6), "interpolated")
+
+
+def test_the_fused_loss_backward_is_priced_by_its_bytes_on_the_committed_h200_table():
+    # MPT-7B's 8 192 tokens x 50 368: an H200 measured 0.536 ms (Inductor's kernel,
+    # results/calibration/README.md); the nll_loss rows of the class priced it at 0.02 ms
+    h200 = gpu_preset("h200-141g")
+    table = load_kernel_table(Path(__file__).resolve().parents[3] / "results/kernels/h200-141g.csv")
+    seconds, source, _ = op_price(_fused_loss_backward(8192, 50368), h200, table=table)
+    assert source == "roofline"
+    assert seconds == pytest.approx(2 * 8192 * 50368 * 2 / 4.8e12 / 0.835, rel=1e-3)
