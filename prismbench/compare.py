@@ -5,10 +5,13 @@
 between kernels, which a profile's kernel records do not hold either, aligns the rows with a torch.profiler
 record of a real run of the same program (`prismbench.profile_ingest.align_profile`) and sums,
 per op class (normalized op and the aten op the capture records), the predicted and the
-measured GPU time. Ops on one side only are kept, not dropped: measured kernels with no
-captured op (a GPU-only kernel) and captured ops with no measured kernel (work a GPU never
-launches) count in their class's totals, so the totals are the whole iteration's compute on
-each side. Classes are listed largest absolute error first.
+measured GPU time. The kernels of a custom op's compiled code (Inductor's `triton_*` kernels,
+which the profiler lists under no aten op) count for that op (`prismbench.compiled_calls`).
+Ops on one side only are kept, not dropped: measured kernels with no captured op (a GPU-only
+kernel; an Inductor kernel no custom op launched is of class "triton") and captured ops with
+no measured kernel (work a GPU never launches) count in their class's totals, so the totals
+are the whole iteration's compute on each side. Classes are listed largest absolute error
+first.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ class Comparison:
 def compare_ops(ops, trace, cost, aligned=None) -> list[ClassComparison]:
     """Per-class totals over one trace and one profile's ops (the work of `compare_profile`;
     `aligned`: their `align_profile`, where the caller has it)."""
-    from prismbench.profile_ingest import align_profile, aten_packet, profile_key
+    from prismbench.profile_ingest import align_profile, aten_packet
 
     aligned = aligned or align_profile(ops, trace)
     durations, sources = compute_prices(trace, cost)
@@ -109,7 +112,7 @@ def compare_ops(ops, trace, cost, aligned=None) -> list[ClassComparison]:
         if i in matched_ops:
             key = owner[i]
         else:
-            key = (profile_key(op)[0], aten_packet(op.op))
+            key = (aligned.keys[i][0], aten_packet(op.op))
         acc[key]["profile_ops"] += 1
         acc[key]["measured_s"] += op.kernel_us * 1e-6
     classes = [ClassComparison(op=k[0], aten=k[1], **v) for k, v in acc.items()]

@@ -46,8 +46,9 @@ from emulator.costs.calibrate import write_kernel_csv
 from emulator.costs.kernel_table import PROVENANCE_FIELDS, row_fields
 from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS
 from emulator.costs.pricing import op_record
+from prismbench.compiled_calls import attribute_calls
 from prismbench.files import write_atomically
-from prismbench.profile_readers import ProfiledOp, ProfileError, read_profile
+from prismbench.profile_readers import INDUCTOR_KERNEL, ProfiledOp, ProfileError, read_profile
 
 # The least share of the capture's compute rows matched, and of the profile's kernel time
 # attributed, for a profile to be taken as one of the job (see the module docstring).
@@ -74,6 +75,9 @@ _CONTIGUOUS_INPUT_PACKETS = {overload.rsplit(".", 1)[0] for overload in CONTIGUO
 # Ops the profiler lists between a parent and the kernel it launches first (jsonl profiles have
 # no nesting): embedding_dense_backward's arange on CUDA, before its grad_weight zero-fill.
 _LAUNCHED_FIRST_WINDOW = 2
+# The class of an Inductor kernel that no custom op of the capture launched
+# (`compiled_calls`): no capture row has it, so it matches none.
+INDUCTOR_CLASS = "triton"
 # Ops taking tensor lists, whose shapes profilers do not record.
 _TENSOR_LIST_PREFIXES = ("aten._foreach_", "aten._fused_adam", "aten._fused_sgd")
 # Ops matched on one key whatever their shapes, since a profile's shapes say nothing of them:
@@ -178,9 +182,19 @@ def match_key(name: str, packet: str, inputs: list, outputs: list = ()) -> tuple
     return (name, max(inputs or outputs, key=math.prod, default=()))
 
 
-def profile_key(op: ProfiledOp) -> tuple:
+def profile_key(op: ProfiledOp, custom_names: dict[str, str] | None = None) -> tuple:
+    """`match_key` of a profiled op; custom_names: the normalized name of each custom op of the
+    capture (its rows say it: the op map knows a program's custom ops only in the process that
+    captured it)."""
     packet = aten_packet(op.op)
-    name = PROFILE_ALIASES.get(packet) or normalized_name(packet) or packet
+    if INDUCTOR_KERNEL.match(op.op):
+        return (INDUCTOR_CLASS, packet)
+    name = (
+        PROFILE_ALIASES.get(packet)
+        or (custom_names or {}).get(packet)
+        or normalized_name(packet)
+        or packet
+    )
     shapes = _shapes(op.shapes)
     if packet in _SEQ_BEFORE_HEADS:  # as SDPA, which the capture records, holds them
         shapes = [(s[0], s[2], s[1], s[3]) if len(s) == 4 else s for s in shapes]
@@ -280,12 +294,14 @@ def _unmatched(items: list[tuple[str, tuple, float]]) -> list[dict]:
 
 @dataclass(frozen=True)
 class Alignment:
-    """Profiled ops (collapsed to what the capture records), the trace's compute rows, and the
-    matched (op index, compute index) pairs in program order."""
+    """Profiled ops (collapsed to what the capture records, compiled calls given to their custom
+    op), the trace's compute rows, the matched (op index, compute index) pairs in program
+    order, and each op's match key (`profile_key`)."""
 
     ops: list[ProfiledOp]
     compute_rows: list[int]
     pairs: list[tuple[int, int]]
+    keys: list[tuple] = field(default_factory=list)
 
     @property
     def matched_ops(self) -> set[int]:
@@ -305,12 +321,26 @@ class Alignment:
 
 
 def align_profile(ops: list[ProfiledOp], trace: RankTrace) -> Alignment:
-    """Match a profile's ops to a trace's compute rows (see the module docstring)."""
-    compute = [int(r) for r in np.flatnonzero(trace.columns["kind"] == COMPUTE)]
-    recorded = {trace.strings[trace.columns["aten"][r]] for r in compute}
+    """Match a profile's ops to a trace's compute rows (see the module docstring), then give
+    the kernels of compiled calls to their custom-op rows (`compiled_calls`)."""
+    c = trace.columns
+    compute = [int(r) for r in np.flatnonzero(c["kind"] == COMPUTE)]
+    recorded = {trace.strings[c["aten"][r]] for r in compute}
+    trace_keys = [trace_key(trace, r) for r in compute]
+    custom = {
+        j: (packet, trace.strings[c["name"][r]], trace_keys[j])
+        for j, r in enumerate(compute)
+        if not (packet := trace.strings[c["aten"][r]]).startswith("aten.")
+    }
+    names = {packet: name for packet, name, _ in custom.values()}
     ops = launched_first(collapse_to_recorded(ops, recorded))
-    pairs = align([profile_key(op) for op in ops], [trace_key(trace, r) for r in compute])
-    return Alignment(ops, compute, pairs)
+    keys = [profile_key(op, names) for op in ops]
+
+    def key_of(name: str, packet: str, shapes: tuple) -> tuple:
+        return match_key(name, packet, _shapes(shapes))
+
+    ops, keys, pairs = attribute_calls(ops, keys, align(keys, trace_keys), custom, key_of)
+    return Alignment(ops, compute, pairs, keys)
 
 
 class ProfileMismatch(ProfileError):

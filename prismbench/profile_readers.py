@@ -1,9 +1,10 @@
 """Readers of torch.profiler records into one form: the ops that launched GPU work, in order.
 
 Two formats give the same `ProfiledOp` records (op, input shapes, (kernel, us) pairs, start):
-- the shared `<case>.ops.jsonl.gz` profiles (one object per profiler event with GPU time;
-  the kernels' own events and runtime events such as "Activity Buffer Request" are skipped,
-  or every kernel would count twice),
+- the shared `<case>.ops.jsonl.gz` profiles (one object per profiler event with GPU time: the
+  ops', and the launches of Inductor's kernels, `INDUCTOR_KERNEL`, which compiled code makes
+  outside any op; the kernels' own events and runtime events such as "Activity Buffer
+  Request" are skipped, or every kernel would count twice),
 - torch.profiler's Chrome trace (`prof.export_chrome_trace(path)`), see `read_chrome_trace`.
 `read_profile` tells them apart by content. `prismbench/profile_ingest.py` matches the
 records to a capture.
@@ -24,6 +25,14 @@ from pathlib import Path
 # An op event is "namespace::name" (aten::mm, my_ns::fused_op); kernel names ("void at::...",
 # "nvjet_sm90_..."), "Memset (Device)" and runtime events ("Activity Buffer Request") are not.
 OP_NAME = re.compile(r"^[A-Za-z_]\w*::[\w.]+$")
+# Inductor's generated kernels, as it names them (torch/_inductor/codegen/triton.py,
+# `TritonScheduling.define_kernel`): "triton_", the kernel's category (poi, red, per, tem, ...),
+# the aten ops fused into it, and the kernel's number in its compiled graph
+# (`wrapper.next_kernel_suffix()`, counted in the order the graph's code launches them), the
+# group. The profiler records each launch as an event of that name, with the kernel's argument
+# shapes: compiled code (a custom op's compiled CUDA kernel, FlexAttention) launches its
+# kernels there, not under an aten op.
+INDUCTOR_KERNEL = re.compile(r"^triton_[a-z]{3}_\w*?_(\d+)$")
 _GPU_CATEGORIES = ("kernel", "gpu_memset", "gpu_memcpy")
 
 
@@ -90,7 +99,7 @@ def read_ops_jsonl(path: str | Path) -> list[ProfiledOp]:
                     f"{path}:{line_no}: each line must be a JSON object with op, shapes, "
                     f"kernels ({err})"
                 ) from None
-            if not kernels or not OP_NAME.match(op):
+            if not kernels or not (OP_NAME.match(op) or INDUCTOR_KERNEL.match(op)):
                 continue  # a kernel's own event, or a runtime event: its kernels count once
             ops.append(
                 ProfiledOp(

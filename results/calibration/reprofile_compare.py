@@ -19,10 +19,10 @@ so at 543ec86. "Leave-one-out": less those rows, with the host dispatch figures 
 idle gap less the case's profile, as gpu_jobs.py scores the shared jobs (what the project's
 goals use). Leave-one-out also prices the iteration's kernel time against the profile's
 (`prismbench.compare.compare_profile`) with the op classes that miss the most; the measured
-kernel time there adds the Triton kernels Inductor launches outside any aten op (the compiled
-custom ops, FlexAttention: `triton_*` events), which `compare` does not see
-(`profile_readers.read_ops_jsonl` keeps `namespace::op` events only), so the capture's `prism.*`
-classes are listed at their whole predicted time, measured 0. Then the steady reserved peak, and
+kernel time there holds the Triton kernels Inductor launches outside any aten op (the compiled
+custom ops, FlexAttention: `profile_readers.INDUCTOR_KERNEL`), which `compare` gives to the
+capture's `prism.*` rows that launched them (`prismbench.compiled_calls`), and says how much
+of it they are. Then the steady reserved peak, and
 the median and max |error| of the iteration over the jobs, both ways. A job whose profile no
 longer matches its capture (the workloads' CUDA path changed after the run: `compare`'s coverage
 check) is listed with the reason and left out of the medians: the run measured another program.
@@ -31,8 +31,6 @@ check) is listed with the reason and left out of the medians: the run measured a
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import sys
 from pathlib import Path
 
@@ -52,7 +50,6 @@ from shared_gpu import (  # noqa: E402
 )
 
 TOP = 3  # op classes named per job
-INDUCTOR_KERNEL = "triton_"  # Inductor's generated kernels: triton_{poi,red,per,tem}_fused_...
 
 
 def _percent(x: float) -> str:
@@ -61,11 +58,11 @@ def _percent(x: float) -> str:
 
 def triton_kernels_s(profile: Path) -> float:
     """Kernel time of the Triton kernels launched outside any aten op (events named as
-    Inductor names its kernels), which `read_ops_jsonl` leaves out."""
-    with gzip.open(profile, "rt") as handle:
-        events = [json.loads(line) for line in handle if line.strip()]
+    Inductor names its kernels, `profile_readers.INDUCTOR_KERNEL`)."""
+    from prismbench.profile_readers import INDUCTOR_KERNEL, read_ops_jsonl
+
     return 1e-6 * sum(
-        us for e in events if e["op"].startswith(INDUCTOR_KERNEL) for _, us in e["kernels"]
+        op.kernel_us for op in read_ops_jsonl(profile) if INDUCTOR_KERNEL.match(op.op)
     )
 
 
@@ -105,7 +102,7 @@ def job_row(baseline, profile: Path) -> tuple[str, tuple[float, float] | None]:
     errors = (whole / measured.iteration_time_s - 1,
               held_out.iteration_time_s / measured.iteration_time_s - 1)  # fmt: skip
     triton_s = triton_kernels_s(profile)
-    measured_kernels_s = kernels.measured_s + triton_s
+    measured_kernels_s = kernels.measured_s
     worst = sorted(kernels.classes, key=lambda c: -abs(c.error_s))[:TOP]
     misses = ", ".join(f"{c.aten} {1e3 * c.error_s:+.1f} ms" for c in worst)
     memory_error = held_out.peak_memory_reserved_bytes / measured.peak_mem_bytes - 1
