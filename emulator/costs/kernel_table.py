@@ -8,11 +8,12 @@ does this GPU take for an op of this shape". `KernelTable.lookup` tries, in orde
 2. **interpolated**: the achieved rate (FLOP/s for GEMM and attention, bytes/s for memory-bound
    ops) of the `NEIGHBOURS` nearest rows of the group within a factor of 2 on every shape field,
    inverse-distance weighted (power 2) in log-shape space; memory-bound ops whose own aten op
-   has no row nearby use the rows of their op class (any aten op) the same way, except rows
-   whose recorded bytes are not their kernels' traffic (`BYTES_NOT_TRAFFIC`). A GEMM's rate
-   is interpolated per busy tile slot: each row's rate over its tile utilisation (padding and
-   wave quantization on the table's GPU, `gemm_tiles`), times the op's own, so that a 1 600-wide
-   GEMM priced from 1 536- and 2 048-wide rows pays for the 1 664 columns its tiles compute;
+   has no row nearby use the rows of their op class (any aten op) the same way, except that
+   the aten ops whose recorded bytes are not their kernels' traffic (`BYTES_NOT_TRAFFIC`)
+   price only each other. A GEMM's rate is interpolated per busy tile slot: each row's rate
+   over its tile utilisation (padding and wave quantization on the table's GPU, `gemm_tiles`),
+   times the op's own, so that a 1 600-wide GEMM priced from 1 536- and 2 048-wide rows pays
+   for the 1 664 columns its tiles compute;
 3. **extrapolated**: an op larger than the rows (no row within the radius, and rows at or
    below it on every shape field, each measured at `MIN_EXTRAPOLATED_ROW_S` or longer) takes
    the achieved rate of the largest of those rows (within the radius of the nearest one; at most
@@ -85,7 +86,7 @@ ANY_ATEN = "*"
 # above 128 were not measured: taken as padded to a multiple of 64.
 ATTENTION_HEAD_DIM_TILES = (64, 128)
 # Aten ops whose recorded bytes are not what their CUDA kernels move, so that their rows' rates
-# (bytes/s) describe no other op: they price their own aten op only, never their class's
+# (bytes/s) describe no other op: they price each other only, never the rest of their class
 # (lookup step 2's class-level rows). The capture counts nll_loss's inputs and outputs, the
 # whole [tokens, vocab] log-probabilities (and, backward, their gradient); ATen's kernels
 # (aten/src/ATen/native/cuda/Loss.cu, nll_loss_forward_reduce_cuda_kernel_2d and
@@ -95,6 +96,7 @@ ATTENTION_HEAD_DIM_TILES = (64, 128)
 # backward, which reads the logits and writes their gradient whole, they priced it at 0.02 ms
 # where an H200 measured 0.54 (results/calibration/README.md, "The fused loss's two kernels").
 BYTES_NOT_TRAFFIC = frozenset({"aten.nll_loss_forward", "aten.nll_loss_backward"})
+NOT_TRAFFIC = "bytes not traffic"  # their class-level variant (`lookup_keys`)
 
 
 def op_class(name: str) -> str:
@@ -128,17 +130,14 @@ def group_key(op: OpRecord) -> tuple:
 
 def lookup_keys(op: OpRecord) -> list[tuple]:
     """The op's group, then (memory-bound ops keyed by their aten op) its class-level group:
-    attention variants do not stand in for each other (their rates differ by 2x and more)."""
+    attention variants do not stand in for each other (their rates differ by 2x and more). The
+    aten ops of `BYTES_NOT_TRAFFIC` have a class-level group of their own: their rows price
+    each other, never another op of the class. A row joins the groups its op looks up."""
     key = group_key(op)
     memory_bound = op.name not in GEMM_OPS and op.name not in ATTENTION_OPS
-    return [key, (*key[:3], ANY_ATEN)] if memory_bound and key[3] != ANY_ATEN else [key]
-
-
-def row_keys(op: OpRecord) -> list[tuple]:
-    """The groups a measured row of `op` joins: `lookup_keys`, less the class-level group for
-    an aten op whose recorded bytes are not its kernels' traffic (`BYTES_NOT_TRAFFIC`)."""
-    keys = lookup_keys(op)
-    return keys[:1] if op.aten in BYTES_NOT_TRAFFIC else keys
+    if not memory_bound or key[3] == ANY_ATEN:
+        return [key]
+    return [key, (*key[:3], NOT_TRAFFIC if op.aten in BYTES_NOT_TRAFFIC else ANY_ATEN)]
 
 
 def _features(op: OpRecord) -> np.ndarray:
@@ -375,7 +374,7 @@ def table_from_rows(
         raise ValueError(f"{label}: kernel table has no rows{left}")
     grouped: dict[tuple, tuple[list, list, list, list, list]] = {}
     for row in kept:
-        for key in row_keys(row.op):
+        for key in lookup_keys(row.op):
             features, rates, weights, counts, times = grouped.setdefault(key, ([], [], [], [], []))
             features.append(_features(row.op))
             rates.append(_work(row.op) / (row.time_us * 1e-6))

@@ -345,6 +345,16 @@ def test_nll_loss_rows_price_their_own_op_but_lend_no_rate_to_their_class(tmp_pa
     assert source == "roofline" and seconds == curve_time_s(fused, H100)
 
 
+def test_an_nll_loss_op_with_no_row_of_its_own_near_takes_the_other_nll_loss_rows(tmp_path):
+    rows = [_nll_row("aten.nll_loss_backward", 1 << 30, 10.0)]
+    table = load_kernel_table(write_kernel_csv(rows, tmp_path / "t.csv", SYNTHETIC))
+    forward = replace(memory_op("cross_entropy", bytes_read=1 << 29, bytes_written=1 << 10, dtype="fp32"),
+                      aten="aten.nll_loss_forward")  # fmt: skip
+    seconds, source, _ = op_price(forward, H100, table=table)
+    # ~5 us at the backward's "rate", where its bytes at HBM bandwidth take ~200 us
+    assert source == "interpolated" and seconds == pytest.approx(forward.bytes_total / (1 << 30) * 10e-6)
+
+
 def test_other_memory_rows_still_lend_their_rate_to_their_class(tmp_path):
     rows = [_nll_row("aten.nll_loss_backward", 1 << 30, 10.0),
             _nll_row("aten.cross_entropy_made_up", 1 << 30, 400.0)]  # fmt: skip
