@@ -301,7 +301,7 @@ class Alignment:
     ops: list[ProfiledOp]
     compute_rows: list[int]
     pairs: list[tuple[int, int]]
-    keys: list[tuple] = field(default_factory=list)
+    keys: list[tuple]
 
     @property
     def matched_ops(self) -> set[int]:
