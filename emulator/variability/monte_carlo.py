@@ -247,25 +247,21 @@ def sample_step_times(
     times = np.empty(samples)
     per_sample = draws_per_sample(graph, model)
 
-    finished = [0]
+    finished = 0
     lock = threading.Lock()
 
     def run(lo: int, chunk_seed: np.random.SeedSequence) -> None:
+        nonlocal finished
         n = min(chunk, samples - lo)
         rng = np.random.default_rng(chunk_seed)
         durations = _Durations(graph, model, rng, n, mask, steps_per_allocation, per_sample)
         times[lo : lo + n] = replay_samples(graph, n, durations)
         if progress is not None:
             with lock:
-                finished[0] += n
-                progress(finished[0])
+                finished += n
+                progress(finished)
 
-    threads = min(len(starts), threads or os.cpu_count() or 1)
-    if threads == 1:
-        for lo, chunk_seed in zip(starts, seeds, strict=True):
-            run(lo, chunk_seed)
-    else:
-        with ThreadPoolExecutor(threads) as pool:
-            for done in [pool.submit(run, lo, s) for lo, s in zip(starts, seeds, strict=True)]:
-                done.result()
+    with ThreadPoolExecutor(min(len(starts), threads or os.cpu_count() or 1)) as pool:
+        for done in [pool.submit(run, lo, s) for lo, s in zip(starts, seeds, strict=True)]:
+            done.result()
     return times
