@@ -417,6 +417,38 @@ def test_work_before_the_window_opens_runs_at_full_speed():
     assert expected > 12e-3
 
 
+def test_a_window_of_zero_length_in_some_lanes_slows_nothing_there():
+    # the recv a memory-bound op runs beside takes no time in one dp lane: there the window
+    # has no length and no rate (nothing divided by zero), in the other it slows the op as
+    # in a replay of that lane alone
+    world = World.grid(dp=2, pp=2, cp=1, tp=1)
+    s0 = Stage(world, 0)
+    s0.compute(10e-3, name="mm")
+    s0.send(1, nbytes=1 << 28)
+    s1 = Stage(world, 1)
+    recv = s1.recv(0, nbytes=1 << 28, wait=False)
+    s1.compute(12e-3, name="add")
+    s1.wait(recv)
+    graph = build(world, [s0, s1], CostContext(topology=_topology()))
+    node = int(np.flatnonzero(graph.classes[1]["traffic_bytes"] > 0)[0])
+    seg = int(np.flatnonzero(graph.classes[1]["kind"] == SEGMENT)[0])
+    transfer_s = float(graph.classes[1]["duration_s"][node])
+    lanes = replay(
+        graph,
+        overrides={1: {node: np.array([0.0, transfer_s]).reshape(world.lane_shape)}},
+        ranks=[world.rank_of(dp=0, pp=1), world.rank_of(dp=1, pp=1)],
+    )
+    with np.errstate(divide="raise", invalid="raise"):
+        zero, alone = (
+            replay(graph, overrides={1: {node: d}}).timelines[world.representative(1)]
+            for d in (0.0, transfer_s)
+        )
+    assert zero.end_s[seg] - zero.start_s[seg] == pytest.approx(12e-3)
+    assert alone.end_s[seg] - alone.start_s[seg] > 12e-3
+    for dp, t in enumerate((zero, alone)):
+        np.testing.assert_array_equal(lanes.timelines[world.rank_of(dp=dp, pp=1)].end_s, t.end_s)
+
+
 def _mixed_program(world, dispatch_s=0.0):
     """Per stage: a prefetched recv, a tp all-gather and dp all-reduce beside GEMMs and
     elementwise ops on two streams, a send, a blocking all-reduce over every lane axis; the
