@@ -393,10 +393,9 @@ def test_a_call_that_ended_before_the_window_opened_does_not_stretch_it():
     assert t.end_s[seg] - t.start_s[seg] == pytest.approx(5e-3)
 
 
-def test_work_before_the_window_opens_runs_at_full_speed():
-    # stage 1's prefetched recv waits 10 ms for its sender: of the 12 ms of work issued after
-    # it, the first 10 ms run before it starts, unslowed
-    world = World.grid(dp=1, pp=2, cp=1, tp=1)
+def _late_recv_beside_work(world):
+    """Stage 1's prefetched recv waits 10 ms for its sender while 12 ms of elementwise work
+    issued after it runs: (graph, class 1, the work's segment, the recv's node)."""
     s0 = Stage(world, 0)
     s0.compute(10e-3, name="mm")
     s0.send(1, nbytes=1 << 28)
@@ -406,9 +405,15 @@ def test_work_before_the_window_opens_runs_at_full_speed():
     s1.wait(recv)
     graph = build(world, [s0, s1], CostContext(topology=_topology()))
     g = graph.classes[1]
-    t = replay(graph).timelines[world.representative(1)]
     seg = int(np.flatnonzero(g["kind"] == SEGMENT)[0])
-    node = int(np.flatnonzero(g["traffic_bytes"] > 0)[0])
+    return graph, g, seg, int(np.flatnonzero(g["traffic_bytes"] > 0)[0])
+
+
+def test_work_before_the_window_opens_runs_at_full_speed():
+    # of the 12 ms of work issued after the recv, the first 10 ms run before it starts, unslowed
+    world = World.grid(dp=1, pp=2, cp=1, tp=1)
+    graph, g, seg, node = _late_recv_beside_work(world)
+    t = replay(graph).timelines[world.representative(1)]
     assert t.start_s[node] == pytest.approx(10e-3) and t.start_s[seg] == 0.0
     transfer_s = float(g["duration_s"][node])
     slow = 1 + float(g["memory_slowdown_per_Bps"][seg]) * float(g["traffic_bytes"][node]) / transfer_s
@@ -422,17 +427,8 @@ def test_a_window_of_zero_length_in_some_lanes_slows_nothing_there():
     # has no length and no rate (nothing divided by zero), in the other it slows the op as
     # in a replay of that lane alone
     world = World.grid(dp=2, pp=2, cp=1, tp=1)
-    s0 = Stage(world, 0)
-    s0.compute(10e-3, name="mm")
-    s0.send(1, nbytes=1 << 28)
-    s1 = Stage(world, 1)
-    recv = s1.recv(0, nbytes=1 << 28, wait=False)
-    s1.compute(12e-3, name="add")
-    s1.wait(recv)
-    graph = build(world, [s0, s1], CostContext(topology=_topology()))
-    node = int(np.flatnonzero(graph.classes[1]["traffic_bytes"] > 0)[0])
-    seg = int(np.flatnonzero(graph.classes[1]["kind"] == SEGMENT)[0])
-    transfer_s = float(graph.classes[1]["duration_s"][node])
+    graph, g, seg, node = _late_recv_beside_work(world)
+    transfer_s = float(g["duration_s"][node])
     lanes = replay(
         graph,
         overrides={1: {node: np.array([0.0, transfer_s]).reshape(world.lane_shape)}},
