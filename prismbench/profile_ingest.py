@@ -46,6 +46,7 @@ from emulator.costs.calibrate import write_kernel_csv
 from emulator.costs.kernel_table import PROVENANCE_FIELDS, row_fields
 from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS
 from emulator.costs.pricing import op_record
+from emulator.hardware import gpu_preset
 from prismbench.compiled_calls import attribute_calls
 from prismbench.files import write_atomically
 from prismbench.profile_readers import INDUCTOR_KERNEL, ProfiledOp, ProfileError, read_profile
@@ -434,16 +435,36 @@ def profile_provenance(profile_path: str | Path) -> dict:
     return provenance
 
 
+def check_profile_gpu(profile_path, job, job_label: str) -> None:
+    """Refuse (ProfileMismatch) a profile measured on another GPU than the job's cluster.gpu,
+    as the summary.json beside it names it (`profile_provenance`): its kernels ran at that
+    GPU's speed, so compare would score one GPU's prediction against another's times, and
+    ingest would write rows that the job's own table refuses (emulate.check_table_gpu). The
+    alignment cannot tell: the same program captures alike for every GPU. A profile that
+    names no GPU (a Chrome trace, or no summary.json) is taken as the job's."""
+    measured_on = profile_provenance(profile_path)["gpu"]
+    names = gpu_preset(job.cluster.gpu).device_names
+    if measured_on and measured_on not in names:
+        raise ProfileMismatch(
+            f"{profile_path}: measured on {measured_on!r} (its summary.json), not on "
+            f"{job_label}'s cluster.gpu={job.cluster.gpu!r} (whose device names are "
+            f"{', '.join(map(repr, names)) or 'none listed'}): give the job spec of the GPU "
+            "the profile ran on"
+        )
+
+
 def ingest_profile(
     profile_path: str | Path, job, *, provenance: dict | None = None, job_label: str = "the job"
 ):
     """Read a profile (either format), capture `job` and ingest, the rows' source the
     profile's (`profile_source`); a job of several classes of ranks is matched against class
     0's trace (the profiled rank is assumed to be one of it). A profile that is not one of the
-    job is refused (`check_coverage`, ProfileError)."""
+    job, or was measured on another GPU, is refused (`check_coverage`, `check_profile_gpu`:
+    ProfileError)."""
     from prismbench.capture import capture_job
 
     ops = read_profile(profile_path)
+    check_profile_gpu(profile_path, job, job_label)
     traces = capture_job(job).traces
     trace = traces[min(traces)]
     aligned = align_profile(ops, trace)

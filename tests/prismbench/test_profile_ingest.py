@@ -365,6 +365,31 @@ def test_cli_refuses_a_profile_of_another_job_and_writes_nothing(trace, tmp_path
     assert f"of the capture's {len(ops):,} compute rows (33." in capsys.readouterr().err
 
 
+def test_a_profile_measured_on_another_gpu_is_refused_by_ingest_and_compare(
+    trace, tmp_path, capsys
+):
+    """The same program captures alike on every GPU, so an H200's profile of the tiny job
+    aligns with its H100 capture: the GPU its summary.json names is what tells them apart."""
+    job = tmp_path / "job.toml"
+    job.write_text(TINY_TOML)  # cluster.gpu: the default h100-sxm-80g
+    (tmp_path / "profiles").mkdir()
+    profile = _write_jsonl(tmp_path / "profiles" / "tiny.ops.jsonl.gz", _synthetic_profile(trace))
+    summary = tmp_path / "summary.json"
+    out = tmp_path / "rows.csv"
+    ingest = ["ingest-profile", str(profile), "--job", str(job), "--out", str(out)]
+    compare = ["compare", str(job), "--profile", str(profile), "--json"]
+    summary.write_text(json.dumps({"tiny": {"gpu": "NVIDIA H200"}}))
+    for argv in (ingest, compare):
+        assert main(argv) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1, captured.err
+        assert captured.err.startswith(f"error: {profile}: measured on 'NVIDIA H200'")
+        assert "cluster.gpu='h100-sxm-80g'" in captured.err
+    assert not out.exists() and not list(tmp_path.glob(".*.tmp"))
+    summary.write_text(json.dumps({"tiny": {"gpu": "NVIDIA H100 80GB HBM3"}}))
+    assert main(ingest) == 0 and main(compare) == 0
+
+
 def test_a_masked_fill_nested_in_a_chrome_trace_gives_its_copy_to_the_clone():
     """On CUDA `masked_fill` clones self (aten::clone -> aten::copy_) and fills the clone
     (aten::masked_fill_), both nested in aten::masked_fill; the capture records the clone and
