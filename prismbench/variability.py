@@ -154,11 +154,11 @@ def sample_priced(
         say(f"ranking {len(sources)} noise sources: {samples} samples each")
         attribution = attribute_variance(graph, model, sources, samples=samples, seed=seed,
                                          steps_per_allocation=steps_per_allocation,
-                                         threads=threads)  # fmt: skip
+                                         threads=threads, progress=say)  # fmt: skip
     if slow_gpus is not None:
         say(f"placing {slow_gpus[0]} GPUs {slow_gpus[1]}x slower: {samples} samples each")
         placement = compare_placements(graph, model, *slow_gpus, samples=samples, seed=seed,
-                                       threads=threads)  # fmt: skip
+                                       threads=threads, progress=say)  # fmt: skip
     return VariabilityResult(
         job=name,
         world_size=world_size,

@@ -30,6 +30,7 @@ of sums).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -163,9 +164,12 @@ def compare_placements(
     samples: int = 1000,
     seed: int = 0,
     threads: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> PlacementStudy:
     """`slow_gpus` GPUs `factor` x slower at every placement they fit (module docstring);
-    `threads` as `sample_step_times`'."""
+    `threads` as `sample_step_times`'. `progress` hears each placement's name as its run
+    ends: every run takes as long as a whole Monte Carlo (minutes on thousands of GPUs)."""
+    say = progress or (lambda _msg: None)
     world = graph.world
     if not isinstance(slow_gpus, int) or slow_gpus < 1:
         raise ValueError(f"slow_gpus={slow_gpus!r} must be an int >= 1")
@@ -178,27 +182,21 @@ def compare_placements(
         )
     started = time.perf_counter()
     ones = np.ones(world.shape)
+    runs = len(placements) + 1  # the reference, without slow GPUs, first
     reference = _run(graph, model, NO_SLOW_GPUS, (), ones, samples, seed, None, threads)
-    effects = tuple(
-        _run(
-            graph,
-            model,
-            name,
-            ranks,
-            slow_gpu_factors(world, ranks, factor),
-            samples,
-            seed,
-            reference.p95_s,
-            threads,
-        )
-        for name, ranks in placements.items()
-    )
+    say(f"placement 1/{runs}: {NO_SLOW_GPUS}")
+    effects = []
+    for i, (name, ranks) in enumerate(placements.items(), start=2):
+        factors = slow_gpu_factors(world, ranks, factor)
+        effects.append(_run(graph, model, name, ranks, factors, samples, seed, reference.p95_s,
+                            threads))  # fmt: skip
+        say(f"placement {i}/{runs}: {name}")
     return PlacementStudy(
         slow_gpus=slow_gpus,
         factor=factor,
         samples=samples,
         seed=seed,
         reference=reference,
-        placements=effects,
+        placements=tuple(effects),
         monte_carlo_wall_s=time.perf_counter() - started,
     )

@@ -85,6 +85,31 @@ def test_cli_prints_json_and_draws_the_plot(tmp_path, capsys):
 
 
 @pytest.mark.integration
+def test_ranking_sources_and_placing_slow_gpus_say_each_run_as_it_ends(tmp_path, capsys):
+    # each of those runs takes as long as the Monte Carlo itself (minutes on the README's 8 192
+    # GPUs): one line a run on stderr, or the command sits silent for as many times that
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[model]\nname = "llama-debug"\n[parallel]\ntp = 2\ndp = 2\n'
+        "[batch]\nseq_len = 64\nglobal_batch = 8\n"
+    )
+    argv = ["variability", str(job), "--samples", "20", "--steps-per-allocation", "1",
+            "--workers", "1", "--rank-sources", "--placement", "2:1.2", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    out, err = json.loads(captured.out), captured.err.splitlines()
+    sources = [s["source"] for s in out["attribution"]["sources"]]
+    said = [line.split(": ", 1)[1] for line in err if line.startswith("noise source ")]
+    assert sorted(said) == sorted(sources)
+    assert f"noise source {len(sources)}/{len(sources)} alone: {said[-1]}" in err
+    placements = [out["placement"]["reference"], *out["placement"]["placements"]]
+    n = len(placements)
+    assert [line for line in err if line.startswith("placement ")] == [
+        f"placement {i}/{n}: {p['placement']}" for i, p in enumerate(placements, start=1)
+    ]
+
+
+@pytest.mark.integration
 def test_plot_into_a_directory_not_yet_made_makes_it(tmp_path, capsys):
     job = tmp_path / "job.toml"
     job.write_text('[model]\nname = "llama-debug"\n[batch]\nseq_len = 64\nglobal_batch = 8\n')
