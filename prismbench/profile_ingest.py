@@ -430,9 +430,26 @@ def profile_provenance(profile_path: str | Path) -> dict:
     summary = path.parent.parent / "summary.json"
     provenance = dict.fromkeys(PROVENANCE_FIELDS, "")
     if summary.is_file():
-        entry = json.loads(summary.read_text()).get(case, {})
+        entry = _summary_entry(summary, case)
         provenance |= {k: str(entry[k]) for k in ("gpu", "torch", "date") if k in entry}
     return provenance
+
+
+def _summary_entry(summary: Path, case: str) -> dict:
+    """The case's object in a shared summary.json ({case: {gpu, torch, date, ...}}; {} where
+    it has none); a file of another form is refused naming it, not read as no provenance: it
+    says which GPU the profile ran on."""
+    try:
+        cases = json.loads(summary.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ProfileError(f"{summary}: the profile's summary.json is not JSON ({err})") from None
+    entry = cases.get(case, {}) if isinstance(cases, dict) else None
+    if not isinstance(entry, dict):
+        raise ProfileError(
+            f"{summary}: the profile's summary.json must be a JSON object with an object per "
+            f"case ({case!r}: gpu, torch, date)"
+        )
+    return entry
 
 
 def check_profile_gpu(profile_path, job, job_label: str) -> None:

@@ -390,6 +390,30 @@ def test_a_profile_measured_on_another_gpu_is_refused_by_ingest_and_compare(
     assert main(ingest) == 0 and main(compare) == 0
 
 
+@pytest.mark.parametrize(
+    ("summary", "message"),
+    [("{oops", "is not JSON"), ('["tiny"]', "must be a JSON object with an object per case"),
+     ('{"tiny": "H100"}', "must be a JSON object with an object per case ('tiny'")],
+)  # fmt: skip
+def test_a_summary_json_of_another_form_beside_the_profile_is_refused_naming_it(
+    summary, message, trace, tmp_path, capsys
+):
+    job = tmp_path / "job.toml"
+    job.write_text(TINY_TOML)
+    (tmp_path / "profiles").mkdir()
+    profile = _write_jsonl(tmp_path / "profiles" / "tiny.ops.jsonl.gz", _synthetic_profile(trace))
+    (tmp_path / "summary.json").write_text(summary)
+    out = tmp_path / "rows.csv"
+    assert main(["ingest-profile", str(profile), "--job", str(job), "--out", str(out)]) == 2
+    assert main(["compare", str(job), "--profile", str(profile)]) == 2
+    lines = capsys.readouterr().err.splitlines()  # one line each, no traceback
+    assert len(lines) == 2 and all(
+        line.startswith(f"error: {tmp_path / 'summary.json'}: ") and message in line
+        for line in lines
+    ), lines
+    assert not out.exists()
+
+
 def test_a_masked_fill_nested_in_a_chrome_trace_gives_its_copy_to_the_clone():
     """On CUDA `masked_fill` clones self (aten::clone -> aten::copy_) and fills the clone
     (aten::masked_fill_), both nested in aten::masked_fill; the capture records the clone and
