@@ -90,7 +90,8 @@ def variability(
 ) -> VariabilityResult:
     """Sample `job`'s step time `samples` times under `model` (named `preset` in the result).
 
-    workers: capture processes, and the Monte Carlo's threads (None: one per core).    rank_sources: also run every noise source alone (same seed and samples) and rank them.
+    workers: capture processes, and the Monte Carlo's threads (None: one per core).
+    rank_sources: also run every noise source alone (same seed and samples) and rank them.
     slow_gpus: (k, factor): also place k GPUs `factor` x slower every way they fit.
     host_dispatch: as `emulate`'s ("preset": the measured host time per op; None: none).
     kernel_table: as `emulate`'s ("preset": the GPU's committed table; a loaded one; None).
@@ -154,7 +155,8 @@ def sample_priced(
         say(f"ranking {len(sources)} noise sources: {samples} samples each")
         attribution = attribute_variance(graph, model, sources, samples=samples, seed=seed,
                                          steps_per_allocation=steps_per_allocation,
-                                         threads=threads, progress=say)  # fmt: skip
+                                         threads=threads, progress=say,
+                                         everything=times)  # fmt: skip
     if slow_gpus is not None:
         say(f"placing {slow_gpus[0]} GPUs {slow_gpus[1]}x slower: {samples} samples each")
         placement = compare_placements(graph, model, *slow_gpus, samples=samples, seed=seed,

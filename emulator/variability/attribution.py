@@ -91,17 +91,21 @@ def attribute_variance(
     steps_per_allocation: int = 1,
     threads: int | None = None,
     progress: Callable[[str], None] | None = None,
+    everything: np.ndarray | None = None,
 ) -> Attribution:
     """Every source of `sources` alone against all of `model`'s noise (module docstring);
     `steps_per_allocation` as the run it explains drew its samples (the same draws, then);
     `threads` as `sample_step_times`'. `progress` hears each source's name as its run ends:
-    every run takes as long as the Monte Carlo it explains (minutes on thousands of GPUs)."""
+    every run takes as long as the Monte Carlo it explains (minutes on thousands of GPUs).
+    `everything`: that run's step times, where the caller has them (every source on, these
+    draws), so that they are not sampled again."""
     say = progress or (lambda _msg: None)
     deterministic = replay(graph).iteration_time_s
     started = time.perf_counter()
     draws = dict(samples=samples, seed=seed, steps_per_allocation=steps_per_allocation,
                  threads=threads)  # fmt: skip
-    everything = sample_step_times(graph, model, mask=NoiseMask(), **draws)
+    if everything is None:
+        everything = sample_step_times(graph, model, mask=NoiseMask(), **draws)
     total_var = float(everything.var(ddof=1)) if samples > 1 else 0.0
     total_p95 = float(np.percentile(everything, 95)) - deterministic
     effects = []

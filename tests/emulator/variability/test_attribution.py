@@ -75,3 +75,22 @@ def test_attribution_is_reproducible_and_serialises():
     assert d["total"]["source"] == ALL_SOURCES
     assert [x["source"] for x in d["sources"]] == [e.source for e in a.sources]
     assert np.isfinite([x["std_s"] for x in d["sources"]]).all()
+
+
+def test_every_source_on_is_the_monte_carlo_it_explains_so_its_times_can_be_handed_over():
+    # `prismbench variability --rank-sources` passes its main run's step times rather than
+    # sampling them a second time: the same draws, so the same attribution
+    from emulator.variability.monte_carlo import sample_step_times
+
+    world = World.grid(dp=2, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    s.compute(1.0, name="mm")
+    s.collective("all_reduce", "dp", duration_s=0.5)
+    model = VariabilityModel(spatial_cv=0.02, temporal_cv=CV, collective_cv=CV)
+    graph = build(world, [s], temporal_cv=CV)
+    sources = _sources(graph, model, [s])
+    draws = dict(samples=60, seed=4, steps_per_allocation=3)
+    main_run = sample_step_times(graph, model, **draws)
+    sampled = attribute_variance(graph, model, sources, **draws)
+    handed = attribute_variance(graph, model, sources, **draws, everything=main_run)
+    assert sampled.total == handed.total and sampled.sources == handed.sources
