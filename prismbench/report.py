@@ -705,12 +705,21 @@ def render_placement(study, console: Console) -> None:
     console.print(table)
 
 
+# Below this a duration is the rounding of sums of seconds (a noise source that adds
+# nothing shows 1e-11 s), not a figure: printed as 0.
+_SHORTEST_PRINTED_S = 1e-9
+
+
 def _signed_seconds(t: float) -> str:
+    if abs(t) < _SHORTEST_PRINTED_S:
+        return _seconds(0.0)
     return ("-" if t < 0 else "+") + _seconds(abs(t))
 
 
 def _seconds(t: float) -> str:
     """A duration with a unit that keeps four significant digits readable."""
+    if abs(t) < _SHORTEST_PRINTED_S:
+        t = 0.0
     if t >= 3600:
         return f"{t / 3600:.4g} h"
     if t >= 1:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from emulator.units import GiB, MiB
 from prismbench.report import (
+    _seconds,
+    _signed_seconds,
     alloc_retries_message,
     format_bytes,
     format_field,
@@ -25,6 +27,12 @@ def test_a_field_is_printed_with_the_unit_its_name_says():
     assert format_field("tokens_per_s", 12345.6) == "12,346 tokens/s"
     assert format_field("peak_memory_reserved_bytes", 3 * GiB) == "3.00 GiB"
     assert format_field("mfu", 0.41234) == "41.23 % of peak"
+
+
+def test_a_duration_below_a_nanosecond_is_rounding_and_prints_as_zero():
+    # a noise source that adds nothing to the step: its std and p95 excess are sums' rounding
+    assert _seconds(1.391e-11) == "0 ms" and _signed_seconds(-1.388e-11) == "0 ms"
+    assert _seconds(2.5e-6) == "2.5 µs" and _signed_seconds(-2.5e-6) == "-2.5 µs"
 
 
 def test_nodes_say_how_a_world_that_does_not_fill_them_sits_on_them():
