@@ -490,6 +490,7 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
         raise SpecError(f"--alloc-conf: {err}") from None
     _check_output(args.trace, "--trace", inputs=(args.job,))
     _check_output(args.memory_out, "--memory-out", directory=True)
+    _check_trace_beside_memory_out(args.trace, args.memory_out)
     if args.ranks is not None and args.trace is None:
         raise SpecError("--ranks picks the ranks of --trace's timeline; give --trace FILE too")
     ranks = _parse_ranks(args.ranks)
@@ -518,6 +519,20 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
     else:
         report.render_emulation(result, _console())
     return EXIT_OK
+
+
+def _check_trace_beside_memory_out(trace: str | None, memory_out: str | None) -> None:
+    """Refuse a --trace file that is --memory-out or a folder above it: the timeline is written
+    first, so the folder could not be made after it, and the error would leave the timeline
+    behind."""
+    if trace is None or memory_out is None:
+        return
+    trace_path, memory_dir = Path(trace).resolve(), Path(memory_out).resolve()
+    if trace_path == memory_dir or trace_path in memory_dir.parents:
+        raise SpecError(
+            f"--trace {trace}: is --memory-out {memory_out} or a folder above it; give the "
+            "timeline a file of its own (inside --memory-out is fine)"
+        )
 
 
 def _cmd_variability(args: argparse.Namespace) -> int:

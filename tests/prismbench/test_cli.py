@@ -260,6 +260,21 @@ def test_output_paths_are_checked_before_any_work(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("memory_out", ["out", "out/mem"])
+def test_a_trace_at_or_above_memory_out_is_refused_before_any_work(
+    tmp_path, capsys, monkeypatch, memory_out
+):
+    """The timeline is written before the memory folder is made: were they the same path (or
+    the folder inside the file), the folder would fail and leave the timeline behind."""
+    import prismbench.emulate
+
+    monkeypatch.setattr(prismbench.emulate, "emulate", lambda *a, **k: pytest.fail("emulated"))
+    trace, memory = tmp_path / "out", tmp_path / memory_out
+    assert main(["emulate", str(EXAMPLE), "--trace", str(trace), "--memory-out", str(memory)]) == 2
+    _assert_one_line_error(capsys, "--trace", "--memory-out", "a folder above it")
+    assert not trace.exists()
+
+
 def test_a_directory_or_an_empty_file_as_job_spec_is_named(tmp_path, capsys):
     empty = tmp_path / "empty.toml"
     empty.write_text("\n")
