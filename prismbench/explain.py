@@ -421,21 +421,28 @@ def explain(job: Any) -> Explanation:
     )
 
 
-def layout_nccl_communicators(tp: int, pp: int, cp: int, dp: int) -> int:
+def layout_nccl_communicators(
+    tp: int, pp: int, cp: int, dp: int, *, embedding_group: bool = False
+) -> int:
     """NCCL communicators one rank makes under this layout, as the workloads build them: a
     (dp, pp, cp, tp) DeviceMesh whose groups of more than one rank are the tp, pp and cp groups
     and the flattened dp x cp group gradients are reduced over; every group that spans the whole
-    world is torch's default group, one communicator. (`emulator.memory.outside.
-    nccl_communicators` counts the same from a captured trace.)"""
+    world is torch's default group, one communicator. `embedding_group`: the rank is a first or
+    last stage of a pipeline that unties tied embeddings, which makes one group more for their
+    gradients (`workloads.train._embedding_group`), even where it has the pp group's ranks.
+    (`emulator.memory.outside.nccl_communicators` counts the same from a captured trace.)"""
     world = tp * pp * cp * dp
     sizes = [size for size in (tp, pp, cp, dp * cp) if size > 1]
-    return sum(size < world for size in sizes) + any(size == world for size in sizes)
+    mesh = sum(size < world for size in sizes) + any(size == world for size in sizes)
+    return mesh + embedding_group
 
 
 def _gpu_fit(job, max_state_bytes: int, flops_info: FlopsInfo) -> GpuFit:
     gpu = gpu_preset(job.cluster.gpu)
     p = job.parallel
-    comms = layout_nccl_communicators(p.tp, p.pp, p.cp, p.dp)
+    # the worst stage's: with tied embeddings split by a pipeline, its ends' (one group more)
+    tied = job.model.tie_embeddings and p.pp > 1
+    comms = layout_nccl_communicators(p.tp, p.pp, p.cp, p.dp, embedding_group=tied)
     outside = (
         CUDA_CONTEXT_BYTES[gpu.arch] + NCCL_SETUP_BYTES[gpu.arch] + nccl_buffer_bytes(comms)
     )  # as emulator.memory.outside.outside_memory counts a captured rank's

@@ -156,6 +156,8 @@ def test_zero_sharding_rounds_up_and_one_rank_still_uses_fsdp():
         {"parallel": {"cp": 2}, "train": {"precision": "bf16"}},
         {"parallel": {"tp": 2, "cp": 2}, "train": {"precision": "bf16"}},
         {"parallel": {"tp": 2, "dp": 2, "pp": 2}, "train": {"precision": "bf16"}},
+        # a pipeline unties the tied embeddings: its ends make an embedding group of their own
+        {"model": {"name": "gpt-debug"}, "parallel": {"pp": 2}, "train": {"precision": "bf16"}},
     ],
     ids=[
         "one-rank-bf16",
@@ -170,6 +172,7 @@ def test_zero_sharding_rounds_up_and_one_rank_still_uses_fsdp():
         "cp2",
         "tp2-cp2",
         "tp2-dp2-pp2",
+        "tied-pp2",
     ],
 )
 def test_explain_counts_what_the_capture_declares(job, tmp_path):
@@ -180,7 +183,9 @@ def test_explain_counts_what_the_capture_declares(job, tmp_path):
     from emulator.memory.outside import nccl_communicators
     from prismbench.capture import capture_job
 
-    spec = _job(parallel=job["parallel"], train=job["train"], kernels=job.get("kernels"))
+    spec = _job(
+        job.get("model"), parallel=job["parallel"], train=job["train"], kernels=job.get("kernels")
+    )
     captured = capture_job(spec, workers=1, cache_dir=tmp_path)
     declared = ("parameter", "buffer", "gradient", "master_weights", "optimizer_state")
     for stage in explain(spec).stages:
@@ -200,7 +205,11 @@ def test_explain_counts_what_the_capture_declares(job, tmp_path):
         tensors = int((names == "parameter").sum())
         assert 0 < held["optimizer_state"] - stage.optimizer_bytes <= 8 * tensors
         p = spec.parallel
-        assert nccl_communicators(trace) == layout_nccl_communicators(p.tp, p.pp, p.cp, p.dp)
+        end = stage.has_embedding or stage.has_output
+        tied = spec.model.tie_embeddings and p.pp > 1 and end
+        assert nccl_communicators(trace) == layout_nccl_communicators(
+            p.tp, p.pp, p.cp, p.dp, embedding_group=tied
+        )
 
 
 def test_zero3_shards_over_dp_times_cp():
@@ -292,6 +301,19 @@ def test_dict_form_holds_raw_numbers(example):
     assert data["world_size"] == 8192
     assert data["stages"][0]["model_state_bytes"] == example.stages[0].model_state_bytes
     assert data["flops"]["model_flops_per_iteration"] == example.flops.model_flops_per_iteration
+
+
+def test_memory_outside_the_allocator_is_the_worst_captured_stages(tmp_path):
+    """With tied embeddings split by a pipeline, its ends make an embedding group more than the
+    mesh's: explain's figure is theirs, as emulate's replay counts it from the capture."""
+    from emulator.memory.outside import outside_memory
+    from prismbench.capture import capture_job
+
+    job = _job({"name": "gpt-debug"}, parallel={"pp": 2})
+    arch = gpu_preset(job.cluster.gpu).arch
+    captured = capture_job(job, workers=1, cache_dir=tmp_path)
+    outside = [outside_memory(t, arch).total_bytes for t in captured.traces.values()]
+    assert explain(job).gpu.outside_allocator_bytes == max(outside)
 
 
 def test_gpu_fit_compares_model_state_with_what_the_allocator_may_hold_and_peak(example):
