@@ -23,7 +23,7 @@ from rich.console import Console
 
 from prismbench import __version__, report
 from prismbench.explain import explain, explanation_to_dict, flavor_rows
-from prismbench.spec import SpecError, load_job_spec
+from prismbench.spec import SpecError, load_job_spec, moot_model_fields
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -61,9 +61,10 @@ def _cmd_workloads(args: argparse.Namespace) -> int:
 
 def _load_job(path: str):
     """The job spec at `path`, or the `[job]` table of the baseline file at `path` (said on
-    stderr); each `[kernels]` override that changes nothing for the job is said on stderr
-    (workloads.kernels.moot_overrides): nothing is ignored silently; so is what the default
-    framework runs that production frameworks do not (`research_program_notes`)."""
+    stderr); each `[kernels]` override and model field that changes nothing for the job is
+    said on stderr (workloads.kernels.moot_overrides, prismbench.spec.moot_model_fields):
+    nothing is ignored silently; so is what the default framework runs that production
+    frameworks do not (`research_program_notes`)."""
     from prismbench.baselines import BaselineError, is_baseline_file, load_baseline
     from workloads.kernels import moot_overrides, research_program_notes
 
@@ -75,7 +76,8 @@ def _load_job(path: str):
         _progress(f"note: {path} is a baseline: its [job] table is the job")
     else:
         job = load_job_spec(path)
-    for note in (*moot_overrides(job), *research_program_notes(job)):
+    notes = (*moot_model_fields(job.model), *moot_overrides(job), *research_program_notes(job))
+    for note in notes:
         _progress(f"note: {path}: {note}")
     return job
 

@@ -29,6 +29,7 @@ __all__ = [
     "SpecError",
     "job_spec_from_dict",
     "load_job_spec",
+    "moot_model_fields",
 ]
 
 
@@ -122,6 +123,27 @@ def _build_model(table: dict) -> ModelSpec:
     table.setdefault("kv_heads", table["heads"])
     table.setdefault("positions", "rope" if table["family"] == "llama" else "learned")
     return ModelSpec(name=CUSTOM_MODEL_NAME, **table)
+
+
+# The model fields one position scheme alone reads: RoPE's base, a learned table's rows.
+_READ_BY_POSITIONS = {"rope_theta": "rope", "max_seq_len": "learned"}
+
+
+def moot_model_fields(model: ModelSpec) -> list[str]:
+    """The model fields set, for a scheme of positions that does not read them, to another value
+    than the flavor's (without a name, the default), one line each: the CLI says so, so that
+    none is ignored silently. A value the flavor or the default gives is no note: a resolved
+    spec written out whole names every field."""
+    if model.name == CUSTOM_MODEL_NAME:
+        base = {f.name: f.default for f in dataclasses.fields(ModelSpec)}
+    else:
+        base = dataclasses.asdict(get_flavor(model.name))
+    return [
+        f"model.{name}={getattr(model, name)!r} changes nothing for this job: only "
+        f"{positions!r} positions read it (model.positions={model.positions!r})"
+        for name, positions in _READ_BY_POSITIONS.items()
+        if model.positions != positions and getattr(model, name) != base[name]
+    ]
 
 
 def _build_section(section: str, table: Any) -> Any:

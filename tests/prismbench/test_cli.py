@@ -314,3 +314,17 @@ def test_a_kernels_override_that_changes_nothing_is_said_not_ignored(tmp_path, c
         f"note: {job}: kernels.cp_attention='ring' changes nothing for this job: "
         "parallel.cp = 1\n"
     )
+
+
+def test_a_model_field_that_changes_nothing_is_said_not_ignored(tmp_path, capsys):
+    text = (
+        '[model]\nname = "gpt-debug"\nrope_theta = 5e5\n[batch]\nseq_len = 64\nglobal_batch = 2\n'
+    )
+    job = _write(tmp_path, text)
+    assert main(["explain", job, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["world_size"] == 1
+    assert err == (
+        f"note: {job}: model.rope_theta=500000.0 changes nothing for this job: only 'rope' "
+        "positions read it (model.positions='learned')\n"
+    )

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from emulator.hardware.presets import GPU_NAMES, LINK_NAMES, NETWORK_NAMES
-from prismbench.spec import ClusterSpec, JobSpec, SpecError, job_spec_from_dict, load_job_spec
+from prismbench.spec import (
+    ClusterSpec,
+    JobSpec,
+    SpecError,
+    job_spec_from_dict,
+    load_job_spec,
+    moot_model_fields,
+)
 from workloads.config import ModelSpec
 from workloads.job import PRECISIONS, BatchSpec, ParallelSpec, TrainSpec
 from workloads.kernels import FRAMEWORKS, KernelsSpec
@@ -84,6 +91,32 @@ def test_explicit_model_without_name():
     assert job.model.name == "custom" and job.model.kv_heads == 8 and job.model.positions == "learned"
     # what fit, record and the caches rebuild a job from: no flavor "custom" to look up
     assert job_spec_from_dict(job.to_dict()) == job
+
+
+@pytest.mark.parametrize(
+    ("model", "note"),
+    [
+        ({"name": "gpt-debug", "rope_theta": 5e5}, "model.rope_theta=500000.0 changes nothing"),
+        ({"name": "llama-debug", "max_seq_len": 4096}, "model.max_seq_len=4096 changes nothing"),
+        (
+            {"family": "llama", "layers": 2, "hidden": 64, "ffn_hidden": 128, "heads": 4,
+             "vocab": 256, "max_seq_len": 8192},
+            "only 'learned' positions read it (model.positions='rope')",
+        ),
+    ],
+)  # fmt: skip
+def test_a_model_field_its_positions_do_not_read_is_named(model, note):
+    job = job_spec_from_dict({"model": model, "batch": {"seq_len": 64, "global_batch": 1}})
+    (said,) = moot_model_fields(job.model)
+    assert note in said
+
+
+def test_a_flavor_s_own_or_a_default_value_is_no_note():
+    """A resolved spec written out whole (baselines, fit's probes) names every model field."""
+    batch = {"seq_len": 64, "global_batch": 1}
+    for name in ("gpt-debug", "llama-debug", "llama3-70b"):
+        job = job_spec_from_dict({"model": {"name": name}, "batch": batch})
+        assert moot_model_fields(job_spec_from_dict(job.to_dict()).model) == []
 
 
 @pytest.mark.parametrize(
