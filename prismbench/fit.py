@@ -115,12 +115,14 @@ def fit(
     """The largest value of `vary` (one of VARIABLES) at which `job` fits (module docstring)."""
     if vary not in VARIABLES:
         raise SpecError(f"vary({vary!r}) must be one of {VARIABLES}")
+    step_given = step is not None
     if step is None:
         step = _default_step(job, vary)
     elif step < 1:
         raise SpecError(f"step({step}) must be >= 1")
     if maximum is not None and maximum < step:
-        raise SpecError(f"maximum({maximum}) must be >= the step ({step}): nothing to search")
+        why = "" if step_given else f", the least {vary} the layout takes"
+        raise SpecError(f"maximum({maximum}) must be >= the step ({step}{why}): nothing to search")
     say = progress or (lambda _message: None)
     probes: dict[int, FitProbe] = {}
     refused: dict[int, FitRefusal] = {}
@@ -138,7 +140,9 @@ def fit(
                 say(f"{vary} = {value}: refused by the spec: {err}")
                 return False
             say(f"{vary} = {value}: capturing and replaying memory")
-            check = check_memory(varied, alloc_conf=alloc_conf)
+            check = check_memory(
+                varied, alloc_conf=alloc_conf, progress=lambda m: say(f"{vary} = {value}: {m}")
+            )
             probes[value] = FitProbe(value=value, memory=check)
             verdict = "fits" if check.fits else "does not fit"
             say(f"{vary} = {value}: {verdict}, headroom {check.headroom_bytes / GiB:.2f} GiB")
@@ -174,14 +178,17 @@ def _limit(above: int, refused: dict, maximum: int | None) -> str:
     return "spec" if above in refused else "memory"
 
 
-def check_memory(job: JobSpec, *, alloc_conf: str = "") -> MemoryCheck:
-    """Capture `job` (cached) and replay its memory: does it fit on its GPU, by how much."""
+def check_memory(
+    job: JobSpec, *, alloc_conf: str = "", progress: Callable[[str], None] | None = None
+) -> MemoryCheck:
+    """Capture `job` (cached; `progress` hears the capture's, minutes for a big job when not
+    cached) and replay its memory: does it fit on its GPU, by how much."""
     from emulator.hardware import gpu_preset
     from emulator.memory import replay_memory
     from prismbench.capture import capture_job
 
     gpu = gpu_preset(job.cluster.gpu)
-    capture = capture_job(job)
+    capture = capture_job(job, progress=progress)
     worst, oom_at, retries, converged = None, None, 0, True
     for p, trace in capture.traces.items():
         m = replay_memory(trace, gpu=gpu, alloc_conf=alloc_conf, stage=p)

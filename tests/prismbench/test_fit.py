@@ -101,7 +101,7 @@ def test_a_value_that_fits_past_one_that_does_not_is_reported_apart(monkeypatch)
             steady_alloc_retries=0, steady_converged=True,
         )  # fmt: skip
 
-    monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, alloc_conf="": check(job))
+    monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, **_: check(job))
     result = fit(_job(8), "micro_batch")
     # the scan from the bracket (32) stops at 34; 40 was found to fit by the bisection
     assert result.largest_fitting == 33 and result.fits_above == (40,) and result.contiguous
@@ -116,7 +116,7 @@ def _everything_fits(monkeypatch):
             headroom_bytes=1, oom_at=None, steady_alloc_retries=0, steady_converged=True,
         )  # fmt: skip
 
-    monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, alloc_conf="": check(job))
+    monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, **_: check(job))
 
 
 def test_a_value_the_spec_refuses_bounds_the_answer_as_the_spec_not_memory(monkeypatch):
@@ -157,7 +157,7 @@ def test_memory_is_named_the_bound_when_the_next_value_does_not_fit(monkeypatch)
             steady_alloc_retries=0, steady_converged=True,
         )  # fmt: skip
 
-    monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, alloc_conf="": check(job))
+    monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, **_: check(job))
     result = fit(_job(), "seq_len")
     assert result.largest_fitting == 100 and result.limited_by == "memory"
 
@@ -202,7 +202,7 @@ def test_the_fit_table_shows_the_oom_s_request_op_and_an_unlimited_peak(
             steady_alloc_retries=0, steady_converged=True,
         )  # fmt: skip
 
-    monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, alloc_conf="": check(job))
+    monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, **_: check(job))
     job = tmp_path / "job.toml"
     job.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n')
     assert main(["fit", str(job), "--vary", "micro_batch"]) == 0
@@ -232,3 +232,24 @@ def test_fit_warns_when_the_allocator_never_settles(monkeypatch, tmp_path, capsy
         "warning: micro_batch = 16: the allocator's blocks still changed after 1 steady "
         "iterations (MAX_STEADY_ITERATIONS)" in err
     )
+
+
+def test_a_probe_says_its_capture_as_each_class_is_captured(monkeypatch, tmp_path):
+    # a probe not in the cache captures (minutes for a big job): its classes are said as
+    # they are captured, under the probed value, not after a silence
+    monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path))
+    said: list[str] = []
+    fit(_job(1), "micro_batch", maximum=1, progress=said.append)
+    assert any(m.startswith("micro_batch = 1: captured class 0 (1/1) in ") for m in said)
+
+
+def test_a_maximum_below_the_layout_s_own_step_says_where_the_step_comes_from():
+    two_stages = job_spec_from_dict(
+        {
+            "model": {"name": "gpt-debug"},
+            "parallel": {"pp": 2},
+            "batch": {"seq_len": 64, "micro_batch": 1, "global_batch": 4},
+        }
+    )
+    with pytest.raises(SpecError, match=r"maximum\(1\) must be >= the step \(2, the least layers"):
+        fit(two_stages, "layers", maximum=1)
