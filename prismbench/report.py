@@ -249,16 +249,16 @@ def render_emulation(r, console: Console) -> None:
     head.add_column("figure")
     head.add_column("value", justify="right")
     rows = [
-        ("iteration time", f"{r.iteration_time_s:.3f} s"),
+        ("iteration time", _seconds(r.iteration_time_s)),
         ("throughput", f"{r.tokens_per_s:,.0f} tokens/s"),
         ("model TFLOP/s per GPU", f"{r.tflops_per_gpu:.1f} TFLOP/s"),
         ("hardware TFLOP/s per GPU (with recompute)", f"{r.hardware_tflops_per_gpu:.1f} TFLOP/s"),
         ("MFU", f"{100 * r.mfu:.1f} % of {r.peak_tflops:.1f} TFLOP/s"),
-        ("compute (mean over pipeline ranks)", f"{r.breakdown['compute_s']:.3f} s"),
-        ("exposed communication", f"{r.breakdown['exposed_comm_s']:.3f} s"),
-        ("pipeline bubble", f"{r.breakdown['bubble_s']:.3f} s"),
-        ("host wait (kernels not yet launched)", f"{r.breakdown['host_wait_s']:.3f} s"),
-        ("idle", f"{r.breakdown['idle_s']:.3f} s"),
+        ("compute (mean over pipeline ranks)", _seconds(r.breakdown["compute_s"])),
+        ("exposed communication", _seconds(r.breakdown["exposed_comm_s"])),
+        ("pipeline bubble", _seconds(r.breakdown["bubble_s"])),
+        ("host wait (kernels not yet launched)", _seconds(r.breakdown["host_wait_s"])),
+        ("idle", _seconds(r.breakdown["idle_s"])),
         ("peak allocated, steady (max over ranks)", format_bytes(r.peak_memory_allocated_bytes)),
         ("peak reserved, steady (max over ranks)", format_bytes(r.peak_memory_reserved_bytes)),
         (
@@ -297,7 +297,7 @@ def render_emulation(r, console: Console) -> None:
             f"{c.members:,}",
             f"{c.tflops_per_gpu:.1f}",
             f"{100 * c.mfu:.1f} %",
-            *(f"{getattr(c, name):.3f} s" for name in BREAKDOWN_FIELDS),
+            *(_seconds(getattr(c, name)) for name in BREAKDOWN_FIELDS),
             format_bytes(c.peak_memory_allocated_bytes),
             format_bytes(c.peak_memory_reserved_bytes),
             "YES" if c.oom else "no",
@@ -356,7 +356,8 @@ def oom_message(pp: int, members: int, detail: dict) -> str:
     allocated, reserved = detail["allocated_bytes"], detail["reserved_bytes"]
     live = sorted(detail["live_by_category"].items(), key=lambda item: -item[1])
     return (
-        f"Out of memory on pipeline rank {pp} ({members:,} ranks): {_oom_where(detail)}. "
+        f"Out of memory on pipeline rank {pp} ({members:,} rank{'s' if members > 1 else ''}): "
+        f"{_oom_where(detail)}. "
         f"Tried to allocate {_tried(detail)}. The GPU has a total capacity of "
         f"{torch_format_size(detail['gpu_capacity_bytes'])} of which "
         f"{torch_format_size(detail['free_bytes'])} is free. Including non-PyTorch memory, this "
@@ -405,10 +406,10 @@ def steady_warning(what: str, iterations: int) -> str:
 
 
 def _priced_by(priced_by: dict[str, dict[str, float]]) -> str:
-    """ "exact 812 ops (0.201 s), interpolated 40 ops (0.010 s), extrapolated 0 ops (0.000 s),
-    published-rates 0 ops (0.000 s), roofline 3 ops (0.000 s)"."""
+    """ "exact 812 ops (201 ms), interpolated 40 ops (10.02 ms), extrapolated 0 ops (0 ms),
+    published-rates 0 ops (0 ms), roofline 3 ops (31.5 µs)"."""
     return ", ".join(
-        f"{source} {int(v['ops'])} ops ({v['time_s']:.3f} s)" for source, v in priced_by.items()
+        f"{source} {int(v['ops']):,} ops ({_seconds(v['time_s'])})" for source, v in priced_by.items()
     )
 
 

@@ -134,3 +134,7 @@ def test_retries_only_on_the_way_to_the_steady_state_are_a_note_that_says_so():
     message = one_off_retries_message(1, 2)
     assert message.startswith("Pipeline rank 1 frees the allocator's cache on its way")
     assert "2 cudaMalloc retries" in message and "once, none in every step" in message
+
+
+def test_an_oom_of_a_class_of_one_rank_says_one_rank():
+    assert oom_message(0, 1, _oom_detail()).startswith("Out of memory on pipeline rank 0 (1 rank): ")
