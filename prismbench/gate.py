@@ -78,6 +78,11 @@ def read_side(path: str | Path):
             f"{path}: schema_version={version!r}, this prismbench reads emulate results of "
             f"version {RESULT_SCHEMA_VERSION}; emulate the job again"
         )
+    if not isinstance(result.get("oom"), bool):  # the row FITS reads it on every gate
+        raise SpecError(
+            f"{path}: oom={result.get('oom')!r} must be true or false (whether the job runs "
+            "out of memory, which the gate always checks); emulate the job again"
+        )
     return result
 
 

@@ -152,3 +152,15 @@ def test_a_gate_between_two_micro_batch_sizes(tmp_path):
     assert main(["gate", "--reference", str(one), "--candidate", str(two), "--fail", memory_rise]) == 1
     assert main(["gate", "--reference", str(two), "--candidate", str(one), "--fail", memory_rise]) == 0
     assert main(["gate", "--reference", str(one), "--candidate", str(two), "--fail", "iteration_time_s:1000%"]) == 0
+
+
+@pytest.mark.parametrize("oom", [None, "no"])
+def test_a_saved_result_without_a_true_or_false_oom_is_refused(tmp_path, reference, capsys, oom):
+    # the gate always checks whether the candidate fits: a missing "oom" was a KeyError's
+    # traceback (exit 1), a string one read as "runs out of memory"
+    broken = {k: v for k, v in reference.items() if k != "oom"}
+    if oom is not None:
+        broken["oom"] = oom
+    ref, cand = _write(tmp_path / "ref.json", reference), _write(tmp_path / "cand.json", broken)
+    assert main(["gate", "--reference", ref, "--candidate", cand, "--fail", "iteration_time_s:+2%"]) == 2
+    assert f"oom={oom!r} must be true or false" in capsys.readouterr().err
