@@ -120,7 +120,7 @@ def gate(reference: dict, candidate: dict, thresholds: list[Threshold], *,
         ref = field_value(reference, t.field, where=names[0])
         cand = field_value(candidate, t.field, where=names[1])
         if ref == 0:
-            change, passed = None, cand == 0
+            change, passed = None, _holds_from_zero(t, cand)
         else:
             change = (cand - ref) / abs(ref)
             passed = not t.crossed(change)
@@ -128,3 +128,14 @@ def gate(reference: dict, candidate: dict, thresholds: list[Threshold], *,
     ref_oom, cand_oom = bool(reference["oom"]), bool(candidate["oom"])
     rows.append(GateRow(FITS, "oom", float(ref_oom), float(cand_oom), None, not cand_oom))
     return GateResult(names[0], names[1], rows)
+
+
+def _holds_from_zero(threshold: Threshold, candidate: float) -> bool:
+    """Whether a move from a reference of 0 keeps within `threshold`: it has no relative size,
+    only a direction, so any rise breaks a bound on rises (+X %, X %) and any fall one on falls
+    (-X %, X %); no move (0) keeps every bound and a NaN none."""
+    if candidate > 0:
+        return threshold.sign == "-"
+    if candidate < 0:
+        return threshold.sign == "+"
+    return candidate == 0

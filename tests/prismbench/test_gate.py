@@ -164,3 +164,15 @@ def test_a_saved_result_without_a_true_or_false_oom_is_refused(tmp_path, referen
     ref, cand = _write(tmp_path / "ref.json", reference), _write(tmp_path / "cand.json", broken)
     assert main(["gate", "--reference", ref, "--candidate", cand, "--fail", "iteration_time_s:+2%"]) == 2
     assert f"oom={oom!r} must be true or false" in capsys.readouterr().err
+
+
+def test_a_move_from_a_zero_reference_fails_only_a_bound_in_its_direction(reference):
+    # a rise from 0 has no relative size, but it is a rise: -X% (bounds a fall) must hold
+    idle = {"breakdown": reference["breakdown"] | {"bubble_s": 0.0}}
+    rose = {"breakdown": reference["breakdown"] | {"bubble_s": 0.01}}
+    passed = {
+        bound: gate(reference | idle, reference | rose, parse_thresholds(f"breakdown.bubble_s:{bound}")).rows[0].passed
+        for bound in ("+5%", "-5%", "5%")
+    }
+    assert passed == {"+5%": False, "-5%": True, "5%": False}
+    assert gate(reference | idle, reference | idle, parse_thresholds("breakdown.bubble_s:+5%")).passed
