@@ -321,6 +321,8 @@ def load_baseline(path: str | Path) -> Baseline:
         raise BaselineError(f"baseline {str(path)!r}: no such file") from None
     except tomllib.TOMLDecodeError as err:
         raise BaselineError(f"baseline {str(path)!r}: invalid TOML: {err}") from None
+    except UnicodeDecodeError as err:  # TOML is UTF-8 text: a binary or Latin-1 file is not
+        raise BaselineError(f"baseline {str(path)!r}: not UTF-8 text ({err})") from None
     except BaselineError as err:
         raise BaselineError(f"baseline {str(path)!r}: {err}") from None
 

@@ -189,6 +189,15 @@ def test_invalid_job_names_the_job_field(tmp_path):
         load_baseline(path)
 
 
+def test_a_file_that_is_not_utf8_text_is_refused_naming_it(tmp_path):
+    # validate reads every *.toml of --baselines: a stray binary one was a UnicodeDecodeError's
+    # traceback
+    path = tmp_path / "binary.toml"
+    path.write_bytes(b"\xff\xfe[job]\n")
+    with pytest.raises(BaselineError, match=r"binary\.toml.*not UTF-8 text"):
+        load_baseline(path)
+
+
 def test_torchtitan_rows_say_torch_compile_and_async_tp_as_their_notes_do():
     made = {b.provenance.csv_row: b for b in load_baselines(BASELINES)}
     eager, compiled, async_tp = made[33].job.kernels, made[34].job.kernels, made[44].job.kernels
