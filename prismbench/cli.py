@@ -248,7 +248,8 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     from prismbench.thresholds import parse_thresholds
 
     thresholds = parse_thresholds(args.fail)
-    sides = [read_side(args.reference), read_side(args.candidate)]  # both checked, then run
+    # both checked, then run; a baseline file is its [job] table, as everywhere a job spec goes
+    sides = [read_side(path, load_job=_load_job) for path in (args.reference, args.candidate)]
     for side, path in zip(sides, (args.reference, args.candidate), strict=True):
         check_fields(side, path, thresholds)
     reference = result_of(sides[0], args.reference, progress=_progress)

@@ -12,10 +12,12 @@ change that makes a job not fit is the first thing a gate must catch); bad input
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from prismbench.emulate import RESULT_SCHEMA_VERSION, EmulationResult
+from prismbench.spec import JobSpec, load_job_spec
 from prismbench.thresholds import Threshold, field_value
 from workloads.config import SpecError
 
@@ -53,19 +55,18 @@ class GateResult:
         }
 
 
-def read_side(path: str | Path):
+def read_side(path: str | Path, *, load_job: Callable[[Path], JobSpec] = load_job_spec):
     """One side of the gate, checked without emulating it: a validated JobSpec for a job spec
-    (.toml), or the emulate-JSON dict of a saved result. Both sides are read before either is
-    emulated, so a bad second side is refused before the first one's emulation runs."""
+    (.toml, read by `load_job`: the CLI's also takes a baseline file's [job] table), or the
+    emulate-JSON dict of a saved result. Both sides are read before either is emulated, so a
+    bad second side is refused before the first one's emulation runs."""
     path = Path(path)
     if path.is_dir():
         raise SpecError(f"{path}: is a directory (give a job spec .toml or an emulate --json file)")
     if not path.is_file():
         raise SpecError(f"{path}: no such file (give a job spec .toml or an emulate --json file)")
     if path.suffix == ".toml":
-        from prismbench.spec import load_job_spec
-
-        return load_job_spec(path)
+        return load_job(path)
     try:
         result = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

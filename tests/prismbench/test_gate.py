@@ -176,3 +176,19 @@ def test_a_move_from_a_zero_reference_fails_only_a_bound_in_its_direction(refere
     }
     assert passed == {"+5%": False, "-5%": True, "5%": False}
     assert gate(reference | idle, reference | idle, parse_thresholds("breakdown.bubble_s:+5%")).passed
+
+
+def test_a_baseline_file_is_gated_on_its_job_table(tmp_path, capsys):
+    # wherever a command takes JOB.toml a baseline file works too (README): gate refused one
+    # with "unknown key(s) ['job', 'measured', 'provenance']"
+    from prismbench.baselines import baseline_to_toml
+    from prismbench.record import Recording, provenance, to_baseline
+
+    recording = Recording(job=job_spec_from_dict(TINY).to_dict(), iteration_s=[0.05], warmup=1,
+                          threads_per_rank=1, peak_mem_bytes=2**30, peak_mem_kind="cpu_max_rss",
+                          provenance=provenance())  # fmt: skip
+    baseline = tmp_path / "tiny.toml"
+    baseline.write_text(baseline_to_toml(to_baseline(recording, "tiny")))
+    args = ["--reference", str(baseline), "--candidate", str(baseline), "--fail", "iteration_time_s:+2%"]
+    assert main(["gate", *args]) == 0
+    assert "is a baseline: its [job] table is the job" in capsys.readouterr().err
