@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import html
 import json
+import os
+import tempfile
 from pathlib import Path
 
 from emulator.graph.results import BREAKDOWN_FIELDS
@@ -103,7 +105,9 @@ def _trend(trend: list[dict], runs: list[dict], cases: list[str], metric: str, p
 
 
 def write_dashboard(db_path: str | Path, out_dir: str | Path) -> Path:
-    """Write index.html and its PNGs into `out_dir`; returns the page's path."""
+    """Write index.html and its PNGs into `out_dir`; returns the page's path. They are drawn in
+    a staging folder beside it and moved in once all are drawn: a drawing that fails or is
+    interrupted leaves `out_dir` as it was, not a page without its figures or beside stale ones."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,6 +117,22 @@ def write_dashboard(db_path: str | Path, out_dir: str | Path) -> Path:
     runs = _complete_runs(db)
     if not runs:
         raise ValueError(f"{db}: no complete validation run yet")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as staging:
+        _draw(db, runs, Path(staging))
+        _move_into(Path(staging), out)
+    return out / "index.html"
+
+
+def _move_into(staging: Path, out: Path) -> None:
+    """Move the drawn files into `out`, index.html last: the page never names a missing figure."""
+    out.mkdir(exist_ok=True)
+    for path in sorted(staging.iterdir(), key=lambda p: p.name == "index.html"):
+        os.replace(path, out / path.name)
+
+
+def _draw(db: Path, runs: list[dict], out: Path) -> None:
+    """index.html and its PNGs of the history's complete `runs` (oldest first) into `out`."""
     incomplete = history.read(db, "SELECT count(*) AS n FROM runs WHERE status != 'complete'")[0][
         "n"
     ]
@@ -123,7 +143,6 @@ def write_dashboard(db_path: str | Path, out_dir: str | Path) -> Path:
         "FROM metric_results m JOIN cases c USING (run_id, baseline) WHERE m.run_id = ?",
         [latest],
     )
-    out.mkdir(parents=True, exist_ok=True)
     sections = []
     for metric in sorted({r["metric"] for r in results}):
         rows = [r for r in results if r["metric"] == metric]
@@ -167,4 +186,3 @@ def write_dashboard(db_path: str | Path, out_dir: str | Path) -> Path:
         f"{len(runs)} complete run(s) in the history, {incomplete} not complete (left out). "
         "Error = (predicted - measured) / measured.</p>" + "".join(sections) + "</body></html>"
     )
-    return page

@@ -68,6 +68,22 @@ def test_refuses_a_missing_or_empty_history(tmp_path, capsys):
     assert "no complete validation run" in capsys.readouterr().err
 
 
+def test_a_drawing_that_fails_leaves_no_partial_dashboard(tmp_path, monkeypatch, capsys):
+    # the scatter was written before the histogram failed: a folder of one figure and no page
+    import prismbench.dashboard
+
+    db, out = tmp_path / "h.duckdb", tmp_path / "dash"
+    _run(db, "r1", "aaaaaaa1", {"src__a__8g__r1": 0.30})
+
+    def broken(*_args) -> None:
+        raise ValueError("autodetected range of [nan, nan] is not finite")
+
+    monkeypatch.setattr(prismbench.dashboard, "_histogram", broken)
+    assert main(["dashboard", "--db", str(db), "--out", str(out)]) == 2
+    assert "not finite" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.duckdb"]  # no staging folder left
+
+
 @pytest.mark.slow
 def test_every_image_loads_in_a_headless_browser(tmp_path):
     """Debian's chromium opens the page from disk (no server) and reports, through the page's
