@@ -39,6 +39,22 @@ def _complete_runs(db: Path) -> list[dict]:
     )
 
 
+def _nothing_scored(db: Path, run_id: str) -> str:
+    """Why the page has no figure: the latest complete run has no metric result (every case
+    failed, or measured nothing the emulator predicts, such as a CPU recording's figures)."""
+    (row,) = history.read(
+        db,
+        "SELECT count(*) AS cases, count(*) FILTER (WHERE status != 'ok') AS failed FROM cases "
+        "WHERE run_id = ?",
+        [run_id],
+    )
+    return (
+        f"<p>The latest complete run scored no case: of its {row['cases']} case(s), "
+        f"{row['failed']} failed to emulate and the rest measured no figure the emulator predicts "
+        "(a CPU recording's, for one). Validate a baseline measured on a GPU to draw the figures.</p>"
+    )
+
+
 def _scatter(rows: list[dict], metric: str, path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
@@ -177,6 +193,8 @@ def _draw(db: Path, runs: list[dict], out: Path) -> None:
             f'<img src="trend_{metric}.png" alt="error across runs">'
         )
     page = out / "index.html"
+    if not sections:
+        sections.append(_nothing_scored(db, latest))
     page.write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>PrismBench fidelity</title>"
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"

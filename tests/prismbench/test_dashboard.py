@@ -68,6 +68,18 @@ def test_refuses_a_missing_or_empty_history(tmp_path, capsys):
     assert "no complete validation run" in capsys.readouterr().err
 
 
+def test_a_latest_run_that_scored_nothing_says_so(tmp_path):
+    # a run of CPU recordings or failed emulations has no metric result: the page was blank
+    db, out = tmp_path / "h.duckdb", tmp_path / "dash"
+    _run(db, "r1", "aaaaaaa1", {}, status="running")
+    history.add_case(db, "r1", CaseResult(baseline="src__a__8g__r1", source="src", gpu="h100-sxm-80g",
+                                          world_size=8, status="failed", wall_s=1.0))  # fmt: skip
+    history.finish_run(db, "r1", "complete")
+    assert main(["dashboard", "--db", str(db), "--out", str(out)]) == 0
+    page = (out / "index.html").read_text()
+    assert "scored no case: of its 1 case(s), 1 failed to emulate" in page
+
+
 def test_a_drawing_that_fails_leaves_no_partial_dashboard(tmp_path, monkeypatch, capsys):
     # the scatter was written before the histogram failed: a folder of one figure and no page
     import prismbench.dashboard
