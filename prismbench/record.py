@@ -38,6 +38,7 @@ import datetime as dt
 import os
 import platform
 import resource
+import signal
 import statistics
 import time
 from dataclasses import dataclass
@@ -241,6 +242,21 @@ def _check_gpu_is_preset(gpu: str, index: int) -> None:
     )
 
 
+def _refuse_out_of_memory(job, died) -> None:
+    """A rank SIGKILL ended (`launch.RanksDied`) is what Linux's out-of-memory killer does to
+    a job whose processes need more memory than the machine has: a job too large to record
+    here, said as such rather than as the launcher's traceback."""
+    killed = sorted(rank for rank, code in died.exit_codes.items() if code == -signal.SIGKILL)
+    if killed:
+        memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        raise SpecError(
+            f"parallel: rank(s) {killed} of the job's {job.world_size} process(es) were killed "
+            f"(SIGKILL, as the out-of-memory killer ends a process): the job is likely too large "
+            f"for this machine's {memory_bytes / GiB:.1f} GiB of memory; record a smaller one "
+            "(fewer ranks, a smaller model or batch)"
+        )
+
+
 def _largest(ranks: list[dict], key: str) -> dict:
     return {kind: max(r[key][kind] for r in ranks) for kind in ("allocated", "reserved")}
 
@@ -256,7 +272,7 @@ def record(
     timeout_s: float = 1800.0,
 ) -> Recording:
     """Run `job` for real on this machine's CPU or GPUs (see the module docstring)."""
-    from prismbench.launch import run_ranks
+    from prismbench.launch import RanksDied, run_ranks
 
     if job.world_size > MAX_RANKS:
         raise SpecError(
@@ -270,18 +286,22 @@ def record(
     _check_device(job, device, warmup)
     if profile and device != "cuda":
         raise SpecError("--profile: kernel times need --device cuda (a CPU run has no kernels)")
-    ranks = run_ranks(
-        job.world_size,
-        _rank_run,
-        job,
-        warmup,
-        iterations,
-        device,
-        profile,
-        timeout_s=timeout_s,
-        threads=threads,
-        backend="nccl" if device == "cuda" else "gloo",
-    )
+    try:
+        ranks = run_ranks(
+            job.world_size,
+            _rank_run,
+            job,
+            warmup,
+            iterations,
+            device,
+            profile,
+            timeout_s=timeout_s,
+            threads=threads,
+            backend="nccl" if device == "cuda" else "gloo",
+        )
+    except RanksDied as died:
+        _refuse_out_of_memory(job, died)
+        raise
     cuda = device == "cuda"
     steady = _largest(ranks, "peak_steady") if cuda else None
     return Recording(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -105,6 +106,25 @@ def test_refuses_what_cannot_run_here(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_ranks_the_out_of_memory_killer_ended_are_a_job_too_large_for_the_machine(
+    tmp_path, capsys, monkeypatch
+):
+    # a rank killed by SIGKILL (the kernel's out-of-memory killer) was RanksDied's traceback
+    import prismbench.launch
+
+    def killed(*_args, **_kwargs):
+        raise prismbench.launch.RanksDied({0: -signal.SIGKILL, 1: 0})
+
+    monkeypatch.setattr(prismbench.launch, "run_ranks", killed)
+    job = tmp_path / "two.toml"
+    job.write_text(TWO_RANKS)
+    out = tmp_path / "two_out.toml"
+    assert main(["record", str(job), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "rank(s) [0] of the job's 2 process(es) were killed" in err and "Traceback" not in err
+    assert not out.exists()
+
+
 def test_a_cuda_record_without_a_gpu_is_refused_naming_the_option(tmp_path, capsys):
     job = tmp_path / "one.toml"
     job.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 32\nglobal_batch = 1\n')
