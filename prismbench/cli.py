@@ -355,9 +355,6 @@ def _cmd_record(args: argparse.Namespace) -> int:
     _check_output(args.out, "--out", inputs=(args.job,))
     if args.profile:
         _check_output(args.profile, "--profile", inputs=(args.job, args.out))
-    _progress(f"recording {args.job} on {args.device}: {job.world_size} process(es), "
-              f"{args.threads} thread(s) each, {args.warmup} warm-up + {args.iterations} timed "
-              "iterations")  # fmt: skip
     recording = record(
         job,
         iterations=args.iterations,
@@ -365,6 +362,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
         threads=args.threads,
         device=args.device,
         profile=args.profile is not None,
+        progress=_progress,
     )
     path = write_record(recording, Path(args.out))
     if args.profile:

@@ -41,6 +41,7 @@ import resource
 import signal
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -270,8 +271,10 @@ def record(
     device: str = "cpu",
     profile: bool = False,
     timeout_s: float = 1800.0,
+    progress: Callable[[str], None] | None = None,
 ) -> Recording:
-    """Run `job` for real on this machine's CPU or GPUs (see the module docstring)."""
+    """Run `job` for real on this machine's CPU or GPUs (see the module docstring); `progress`
+    is told what runs once the job is found recordable here."""
     from prismbench.launch import RanksDied, run_ranks
 
     if job.world_size > MAX_RANKS:
@@ -286,6 +289,9 @@ def record(
     _check_device(job, device, warmup)
     if profile and device != "cuda":
         raise SpecError("--profile: kernel times need --device cuda (a CPU run has no kernels)")
+    if progress is not None:
+        progress(f"recording on {device}: {job.world_size} process(es), {threads} thread(s) each, "
+                 f"{warmup} warm-up + {iterations} timed iterations")  # fmt: skip
     try:
         ranks = run_ranks(
             job.world_size,

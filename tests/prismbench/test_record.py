@@ -105,6 +105,16 @@ def test_refuses_what_cannot_run_here(tmp_path):
     assert main(["record", str(job), "--out", str(tmp_path / "one.json")]) == 2  # not a .toml
 
 
+def test_a_refused_record_does_not_say_it_is_recording(tmp_path, capsys):
+    # "recording ... 32 process(es)" was said before the world size was refused
+    job = tmp_path / "big.toml"
+    job.write_text(TWO_RANKS.replace("dp = 2", "dp = 32").replace("global_batch = 2", "global_batch = 32"))
+    assert main(["record", str(job), "--out", str(tmp_path / "big_out.toml")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: parallel: record runs every rank as a process on this machine; world size 32 is above 16"
+    ]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 def test_ranks_the_out_of_memory_killer_ended_are_a_job_too_large_for_the_machine(
     tmp_path, capsys, monkeypatch
