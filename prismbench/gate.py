@@ -12,6 +12,7 @@ change that makes a job not fit is the first thing a gate must catch); bad input
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -51,8 +52,17 @@ class GateResult:
             "reference": self.reference,
             "candidate": self.candidate,
             "passed": self.passed,
-            "rows": [asdict(row) for row in self.rows],
+            "rows": [_json_row(row) for row in self.rows],
         }
+
+
+def _json_row(row: GateRow) -> dict:
+    """A row for `gate --json`: a figure that is no number (NaN, inf) is null there, as JSON has
+    none (json.dumps would write NaN, which strict parsers such as jq refuse)."""
+    return {
+        key: None if isinstance(value, float) and not math.isfinite(value) else value
+        for key, value in asdict(row).items()
+    }
 
 
 def read_side(path: str | Path, *, load_job: Callable[[Path], JobSpec] = load_job_spec):

@@ -57,6 +57,16 @@ def test_a_nan_on_either_side_fails_the_gate(reference):
     assert not gate(broken, reference, thresholds).passed
 
 
+def test_a_nan_is_null_in_the_json_output(reference, tmp_path, capsys):
+    # json.dumps wrote NaN, which is no JSON: a strict parser refused the gate's output
+    ref = _write(tmp_path / "ref.json", reference)
+    cand = _write(tmp_path / "cand.json", reference | {"iteration_time_s": float("nan")})
+    assert main(["gate", "--reference", ref, "--candidate", cand, "--fail", "iteration_time_s:+2%", "--json"]) == 1
+    out = capsys.readouterr().out
+    row = json.loads(out, parse_constant=pytest.fail)["rows"][0]
+    assert row["candidate"] is None and row["change"] is None and row["passed"] is False
+
+
 def test_the_report_gives_tokens_per_second_their_unit(reference, tmp_path, capsys):
     ref = _write(tmp_path / "ref.json", reference)
     assert main(["gate", "--reference", ref, "--candidate", ref, "--fail", "tokens_per_s:-2%"]) == 0
