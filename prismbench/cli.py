@@ -263,6 +263,7 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from prismbench import history
     from prismbench import validate as v
     from prismbench.baselines import BaselineError
     from prismbench.thresholds import parse_thresholds
@@ -282,6 +283,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     log = None
     if args.no_mlflow and args.tracking_uri:
         raise SpecError("--tracking-uri names an MLflow store that --no-mlflow would not use")
+    history.check_openable(Path(args.db))  # before MLflow's store is made beside it
     if not args.no_mlflow:
         from prismbench.mlflow_log import default_tracking_uri, log_run, open_experiment
 

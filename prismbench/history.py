@@ -127,6 +127,20 @@ def connect_with_retry(path: Path, *, wait_s: float = LOCK_WAIT_S) -> duckdb.Duc
             delay = min(delay * 2, 1.0)
 
 
+def check_openable(path: Path) -> None:
+    """Refuse, creating nothing, a --db the history cannot be written to: an existing file or
+    folder DuckDB cannot open, or a new path under a file. `validate` checks it before it makes
+    its MLflow store beside the history, so a bad --db leaves no store behind it."""
+    if path.exists():
+        connect_with_retry(path).close()
+        return
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise HistoryError(f"--db {path}: cannot create its folder ({folder} is a file)")
+
+
 def write(path: Path, statements: Callable[[duckdb.DuckDBPyConnection], None]) -> None:
     """Run `statements` in one transaction on a short-lived connection (created schema first)."""
     try:

@@ -156,6 +156,18 @@ def test_an_mlflow_store_that_cannot_be_used_is_refused_before_any_emulation(
     assert not db.exists()  # no run was started, so none is left "running"
 
 
+@pytest.mark.parametrize(("db", "says"), [("notes.duckdb", "cannot be opened"),
+                                          ("notes.duckdb/h.duckdb", "cannot create its folder")])  # fmt: skip
+def test_a_bad_db_is_refused_before_the_mlflow_store_is_made_beside_it(
+    tmp_path, baselines_dir, db, says, capsys
+):
+    # the store (mlflow.db and its lock) was made beside --db, then the history refused it
+    (tmp_path / "notes.duckdb").write_text("not a db\n")
+    assert main(_validate_args(baselines_dir, "--all", "--db", str(tmp_path / db))) == 2
+    assert says in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["baselines", "notes.duckdb"]
+
+
 @pytest.mark.parametrize(
     ("where", "options", "says"),
     [
