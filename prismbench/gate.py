@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from emulator.costs.kernel_table import PRICE_SOURCES
+from emulator.graph.results import BREAKDOWN_FIELDS
 from prismbench.emulate import RESULT_SCHEMA_VERSION, EmulationResult
 from prismbench.spec import JobSpec, load_job_spec
 from prismbench.thresholds import Threshold, field_value
@@ -108,19 +110,33 @@ def result_of(side, path: str | Path, *, progress=None) -> dict:
 
 def check_fields(side, path: str | Path, thresholds: list[Threshold]) -> None:
     """Refuse, before any emulation, a threshold field `side` cannot have: on a saved result
-    the field itself, on a job spec (not emulated yet) the top-level key of the emulate JSON
-    contract it starts with."""
+    the field itself, on a job spec (not emulated yet) a numeric field of the emulate JSON
+    contract (`numeric_result_fields`)."""
     if isinstance(side, dict):
         for t in thresholds:
             field_value(side, t.field, where=str(path))
         return
-    known = ["schema_version", *(f.name for f in fields(EmulationResult))]
+    known = numeric_result_fields()
     for t in thresholds:
-        if t.field.split(".")[0] not in known:
+        if t.field not in known:
             raise SpecError(
-                f"{path}: an emulate result has no field {t.field!r}; its top-level fields: "
-                f"{', '.join(known)}"
+                f"{path}: an emulate result has no field {t.field!r} that is a number; its "
+                f"numeric fields: {', '.join(known)}"
             )
+
+
+def numeric_result_fields() -> list[str]:
+    """The numeric fields every emulate result has, dotted, known before any emulation: its int
+    and float fields (EmulationResult's annotations), the breakdown's categories, and the ops
+    and time of each pricing source. A job spec's field is checked against them, not after
+    both sides' emulations (minutes each for a large job)."""
+    scalars = [f.name for f in fields(EmulationResult) if f.type in ("int", "float")]
+    return [
+        "schema_version",
+        *scalars,
+        *(f"breakdown.{name}" for name in BREAKDOWN_FIELDS),
+        *(f"compute_priced_by.{source}.{kind}" for source in PRICE_SOURCES for kind in ("ops", "time_s")),
+    ]
 
 
 def gate(reference: dict, candidate: dict, thresholds: list[Threshold], *,

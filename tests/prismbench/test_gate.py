@@ -8,9 +8,9 @@ import pytest
 
 from prismbench.cli import main
 from prismbench.emulate import emulate
-from prismbench.gate import FITS, gate
+from prismbench.gate import FITS, gate, numeric_result_fields
 from prismbench.spec import job_spec_from_dict
-from prismbench.thresholds import parse_thresholds
+from prismbench.thresholds import numeric_fields, parse_thresholds
 from tests.prismbench.test_profile_ingest import TINY, TINY_TOML
 
 
@@ -126,6 +126,27 @@ def test_bad_input_exits_2_before_either_side_is_emulated(tmp_path, reference, c
     assert "no numeric field 'iteration_s'" in capsys.readouterr().err
     assert main(["gate", "--reference", str(job), "--candidate", str(job), *typo]) == 2
     assert "an emulate result has no field 'iteration_s'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field", ["breakdown.nope_s", "kernel_table", "breakdown", "iteration_time_s.x"])
+def test_a_job_spec_s_field_that_is_no_number_is_refused_before_emulating(
+    tmp_path, capsys, monkeypatch, field
+):
+    # only the top-level key was checked: these were refused after both sides' emulations
+    import prismbench.emulate
+
+    def no_emulation(*_args, **_kwargs):
+        raise AssertionError("emulated before the field was checked")
+
+    monkeypatch.setattr(prismbench.emulate, "emulate", no_emulation)
+    job = tmp_path / "tiny.toml"
+    job.write_text(TINY_TOML)
+    assert main(["gate", "--reference", str(job), "--candidate", str(job), "--fail", f"{field}:+2%"]) == 2
+    assert f"an emulate result has no field {field!r} that is a number" in capsys.readouterr().err
+
+
+def test_the_numeric_fields_known_before_emulating_are_a_result_s(reference):
+    assert sorted(numeric_result_fields()) == sorted(numeric_fields(reference))
 
 
 def test_cli_emulates_a_job_spec_and_refuses_an_old_result(tmp_path, reference, capsys):
