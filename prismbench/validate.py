@@ -248,8 +248,14 @@ def check_kernel_tables(baselines, kernel_tables: tuple[str, ...]) -> None:
     """Refuse the run up front, rather than fail cases one by one, when `kernel_tables`
     cannot price every one of `baselines`: unreadable, or measured on another GPU than a
     baseline's (`emulate.check_table_gpu`; the error names that GPU's baselines)."""
+    from emulator.costs.kernel_table import read_rows
     from prismbench.emulate import kernel_table_for
 
+    for path in kernel_tables:  # a file no case can use: no selection of cases would help
+        try:
+            read_rows(path)
+        except (OSError, ValueError) as err:
+            raise SpecError(f"--kernel-table: {err}") from None
     for gpu in sorted({b.job.cluster.gpu for b in baselines}):
         try:
             kernel_table_for(gpu, extra=kernel_tables)

@@ -389,3 +389,16 @@ def test_a_kernel_table_of_another_gpu_is_refused_before_a_run_starts(
     assert err.startswith(f"error: --kernel-table: {rows}: rows measured on 'NVIDIA A100-SXM4-80GB'")
     assert "cases on h100-sxm-80g: mine__tiny__1g__r001, mine__tiny__1g__r002" in err
     assert not db.exists()
+
+
+def test_a_kernel_table_that_cannot_be_read_is_refused_without_a_selection_to_make(
+    tmp_path, baselines_dir, capsys
+):
+    # a missing file or one without the columns was told to "select cases on the table's GPU"
+    broken = tmp_path / "broken.csv"
+    broken.write_text("a,b\n")
+    args = _validate_args(baselines_dir, "--db", str(tmp_path / "p.duckdb"), "--no-mlflow", "--all")
+    for table, says in ((tmp_path / "none.csv", "No such file"), (broken, "lacks columns")):
+        assert main([*args, "--kernel-table", str(table)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "select cases" not in err
