@@ -247,7 +247,7 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     from prismbench.gate import check_fields, gate, read_side, result_of
     from prismbench.thresholds import parse_thresholds
 
-    thresholds = parse_thresholds(args.fail)
+    thresholds = [t for text in args.fail for t in parse_thresholds(text)]
     # both checked, then run; a baseline file is its [job] table, as everywhere a job spec goes
     sides = [read_side(path, load_job=_load_job) for path in (args.reference, args.candidate)]
     for side, path in zip(sides, (args.reference, args.candidate), strict=True):
@@ -268,7 +268,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from prismbench.baselines import BaselineError
     from prismbench.thresholds import parse_thresholds
 
-    thresholds = parse_thresholds(args.gate, option="--gate") if args.gate is not None else []
+    thresholds = [t for text in args.gate or () for t in parse_thresholds(text, option="--gate")]
     unknown = sorted({t.field for t in thresholds} - set(v.VALIDATED_METRICS))
     if unknown:
         raise SpecError(
@@ -943,8 +943,9 @@ def _add_gate(commands) -> None:
     gate_cmd.add_argument(
         "--fail",
         required=True,
+        action="append",  # every one given is checked: a later one must not drop an earlier one
         metavar="THRESHOLDS",
-        help='e.g. "iteration_time_s:+2%%,peak_memory_reserved_bytes:+1%%"',
+        help='e.g. "iteration_time_s:+2%%,peak_memory_reserved_bytes:+1%%" (repeatable)',
     )
     gate_cmd.add_argument("--json", action="store_true", help="print one JSON object")
     gate_cmd.set_defaults(handler=_cmd_gate)
@@ -974,7 +975,12 @@ def _add_validate(commands) -> None:
         "prismbench.validate.DEFAULT_SELECTION)",
     )
     validate_cmd.add_argument("--all", action="store_true", help="every baseline")
-    validate_cmd.add_argument("--gate", metavar="THRESHOLDS", help='e.g. "iteration_time_s:10%%"')
+    validate_cmd.add_argument(
+        "--gate",
+        action="append",  # every one given is checked: a later one must not drop an earlier one
+        metavar="THRESHOLDS",
+        help='e.g. "iteration_time_s:10%%" (repeatable)',
+    )
     validate_cmd.add_argument(
         "--baselines",
         default="results/baselines",

@@ -223,3 +223,11 @@ def test_a_baseline_file_is_gated_on_its_job_table(tmp_path, capsys):
     args = ["--reference", str(baseline), "--candidate", str(baseline), "--fail", "iteration_time_s:+2%"]
     assert main(["gate", *args]) == 0
     assert "is a baseline: its [job] table is the job" in capsys.readouterr().err
+
+
+def test_every_fail_option_given_is_checked(reference, tmp_path):
+    # argparse kept the last --fail alone: a 5 % slowdown passed a gate given twice
+    ref = _write(tmp_path / "ref.json", reference)
+    cand = _write(tmp_path / "cand.json", _slower(reference, 1.05))
+    fails = ["--fail", "iteration_time_s:+2%", "--fail", "peak_memory_reserved_bytes:+1%"]
+    assert main(["gate", "--reference", ref, "--candidate", cand, *fails]) == 1

@@ -129,6 +129,14 @@ def test_validate_says_whether_its_gate_passed(tmp_path, baselines_dir, capsys):
     assert "nan" not in printed  # no case, so no error to print
 
 
+def test_every_gate_option_given_is_checked(tmp_path, baselines_dir):
+    # argparse kept the last --gate alone: the iteration-time bound below was dropped
+    args = _validate_args(baselines_dir, "--all", "--db", str(tmp_path / "h.duckdb"), "--no-mlflow",
+                          "--workers", "1", "--gate", "iteration_time_s:5%",
+                          "--gate", "iteration_time_s:+1000%")  # fmt: skip
+    assert main(args) == 1
+
+
 def test_validate_json_is_strict_json_when_a_gate_has_no_error(tmp_path, baselines_dir, capsys):
     args = _validate_args(baselines_dir, "--all", "--db", str(tmp_path / "h.duckdb"),
                           "--no-mlflow", "--workers", "1", "--json")  # fmt: skip
