@@ -1,6 +1,7 @@
 """Sessions: `tests` (what CI runs), `lint` (ruff), `emulate` (the quick-start job), `explain`,
 `emulate-validate` (score baselines, record the run, draw the dashboard), `dashboard`, `bench`."""
 
+import argparse
 import os
 
 import nox
@@ -64,7 +65,16 @@ def emulate_validate(session: nox.Session) -> None:
     dashboard (.prismbench/dashboard/index.html) and print the error summary."""
     install_project(session)
     session.run("prismbench", "validate", *session.posargs)
-    session.run("prismbench", "dashboard", "--out", ".prismbench/dashboard")
+    session.run("prismbench", "dashboard", "--out", ".prismbench/dashboard", *_db_option(session.posargs))
+
+
+def _db_option(validate_args: list[str]) -> list[str]:
+    """The `--db` among validate's arguments (read as validate's argparse reads it), for the
+    dashboard to draw the history that validation wrote, not the default one (another, or none)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--db")
+    db = parser.parse_known_args(validate_args)[0].db
+    return [] if db is None else ["--db", db]
 
 
 @nox.session
