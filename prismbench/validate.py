@@ -117,8 +117,16 @@ def load_all_baselines(directory: str | Path):
 
     if not Path(directory).is_dir():
         raise BaselineError(f"{directory}: no such directory of baselines")
-    recorded = Path(directory) / RECORDED_DIR
-    found = load_baselines(directory) + (load_baselines(recorded) if recorded.is_dir() else ())
+    recorded_dir = Path(directory) / RECORDED_DIR
+    published = load_baselines(directory)
+    recorded = load_baselines(recorded_dir) if recorded_dir.is_dir() else ()
+    twice = sorted({b.name for b in published} & {b.name for b in recorded})
+    if twice:  # the history keys a run's cases by name: two of one name would be one case
+        raise BaselineError(
+            f"{directory}: {twice} in it and in its {RECORDED_DIR}/: a baseline's name (its "
+            "file's stem) must be unique; rename one"
+        )
+    found = published + recorded
     if not found:
         raise BaselineError(f"{directory}: no baseline (*.toml) in it or in its {RECORDED_DIR}/")
     return found

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,6 +73,17 @@ def test_a_cpu_recording_is_emulated_but_not_scored(tmp_path, baselines_dir, cap
     assert "not scored: mine__tiny__cpu: measured on a CPU; the emulator predicts" in printed.out
     assert "mine__tiny__cpu: not scored (measured on a CPU" in printed.err  # the progress line
     assert main([*args, "--select", "cpu", "--gate", "iteration_time_s:60%"]) == 1  # gates nothing
+
+
+def test_a_baseline_name_in_both_folders_is_refused(tmp_path, baselines_dir, capsys):
+    # two cases of one name: with --variability a DuckDB primary-key traceback half-way through
+    # the run, without it two cases the history cannot tell apart
+    (baselines_dir / "recorded").mkdir()
+    shutil.copy(baselines_dir / "mine__tiny__1g__r001.toml", baselines_dir / "recorded")
+    db = tmp_path / "h.duckdb"
+    assert main(_validate_args(baselines_dir, "--all", "--db", str(db), "--no-mlflow")) == 2
+    assert "['mine__tiny__1g__r001'] in it and in its recorded/" in capsys.readouterr().err
+    assert not db.exists()
 
 
 def test_select_by_glob_or_substring_and_refuse_nothing(baselines_dir):
