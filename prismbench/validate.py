@@ -369,6 +369,11 @@ def validate(
             history.finish_run(run.db_path, run.run_id, "interrupted")
             run.status = "interrupted"
             raise
+        except Exception:  # a case the history could not store: the run cannot finish whole
+            _stop_workers(pool)  # else leaving the pool waits for every queued case first
+            run.status = "failed"
+            history.finish_run(run.db_path, run.run_id, run.status)
+            raise
     run.status = "complete"
     history.finish_run(run.db_path, run.run_id, run.status)
     if log_mlflow is not None:  # after the history has the run whole: a failure here loses no case

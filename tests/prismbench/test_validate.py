@@ -86,6 +86,20 @@ def test_a_baseline_name_in_both_folders_is_refused(tmp_path, baselines_dir, cap
     assert not db.exists()
 
 
+def test_a_case_the_history_cannot_store_fails_the_run(tmp_path, baselines_dir, monkeypatch):
+    # the run was left "running" (the status "failed" was never written) and the error waited
+    # for every queued case
+    db = tmp_path / "h.duckdb"
+
+    def broken(*_args) -> None:
+        raise history.HistoryError(f"--db {db}: another process has held its lock for over 120 s")
+
+    monkeypatch.setattr(history, "add_case", broken)
+    with pytest.raises(history.HistoryError, match="held its lock"):
+        validate(load_baselines(baselines_dir), db_path=db, workers=1)
+    assert history.read(db, "SELECT status FROM runs") == [{"status": "failed"}]
+
+
 def test_select_by_glob_or_substring_and_refuse_nothing(baselines_dir):
     all_ = load_baselines(baselines_dir)
     assert [b.name for b in select_baselines(all_, ["r002"], False)] == ["mine__tiny__1g__r002"]
