@@ -252,8 +252,12 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     sides = [read_side(path, load_job=_load_job) for path in (args.reference, args.candidate)]
     for side, path in zip(sides, (args.reference, args.candidate), strict=True):
         check_fields(side, path, thresholds)
-    reference = result_of(sides[0], args.reference, progress=_progress)
-    candidate = result_of(sides[1], args.candidate, progress=_progress)
+    reference, candidate = (
+        result_of(side, path, progress=lambda message, name=name: _progress(f"{name}: {message}"))
+        for side, path, name in zip(
+            sides, (args.reference, args.candidate), ("reference", "candidate"), strict=True
+        )
+    )
     result = gate(reference, candidate, thresholds, names=(args.reference, args.candidate))
     if args.json:
         _print_json(result.to_dict())
@@ -963,7 +967,8 @@ def _add_validate(commands) -> None:
             "MLflow, and with --gate exit 1 when a case's error crosses a threshold "
             "(FIELD:X% bounds |error|, FIELD:+X% a too-slow/too-large prediction, each "
             "widened by the measurement's own spread where a baseline records one; FIELD is "
-            f"one of {', '.join(VALIDATED_METRICS)}; a gate no selected case measures fails)."
+            f"one of {', '.join(VALIDATED_METRICS)}; a gate no selected case measures fails). "
+            "A case that fails to emulate exits 1 too, with or without --gate."
         ),
     )
     validate_cmd.add_argument(

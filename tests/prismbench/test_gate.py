@@ -164,7 +164,10 @@ def test_cli_emulates_a_job_spec_and_refuses_an_old_result(tmp_path, reference, 
         "--json",
     ]
     assert main(args) == 0
-    assert json.loads(capsys.readouterr().out)["passed"] is True
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["passed"] is True
+    progress = [line for line in captured.err.splitlines() if not line.startswith("note: ")]
+    assert progress and all(line.startswith("candidate: ") for line in progress)  # the side emulated
     old = _write(tmp_path / "old.json", reference | {"schema_version": 1})
     assert (
         main(["gate", "--reference", old, "--candidate", ref, "--fail", "iteration_time_s:1%"]) == 2
