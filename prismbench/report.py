@@ -576,6 +576,8 @@ def render_validation(run, summary, failures, console: Console, thresholds=()) -
             continue
         if baseline == "-":  # a threshold no selected case measures: there is no error to show
             console.print(f"gate FAILED: {threshold}")
+        elif metric == "oom":
+            console.print(f"gate FAILED: {baseline}: {threshold}")
         else:
             console.print(
                 f"gate FAILED: {baseline}: {metric} error {error:+.1%} crosses {threshold}"

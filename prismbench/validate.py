@@ -458,13 +458,18 @@ def summarize(cases: list[CaseResult]) -> list[SummaryRow]:
     ]
 
 
+PREDICTED_OOM = "predicted out of memory, where the measured run completed"
+
+
 def gate_failures(
     cases: list[CaseResult], thresholds: list[Threshold]
 ) -> list[tuple[str, str, float, str]]:
     """(baseline, metric, error, threshold) for every case metric that crosses a threshold on
     its field, the bound widened by the measurement's own spread (`MetricResult.spread`); a
-    failed emulation fails the gate too (metric "emulation"), and so does a threshold no case
-    measures (baseline "-"): a gate that checks nothing must not pass."""
+    failed emulation fails the gate too (metric "emulation"), so does a case predicted to run
+    out of memory (metric "oom": every baseline records a run that completed, so the job fit),
+    and so does a threshold no case measures (baseline "-"): a gate that checks nothing must
+    not pass."""
     failures = []
     measured = {m.metric for case in cases for m in case.metrics}
     for t in thresholds:
@@ -474,6 +479,8 @@ def gate_failures(
         if case.status != "ok":
             failures.append((case.baseline, "emulation", float("nan"), "must run"))
             continue
+        if case.result is not None and case.result.get("oom"):
+            failures.append((case.baseline, "oom", float("nan"), PREDICTED_OOM))
         for m in case.metrics:
             for t in thresholds:
                 if t.field == m.metric and t.crossed(m.error, slack=m.spread):

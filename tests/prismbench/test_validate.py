@@ -436,3 +436,17 @@ def test_a_kernel_table_that_cannot_be_read_is_refused_without_a_selection_to_ma
         assert main([*args, "--kernel-table", str(table)]) == 2
         err = capsys.readouterr().err
         assert says in err and "select cases" not in err
+
+
+def test_a_case_predicted_to_run_out_of_memory_fails_the_gate_without_a_threshold():
+    # every baseline records a run that completed: a prediction that it does not fit is wrong
+    # whatever --gate says (a change that makes a job not fit is what a gate must catch first)
+    from prismbench.validate import PREDICTED_OOM, CaseResult, MetricResult
+
+    def case(oom):
+        return CaseResult(baseline="b", source="s", gpu="g", world_size=1, status="ok", wall_s=0.0,
+                          result={"oom": oom},
+                          metrics=[MetricResult("iteration_time_s", 1.0, 1.0, 0.0)])  # fmt: skip
+
+    assert gate_failures([case(True)], []) == [("b", "oom", pytest.approx(float("nan"), nan_ok=True), PREDICTED_OOM)]
+    assert gate_failures([case(False)], []) == []
