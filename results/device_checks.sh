@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The open issues' GPU checks, each step with its own limit (together 2 380 s at most: more than
+# The open issues' GPU checks, each step with its own limit (together 2 470 s at most: more than
 # a session's 15 minutes of device time, machine start included; name the steps a session still
 # needs). Run so far (results/gpu_runs/):
 #   - H100, 2026-11-28: every step but compile, sac_kinds, host_tiny and fake_pg_memory (the
