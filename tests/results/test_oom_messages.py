@@ -1,5 +1,5 @@
 """The emulated OOM report against torch's own OOM messages: the jobs that ran out of memory on
-an H100 and an H200 (results/gpu_runs/*/oom_pairs_gpu.json, results/fidelity/oom_pairs.md),
+an H100 and an H200 (results/gpu_runs/*/*/oom_pairs_gpu.json, results/fidelity/oom_pairs.md),
 replayed on CPU, give the figures torch printed, to the precision it printed them."""
 
 import json
