@@ -19,11 +19,11 @@ SETTINGS = [
 ]
 
 
-def _model(name, mode="none", selective="op"):
+def _model(name, mode="none", selective="op", early_stop=True):
     torch.manual_seed(0)
     model = build_model(get_flavor(name))
     model.init_weights(0)
-    return apply_recompute(model, mode, selective=selective)
+    return apply_recompute(model, mode, selective=selective, early_stop=early_stop)
 
 
 def _tokens(seq=33):
@@ -37,11 +37,14 @@ def _grads(model):
     return {name: p.grad for name, p in model.named_parameters()}
 
 
+# kernels.recompute_reruns: "needed" stops rerunning once backward has what it needs (torch's
+# non-reentrant early stop), "all" reruns the whole region (Megatron's reentrant checkpoint)
+@pytest.mark.parametrize("early_stop", [True, False], ids=["reruns-needed", "reruns-all"])
 @pytest.mark.parametrize("name", ["gpt-debug", "llama-debug"])
 @pytest.mark.parametrize(("mode", "selective"), SETTINGS)
-def test_gradients_equal_no_recompute(name, mode, selective):
+def test_gradients_equal_no_recompute(name, mode, selective, early_stop):
     reference = _grads(_model(name))
-    recomputed = _grads(_model(name, mode, selective))
+    recomputed = _grads(_model(name, mode, selective, early_stop))
     assert reference.keys() == recomputed.keys()
     for key, grad in reference.items():
         torch.testing.assert_close(recomputed[key], grad, rtol=1e-6, atol=1e-7, msg=key)
