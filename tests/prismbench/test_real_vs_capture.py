@@ -107,20 +107,41 @@ MODELS = {
 }
 
 
-def _case(framework: str, model: str, precision: str = "bf16"):
-    return pytest.param(framework, model, precision, id=f"{framework}-{model}-{precision}")
+def _case(framework: str, model: str, precision: str = "bf16", **more):
+    """`more`: `kernels` overrides and `recompute`, named in the id after the precision."""
+    extra = "".join(f"-{value}" for value in more.values())
+    name = f"{framework}-{model}-{precision}{extra}"
+    return pytest.param(framework, model, precision, more, id=name)
 
 
 CASES = [_case(framework, model) for framework in FRAMEWORKS for model in MODELS]
 CASES.append(_case("torchtitan", "llama", "fp8"))  # torchtitan's fp8 recipe: tensorwise
+# The kernels choices that act only in other precisions or with recomputation (the fp8 casts'
+# `fused` and `transformer-engine` rewrite the capture by rule, tests/emulator/capture/
+# test_fp8_casts.py, so their real run is unfused): the other fp8 recipes, Megatron's fp16
+# gradient buffer (grad_accumulation = "model-dtype"), each selective policy and both rerun
+# extents.
+CASES += [
+    _case("torchtitan", "llama", "fp8", fp8_recipe="rowwise"),
+    _case("torchtitan", "llama", "fp8", fp8_recipe="rowwise_with_gw_hp"),
+    _case("prism-86a4f47", "llama", "fp8"),  # its own float8 linears (fp8_recipe)
+    _case("megatron", "llama", "fp16"),
+    _case("megatron", "gpt-alibi", recompute="selective"),  # core-attention, reruns all
+    _case("megatron", "llama", recompute="full"),  # reruns all
+    _case("torchtitan", "llama", recompute="selective"),  # op
+    _case("torchtitan", "llama", recompute="full"),  # reruns needed
+    _case("prism-86a4f47", "llama", recompute="selective"),  # op-prism-86a4f47
+]
 
 
-@pytest.mark.parametrize(("framework", "model", "precision"), CASES)
+@pytest.mark.parametrize(("framework", "model", "precision", "more"), CASES)
 def test_a_real_cpu_step_runs_the_ops_the_capture_records(
-    one_thread, fused_rms_norm_on_cpu, framework, model, precision
+    one_thread, fused_rms_norm_on_cpu, framework, model, precision, more
 ):
-    train = {"precision": precision}
-    job = debug_job(kernels={"framework": framework}, train=train, **MODELS[model])
+    more = dict(more)
+    train = {"precision": precision, "recompute": more.pop("recompute", "none")}
+    kernels = {"framework": framework, **more}
+    job = debug_job(kernels=kernels, train=train, **MODELS[model])
     captured = capture_rank(0, 1, rank_program(job), reuse_chunks=False)
     real = real_cpu_step(job)
     assert differing(op_classes(real), op_classes(captured)) == {}
