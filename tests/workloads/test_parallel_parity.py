@@ -4,7 +4,8 @@ A spawn of 4 processes runs the cases in turn (each builds its own mesh on the s
 process group; context-parallel cases get a spawn each, see SPAWNS; only the cases whose tests
 are selected run, so `-k NAME` runs one and the `slow` ones run under `-m slow`); each case trains 3
 iterations of a debug flavor and the mean loss over ranks of each iteration must equal the
-single-process loss of the same model, seed and global batch (fp32, rtol 1e-5). AdamW's
+single-process loss of the same model, seed and global batch (fp32, rtol 1e-5; the bf16 and
+fp8 cases of LOW_PRECISION within the looser bounds stated there). AdamW's
 update does not depend on the scale of the gradient, so the learning rate is large (1e-2) to
 make a wrong gradient direction show up in the later losses.
 
@@ -175,7 +176,6 @@ KERNELS["cp4-llama-ring"] = {"cp_attention": "ring"}
 CASES["cp4-llama-ring"] = ({"name": "llama-debug"}, {"cp": 4})
 # Each production framework's preset as a whole (workloads/kernels.py FRAMEWORKS), on a layout
 # it runs: every choice the preset makes at once, not one field at a time (issue 15's goal).
-# torchtitan's compile is left off: the CPU run would compile, the parity is the eager program's.
 PRESETS = {
     "dp4-zero3-gpt-alibi-llm-foundry": (
         {"name": "gpt-debug", "positions": "alibi"},
@@ -195,8 +195,91 @@ PRESETS = {
         {"framework": "torchtitan"},
     ),
 }
+# torchtitan pipelined under FSDP keeps every unit gathered after forward (its pipelined choice,
+# kernels.fsdp_reshard = "none": KernelsSpec.for_pipeline), the one reshard value no other case runs
+PRESETS["fsdp-zero3-pp2-dp2-llama-torchtitan"] = (
+    {"name": "llama-debug"},
+    {"pp": 2, "dp": 2, "zero": 3},
+    {"framework": "torchtitan"},
+)
 for _name, (_model, _parallel, _kernels) in PRESETS.items():
     CASES[_name], KERNELS[_name] = (_model, _parallel), _kernels
+# the `[train]` table of cases that set more than fp32 (make_job)
+TRAIN: dict[str, dict] = {}
+# Recomputation under parallelism, as each framework runs it: Megatron's core attention only,
+# rerun whole by its reentrant checkpoint (selective_recompute = "core-attention",
+# recompute_reruns = "all") beside its unfused attention, sequence-parallel regathering and
+# scatter-gather pipeline; torchtitan's op-level policy (selective_recompute = "op") on FSDP
+# and TP DTensors; whole blocks rerun whole (recompute_reruns = "all") on the workloads' own
+# kernels, with their 86a4f47 op policy in the other selective case (op-prism-86a4f47).
+for _name, _model, _parallel, _kernels, _train in (
+    (
+        "tp2-sp-pp2-gpt-megatron-recompute-selective",
+        {"name": "gpt-debug"},
+        {"tp": 2, "pp": 2},
+        {"framework": "megatron"},
+        {"recompute": "selective"},
+    ),
+    (
+        "dp2-tp2-zero3-llama-torchtitan-recompute-selective",
+        {"name": "llama-debug"},
+        {"dp": 2, "tp": 2, "zero": 3},
+        {"framework": "torchtitan"},
+        {"recompute": "selective"},
+    ),
+    (
+        "tp2-sp-dp2-zero1-llama-recompute-full-reruns-all",
+        {"name": "llama-debug"},
+        {"tp": 2, "dp": 2, "zero": 1},
+        {"recompute_reruns": "all"},
+        {"recompute": "full"},
+    ),
+    (
+        "pp2-1f1b-dp2-zero1-gpt-tied-recompute-selective-prism",
+        {"name": "gpt-debug"},
+        {"pp": 2, "dp": 2, "zero": 1},
+        {},
+        {"recompute": "selective"},
+    ),
+):
+    CASES[_name], KERNELS[_name], TRAIN[_name] = (_model, _parallel), _kernels, _train
+# Low-precision programs (every case above is fp32): bf16 on its own, and fp8 linears of every
+# recipe (kernels.fp8_recipe). torchao's tensorwise float8 under tensor parallelism all-gathers
+# float8 tensors, which gloo refuses ("Invalid scalar type"): tensorwise runs on data, FSDP and
+# pipeline parallelism here; the other recipes take the plain TP plan (float8.py
+# TENSOR_PARALLEL_RECIPES) and run under tp 2.
+LOW_PRECISION = {
+    "tp2-sp-dp2-zero1-llama-bf16": ({"tp": 2, "dp": 2, "zero": 1}, {}, "bf16"),
+    "dp4-zero1-llama-fp8-tensorwise": ({"dp": 4, "zero": 1}, {"fp8_recipe": "tensorwise"}, "fp8"),
+    "dp4-zero3-llama-fp8-tensorwise": ({"dp": 4, "zero": 3}, {"fp8_recipe": "tensorwise"}, "fp8"),
+    "pp2-dp2-zero1-llama-fp8-tensorwise": (
+        {"pp": 2, "dp": 2, "zero": 1},
+        {"fp8_recipe": "tensorwise"},
+        "fp8",
+    ),
+    **{
+        f"tp2-sp-dp2-zero1-llama-fp8-{recipe}": (
+            {"tp": 2, "dp": 2, "zero": 1},
+            {"fp8_recipe": recipe},
+            "fp8",
+        )
+        for recipe in ("rowwise", "rowwise_with_gw_hp", "prism-86a4f47")
+    },
+}
+for _name, (_parallel, _kernels, _precision) in LOW_PRECISION.items():
+    CASES[_name], KERNELS[_name] = ({"name": "llama-debug"}, _parallel), _kernels
+    TRAIN[_name] = {"precision": _precision}
+# torchtitan's torch.compile and async TP change the capture only (workloads/kernels.py): the
+# CPU run is the eager plain-TP program, whose parity this case shows with both flags set
+KERNELS["tp2-sp-dp2-zero1-llama-torchtitan-compile-async-tp"] = {
+    "framework": "torchtitan",
+    "compile": True,
+    "async_tp": True,
+}
+CASES["tp2-sp-dp2-zero1-llama-torchtitan-compile-async-tp"] = (
+    {"name": "llama-debug"},
+    {"tp": 2, "dp": 2, "zero": 1},
+)
 MICRO_BATCH = {name: 2 for name in CASES if name.endswith("-mb2")}
 # cases whose four-process spawn CI leaves out (the suite's 10-minute budget): each repeats a
 # mechanism a CI case proves (the two-micro-batch sp variants beside their one-micro-batch
@@ -208,16 +291,46 @@ SLOW_CASES = {
     "pp2-1f1b-tp2-llama-sp-regather",
     "pp2-1f1b-dp2-zero1-gpt-tied-buckets",
     "dp2-tp2-zero1-gpt-fused-adamw",
+    # recomputation's other programs beside the Megatron and torchtitan cases CI runs
+    "tp2-sp-dp2-zero1-llama-recompute-full-reruns-all",
+    "pp2-1f1b-dp2-zero1-gpt-tied-recompute-selective-prism",
+    # low precision beside CI's tensorwise fp8 on dp (the recipe of every framework but the
+    # default; test_float8 compares each recipe with high precision in one process, and CPU
+    # float8 GEMMs make the single-process references of these 10-20 s each)
+    "tp2-sp-dp2-zero1-llama-bf16",
+    "dp4-zero3-llama-fp8-tensorwise",
+    "pp2-dp2-zero1-llama-fp8-tensorwise",
+    "tp2-sp-dp2-zero1-llama-fp8-rowwise",
+    "tp2-sp-dp2-zero1-llama-fp8-rowwise_with_gw_hp",
+    "tp2-sp-dp2-zero1-llama-fp8-prism-86a4f47",
+    # no workload reads compile or async_tp: the case shows the CPU program is the plain one
+    "tp2-sp-dp2-zero1-llama-torchtitan-compile-async-tp",
 }
 # The unfused ALiBi scores carry slope * key position (up to 16 here) in float32, so the
 # parallel and single runs round differently enough for the third step's norm to drift by ~5e-5
 # (the single run's own flash/unfused norms differ by 8e-6); a wrong scale is off by >= 0.5.
 GRAD_NORM_RTOL = {"tp2-sp-pp2-gpt-alibi-unfused-attention": 1e-4}
+# bf16 rounds differently in the parallel and single runs, and AdamW's steps compound it: the bf16
+# case's losses drift by 1.7e-3 by the third step and its norms by 2 %; the fp8 cases under tp by
+# up to 4e-3 and 23 % (their shards are cast to fp8 in the parallel run: where the plan is not
+# float8's own, with scales of their own, we think; not checked). The low-precision
+# cases compare losses within 1e-2 (test_float8's bound for fp8 against high precision) and the
+# first step's norm, before any update, within 1e-2 (bf16 4e-5, fp8 up to 5.2e-3); a gradient
+# scaled or summed wrongly over ranks is off by far more.
+LOSS_RTOL = {name: 1e-2 for name in LOW_PRECISION}
+GRAD_NORM_RTOL |= {name: 1e-2 for name in LOW_PRECISION}
+GRAD_NORM_STEPS = {name: 1 for name in LOW_PRECISION}
 # about 1/16 of a debug model's fp32 gradients: 10-20 buckets per rank
 BUCKET_BYTES = {name: 64 * 1024 for name in CASES if name.endswith("-buckets")}
 
 
-def make_job(model: dict, parallel: dict, kernels: dict | None = None, micro_batch: int = 1):
+def make_job(
+    model: dict,
+    parallel: dict,
+    kernels: dict | None = None,
+    micro_batch: int = 1,
+    train: dict | None = None,
+):
     return job_spec_from_dict(
         {
             "model": model,
@@ -227,14 +340,14 @@ def make_job(model: dict, parallel: dict, kernels: dict | None = None, micro_bat
                 "micro_batch": micro_batch,
                 "global_batch": GLOBAL_BATCH,
             },
-            "train": {"precision": "fp32"},
+            "train": {"precision": "fp32", **(train or {})},
             "kernels": kernels or {},
         }
     )
 
 
 def case_job(name: str):
-    return make_job(*CASES[name], KERNELS.get(name), MICRO_BATCH.get(name, 1))
+    return make_job(*CASES[name], KERNELS.get(name), MICRO_BATCH.get(name, 1), TRAIN.get(name))
 
 
 @dataclasses.dataclass
@@ -297,6 +410,8 @@ def reference_job(job):
     if kernels.vocab_multiple > 1:
         multiple = kernels.vocab_multiple * job.parallel.tp
         kernels = dataclasses.replace(kernels, vocab_multiple=multiple)
+    if kernels.async_tp:  # it needs tp > 1; the program it runs on CPU is the plain TP one
+        kernels = dataclasses.replace(kernels, async_tp=False)
     return dataclasses.replace(job, parallel=single, kernels=kernels)
 
 
@@ -366,7 +481,7 @@ def test_parallel_loss_matches_single_process(name, parallel_losses):
     job = case_job(name)
     assert reference_job(job).built_model.vocab == job.built_model.vocab
     expected = train_losses(reference_job(job), None).losses
-    assert parallel_losses[name] == pytest.approx(expected, rel=1e-5)
+    assert parallel_losses[name] == pytest.approx(expected, rel=LOSS_RTOL.get(name, 1e-5))
     assert expected[-1] < expected[0]  # training moved the loss: the comparison means something
 
 
@@ -383,6 +498,8 @@ def test_no_bucket_is_reduced_late(name, per_rank_results):
 def test_grad_norm_matches_single_process(name, per_rank_results):
     # AdamW hides a wrongly scaled gradient from the losses; the norm does not
     job = case_job(name)
-    expected = train_losses(reference_job(job), None).grad_norms
+    steps = GRAD_NORM_STEPS.get(name, STEPS)
+    expected = train_losses(reference_job(job), None).grad_norms[:steps]
     for rank in per_rank_results:
-        assert rank[name].grad_norms == pytest.approx(expected, rel=GRAD_NORM_RTOL.get(name, 1e-5))
+        got = rank[name].grad_norms[:steps]
+        assert got == pytest.approx(expected, rel=GRAD_NORM_RTOL.get(name, 1e-5))
