@@ -372,10 +372,13 @@ def test_torchtitan_keeps_every_fsdp_unit_gathered_when_it_pipelines():
         KernelsSpec(fsdp_reshard="some")
 
 
-@pytest.mark.parametrize(("attention", "flash_only"), [("flash2", True), ("flash", False)])
+@pytest.mark.parametrize(
+    ("attention", "flash_only"), [("flash2", True), ("flash", False), ("triton", False)]
+)
 def test_flash2_makes_every_block_ask_sdpa_for_its_flash_backend(attention, flash_only):
     """`flash2` prices FlashAttention-2; on a GPU torch 2.11's SDPA would pick cuDNN unless
-    told, so the blocks ask for the flash backend (CPU and capture are unaffected)."""
+    told, so the blocks ask for the flash backend (CPU and capture are unaffected). `triton`
+    changes the price only: its blocks are `flash`'s, whose parity runs prove it."""
     from workloads.flavors import get_flavor
     from workloads.models import build_model
     from workloads.parallelize import set_kernels
@@ -388,3 +391,4 @@ def test_flash2_makes_every_block_ask_sdpa_for_its_flash_backend(attention, flas
     set_kernels(model, job)
     cores = [block.attention.core_attention for block in model.layers.values()]
     assert cores and all(core.flash_only is flash_only for core in cores)
+    assert not any(core.unfused for core in cores)
