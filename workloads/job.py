@@ -125,6 +125,7 @@ class TrainingJob:
         object.__setattr__(self, "kernels", kernels)
         check_schedule(p.schedule, p.pp, p.vpp, self.num_microbatches, self.kernels.pipeline_recv)
         self._check_recompute()
+        self._check_zero_bubble_fsdp()
         self._check_async_tp()
         self._check_attention()
         self._check_fp8()
@@ -175,6 +176,21 @@ class TrainingJob:
                 f"parallel.schedule='zero-bubble' needs train.recompute='none' (is "
                 f"{self.train.recompute!r}): its split backward enters the recompute of torch's "
                 "composable checkpoint twice, which torch refuses"
+            )
+
+    def _check_zero_bubble_fsdp(self) -> None:
+        """Zero-bubble's weight backward (torch's `stage_backward_weight`) computes the
+        gradients of the parameters a stage's module holds when its input backward runs; an
+        FSDP unit that reshards after forward holds its sharded parameters then, not the
+        gathered ones forward used, so none of its weight gradients is computed: every stage
+        but the first (whose weight step reruns its whole backward) neither reduces gradients
+        nor steps, silently (torch 2.13, on CPU as under capture)."""
+        p, reshard = self.parallel, self.kernels.fsdp_reshard
+        if p.schedule == "zero-bubble" and p.zero == 3 and reshard != "none":
+            raise SpecError(
+                f"parallel.schedule='zero-bubble' with parallel.zero=3 needs "
+                f"kernels.fsdp_reshard='none' (is {reshard!r}): its split backward computes no "
+                "weight gradient for parameters FSDP resharded after forward"
             )
 
     def _check_async_tp(self) -> None:

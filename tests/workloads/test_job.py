@@ -27,3 +27,17 @@ def test_zero_bubble_with_recompute_is_refused_naming_both_fields(recompute):
     with pytest.raises(SpecError, match="parallel.schedule='zero-bubble' needs train.recompute"):
         job_spec_from_dict(spec | {"train": {"recompute": recompute}})
     assert job_spec_from_dict(spec).train.recompute == "none"
+
+
+def test_zero_bubble_with_resharding_fsdp_is_refused_naming_fsdp_reshard():
+    # the split backward computed no weight gradient for parameters FSDP resharded after
+    # forward: the last stage of this job never reduced its gradients nor stepped
+    spec = {
+        "model": {"name": "llama-debug"},
+        "parallel": {"pp": 2, "dp": 2, "zero": 3, "schedule": "zero-bubble"},
+        "batch": {"seq_len": 32, "global_batch": 4},
+    }
+    with pytest.raises(SpecError, match="needs kernels.fsdp_reshard='none' \\(is 'all'\\)"):
+        job_spec_from_dict(spec)
+    kept_gathered = job_spec_from_dict(spec | {"kernels": {"fsdp_reshard": "none"}})
+    assert kept_gathered.kernels.fsdp_reshard == "none"
