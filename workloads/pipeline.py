@@ -128,4 +128,19 @@ def build_schedule(
     if schedule in _SINGLE_STAGE:
         (stage,) = stages
         return stages, _SINGLE_STAGE[schedule](stage, num_microbatches, loss_fn=loss_fn)
+    if schedule == "zero-bubble":
+        loss_fn = detachable_in_place(loss_fn)
     return stages, _MULTI_STAGE[schedule](stages, num_microbatches, loss_fn=loss_fn)
+
+
+def detachable_in_place(loss_fn):
+    """`loss_fn` whose loss is never a view: zero-bubble's input backward (torch's
+    `stage_backward_input`) detaches the loss in place once it has the input gradients, which
+    autograd refuses on a view, such as the local loss `loss-parallel` takes out of its DTensor
+    (`DTensor.to_local`). Such a loss is copied (one scalar); any other is returned as is."""
+
+    def loss(output, target):
+        value = loss_fn(output, target)
+        return value.clone() if value._is_view() else value
+
+    return loss

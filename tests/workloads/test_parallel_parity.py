@@ -103,6 +103,7 @@ KERNELS = {
         "fsdp_reshard": "not-root-or-last",
     },
     "pp2-1f1b-tp2-llama-loss-parallel": {"loss": "loss-parallel"},
+    "pp2-zero-bubble-tp2-llama-loss-parallel": {"loss": "loss-parallel"},
 }
 CASES["tp2-sp-dp2-zero1-gpt-tied-fused-loss"] = (
     {"name": "gpt-debug"},
@@ -138,6 +139,11 @@ CASES["fsdp-zero3-dp2-tp2-llama-torchtitan-2024"] = (
 )
 # loss_parallel() inside torch's pipeline schedule (the last stage's loss_fn and backward)
 CASES["pp2-1f1b-tp2-llama-loss-parallel"] = ({"name": "llama-debug"}, {"pp": 2, "tp": 2})
+# zero-bubble's split backward detaches that loss in place (workloads.pipeline.detachable_in_place)
+CASES["pp2-zero-bubble-tp2-llama-loss-parallel"] = (
+    {"name": "llama-debug"},
+    {"pp": 2, "tp": 2, "schedule": "zero-bubble"},
+)
 CASES["fsdp-zero3-dp2-tp2-llama-fused-adamw"] = (
     {"name": "llama-debug"},
     {"dp": 2, "tp": 2, "zero": 3},

@@ -6,7 +6,7 @@ import torch
 
 from workloads.flavors import get_flavor
 from workloads.models import build_model
-from workloads.pipeline import local_stage_ids, split_model, stage_plans
+from workloads.pipeline import detachable_in_place, local_stage_ids, split_model, stage_plans
 
 
 def test_stage_plans_follow_the_uneven_split_rule():
@@ -53,3 +53,12 @@ def test_split_stage_runs_on_hidden_states():
     middle.init_weights(0)
     out = middle(torch.randn(2, 8, 64), positions=torch.arange(8))
     assert out.shape == (2, 8, 64)
+
+
+def test_a_loss_that_is_a_view_is_detachable_in_place():
+    # loss-parallel's local loss is a view of its DTensor's; zero-bubble's input backward
+    # detached it in place and autograd refused ("Can't detach views in-place")
+    logits = torch.randn(4, requires_grad=True)
+    loss = detachable_in_place(lambda output, _target: output.mean().view(()))(logits, None)
+    loss.detach_()
+    assert not loss.requires_grad
