@@ -54,6 +54,11 @@ CASES = {
     "fsdp-zero3-dp2-tp2-llama": ({"name": "llama-debug"}, {"dp": 2, "tp": 2, "zero": 3}),
     "fsdp-zero2-dp4-gpt-tied": ({"name": "gpt-debug"}, {"dp": 4, "zero": 2}),
     "fsdp-zero3-pp2-dp2-llama": ({"name": "llama-debug"}, {"pp": 2, "dp": 2, "zero": 3}),
+    # zero-bubble under zero 3 keeps every unit gathered (TrainingJob._check_zero_bubble_fsdp)
+    "fsdp-zero3-pp2-dp2-llama-zero-bubble": (
+        {"name": "llama-debug"},
+        {"pp": 2, "dp": 2, "zero": 3, "schedule": "zero-bubble"},
+    ),
     "cp2-tp2-llama": ({"name": "llama-debug"}, {"cp": 2, "tp": 2}),
     "cp2-dp2-zero3-gpt-alibi": (
         {"name": "gpt-debug", "positions": "alibi"},
@@ -104,6 +109,7 @@ KERNELS = {
     },
     "pp2-1f1b-tp2-llama-loss-parallel": {"loss": "loss-parallel"},
     "pp2-zero-bubble-tp2-llama-loss-parallel": {"loss": "loss-parallel"},
+    "fsdp-zero3-pp2-dp2-llama-zero-bubble": {"fsdp_reshard": "none"},
 }
 CASES["tp2-sp-dp2-zero1-gpt-tied-fused-loss"] = (
     {"name": "gpt-debug"},
