@@ -8,40 +8,25 @@ than the real kernel's shows here as copies one side makes and the other does no
 
 One routing is the capture's own: `gpu_fused_ops` runs RMSNorm as CUDA's fused op pair
 (`emulator.capture.fused_ops`), whose backward has no CPU kernel. The real run takes the same
-routing with `_rms_norm_backward_cpu` below as that backward's CPU kernel, so the norm's rows
-compare too (their bytes come from the real tensors' shapes), not its CUDA kernel's code.
+routing, `tests.prismbench.real_steps.fused_rms_norm_on_cpu` giving that backward a CPU kernel,
+so the norm's rows compare too (their bytes come from the real tensors' shapes), not its CUDA
+kernel's code.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-
-import numpy as np
 import pytest
 import torch
 
 from emulator.capture.fused_ops import gpu_fused_ops
 from emulator.capture.op_recorder import OpRecorder
 from emulator.capture.rank import capture_rank
-from emulator.capture.trace import COMPUTE, PHASES
 from prismbench.program import rank_program
+from tests.prismbench import real_steps
 from tests.prismbench.capture_cases import debug_job
+from tests.prismbench.real_steps import differing, op_classes
 from workloads import build_training, train_step
 from workloads.kernels import FRAMEWORKS
-
-
-def _rms_norm_backward_cpu(grad_out, x, normalized_shape, rstd, weight, output_mask):
-    """derivatives.yaml's `_fused_rms_norm_backward` in float32 (torch's CUDA kernel's math)."""
-    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
-    g, xf = grad_out.float(), x.float()
-    x_hat = xf * rstd
-    g_hat = g * weight.float() if weight is not None else g
-    grad_x = rstd * (g_hat - x_hat * (g_hat * x_hat).mean(dim=dims, keepdim=True))
-    grad_weight = None
-    if weight is not None and output_mask[1]:
-        outer = tuple(range(x.dim() - len(normalized_shape)))
-        grad_weight = (g * x_hat).sum(dim=outer).to(weight.dtype)
-    return grad_x.to(x.dtype), grad_weight
 
 
 @pytest.fixture(scope="module")
@@ -57,27 +42,8 @@ def one_thread():
 @pytest.fixture(scope="module")
 def fused_rms_norm_on_cpu():
     """`aten::_fused_rms_norm_backward` runnable on CPU while the module's tests run."""
-    library = torch.library.Library("aten", "IMPL")
-    library.impl("_fused_rms_norm_backward", _rms_norm_backward_cpu, "CPU")
-    yield
-    library._destroy()
-
-
-def op_classes(trace) -> dict[tuple[str, str], tuple[int, int, int]]:
-    """(phase, aten op) -> (compute rows, FLOPs, bytes read + written)."""
-    c = trace.columns
-    rows = np.flatnonzero(c["kind"] == COMPUTE)
-    aten = trace.text("aten")
-    classes: Counter = Counter()
-    for i in rows:
-        key = (PHASES[c["phase"][i]] if c["phase"][i] >= 0 else "", aten[i])
-        count, flops, moved = classes.get(key, (0, 0, 0))
-        classes[key] = (
-            count + 1,
-            flops + int(c["flops"][i]),
-            moved + int(c["read_bytes"][i] + c["write_bytes"][i]),
-        )
-    return dict(classes)
+    with real_steps.fused_rms_norm_on_cpu():
+        yield
 
 
 def real_cpu_step(job):
@@ -91,14 +57,6 @@ def real_cpu_step(job):
         with recorder:
             train_step(job, state, tokens, tokens, phase=recorder.phase)
     return recorder.trace()
-
-
-def differing(real, captured) -> dict:
-    return {
-        key: {"real": real.get(key), "captured": captured.get(key)}
-        for key in sorted(set(real) | set(captured))
-        if real.get(key) != captured.get(key)
-    }
 
 
 MODELS = {
