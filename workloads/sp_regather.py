@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor, Replicate
 
 from workloads.sp_collectives import gather_sequence
@@ -31,7 +32,12 @@ from workloads.zero import local_tensor
 
 
 def _storage_key(t: torch.Tensor) -> int:
-    return local_tensor(t).untyped_storage()._cdata
+    local = local_tensor(t)
+    # a collective's output not yet waited (a real run's input plan hands the output layer one):
+    # autograd saves the tensor the wait returns, its buffer, not the wrapper's storage
+    if isinstance(local, AsyncCollectiveTensor):
+        local = local.elem
+    return local.untyped_storage()._cdata
 
 
 class _Gather:

@@ -50,7 +50,8 @@ CASES = {
     # loss-parallel at tp 2 (torch's loss_parallel on vocab-sharded logits), the default
     # program's DTensor sequence-parallel collectives
     "tp2-sp-dp2-loss-parallel": ({"tp": 2, "dp": 2, "zero": 1}, {"loss": "loss-parallel"}, {}),
-    # Megatron's regathered sequence-parallel inputs (XFAIL below)
+    # Megatron's regathered sequence-parallel inputs, the output layer's among them (a real
+    # run's input plan hands it a collective's output not yet waited: workloads.sp_regather)
     "tp2-sp-dp2-regather": ({"tp": 2, "dp": 2, "zero": 1}, {"sp_regather": True}, {}),
     # Megatron's first-dim sp collectives; its vocab-parallel loss (unfused-fp32 at tp 2)
     "tp2-sp-dp2-first-dim": ({"tp": 2, "dp": 2, "zero": 1}, {"sp_collectives": "first-dim"}, {}),
@@ -92,20 +93,6 @@ SLOW_CASES = {
     "cp2-dp2-ring",
 }
 SPAWNS_APART = ("cp",)
-# A difference found here, kept failing until it is fixed (xfail is strict in this project):
-# with sp_regather the capture all-gathers the output layer's input again in backward (one more
-# tp all-gather per micro-batch, at the start of backward) and the real run does not. The output
-# layer's input plan (DTensor redistribute) hands workloads.sp_regather an AsyncCollectiveTensor
-# as the gathered local tensor in a real run, so `_storage_key(gathered)` is the wrapper's
-# storage, which no tensor autograd saves matches: `pack` never fires and the real program keeps
-# the gathered input (as NCCL runs would: torch waits functional collectives lazily off graph
-# tracing). Under FakeTensorMode torch waits at once (emulator/world/fake_collectives.py), the
-# local tensor is plain, and the capture regathers as Megatron does. The blocks' four regathers
-# match. The fix belongs in workloads/sp_regather.py (key on the waited tensor).
-XFAIL = {
-    "tp2-sp-dp2-regather": "a real run keeps the output layer's gathered input: no backward "
-    "all-gather of it (AsyncCollectiveTensor storage key in workloads.sp_regather)"
-}
 
 
 def case_job(name: str):
@@ -204,8 +191,6 @@ def _cases() -> list:
     params = []
     for name in CASES:
         marks = [pytest.mark.slow] if name in SLOW_CASES else []
-        if name in XFAIL:
-            marks.append(pytest.mark.xfail(reason=XFAIL[name], strict=True))
         params.append(pytest.param(name, marks=marks))
     return params
 
