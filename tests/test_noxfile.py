@@ -2,9 +2,7 @@
 
 import pytest
 
-nox = pytest.importorskip("nox")
-
-import noxfile  # noqa: E402  (after the skip: the test dependencies do not include nox)
+import noxfile
 
 
 class RecordingSession:
