@@ -15,6 +15,17 @@ from prismbench.variability import variability
 PARALLEL = {"tp": 2, "dp": 2, "sequence_parallel": True}
 
 
+def _debug_job(tmp_path, parallel: str = "") -> str:
+    """A llama-debug job of 64 tokens and 8 sequences, its [parallel] table `parallel` (TOML
+    lines), written under `tmp_path`: its path."""
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[model]\nname = "llama-debug"\n[parallel]\n{parallel}'
+        "[batch]\nseq_len = 64\nglobal_batch = 8\n"
+    )
+    return str(job)
+
+
 def _job():
     return job_spec_from_dict(
         {
@@ -60,13 +71,9 @@ def test_one_slow_gpu_shifts_p95_by_its_extra_compute():
 
 @pytest.mark.integration
 def test_cli_prints_json_and_draws_the_plot(tmp_path, capsys):
-    job = tmp_path / "job.toml"
-    job.write_text(
-        '[model]\nname = "llama-debug"\n[parallel]\ndp = 2\n'
-        "[batch]\nseq_len = 64\nglobal_batch = 8\n"
-    )
+    job = _debug_job(tmp_path, "dp = 2\n")
     plot = tmp_path / "steps.png"
-    argv = ["variability", str(job), "--samples", "200", "--seed", "3", "--workers", "1"]
+    argv = ["variability", job, "--samples", "200", "--seed", "3", "--workers", "1"]
     assert main([*argv, "--json", "--plot", str(plot)]) == 0
     first = json.loads(capsys.readouterr().out)
     assert plot.stat().st_size > 0
@@ -88,12 +95,8 @@ def test_cli_prints_json_and_draws_the_plot(tmp_path, capsys):
 def test_ranking_sources_and_placing_slow_gpus_say_each_run_as_it_ends(tmp_path, capsys):
     # each of those runs takes as long as the Monte Carlo itself (minutes on the README's 8 192
     # GPUs): one line a run on stderr, or the command sits silent for as many times that
-    job = tmp_path / "job.toml"
-    job.write_text(
-        '[model]\nname = "llama-debug"\n[parallel]\ntp = 2\ndp = 2\n'
-        "[batch]\nseq_len = 64\nglobal_batch = 8\n"
-    )
-    argv = ["variability", str(job), "--samples", "20", "--steps-per-allocation", "1",
+    job = _debug_job(tmp_path, "tp = 2\ndp = 2\n")
+    argv = ["variability", job, "--samples", "20", "--steps-per-allocation", "1",
             "--workers", "1", "--rank-sources", "--placement", "2:1.2", "--json"]  # fmt: skip
     assert main(argv) == 0
     captured = capsys.readouterr()
@@ -111,10 +114,9 @@ def test_ranking_sources_and_placing_slow_gpus_say_each_run_as_it_ends(tmp_path,
 
 @pytest.mark.integration
 def test_plot_into_a_directory_not_yet_made_makes_it(tmp_path, capsys):
-    job = tmp_path / "job.toml"
-    job.write_text('[model]\nname = "llama-debug"\n[batch]\nseq_len = 64\nglobal_batch = 8\n')
+    job = _debug_job(tmp_path)
     plot = tmp_path / "new" / "sub" / "steps.png"
-    argv = ["variability", str(job), "--samples", "200", "--workers", "1", "--plot", str(plot)]
+    argv = ["variability", job, "--samples", "200", "--workers", "1", "--plot", str(plot)]
     assert main(argv) == 0
     assert plot.read_bytes().startswith(b"\x89PNG")
     assert [p.name for p in plot.parent.iterdir()] == ["steps.png"]  # no temporary left
@@ -133,17 +135,10 @@ def test_plot_into_a_directory_not_yet_made_makes_it(tmp_path, capsys):
     ],
 )
 def test_bad_options_exit_2_naming_the_option(option, value, needle, tmp_path, capsys):
-    job = tmp_path / "job.toml"
-    job.write_text('[model]\nname = "llama-debug"\n[batch]\nseq_len = 64\nglobal_batch = 8\n')
-    assert main(["variability", str(job), option, value]) == 2
+    assert main(["variability", _debug_job(tmp_path), option, value]) == 2
     assert needle in capsys.readouterr().err
 
 
 def test_a_bad_job_spec_exits_2_naming_the_field(tmp_path, capsys):
-    job = tmp_path / "job.toml"
-    job.write_text(
-        '[model]\nname = "llama-debug"\n[batch]\nseq_len = 64\nglobal_batch = 8\n'
-        "[parallel]\ntp = 0\n"
-    )
-    assert main(["variability", str(job)]) == 2
+    assert main(["variability", _debug_job(tmp_path, "tp = 0\n")]) == 2
     assert "tp" in capsys.readouterr().err
