@@ -116,10 +116,16 @@ def fit(
     if vary not in VARIABLES:
         raise SpecError(f"vary({vary!r}) must be one of {VARIABLES}")
     step_given = step is not None
+    least = _default_step(job, vary)
     if step is None:
-        step = _default_step(job, vary)
+        step = least
     elif step < 1:
         raise SpecError(f"step({step}) must be >= 1")
+    elif vary == "seq_len" and step % least:
+        # the spec refuses a length the layout cannot split: such probes would read as its bound
+        raise SpecError(
+            f"step({step}) must be a multiple of {least}, the least seq_len the layout takes"
+        )
     if maximum is not None and maximum < step:
         why = "" if step_given else f", the least {vary} the layout takes"
         raise SpecError(f"maximum({maximum}) must be >= the step ({step}{why}): nothing to search")

@@ -253,3 +253,29 @@ def test_a_maximum_below_the_layout_s_own_step_says_where_the_step_comes_from():
     )
     with pytest.raises(SpecError, match=r"maximum\(1\) must be >= the step \(2, the least layers"):
         fit(two_stages, "layers", maximum=1)
+
+
+def test_a_step_the_layout_cannot_take_is_refused_up_front():
+    # tp 2 with sequence parallelism splits the sequence in two: a step of 7 would probe odd
+    # lengths the spec refuses and report its bound, where larger even lengths fit
+    sequence_parallel = job_spec_from_dict(
+        {
+            "model": {"name": "gpt-debug"},
+            "parallel": {"tp": 2},
+            "batch": {"seq_len": 64, "micro_batch": 1, "global_batch": 2},
+        }
+    )
+    with pytest.raises(SpecError, match=r"step\(7\) must be a multiple of 2, the least seq_len"):
+        fit(sequence_parallel, "seq_len", step=7)
+
+
+def test_layers_take_any_step_a_pipeline_splits_unevenly():
+    # pp 2 takes 3 layers (2 + 1): a step of 1 is the user's to give, unlike a sequence's split
+    two_stages = job_spec_from_dict(
+        {
+            "model": {"name": "gpt-debug"},
+            "parallel": {"pp": 2},
+            "batch": {"seq_len": 64, "micro_batch": 1, "global_batch": 4},
+        }
+    )
+    assert fit(two_stages, "layers", step=1, maximum=3).largest_fitting == 3
