@@ -82,6 +82,19 @@ CASES = {
         f"cp2-dp2-{attention}": ({"cp": 2, "dp": 2}, {"cp_attention": attention}, {})
         for attention in ("all-gather", "ring")
     },
+    # the other schedules: GPipe, interleaved 1F1B (two stages a rank), and zero-bubble's split
+    # backward with loss-parallel's view of a loss (workloads.pipeline.detachable_in_place)
+    "pp2-dp2-gpipe": ({"pp": 2, "dp": 2, "schedule": "gpipe"}, {}, {}),
+    "pp2-dp2-interleaved": (
+        {"pp": 2, "dp": 2, "vpp": 2, "schedule": "interleaved-1f1b"},
+        {},
+        {"layers": 4},
+    ),
+    "pp2-tp2-zero-bubble-loss-parallel": (
+        {"pp": 2, "tp": 2, "schedule": "zero-bubble"},
+        {"loss": "loss-parallel"},
+        {},
+    ),
 }
 # cases CI leaves out (each spawn of four processes costs ~20 s on CI's 2 cores, the default set
 # runs one): FSDP's reshard values beside `all` and `not-root-or-last`, which between them free
@@ -91,8 +104,20 @@ SLOW_CASES = {
     "fsdp-dp4-reshard-none",
     "cp2-dp2-all-gather",
     "cp2-dp2-ring",
+    "pp2-dp2-gpipe",
+    "pp2-dp2-interleaved",
+    "pp2-tp2-zero-bubble-loss-parallel",
 }
 SPAWNS_APART = ("cp",)
+# A difference found here, kept failing until it is fixed (xfail is strict in this project): under
+# zero-bubble the capture gives the tp collectives of the split backward no module ('Global')
+# where the real run has the block's ('Llama.layers.0.feed_forward'); every op class, and every
+# call's kind, group, bytes, phase and micro-batch, agree (checked with modules left out), so
+# the timing is the real run's and only per-module attribution (reports, OOM messages) is not.
+XFAIL = {
+    "pp2-tp2-zero-bubble-loss-parallel": "zero-bubble's split backward: the capture's tp "
+    "collectives carry no module where the real run's carry the block's"
+}
 
 
 def case_job(name: str):
@@ -175,15 +200,18 @@ def real_ranks(request) -> list[dict]:
 
 
 def _compared(calls: list[tuple]) -> list[tuple]:
-    """The calls with a pipeline p2p call's micro-batch left out. A comm row inherits phase,
-    module and micro-batch from the recorder row before it (emulator/capture/trace.py
-    `build_trace`), and torch's schedule posts a stage's next receive between chunks, outside
-    any micro-batch, where that row is a free: under torch's pipelining (per-microbatch) the
-    real run frees one [1, 32, 64] bf16 storage just after stage 0's backward chunk, the capture
-    inside it, so the following receive reads micro-batch -1 in one and 0 in the other. Which
-    call, group, peer, bytes and phase still compare."""
+    """The calls with a pipeline p2p call's micro-batch and module left out. A comm row inherits
+    phase, module and micro-batch from the recorder row before it (emulator/capture/trace.py
+    `build_trace`), and torch's schedules post a stage's next send or receive between chunks,
+    outside any micro-batch, where that row is a free: under torch's pipelining (per-microbatch)
+    the real run frees one [1, 32, 64] bf16 storage just after stage 0's backward chunk, the
+    capture inside it, so the following receive reads micro-batch -1 in one and 0 in the other;
+    under GPipe, interleaved 1F1B and zero-bubble the module the call inherits differs the same
+    way (a block's or the embedding's in one, none in the other). Which call, group, peer,
+    bytes and phase still compare."""
     return [
-        call[:1] + (None,) + call[2:] if call[3] in ("send", "recv") else call for call in calls
+        call[:1] + (None, None) + call[3:] if call[3] in ("send", "recv") else call
+        for call in calls
     ]
 
 
@@ -191,6 +219,8 @@ def _cases() -> list:
     params = []
     for name in CASES:
         marks = [pytest.mark.slow] if name in SLOW_CASES else []
+        if name in XFAIL:
+            marks.append(pytest.mark.xfail(reason=XFAIL[name], strict=True))
         params.append(pytest.param(name, marks=marks))
     return params
 
