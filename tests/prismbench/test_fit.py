@@ -40,10 +40,11 @@ def test_search_reaches_a_line_far_above_where_it_starts():
     assert len(tried) <= 2 * 17 + 1
 
 
-def _job(micro_batch: int = 1):
+def _job(micro_batch: int = 1, **parallel):
     return job_spec_from_dict(
         {
             "model": {"name": "gpt-debug"},
+            "parallel": parallel,
             "batch": {"seq_len": 64, "micro_batch": micro_batch, "global_batch": 2 * micro_batch},
         }
     )
@@ -244,13 +245,7 @@ def test_a_probe_says_its_capture_as_each_class_is_captured(monkeypatch, tmp_pat
 
 
 def test_a_maximum_below_the_layout_s_own_step_says_where_the_step_comes_from():
-    two_stages = job_spec_from_dict(
-        {
-            "model": {"name": "gpt-debug"},
-            "parallel": {"pp": 2},
-            "batch": {"seq_len": 64, "micro_batch": 1, "global_batch": 4},
-        }
-    )
+    two_stages = _job(1, pp=2)
     with pytest.raises(SpecError, match=r"maximum\(1\) must be >= the step \(2, the least layers"):
         fit(two_stages, "layers", maximum=1)
 
@@ -258,24 +253,12 @@ def test_a_maximum_below_the_layout_s_own_step_says_where_the_step_comes_from():
 def test_a_step_the_layout_cannot_take_is_refused_up_front():
     # tp 2 with sequence parallelism splits the sequence in two: a step of 7 would probe odd
     # lengths the spec refuses and report its bound, where larger even lengths fit
-    sequence_parallel = job_spec_from_dict(
-        {
-            "model": {"name": "gpt-debug"},
-            "parallel": {"tp": 2},
-            "batch": {"seq_len": 64, "micro_batch": 1, "global_batch": 2},
-        }
-    )
+    sequence_parallel = _job(1, tp=2)
     with pytest.raises(SpecError, match=r"step\(7\) must be a multiple of 2, the least seq_len"):
         fit(sequence_parallel, "seq_len", step=7)
 
 
 def test_layers_take_any_step_a_pipeline_splits_unevenly():
     # pp 2 takes 3 layers (2 + 1): a step of 1 is the user's to give, unlike a sequence's split
-    two_stages = job_spec_from_dict(
-        {
-            "model": {"name": "gpt-debug"},
-            "parallel": {"pp": 2},
-            "batch": {"seq_len": 64, "micro_batch": 1, "global_batch": 4},
-        }
-    )
+    two_stages = _job(1, pp=2)
     assert fit(two_stages, "layers", step=1, maximum=3).largest_fitting == 3
