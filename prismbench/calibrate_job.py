@@ -13,17 +13,21 @@ import gzip
 import json
 from pathlib import Path
 
+from prismbench.files import write_atomically
 from prismbench.spec import SpecError
 
 
 def write_ops_jsonl(records: list[dict], path: str | Path) -> Path:
-    """Op records (`kernel_timing.op_records`) as a gzipped JSON-lines profile."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt") as handle:
-        for record in records:
-            handle.write(json.dumps(record) + "\n")
-    return path
+    """Op records (`kernel_timing.op_records`) as a gzipped JSON-lines profile, written
+    atomically (`prismbench.files.write_atomically`): a record that cannot be written leaves
+    no truncated profile for a later ingest to read as a whole one."""
+
+    def write(tmp: Path) -> None:
+        with gzip.open(tmp, "wt") as handle:
+            for record in records:
+                handle.write(json.dumps(record) + "\n")
+
+    return write_atomically(path, write)
 
 
 def calibrate_job(job, out_csv: str | Path, profile_out: str | Path, *, warmup: int = 3,
@@ -44,6 +48,8 @@ def calibrate_job(job, out_csv: str | Path, profile_out: str | Path, *, warmup: 
             f"parallel: calibrate --job profiles one GPU, the job has world size {job.world_size} "
             "(set every parallel degree to 1, or profile one rank with device mode)"
         )
+    # captured first: a job the capture refuses fails before the GPU runs it, leaving no profile
+    trace = capture_job(job).traces[0]
     state = build_training(job, None, device=device)
     rows = job.local_batch_rows
     tokens = torch.randint(0, job.model.vocab, (rows, job.batch.seq_len), device=device)
@@ -56,9 +62,8 @@ def calibrate_job(job, out_csv: str | Path, profile_out: str | Path, *, warmup: 
             "records them; a CPU run has none)"
         )
     write_ops_jsonl(records, profile_out)
-    traces = capture_job(job).traces
     result = ingest_ops(
-        read_profile(profile_out), traces[0], provenance, source=profile_source(profile_out)
+        read_profile(profile_out), trace, provenance, source=profile_source(profile_out)
     )
     write_rows_csv(result.rows, out_csv)
     return result

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from emulator.costs.kernel_table import load_kernel_table
-from prismbench.calibrate_job import calibrate_job
+from prismbench.calibrate_job import calibrate_job, write_ops_jsonl
 from prismbench.capture import capture_job
 from prismbench.cli import main
 from prismbench.profile_readers import read_ops_jsonl
@@ -37,6 +37,16 @@ def test_profile_and_rows_are_written(tmp_path, monkeypatch):
     assert result.matched_rows == result.trace_rows
     table = load_kernel_table(tmp_path / "t.csv")
     assert table.groups and result.rows[0]["source"] == "profile:tiny"
+
+
+def test_a_profile_that_fails_to_write_leaves_the_old_one(tmp_path):
+    profile = tmp_path / "p.ops.jsonl.gz"
+    mm = {"op": "aten::mm", "shapes": [[8, 8], [8, 8]], "kernels": [["sm90_gemm", 3.0]]}
+    write_ops_jsonl([mm], profile)
+    with pytest.raises(TypeError):
+        write_ops_jsonl([mm | {"op": "aten::add"}, mm | {"shapes": object()}], profile)
+    assert [op.op for op in read_ops_jsonl(profile)] == ["aten::mm"]
+    assert [p.name for p in tmp_path.iterdir()] == ["p.ops.jsonl.gz"]
 
 
 def test_a_profile_without_kernels_is_an_error(tmp_path):
