@@ -127,12 +127,30 @@ def connect_with_retry(path: Path, *, wait_s: float = LOCK_WAIT_S) -> duckdb.Duc
             delay = min(delay * 2, 1.0)
 
 
+def _refuse_foreign(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Refuse a DuckDB database that holds tables but is no history: every history has held
+    `schema_info` since its first write, and another database's `runs` table would take
+    validate's rows (or answer the dashboard's queries) with DuckDB's binder errors."""
+    tables = {name for (name,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    if tables and "schema_info" not in tables:
+        raise HistoryError(
+            f"--db {path}: a DuckDB database that is not a validation history (it holds "
+            f"{', '.join(sorted(tables))} and no schema_info): give the --db `prismbench "
+            "validate` wrote, or a new path"
+        )
+
+
 def check_openable(path: Path) -> None:
     """Refuse, creating nothing, a --db the history cannot be written to: an existing file or
-    folder DuckDB cannot open, or a new path under a file. `validate` checks it before it makes
-    its MLflow store beside the history, so a bad --db leaves no store behind it."""
+    folder DuckDB cannot open or another program's database, or a new path under a file.
+    `validate` checks it before it makes its MLflow store beside the history, so a bad --db
+    leaves no store behind it."""
     if path.exists():
-        connect_with_retry(path).close()
+        con = connect_with_retry(path)
+        try:
+            _refuse_foreign(con, path)
+        finally:
+            con.close()
         return
     folder = path.parent
     while not folder.exists():
@@ -158,7 +176,8 @@ def write(path: Path, statements: Callable[[duckdb.DuckDBPyConnection], None]) -
 
 
 def _ensure_schema(con: duckdb.DuckDBPyConnection, path: Path) -> None:
-    """Create the tables, or migrate an older database's; refuse a newer one."""
+    """Create the tables, or migrate an older database's; refuse a newer one or a foreign one."""
+    _refuse_foreign(con, path)
     con.execute("CREATE TABLE IF NOT EXISTS schema_info (version INTEGER)")
     (version,) = con.execute("SELECT max(version) FROM schema_info").fetchone()
     if version is not None and version > SCHEMA_VERSION:
@@ -230,6 +249,7 @@ def read(path: Path, query: str, params: list | None = None) -> list[dict]:
     """Rows of a read-only query as dicts (waits for a writer's lock like the writes do)."""
     con = connect_with_retry(path)
     try:
+        _refuse_foreign(con, path)
         try:
             cursor = con.execute(query, params or [])
         except duckdb.CatalogException as err:  # a DuckDB file, but not validate's history

@@ -139,3 +139,42 @@ def test_a_duckdb_file_that_is_no_history_is_refused_by_dashboard(tmp_path, caps
     err = capsys.readouterr().err
     assert err.startswith(f"error: --db {other}: a DuckDB database without") and err.count("\n") == 1
     assert not out.exists()
+
+
+def _foreign_database(path: Path) -> None:
+    """Another program's DuckDB database, with a table of the history's name."""
+    import duckdb
+
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE runs (x INTEGER)")
+    con.execute("INSERT INTO runs VALUES (1)")
+    con.close()
+
+
+def test_another_programs_duckdb_is_refused_untouched(tmp_path):
+    import duckdb
+
+    db = tmp_path / "other.duckdb"
+    _foreign_database(db)
+    for refused in (
+        lambda: history.check_openable(db),
+        lambda: history.start_run(db, "r", commit="c", dirty=False, machine="m", settings={}),
+        lambda: history.read(db, "SELECT * FROM runs"),
+    ):
+        with pytest.raises(history.HistoryError, match="holds runs and no schema_info"):
+            refused()
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT table_name FROM duckdb_tables()").fetchall() == [("runs",)]
+    con.close()
+
+
+def test_validate_refuses_another_programs_duckdb_before_emulating(tmp_path, capsys):
+    from prismbench.cli import main
+
+    db = tmp_path / "other.duckdb"
+    _foreign_database(db)
+    argv = ["validate", "--select", "megatron-readme2022__*", "--db", str(db), "--no-mlflow"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "not a validation history" in captured.err and "emulating" not in captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.duckdb"]
