@@ -262,6 +262,19 @@ def _largest(ranks: list[dict], key: str) -> dict:
     return {kind: max(r[key][kind] for r in ranks) for kind in ("allocated", "reserved")}
 
 
+def oversubscription_note(world_size: int, threads: int, cores: int) -> str | None:
+    """What a CPU recording's times mean when its processes' threads outnumber the cores they
+    may run on (None when they do not): the ranks then take turns on cores, and an iteration
+    time measures that contention as well as the job."""
+    if world_size * threads <= cores:
+        return None
+    return (
+        f"note: {world_size} process(es) x {threads} thread(s) = {world_size * threads} threads "
+        f"on {cores} usable core(s): the ranks share cores, and the iteration times include "
+        "their waiting for one"
+    )
+
+
 def record(
     job,
     *,
@@ -292,6 +305,11 @@ def record(
     if progress is not None:
         progress(f"recording on {device}: {job.world_size} process(es), {threads} thread(s) each, "
                  f"{warmup} warm-up + {iterations} timed iterations")  # fmt: skip
+        note = device == "cpu" and oversubscription_note(
+            job.world_size, threads, len(os.sched_getaffinity(0))
+        )
+        if note:
+            progress(note)
     try:
         ranks = run_ranks(
             job.world_size,

@@ -17,6 +17,7 @@ from prismbench.cli import main
 from prismbench.record import (
     Recording,
     local_gpu,
+    oversubscription_note,
     provenance,
     record,
     to_baseline,
@@ -113,6 +114,21 @@ def test_a_refused_record_does_not_say_it_is_recording(tmp_path, capsys):
     assert capsys.readouterr().err.splitlines() == [
         "error: parallel: record runs every rank as a process on this machine; world size 32 is above 16"
     ]
+
+
+def test_more_threads_than_cores_is_said_before_the_run(tmp_path, capsys, monkeypatch):
+    # 2 ranks x 4 threads on 2 cores timed their contention with no word of it
+    import prismbench.launch
+
+    assert oversubscription_note(2, 1, 2) is None
+    assert "8 threads on 2 usable core(s)" in oversubscription_note(2, 4, 2)
+    monkeypatch.setattr(prismbench.launch, "run_ranks", lambda *a, **k: pytest.fail("ran"))
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    with pytest.raises(pytest.fail.Exception):
+        record(job_spec_from_dict({"model": {"name": "gpt-debug"}, "parallel": {"dp": 2},
+                                   "batch": {"seq_len": 32, "global_batch": 2}}),
+               threads=4, progress=lambda line: print(line))  # fmt: skip
+    assert "note: 2 process(es) x 4 thread(s) = 8 threads" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
