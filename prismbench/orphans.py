@@ -5,11 +5,15 @@ parent fills, and holds a copy of that queue's write end, so a parent killed by 
 cannot catch (SIGKILL, the OOM killer) leaves it waiting forever, holding torch and its
 captures in memory. `exit_with_parent` is the workers' initializer: a daemon thread notices the
 parent is gone (the worker is reparented, so `os.getppid()` changes) and ends the worker.
+It also leaves Ctrl-C to the parent: a terminal sends SIGINT to the whole process group, and a
+worker interrupted in its loop printed "Process SpawnPoolWorker-1:" under the parent's own
+"interrupted"; every parent ends its workers itself when it is interrupted.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -20,7 +24,9 @@ PARENT_LOST_EXIT_CODE = 71
 
 
 def exit_with_parent(parent_pid: int) -> None:
-    """Initializer of a worker process: end it (`os._exit`) once `parent_pid` has died."""
+    """Initializer of a worker process: end it (`os._exit`) once `parent_pid` has died, and
+    ignore SIGINT (the parent's to act on)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == parent_pid:

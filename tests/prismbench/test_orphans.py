@@ -67,3 +67,24 @@ def test_a_worker_whose_parent_is_gone_exits_with_its_own_status():
         cwd=ROOT, timeout=30,
     ).returncode  # fmt: skip
     assert code == PARENT_LOST_EXIT_CODE
+
+
+def test_ctrl_c_to_the_process_group_interrupts_the_parent_alone():
+    # a terminal's Ctrl-C reaches every process of the group: a pool worker interrupted in its
+    # loop printed "Process SpawnPoolWorker-1:" and its traceback under the parent's message
+    script = (
+        "import multiprocessing, os, signal, time\n"
+        "from prismbench.orphans import exit_with_parent\n"
+        "if __name__ == '__main__':\n"
+        "    pool = multiprocessing.get_context('spawn').Pool(1, exit_with_parent, (os.getpid(),))\n"
+        "    pool.apply(time.sleep, (0,))\n"
+        "    try:\n"
+        "        os.killpg(0, signal.SIGINT)\n"
+        "        time.sleep(30)\n"
+        "    except KeyboardInterrupt:\n"
+        "        pool.terminate()\n"
+        "        print('interrupted')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, timeout=60,
+                          capture_output=True, text=True, start_new_session=True)  # fmt: skip
+    assert (done.stdout, done.stderr) == ("interrupted\n", "")
