@@ -30,6 +30,10 @@ EXIT_BAD_INPUT = 2
 EXIT_GATE_FAILED = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process ended by `kill`
+ALLOC_CONF_HELP = (
+    "PYTORCH_ALLOC_CONF to model, e.g. expandable_segments:True (default: none, torch's "
+    "default allocator)"
+)
 
 
 class Terminated(KeyboardInterrupt):
@@ -739,9 +743,7 @@ def _add_emulate(commands) -> None:
     emulate_cmd.add_argument(
         "--ranks", metavar="R,...", help="ranks in the trace (default: one per class)"
     )
-    emulate_cmd.add_argument(
-        "--alloc-conf", default="", metavar="CONF", help="PYTORCH_ALLOC_CONF to model"
-    )
+    emulate_cmd.add_argument("--alloc-conf", default="", metavar="CONF", help=ALLOC_CONF_HELP)
     emulate_cmd.add_argument(
         "--memory-out",
         metavar="DIR",
@@ -838,9 +840,7 @@ def _add_fit(commands) -> None:
         help="search no value above N (default: none; each probe captures the job at that "
         "value, so a small model searched far up takes long)",
     )
-    fit_cmd.add_argument(
-        "--alloc-conf", default="", metavar="CONF", help="PYTORCH_ALLOC_CONF to model"
-    )
+    fit_cmd.add_argument("--alloc-conf", default="", metavar="CONF", help=ALLOC_CONF_HELP)
     fit_cmd.add_argument("--json", action="store_true", help="print one JSON object")
     fit_cmd.set_defaults(handler=_cmd_fit)
 

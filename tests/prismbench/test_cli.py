@@ -153,6 +153,21 @@ def test_every_subcommand_has_help(command, capsys):
     assert undescribed == []  # every argument says what it is in --help
 
 
+@pytest.mark.parametrize("command", sorted(_subcommands()))
+def test_every_option_with_a_default_says_it_in_help(command):
+    # a value the option takes when not given is named in its help (an empty string, as
+    # --alloc-conf's, by the word "default"); flags, lists and unset options have none
+    unsaid = [
+        action.option_strings[0]
+        for action in _subcommands()[command]._actions
+        if action.option_strings
+        and action.default not in (None, [], argparse.SUPPRESS)
+        and action.default is not False
+        and ("default" if action.default == "" else str(action.default)) not in action.help
+    ]
+    assert unsaid == []
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA refusal")
 def test_calibrate_without_cuda_exits_2(tmp_path, capsys):
     out = tmp_path / "kernels.csv"
