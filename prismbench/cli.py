@@ -1,7 +1,8 @@
 """The `prismbench` command line: argparse wiring, one small handler per subcommand.
 
 Handlers call a library function and print its result (rich tables, or one JSON object with
-`--json`). Exit codes: 0 success, 1 a gate crossed (`gate`, `validate --gate`), 2 bad input
+`--json`). Exit codes: 0 success, 1 a gate crossed or a predicted out of memory (`gate`'s
+candidate, `validate`'s cases; `validate` also for a case that fails to emulate), 2 bad input
 (spec errors, missing or malformed files, usage errors, no CUDA for `calibrate`), 130 Ctrl-C,
 143 SIGTERM; errors are one line `error: <message>` on stderr. SIGTERM (`kill`, `timeout`, CI
 runners, job schedulers) ends a command as Ctrl-C does: `validate` records its run as
@@ -968,7 +969,8 @@ def _add_validate(commands) -> None:
             "(FIELD:X% bounds |error|, FIELD:+X% a too-slow/too-large prediction, each "
             "widened by the measurement's own spread where a baseline records one; FIELD is "
             f"one of {', '.join(VALIDATED_METRICS)}; a gate no selected case measures fails). "
-            "A case that fails to emulate exits 1 too, with or without --gate."
+            "A case that fails to emulate, or is predicted to run out of memory (every "
+            "baseline records a run that completed), exits 1 too, with or without --gate."
         ),
     )
     validate_cmd.add_argument(

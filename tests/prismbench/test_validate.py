@@ -450,3 +450,11 @@ def test_a_case_predicted_to_run_out_of_memory_fails_the_gate_without_a_threshol
 
     assert gate_failures([case(True)], []) == [("b", "oom", pytest.approx(float("nan"), nan_ok=True), PREDICTED_OOM)]
     assert gate_failures([case(False)], []) == []
+
+
+def test_validate_help_names_every_way_it_exits_1(capsys):
+    # gate_failures fails a run on a failed emulation and on a predicted OOM, with or without
+    # --gate (the README says so); --help said only the first
+    assert main(["validate", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "fails to emulate" in help_text and "predicted to run out of memory" in help_text
