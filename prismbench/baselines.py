@@ -4,7 +4,7 @@ A baseline is one TOML file under `results/baselines/` (written by
 `results/baselines/make_baselines.py` from the published CSV) with three tables:
 
 - `[job]`: a complete job spec, the same sub-tables as a job-spec file (`[job.model]`,
-  `[job.parallel]`, `[job.batch]`, `[job.train]`, `[job.cluster]`).
+  `[job.parallel]`, `[job.batch]`, `[job.train]`, `[job.kernels]`, `[job.cluster]`).
 - `[measured]`: only the figures the source gives. `iteration_time_s`,
   `tokens_per_s_per_gpu`, `tflops_per_gpu` with `tflops_kind` ("model": model FLOPs only;
   "hardware": the recompute pass counted too), `mfu` (a fraction) with `mfu_kind` (the same
