@@ -59,20 +59,19 @@
 #   7. issue 16: steady peaks under torch's default allocator and under expandable segments,
 #      four shared jobs (results/fidelity/expandable_gpu.py; --compare scores them here);
 #   8. issue 14: where selective recompute's host time goes in the 760M job's forward, and in
-#      Llama 2's (results/calibration/sac_host_gpu.py); last, so a cut leaves the earlier
-#      steps' files;
+#      Llama 2's (results/calibration/sac_host_gpu.py);
 #   9. issue 14: SAC's host cost per call kind on this GPU's host, tiny blocks of the same two
 #      jobs, and its model against step 8's full-size figures (results/calibration/
 #      sac_host_kinds.py --device cuda; on a CPU the same script made sac_host_cpu.md);
 #  10. issue 14: the eight shared jobs' programs at tiny sizes, host-bound, timed without and
 #      with the profiler beside the calls their captures count (results/calibration/
 #      host_tiny_gpu.py).
-#  11. issue 16: rank 0 of the four shared fake-process-group jobs under torch's fake backend,
+#  11. issue 15: `prism::rope`'s compiled kernel against a variant reading precomputed angle
+#      tables and a copy of the same bytes (results/calibration/rope_kernel_gpu.py);
+#  12. issue 16: rank 0 of the four shared fake-process-group jobs under torch's fake backend,
 #      each built on the device and on meta in a process of its own, with the allocator's
 #      history from before the build (results/fidelity/fake_pg_memory.py; --compare scores the
 #      unpacked archive here, part by part).
-#  12. issue 15: `prism::rope`'s compiled kernel against a variant reading precomputed angle
-#      tables and a copy of the same bytes (results/calibration/rope_kernel_gpu.py).
 # The machine's python3 has torch (2.11, not the project's 2.13) but not this project's other
 # dependencies: the steps use only torch, numpy, rich and the repository (PYTHONPATH). torchao
 # travels as a wheel in .whl/ because a capture's cache key reads its version, and duckdb for
