@@ -36,7 +36,8 @@
 # The script goes on after a failure.
 # From the repository root on the device machine, with $OUT the folder that comes back, and
 # .whl/ carried (below):
-#     bash results/device_checks.sh [STEP...]      (default: every step, in this order)
+#     bash results/device_checks.sh [STEP...]      (default: every step, in this order;
+#     --help prints this header; a step not named below is refused before anything runs)
 # Writes $OUT/device_checks.log (every step's output) and, where the steps get that far,
 # oom_pairs_gpu.json, repeat_<job>.json, reprofile.tar.gz, compile_gpu.json, expandable_gpu.json,
 # sac_host.json / .txt, llama/sac_host.json / .txt, sac_kinds.md, host_tiny.md / .json,
@@ -79,6 +80,16 @@
 #     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #         --implementation cp --platform manylinux_2_28_x86_64 -d .whl torchao==0.18.0 duckdb==2.0.1
 set -u
+# every step, in the order the script runs them
+ALL_STEPS="gpu torch gpu_tests reprofile compile repeat oom_pairs expandable sac_host sac_host_llama sac_kinds host_tiny rope fake_pg_memory"
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+    sed -n '2,/^set -u$/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+    exit 0
+fi
+# a misspelt step would run nothing, found only after the machine's start was paid for
+for name in "$@"; do
+    [[ " $ALL_STEPS " == *" $name "* ]] || { echo "error: no step '$name' (steps: $ALL_STEPS)" >&2; exit 2; }
+done
 : "${OUT:?set OUT to the folder that comes back}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PRISMBENCH_CACHE=/tmp/prismbench-cache
@@ -89,7 +100,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
         --target /tmp/site .whl/*.whl >> "$LOG" 2>&1 && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
-STEPS=" ${*:-gpu torch gpu_tests reprofile compile repeat oom_pairs expandable sac_host sac_host_llama sac_kinds host_tiny fake_pg_memory rope} "
+STEPS=" ${*:-$ALL_STEPS} "
 
 wanted() { [[ $STEPS == *" $1 "* ]]; }
 
