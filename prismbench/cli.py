@@ -558,7 +558,7 @@ def _cmd_variability(args: argparse.Namespace) -> int:
     if args.threshold is not None and not args.threshold > 0:
         raise SpecError(f"--threshold={args.threshold!r}: a step time in seconds must be > 0")
     if args.placement is not None:
-        _check_placement(job, *args.placement)
+        _check_placement(job, slow_gpus=args.placement[0])
     try:
         check_allocations(args.samples, args.steps_per_allocation, samples_name="--samples",
                           steps_name="--steps-per-allocation")  # fmt: skip
@@ -591,7 +591,7 @@ def _cmd_variability(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _check_placement(job, slow_gpus: int, factor: float) -> None:
+def _check_placement(job, *, slow_gpus: int) -> None:
     from emulator.variability.placement import placement_ranks
     from prismbench.capture import world_of
 
