@@ -85,7 +85,7 @@ def full_job(cache: Path) -> list[str]:
     ]
 
 
-def growth(cache: Path) -> list[str]:
+def growth() -> list[str]:
     lines = [
         "## One class's capture time vs layers and micro-batches",
         "",
@@ -133,7 +133,7 @@ def main() -> None:
     ]
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "captures"
-        body = growth(cache) if args.growth_only else full_job(cache) + growth(cache)
+        body = growth() if args.growth_only else full_job(cache) + growth()
     block = "\n".join(header + body).rstrip("\n")
     text = OUT.read_text() if OUT.exists() else f"# Capture and emulation speed\n\n{BEGIN}\n{END}\n"
     head, _, rest = text.partition(BEGIN)
