@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
 from shared_gpu import SHARED, command_line, report  # noqa: E402
 
-CLASSES = ("forward", "backward", "optimizer")
+from emulator.costs.host_dispatch import CLASSES  # noqa: E402
 
 
 def intervals(gaps) -> dict[tuple[str, str], list[float]]:
