@@ -23,11 +23,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "results"))
 from shared_gpu import recorded_job, report  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "results" / "fidelity"))
+from oom_pairs_gpu import RESULT  # noqa: E402
+
 from emulator.costs.kernel_table import PRICE_SOURCES  # noqa: E402
 
 GPU = "h200-141g"
 RUNS = ROOT / "results" / "gpu_runs" / "h200-2026-11-27" / "checks_second"
-RESULT = "oom_pairs_gpu result: "
 
 
 def measured_runs() -> list[tuple[str, str, int, list[float]]]:
