@@ -22,12 +22,12 @@ sys.path.insert(0, str(ROOT / "results"))
 from shared_gpu import report  # noqa: E402
 
 SETTINGS = {"default": "", "expandable": "expandable_segments:True"}
-GIB = 2**30
 
 
 def predict(path: Path) -> tuple[float, dict[str, tuple[float, float]]]:
     """(measured GiB, {setting: (predicted allocated GiB, predicted reserved GiB)})."""
     from emulator.memory import replay_memory
+    from emulator.units import GiB
     from prismbench.baselines import load_baseline
     from prismbench.capture import capture_job
 
@@ -41,8 +41,8 @@ def predict(path: Path) -> tuple[float, dict[str, tuple[float, float]]]:
             for stage, trace in capture.traces.items()
         ]
         top = max(peaks, key=lambda r: r.peak_reserved_bytes)
-        figures[setting] = (top.peak_allocated_bytes / GIB, top.peak_reserved_bytes / GIB)
-    return baseline.measured.peak_mem_bytes / GIB, figures
+        figures[setting] = (top.peak_allocated_bytes / GiB, top.peak_reserved_bytes / GiB)
+    return baseline.measured.peak_mem_bytes / GiB, figures
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ import numpy as np
 
 from emulator.capture.trace import ALLOC, COLUMNS, FREE, RAGGED, RankTrace
 from emulator.memory import replay_memory
+from emulator.units import GiB
 
 
 def synthetic_trace(n_events: int, seed: int = 0) -> RankTrace:
@@ -57,8 +58,8 @@ def main() -> None:
             best = min(best, time.perf_counter() - t0)
         print(
             f"{n} events, alloc_conf={conf!r}: best of 3 {best:.3f} s "
-            f"({best / n * 1e6:.2f} us/event); peak allocated {result.peak_allocated_bytes / 2**30:.2f} GiB, "
-            f"reserved {result.peak_reserved_bytes / 2**30:.2f} GiB"
+            f"({best / n * 1e6:.2f} us/event); peak allocated {result.peak_allocated_bytes / GiB:.2f} GiB, "
+            f"reserved {result.peak_reserved_bytes / GiB:.2f} GiB"
         )
 
 
