@@ -63,10 +63,13 @@ class Comparison:
     def measured_s(self) -> float:
         return sum(c.measured_s for c in self.classes)
 
+    @property
+    def error(self) -> float | None:
+        """(predicted - measured) / measured compute (docs/METRICS.md); None where nothing
+        was measured."""
+        return (self.predicted_s - self.measured_s) / self.measured_s if self.measured_s else None
+
     def to_dict(self) -> dict:
-        total_error = (
-            (self.predicted_s - self.measured_s) / self.measured_s if self.measured_s else None
-        )
         return {
             "job": self.job,
             "profile": self.profile,
@@ -74,7 +77,7 @@ class Comparison:
             "in_sample_source": self.in_sample_source,
             "predicted_compute_s": self.predicted_s,
             "measured_kernel_s": self.measured_s,
-            "error": total_error,
+            "error": self.error,
             "classes": [asdict(c) | {"error_s": c.error_s} for c in self.classes],
         }
 

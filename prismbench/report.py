@@ -486,10 +486,10 @@ def render_ingest(result, console: Console, top: int = 10) -> None:
 
 def render_comparison(result, console: Console, top: int = 15) -> None:
     """Totals, then the `top` op classes with the largest absolute error (times in ms)."""
-    error = (result.predicted_s - result.measured_s) / result.measured_s if result.measured_s else 0
+    error = "n/a" if result.error is None else f"{result.error:+.1%}"
     console.print(
         f"Compute of one iteration of {result.job}: predicted {result.predicted_s * 1e3:,.2f} ms, "
-        f"measured {result.measured_s * 1e3:,.2f} ms of kernels ({error:+.1%}); "
+        f"measured {result.measured_s * 1e3:,.2f} ms of kernels ({error}); "
         f"kernel table: {result.kernel_table or 'none (roofline curves only)'}"
     )
     table = Table(

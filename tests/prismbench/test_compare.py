@@ -80,6 +80,18 @@ def test_cli_prints_json_with_totals(tmp_path, trace, capsys):
     assert out["classes"][0]["error_s"] < 0
 
 
+def test_cli_table_says_the_total_error_the_json_gives(tmp_path, trace, capsys):
+    durations, _ = compute_prices(trace, COST)
+    profile = _write_jsonl(
+        tmp_path / "tiny.ops.jsonl.gz",
+        [_profiled(trace, r, 2 * durations[r] * 1e6) for r in _compute_rows(trace)],
+    )
+    job = tmp_path / "tiny.toml"
+    job.write_text(TINY_TOML)
+    assert main(["compare", str(job), "--profile", str(profile), "--no-kernel-table"]) == 0
+    assert "ms of kernels (-50.0%)" in " ".join(capsys.readouterr().out.split())
+
+
 def test_cli_refuses_a_missing_profile(tmp_path, capsys):
     job = tmp_path / "tiny.toml"
     job.write_text(TINY_TOML)
