@@ -48,6 +48,7 @@ from emulator.variability.model import (
     VariabilityModel,
     noise_class,
 )
+from prismbench.files import write_atomically
 from prismbench.profile_ingest import aten_packet
 from prismbench.profile_readers import ProfiledOp, read_profile
 from workloads.config import SpecError
@@ -210,12 +211,8 @@ def table_dict(gpu: str, variation: GpuVariation, provenance: dict) -> dict:
 
 
 def write_table(table: dict, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
-    return path
+    text = json.dumps(table, indent=1, sort_keys=True) + "\n"
+    return write_atomically(path, lambda tmp: tmp.write_text(text))
 
 
 def measured_gpus(directory: Path = VARIABILITY_TABLES) -> list[str]:

@@ -15,6 +15,7 @@ from prismbench.variability_calibration import (
     profile_pools,
     read_jobs,
     resolve_preset,
+    write_table,
 )
 from workloads.config import SpecError
 
@@ -47,6 +48,21 @@ def test_the_committed_tables_are_what_the_shared_measurements_give(gpu):
     assert table["step_cv"] == pytest.approx(variation.step_cv, rel=1e-9)
     assert table["step_cv_dispersion"] == pytest.approx(variation.step_cv_dispersion, rel=1e-6)
     assert table["step_cv_dispersion"] > 0  # the jobs' step spreads differ beyond their ranges'
+
+
+def test_a_table_write_that_fails_leaves_the_old_table_and_nothing_else(tmp_path, monkeypatch):
+    path = write_table({"step_cv": 0.01}, tmp_path / "h100-sxm-80g.json")
+
+    def disk_full(self, text):
+        with open(self, "w") as handle:
+            handle.write(text[:3])
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        write_table({"step_cv": 0.02}, path)
+    assert list(tmp_path.iterdir()) == [path]
+    assert json.loads(path.read_text()) == {"step_cv": 0.01}
 
 
 def test_a_summary_without_iteration_times_is_refused_naming_the_field(tmp_path):
