@@ -1,4 +1,5 @@
-"""The commit of the checkout this package runs from, for the provenance of what it records.
+"""The checkout this package runs from: its root (`REPO`, where the committed tables under
+results/ are read from) and its commit, for the provenance of what it records.
 
 Its own module so that `record` (which runs on GPU machines with little installed) reads it
 without importing the harness's storage (`prismbench.validate` needs duckdb).

@@ -34,12 +34,13 @@ from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
 from emulator.memory import replay_memory
 from emulator.memory.export import write_snapshot
 from prismbench.capture import JobCapture, capture_job
+from prismbench.checkout import REPO
 from prismbench.explain import explain, stage_model_flops_per_gpu
 from prismbench.files import write_atomically
 from prismbench.plots import memory_event_times_s, plot_memory_timeline
 from prismbench.spec import SpecError
 
-KERNEL_TABLES = Path(__file__).resolve().parents[1] / "results" / "kernels"
+KERNEL_TABLES = REPO / "results" / "kernels"
 # measured host time per op (built by results/kernels/build_host_dispatch.py)
 HOST_DISPATCH = KERNEL_TABLES / "host-dispatch.json"
 # published rates of the attention kernels the tables do not measure, by `[kernels] attention`
@@ -160,7 +161,7 @@ def kernel_table_for(
     file, the winning one first: "rows.csv over results/kernels/h100-sxm-80g.csv"."""
     path = KERNEL_TABLES / f"{gpu}.csv"
     # named relative to the repository, so results do not depend on where it is checked out
-    tables = [(str(path.relative_to(KERNEL_TABLES.parents[1])), read_rows(path))] if path.exists() else []
+    tables = [(str(path.relative_to(REPO)), read_rows(path))] if path.exists() else []
     for extra_path in extra:
         rows = read_rows(extra_path)
         check_table_gpu(rows, gpu, extra_path)

@@ -48,12 +48,13 @@ from emulator.variability.model import (
     VariabilityModel,
     noise_class,
 )
+from prismbench.checkout import REPO
 from prismbench.files import write_atomically
 from prismbench.profile_ingest import aten_packet
 from prismbench.profile_readers import ProfiledOp, read_profile
 from workloads.config import SpecError
 
-VARIABILITY_TABLES = Path(__file__).resolve().parents[1] / "results" / "variability"
+VARIABILITY_TABLES = REPO / "results" / "variability"
 TABLE_SCHEMA_VERSION = 1
 PROFILE_SUFFIXES = (".ops.jsonl.gz", ".json", ".json.gz")
 
