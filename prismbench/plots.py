@@ -24,7 +24,7 @@ from emulator.graph.results import Timeline
 from emulator.memory.events import KERNEL_WORKSPACE_CATEGORY, WORKSPACE_CATEGORY
 from emulator.memory.replay import MemoryResult, MemoryTimeline
 from emulator.units import GiB, MiB
-from prismbench.report import format_bytes
+from prismbench.report import format_bytes, micro_batch_of
 
 _MAX_POINTS = 4000  # timeline points plotted (events are binned beyond this)
 # Band shading per phase; recompute runs inside backward and is shaded as backward.
@@ -179,8 +179,8 @@ def plot_title(result: MemoryResult, title: str) -> str:
     oom = result.oom
     if oom is None:
         return title
-    per_micro_batch = oom.at.phase in ("forward", "backward", "recompute")
-    where = oom.at.phase + (f" of micro-batch {oom.at.micro_batch}" if per_micro_batch else "")
+    micro_batch = micro_batch_of(oom.at.phase, oom.at.micro_batch)
+    where = oom.at.phase + ("" if micro_batch is None else f" of micro-batch {micro_batch}")
     return (
         f"OUT OF MEMORY in the {oom.iteration} iteration ({where}): "
         f"{format_bytes(oom.request_bytes)} requested, {format_bytes(oom.allocated_bytes)} "

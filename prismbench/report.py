@@ -369,6 +369,13 @@ def oom_message(pp: int, members: int, detail: dict) -> str:
     )
 
 
+def micro_batch_of(phase: str, micro_batch: int) -> int | None:
+    """The micro-batch a memory event's op ran for: None in setup and the optimizer, and for
+    the ops a step runs before its first micro-batch (the trace's -1)."""
+    in_one = phase in ("forward", "backward", "recompute") and micro_batch >= 0
+    return micro_batch if in_one else None
+
+
 def _oom_where(detail: dict) -> str:
     """ "steady iteration, backward mb0, in MODULE, op OP" (the op left out when none)."""
     at = detail["at"]
@@ -376,8 +383,9 @@ def _oom_where(detail: dict) -> str:
         where = "before the first iteration, building the model and its state (train.model_init)"
     else:
         where = f"{detail['iteration']} iteration, {at['phase']}"
-        if at["phase"] in ("forward", "backward", "recompute") and at["micro_batch"] >= 0:
-            where += f" mb{at['micro_batch']}"  # the timeline's name: mb0 is the first
+        micro_batch = micro_batch_of(at["phase"], at["micro_batch"])
+        if micro_batch is not None:
+            where += f" mb{micro_batch}"  # the timeline's name: mb0 is the first
     where += f", in {module_label(at['module'])}"
     return where + (f", op {at['op']}" if at["op"] else "")
 

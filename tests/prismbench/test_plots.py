@@ -205,6 +205,16 @@ def test_the_table_lists_every_drawn_category_largest_first_with_its_share(roomy
     assert not any(row.name.startswith("OOM") for row in rows)
 
 
+def test_an_oom_before_the_first_micro_batch_names_none_in_the_title(short):
+    # a step's first forward ops run before its first micro-batch begins (the trace's -1)
+    at = dataclasses.replace(short.oom.at, phase="forward", micro_batch=-1)
+    early = dataclasses.replace(short, oom=dataclasses.replace(short.oom, at=at))
+    assert "iteration (forward): " in plot_title(early, "one rank")
+    at = dataclasses.replace(at, micro_batch=2)
+    later = dataclasses.replace(short, oom=dataclasses.replace(short.oom, at=at))
+    assert "iteration (forward of micro-batch 2): " in plot_title(later, "one rank")
+
+
 def test_only_the_steady_iteration_is_drawn_when_the_first_peaks_no_higher(roomy):
     assert roomy.first_iteration_peak_reserved_bytes <= roomy.peak_reserved_bytes
     assert iterations_drawn(roomy) == ("steady",)
