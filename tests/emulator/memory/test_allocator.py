@@ -5,8 +5,7 @@ import pytest
 
 from emulator.memory import CachingAllocator, allocation_size, parse_alloc_conf, round_size
 from emulator.memory.config import AllocatorConfig
-
-MiB = 1 << 20
+from emulator.units import MiB
 
 
 def make(conf="", **kw):

@@ -4,8 +4,8 @@ from emulator.capture.trace import ALLOC, COMPUTE, FREE, PHASES, OpEvent, build_
 from emulator.memory import replay_memory
 from emulator.memory.events import KERNEL_WORKSPACE_CATEGORY
 from emulator.memory.outside import CUBLAS_WORKSPACE_BYTES, CUBLASLT_WORKSPACE_BYTES
+from emulator.units import MiB
 
-MiB = 1 << 20
 FORWARD, BACKWARD = PHASES.index("forward"), PHASES.index("backward")
 
 

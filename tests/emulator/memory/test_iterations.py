@@ -4,8 +4,8 @@ import numpy as np
 
 from emulator.capture.trace import ALLOC, COMPUTE, FREE, PHASES, OpEvent, build_trace
 from emulator.memory import replay_memory
+from emulator.units import MiB
 
-MiB = 1 << 20
 FORWARD, BACKWARD, OPTIMIZER = (PHASES.index(p) for p in ("forward", "backward", "optimizer"))
 
 

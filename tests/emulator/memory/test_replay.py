@@ -23,9 +23,8 @@ from emulator.memory import (
 from emulator.memory.export import _segments, history_by_iteration, snapshot, write_snapshot
 from emulator.memory.outside import CUBLAS_WORKSPACE_BYTES, CUBLASLT_WORKSPACE_BYTES
 from emulator.memory.replay import _op_at
+from emulator.units import MiB
 from tests.emulator.capture.test_op_recorder import BATCH, GPT, SEQ, VOCAB, run_step
-
-MiB = 1 << 20
 
 
 def capture(recompute=False, tracker=None):
