@@ -177,16 +177,6 @@ class VariabilityModel:
         by_class = self.temporal_cv_by_class or {}
         return self.temporal_cv > 0 or any(by_class.values()) or self.temporal_floor_s > 0
 
-    @property
-    def is_deterministic(self) -> bool:
-        return (
-            self.spatial_cv == 0
-            and not self.has_kernel_noise
-            and self.step_cv == 0
-            and self.collective_cv == 0
-            and all(r.factor == 1.0 for r in self.network if r.probability > 0)
-        )
-
     def temporal_cv_of(self, noise_class_name: str) -> float:
         return (self.temporal_cv_by_class or {}).get(noise_class_name, self.temporal_cv)
 

@@ -102,9 +102,10 @@ def test_model_refuses_bad_measured_figures(field, value, message):
         VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=0.0, **{field: value})
 
 
-def test_a_step_cv_alone_makes_a_model_vary():
+def test_a_step_cv_is_not_kernel_noise():
+    # a per-step factor on every rank (emulator.variability.monte_carlo), not per segment
     model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=0.0, step_cv=0.01)
-    assert not model.is_deterministic and not model.has_kernel_noise
+    assert not model.has_kernel_noise
 
 
 def test_the_range_density_integrates_to_one_with_mean_d2():
