@@ -274,13 +274,23 @@ def summarize(capture: JobCapture) -> dict:
 def write_capture(capture: JobCapture, summary: dict, out: Path) -> None:
     """Copy the class traces into `out` (class_NNNN.npz) and write summary.json beside them;
     the traces of an earlier capture written to `out` that this one has no class for go, so
-    the folder holds one capture, as its summary says."""
+    the folder holds one capture, as its summary says. The files are written in a staging
+    folder beside `out` and moved in once all are whole, the summary last: a capture that fails
+    to write (a full disk, Ctrl-C) leaves `out` as it was."""
     out.mkdir(parents=True, exist_ok=True)
-    written = set()
-    for class_id, trace in capture.traces.items():
-        path = out / f"class_{class_id:04d}.npz"
-        trace.save(path)
-        written.add(path)
-    for stale in set(out.glob("class_[0-9][0-9][0-9][0-9].npz")) - written:
-        stale.unlink()
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    staging = out.parent / f".{out.name}.{os.getpid()}.staging"
+    staging.mkdir()
+    names = [f"class_{class_id:04d}.npz" for class_id in capture.traces]
+    try:
+        for name, trace in zip(names, capture.traces.values(), strict=True):
+            trace.save(staging / name)
+        (staging / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        for stale in out.glob("class_[0-9][0-9][0-9][0-9].npz"):
+            if stale.name not in names:
+                stale.unlink()
+        for name in [*names, "summary.json"]:
+            os.replace(staging / name, out / name)
+    finally:
+        for path in staging.iterdir():
+            path.unlink()
+        staging.rmdir()

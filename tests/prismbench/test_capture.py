@@ -11,6 +11,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ import pytest
 import workloads.zero
 from emulator.capture.rank import capture_rank
 from emulator.capture.trace import COMPUTE, SCHEMA_VERSION, RankTrace
-from prismbench.capture import capture_job, world_of
+from prismbench.capture import capture_job, world_of, write_capture
 from prismbench.cli import main
 from prismbench.explain import explain
 from prismbench.program import rank_program
@@ -959,3 +961,31 @@ def test_a_worker_refuses_to_capture_when_the_source_changed_since_the_key_was_m
     assert not out.exists() and not list(tmp_path.iterdir())
     _capture_class(job, 0, str(out), parent_source=capture_source_hash())  # the same source: captured
     assert out.exists()
+
+
+def test_a_capture_that_fails_to_write_leaves_its_folder_as_it_was(tmp_path):
+    # the second trace failing to save (a full disk) left the first one new beside the earlier
+    # capture's summary, which described another capture
+    class Trace:
+        def __init__(self, fails: bool):
+            self.fails = fails
+
+        def save(self, path):
+            if self.fails:
+                raise OSError(28, "No space left on device")
+            Path(path).write_bytes(b"a new trace")
+
+    out = tmp_path / "out"
+    out.mkdir()
+    earlier = {"class_0000.npz": b"an earlier trace", "summary.json": b"{}"}
+    for name, data in earlier.items():
+        (out / name).write_bytes(data)
+    capture = types.SimpleNamespace(traces={0: Trace(False), 1: Trace(True)})
+    with pytest.raises(OSError, match="No space"):
+        write_capture(capture, {"classes": 2}, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == earlier
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+    capture.traces[1].fails = False
+    write_capture(capture, {"classes": 2}, out)
+    assert sorted(p.name for p in out.iterdir()) == ["class_0000.npz", "class_0001.npz", "summary.json"]
