@@ -5,7 +5,10 @@
 Everything else in the emulator reaches those members through this module, so a torch
 upgrade that moves one fails `tests/emulator/test_torch_compat.py` (which checks that every
 seam exists, with the parameters we call or wrap it with) in one place, naming the seam.
-Checked against torch 2.13 and 2.11.
+Checked against torch 2.13 and 2.11. Not listed: the extension points torch documents for
+code like ours, imported where they are used from their underscored modules
+(`FakeTensorMode`, `FakeTensor` and `is_fake`; `TorchDispatchMode`; the `ProcessGroup` a
+virtual process group subclasses and the collectives' option classes it is called with).
 """
 
 from __future__ import annotations
