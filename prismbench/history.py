@@ -22,7 +22,8 @@ import duckdb
 
 from workloads.config import SpecError
 
-SCHEMA_VERSION = 3  # 2: case_variability (validate --variability); 3: its allocation split
+SCHEMA_VERSION = 4  # 2: case_variability (validate --variability); 3: its allocation split;
+# 4: the share of its tail in a slower network regime
 RUN_STATUSES = ("running", "complete", "interrupted", "failed")
 # validate --variability, per case: prismbench.validate_variability's figures (seconds, ratios,
 # a probability) and the baseline's measured spread (NULL where it has none)
@@ -46,6 +47,7 @@ VARIABILITY_COLUMNS = {
     "within_allocation_std_s": "DOUBLE",
     "slowdown_mean": "DOUBLE",
     "slowdown_p95": "DOUBLE",
+    "tail_slow_network_share": "DOUBLE",
     "predicted_relative_spread": "DOUBLE",
     "monte_carlo_wall_s": "DOUBLE",
     "measured_iterations": "INTEGER",
@@ -80,12 +82,17 @@ _SCHEMA = (
 # What brings a database of version v to v + 1 (after which _SCHEMA's CREATE ... IF NOT EXISTS
 # runs): version 2 adds case_variability; version 3 adds the allocation split's columns to it,
 # the rows before having been drawn one step per allocation (their split NULL: it cannot be
-# made).
+# made); version 4 adds the tail's share in a slower network regime (NULL before: not kept).
 ALLOCATION_COLUMNS = ("steps_per_allocation", "allocation_std_s", "within_allocation_std_s")
+NETWORK_TAIL_COLUMNS = ("tail_slow_network_share",)
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
         _case_variability(
-            {k: v for k, v in VARIABILITY_COLUMNS.items() if k not in ALLOCATION_COLUMNS}
+            {
+                k: v
+                for k, v in VARIABILITY_COLUMNS.items()
+                if k not in ALLOCATION_COLUMNS + NETWORK_TAIL_COLUMNS
+            }
         ),
     ),
     2: (
@@ -94,6 +101,10 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             for name in ALLOCATION_COLUMNS
         ),
         "UPDATE case_variability SET steps_per_allocation = 1",
+    ),
+    3: tuple(
+        f"ALTER TABLE case_variability ADD COLUMN {name} {VARIABILITY_COLUMNS[name]}"
+        for name in NETWORK_TAIL_COLUMNS
     ),
 }
 

@@ -653,9 +653,18 @@ def render_variability(r, console: Console) -> None:
         ("slowdown vs deterministic: mean, p95", f"{d.slowdown_mean:.3f}x, {d.slowdown_p95:.3f}x"),
         ("Monte Carlo wall time", _seconds(r.monte_carlo_wall_s)),
     ]
+    share = r.tail_slow_network_share
+    if share is not None:
+        rows.insert(-2, ("steps above p95 in a slower network regime", f"{100 * share:.1f} %"))
     for figure, value in rows:
         table.add_row(figure, value)
     console.print(table)
+    if share is not None and share > 0.5:
+        console.print(
+            f"note: {100 * share:.0f} % of the steps above p95 drew a slower network regime: p95 "
+            f"and p99 restate the regimes {r.preset} assumes (their probability and factor: "
+            "emulator/variability/model.py) more than they measure this job"
+        )
     if r.attribution is not None:
         render_attribution(r.attribution, console)
     if r.placement is not None:

@@ -112,6 +112,7 @@ def case_distribution(
         "within_allocation_std_s": d.within_allocation_std_s,
         "slowdown_mean": d.slowdown_mean,
         "slowdown_p95": d.slowdown_p95,
+        "tail_slow_network_share": result.tail_slow_network_share,
         "predicted_relative_spread": (d.p95_s - d.p5_s) / 2 / d.p50_s,
         "monte_carlo_wall_s": result.monte_carlo_wall_s,
     }

@@ -24,7 +24,7 @@ from emulator.graph.execution_graph import ExecutionGraph
 from emulator.graph.replay import replay
 from emulator.variability.attribution import Attribution, attribute_variance
 from emulator.variability.model import PRISM_LOW, VariabilityModel
-from emulator.variability.monte_carlo import sample_step_times
+from emulator.variability.monte_carlo import network_regime_nodes, sample_step_times
 from emulator.variability.placement import PlacementStudy, compare_placements
 from emulator.variability.sources import noise_sources
 from emulator.variability.summary import (
@@ -46,6 +46,10 @@ class VariabilityResult:
     preset: str
     distribution: StepTimeDistribution
     monte_carlo_wall_s: float  # the N replays alone
+    # of the samples above p95, the share drawn in a network regime slower than the fastest;
+    # None where the model has one regime or it slows no communication of the job. Near 1, the
+    # tail is the regimes' assumed probability and factor, restated (model's docstring).
+    tail_slow_network_share: float | None = None
     attribution: Attribution | None = None  # the noise sources ranked, when asked for
     placement: PlacementStudy | None = None  # slow GPUs placed every way, when asked for
 
@@ -55,6 +59,7 @@ class VariabilityResult:
             "world_size": self.world_size,
             "preset": self.preset,
             **self.distribution.to_dict(),
+            "tail_slow_network_share": self.tail_slow_network_share,
             "monte_carlo_wall_s": self.monte_carlo_wall_s,
         }
         if self.attribution is not None:
@@ -145,10 +150,14 @@ def sample_priced(
     deterministic = replay(graph).iteration_time_s
     say(f"graph: {graph.nodes:,} nodes; {samples} samples")
     started = time.perf_counter()
+    network = np.empty(samples)
     times = sample_step_times(graph, model, samples=samples, seed=seed,
                               steps_per_allocation=steps_per_allocation, threads=threads,
-                              progress=lambda done: say(f"sampled {done}/{samples}"))  # fmt: skip
+                              progress=lambda done: say(f"sampled {done}/{samples}"),
+                              network_out=network)  # fmt: skip
     wall = time.perf_counter() - started
+    distribution = summarize(times, deterministic, seed=seed, threshold_s=threshold_s,
+                             k_steps=k_steps, steps_per_allocation=steps_per_allocation)  # fmt: skip
     attribution = placement = None
     if rank_sources:
         sources = noise_sources(graph, model, priced.capture.traces, spreads)
@@ -165,12 +174,29 @@ def sample_priced(
         job=name,
         world_size=world_size,
         preset=preset,
-        distribution=summarize(times, deterministic, seed=seed, threshold_s=threshold_s,
-                               k_steps=k_steps, steps_per_allocation=steps_per_allocation),  # fmt: skip
+        distribution=distribution,
+        tail_slow_network_share=tail_slow_network_share(
+            times, network, distribution.p95_s, model, network_regime_nodes(graph, model)
+        ),
         monte_carlo_wall_s=wall,
         attribution=attribution,
         placement=placement,
     )
+
+
+def tail_slow_network_share(
+    times: np.ndarray, network: np.ndarray, p95_s: float, model: VariabilityModel,
+    regime_nodes: int,
+) -> float | None:  # fmt: skip
+    """Of the samples above `p95_s`, the share whose network regime factor (`network`, one per
+    sample) is above the model's fastest regime's; None where the model has one regime, or its
+    regime slows none of the job's communication (`regime_nodes`: monte_carlo's
+    network_regime_nodes), or no sample lies above p95."""
+    tail = times > p95_s
+    if len(model.network) < 2 or regime_nodes == 0 or not tail.any():
+        return None
+    fastest = min(regime.factor for regime in model.network)
+    return float(np.mean(network[tail] > fastest))
 
 
 def plot_distribution(result: VariabilityResult, path) -> None:

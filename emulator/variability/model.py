@@ -39,7 +39,8 @@ repeated measurements, emulator.variability.regimes):
   not the paper's), and the 10 % is our assumption. Wherever communication across nodes is on
   the critical path, this assumed regime sets the tail: p95 then lies in the congested steps
   (on the README's 8 192-GPU example every step above p95 is a congested one, an audit found),
-  so such a p95 restates the assumption; the CLI does not yet say when it does.
+  so such a p95 restates the assumption; `prismbench variability` says when it does (the share
+  of the steps above p95 drawn in a slower regime, prismbench.variability).
 """
 
 from __future__ import annotations

@@ -182,6 +182,19 @@ class _Durations:
         return d
 
 
+def network_regime_nodes(graph: ExecutionGraph, model: VariabilityModel) -> int:
+    """How many communication nodes of the graph's classes the model's network regime slows
+    (`network_scope`): none, and the regime drawn for a sample changes nothing."""
+    mask = NoiseMask()
+    return sum(
+        sum(
+            regime and kind in (COLLECTIVE, SEND)
+            for regime, kind in zip(cols["regime"], cols["kind"], strict=True)
+        )
+        for cols in (_Durations._columns(p, c, mask, model) for p, c in enumerate(graph.classes))
+    )
+
+
 def draws_per_sample(graph: ExecutionGraph, model: VariabilityModel) -> int:
     """Normals one sample takes from the NoisePool: a lane each per noisy segment, and per comm
     draw one per group instance (the lanes outside its axes; a pp-spanning collective once)."""
@@ -220,6 +233,7 @@ def sample_step_times(
     steps_per_allocation: int = 1,
     threads: int | None = None,
     progress: Callable[[int], None] | None = None,
+    network_out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Step times (s) of `samples` draws of `model` over `graph`: shape (samples,); `mask`
     applies only part of the model's noise (NoiseMask). `steps_per_allocation` consecutive
@@ -230,7 +244,8 @@ def sample_step_times(
     `seed`, on `threads` threads at once (None: one per core): numpy releases the GIL in the
     replay's array arithmetic, where the time goes. The chunks and their draws do not depend
     on `threads`, so neither does the answer. `progress(done)` hears the samples finished
-    after each chunk."""
+    after each chunk. `network_out`, an array of `samples` floats, is given each sample's
+    network regime factor (1 where the mask leaves the network off)."""
     if not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples={samples!r} must be an int >= 1")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -238,6 +253,8 @@ def sample_step_times(
     check_allocations(samples, steps_per_allocation)
     if mask is not None:
         mask.check(graph)
+    if network_out is not None and np.shape(network_out) != (samples,):
+        raise ValueError(f"network_out has shape {np.shape(network_out)}, not ({samples},)")
     # whole allocations per chunk, so that none straddles two chunks' draws: an allocation of
     # more samples than CHUNK_ELEMENTS / lanes holds (64 at 8 192 GPUs, pp 1) makes chunks,
     # and their memory, that many samples large
@@ -256,6 +273,8 @@ def sample_step_times(
         rng = np.random.default_rng(chunk_seed)
         durations = _Durations(graph, model, rng, n, mask, steps_per_allocation, per_sample)
         times[lo : lo + n] = replay_samples(graph, n, durations)
+        if network_out is not None:
+            network_out[lo : lo + n] = durations.network.ravel()
         if progress is not None:
             with lock:
                 finished += n

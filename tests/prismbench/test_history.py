@@ -81,9 +81,8 @@ def test_a_version_2_history_gains_the_allocation_columns_and_keeps_its_rows(tmp
 
     db = tmp_path / "h.duckdb"
     _v1_database(db, version=2)
-    old = {
-        k: v for k, v in history.VARIABILITY_COLUMNS.items() if k not in history.ALLOCATION_COLUMNS
-    }
+    later = history.ALLOCATION_COLUMNS + history.NETWORK_TAIL_COLUMNS
+    old = {k: v for k, v in history.VARIABILITY_COLUMNS.items() if k not in later}
     con = duckdb.connect(str(db))
     con.execute("CREATE TABLE case_variability (run_id VARCHAR, baseline VARCHAR, "
                 + ", ".join(f"{k} {v}" for k, v in old.items()) + ")")  # fmt: skip
@@ -93,8 +92,29 @@ def test_a_version_2_history_gains_the_allocation_columns_and_keeps_its_rows(tmp
     (row,) = history.read(db, "SELECT * FROM case_variability")
     # drawn, before version 3, one step per allocation: no split
     assert row["p95_s"] == 2.0 and row["steps_per_allocation"] == 1
-    assert row["allocation_std_s"] is None
-    assert history.read(db, "SELECT version FROM schema_info") == [{"version": 3}]
+    assert row["allocation_std_s"] is None and row["tail_slow_network_share"] is None
+    assert history.read(db, "SELECT version FROM schema_info") == [{"version": 4}]
+
+
+def test_a_version_3_history_gains_the_network_tail_column_and_keeps_its_rows(tmp_path):
+    import duckdb
+
+    db = tmp_path / "h.duckdb"
+    _v1_database(db, version=3)
+    old = {
+        k: v
+        for k, v in history.VARIABILITY_COLUMNS.items()
+        if k not in history.NETWORK_TAIL_COLUMNS
+    }
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE case_variability (run_id VARCHAR, baseline VARCHAR, "
+                + ", ".join(f"{k} {v}" for k, v in old.items()) + ")")  # fmt: skip
+    con.execute("INSERT INTO case_variability (run_id, baseline, p95_s) VALUES ('old', 'b', 2.0)")
+    con.close()
+    history.start_run(db, "r", commit="c", dirty=False, machine="m", settings={})
+    (row,) = history.read(db, "SELECT * FROM case_variability")
+    assert row["p95_s"] == 2.0 and row["tail_slow_network_share"] is None
+    assert history.read(db, "SELECT version FROM schema_info") == [{"version": 4}]
 
 
 def test_a_newer_history_is_refused_untouched(tmp_path):

@@ -142,3 +142,33 @@ def test_bad_options_exit_2_naming_the_option(option, value, needle, tmp_path, c
 def test_a_bad_job_spec_exits_2_naming_the_field(tmp_path, capsys):
     assert main(["variability", _debug_job(tmp_path, "tp = 0\n")]) == 2
     assert "tp" in capsys.readouterr().err
+
+
+def test_a_tail_of_slow_network_steps_is_said_to_restate_the_assumed_regimes():
+    from io import StringIO
+
+    from rich.console import Console
+
+    from emulator.variability.model import PRISM_LOW
+    from emulator.variability.summary import summarize
+    from prismbench.report import render_variability
+    from prismbench.variability import VariabilityResult, tail_slow_network_share
+
+    # the 10 slowest of 100 steps are the 10 drawn in the 1.4x regime
+    times = np.r_[np.full(90, 1.0), np.linspace(1.1, 1.2, 10)]
+    network = np.r_[np.ones(90), np.full(10, 1.4)]
+    d = summarize(times, 1.0, seed=0)
+    share = tail_slow_network_share(times, network, d.p95_s, PRISM_LOW, regime_nodes=3)
+    assert share == 1.0
+    assert tail_slow_network_share(times, np.ones(100), d.p95_s, PRISM_LOW, 3) == 0.0
+    # no communication the regime slows, or one regime: nothing to say
+    assert tail_slow_network_share(times, network, d.p95_s, PRISM_LOW, regime_nodes=0) is None
+    assert tail_slow_network_share(times, network, d.p95_s, NO_VARIABILITY, 3) is None
+    out = StringIO()
+    result = VariabilityResult(job="j", world_size=16, preset="prism-low", distribution=d,
+                               monte_carlo_wall_s=0.1, tail_slow_network_share=share)  # fmt: skip
+    render_variability(result, Console(file=out, width=300))
+    printed = out.getvalue()
+    assert "steps above p95 in a slower network regime │ 100.0 %" in " ".join(printed.split())
+    assert "restate the regimes prism-low assumes" in printed
+    assert result.to_dict()["tail_slow_network_share"] == 1.0

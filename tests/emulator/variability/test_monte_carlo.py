@@ -14,7 +14,7 @@ from emulator.variability.model import (
     PRISM_HIGH,
     VariabilityModel,
 )
-from emulator.variability.monte_carlo import sample_step_times
+from emulator.variability.monte_carlo import network_regime_nodes, sample_step_times
 from emulator.variability.summary import summarize
 from emulator.world.mesh import World
 from tests.emulator.synthetic_traces import Stage, build, pipeline
@@ -331,3 +331,20 @@ def test_network_scope_all_applies_the_regime_inside_a_node_too():
     model = replace(NETWORK_ONLY, network_scope="all")
     times = sample_step_times(_tp8_layers(dp=1), model, samples=400, seed=0)
     assert set(np.round(times, 12)) == {1.2, 1.28}
+
+
+def test_each_samples_network_regime_comes_back_and_its_steps_are_the_slow_ones():
+    graph = _tp8_layers(dp=2)
+    network = np.empty(400)
+    times = sample_step_times(graph, NETWORK_ONLY, samples=400, seed=0, network_out=network)
+    assert set(network) == {1.0, 1.4}
+    assert (np.round(times, 12) == np.where(network > 1, 1.9, 1.7)).all()
+    with pytest.raises(ValueError, match="network_out has shape"):
+        sample_step_times(graph, NETWORK_ONLY, samples=400, network_out=np.empty(399))
+
+
+def test_the_regime_slows_the_nodes_its_scope_names():
+    # the tp all-reduce stays in a node, the dp one crosses: inter-node scope slows only it
+    assert network_regime_nodes(_tp8_layers(dp=1), NETWORK_ONLY) == 0
+    assert network_regime_nodes(_tp8_layers(dp=2), NETWORK_ONLY) == 1
+    assert network_regime_nodes(_tp8_layers(dp=2), replace(NETWORK_ONLY, network_scope="all")) == 2
