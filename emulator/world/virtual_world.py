@@ -7,6 +7,8 @@ joins: the hook is installed with the world and taken out with it.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch.distributed as dist
 
@@ -41,7 +43,13 @@ def init_virtual_world(rank: int, world_size: int) -> VirtualProcessGroup:
     if not 0 <= rank < world_size:
         raise ValueError(f"rank({rank}) must be in [0, world_size({world_size}))")
     register_backend()
+    # init_process_group wraps sys.excepthook to prefix tracebacks with "[rank<r>]: "
+    # (torch/distributed/distributed_c10d.py, _distributed_excepthook) and nothing unwraps it:
+    # a process that captured n ranks printed an unrelated crash with n prefixes naming
+    # virtual ranks. Such a process is no rank of a real job: keep its hook as it was.
+    excepthook = sys.excepthook
     dist.init_process_group(BACKEND_NAME, rank=rank, world_size=world_size, store=dist.HashStore())
+    sys.excepthook = excepthook
     return torch_compat.default_process_group()
 
 

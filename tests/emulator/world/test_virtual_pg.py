@@ -1,5 +1,7 @@
 """Tests for the "prism" virtual-world backend (emulator/world/virtual_pg.py, fake_collectives.py)."""
 
+import sys
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -35,6 +37,15 @@ def test_register_backend_is_idempotent():
     register_backend()
     register_backend()
     assert "PRISM" in dist.Backend._plugins
+
+
+def test_a_virtual_world_leaves_the_process_s_excepthook_as_it_was():
+    # torch's init_process_group wraps it to prefix tracebacks with the rank, once per world
+    before = sys.excepthook
+    for rank in range(2):
+        init_virtual_world(rank, 2)
+        destroy_virtual_world()
+    assert sys.excepthook is before
 
 
 @pytest.mark.parametrize("world", [(70_001, 131_072)], indirect=True)
