@@ -31,7 +31,7 @@ does this GPU take for an op of this shape". `KernelTable.lookup` tries, in orde
    process group, 98-145 TFLOP/s, where the curves priced it at ~690);
 4. nothing (None): the caller prices the op with its roofline curves (`costs.compute`): ops
    smaller than every row, or larger on some fields and smaller on others (an unaligned GEMM
-   only where its group has no row at all).
+   only where its group has no row at all), never below `KernelTable.floor_s`.
 Each answer also says how many kernels the op launches (`kernels`: the mean over the same
 rows, with the same weights, of the rows that state it; 1 where none does), for the time a
 stream idles between kernels (`costs.pricing`). Profiles and `prismbench calibrate` state it;
@@ -253,19 +253,30 @@ class KernelTable:
         return _work(op) / rate, source, _kernel_count(kernels[near], weights)
 
     def floor_s(self, op: OpRecord) -> float:
-        """The longest measured time of a row of the op's own group (same kernels) at or below
-        it on every shape field, 0 where none is: an op the lookup leaves to the curves does
-        more of the same work than such a row and takes no less time. Rows too short to lend
-        their rate upwards (`MIN_EXTRAPOLATED_ROW_S`) still bound it from below: carried up as
-        a rate they would price a large op far too slow, but as a time they are what a smaller
-        op of the kind was measured to take, where the curves price a kernel at bandwidth
-        alone (a 4 MiB add in under 1.5 us beside a measured 1 MiB add at 4 us)."""
-        key = group_key(op)
-        if key not in self.groups:
-            return 0.0
-        features, _, _, _, times = self.groups[key]
-        below = np.all(features <= _features(op), axis=1)
-        return float(times[below].max()) if below.any() else 0.0
+        """The least time an op the lookup leaves to the curves can take, 0 where no row says:
+        - the longest measured time of a row of the op's own group (same kernels) at or below
+          it on every shape field: it does more of the same work than such a row and takes no
+          less time. Rows too short to lend their rate upwards (`MIN_EXTRAPOLATED_ROW_S`) still
+          bound it from below: carried up as a rate they would price a large op far too slow,
+          but as a time they are what a smaller op of the kind was measured to take, where the
+          curves price a kernel at bandwidth alone (a 4 MiB add in under 1.5 us beside a
+          measured 1 MiB add at 4 us);
+        - the shortest time of a row of its class-level group (any aten op, `lookup_keys`) at
+          or below it: no kernel of the class ran faster, however little it moved, and the
+          lookup already prices the op from those rows where they are near. Without it, ops
+          just past the last such row fell to the curves: an fp32 aten.sub of 1 218 B was
+          priced 0.0004 us beside 2.84 us for 1 024 B (interpolated), where the H100 table's
+          fastest fp32 elementwise kernel took 1.15 us."""
+        target = _features(op)
+        floor = 0.0
+        for i, key in enumerate(lookup_keys(op)):
+            if key not in self.groups:
+                continue
+            features, _, _, _, times = self.groups[key]
+            below = np.all(features <= target, axis=1)
+            if below.any():
+                floor = max(floor, float(times[below].max() if i == 0 else times[below].min()))
+        return floor
 
     def time_s(self, op: OpRecord, sm_count: int, **kwargs) -> float | None:
         found = self.lookup(op, sm_count, **kwargs)

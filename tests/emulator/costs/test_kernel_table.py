@@ -312,11 +312,22 @@ def test_an_op_just_past_a_short_row_is_never_priced_below_it(tmp_path):
     # far beyond it the curves' own time is the larger, and stands
     big = replace(memory_op("elementwise", bytes_read=1 << 32, bytes_written=1 << 32), aten="aten.add")
     assert op_price(big, H100, table=table)[0] == curve_time_s(big, H100)
-    # a smaller op, or another aten op's row, sets no floor
+    # a smaller op sets no floor
     small = replace(op, bytes_read=1 << 16, bytes_written=1 << 16)
     assert op_price(small, H100, table=table)[0] == curve_time_s(small, H100)
-    other = replace(op, aten="aten.mul")
-    assert op_price(other, H100, table=table)[0] == curve_time_s(other, H100)
+
+
+def test_an_op_past_its_class_s_rows_takes_no_less_than_the_fastest_of_them(tmp_path):
+    # two other aten ops of its class measured at 1 KiB (too short to lend their rate upwards);
+    # a 4 KiB mul is beyond their radius and has no row of its own: the curves move it in
+    # nanoseconds, but no kernel of its class ran in less than 1.2 us
+    rows = [{"op": "elementwise", "dtype": "fp32", "aten": aten, "nbytes": 1024, "time_us": time_us,
+             "repetitions": 1, "spread_us": 0.0} for aten, time_us in (("aten.add", 1.2), ("aten.sub", 3.0))]  # fmt: skip
+    table = load_kernel_table(write_kernel_csv(rows, tmp_path / "t.csv", SYNTHETIC))
+    mul = replace(memory_op("elementwise", bytes_read=2048, bytes_written=2048, dtype="fp32"), aten="aten.mul")
+    assert curve_time_s(mul, H100) < 0.01e-6
+    # the fastest, not the slower sub: that is another kernel's time, not a bound on this one
+    assert op_price(mul, H100, table=table) == (pytest.approx(1.2e-6), "roofline", 1.0)
 
 
 def _nll_row(aten, nbytes, time_us):
