@@ -19,7 +19,7 @@ from typing import Any
 
 from emulator import hardware
 from workloads.config import ModelSpec, SpecError, check_positive_ints
-from workloads.flavors import get_flavor
+from workloads.flavors import get_flavor, parameter_count
 from workloads.job import BatchSpec, ParallelSpec, TrainingJob, TrainSpec
 from workloads.kernels import KernelsSpec
 
@@ -59,15 +59,52 @@ class ClusterSpec:
             )
 
 
+# torch sizes a tensor's storage in bytes as an int64 ("Storage size calculation overflowed"
+# beyond it), and the capture counts each op's FLOPs in an int64 column (emulator.capture.trace)
+INT64_MAX = 2**63 - 1
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobSpec(TrainingJob):
-    """One training job on a cluster; the rules that need the cluster's hardware are here."""
+    """One training job on a cluster; the rules that need the cluster's hardware, and the
+    sizes the emulator can capture, are here."""
 
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check_precision()
+        self._check_int64_sizes()
+
+    def _check_int64_sizes(self) -> None:
+        """The job's largest tensors and ops must fit an int64 (INT64_MAX): past it torch
+        cannot build the tensor, or the capture count the op, deep inside a capture. Each
+        figure is what the program builds or more: all parameters (the fp32 master and
+        gradient buffers hold a stage's whole), a micro-batch's widest activation (fp32 logits
+        at most), its widest matmul, its attention's backward (five s x s matmuls per head, as
+        torch's flop counter counts flash attention) and a rank's token ids."""
+        m, b = self.built_model, self.batch
+        tokens = b.micro_batch * b.seq_len
+        widest = max(m.hidden, m.ffn_hidden, m.vocab)
+        widest_fields = "the widest of model.hidden, ffn_hidden and vocab (as padded)"
+        sizes = (
+            ("model.layers, hidden, ffn_hidden, vocab (as padded) and max_seq_len",
+             "fp32 bytes of the model's parameters", 4 * parameter_count(m)),
+            (f"batch.micro_batch x seq_len x {widest_fields}",
+             "fp32 bytes of a micro-batch's widest activation", 4 * tokens * widest),
+            (f"batch.micro_batch x seq_len x model.hidden x {widest_fields}",
+             "FLOPs of a micro-batch's widest matmul", 2 * tokens * m.hidden * widest),
+            ("batch.micro_batch x seq_len^2 x model.hidden",
+             "FLOPs of a micro-batch's attention backward", 10 * tokens * b.seq_len * m.hidden),
+            ("batch.global_batch / parallel.dp x batch.seq_len",
+             "int64 bytes of a rank's token ids", 8 * self.local_batch_rows * b.seq_len),
+        )  # fmt: skip
+        for fields, what, size in sizes:
+            if size > INT64_MAX:
+                raise SpecError(
+                    f"{fields}: the {what} would be {size:.3g}, beyond 2**63 - 1 "
+                    f"({INT64_MAX:.3g}): torch sizes tensors, and the capture counts FLOPs, in int64"
+                )
 
     def _check_precision(self) -> None:
         if self.train.precision != "fp8":

@@ -251,3 +251,31 @@ def test_nccl_channels_must_leave_the_gpu_some_sms():
 def test_a_gpu_that_is_not_a_name_is_refused(gpu):
     with pytest.raises(SpecError, match=r"cluster.gpu=.* is not a known GPU preset"):
         job_spec_from_dict(with_change("cluster", gpu=gpu))
+
+
+PARAMETERS = "fp32 bytes of the model's parameters"
+
+
+@pytest.mark.parametrize(
+    ("change", "refused"),
+    [
+        ({"model": {"name": "llama-debug", "vocab": 2**62}}, PARAMETERS),
+        ({"model": {"name": "gpt-debug", "max_seq_len": 2**62}}, PARAMETERS),
+        ({"kernels": {"vocab_multiple": 2**62}}, PARAMETERS),
+        ({"batch": {"seq_len": 2**28, "global_batch": 1}}, "FLOPs of .* attention backward"),
+        ({"batch": {"seq_len": 64, "global_batch": 2**62}}, "int64 bytes of a rank's token ids"),
+    ],
+)
+def test_a_tensor_or_op_beyond_int64_is_refused_before_the_capture(change, refused):
+    # each ran into torch's "Storage size calculation overflowed" or an OverflowError in the
+    # capture's FLOP column: a traceback from deep inside `emulate`, exit 1
+    spec = {"model": {"name": "llama-debug"}, "batch": {"seq_len": 64, "global_batch": 8}} | change
+    with pytest.raises(SpecError, match=rf"{refused} would be .*, beyond 2\*\*63 - 1"):
+        job_spec_from_dict(spec)
+
+
+def test_a_long_sequence_whose_ops_fit_int64_is_kept():
+    # 2**26 tokens (emulated: 69 705 s an iteration, out of memory): its attention backward
+    # counts 10 * 2**26 * 2**26 * 64 FLOPs, below 2**63
+    spec = {"model": {"name": "llama-debug"}, "batch": {"seq_len": 2**26, "global_batch": 1}}
+    assert job_spec_from_dict(spec).batch.seq_len == 2**26
