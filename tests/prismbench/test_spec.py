@@ -279,3 +279,15 @@ def test_a_long_sequence_whose_ops_fit_int64_is_kept():
     # counts 10 * 2**26 * 2**26 * 64 FLOPs, below 2**63
     spec = {"model": {"name": "llama-debug"}, "batch": {"seq_len": 2**26, "global_batch": 1}}
     assert job_spec_from_dict(spec).batch.seq_len == 2**26
+
+
+def test_a_world_beyond_the_emulators_ranks_is_refused_naming_the_degrees():
+    # dp = 10**9 ran explain out of memory (a numpy traceback, exit 1); 2**20 ranks emulate
+    def job(dp: int) -> dict:
+        return {"model": {"name": "gpt-debug"}, "parallel": {"tp": 2, "dp": dp},
+                "batch": {"seq_len": 64, "global_batch": dp}}  # fmt: skip
+
+    with pytest.raises(SpecError, match=r"parallel.tp\(2\) \* pp\(1\) \* cp\(1\) \* dp\(524289\) "
+                                        r"= 1,048,578 GPUs is more than the 1,048,576"):  # fmt: skip
+        job_spec_from_dict(job(2**19 + 1))
+    assert job_spec_from_dict(job(2**19)).world_size == 2**20
