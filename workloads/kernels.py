@@ -721,22 +721,42 @@ class KernelsSpec:
 MOOT_WHEN: dict[str, tuple[str, Any]] = {
     "cp_attention": ("parallel.cp = 1", lambda job: job.parallel.cp == 1),
     "sp_collectives": ("no sequence parallelism", lambda job: not job.parallel.sequence_parallel),
-    "sp_regather": ("no sequence parallelism", lambda job: not job.parallel.sequence_parallel),
+    "sp_regather": (
+        "it acts under sequence parallelism only, on blocks not checkpointed whole (train.recompute "
+        "full, or selective at op level, keeps only a block's input)",
+        lambda job: not job.parallel.sequence_parallel or _checkpoints_whole_blocks(job),
+    ),
     "tp_grad_overlap": ("parallel.tp = 1", lambda job: job.parallel.tp == 1),
     "fsdp_reshard": ("it acts under parallel.zero = 3 only", lambda job: job.parallel.zero != 3),
     "pipeline_recv": ("parallel.pp = 1", lambda job: job.parallel.pp == 1),
-    "pipeline_transfer": ("parallel.pp = 1", lambda job: job.parallel.pp == 1),
+    "pipeline_transfer": (
+        "it acts with parallel.pp > 1 and no sequence parallelism only (Megatron sends a "
+        "sequence-parallel activation whole: it is split already)",
+        lambda job: job.parallel.pp == 1 or job.parallel.sequence_parallel,
+    ),
     "fp8_recipe": ("train.precision is not fp8", lambda job: job.train.precision != "fp8"),
     "fp8_casts": ("train.precision is not fp8", lambda job: job.train.precision != "fp8"),
     "grad_reduce": ("FSDP (parallel.zero >= 2) reduces its own way", lambda job: job.parallel.zero >= 2),
     "dp_grad_collective": (
-        "it acts under parallel.zero = 1 only (zero 0 all-reduces, FSDP reduce-scatters)",
-        lambda job: job.parallel.zero != 1,
+        "it acts under parallel.zero = 1 with parallel.dp * cp > 1 only (zero 0 all-reduces, "
+        "FSDP reduce-scatters, one data-parallel rank reduces nothing)",
+        lambda job: job.parallel.zero != 1 or job.parallel.dp * job.parallel.cp == 1,
+    ),
+    "custom_ops": (
+        "it runs RoPE and position-masked attention (ALiBi, context parallelism) only: "
+        "model.positions = 'learned' and parallel.cp = 1 run neither",
+        lambda job: job.model.positions == "learned" and job.parallel.cp == 1,
     ),
     "grad_accumulation": ("FSDP (parallel.zero >= 2) keeps no such buffer", lambda job: job.parallel.zero >= 2),
     "selective_recompute": ("train.recompute is not selective", lambda job: job.train.recompute != "selective"),
     "recompute_reruns": ("train.recompute = none", lambda job: job.train.recompute == "none"),
 }  # fmt: skip
+
+
+def _checkpoints_whole_blocks(job: Any) -> bool:
+    """`workloads.recompute.checkpoints_whole_blocks` for the job (that module imports torch)."""
+    recompute, selective = job.train.recompute, job.kernels.selective_recompute
+    return recompute == "full" or (recompute == "selective" and selective != "core-attention")
 
 
 def moot_overrides(job: Any) -> list[str]:

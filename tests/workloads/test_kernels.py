@@ -94,6 +94,28 @@ def test_an_override_that_changes_nothing_for_the_job_is_said():
     ]
 
 
+@pytest.mark.parametrize(
+    ("kernels", "moot", "acting"),
+    [
+        # a block checkpointed whole keeps only its input, whatever sp_regather says
+        ({"sp_regather": True}, ({"tp": 2}, {"recompute": "full"}), ({"tp": 2}, {})),
+        # Megatron sends a sequence-parallel activation whole: it is split already
+        ({"framework": "megatron", "pipeline_transfer": "whole"}, ({"tp": 2, "pp": 2}, {}),
+         ({"tp": 2, "pp": 2, "sequence_parallel": False}, {})),
+        # RoPE and position-masked attention only: GPT-2's learned positions at cp 1 run neither
+        ({"custom_ops": "fused"}, ({}, {}), ({"cp": 2}, {})),
+        # one data-parallel rank launches no reduction at all
+        ({"dp_grad_collective": "all-reduce"}, ({"zero": 1}, {}), ({"zero": 1, "dp": 2}, {})),
+    ],
+)  # fmt: skip
+def test_an_override_the_program_never_reads_for_the_job_is_said(kernels, moot, acting):
+    # each emulated (gpt-debug) to the same iteration time and memory as its opposite choice,
+    # and nothing was said: an override silently ignored
+    [note] = moot_overrides(_job(kernels, *moot))
+    assert note.startswith(f"kernels.{[*kernels][-1]}=") and "changes nothing for this job" in note
+    assert moot_overrides(_job(kernels, *acting)) == []
+
+
 def test_what_the_default_framework_runs_unlike_production_is_said():
     """ALiBi as eager fp32 math and unfused fp8 casts: said under the default framework, not
     under one that fuses them, nor for a job they do not concern."""
