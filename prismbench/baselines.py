@@ -217,10 +217,14 @@ class Provenance:
                 f"provenance.derived: {unknown} are not measured figures {list(FIGURES)}"
             )
         object.__setattr__(self, "derived", MappingProxyType(dict(self.derived)))
-        if isinstance(self.assumptions, list):
-            object.__setattr__(self, "assumptions", tuple(self.assumptions))
-        if not all(isinstance(a, str) and a for a in self.assumptions):
-            raise BaselineError("provenance.assumptions must be a list of non-empty strings")
+        # a string or a table iterates too (by character, by key): only a list is one
+        if not isinstance(self.assumptions, list | tuple) or not all(
+            isinstance(a, str) and a for a in self.assumptions
+        ):
+            raise BaselineError(
+                f"provenance.assumptions={self.assumptions!r} must be a list of non-empty strings"
+            )
+        object.__setattr__(self, "assumptions", tuple(self.assumptions))
 
     def to_dict(self) -> dict[str, Any]:
         if self.kind == "recorded":

@@ -181,6 +181,18 @@ def test_derived_field_must_be_given():
         baseline_from_dict("x", tables)
 
 
+@pytest.mark.parametrize("assumptions", ["model.vocab assumed", {"vocab": "assumed"}, ""])
+def test_assumptions_that_are_not_a_list_are_refused(assumptions):
+    # a string passed as its characters, a table as its keys: written back out, "model.vocab
+    # assumed" became ["m", "o", "d", ...]
+    tables = _tables("llmc__gpt2-124m__8g__r228")
+    tables["provenance"]["assumptions"] = assumptions
+    with pytest.raises(BaselineError, match=r"provenance.assumptions=.* must be a list of"):
+        baseline_from_dict("x", tables)
+    tables["provenance"]["assumptions"] = ["model.vocab assumed"]
+    assert baseline_from_dict("x", tables).provenance.assumptions == ("model.vocab assumed",)
+
+
 def test_invalid_job_names_the_job_field(tmp_path):
     path = tmp_path / "bad.toml"
     text = (BASELINES / "llmc__gpt2-124m__8g__r228.toml").read_text()
