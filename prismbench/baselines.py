@@ -203,6 +203,7 @@ class Provenance:
             raise BaselineError(
                 f"provenance.csv_row={self.csv_row!r} must be a CSV line number >= 2"
             )
+        self._refuse_other_kinds_fields()
         if not isinstance(self.approximate, bool):
             raise BaselineError(f"provenance.approximate={self.approximate!r} must be a boolean")
         if not isinstance(self.derived, Mapping) or not all(
@@ -225,6 +226,21 @@ class Provenance:
                 f"provenance.assumptions={self.assumptions!r} must be a list of non-empty strings"
             )
         object.__setattr__(self, "assumptions", tuple(self.assumptions))
+
+    def _refuse_other_kinds_fields(self) -> None:
+        """A field of the other kind of baseline would be kept here and dropped by `to_dict`
+        (and read by nothing): a recorded baseline has no CSV row and states no approximate
+        figure of a source; a published one has no machine, software, commit or date."""
+        if self.kind == "recorded":
+            given = {"csv_row": self.csv_row is not None, "approximate": self.approximate}
+        else:
+            given = {name: getattr(self, name) != "" for name in RECORDED_FIELDS}
+        stray = [name for name, is_given in given.items() if is_given]
+        if stray:
+            raise BaselineError(
+                f"provenance: {stray} are not fields of a {self.kind} baseline "
+                f"(provenance.kind={self.kind!r})"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         if self.kind == "recorded":

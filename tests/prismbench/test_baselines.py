@@ -371,6 +371,23 @@ def test_recorded_provenance_and_spread_are_checked():
         baseline_from_dict("x", inverted)
 
 
+@pytest.mark.parametrize(
+    ("recorded", "field", "value"),
+    [(True, "csv_row", 5), (True, "approximate", True), (False, "machine", "a GPU box"),
+     (False, "commit", "abc1234")],
+)  # fmt: skip
+def test_a_provenance_field_of_the_other_kind_is_refused(recorded, field, value):
+    # it loaded, and writing the baseline back out dropped it: read by nothing
+    if recorded:
+        tables = tomllib.loads((RECORDED / "h100shared__gpt3-125m-s2048-mb8-none.toml").read_text())
+    else:
+        tables = _tables("llmc__gpt2-124m__8g__r228")
+    tables["provenance"][field] = value
+    kind = "recorded" if recorded else "published"
+    with pytest.raises(BaselineError, match=rf"\['{field}'\] are not fields of a {kind} baseline"):
+        baseline_from_dict("x", tables)
+
+
 @pytest.mark.parametrize("gpu", ["h100", "h200"])
 def test_recorded_production_kernel_runs_name_their_framework_and_machine(gpu):
     """The eight shared jobs run again with their families' production kernels
