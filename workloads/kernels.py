@@ -248,6 +248,8 @@ DP_GRAD_COLLECTIVES = ("reduce-scatter", "all-reduce")
 GRAD_ACCUMULATIONS = ("fp32", "model-dtype")
 RECOMPUTE_RERUNS = ("needed", "all")
 SELECTIVE_GRANULARITIES = ("op", "op-prism-86a4f47", "core-attention")  # workloads.recompute
+# the one granularity that checkpoints part of a block (its core attention), not the whole block
+CORE_ATTENTION = "core-attention"
 OPTIMIZER_STEPS = ("foreach", "fused")
 CUSTOM_OPS = ("fused", "eager")
 SP_COLLECTIVES = ("dtensor", "first-dim")
@@ -724,15 +726,17 @@ MOOT_WHEN: dict[str, tuple[str, Any]] = {
     "sp_regather": (
         "it acts under sequence parallelism only, on blocks not checkpointed whole (train.recompute "
         "full, or selective at op level, keeps only a block's input)",
-        lambda job: not job.parallel.sequence_parallel or _checkpoints_whole_blocks(job),
+        lambda job: not job.parallel.sequence_parallel
+        or checkpoints_whole_blocks(job.train.recompute, job.kernels.selective_recompute),
     ),
     "tp_grad_overlap": ("parallel.tp = 1", lambda job: job.parallel.tp == 1),
     "fsdp_reshard": ("it acts under parallel.zero = 3 only", lambda job: job.parallel.zero != 3),
     "pipeline_recv": ("parallel.pp = 1", lambda job: job.parallel.pp == 1),
     "pipeline_transfer": (
-        "it acts with parallel.pp > 1 and no sequence parallelism only (Megatron sends a "
-        "sequence-parallel activation whole: it is split already)",
-        lambda job: job.parallel.pp == 1 or job.parallel.sequence_parallel,
+        "it acts with parallel.pp > 1, tp > 1 and no sequence parallelism only (the split is "
+        "over the tp group; Megatron sends a sequence-parallel activation whole: it is split "
+        "already)",
+        lambda job: job.parallel.pp == 1 or job.parallel.tp == 1 or job.parallel.sequence_parallel,
     ),
     "fp8_recipe": ("train.precision is not fp8", lambda job: job.train.precision != "fp8"),
     "fp8_casts": ("train.precision is not fp8", lambda job: job.train.precision != "fp8"),
@@ -753,10 +757,11 @@ MOOT_WHEN: dict[str, tuple[str, Any]] = {
 }  # fmt: skip
 
 
-def _checkpoints_whole_blocks(job: Any) -> bool:
-    """`workloads.recompute.checkpoints_whole_blocks` for the job (that module imports torch)."""
-    recompute, selective = job.train.recompute, job.kernels.selective_recompute
-    return recompute == "full" or (recompute == "selective" and selective != "core-attention")
+def checkpoints_whole_blocks(mode: str, selective: str) -> bool:
+    """Whether `workloads.recompute.apply_recompute(model, mode, selective=selective)`
+    checkpoints whole blocks (full, or op-level selective) rather than nothing or only each
+    block's core attention. Here, not there, because the spec reads it too without torch."""
+    return mode == "full" or (mode == "selective" and selective != CORE_ATTENTION)
 
 
 def moot_overrides(job: Any) -> list[str]:

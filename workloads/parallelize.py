@@ -45,8 +45,9 @@ from workloads.float8 import (
     is_float8_linear,
 )
 from workloads.job import TrainingJob
+from workloads.kernels import checkpoints_whole_blocks
 from workloads.models.norms import RMSNorm
-from workloads.recompute import apply_recompute, checkpoints_whole_blocks
+from workloads.recompute import apply_recompute
 from workloads.sp_collectives import (
     gather_sequence,
     scatter_sequence,

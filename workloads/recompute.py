@@ -120,12 +120,6 @@ def _op_context(granularity: str):
     return _ignoring_bookkeeping(forward), _ignoring_bookkeeping(recompute)
 
 
-def checkpoints_whole_blocks(mode: str, selective: str) -> bool:
-    """Whether `apply_recompute(model, mode, selective=selective)` checkpoints whole blocks (full,
-    or op-level selective) rather than nothing or only each block's core attention."""
-    return mode == "full" or (mode == "selective" and selective in OP_POLICIES)
-
-
 def apply_recompute(
     model: nn.Module,
     mode: str,

@@ -102,6 +102,9 @@ def test_an_override_that_changes_nothing_for_the_job_is_said():
         # Megatron sends a sequence-parallel activation whole: it is split already
         ({"framework": "megatron", "pipeline_transfer": "whole"}, ({"tp": 2, "pp": 2}, {}),
          ({"tp": 2, "pp": 2, "sequence_parallel": False}, {})),
+        # the split is over the tp group: with none, the activation goes whole
+        ({"framework": "megatron", "pipeline_transfer": "whole"}, ({"pp": 2}, {}),
+         ({"tp": 2, "pp": 2, "sequence_parallel": False}, {})),
         # RoPE and position-masked attention only: GPT-2's learned positions at cp 1 run neither
         ({"custom_ops": "fused"}, ({}, {}), ({"cp": 2}, {})),
         # one data-parallel rank launches no reduction at all

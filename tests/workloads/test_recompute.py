@@ -139,3 +139,16 @@ def test_torchtitans_policy_keeps_abs_and_max_and_every_other_matmul():
     torchtitan, prism = _op_policy("op"), _op_policy("op-prism-86a4f47")
     assert [torchtitan(forward, f) for f in calls] == [save, rerun, save, save]
     assert [prism(forward, f) for f in calls] == [save, rerun, rerun, save]
+
+
+def test_every_granularity_but_core_attention_checkpoints_whole_blocks():
+    # the spec (torch-free) and apply_recompute read one rule: kernels.checkpoints_whole_blocks
+    from workloads.kernels import CORE_ATTENTION, SELECTIVE_GRANULARITIES, checkpoints_whole_blocks
+    from workloads.recompute import OP_POLICIES
+
+    assert set(OP_POLICIES) == set(SELECTIVE_GRANULARITIES) - {CORE_ATTENTION}
+    assert [g for g in SELECTIVE_GRANULARITIES if checkpoints_whole_blocks("selective", g)] == [
+        *OP_POLICIES
+    ]
+    assert checkpoints_whole_blocks("full", CORE_ATTENTION)
+    assert not checkpoints_whole_blocks("none", "op")
