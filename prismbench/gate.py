@@ -67,6 +67,18 @@ def _json_row(row: GateRow) -> dict:
     }
 
 
+# the figures every emulate result has above zero: a saved result with one at or below it (or
+# not a number) is no emulation's, and gating it would report a move that never happened
+POSITIVE_RESULT_FIELDS = (
+    "world_size",
+    "iteration_time_s",
+    "peak_memory_allocated_bytes",
+    "peak_memory_reserved_bytes",
+    "first_iteration_peak_memory_reserved_bytes",
+    "gpu_capacity_bytes",
+)
+
+
 def read_side(path: str | Path, *, load_job: Callable[[Path], JobSpec] = load_job_spec):
     """One side of the gate, checked without emulating it: a validated JobSpec for a job spec
     (.toml, read by `load_job`: the CLI's also takes a baseline file's [job] table), or the
@@ -96,6 +108,13 @@ def read_side(path: str | Path, *, load_job: Callable[[Path], JobSpec] = load_jo
             f"{path}: oom={result.get('oom')!r} must be true or false (whether the job runs "
             "out of memory, which the gate always checks); emulate the job again"
         )
+    for name in POSITIVE_RESULT_FIELDS:
+        value = result.get(name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise SpecError(
+                f"{path}: {name}={value!r} must be a number > 0, as every emulate result's is "
+                "(an edited or broken file would be gated as a real move); emulate the job again"
+            )
     return result
 
 

@@ -60,8 +60,8 @@ def test_a_nan_on_either_side_fails_the_gate(reference):
 def test_a_nan_is_null_in_the_json_output(reference, tmp_path, capsys):
     # json.dumps wrote NaN, which is no JSON: a strict parser refused the gate's output
     ref = _write(tmp_path / "ref.json", reference)
-    cand = _write(tmp_path / "cand.json", reference | {"iteration_time_s": float("nan")})
-    assert main(["gate", "--reference", ref, "--candidate", cand, "--fail", "iteration_time_s:+2%", "--json"]) == 1
+    cand = _write(tmp_path / "cand.json", reference | {"mfu": float("nan")})
+    assert main(["gate", "--reference", ref, "--candidate", cand, "--fail", "mfu:2%", "--json"]) == 1
     out = capsys.readouterr().out
     row = json.loads(out, parse_constant=pytest.fail)["rows"][0]
     assert row["candidate"] is None and row["change"] is None and row["passed"] is False
@@ -198,6 +198,21 @@ def test_a_saved_result_without_a_true_or_false_oom_is_refused(tmp_path, referen
     ref, cand = _write(tmp_path / "ref.json", reference), _write(tmp_path / "cand.json", broken)
     assert main(["gate", "--reference", ref, "--candidate", cand, "--fail", "iteration_time_s:+2%"]) == 2
     assert f"oom={oom!r} must be true or false" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("iteration_time_s", -1.0), ("iteration_time_s", 0), ("peak_memory_reserved_bytes", 0),
+     ("peak_memory_allocated_bytes", "12 GiB"), ("world_size", None)],
+)  # fmt: skip
+def test_a_saved_result_with_a_figure_no_emulation_gives_is_refused(
+    tmp_path, reference, capsys, field, value
+):
+    # an iteration of -1 s was gated as a real move: a crossed threshold (exit 1) or a pass
+    ref = _write(tmp_path / "ref.json", reference)
+    cand = _write(tmp_path / "cand.json", reference | {field: value})
+    assert main(["gate", "--reference", ref, "--candidate", cand, "--fail", "iteration_time_s:+2%"]) == 2
+    assert f"{field}={value!r} must be a number > 0" in capsys.readouterr().err
 
 
 def test_a_move_from_a_zero_reference_fails_only_a_bound_in_its_direction(reference):
