@@ -97,6 +97,14 @@ ATTENTION_HEAD_DIM_TILES = (64, 128)
 # where an H200 measured 0.54 (results/calibration/README.md, "The fused loss's two kernels").
 BYTES_NOT_TRAFFIC = frozenset({"aten.nll_loss_forward", "aten.nll_loss_backward"})
 NOT_TRAFFIC = "bytes not traffic"  # their class-level variant (`lookup_keys`)
+# Aten ops of one class whose kernels are different algorithms: each prices from its own rows
+# only (no class-level group). The embedding's forward is a gather; its backward sorts the
+# token ids and scatter-adds their gradients, 10-20x the time per recorded byte (H100 table,
+# the 125M job's profile: 102 MB, 19 us forward, 312 us backward). A forward of 34-50 MB, with
+# no own row within a factor 2 nor one of 20 us below it, was extrapolated from the backward's
+# rows: 140-212 us on the H100 table where its own rows give about 12 (and 250-500 us on the
+# A100 tables; Megatron's GPT 22B on 8 A100s, korthikanti2022 r013, runs one).
+OWN_ROWS_ONLY = frozenset({"aten.embedding", "aten.embedding_dense_backward"})
 
 
 def op_class(name: str) -> str:
@@ -132,10 +140,11 @@ def lookup_keys(op: OpRecord) -> list[tuple]:
     """The op's group, then (memory-bound ops keyed by their aten op) its class-level group:
     attention variants do not stand in for each other (their rates differ by 2x and more). The
     aten ops of `BYTES_NOT_TRAFFIC` have a class-level group of their own: their rows price
-    each other, never another op of the class. A row joins the groups its op looks up."""
+    each other, never another op of the class; those of `OWN_ROWS_ONLY` have none. A row
+    joins the groups its op looks up."""
     key = group_key(op)
     memory_bound = op.name not in GEMM_OPS and op.name not in ATTENTION_OPS
-    if not memory_bound or key[3] == ANY_ATEN:
+    if not memory_bound or key[3] == ANY_ATEN or op.aten in OWN_ROWS_ONLY:
         return [key]
     return [key, (*key[:3], NOT_TRAFFIC if op.aten in BYTES_NOT_TRAFFIC else ANY_ATEN)]
 

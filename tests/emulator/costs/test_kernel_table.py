@@ -383,3 +383,18 @@ def test_the_fused_loss_backward_is_priced_by_its_bytes_on_the_committed_h200_ta
     seconds, source, _ = op_price(_fused_loss_backward(8192, 50368), h200, table=table)
     assert source == "roofline"
     assert seconds == pytest.approx(2 * 8192 * 50368 * 2 / 4.8e12 / 0.835, rel=1e-3)
+
+
+def test_an_embedding_forward_takes_no_rate_from_the_backward_s_rows(tmp_path):
+    # the H100 table's order: a 17 MB gather in 8 us, its sort-and-scatter backward at 66 us
+    rows = [{"op": "embedding", "dtype": "bf16", "aten": aten, "nbytes": 16_793_600, "time_us": t,
+             "repetitions": 1, "spread_us": 0.0}
+            for aten, t in (("aten.embedding", 8.0), ("aten.embedding_dense_backward", 66.2))]  # fmt: skip
+    table = load_kernel_table(write_kernel_csv(rows, tmp_path / "t.csv", SYNTHETIC))
+    # 50 MB, beyond its own row's radius: extrapolated at the backward's rate it took 200 us
+    forward = replace(memory_op("embedding", bytes_read=44 << 20, bytes_written=6 << 20, dtype="bf16"),
+                      aten="aten.embedding")  # fmt: skip
+    seconds, source, _ = op_price(forward, H100, table=table)
+    assert source == "roofline" and seconds == max(curve_time_s(forward, H100), 8.0e-6)
+    backward = replace(forward, aten="aten.embedding_dense_backward")
+    assert op_price(backward, H100, table=table)[1] == "extrapolated"  # from its own row
