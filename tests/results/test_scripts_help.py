@@ -1,6 +1,7 @@
 """Every runnable script under results/ answers --help and changes nothing: many take minutes
 or a GPU and rewrite committed results, so a user asking how to run one must not run it."""
 
+import json
 import os
 import subprocess
 import sys
@@ -16,26 +17,24 @@ SCRIPTS = sorted(
 )
 
 
-def _results_files() -> dict[str, tuple[int, int]]:
-    """(mtime, size) of every file under results/: what a script run by mistake rewrites
-    (not `git status`, which other tests running beside this one may change)."""
-    return {
-        str(p): (p.stat().st_mtime_ns, p.stat().st_size)
-        for p in (ROOT / "results").rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts
-    }
-
-
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_help_exits_0_and_writes_nothing(script):
-    before = _results_files()
+@pytest.fixture(scope="module")
+def helps() -> dict[str, dict]:
+    """Each script's `--help`: exit code, stdout, stderr and the results/ files it changed, each
+    run in its own process forked by tests/results/help_runner.py after the imports they share."""
     # this checkout's packages, not an installed copy: the scripts import them by name
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     done = subprocess.run(
-        [sys.executable, script, "--help"],
+        [sys.executable, "tests/results/help_runner.py", *SCRIPTS],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True,
-        timeout=60,
+        timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: "), done.stdout
-    assert _results_files() == before
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_exits_0_and_writes_nothing(script, helps):
+    done = helps[script]
+    assert done["returncode"] == 0, done["stderr"]
+    assert done["stdout"].startswith("usage: "), done["stdout"]
+    assert done["changed"] == []
