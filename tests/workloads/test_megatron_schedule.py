@@ -13,7 +13,12 @@ import pytest
 
 from prismbench.launch import run_ranks
 from prismbench.spec import job_spec_from_dict
-from tests.workloads.test_parallel_parity import SEQ_LEN, reference_job, train_losses
+from tests.workloads.test_parallel_parity import (
+    SEQ_LEN,
+    reference_job,
+    single_process_run,
+    train_losses,
+)
 from workloads.config import SpecError
 
 WORLD = 4
@@ -128,7 +133,7 @@ def losses() -> dict[str, list[float]]:
 @pytest.mark.integration
 @pytest.mark.parametrize("name", list(CASES))
 def test_loss_matches_single_process(name, losses):
-    expected = train_losses(reference_job(make_job(*CASES[name])), None).losses
+    expected = single_process_run(reference_job(make_job(*CASES[name]))).losses
     assert losses[name] == pytest.approx(expected, rel=1e-5)
     assert expected[-1] < expected[0]  # training moved the loss: the comparison means something
 

@@ -400,8 +400,16 @@ def train_losses(job, mesh, bucket_bytes=None) -> Run:
 def single_process_run(job) -> Run:
     """train_losses of `job` in this process, without a mesh: the reference a parallel run is
     held to. A case's loss and grad-norm tests, and cases whose reference is the same job, share
-    one run (seeded, on the CPU: the same job gives the same losses and norms, bit for bit)."""
-    return train_losses(job, None)
+    one run (seeded, on the CPU: the same job gives the same losses and norms, bit for bit).
+    It runs on one CPU thread, as each rank of the spawn does (`run_ranks`): on these tiny
+    tensors two threads' handoffs cost more than the work, and on a loaded 2-core machine (CI's
+    two pytest-xdist workers) one debug-model run took 20-30 s on two threads, 0.07 s on one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return train_losses(job, None)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _run_cases(names: list[str]) -> dict[str, Run]:
