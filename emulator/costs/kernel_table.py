@@ -21,7 +21,7 @@ does this GPU take for an op of this shape". `KernelTable.lookup` tries, in orde
    smaller measured shape is a floor for a larger one, where the roofline curves' generic
    efficiency is not: on a real H200 the 125M GPT at micro-batch 71 (GEMMs of 145 408 rows,
    8.9x the table's largest of that shape) ran 0.5815 s an iteration; with 88 % of its compute
-   priced by the curves it was predicted 0.418 s (-28 %), with those ops extrapolated 0.58 s
+   priced by the curves it was predicted 0.418 s (-28 %), with those ops extrapolated 0.587 s
    (`results/fidelity/big_batch_h200.md`); and a GEMM of the unaligned variant with no row near
    or below takes the rate of the `NEIGHBOURS` nearest unaligned rows at any distance (those of
    `MIN_EXTRAPOLATED_ROW_S` or longer where there are any), weighted as in 2: the roofline
