@@ -2,7 +2,7 @@
 sets `expandable_segments:True`, and its peaks are scored under both settings).
 
     python3 results/fidelity/expandable_gpu.py --out DIR [CASE...]       (on a CUDA machine)
-    python results/fidelity/expandable_gpu.py --compare DIR/expandable_gpu.json   (anywhere)
+    python results/fidelity/expandable_gpu.py --compare DIR/expandable_gpu.json [...]  (anywhere)
 
 On the GPU: each CASE (default CASES; a shared job, from its recorded baseline on this GPU)
 trains for real twice (`prismbench.record` on cuda, 3 warm-up and 2 timed iterations), under
@@ -10,7 +10,9 @@ torch's default allocator and under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:
 the environment `record`'s rank processes inherit, before CUDA starts there);
 DIR/expandable_gpu.json holds both steady peaks (allocated, reserved) per case. --compare
 replays each case's capture under both settings (`emulator.memory.replay_memory`) and prints
-predicted against measured, the error (predicted - measured) / measured.
+predicted against measured, the error (predicted - measured) / measured; given several files
+(runs of different cases, as the H100's of 2026-11-28, whose fourth case ran in a second call),
+it takes their rows in order, and a case on one GPU in two of them is refused.
 """
 
 from __future__ import annotations
@@ -47,14 +49,28 @@ def measure(cases: list[str], gpu: str, out: Path) -> None:
     os.environ.pop("PYTORCH_CUDA_ALLOC_CONF")
 
 
-def compare(path: Path) -> list[str]:
+def measured_rows(paths: list[Path]) -> list[dict]:
+    """The rows of every expandable_gpu.json in `paths`, in order. A case measured on one GPU
+    in two of them is refused: the table would score it twice, each time against another run."""
+    rows, seen = [], {}
+    for path in paths:
+        for row in json.loads(path.read_text()):
+            key = (row["case"], row["gpu"])
+            if key in seen:
+                raise ValueError(f"{row['case']} on {row['gpu']} is in both {seen[key]} and {path}")
+            seen[key] = path
+            rows.append(row)
+    return rows
+
+
+def compare(paths: list[Path]) -> list[str]:
     from emulator.hardware import gpu_preset
     from emulator.memory import replay_memory
     from prismbench.capture import capture_job
 
     lines = ["| case | allocator | allocated, measured | error | reserved, measured | error |",
              "|---|---|--:|--:|--:|--:|"]  # fmt: skip
-    for row in json.loads(path.read_text()):
+    for row in measured_rows(paths):
         trace = capture_job(recorded_job(row["case"], row["gpu"])).traces[0]
         for name, conf in SETTINGS.items():
             m = replay_memory(trace, gpu=gpu_preset(row["gpu"]), alloc_conf=conf, stage=0)
@@ -71,10 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", nargs="*", metavar="CASE")
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--compare", type=Path, metavar="JSON")
+    parser.add_argument("--compare", type=Path, nargs="+", metavar="JSON")
     args = parser.parse_args(argv)
     if args.compare:
-        print("\n".join(compare(args.compare)))
+        try:
+            lines = compare(args.compare)
+        except ValueError as err:
+            parser.error(f"--compare: {err}")
+        print("\n".join(lines))
         return 0
     if args.out is None:
         parser.error("--out or --compare is required")

@@ -125,3 +125,9 @@ def fake_pg():
 def paired_deltas():
     """results/fidelity/paired_deltas.py: published pairs that change one setting."""
     return load_script("fidelity/paired_deltas.py")
+
+
+@pytest.fixture(scope="session")
+def expandable():
+    """results/fidelity/expandable_gpu.py: the expandable-segments allocator model on a GPU."""
+    return load_script("fidelity/expandable_gpu.py")
