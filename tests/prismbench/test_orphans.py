@@ -76,6 +76,9 @@ def test_ctrl_c_to_the_process_group_interrupts_the_parent_alone():
         "import multiprocessing, os, signal, time\n"
         "from prismbench.orphans import exit_with_parent\n"
         "if __name__ == '__main__':\n"
+        # as in a terminal: a shell without job control starts background jobs (a CI runner's
+        # commands among them) with SIGINT ignored, which their children inherit
+        "    signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "    pool = multiprocessing.get_context('spawn').Pool(1, exit_with_parent, (os.getpid(),))\n"
         "    pool.apply(time.sleep, (0,))\n"
         "    try:\n"
