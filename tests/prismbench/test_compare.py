@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -64,7 +65,8 @@ def test_the_slowest_class_comes_first_and_one_sided_ops_still_count(trace):
     assert extra.measured_s == pytest.approx(gpu_only_us * 1e-6)
 
 
-def test_cli_prints_json_with_totals(tmp_path, trace, capsys):
+def _job_and_a_profile_twice_as_slow(tmp_path, trace) -> tuple[Path, Path]:
+    """The tiny job's spec, and a profile in which every op took twice its price."""
     durations, _ = compute_prices(trace, COST)
     profile = _write_jsonl(
         tmp_path / "tiny.ops.jsonl.gz",
@@ -72,6 +74,11 @@ def test_cli_prints_json_with_totals(tmp_path, trace, capsys):
     )
     job = tmp_path / "tiny.toml"
     job.write_text(TINY_TOML)
+    return job, profile
+
+
+def test_cli_prints_json_with_totals(tmp_path, trace, capsys):
+    job, profile = _job_and_a_profile_twice_as_slow(tmp_path, trace)
     assert (
         main(["compare", str(job), "--profile", str(profile), "--no-kernel-table", "--json"]) == 0
     )
@@ -81,13 +88,7 @@ def test_cli_prints_json_with_totals(tmp_path, trace, capsys):
 
 
 def test_cli_table_says_the_total_error_the_json_gives(tmp_path, trace, capsys):
-    durations, _ = compute_prices(trace, COST)
-    profile = _write_jsonl(
-        tmp_path / "tiny.ops.jsonl.gz",
-        [_profiled(trace, r, 2 * durations[r] * 1e6) for r in _compute_rows(trace)],
-    )
-    job = tmp_path / "tiny.toml"
-    job.write_text(TINY_TOML)
+    job, profile = _job_and_a_profile_twice_as_slow(tmp_path, trace)
     assert main(["compare", str(job), "--profile", str(profile), "--no-kernel-table"]) == 0
     assert "ms of kernels (-50.0%)" in " ".join(capsys.readouterr().out.split())
 

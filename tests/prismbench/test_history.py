@@ -76,18 +76,24 @@ def test_a_version_1_history_is_migrated_on_its_first_write(tmp_path):
     assert history.read(db, "SELECT * FROM case_variability") == []
 
 
-def test_a_version_2_history_gains_the_allocation_columns_and_keeps_its_rows(tmp_path):
+def _history_with_an_old_variability_row(db: Path, version: int, missing: tuple[str, ...]) -> None:
+    """A history of `version` whose case_variability has neither the columns `missing` (those
+    later versions added) nor any but p95_s set in its one row."""
     import duckdb
 
-    db = tmp_path / "h.duckdb"
-    _v1_database(db, version=2)
-    later = history.ALLOCATION_COLUMNS + history.NETWORK_TAIL_COLUMNS
-    old = {k: v for k, v in history.VARIABILITY_COLUMNS.items() if k not in later}
+    _v1_database(db, version=version)
+    old = {k: v for k, v in history.VARIABILITY_COLUMNS.items() if k not in missing}
     con = duckdb.connect(str(db))
     con.execute("CREATE TABLE case_variability (run_id VARCHAR, baseline VARCHAR, "
                 + ", ".join(f"{k} {v}" for k, v in old.items()) + ")")  # fmt: skip
     con.execute("INSERT INTO case_variability (run_id, baseline, p95_s) VALUES ('old', 'b', 2.0)")
     con.close()
+
+
+def test_a_version_2_history_gains_the_allocation_columns_and_keeps_its_rows(tmp_path):
+    db = tmp_path / "h.duckdb"
+    later = history.ALLOCATION_COLUMNS + history.NETWORK_TAIL_COLUMNS
+    _history_with_an_old_variability_row(db, 2, later)
     history.start_run(db, "r", commit="c", dirty=False, machine="m", settings={})
     (row,) = history.read(db, "SELECT * FROM case_variability")
     # drawn, before version 3, one step per allocation: no split
@@ -97,20 +103,8 @@ def test_a_version_2_history_gains_the_allocation_columns_and_keeps_its_rows(tmp
 
 
 def test_a_version_3_history_gains_the_network_tail_column_and_keeps_its_rows(tmp_path):
-    import duckdb
-
     db = tmp_path / "h.duckdb"
-    _v1_database(db, version=3)
-    old = {
-        k: v
-        for k, v in history.VARIABILITY_COLUMNS.items()
-        if k not in history.NETWORK_TAIL_COLUMNS
-    }
-    con = duckdb.connect(str(db))
-    con.execute("CREATE TABLE case_variability (run_id VARCHAR, baseline VARCHAR, "
-                + ", ".join(f"{k} {v}" for k, v in old.items()) + ")")  # fmt: skip
-    con.execute("INSERT INTO case_variability (run_id, baseline, p95_s) VALUES ('old', 'b', 2.0)")
-    con.close()
+    _history_with_an_old_variability_row(db, 3, history.NETWORK_TAIL_COLUMNS)
     history.start_run(db, "r", commit="c", dirty=False, machine="m", settings={})
     (row,) = history.read(db, "SELECT * FROM case_variability")
     assert row["p95_s"] == 2.0 and row["tail_slow_network_share"] is None
