@@ -85,6 +85,16 @@ _SCHEMA = (
 # made); version 4 adds the tail's share in a slower network regime (NULL before: not kept).
 ALLOCATION_COLUMNS = ("steps_per_allocation", "allocation_std_s", "within_allocation_std_s")
 NETWORK_TAIL_COLUMNS = ("tail_slow_network_share",)
+
+
+def _adding_variability_columns(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The statements that add `names` (VARIABILITY_COLUMNS) to an older case_variability."""
+    return tuple(
+        f"ALTER TABLE case_variability ADD COLUMN {name} {VARIABILITY_COLUMNS[name]}"
+        for name in names
+    )
+
+
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
         _case_variability(
@@ -96,16 +106,10 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         ),
     ),
     2: (
-        *(
-            f"ALTER TABLE case_variability ADD COLUMN {name} {VARIABILITY_COLUMNS[name]}"
-            for name in ALLOCATION_COLUMNS
-        ),
+        *_adding_variability_columns(ALLOCATION_COLUMNS),
         "UPDATE case_variability SET steps_per_allocation = 1",
     ),
-    3: tuple(
-        f"ALTER TABLE case_variability ADD COLUMN {name} {VARIABILITY_COLUMNS[name]}"
-        for name in NETWORK_TAIL_COLUMNS
-    ),
+    3: _adding_variability_columns(NETWORK_TAIL_COLUMNS),
 }
 
 
