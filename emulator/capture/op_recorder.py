@@ -37,6 +37,7 @@ from emulator.capture.trace import (
     COMPUTE,
     MARKER,
     PHASES,
+    EventLog,
     EventSequence,
     OpEvent,
     build_trace,
@@ -98,7 +99,7 @@ class OpRecorder(TorchDispatchMode):
     def __init__(self, sequence=None):
         super().__init__()
         self.sequence = sequence if sequence is not None else EventSequence()
-        self.events: list[OpEvent] = []
+        self.events = EventLog()
         self.storages = StorageLedger(self)
         self._dtype_names: dict[torch.dtype, str] = {}
         self.state = PhaseState()

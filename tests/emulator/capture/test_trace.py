@@ -1,5 +1,7 @@
 """Tests for emulator/capture/trace.py: the columnar RankTrace, its merge, save/load and summary."""
 
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -120,3 +122,36 @@ def test_event_sequence_is_shared_as_an_iterator():
 def test_empty_trace_builds_and_summarizes():
     s = tr.build_trace().summary()
     assert (s.events, s.flops, s.peak_live_bytes) == (0, 0, 0)
+
+
+def _event(seq: int, **fields) -> tr.OpEvent:
+    return tr.OpEvent(seq, tr.COMPUTE, "mm", "aten.mm", 0, "layer", 0, 0, **fields)
+
+
+def test_event_log_reads_back_the_op_events_it_was_given():
+    log = tr.EventLog([_event(0), _event(1, tensors=(((8, 16), "bf16", False),))])
+    log.append(_event(2, flows=(5, 6)))
+    assert [e.seq for e in log] == [0, 1, 2]
+    assert isinstance(log[1], tr.OpEvent) and log[1].tensors == (((8, 16), "bf16", False),)
+    assert log[-1].flows == (5, 6) and [e.seq for e in log[1:]] == [1, 2]
+    log[0] = log[0]._replace(flops=7)
+    del log[1]
+    log[1:] = [_event(9)]
+    assert [(e.seq, e.flops) for e in log] == [(0, 7), (9, 0)]
+
+
+def test_event_log_refuses_what_is_not_an_op_event():
+    with pytest.raises(TypeError, match="OpEvent"):
+        tr.EventLog().append(tuple(_event(0)))
+
+
+def test_event_log_leaves_its_rows_to_no_cycle_collection():
+    # a capture collects before every micro-batch: events it keeps tracked make that O(N^2)
+    log = tr.EventLog()
+    gc.collect()
+    before = len(gc.get_objects())
+    for seq in range(2000):
+        log.append(_event(seq, tensors=(((seq, 16), "bf16", True),), flows=(seq,)))
+    for _ in range(4):  # a collection may untrack only the innermost tracked level of a row
+        gc.collect()
+    assert len(gc.get_objects()) - before < 100
