@@ -741,9 +741,11 @@ MOOT_WHEN: dict[str, tuple[str, Any]] = {
     "fp8_recipe": ("train.precision is not fp8", lambda job: job.train.precision != "fp8"),
     "fp8_casts": ("train.precision is not fp8", lambda job: job.train.precision != "fp8"),
     "grad_reduce": (
-        "it acts under parallel.zero <= 1 with parallel.dp * cp > 1 only (FSDP reduces its own "
-        "way, one data-parallel rank reduces nothing)",
-        lambda job: job.parallel.zero >= 2 or job.parallel.dp * job.parallel.cp == 1,
+        "it acts under parallel.zero <= 1 with parallel.dp * cp > 1 or pp > 1 only (FSDP "
+        "reduces its own way; one data-parallel rank reduces nothing, and scales its gradients "
+        "bucket by bucket only under a pipeline)",
+        lambda job: job.parallel.zero >= 2
+        or (job.parallel.dp * job.parallel.cp == 1 and job.parallel.pp == 1),
     ),
     "dp_grad_collective": (
         "it acts under parallel.zero = 1 with parallel.dp * cp > 1 only (zero 0 all-reduces, "

@@ -110,6 +110,8 @@ def test_an_override_that_changes_nothing_for_the_job_is_said():
         # one data-parallel rank launches no reduction at all
         ({"dp_grad_collective": "all-reduce"}, ({"zero": 1}, {}), ({"zero": 1, "dp": 2}, {})),
         ({"grad_reduce": "after-backward"}, ({}, {}), ({"dp": 2}, {})),
+        # one data-parallel rank of a pipeline still scales its gradients in the buckets
+        ({"grad_reduce": "after-backward"}, ({}, {}), ({"pp": 2}, {})),
         ({"grad_reduce": "after-backward"}, ({"zero": 3, "dp": 2}, {}), ({"cp": 2}, {})),
     ],
 )  # fmt: skip
