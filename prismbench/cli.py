@@ -100,7 +100,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     import torch
 
     if args.job is None and args.profile_out:
-        raise SpecError("--profile-out names the profile of --job's iteration; the grid writes none")
+        raise SpecError(
+            "--profile-out names the profile of --job's iteration; the grid writes none"
+        )
     if args.job is not None and args.quick:
         raise SpecError("--quick shortens the grid's sweep; --job profiles one iteration instead")
     if args.job is None and args.json:
@@ -209,7 +211,9 @@ def _kernel_table(job, paths: Sequence[str], skip: tuple[str, ...] = ()):
     except (OSError, ValueError) as err:
         raise SpecError(f"{'--kernel-table' if paths else '--skip-source'}: {err}") from None
     if table is None:
-        raise SpecError(f"--skip-source: cluster.gpu={job.cluster.gpu!r} has no committed kernel table")
+        raise SpecError(
+            f"--skip-source: cluster.gpu={job.cluster.gpu!r} has no committed kernel table"
+        )
     return table
 
 

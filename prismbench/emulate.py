@@ -517,9 +517,7 @@ def _result(
             }
             for source in PRICE_SOURCES
         },
-        breakdown={
-            name: sum(getattr(c, name) for c in per_class) / n for name in BREAKDOWN_FIELDS
-        },
+        breakdown={name: sum(getattr(c, name) for c in per_class) / n for name in BREAKDOWN_FIELDS},
         per_class=per_class,
         critical_path=tuple(asdict(e) for e in timing.critical_path[:CRITICAL_PATH_SHOWN]),
         critical_path_events=len(timing.critical_path),

@@ -246,7 +246,7 @@ def _emulate_one(
 
 
 def _kernel_table(job, kernel_tables: tuple[str, ...]):
-    """"preset", or the job's GPU's table with `kernel_tables` merged over it."""
+    """ "preset", or the job's GPU's table with `kernel_tables` merged over it."""
     from prismbench.emulate import kernel_table_for
 
     return kernel_table_for(job.cluster.gpu, extra=kernel_tables) if kernel_tables else "preset"

@@ -62,7 +62,7 @@ def test_a_cpu_recording_is_emulated_but_not_scored(tmp_path, baselines_dir, cap
     """A GPU prediction against a CPU's time would be a 1000x "error": say why it is not scored."""
     (baselines_dir / "mine__tiny__cpu.toml").write_text(
         TINY_JOB
-        + '[measured]\niteration_time_s = 0.05\npeak_mem_bytes = 1073741824\n'
+        + "[measured]\niteration_time_s = 0.05\npeak_mem_bytes = 1073741824\n"
         + 'peak_mem_kind = "cpu_max_rss"\ndevice = "cpu"\n'
         + '[provenance]\nkind = "recorded"\nsource = "prismbench record"\nmodel = "gpt-debug"\n'
         + 'machine = "here"\nsoftware = "torch"\ncommit = "abc"\ndate = "2026-11-29"\n'
@@ -420,7 +420,9 @@ def test_a_kernel_table_of_another_gpu_is_refused_before_a_run_starts(
     args = _validate_args(baselines_dir, "--db", str(db), "--no-mlflow", "--all")
     assert main([*args, "--kernel-table", rows]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: --kernel-table: {rows}: rows measured on 'NVIDIA A100-SXM4-80GB'")
+    assert err.startswith(
+        f"error: --kernel-table: {rows}: rows measured on 'NVIDIA A100-SXM4-80GB'"
+    )
     assert "cases on h100-sxm-80g: mine__tiny__1g__r001, mine__tiny__1g__r002" in err
     assert not db.exists()
 
@@ -448,7 +450,9 @@ def test_a_case_predicted_to_run_out_of_memory_fails_the_gate_without_a_threshol
                           result={"oom": oom},
                           metrics=[MetricResult("iteration_time_s", 1.0, 1.0, 0.0)])  # fmt: skip
 
-    assert gate_failures([case(True)], []) == [("b", "oom", pytest.approx(float("nan"), nan_ok=True), PREDICTED_OOM)]
+    assert gate_failures([case(True)], []) == [
+        ("b", "oom", pytest.approx(float("nan"), nan_ok=True), PREDICTED_OOM)
+    ]
     assert gate_failures([case(False)], []) == []
 
 

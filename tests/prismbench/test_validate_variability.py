@@ -113,10 +113,14 @@ def test_without_the_flag_nothing_is_written(tmp_path, baselines_dir, capsys):
         (("--variability", "none", "--variability-seed", "-1"), "--variability-seed"),
         (("--variability-samples", "10"), "--variability-samples"),
         (("--variability-steps-per-allocation", "5"), "--variability-steps-per-allocation"),
-        (("--variability", "none", "--variability-samples", "100"),
-         "--variability-samples=100 makes 10 allocation(s) of --variability-steps-per-allocation=10"),
-        (("--variability", "none", "--variability-steps-per-allocation", "0"),
-         "--variability-steps-per-allocation"),
+        (
+            ("--variability", "none", "--variability-samples", "100"),
+            "--variability-samples=100 makes 10 allocation(s) of --variability-steps-per-allocation=10",
+        ),
+        (
+            ("--variability", "none", "--variability-steps-per-allocation", "0"),
+            "--variability-steps-per-allocation",
+        ),
     ],
 )
 def test_a_bad_value_exits_2_naming_the_option(tmp_path, baselines_dir, capsys, flags, option):
