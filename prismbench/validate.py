@@ -1,10 +1,10 @@
 """Validate the emulator against recorded baselines: emulate, score, store, summarise, gate.
 
-`validate(baselines, ...)` emulates each selected baseline (worker processes; captures are
-cached by prismbench.capture), scores every metric the baseline measured with the signed
-error (predicted - measured) / measured, writes the run to DuckDB (`prismbench.history`)
-and, when asked, to MLflow (`prismbench.mlflow_log`), and returns the cases with their
-metrics. Metric names are the emulate JSON's field names, so `--gate` thresholds
+`validate(baselines, ...)` emulates each selected baseline (worker processes, or this process
+on one worker; captures are cached by prismbench.capture), scores every metric the baseline
+measured with the signed error (predicted - measured) / measured, writes the run to DuckDB
+(`prismbench.history`) and, when asked, to MLflow (`prismbench.mlflow_log`), and returns the
+cases with their metrics. Metric names are the emulate JSON's field names, so `--gate` thresholds
 (`prismbench.thresholds`) name them the same way. With `variability` settings each case also
 gets its step-time distribution from the same capture and prices
 (`prismbench.validate_variability`).
@@ -22,8 +22,9 @@ import platform
 import statistics
 import time
 import uuid
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -335,29 +336,20 @@ def validate(
     history.start_run(run.db_path, run.run_id, commit=commit, dirty=dirty,
                       machine=f"{platform.node()} ({os.cpu_count()} cores)", settings=settings)  # fmt: skip
     started = time.perf_counter()
-    with ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=get_context("spawn"),
-        initializer=exit_with_parent,
-        initargs=(os.getpid(),),
-    ) as pool:
+    calls = [
+        (b, functools.partial(_emulate_one, b.job, b.name, use_cache,
+                              _artifact_dir(run, b.name) if artifacts else None, variability,
+                              _artifact_dir(run, b.name) if variability else None, kernel_tables))
+        for b in baselines
+    ]  # fmt: skip
+    # One worker runs the cases in this process, in turn: a spawned one would add only its
+    # start-up, a fresh interpreter importing the emulator and torch (`validate --workers 1` of
+    # two cached cases: 4.4 s with one, 3.1 s without)
+    pool = _pool(workers) if workers > 1 else None
+    with pool or nullcontext():
         try:
-            futures = {
-                pool.submit(
-                    _emulate_one,
-                    b.job,
-                    b.name,
-                    use_cache,
-                    _artifact_dir(run, b.name) if artifacts else None,
-                    variability,
-                    _artifact_dir(run, b.name) if variability else None,
-                    kernel_tables,
-                ): (b, time.perf_counter())
-                for b in baselines
-            }
-            for done, future in enumerate(as_completed(futures), 1):
-                baseline, submitted = futures[future]
-                case = _case(baseline, future, time.perf_counter() - submitted)
+            for done, (baseline, future, waited_s) in enumerate(_finished(pool, calls), 1):
+                case = _case(baseline, future, waited_s)
                 history.add_case(run.db_path, run.run_id, case)
                 run.cases.append(case)
                 elapsed = time.perf_counter() - started
@@ -365,12 +357,14 @@ def validate(
                 say(f"[{done}/{len(baselines)}] {baseline.name}: {_brief(case)} "
                     f"(elapsed {elapsed:.0f} s, ETA {eta:.0f} s)")  # fmt: skip
         except KeyboardInterrupt:  # Ctrl-C, and SIGTERM in the CLI (cli.Terminated is one)
-            _stop_workers(pool)
+            if pool is not None:
+                _stop_workers(pool)
             history.finish_run(run.db_path, run.run_id, "interrupted")
             run.status = "interrupted"
             raise
         except Exception:  # a case the history could not store: the run cannot finish whole
-            _stop_workers(pool)  # else leaving the pool waits for every queued case first
+            if pool is not None:
+                _stop_workers(pool)  # else leaving the pool waits for every queued case first
             run.status = "failed"
             history.finish_run(run.db_path, run.run_id, run.status)
             raise
@@ -379,6 +373,33 @@ def validate(
     if log_mlflow is not None:  # after the history has the run whole: a failure here loses no case
         log_mlflow(run, settings | {"commit": commit, "dirty": dirty})
     return run
+
+
+def _pool(workers: int) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=get_context("spawn"),
+        initializer=exit_with_parent,
+        initargs=(os.getpid(),),
+    )
+
+
+def _finished(pool: ProcessPoolExecutor | None, calls) -> Iterator[tuple[object, Future, float]]:
+    """(baseline, the future of its call, seconds since the call was submitted) for each
+    (baseline, call) of `calls` as it finishes: on `pool`'s workers, or here in turn."""
+    if pool is None:
+        for baseline, call in calls:
+            submitted, future = time.perf_counter(), Future()
+            try:
+                future.set_result(call())
+            except Exception as err:  # a failed emulation is recorded (`_case`), as a worker's is
+                future.set_exception(err)
+            yield baseline, future, time.perf_counter() - submitted
+        return
+    futures = {pool.submit(call): (b, time.perf_counter()) for b, call in calls}
+    for future in as_completed(futures):
+        baseline, submitted = futures[future]
+        yield baseline, future, time.perf_counter() - submitted
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:

@@ -88,7 +88,7 @@ def test_a_baseline_name_in_both_folders_is_refused(tmp_path, baselines_dir, cap
 
 def test_a_case_the_history_cannot_store_fails_the_run(tmp_path, baselines_dir, monkeypatch):
     # the run was left "running" (the status "failed" was never written) and the error waited
-    # for every queued case
+    # for every queued case (two workers: the pool's case)
     db = tmp_path / "h.duckdb"
 
     def broken(*_args) -> None:
@@ -96,8 +96,27 @@ def test_a_case_the_history_cannot_store_fails_the_run(tmp_path, baselines_dir, 
 
     monkeypatch.setattr(history, "add_case", broken)
     with pytest.raises(history.HistoryError, match="held its lock"):
-        validate(load_baselines(baselines_dir), db_path=db, workers=1)
+        validate(load_baselines(baselines_dir), db_path=db, workers=2)
     assert history.read(db, "SELECT status FROM runs") == [{"status": "failed"}]
+
+
+def test_a_case_that_fails_to_emulate_is_recorded_and_fails_the_gate(
+    tmp_path, baselines_dir, monkeypatch
+):
+    import prismbench.emulate
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("no kernel image")
+
+    # one worker: the case runs in this process, where the emulator is the patched one
+    monkeypatch.setattr(prismbench.emulate, "emulate", broken)
+    chosen = load_baselines(baselines_dir)[:1]
+    run = validate(chosen, db_path=tmp_path / "h.duckdb", workers=1, use_cache=False)
+    assert run.status == "complete"
+    assert [(c.status, c.error_message) for c in run.cases] == [
+        ("failed", "RuntimeError: no kernel image")
+    ]
+    assert [f[:2] for f in gate_failures(run.cases, [])] == [("mine__tiny__1g__r001", "emulation")]
 
 
 def test_select_by_glob_or_substring_and_refuse_nothing(baselines_dir):
