@@ -293,6 +293,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         raise SpecError(f"--baselines: {err}") from None
     chosen = v.select_baselines(baselines, args.select, args.all)
     spread = _variability_settings(args)
+    # validate checks these too; here they come before MLflow's store is made beside --db
+    v.check_kernel_tables(chosen, tuple(args.kernel_table))
+    if spread is not None:
+        spread.check_gpus(chosen)
     log = None
     if args.no_mlflow and args.tracking_uri:
         raise SpecError("--tracking-uri names an MLflow store that --no-mlflow would not use")

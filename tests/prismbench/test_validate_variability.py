@@ -173,4 +173,5 @@ def test_the_measured_preset_refuses_a_selection_with_an_unmeasured_gpu(
     db = tmp_path / "h.duckdb"
     assert main(_args(baselines_dir, db, "--variability", "measured")) == 2
     assert "no measured variability for gpu a100-sxm-80g" in capsys.readouterr().err
-    assert not db.exists()
+    # neither the history nor an MLflow store beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["baselines"]
