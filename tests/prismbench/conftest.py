@@ -1,5 +1,8 @@
 """Fixtures shared by the prismbench tests."""
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from emulator.capture.chunk_reuse import ChunkReuse
@@ -29,3 +32,25 @@ def stub_count(monkeypatch):
 def stand_ins(monkeypatch):
     """How many micro-batches were stood in for since the test began."""
     return count_calls(monkeypatch, MicroBatchReuse, "_stand_in_forward")
+
+
+@pytest.fixture(scope="session")
+def empty_mlflow_store(tmp_path_factory) -> Path:
+    """An MLflow sqlite store with its tables and no run, made once: MLflow makes a new store's
+    tables by running its migrations, 6-8 s on two busy cores, mostly waiting on sqlite's
+    writes (test_mlflow_log tests a store's creation)."""
+    import mlflow
+
+    path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    mlflow.MlflowClient(tracking_uri=f"sqlite:///{path}")  # makes the store
+    return path
+
+
+@pytest.fixture
+def history_dir(tmp_path, empty_mlflow_store) -> Path:
+    """tmp_path/h, a folder for validate's --db, with a copy of the empty MLflow store where
+    validate logs by default (mlflow.db beside --db)."""
+    folder = tmp_path / "h"
+    folder.mkdir()
+    shutil.copy(empty_mlflow_store, folder / "mlflow.db")
+    return folder

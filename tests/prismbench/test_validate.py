@@ -147,15 +147,15 @@ def test_validate_scores_stores_and_gates(tmp_path, baselines_dir):
     assert [f[0] for f in failures] == ["mine__tiny__1g__r002"]
 
 
-def test_cli_exit_codes_and_mlflow(tmp_path, baselines_dir, capsys):
+def test_cli_exit_codes_and_mlflow(history_dir, baselines_dir, capsys):
     import mlflow
 
-    db = tmp_path / "h" / "p.duckdb"
+    db = history_dir / "p.duckdb"
     args = _validate_args(baselines_dir, "--all", "--db", str(db), "--workers", "1")
     assert main([*args, "--gate", "iteration_time_s:20%", "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert [f["baseline"] for f in out["gate_failures"]] == ["mine__tiny__1g__r002"]
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'h' / 'mlflow.db'}")
+    mlflow.set_tracking_uri(f"sqlite:///{history_dir / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["prismbench-validate"])
     assert len(runs) == 3  # the parent and one child per case
     assert main([*args, "--no-mlflow", "--gate", "iteration_time_s:60%"]) == 0
@@ -309,16 +309,16 @@ def test_results_are_cached_by_spec_code_and_tables(tmp_path, baselines_dir, mon
     assert all(r.cases[0].wall_s == r.cases[0].result["case_wall_s"] > 0 for r in (first, again))
 
 
-def test_artifacts_are_written_and_logged(tmp_path, baselines_dir):
+def test_artifacts_are_written_and_logged(history_dir, baselines_dir):
     import mlflow
 
-    db = tmp_path / "h" / "p.duckdb"
+    db = history_dir / "p.duckdb"
     args = _validate_args(baselines_dir, "--select", "r001", "--db", str(db), "--workers", "1")
     assert main([*args, "--artifacts"]) == 0
-    (case_dir,) = (tmp_path / "h" / "artifacts").glob("*/mine__tiny__1g__r001")
+    (case_dir,) = (history_dir / "artifacts").glob("*/mine__tiny__1g__r001")
     assert (case_dir / "timeline.json").stat().st_size > 0
     assert list((case_dir / "memory").glob("*.png"))
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'h' / 'mlflow.db'}")
+    mlflow.set_tracking_uri(f"sqlite:///{history_dir / 'mlflow.db'}")
     child = mlflow.search_runs(
         experiment_names=["prismbench-validate"],
         filter_string="params.baseline = 'mine__tiny__1g__r001'",

@@ -61,11 +61,11 @@ def _children(db: Path):
 
 
 def test_the_flag_stores_the_distribution_in_duckdb_mlflow_and_the_summary(
-    tmp_path, baselines_dir, capsys
+    history_dir, baselines_dir, capsys
 ):
     import mlflow
 
-    db = tmp_path / "h" / "p.duckdb"
+    db = history_dir / "p.duckdb"
     flags = ("--variability", "prism-high", "--variability-samples", "200")
     assert main(_args(baselines_dir, db, *flags)) == 0
     out = capsys.readouterr().out
@@ -94,15 +94,15 @@ def test_the_flag_stores_the_distribution_in_duckdb_mlflow_and_the_summary(
     assert PLOT_NAME in {a.path for a in mlflow.MlflowClient().list_artifacts(run_id)}
 
 
-def test_without_the_flag_nothing_is_written(tmp_path, baselines_dir, capsys):
-    db = tmp_path / "h" / "p.duckdb"
+def test_without_the_flag_nothing_is_written(history_dir, baselines_dir, capsys):
+    db = history_dir / "p.duckdb"
     assert main(_args(baselines_dir, db)) == 0
     assert "Step-time distribution" not in capsys.readouterr().out
     assert history.read(db, "SELECT * FROM case_variability") == []
     (settings,) = history.read(db, "SELECT settings FROM runs")
     assert "variability" not in json.loads(settings["settings"])
     assert not any(c.startswith("metrics.variability") for c in _children(db).columns)
-    assert not (tmp_path / "h" / "artifacts").exists()
+    assert not (history_dir / "artifacts").exists()
 
 
 @pytest.mark.parametrize(
