@@ -35,24 +35,18 @@ from emulator.memory import replay_memory
 from emulator.memory.export import write_snapshot
 from prismbench.capture import JobCapture, capture_job
 from prismbench.checkout import REPO
+from prismbench.emulate_inputs import HOST_DISPATCH, KERNEL_TABLES, RESULT_SCHEMA_VERSION
 from prismbench.explain import explain, stage_model_flops_per_gpu
 from prismbench.files import write_atomically
 from prismbench.plots import memory_event_times_s, plot_memory_timeline
 from prismbench.spec import SpecError
 
-KERNEL_TABLES = REPO / "results" / "kernels"
-# measured host time per op (built by results/kernels/build_host_dispatch.py)
-HOST_DISPATCH = KERNEL_TABLES / "host-dispatch.json"
 # published rates of the attention kernels the tables do not measure, by `[kernels] attention`
 ATTENTION_RATES = {
     "triton": KERNEL_TABLES / "triton-attention.csv",
     "flash2": KERNEL_TABLES / "flash2-attention.csv",
 }
 CRITICAL_PATH_SHOWN = 50
-# Version of the emulate JSON (EmulationResult.to_dict): raised when a key changes meaning or
-# goes away, so stored results (DuckDB, MLflow) can tell which contract they hold.
-RESULT_SCHEMA_VERSION = 3  # 2: steady-state peaks, first-iteration peaks beside them;
-# 3: breakdown.host_wait_s, no longer inside compute_s
 # The dense peak MFU is taken against: the GEMM dtype of the job (fp8 jobs against the fp8
 # peak, as MosaicML reports its FP8 rows; fp32 jobs against tf32; torchtitan quotes bf16 peak,
 # see METRICS.md).

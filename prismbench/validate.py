@@ -191,7 +191,7 @@ def result_cache_key(job, kernel_tables: tuple[str, ...] = ()) -> str:
     `kernel_tables` merged over them (contents and order: a later file wins) and the result
     schema; the measured host dispatch figures."""
     from prismbench.capture import library_versions
-    from prismbench.emulate import HOST_DISPATCH, KERNEL_TABLES, RESULT_SCHEMA_VERSION
+    from prismbench.emulate_inputs import HOST_DISPATCH, KERNEL_TABLES, RESULT_SCHEMA_VERSION
 
     digest = hashlib.sha256(json.dumps(job.to_dict(), sort_keys=True).encode())
     digest.update(_source_hash(("prismbench", "emulator", "workloads")).encode())
