@@ -1023,7 +1023,11 @@ def _add_validate(commands) -> None:
         action="store_true",
         help="emulate again even where the same job, code and tables were",
     )
-    validate_cmd.add_argument("--workers", type=_positive_int, help="processes (default: cores)")
+    validate_cmd.add_argument(
+        "--workers", type=_positive_int,
+        help="worker processes (default: the cores, at most one a case; 1: the cases run in "
+        "this process, one after another)",
+    )  # fmt: skip
     validate_cmd.add_argument("--json", action="store_true", help="print one JSON object")
     _add_kernel_table_option(validate_cmd)
     _add_validate_variability(validate_cmd)
