@@ -7,7 +7,7 @@ captures in memory. `exit_with_parent` is the workers' initializer: a daemon thr
 parent is gone (the worker is reparented, so `os.getppid()` changes) and ends the worker.
 It also leaves Ctrl-C to the parent: a terminal sends SIGINT to the whole process group, and a
 worker interrupted in its loop printed "Process SpawnPoolWorker-1:" under the parent's own
-"interrupted"; every parent ends its workers itself when it is interrupted.
+"interrupted"; every parent ends its workers itself when it is interrupted (`stop_workers`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 # How often a worker looks for its parent: a dead parent's workers are gone within this.
 PARENT_POLL_S = 0.5
@@ -34,3 +35,10 @@ def exit_with_parent(parent_pid: int) -> None:
         os._exit(PARENT_LOST_EXIT_CODE)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def stop_workers(pool: ProcessPoolExecutor) -> None:
+    """End `pool`'s workers now: leaving the pool waits for every queued task, and a SIGTERM
+    sent to the parent alone (`kill`) reaches none of them."""
+    for worker in list(pool._processes.values()):  # what Python 3.14's terminate_workers() does
+        worker.terminate()

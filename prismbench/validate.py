@@ -34,7 +34,7 @@ from prismbench.capture_sources import ROOT, files_hash
 from prismbench.checkout import git_version
 from prismbench.fidelity import measured_iteration_s
 from prismbench.files import write_atomically
-from prismbench.orphans import exit_with_parent
+from prismbench.orphans import exit_with_parent, stop_workers
 from prismbench.thresholds import Threshold
 from prismbench.validate_variability import VariabilitySettings, measured_spread
 from workloads.config import SpecError
@@ -358,13 +358,13 @@ def validate(
                     f"(elapsed {elapsed:.0f} s, ETA {eta:.0f} s)")  # fmt: skip
         except KeyboardInterrupt:  # Ctrl-C, and SIGTERM in the CLI (cli.Terminated is one)
             if pool is not None:
-                _stop_workers(pool)
+                stop_workers(pool)
             history.finish_run(run.db_path, run.run_id, "interrupted")
             run.status = "interrupted"
             raise
         except Exception:  # a case the history could not store: the run cannot finish whole
             if pool is not None:
-                _stop_workers(pool)  # else leaving the pool waits for every queued case first
+                stop_workers(pool)  # else leaving the pool waits for every queued case first
             run.status = "failed"
             history.finish_run(run.db_path, run.run_id, run.status)
             raise
@@ -400,13 +400,6 @@ def _finished(pool: ProcessPoolExecutor | None, calls) -> Iterator[tuple[object,
     for future in as_completed(futures):
         baseline, submitted = futures[future]
         yield baseline, future, time.perf_counter() - submitted
-
-
-def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """End `pool`'s workers now: leaving the pool waits for every queued case, and a SIGTERM
-    sent to validate's process alone (`kill`) reaches none of them."""
-    for worker in list(pool._processes.values()):  # what Python 3.14's terminate_workers() does
-        worker.terminate()
 
 
 def _artifact_dir(run: ValidationRun, baseline: str) -> Path:
