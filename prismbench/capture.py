@@ -7,7 +7,8 @@ processes, one class at a time each (a process is one rank of a virtual world at
 world is process-global state, created and destroyed around each class), and cached on disk
 by the resolved spec and a hash of the source that shapes a trace (`capture_sources`: the
 workloads and what the capture imports, not pricing), so a second run of the same job and
-capturing code costs only the load.
+capturing code costs only the load. A worker that dies (the out-of-memory killer's SIGKILL)
+fails the capture with CaptureWorkerDied.
 
 The captured iteration is a steady-state one: before it, the optimizer state is created
 by one optimizer step on zero gradients (as after the first iteration, or a checkpoint
@@ -26,6 +27,8 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +37,8 @@ import numpy as np
 from emulator.capture.trace import SCHEMA_VERSION, RankTrace
 from emulator.world.mesh import World
 from prismbench.capture_sources import capture_source_hash
-from prismbench.orphans import exit_with_parent
+from prismbench.orphans import exit_with_parent, stop_workers
+from workloads.config import SpecError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +93,13 @@ def default_cache_dir() -> Path:
 
 class SourceChangedError(RuntimeError):
     """The source that shapes a trace changed while a job was being captured."""
+
+
+class CaptureWorkerDied(SpecError):
+    """A capture worker process ended without returning its class's trace. A SpecError, as the
+    ranks `record` finds killed are (`record._refuse_out_of_memory`): most often the job is too
+    large to capture that many classes at once on this machine, and the command line says so in
+    one line."""
 
 
 def _capture_class(
@@ -158,53 +169,103 @@ def capture_job(
 
 def _run_workers(job, class_ids, paths, workers, progress) -> None:
     reported = _Reporter(progress, len(class_ids))
-    queue = collections.deque(_longest_first(world_of(job), class_ids))
+    lanes = _Lanes(_longest_first(world_of(job), class_ids), reported)
+
+    def in_parent(class_id: int) -> tuple[float, str]:
+        return _capture_class(job, class_id, str(paths[class_id]))
+
     if workers <= 1:
-        while queue:
-            class_id = queue.popleft()
-            reported(class_id, *_capture_class(job, class_id, str(paths[class_id])))
+        while (class_id := lanes.next_class()) is not None:
+            reported(class_id, *in_parent(class_id))
         return
     # The parent is one of the lanes: it has torch imported already and starts at once,
     # while the workers-1 spawned processes import it (~4 s). Spawn, not fork: the parent
     # may hold torch state a child must not inherit. A worker captures several classes in
     # turn, each in a virtual world it creates and destroys (emulator.capture.capture_rank).
-    lock, idle, failures = threading.Lock(), threading.Semaphore(0), []
+    # An executor, not a multiprocessing Pool: a Pool replaces a worker that dies (the
+    # out-of-memory killer) and loses its class without a word, and its parent waited for it
+    # forever; a dead worker breaks an executor, which fails every class its workers held.
+    source = capture_source_hash()
+    with ProcessPoolExecutor(
+        workers - 1,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=exit_with_parent,
+        initargs=(os.getpid(),),
+    ) as pool:
 
-    def next_class():
-        with lock:
-            return queue.popleft() if queue else None
+        def in_worker(class_id: int) -> tuple[float, str]:
+            return pool.submit(_capture_class, job, class_id, str(paths[class_id]), source).result()
 
-    def submit(pool):
-        class_id = next_class()
-        if class_id is None:
-            idle.release()
+        feeders = [
+            threading.Thread(target=lanes.run, args=(in_worker, lanes.next_class()), daemon=True)
+            for _ in range(workers - 1)
+        ]
+        for feeder in feeders:
+            feeder.start()
+        try:
+            lanes.run(in_parent, lanes.next_class())
+            lanes.settle(workers)
+        except BaseException:  # Ctrl-C, and SIGTERM in the CLI (cli.Terminated is one)
+            stop_workers(pool)
+            raise
+        if lanes.failures:  # the capture has failed: now, not once the workers' classes are done
+            stop_workers(pool)
+    for feeder in feeders:  # each has its class's result or error: the pool is shut down
+        feeder.join()
+    lanes.raise_failure()
+
+
+class _Lanes:
+    """Lanes (the parent, a thread per worker) that capture the classes of one queue in turn
+    until it is empty or one of them fails: after a failure no lane takes another class."""
+
+    def __init__(self, class_ids: list[int], reported: _Reporter):
+        self.queue, self.reported = collections.deque(class_ids), reported
+        self.failures: list[tuple[int, Exception]] = []  # (class id, error), first first
+        self.ended = 0
+        self.changed = threading.Condition()
+
+    def next_class(self) -> int | None:
+        with self.changed:
+            return self.queue.popleft() if self.queue and not self.failures else None
+
+    def run(self, capture: Callable[[int], tuple[float, str]], class_id: int | None) -> None:
+        """Capture `class_id`, then the next class, and so on, with `capture`."""
+        try:
+            while class_id is not None:
+                self.reported(class_id, *capture(class_id))
+                class_id = self.next_class()
+        except Exception as error:  # raised by the parent once every lane has stopped
+            with self.changed:
+                self.failures.append((class_id, error))
+        finally:
+            with self.changed:
+                self.ended += 1
+                self.changed.notify_all()
+
+    def settle(self, lanes: int) -> None:
+        """Wait until all `lanes` have ended, or one has failed."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.failures or self.ended == lanes)
+
+    def raise_failure(self) -> None:
+        """Raise the first failure, if any; a worker that died as CaptureWorkerDied."""
+        if not self.failures:
             return
-
-        def done(result):
-            reported(class_id, *result)
-            submit(pool)
-
-        def failed(error):
-            failures.append(error)
-            idle.release()
-
-        pool.apply_async(
-            _capture_class,
-            (job, class_id, str(paths[class_id]), capture_source_hash()),
-            callback=done,
-            error_callback=failed,
-        )
-
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(workers - 1, exit_with_parent, (os.getpid(),)) as pool:
-        for _ in range(workers - 1):
-            submit(pool)
-        while not failures and (class_id := next_class()) is not None:
-            reported(class_id, *_capture_class(job, class_id, str(paths[class_id])))
-        for _ in range(workers - 1):
-            idle.acquire()
-    if failures:
-        raise failures[0]
+        _, first = self.failures[0]
+        if not isinstance(first, BrokenProcessPool):
+            raise first
+        # the executor fails the class of every worker when one dies, and cannot say which died
+        held = sorted(c for c, error in self.failures if isinstance(error, BrokenProcessPool))
+        classes = ", ".join(map(str, held))
+        which = f"class {classes}" if len(held) == 1 else f"one of classes {classes}"
+        raise CaptureWorkerDied(
+            f"a capture worker process died while capturing {which}: killed (Linux's "
+            "out-of-memory killer sends SIGKILL to the largest process when memory runs out, and "
+            "one class's capture can take many GiB) or failed as it started (its error is above). "
+            "Capture with fewer workers (--workers: each holds one class's capture) or on a "
+            "machine with more memory"
+        ) from first
 
 
 def _longest_first(world: World, class_ids: list[int]) -> list[int]:

@@ -3,10 +3,11 @@
 Handlers call a library function and print its result (rich tables, or one JSON object with
 `--json`). Exit codes: 0 success, 1 a gate crossed or a predicted out of memory (`gate`'s
 candidate, `validate`'s cases; `validate` also for a case that fails to emulate), 2 bad input
-(spec errors, missing or malformed files, usage errors, no CUDA for `calibrate`), 130 Ctrl-C,
+(spec errors, missing or malformed files, usage errors, no CUDA for `calibrate`, a job too large
+for this machine: `record`'s ranks or a capture's workers killed), 130 Ctrl-C,
 143 SIGTERM; errors are one line `error: <message>` on stderr. SIGTERM (`kill`, `timeout`, CI
 runners, job schedulers) ends a command as Ctrl-C does: `validate` records its run as
-interrupted and stops its workers.
+interrupted, and it and the capture stop their workers.
 """
 
 from __future__ import annotations

@@ -38,6 +38,19 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def spawn_workers(pid: int) -> list[int]:
+    """The live multiprocessing spawn workers among `pid`'s children (not its resource tracker,
+    which `children` counts too)."""
+    return [child for child in children(pid) if b"spawn_main" in _command_line(child)]
+
+
+def _command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
 def kill_survivors(pids: list[int], wait_s: float) -> list[int]:
     """Wait up to `wait_s` for `pids` to end; SIGKILL those still running and return them."""
     deadline = time.monotonic() + wait_s

@@ -13,8 +13,8 @@ from tests.prismbench.processes import HAS_PROC, kill_survivors
 pytestmark = pytest.mark.skipif(not HAS_PROC, reason="needs Linux /proc")
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: the children import prismbench from it
 
-# A parent that starts two spawn workers (a multiprocessing Pool, as the capture does, or a
-# ProcessPoolExecutor, as validate does), lets both run a task, prints their pids and waits.
+# A parent that starts two spawn workers (a multiprocessing Pool, or a ProcessPoolExecutor, as
+# validate and the capture do), lets both run a task, prints their pids and waits.
 _PARENT = """
 import concurrent.futures, multiprocessing, os, time
 from prismbench.orphans import exit_with_parent
@@ -53,7 +53,8 @@ def test_workers_end_when_their_parent_is_killed(kind):
 
 
 def test_without_it_executor_workers_outlive_a_killed_parent():
-    # why validate needs it: an executor's workers wait on a queue whose write end they hold
+    # why validate and the capture need it: an executor's workers wait on a queue whose
+    # write end they hold
     pids, outlived = _workers_after_parent_killed("executor", "None")
     assert len(pids) == 2 and outlived
 
