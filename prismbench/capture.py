@@ -36,7 +36,7 @@ import numpy as np
 
 from emulator.capture.trace import SCHEMA_VERSION, RankTrace
 from emulator.world.mesh import World
-from prismbench.capture_sources import capture_source_hash
+from prismbench.capture_sources import SourceChangedError, capture_source_hash
 from prismbench.orphans import exit_with_parent, stop_workers
 from workloads.config import SpecError
 
@@ -89,10 +89,6 @@ def cache_key(job) -> str:
 def default_cache_dir() -> Path:
     base = os.environ.get("PRISMBENCH_CACHE") or Path.home() / ".cache" / "prismbench"
     return Path(base) / "captures"
-
-
-class SourceChangedError(RuntimeError):
-    """The source that shapes a trace changed while a job was being captured."""
 
 
 class CaptureWorkerDied(SpecError):

@@ -23,6 +23,11 @@ CAPTURE_ENTRY_POINTS = ("prismbench.capture",)
 WHOLE_PACKAGES = ("workloads",)
 
 
+class SourceChangedError(RuntimeError):
+    """The source that shapes a trace changed while a job was being captured (a spawned
+    worker found another `capture_source_hash` than its parent's)."""
+
+
 def module_file(name: str) -> Path | None:
     """The file of module `name` in this checkout (a package's `__init__.py`), None if there
     is none (the name is an attribute, e.g. `from emulator.world import mesh`'s `mesh` is a

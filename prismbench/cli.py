@@ -4,7 +4,8 @@ Handlers call a library function and print its result (rich tables, or one JSON 
 `--json`). Exit codes: 0 success, 1 a gate crossed or a predicted out of memory (`gate`'s
 candidate, `validate`'s cases; `validate` also for a case that fails to emulate), 2 bad input
 (spec errors, missing or malformed files, usage errors, no CUDA for `calibrate`, a job too large
-for this machine: `record`'s ranks or a capture's workers killed), 130 Ctrl-C,
+for this machine: `record`'s ranks or a capture's workers killed, the capturing source edited
+while a capture ran), 130 Ctrl-C,
 143 SIGTERM; errors are one line `error: <message>` on stderr. SIGTERM (`kill`, `timeout`, CI
 runners, job schedulers) ends a command as Ctrl-C does: `validate` records its run as
 interrupted, and it and the capture stop their workers.
@@ -24,6 +25,7 @@ from pathlib import Path
 from rich.console import Console
 
 from prismbench import __version__, report
+from prismbench.capture_sources import SourceChangedError
 from prismbench.explain import explain, explanation_to_dict, flavor_rows
 from prismbench.spec import SpecError, load_job_spec, moot_model_fields
 
@@ -1130,7 +1132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with _sigterm_raises_terminated():
         try:
             return args.handler(args)
-        except (SpecError, OSError) as err:
+        except (SpecError, OSError, SourceChangedError) as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_BAD_INPUT
         except Terminated:

@@ -343,3 +343,20 @@ def test_a_model_field_that_changes_nothing_is_said_not_ignored(tmp_path, capsys
         f"note: {job}: model.rope_theta=500000.0 changes nothing for this job: only 'rope' "
         "positions read it (model.positions='learned')\n"
     )
+
+
+def test_a_source_edited_during_a_capture_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    # a spawned capture worker refuses a source that changed since its parent keyed the cache
+    import prismbench.capture
+    from prismbench.capture_sources import SourceChangedError
+
+    def edited(*_args, **_kwargs):
+        raise SourceChangedError("the capturing source changed while capturing")
+
+    monkeypatch.setattr(prismbench.capture, "capture_job", edited)
+    spec = tmp_path / "job.toml"
+    spec.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 32\nglobal_batch = 1\n')
+    assert main(["capture", str(spec), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: the capturing source changed while capturing\n"
+    assert not (tmp_path / "out").exists()
