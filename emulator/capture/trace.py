@@ -140,114 +140,47 @@ CAPTURE_ONLY_FIELDS = ("flows", "transposed_reads")
 
 
 class EventLog(MutableSequence):
-    """The op recorder's events: a list of OpEvents, held as plain tuples in sealed chunks.
+    """The op recorder's events: a list of OpEvents, held as plain tuples.
 
-    Why not a list of OpEvents: a capture collects reference cycles before every micro-batch
-    (emulator.capture.rank.garbage_collected_at_micro_batches), and each full collection
-    scanned every event kept so far: quadratic in micro-batches (`prismbench capture` of
-    gpt-debug at 1 024 micro-batches: 99.5 s at aab4cfd, results/perf/grad_accumulation*.md).
-    CPython never untracks a NamedTuple; it untracks an exact tuple whose items are all
-    untracked (ints, strings, such tuples), a level of nesting per collection at worst. So
-    rows are plain tuples, and all but the newest `chunk_rows`-`2 * chunk_rows` are sealed in
-    tuples of `chunk_rows` rows, which the collector then untracks whole: it visits one item a
-    chunk, where a list makes it visit every row (16.4 s at 1 024 micro-batches with a list of
-    plain tuples, half of it in full collections). Capture rules edit recent rows (the open
-    list); a change to a sealed row rebuilds its chunk, deleting or inserting there reseals
-    all. Reads give OpEvents; iteration reads the log as it was when it began.
+    Why not a list of OpEvents: Python's cycle collector never stops tracking a NamedTuple
+    (CPython untracks only exact tuples whose items are untracked), and a capture collects
+    before every micro-batch (emulator.capture.rank.garbage_collected_at_micro_batches), so a
+    job of N micro-batches scanned every earlier event N times: 256 micro-batches of
+    gpt-debug spent 5.2 of their 13.8 s capture in gc.collect. A plain tuple of ints, strings
+    and tuples of them is untracked by the collections themselves (a level of nesting, at
+    worst, per collection). Reads give OpEvents back.
     """
 
-    __slots__ = ("_chunk_rows", "_sealed", "_open")
+    __slots__ = ("_rows",)
 
-    def __init__(self, events: Iterable[OpEvent] = (), *, chunk_rows: int = 4096):
-        if chunk_rows < 1:
-            raise ValueError(f"chunk_rows={chunk_rows} must be at least 1")
-        self._chunk_rows = chunk_rows
-        self._reseal([_row(e) for e in events])
+    def __init__(self, events: Iterable[OpEvent] = ()):
+        self._rows = [_row(e) for e in events]
 
     def __len__(self) -> int:
-        return self._sealed_rows + len(self._open)
-
-    @property
-    def _sealed_rows(self) -> int:
-        return len(self._sealed) * self._chunk_rows
+        return len(self._rows)
 
     def __getitem__(self, index):
         if isinstance(index, slice):
-            start, stop, step = index.indices(len(self))
-            if start >= self._sealed_rows and step == 1:
-                rows = self._open[start - self._sealed_rows : max(start, stop) - self._sealed_rows]
-            else:
-                rows = self._rows()[index]
-            return [OpEvent._make(row) for row in rows]
-        i = self._index(index)
-        if i >= self._sealed_rows:
-            return OpEvent._make(self._open[i - self._sealed_rows])
-        return OpEvent._make(self._sealed[i // self._chunk_rows][i % self._chunk_rows])
+            return [OpEvent._make(row) for row in self._rows[index]]
+        return OpEvent._make(self._rows[index])
 
     def __setitem__(self, index, value) -> None:
         if isinstance(index, slice):
-            rows = self._rows()
-            rows[index] = [_row(e) for e in value]
-            self._reseal(rows)
-            return
-        i, row = self._index(index), _row(value)
-        if i >= self._sealed_rows:
-            self._open[i - self._sealed_rows] = row
-            return
-        chunk, offset = divmod(i, self._chunk_rows)
-        rows = list(self._sealed[chunk])
-        rows[offset] = row
-        self._sealed[chunk] = tuple(rows)
+            self._rows[index] = [_row(e) for e in value]
+        else:
+            self._rows[index] = _row(value)
 
     def __delitem__(self, index) -> None:
-        if isinstance(index, slice):
-            start, stop, step = index.indices(len(self))
-            if step == 1 and start >= self._sealed_rows:
-                del self._open[start - self._sealed_rows : max(start, stop) - self._sealed_rows]
-                return
-        else:
-            i = self._index(index)
-            if i >= self._sealed_rows:
-                del self._open[i - self._sealed_rows]
-                return
-        rows = self._rows()
-        del rows[index]
-        self._reseal(rows)
+        del self._rows[index]
 
     def __iter__(self) -> Iterator[OpEvent]:
-        return map(OpEvent._make, self._rows())
+        return map(OpEvent._make, self._rows)
 
     def insert(self, index: int, value: OpEvent) -> None:
-        i = max(0, min(len(self), index + len(self) if index < 0 else index))
-        if i >= self._sealed_rows:
-            self._open.insert(i - self._sealed_rows, _row(value))
-            return
-        rows = self._rows()
-        rows.insert(i, _row(value))
-        self._reseal(rows)
+        self._rows.insert(index, _row(value))
 
     def append(self, value: OpEvent) -> None:
-        self._open.append(_row(value))
-        if len(self._open) >= 2 * self._chunk_rows:
-            self._sealed.append(tuple(self._open[: self._chunk_rows]))
-            del self._open[: self._chunk_rows]
-
-    def _index(self, index: int) -> int:
-        i = index + len(self) if index < 0 else index
-        if not 0 <= i < len(self):
-            raise IndexError("EventLog index out of range")
-        return i
-
-    def _rows(self) -> list[tuple]:
-        return [row for chunk in self._sealed for row in chunk] + self._open
-
-    def _reseal(self, rows: list[tuple]) -> None:
-        """Hold `rows`, all but the last `chunk_rows` to `2 * chunk_rows - 1` sealed."""
-        sealed = max(0, len(rows) // self._chunk_rows - 1) * self._chunk_rows
-        self._sealed = [
-            tuple(rows[i : i + self._chunk_rows]) for i in range(0, sealed, self._chunk_rows)
-        ]
-        self._open = rows[sealed:]
+        self._rows.append(_row(value))
 
 
 def _row(event: OpEvent) -> tuple:
