@@ -146,7 +146,7 @@ class ReuseSink:
                 self._recorder.storages.categories[storage] = (
                     self._recorder.storages.categories.get(e.storage, e.category)
                 )
-                self._recorder.storages.copies.setdefault(e.storage, []).append(storage)
+                self._recorder.storages.original_of[storage] = e.storage
                 self._born_as[storage] = e.category
             elif e.kind == FREE:
                 storage = uids[e.storage]

@@ -51,7 +51,9 @@ class StorageLedger:
         self.categories: dict[int, str] = {}  # storage uid -> current category
         self.live: dict[int, StorageRecord] = {}  # id(storage object) -> its record
         self.uids = itertools.count()
-        self.copies: dict[int, list[int]] = {}  # storage uid -> uids of its injected copies
+        # injected copy's uid -> its original's; ints alone, which the cycle collector never
+        # scans (a list of copies per original was rescanned at every micro-batch's collection)
+        self.original_of: dict[int, int] = {}
         # injected copies adopted by a live tensor: they die live, and their category is the
         # one the program's rule gives them then, not their original's
         self.adopted: set[int] = set()
@@ -60,10 +62,9 @@ class StorageLedger:
     def final_categories(self) -> dict[int, str]:
         """Every uid's category, injected copies ending as their original did."""
         categories = dict(self.categories)
-        for uid, copies in self.copies.items():
-            for copy in copies:
-                if copy not in self.adopted:
-                    categories[copy] = categories[uid]
+        for copy, uid in self.original_of.items():
+            if copy not in self.adopted:
+                categories[copy] = categories[uid]
         return categories
 
     def see(self, storage, category: str | None, declared: bool = False) -> None:
