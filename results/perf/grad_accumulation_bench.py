@@ -9,9 +9,10 @@ collector scans grows with every micro-batch captured. Each point is gpt-debug (
 micro-batch 1, dp 1) with that many micro-batches, captured by the CLI as a user runs it
 (`prismbench capture JOB --out DIR`, a fresh process and an empty cache); the figures are the
 capture's own wall time (`wall_s` of the summary.json it writes) and its events. Wall-clock
-seconds on this machine. `grad_accumulation_aab4cfd.md` is the same at aab4cfd, before 095e54e
-kept the recorder's events untracked by the collector (this script copied into a worktree of
-that commit). Measured through the command, not `capture_rank` alone: in a bare interpreter
+seconds on this machine. `grad_accumulation_aab4cfd.md` is the same at aab4cfd (this script
+copied into a worktree of that commit), before 095e54e kept the recorder's events untracked by
+the collector and b52c9ae its ledger of injected copies (1 024 micro-batches: 99.5 s at
+aab4cfd, 16.4 s at 095e54e, 13.4-13.8 s since). Measured through the command, not `capture_rank` alone: in a bare interpreter
 the same 256-micro-batch capture took 3.1 s before 095e54e and 3.0 s after, the command's
 7.7-9.1 s and 4.1 s; the collector's cost depends on the heap around what it scans.
 """
