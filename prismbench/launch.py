@@ -76,8 +76,9 @@ def run_ranks(
 ) -> list:
     """fn(*args) on every rank of a fresh world of `backend`; its return values in rank order.
 
-    A rank that dies without reporting (a crash in C++, a kill) fails the run with RanksDied,
-    naming its exit code, instead of leaving the parent waiting forever.
+    A rank that dies without reporting (a crash in C++, a kill, an exit with status 0 before
+    fn returns) fails the run with RanksDied, naming its exit code, instead of leaving the
+    parent waiting forever (or until `timeout_s`).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} must be one of {BACKENDS}")
@@ -96,18 +97,22 @@ def run_ranks(
     results: dict[int, object] = {}
     errors = []
     deadline = time.monotonic() + timeout_s
+    # ranks seen ended with status 0 and no result at the last empty poll: a rank's result is
+    # in the pipe before its process ends (the queue's feeder is joined at exit), so one still
+    # missing a poll later never sent it (os._exit(0) in fn)
+    ended_silent: set[int] = set()
     try:
         while len(results) < world_size:
             try:
                 rank, status, value = results_queue.get(timeout=1.0)
             except queue_module.Empty:
-                dead = [
-                    r
-                    for r, p in enumerate(procs)
-                    if r not in results and p.exitcode not in (None, 0)
-                ]
+                ended = {
+                    r for r, p in enumerate(procs) if r not in results and p.exitcode is not None
+                }
+                dead = sorted(r for r in ended if procs[r].exitcode != 0 or r in ended_silent)
                 if dead:
                     raise RanksDied({r: procs[r].exitcode for r in dead}) from None
+                ended_silent = ended
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"ranks gave no result within {timeout_s} s") from None
                 continue
