@@ -22,12 +22,10 @@ import functools
 import hashlib
 import importlib.metadata
 import json
-import multiprocessing
 import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +35,7 @@ import numpy as np
 from emulator.capture.trace import SCHEMA_VERSION, RankTrace
 from emulator.world.mesh import World
 from prismbench.capture_sources import SourceChangedError, capture_source_hash
-from prismbench.orphans import exit_with_parent, stop_workers
+from prismbench.orphans import spawn_pool, stop_workers
 from workloads.config import SpecError
 
 
@@ -175,19 +173,13 @@ def _run_workers(job, class_ids, paths, workers, progress) -> None:
             reported(class_id, *in_parent(class_id))
         return
     # The parent is one of the lanes: it has torch imported already and starts at once,
-    # while the workers-1 spawned processes import it (~4 s). Spawn, not fork: the parent
-    # may hold torch state a child must not inherit. A worker captures several classes in
-    # turn, each in a virtual world it creates and destroys (emulator.capture.capture_rank).
+    # while the workers-1 spawned processes import it (~4 s). A worker captures several
+    # classes in turn, each in a virtual world it creates and destroys (emulator.capture.capture_rank).
     # An executor, not a multiprocessing Pool: a Pool replaces a worker that dies (the
     # out-of-memory killer) and loses its class without a word, and its parent waited for it
     # forever; a dead worker breaks an executor, which fails every class its workers held.
     source = capture_source_hash()
-    with ProcessPoolExecutor(
-        workers - 1,
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=exit_with_parent,
-        initargs=(os.getpid(),),
-    ) as pool:
+    with spawn_pool(workers - 1) as pool:
 
         def in_worker(class_id: int) -> tuple[float, str]:
             return pool.submit(_capture_class, job, class_id, str(paths[class_id]), source).result()

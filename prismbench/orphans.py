@@ -12,6 +12,7 @@ worker interrupted in its loop printed "Process SpawnPoolWorker-1:" under the pa
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import threading
@@ -35,6 +36,17 @@ def exit_with_parent(parent_pid: int) -> None:
         os._exit(PARENT_LOST_EXIT_CODE)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def spawn_pool(workers: int) -> ProcessPoolExecutor:
+    """An executor of `workers` spawned processes that end with this one (`exit_with_parent`).
+    Spawn, not fork: the parent may hold torch state a child must not inherit."""
+    return ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=exit_with_parent,
+        initargs=(os.getpid(),),
+    )
 
 
 def stop_workers(pool: ProcessPoolExecutor) -> None:

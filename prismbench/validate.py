@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 
 from prismbench import history
@@ -34,7 +33,7 @@ from prismbench.capture_sources import ROOT, files_hash
 from prismbench.checkout import git_version
 from prismbench.fidelity import measured_iteration_s
 from prismbench.files import write_atomically
-from prismbench.orphans import exit_with_parent, stop_workers
+from prismbench.orphans import spawn_pool, stop_workers
 from prismbench.thresholds import Threshold
 from prismbench.validate_variability import VariabilitySettings, measured_spread
 from workloads.config import SpecError
@@ -345,7 +344,7 @@ def validate(
     # One worker runs the cases in this process, in turn: a spawned one would add only its
     # start-up, a fresh interpreter importing the emulator and torch (`validate --workers 1` of
     # two cached cases: 4.4 s with one, 3.1 s without)
-    pool = _pool(workers) if workers > 1 else None
+    pool = spawn_pool(workers) if workers > 1 else None
     with pool or nullcontext():
         try:
             for done, (baseline, future, waited_s) in enumerate(_finished(pool, calls), 1):
@@ -373,15 +372,6 @@ def validate(
     if log_mlflow is not None:  # after the history has the run whole: a failure here loses no case
         log_mlflow(run, settings | {"commit": commit, "dirty": dirty})
     return run
-
-
-def _pool(workers: int) -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=get_context("spawn"),
-        initializer=exit_with_parent,
-        initargs=(os.getpid(),),
-    )
 
 
 def _finished(pool: ProcessPoolExecutor | None, calls) -> Iterator[tuple[object, Future, float]]:
