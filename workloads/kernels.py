@@ -247,9 +247,9 @@ GRAD_REDUCES = ("overlapped", "after-backward")
 DP_GRAD_COLLECTIVES = ("reduce-scatter", "all-reduce")
 GRAD_ACCUMULATIONS = ("fp32", "model-dtype")
 RECOMPUTE_RERUNS = ("needed", "all")
-SELECTIVE_GRANULARITIES = ("op", "op-prism-86a4f47", "core-attention")  # workloads.recompute
 # the one granularity that checkpoints part of a block (its core attention), not the whole block
 CORE_ATTENTION = "core-attention"
+SELECTIVE_GRANULARITIES = ("op", "op-prism-86a4f47", CORE_ATTENTION)  # workloads.recompute
 OPTIMIZER_STEPS = ("foreach", "fused")
 CUSTOM_OPS = ("fused", "eager")
 SP_COLLECTIVES = ("dtensor", "first-dim")
@@ -401,8 +401,8 @@ CUSTOM_OPS_BY_FRAMEWORK: dict[str, str] = {**_same_for_all("fused"), "prism-86a4
 # selective recompute.
 SELECTIVE_RECOMPUTE_BY_FRAMEWORK: dict[str, str] = {
     **_same_for_all("op"),
-    "megatron": "core-attention",
-    "nemo": "core-attention",
+    "megatron": CORE_ATTENTION,
+    "nemo": CORE_ATTENTION,
     "prism-86a4f47": "op-prism-86a4f47",
 }
 # Megatron-LM recomputes through its reentrant `CheckpointFunction` (megatron/mpu/random.py at
