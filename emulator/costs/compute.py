@@ -85,14 +85,15 @@ def op_price(
     """(kernel seconds, how it was priced, kernels launched) of `op` on `gpu`: the kernel
     table's exact or interpolated row where it has one (`kernel_table.PRICE_SOURCES`), the
     roofline curves elsewhere (one kernel), never below a measured smaller op of its kind
-    (`KernelTable.floor_s`)."""
+    (`KernelTable.floor_s`) nor above a measured larger one (`KernelTable.ceiling_s`)."""
     if op.name in GEMM_OPS or op.name in ATTENTION_OPS:
         gpu.peak_tflops(op.dtype)  # refuse a dtype the GPU lacks even when a table would answer
     if table is not None:
         found = table.lookup(op, gpu.sm_count)
         if found is not None:
             return found
-        return max(curve_time_s(op, gpu), table.floor_s(op)), "roofline", 1.0
+        curve_s = min(curve_time_s(op, gpu), table.ceiling_s(op))
+        return max(curve_s, table.floor_s(op)), "roofline", 1.0
     return curve_time_s(op, gpu), "roofline", 1.0
 
 

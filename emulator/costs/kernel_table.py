@@ -31,7 +31,8 @@ does this GPU take for an op of this shape". `KernelTable.lookup` tries, in orde
    process group, 98-145 TFLOP/s, where the curves priced it at ~690);
 4. nothing (None): the caller prices the op with its roofline curves (`costs.compute`): ops
    smaller than every row, or larger on some fields and smaller on others (an unaligned GEMM
-   only where its group has no row at all), never below `KernelTable.floor_s`.
+   only where its group has no row at all), never below `KernelTable.floor_s` (a smaller op
+   measured) nor above `KernelTable.ceiling_s` (a larger op of its group measured).
 Each answer also says how many kernels the op launches (`kernels`: the mean over the same
 rows, with the same weights, of the rows that state it; 1 where none does), for the time a
 stream idles between kernels (`costs.pricing`). Profiles and `prismbench calibrate` state it;
@@ -286,6 +287,21 @@ class KernelTable:
             if below.any():
                 floor = max(floor, float(times[below].max() if i == 0 else times[below].min()))
         return floor
+
+    def ceiling_s(self, op: OpRecord) -> float:
+        """The most time an op the lookup leaves to the curves can take, inf where no row says:
+        the shortest measured time of a row of the op's own group (same kernels) at or above it
+        on every shape field: it does no more of the same work than such a row and takes no
+        longer. Without it, an op short of every row of its group took the curves' generic price
+        however far above those rows' times: the shared Llama 2 job's nll_loss forward (0.52 GB
+        of logits, its own profile's row left out) was priced 181 us on the H100 table, where
+        the smallest larger one measured took 19.0 us and its own profile 18.1 us."""
+        key = lookup_keys(op)[0]
+        if key not in self.groups:
+            return float("inf")
+        features, _, _, _, times = self.groups[key]
+        above = np.all(features >= _features(op), axis=1)
+        return float(times[above].min()) if above.any() else float("inf")
 
     def time_s(self, op: OpRecord, sm_count: int, **kwargs) -> float | None:
         found = self.lookup(op, sm_count, **kwargs)

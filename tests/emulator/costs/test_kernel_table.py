@@ -317,6 +317,29 @@ def test_an_op_just_past_a_short_row_is_never_priced_below_it(tmp_path):
     assert op_price(small, H100, table=table)[0] == curve_time_s(small, H100)
 
 
+def test_an_op_short_of_a_larger_row_is_never_priced_above_it(tmp_path):
+    # an nll_loss forward measured at 19 us for 1.6 GB of logits (its kernel touches one entry a
+    # token, so the bytes are not its traffic); a quarter of those bytes is beyond the radius and
+    # on the curves, which read every byte: no longer than the larger op was measured to take
+    row = _nll_row("aten.nll_loss_forward", 1 << 31, 19.0)
+    table = load_kernel_table(write_kernel_csv([row], tmp_path / "t.csv", SYNTHETIC))
+    op = replace(memory_op("cross_entropy", bytes_read=1 << 28, bytes_written=0, dtype="fp32"),
+                 aten="aten.nll_loss_forward")  # fmt: skip
+    assert curve_time_s(op, H100) > 19e-6
+    assert op_price(op, H100, table=table) == (pytest.approx(19e-6), "roofline", 1.0)
+    # another aten op's row bounds nothing: it is another kernel
+    other = replace(op, aten="aten.nll_loss_backward")
+    assert op_price(other, H100, table=table)[0] == curve_time_s(other, H100)
+    # GEMMs: a (made-up) 4096^3 row of 2 us bounds the 1024^3 GEMM it contains, which the curves
+    # price longer; not one larger on one field and smaller on another
+    gemms = load_kernel_table(write_kernel_csv([_gemm_row(4096, 2.0)], tmp_path / "g.csv", SYNTHETIC))
+    inside = gemm_op("mm", 1024, 1024, 1024)
+    assert curve_time_s(inside, H100) > 2e-6
+    assert op_price(inside, H100, table=gemms) == (pytest.approx(2e-6), "roofline", 1.0)
+    wide = gemm_op("mm", 1024, 8192 * 4, 1024)
+    assert op_price(wide, H100, table=gemms) == (curve_time_s(wide, H100), "roofline", 1.0)
+
+
 def test_an_op_past_its_class_s_rows_takes_no_less_than_the_fastest_of_them(tmp_path):
     # two other aten ops of its class measured at 1 KiB (too short to lend their rate upwards);
     # a 4 KiB mul is beyond their radius and has no row of its own: the curves move it in
