@@ -20,11 +20,12 @@ import math
 import os
 import platform
 import statistics
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from contextlib import nullcontext
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,10 @@ from prismbench.validate_variability import VariabilitySettings, measured_spread
 from workloads.config import SpecError
 
 DEFAULT_DB = Path(".prismbench") / "prismbench.duckdb"
+# With no case finished for this long, validate names the cases still running: a cold capture of
+# a large job runs for minutes with nothing else said (korthikanti's 1T-parameter row on 512 GPUs:
+# 489 s before validate's first line, two workers on 2 cores, 2026-11-30)
+HEARTBEAT_S = 60.0
 VALIDATED_METRICS = (
     "iteration_time_s",
     "peak_memory_reserved_bytes",
@@ -347,7 +352,12 @@ def validate(
     pool = spawn_pool(workers) if workers > 1 else None
     with pool or nullcontext():
         try:
-            for done, (baseline, future, waited_s) in enumerate(_finished(pool, calls), 1):
+            def still_running(names: list[str]) -> None:
+                say(f"... still running after {time.perf_counter() - started:.0f} s: "
+                    f"{', '.join(names)}")  # fmt: skip
+
+            finished = _finished(pool, calls, still_running, HEARTBEAT_S)
+            for done, (baseline, future, waited_s) in enumerate(finished, 1):
                 case = _case(baseline, future, waited_s)
                 history.add_case(run.db_path, run.run_id, case)
                 run.cases.append(case)
@@ -374,22 +384,53 @@ def validate(
     return run
 
 
-def _finished(pool: ProcessPoolExecutor | None, calls) -> Iterator[tuple[object, Future, float]]:
+def _finished(
+    pool: ProcessPoolExecutor | None,
+    calls,
+    still_running: Callable[[list[str]], None],
+    every_s: float,
+) -> Iterator[tuple[object, Future, float]]:
     """(baseline, the future of its call, seconds since the call was submitted) for each
-    (baseline, call) of `calls` as it finishes: on `pool`'s workers, or here in turn."""
+    (baseline, call) of `calls` as it finishes: on `pool`'s workers, or here in turn. Whenever
+    `every_s` pass with none finished, `still_running` gets the names of the cases running."""
     if pool is None:
         for baseline, call in calls:
             submitted, future = time.perf_counter(), Future()
-            try:
-                future.set_result(call())
-            except Exception as err:  # a failed emulation is recorded (`_case`), as a worker's is
-                future.set_exception(err)
+            with _while_quiet(lambda name=baseline.name: still_running([name]), every_s):
+                try:
+                    future.set_result(call())
+                except Exception as err:  # a failed emulation is recorded (`_case`), as a worker's is
+                    future.set_exception(err)
             yield baseline, future, time.perf_counter() - submitted
         return
     futures = {pool.submit(call): (b, time.perf_counter()) for b, call in calls}
-    for future in as_completed(futures):
-        baseline, submitted = futures[future]
-        yield baseline, future, time.perf_counter() - submitted
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=every_s, return_when=FIRST_COMPLETED)
+        if not done:
+            still_running([futures[f][0].name for f in futures if f.running()])
+        for future in sorted(done, key=lambda f: futures[f][0].name):
+            baseline, submitted = futures[future]
+            yield baseline, future, time.perf_counter() - submitted
+
+
+@contextmanager
+def _while_quiet(notice: Callable[[], None], every_s: float) -> Iterator[None]:
+    """Call `notice` every `every_s` seconds until the block ends (from a thread: the block is
+    this process's one case, emulated in turn)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            notice()
+
+    watcher = threading.Thread(target=beat, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
 
 
 def _artifact_dir(run: ValidationRun, baseline: str) -> Path:

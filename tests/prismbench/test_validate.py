@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import signal
@@ -117,6 +118,42 @@ def test_a_case_that_fails_to_emulate_is_recorded_and_fails_the_gate(
         ("failed", "RuntimeError: no kernel image")
     ]
     assert [f[:2] for f in gate_failures(run.cases, [])] == [("mine__tiny__1g__r001", "emulation")]
+
+
+def test_a_long_case_is_named_while_it_runs(tmp_path, baselines_dir, monkeypatch):
+    """A cold capture of a large job runs for minutes: validate says which case it is waiting on."""
+    import prismbench.emulate
+    import prismbench.validate
+
+    real_emulate = prismbench.emulate.emulate
+
+    def slow(*args, **kwargs):
+        time.sleep(0.35)
+        return real_emulate(*args, **kwargs)
+
+    monkeypatch.setattr(prismbench.emulate, "emulate", slow)
+    monkeypatch.setattr(prismbench.validate, "HEARTBEAT_S", 0.1)
+    said = []
+    chosen = load_baselines(baselines_dir)[:1]
+    validate(chosen, db_path=tmp_path / "h.duckdb", workers=1, use_cache=False, progress=said.append)
+    waiting = [line for line in said if line.startswith("... still running")]
+    assert waiting and all(line.endswith(": mine__tiny__1g__r001") for line in waiting)
+    assert said[-1].startswith("[1/1] mine__tiny__1g__r001: iteration_time_s")
+
+
+def test_cases_on_workers_are_named_while_they_run():
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from prismbench.validate import _finished
+
+    calls = [(SimpleNamespace(name=f"case{i}"), functools.partial(time.sleep, 0.5 * i)) for i in (1, 2)]
+    waited = []
+    with ThreadPoolExecutor(2) as pool:
+        order = [b.name for b, _, _ in _finished(pool, calls, waited.append, every_s=0.1)]
+    assert order == ["case1", "case2"]
+    assert ["case1", "case2"] in waited  # both running, neither done
+    assert ["case2"] in waited and ["case1"] not in waited
 
 
 def test_select_by_glob_or_substring_and_refuse_nothing(baselines_dir):
