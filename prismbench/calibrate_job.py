@@ -30,6 +30,23 @@ def write_ops_jsonl(records: list[dict], path: str | Path) -> Path:
     return write_atomically(path, write)
 
 
+def check_measuring_gpu(job, device_name: str) -> None:
+    """Refuse (SpecError) to calibrate `job` on a GPU its cluster.gpu preset does not name
+    (`device_names`): the rows would carry this GPU's name, and the job's own table refuses
+    them (`prismbench.emulate.check_table_gpu`) once the GPU time is spent. An empty
+    `device_name` (no CUDA device asked) is not checked."""
+    from emulator.hardware import gpu_preset
+
+    names = gpu_preset(job.cluster.gpu).device_names
+    if device_name and device_name not in names:
+        raise SpecError(
+            f"cluster.gpu={job.cluster.gpu!r}: this machine's GPU is {device_name!r}, not one "
+            f"of that preset's device names ({', '.join(map(repr, names)) or 'none listed'}); "
+            "its kernels would be refused as that GPU's rows: give the job spec a cluster.gpu "
+            "of the GPU here"
+        )
+
+
 def calibrate_job(job, out_csv: str | Path, profile_out: str | Path, *, warmup: int = 3,
                   device: str = "cuda", provenance: dict | None = None):  # fmt: skip
     """Profile one iteration of `job` on `device` and write its profile and kernel rows.
@@ -48,6 +65,7 @@ def calibrate_job(job, out_csv: str | Path, profile_out: str | Path, *, warmup: 
             f"parallel: calibrate --job profiles one GPU, the job has world size {job.world_size} "
             "(set every parallel degree to 1, or profile one rank with device mode)"
         )
+    check_measuring_gpu(job, (provenance or {}).get("gpu", ""))
     # captured first: a job the capture refuses fails before the GPU runs it, leaving no profile
     trace = capture_job(job).traces[0]
     state = build_training(job, None, device=device)

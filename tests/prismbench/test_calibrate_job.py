@@ -55,6 +55,19 @@ def test_a_profile_without_kernels_is_an_error(tmp_path):
     assert not (tmp_path / "t.csv").exists()
 
 
+def test_refuses_a_gpu_the_jobs_preset_does_not_name_before_anything_runs(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(
+        "emulator.costs.kernel_timing.profile_iteration", lambda *a, **k: ran.append(1) or []
+    )
+    on_an_a100 = {"gpu": "NVIDIA A100-SXM4-80GB"}
+    assert JOB.cluster.gpu == "h100-sxm-80g"
+    with pytest.raises(SpecError, match="cluster.gpu='h100-sxm-80g': this machine's GPU is 'NVIDIA A100"):
+        calibrate_job(JOB, tmp_path / "t.csv", tmp_path / "p.ops.jsonl.gz", provenance=on_an_a100,
+                      device="cpu")  # fmt: skip
+    assert ran == [] and list(tmp_path.iterdir()) == []
+
+
 def test_refuses_a_parallel_job(tmp_path):
     job = job_spec_from_dict(
         TINY | {"parallel": {"dp": 2}, "batch": {"seq_len": 64, "global_batch": 4}}
