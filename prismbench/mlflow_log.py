@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +31,10 @@ def open_experiment(tracking_uri: str, artifact_dir: Path | None = None) -> None
     it before emulating anything, so a store MLflow cannot open fails first, not last."""
     import mlflow
 
+    # MLflow says at INFO, on stderr, that it creates a new store's tables (two dated lines among
+    # validate's own); a failure still reaches the caller as an exception
+    for logger in ("mlflow.store", "alembic"):
+        logging.getLogger(logger).setLevel(logging.WARNING)
     mlflow.set_tracking_uri(tracking_uri)
     with _store_lock(tracking_uri):  # MLflow creates the store on its first use, in here
         if mlflow.get_experiment_by_name(EXPERIMENT) is None:
