@@ -670,13 +670,42 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class _StoreOnce(argparse._StoreAction):
+    """An option that takes one value refuses a second: argparse would keep the last
+    (`--db a --db b` validating into b), silently dropping the first."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault(_GIVEN, {})
+        if self.dest in given:
+            raise argparse.ArgumentError(
+                self, f"given twice ({given[self.dest]!r}, then {values!r}): give it once"
+            )
+        given[self.dest] = values
+        super().__call__(parser, namespace, values, option_string)
+
+
+# where _StoreOnce keeps, during one parse, the options it has seen (removed after parsing)
+_GIVEN = "_options_given"
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: its single-valued options are `_StoreOnce`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="prismbench",
         description="Emulate LLM training jobs and check the predictions against baselines.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser
+    )
     for add_command in (
         _add_workloads,
         _add_explain,
@@ -1129,6 +1158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else EXIT_BAD_INPUT
+    vars(args).pop(_GIVEN, None)
     with _sigterm_raises_terminated():
         try:
             return args.handler(args)

@@ -360,3 +360,13 @@ def test_a_source_edited_during_a_capture_is_one_line_and_exit_2(tmp_path, capsy
     err = capsys.readouterr().err
     assert err == "error: the capturing source changed while capturing\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_an_option_of_one_value_given_twice_is_refused(tmp_path, capsys):
+    # argparse would keep the second: validate's history would land in b.duckdb, a.duckdb unsaid
+    args = ["validate", "--db", str(tmp_path / "a.duckdb"), "--db", str(tmp_path / "b.duckdb")]
+    assert main([*args, "--no-mlflow"]) == 2
+    assert "argument --db: given twice" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    # a flag may repeat: nothing is lost
+    assert main(["workloads", "--json", "--json"]) == 0
