@@ -356,7 +356,7 @@ def validate(
                 say(f"... still running after {time.perf_counter() - started:.0f} s: "
                     f"{', '.join(names)}")  # fmt: skip
 
-            finished = _finished(pool, calls, still_running, HEARTBEAT_S)
+            finished = _finished(pool, workers, calls, still_running, HEARTBEAT_S)
             for done, (baseline, future, waited_s) in enumerate(finished, 1):
                 case = _case(baseline, future, waited_s)
                 history.add_case(run.db_path, run.run_id, case)
@@ -386,13 +386,16 @@ def validate(
 
 def _finished(
     pool: ProcessPoolExecutor | None,
+    workers: int,
     calls,
     still_running: Callable[[list[str]], None],
     every_s: float,
 ) -> Iterator[tuple[object, Future, float]]:
     """(baseline, the future of its call, seconds since the call was submitted) for each
     (baseline, call) of `calls` as it finishes: on `pool`'s workers, or here in turn. Whenever
-    `every_s` pass with none finished, `still_running` gets the names of the cases running."""
+    `every_s` pass with none finished, `still_running` gets the names of the cases running:
+    the first `workers` the pool marks running, in the order submitted (it marks one more, the
+    call it has queued next)."""
     if pool is None:
         for baseline, call in calls:
             submitted, future = time.perf_counter(), Future()
@@ -408,7 +411,7 @@ def _finished(
     while pending:
         done, pending = wait(pending, timeout=every_s, return_when=FIRST_COMPLETED)
         if not done:
-            still_running([futures[f][0].name for f in futures if f.running()])
+            still_running([futures[f][0].name for f in futures if f.running()][:workers])
         for future in sorted(done, key=lambda f: futures[f][0].name):
             baseline, submitted = futures[future]
             yield baseline, future, time.perf_counter() - submitted

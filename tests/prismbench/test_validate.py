@@ -142,18 +142,19 @@ def test_a_long_case_is_named_while_it_runs(tmp_path, baselines_dir, monkeypatch
 
 
 def test_cases_on_workers_are_named_while_they_run():
-    from concurrent.futures import ThreadPoolExecutor
     from types import SimpleNamespace
 
+    from prismbench.orphans import spawn_pool
     from prismbench.validate import _finished
 
-    calls = [(SimpleNamespace(name=f"case{i}"), functools.partial(time.sleep, 0.5 * i)) for i in (1, 2)]
+    calls = [(SimpleNamespace(name=f"case{i}"), functools.partial(time.sleep, 0.6 * i)) for i in (1, 2, 3)]
     waited = []
-    with ThreadPoolExecutor(2) as pool:
-        order = [b.name for b, _, _ in _finished(pool, calls, waited.append, every_s=0.1)]
-    assert order == ["case1", "case2"]
-    assert ["case1", "case2"] in waited  # both running, neither done
-    assert ["case2"] in waited and ["case1"] not in waited
+    with spawn_pool(2) as pool:
+        order = [b.name for b, _, _ in _finished(pool, 2, calls, waited.append, every_s=0.1)]
+    assert order == ["case1", "case2", "case3"]
+    # the pool marks the call it queues next as running too: only the two a worker runs are named
+    assert ["case1", "case2"] in waited and ["case1", "case2", "case3"] not in waited
+    assert ["case2", "case3"] in waited and ["case3"] in waited
 
 
 def test_select_by_glob_or_substring_and_refuse_nothing(baselines_dir):
