@@ -1,6 +1,6 @@
 """The shared jobs' table-priced ops (interpolated, extrapolated) outside the bounds curve-priced ops keep.
 
-    python results/calibration/price_bounds.py GPU [GPU ...]     (h100-sxm-80g, h200-141g)
+    python results/calibration/price_bounds.py [GPU ...]     (h100-sxm-80g, the default; h200-141g)
 
 Per case, leave-one-out (the table without the case's own profile, as `gpu_jobs.py`): the ops
 the lookup prices above `KernelTable.ceiling_s` (a larger op of the group measured shorter) or
@@ -10,6 +10,7 @@ bounds are kept for curve-priced ops only.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections import Counter
@@ -20,7 +21,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import leave_one_out_table, shared_dir  # noqa: E402
+from shared_gpu import MEASURED_GPUS, leave_one_out_table, shared_dir  # noqa: E402
 
 from emulator.costs.kernel_table import PRICE_SOURCES  # noqa: E402
 from emulator.costs.pricing import op_record  # noqa: E402
@@ -56,7 +57,12 @@ def out_of_bounds(table, priced):
 
 
 def main() -> None:
-    gpus = sys.argv[1:] or ["h100-sxm-80g"]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("gpus", nargs="*", metavar="GPU", help=f"one of {MEASURED_GPUS}")
+    gpus = parser.parse_args().gpus or [MEASURED_GPUS[0]]
+    for gpu in gpus:
+        if gpu not in MEASURED_GPUS:
+            parser.error(f"GPU {gpu!r}: one of {MEASURED_GPUS}")
     for gpu in gpus:
         cases = json.loads((shared_dir(gpu) / "summary.json").read_text())
         for case in cases:
