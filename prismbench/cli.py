@@ -928,7 +928,8 @@ def _add_ingest_profile(commands) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="set a provenance column (gpu, driver, torch, clocks, date); repeatable",
+        help="set a provenance column (gpu: torch's device name or the job's cluster.gpu; "
+        "driver, torch, clocks, date); repeatable",
     )
     ingest.add_argument("--json", action="store_true", help="print one JSON object")
     ingest.set_defaults(handler=_cmd_ingest_profile)

@@ -341,3 +341,18 @@ def test_rows_measured_on_another_gpu_are_refused_naming_it(tmp_path, capsys):
         "cluster.gpu='h100-sxm-80g' (whose device names are 'NVIDIA H100 80GB HBM3'): a table "
         "prices the GPU it was measured on\n"
     )
+
+
+def test_rows_may_name_the_gpu_as_the_job_spec_does(tmp_path, capsys):
+    """`ingest-profile --provenance gpu=h100-sxm-80g` names the GPU by its preset, as
+    cluster.gpu does, not as torch does: the job on that preset takes the rows, and a job on
+    another preset still refuses them."""
+    job, rows, matched, _ = _ingested_rows(tmp_path, capsys, slower=1.0, gpu="h100-sxm-80g")
+    assert main(["emulate", str(job), "--kernel-table", str(rows), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["compute_priced_by"]["exact"]["ops"] == matched
+    h200 = tmp_path / "tiny_h200.toml"
+    h200.write_text(job.read_text() + '[cluster]\ngpu = "h200-141g"\n')
+    assert main(["emulate", str(h200), "--kernel-table", str(rows), "--json"]) == 2
+    assert "rows measured on 'h100-sxm-80g', not on cluster.gpu='h200-141g'" in (
+        capsys.readouterr().err
+    )
