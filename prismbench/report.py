@@ -16,6 +16,7 @@ from emulator.costs.kernel_table import PRICE_SOURCES
 from emulator.graph.results import BREAKDOWN_FIELDS
 from emulator.units import GiB, KiB, MiB
 from prismbench.explain import NARAYANAN_EQ3, Explanation
+from prismbench.fit import MAX_SCAN
 
 PFLOP = 1e15
 
@@ -467,7 +468,11 @@ def render_fit(result, console: Console) -> None:
             "allocator reserves is not monotonic in this setting)"
         )
     if result.largest_fitting is not None and not result.contiguous:
-        console.print("Values below the answer were not all probed (more than MAX_SCAN).")
+        console.print(
+            f"Not every value below the answer was probed (more than {MAX_SCAN} lay between "
+            "its probes to check one at a time): what the allocator reserves need not grow "
+            "with the value, so one of them might not fit."
+        )
 
 
 def render_ingest(result, console: Console, top: int = 10) -> None:

@@ -178,6 +178,21 @@ def test_a_maximum_bounds_the_search_and_is_named_the_bound(monkeypatch, tmp_pat
     assert "micro_batch 21 is beyond --max 20: the bound is the search's, not memory" in text
 
 
+def test_values_the_search_left_unprobed_are_said_in_words_not_a_constant(
+    monkeypatch, tmp_path, capsys
+):
+    from prismbench.cli import main
+
+    _everything_fits(monkeypatch)
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n')
+    # doubling fits up to 32, then 50: the 17 values between are more than the scan checks
+    assert main(["fit", str(job), "--vary", "micro_batch", "--max", "50"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Not every value below the answer was probed (more than 16 lay between" in text
+    assert "MAX_SCAN" not in text
+
+
 def test_a_maximum_below_the_step_is_refused():
     with pytest.raises(SpecError, match=r"maximum\(1\) must be >= the step \(2\)"):
         fit(_job(), "micro_batch", step=2, maximum=1)
