@@ -21,7 +21,6 @@ from emulator.costs.kernel_table import (
     PRICE_SOURCES,
     KernelTable,
     MeasuredRow,
-    merge_rows,
     read_rows,
     table_from_rows,
 )
@@ -151,7 +150,8 @@ def kernel_table_for(
     the rows of the `extra` CSVs (a user's own measurements: `prismbench calibrate --job`,
     `ingest-profile`) merged over it, each refused unless measured on that GPU
     (`check_table_gpu`); a later file's row wins over an earlier one's of the same op and shape
-    (`merge_rows`). Less the rows of `skip_sources` (`table_from_rows`). The label names every
+    (`merge_rows`). Less the rows of `skip_sources`, left out of each file before the merge
+    (`table_from_rows`). The label names every
     file, the winning one first: "rows.csv over results/kernels/h100-sxm-80g.csv"."""
     path = KERNEL_TABLES / f"{gpu}.csv"
     # named relative to the repository, so results do not depend on where it is checked out
@@ -163,8 +163,7 @@ def kernel_table_for(
     if not tables:
         return None
     label = " over ".join(name for name, _ in reversed(tables))
-    rows = merge_rows(*(rows for _, rows in tables))
-    return table_from_rows(rows, label=label, skip_sources=skip_sources)
+    return table_from_rows(*(rows for _, rows in tables), label=label, skip_sources=skip_sources)
 
 
 def check_table_gpu(rows: list[MeasuredRow], gpu: str, path: str | Path) -> None:

@@ -394,17 +394,24 @@ def load_kernel_table(
 
 
 def table_from_rows(
-    rows: list[MeasuredRow], *, label: str, skip_sources: tuple[str, ...] = ()
+    *row_lists: list[MeasuredRow], label: str, skip_sources: tuple[str, ...] = ()
 ) -> KernelTable:
-    """The lookup table of `rows`, named `label`.
+    """The lookup table of the rows of `row_lists`, merged (`merge_rows`: a later list's row
+    replaces an earlier one's of the same op and shape), named `label`.
 
     skip_sources: rows whose `source` starts with one of these are left out (leave-one-out
-    scoring: a job's own profile must not price that job); a prefix that leaves out no row is
-    refused, as a typo would score a job against its own profile."""
+    scoring: a job's own profile must not price that job), before the lists are merged: a
+    left-out row replaces no other list's row (a user's rows ingested from the profile being
+    left out would otherwise take the committed table's rows of their shapes with them); a
+    prefix that leaves out no row is refused, as a typo would score a job against its own
+    profile."""
+    rows = [r for rows in row_lists for r in rows]
     unmatched = [p for p in skip_sources if not any(r.source.startswith(p) for r in rows)]
     if unmatched:
         raise ValueError(f"{label}: no row's source starts with {unmatched[0]!r}, the prefix to leave out")
-    kept = [r for r in rows if not (skip_sources and r.source.startswith(skip_sources))]
+    kept = merge_rows(
+        *([r for r in rows if not (skip_sources and r.source.startswith(skip_sources))] for rows in row_lists)
+    )
     if not kept:  # an empty table would price every op by the roofline, unannounced
         left = f" once {', '.join(skip_sources)} are left out" if skip_sources else ""
         raise ValueError(f"{label}: kernel table has no rows{left}")

@@ -11,7 +11,6 @@ from emulator.costs.gemm_tiles import gemm_tile_utilisation
 from emulator.costs.kernel_table import (
     NEIGHBOURS,
     load_kernel_table,
-    merge_rows,
     read_rows,
     table_from_rows,
 )
@@ -213,11 +212,21 @@ def test_skip_sources_leaves_rows_out(tmp_path):
 def test_a_later_tables_row_replaces_an_earlier_ones_of_the_same_op_and_shape(tmp_path):
     preset = write_kernel_csv([_gemm_row(2048, 20.0), _gemm_row(4096, 100.0)], tmp_path / "p.csv", SYNTHETIC)
     mine = write_kernel_csv([_gemm_row(2048, 50.0) | {"source": "profile:mine"}], tmp_path / "m.csv", SYNTHETIC)
-    table = table_from_rows(merge_rows(read_rows(preset), read_rows(mine)), label="m over p")
+    table = table_from_rows(read_rows(preset), read_rows(mine), label="m over p")
     # replaced, not averaged with the preset's 20 us; the 4096 row kept
     assert table.lookup(gemm_op("mm", 2048, 2048, 2048), H100.sm_count)[:2] == (pytest.approx(50e-6), "exact")
     assert table.lookup(gemm_op("mm", 4096, 4096, 4096), H100.sm_count)[:2] == (pytest.approx(100e-6), "exact")
     assert "profile:mine" in table.sources and table.gpus == ("synthetic",)
+
+
+def test_a_left_out_row_replaces_no_other_tables_row(tmp_path):
+    # your rows ingested from a profile, over the preset's, scored leave-one-out against that
+    # same profile: the preset's row of the shape stays (merged first, it would have gone too)
+    preset = write_kernel_csv([_gemm_row(2048, 20.0) | {"source": "micro:1"}], tmp_path / "p.csv", SYNTHETIC)
+    mine = write_kernel_csv([_gemm_row(2048, 50.0) | {"source": "profile:mine"}], tmp_path / "m.csv", SYNTHETIC)
+    table = table_from_rows(read_rows(preset), read_rows(mine), label="m over p", skip_sources=("profile:mine",))
+    assert table.lookup(gemm_op("mm", 2048, 2048, 2048), H100.sm_count)[:2] == (pytest.approx(20e-6), "exact")
+    assert table.label == "m over p without profile:mine"
 
 
 def test_attention_variants_do_not_price_each_other(tmp_path):
