@@ -214,9 +214,10 @@ def _build_section(section: str, table: Any) -> Any:
 
 def job_spec_from_dict(tables: dict[str, Any]) -> JobSpec:
     """Build and validate a JobSpec from parsed TOML tables (refuses unknown sections and keys)."""
-    _refuse_unknown("job spec", tables, set(_SECTIONS))
+    # "top level", not "job spec": the CLI already says "job spec 'PATH':" before the message
+    _refuse_unknown("top level", tables, set(_SECTIONS))
     if "model" not in tables or "batch" not in tables:
-        raise SpecError("job spec: sections [model] and [batch] are required")
+        raise SpecError("top level: sections [model] and [batch] are required")
     if not isinstance(tables["model"], dict):
         raise SpecError("[model] must be a table")
     sections = {

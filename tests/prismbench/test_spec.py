@@ -178,7 +178,7 @@ def test_unknown_key_is_refused(section):
 
 def test_unknown_section_is_refused():
     tables = example_tables() | {"extras": {}}
-    with pytest.raises(SpecError, match=r"unknown key\(s\) \['extras'\]"):
+    with pytest.raises(SpecError, match=r"^top level: unknown key\(s\) \['extras'\]"):
         job_spec_from_dict(tables)
 
 
