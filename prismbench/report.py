@@ -252,9 +252,9 @@ def render_emulation(r, console: Console) -> None:
     rows = [
         ("iteration time", _seconds(r.iteration_time_s)),
         ("throughput", f"{r.tokens_per_s:,.0f} tokens/s"),
-        ("model TFLOP/s per GPU", f"{r.tflops_per_gpu:.1f} TFLOP/s"),
-        ("hardware TFLOP/s per GPU (with recompute)", f"{r.hardware_tflops_per_gpu:.1f} TFLOP/s"),
-        ("MFU", f"{100 * r.mfu:.1f} % of {r.peak_tflops:.1f} TFLOP/s"),
+        ("model TFLOP/s per GPU", f"{_rate(r.tflops_per_gpu)} TFLOP/s"),
+        ("hardware TFLOP/s per GPU (with recompute)", f"{_rate(r.hardware_tflops_per_gpu)} TFLOP/s"),
+        ("MFU", f"{_rate(100 * r.mfu)} % of {r.peak_tflops:.1f} TFLOP/s"),
         ("compute (mean over pipeline ranks)", _seconds(r.breakdown["compute_s"])),
         ("exposed communication", _seconds(r.breakdown["exposed_comm_s"])),
         ("pipeline bubble", _seconds(r.breakdown["bubble_s"])),
@@ -296,8 +296,8 @@ def render_emulation(r, console: Console) -> None:
         table.add_row(
             str(c.pp),
             f"{c.members:,}",
-            f"{c.tflops_per_gpu:.1f}",
-            f"{100 * c.mfu:.1f} %",
+            _rate(c.tflops_per_gpu),
+            f"{_rate(100 * c.mfu)} %",
             *(_seconds(getattr(c, name)) for name in BREAKDOWN_FIELDS),
             format_bytes(c.peak_memory_allocated_bytes),
             format_bytes(c.peak_memory_reserved_bytes),
@@ -739,6 +739,12 @@ def _signed_seconds(t: float) -> str:
     if abs(t) < _SHORTEST_PRINTED_S:
         return _seconds(0.0)
     return ("-" if t < 0 else "+") + _seconds(abs(t))
+
+
+def _rate(value: float) -> str:
+    """A rate or percentage to three significant digits however small (a debug job runs at
+    0.04 TFLOP/s, which one decimal printed as 0.0), to one decimal from 100 up."""
+    return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def _seconds(t: float) -> str:

@@ -138,3 +138,20 @@ def test_retries_only_on_the_way_to_the_steady_state_are_a_note_that_says_so():
 
 def test_an_oom_of_a_class_of_one_rank_says_one_rank():
     assert oom_message(0, 1, _oom_detail()).startswith("Out of memory on pipeline rank 0 (1 rank): ")
+
+
+def test_a_small_job_s_rates_keep_their_digits():
+    """A debug job runs at hundredths of a TFLOP/s: one decimal printed it as "0.0 TFLOP/s"."""
+    from rich.console import Console
+
+    from prismbench.emulate import emulate
+    from prismbench.report import render_emulation
+    from prismbench.spec import job_spec_from_dict
+
+    result = emulate(job_spec_from_dict({"model": {"name": "gpt-debug"}, "batch": {"seq_len": 64, "global_batch": 2}}))
+    assert result.tflops_per_gpu < 0.1
+    console = Console(record=True, width=200)
+    render_emulation(result, console)
+    text = console.export_text()
+    assert f"{result.tflops_per_gpu:.3g} TFLOP/s" in text and " 0.0 TFLOP/s" not in text
+    assert f"{100 * result.mfu:.3g} % of" in text
