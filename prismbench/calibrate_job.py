@@ -37,8 +37,9 @@ def check_measuring_gpu(job, device_name: str) -> None:
     `device_name` (no CUDA device asked) is not checked."""
     from emulator.hardware import gpu_preset
 
-    names = gpu_preset(job.cluster.gpu).device_names
-    if device_name and device_name not in names:
+    preset = gpu_preset(job.cluster.gpu)
+    names = preset.device_names
+    if device_name and not preset.is_named(device_name):
         raise SpecError(
             f"cluster.gpu={job.cluster.gpu!r}: this machine's GPU is {device_name!r}, not one "
             f"of that preset's device names ({', '.join(map(repr, names)) or 'none listed'}); "

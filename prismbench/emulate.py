@@ -168,14 +168,12 @@ def kernel_table_for(
 
 def check_table_gpu(rows: list[MeasuredRow], gpu: str, path: str | Path) -> None:
     """Refuse kernel rows measured on another GPU than the preset `gpu`: each row's `gpu`
-    column (torch's device name, as `calibrate` and `ingest-profile` record it) must be one of
-    the preset's `device_names`, or the preset's own name, which is how a user tells
-    `ingest-profile --provenance gpu=...` the GPU of the job spec; another GPU's kernels run at
-    another speed. Rows that name no GPU (a Chrome trace ingested without `--provenance
-    gpu=...`) are taken as the preset's."""
+    column (torch's device name, as `calibrate` and `ingest-profile` record it, or the preset's
+    own name, `GpuPreset.is_named`) must name the preset; another GPU's kernels run at another
+    speed. Rows that name no GPU (a Chrome trace ingested without `--provenance gpu=...`) are
+    taken as the preset's."""
     preset = gpu_preset(gpu)
-    ours = {gpu, *preset.device_names}
-    foreign = sorted({row.gpu for row in rows if row.gpu and row.gpu not in ours})
+    foreign = sorted({row.gpu for row in rows if row.gpu and not preset.is_named(row.gpu)})
     if foreign:
         names = ", ".join(repr(n) for n in preset.device_names) or "none listed"
         raise ValueError(

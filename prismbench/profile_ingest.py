@@ -460,13 +460,28 @@ def check_profile_gpu(profile_path, job, job_label: str) -> None:
     alignment cannot tell: the same program captures alike for every GPU. A profile that
     names no GPU (a Chrome trace, or no summary.json) is taken as the job's."""
     measured_on = profile_provenance(profile_path)["gpu"]
-    names = gpu_preset(job.cluster.gpu).device_names
-    if measured_on and measured_on not in names:
+    preset = gpu_preset(job.cluster.gpu)
+    names = preset.device_names
+    if measured_on and not preset.is_named(measured_on):
         raise ProfileMismatch(
             f"{profile_path}: measured on {measured_on!r} (its summary.json), not on "
             f"{job_label}'s cluster.gpu={job.cluster.gpu!r} (whose device names are "
             f"{', '.join(map(repr, names)) or 'none listed'}): give the job spec of the GPU "
             "the profile ran on"
+        )
+
+
+def check_provenance_gpu(gpu: str, job, job_label: str) -> None:
+    """Refuse (ProfileMismatch) rows to be labelled with a GPU the job's cluster.gpu preset
+    does not name (`GpuPreset.is_named`): the job's own table would refuse them once written
+    (`prismbench.emulate.check_table_gpu`). An empty `gpu` (not given) is not checked."""
+    preset = gpu_preset(job.cluster.gpu)
+    if gpu and not preset.is_named(gpu):
+        names = ", ".join(map(repr, (preset.name, *preset.device_names)))
+        raise ProfileMismatch(
+            f"--provenance gpu={gpu!r}: {job_label}'s cluster.gpu={job.cluster.gpu!r} is named "
+            f"{names}; rows of another GPU would be refused by its table: give one of those, "
+            "or the job spec of the GPU the profile ran on"
         )
 
 
@@ -482,6 +497,7 @@ def ingest_profile(
 
     ops = read_profile(profile_path)
     check_profile_gpu(profile_path, job, job_label)
+    check_provenance_gpu((provenance or {}).get("gpu", ""), job, job_label)
     traces = capture_job(job).traces
     trace = traces[min(traces)]
     aligned = align_profile(ops, trace)

@@ -112,6 +112,12 @@ class GpuPreset:
     # column is told to belong to it (`prismbench.emulate.check_table_gpu`)
     device_names: tuple[str, ...] = ()
 
+    def is_named(self, gpu: str) -> bool:
+        """Whether `gpu`, a measurement's GPU column, names this GPU: one of its
+        `device_names` (torch's), or the preset's own name (how a user names it in a job spec
+        and in `ingest-profile --provenance gpu=...`)."""
+        return gpu == self.name or gpu in self.device_names
+
     def __post_init__(self) -> None:
         owner = f"gpu[{self.name}]"
         if not all(isinstance(n, str) and n for n in self.device_names):

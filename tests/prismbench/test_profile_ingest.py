@@ -313,8 +313,14 @@ def test_cli_refuses_an_unknown_or_repeated_provenance_key(trace, tmp_path, caps
     for items, message in refused.items():
         assert main([*ingest, *(a for item in items for a in ("--provenance", item))]) == 2
         assert capsys.readouterr().err == message and not out.exists()
-    assert main([*ingest, "--provenance", "gpu=Test GPU", "--provenance", "torch=2.13"]) == 0
-    assert load_kernel_table(out).gpus == ("Test GPU",)
+    # a GPU the job's cluster.gpu does not name: its table would refuse the rows once written
+    assert main([*ingest, "--provenance", "gpu=Test GPU"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --provenance gpu='Test GPU': ") and "'h100-sxm-80g'" in err
+    assert not out.exists()
+    for gpu in ("h100-sxm-80g", "NVIDIA H100 80GB HBM3"):  # the preset's name, or torch's
+        assert main([*ingest, "--provenance", f"gpu={gpu}", "--provenance", "torch=2.13"]) == 0
+        assert load_kernel_table(out).gpus == (gpu,)
 
 
 def test_a_truncated_or_undecodable_profile_is_refused_naming_it(trace, tmp_path, capsys):
