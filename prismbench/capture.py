@@ -161,6 +161,11 @@ def capture_job(
     )
 
 
+# How long an interrupted capture waits for each feeder thread to see its class fail (the
+# executor fails a class within a poll once its workers are gone; a bound, not a wait)
+FEEDER_JOIN_S = 10.0
+
+
 def _run_workers(job, class_ids, paths, workers, progress) -> None:
     reported = _Reporter(progress, len(class_ids))
     lanes = _Lanes(_longest_first(world_of(job), class_ids), reported)
@@ -195,6 +200,11 @@ def _run_workers(job, class_ids, paths, workers, progress) -> None:
             lanes.settle(workers)
         except BaseException:  # Ctrl-C, and SIGTERM in the CLI (cli.Terminated is one)
             stop_workers(pool)
+            # their classes fail at once with the pool's workers gone; a feeder left running
+            # could report to stderr as the interpreter exits, which aborts it (SIGABRT, exit
+            # -6 instead of 143: seen once in CI under SIGTERM)
+            for feeder in feeders:
+                feeder.join(timeout=FEEDER_JOIN_S)
             raise
         if lanes.failures:  # the capture has failed: now, not once the workers' classes are done
             stop_workers(pool)
