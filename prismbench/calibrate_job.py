@@ -32,7 +32,7 @@ def write_ops_jsonl(records: list[dict], path: str | Path) -> Path:
 
 def check_measuring_gpu(job, device_name: str) -> None:
     """Refuse (SpecError) to calibrate `job` on a GPU its cluster.gpu preset does not name
-    (`device_names`): the rows would carry this GPU's name, and the job's own table refuses
+    (`GpuPreset.is_named`): the rows would carry this GPU's name, and the job's own table refuses
     them (`prismbench.emulate.check_table_gpu`) once the GPU time is spent. An empty
     `device_name` (no CUDA device asked) is not checked."""
     from emulator.hardware import gpu_preset

@@ -410,7 +410,7 @@ def table_from_rows(
     if unmatched:
         raise ValueError(f"{label}: no row's source starts with {unmatched[0]!r}, the prefix to leave out")
     kept = merge_rows(
-        *([r for r in rows if not (skip_sources and r.source.startswith(skip_sources))] for rows in row_lists)
+        *([r for r in part if not (skip_sources and r.source.startswith(skip_sources))] for part in row_lists)
     )
     if not kept:  # an empty table would price every op by the roofline, unannounced
         left = f" once {', '.join(skip_sources)} are left out" if skip_sources else ""

@@ -1,6 +1,6 @@
 """The shared jobs' table-priced ops (interpolated, extrapolated) outside the bounds curve-priced ops keep.
 
-    python results/calibration/price_bounds.py [GPU ...]     (h100-sxm-80g, the default; h200-141g)
+    python results/calibration/price_bounds.py [--gpu h100-sxm-80g|h200-141g] [--only CASE] [--out FILE]
 
 Per case, leave-one-out (the table without the case's own profile, as `gpu_jobs.py`): the ops
 the lookup prices above `KernelTable.ceiling_s` (a larger op of the group measured shorter) or
@@ -10,8 +10,6 @@ bounds are kept for curve-priced ops only.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -21,7 +19,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 sys.path.insert(0, str(ROOT / "results"))
-from shared_gpu import MEASURED_GPUS, leave_one_out_table, shared_dir  # noqa: E402
+from shared_gpu import cases_from_cli, leave_one_out_table, shared_dir  # noqa: E402
 
 from emulator.costs.kernel_table import PRICE_SOURCES  # noqa: E402
 from emulator.costs.pricing import op_record  # noqa: E402
@@ -57,25 +55,22 @@ def out_of_bounds(table, priced):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("gpus", nargs="*", metavar="GPU", help=f"one of {MEASURED_GPUS}")
-    gpus = parser.parse_args().gpus or [MEASURED_GPUS[0]]
-    for gpu in gpus:
-        if gpu not in MEASURED_GPUS:
-            parser.error(f"GPU {gpu!r}: one of {MEASURED_GPUS}")
-    for gpu in gpus:
-        cases = json.loads((shared_dir(gpu) / "summary.json").read_text())
-        for case in cases:
-            table = leave_one_out_table(case, gpu)
-            job = load_job_spec(shared_dir(gpu) / "specs" / f"{case}.toml")
-            priced = price_job(job, kernel_table=table, host_dispatch=None, kernel_gap_s=0.0)
-            compute_s = sum(durations.sum() for durations, _ in priced.prices.values())
-            over, under, found = out_of_bounds(table, priced)
-            print(f"{gpu} {case}: compute {compute_s * 1e3:.2f} ms; above the ceilings by "
-                  f"{over * 1e3:.3f} ms, below the floors by {under * 1e3:.3f} ms "
-                  f"({sum(found.values())} ops)", flush=True)  # fmt: skip
-            for what, count in found.most_common(5):
-                print(f"    {count} x {what}")
+    args, cases, _ = cases_from_cli(__doc__.splitlines()[0])
+    lines = []
+    for case in cases:
+        table = leave_one_out_table(case, args.gpu)
+        job = load_job_spec(shared_dir(args.gpu) / "specs" / f"{case}.toml")
+        priced = price_job(job, kernel_table=table, host_dispatch=None, kernel_gap_s=0.0)
+        compute_s = sum(durations.sum() for durations, _ in priced.prices.values())
+        over, under, found = out_of_bounds(table, priced)
+        block = [f"{args.gpu} {case}: compute {compute_s * 1e3:.2f} ms; above the ceilings by "
+                 f"{over * 1e3:.3f} ms, below the floors by {under * 1e3:.3f} ms "
+                 f"({sum(found.values())} ops)"]  # fmt: skip
+        block += [f"    {count} x {what}" for what, count in found.most_common(5)]
+        print("\n".join(block), flush=True)
+        lines += block
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
