@@ -16,7 +16,7 @@ on 132 SMs by the model) runs in 104 us, faster than the forward GEMM of the sam
 Scored by (1) leave-one-shape-out over the table's aligned bf16 GEMM rows (each shape priced by
 the table without its rows, as `prismbench.emulate` prices: `op_price`), (2) the shared jobs'
 GEMM compute leave-one-out (`gpu_compare.py`'s GEMM column: a job priced without its own
-profile's rows), (3) out of sample, vidur's H100 GEMM medians (`build_a100.py`'s same-chip
+profile's rows) and their iteration times (`gpu_jobs.py`'s error), (3) out of sample, vidur's H100 GEMM medians (`build_a100.py`'s same-chip
 check; H100 table only). Nothing here changes the package: the variants are patched in.
 """
 
@@ -153,6 +153,34 @@ def job_gemm_errors(gpu: str, cases: list[str]):
     return score
 
 
+def iteration_errors(gpu: str, cases: list[str], measured: dict):
+    """(predicted - measured) / measured iteration time of each shared job, leave-one-out, as
+    `gpu_jobs.py` scores it (host dispatch and kernel gaps without the job's own profile)."""
+    from prismbench.emulate import emulate, host_dispatch_for, kernel_gap_for, price_job
+    from prismbench.spec import load_job_spec
+
+    shared = shared_dir(gpu)
+    inputs = {
+        case: (
+            load_job_spec(shared / "specs" / f"{case}.toml"),
+            leave_one_out_table(case, gpu),
+            kernel_gap_for(skip_profiles=(case,)),
+        )
+        for case in cases
+    }
+
+    def score() -> dict[str, float]:
+        errors = {}
+        for case, (job, table, gap) in inputs.items():
+            host = host_dispatch_for(job, skip_profiles=(case,))
+            priced = price_job(job, kernel_table=table, host_dispatch=host, kernel_gap_s=gap)
+            real = measured[case]["iteration_s_median"]
+            errors[case] = (emulate(job, name=case, priced=priced).iteration_time_s - real) / real
+        return errors
+
+    return score
+
+
 def vidur_h100():
     """(m, vidur's H100 GEMM median time over the H100 table's price) per shape it profiled.
     vidur ran another software stack, about 1.1x the table's times overall: what tells models
@@ -186,10 +214,12 @@ def pct(values) -> str:
 
 
 def main() -> None:
-    args, cases, _ = cases_from_cli(__doc__.splitlines()[0], lambda parser: None)
+    args, cases, measured = cases_from_cli(__doc__.splitlines()[0], lambda parser: None)
     shapes, jobs = shape_loo(args.gpu), job_gemm_errors(args.gpu, cases)
+    iterations = iteration_errors(args.gpu, cases, measured)
     vidur = vidur_h100() if args.gpu == "h100-sxm-80g" else None
-    header = ["variant", "shapes interpolated: median / p90 / max |error|", "jobs' GEMMs: max |error|"]
+    header = ["variant", "shapes interpolated: median / p90 / max |error|", "jobs' GEMMs: max |error|",
+              "jobs' iterations: median / max |error|"]  # fmt: skip
     header += ["vidur H100 / table: median ratio, MAD of log ratio; at m < 512: median ratio"] if vidur else []
     lines = ["| " + " | ".join(header) + " |", "|---|" + "--:|" * (len(header) - 1)]
     per_job = {}
@@ -198,12 +228,14 @@ def main() -> None:
         with tile_model(utilisation):
             interpolated, _ = shapes()
             per_job[name] = jobs()
+            iteration = np.abs(list(iterations().values()))
             ratios = vidur() if vidur else None
         e = np.abs(interpolated)
         cells = [
             name,
             f"{pct(np.median(e))} / {pct(np.percentile(e, 90))} / {pct(e.max())} (n = {len(e)})",
             pct(max(abs(v) for v in per_job[name].values())),
+            f"{pct(np.median(iteration))} / {pct(iteration.max())}",
         ]
         if ratios:
             logs = np.log([r for _, r in ratios])
