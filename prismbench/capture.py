@@ -17,15 +17,18 @@ load), so the trace's memory starts from parameters + optimizer state.
 
 from __future__ import annotations
 
+import _thread
 import collections
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
 import json
 import os
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,15 +199,18 @@ def _run_workers(job, class_ids, paths, workers, progress) -> None:
         for feeder in feeders:
             feeder.start()
         try:
-            lanes.run(in_parent, lanes.next_class())
+            with _stoppable_parent(lanes):
+                lanes.run(in_parent, lanes.next_class())
             lanes.settle(workers)
-        except BaseException:  # Ctrl-C, and SIGTERM in the CLI (cli.Terminated is one)
+        except BaseException as stopped:  # Ctrl-C, SIGTERM in the CLI (cli.Terminated), _ParentStopped
             stop_workers(pool)
             # their classes fail at once with the pool's workers gone; a feeder left running
             # could report to stderr as the interpreter exits, which aborts it (SIGABRT, exit
             # -6 instead of 143: seen once in CI under SIGTERM)
             for feeder in feeders:
                 feeder.join(timeout=FEEDER_JOIN_S)
+            if isinstance(stopped, _ParentStopped):
+                lanes.raise_failure()
             raise
         if lanes.failures:  # the capture has failed: now, not once the workers' classes are done
             stop_workers(pool)
@@ -213,15 +219,48 @@ def _run_workers(job, class_ids, paths, workers, progress) -> None:
     lanes.raise_failure()
 
 
+class _ParentStopped(BaseException):
+    """Raised in the parent's lane when another lane has failed: the capture has failed, and the
+    class the parent is capturing, which can take minutes, is of no use. A BaseException: it is
+    not the parent's class failing (`_Lanes.run` records Exceptions as that)."""
+
+
+@contextlib.contextmanager
+def _stoppable_parent(lanes: _Lanes) -> Iterator[None]:
+    """While the block (the parent's own lane) runs in the main thread, a failure in another lane
+    raises _ParentStopped in it: a simulated SIGUSR1 with a handler of its own for the block.
+    Not SIGINT: Ctrl-C stays Ctrl-C, and a shell's background job ignores SIGINT, which would
+    make the simulated one do nothing. Elsewhere (signal handlers are the main thread's) the
+    parent finishes its class first."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(_signum, _frame) -> None:
+        raise _ParentStopped
+
+    previous = signal.signal(signal.SIGUSR1, stop)
+    with lanes.changed:
+        lanes.on_failure = lambda: _thread.interrupt_main(signal.SIGUSR1)
+    try:
+        yield
+    finally:
+        with lanes.changed:
+            lanes.on_failure = None
+        signal.signal(signal.SIGUSR1, previous)
+
+
 class _Lanes:
     """Lanes (the parent, a thread per worker) that capture the classes of one queue in turn
-    until it is empty or one of them fails: after a failure no lane takes another class."""
+    until it is empty or one of them fails: after a failure no lane takes another class, and the
+    lane in the main thread is stopped by `on_failure` where it is set (`_stoppable_parent`)."""
 
     def __init__(self, class_ids: list[int], reported: _Reporter):
         self.queue, self.reported = collections.deque(class_ids), reported
         self.failures: list[tuple[int, Exception]] = []  # (class id, error), first first
         self.ended = 0
         self.changed = threading.Condition()
+        self.on_failure: Callable[[], None] | None = None
 
     def next_class(self) -> int | None:
         with self.changed:
@@ -236,6 +275,8 @@ class _Lanes:
         except Exception as error:  # raised by the parent once every lane has stopped
             with self.changed:
                 self.failures.append((class_id, error))
+                if self.on_failure is not None and threading.current_thread() is not threading.main_thread():
+                    self.on_failure()
         finally:
             with self.changed:
                 self.ended += 1

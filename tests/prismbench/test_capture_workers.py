@@ -8,11 +8,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
 
+from prismbench.capture import _Lanes, _ParentStopped, _stoppable_parent
 from tests.prismbench.processes import HAS_PROC, alive, kill_survivors, spawn_workers
 
 pytestmark = [pytest.mark.skipif(not HAS_PROC, reason="needs Linux /proc"), pytest.mark.integration]
@@ -110,3 +113,27 @@ def test_a_script_without_a_main_guard_gets_the_error_its_worker_printed(tmp_pat
     assert done.returncode == 1
     assert done.stderr.count("its bootstrapping phase") == 1
     assert "CaptureWorkerDied: a capture worker process died while capturing class 3" in done.stderr
+
+
+def test_a_worker_lane_that_fails_stops_the_class_the_parent_is_capturing():
+    # before, the parent finished its own class first (minutes for a large job) and only then
+    # said that a worker had died
+    lanes = _Lanes([0, 1], reported=lambda *_: None)
+    parent_finished = threading.Event()
+
+    def parent_class(_class_id):
+        threading.Event().wait(timeout=60)  # a long class, unless stopped
+        parent_finished.set()
+        return 60.0, ""
+
+    def worker_class(_class_id):
+        raise BrokenProcessPool("the worker died")
+
+    handler = signal.getsignal(signal.SIGUSR1)
+    with pytest.raises(_ParentStopped), _stoppable_parent(lanes):
+        parent_class_id = lanes.next_class()
+        threading.Thread(target=lanes.run, args=(worker_class, lanes.next_class())).start()
+        lanes.run(parent_class, parent_class_id)
+    assert not parent_finished.is_set()
+    assert [(c, type(e)) for c, e in lanes.failures] == [(1, BrokenProcessPool)]
+    assert signal.getsignal(signal.SIGUSR1) == handler and lanes.on_failure is None
