@@ -53,6 +53,17 @@ def test_record_times_a_real_two_process_run(tmp_path, capsys):
     assert provenance.machine and provenance.software and provenance.commit and provenance.date
 
 
+@pytest.mark.integration
+def test_a_tensor_parallel_record_prints_no_dtensor_rng_warning(tmp_path, capfd):
+    # each rank printed torch's "DTensor random operators may not have complete support on
+    # cpu device mesh" while it initialised its tensor-parallel shards
+    job = tmp_path / "tp.toml"
+    job.write_text(TWO_RANKS.replace("dp = 2", "tp = 2"))
+    out = tmp_path / "tp_out.toml"
+    assert main(["record", str(job), "--out", str(out), "--iterations", "1", "--warmup", "0"]) == 0
+    assert "DTensor random operators" not in capfd.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("dp", "model_init", "init_device"),
     [(2, "auto", "meta"), (1, "auto", None), (2, "device", None), (1, "meta", "meta")],
