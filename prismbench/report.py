@@ -502,8 +502,11 @@ def render_comparison(result, console: Console, top: int = 15) -> None:
     error = "n/a" if result.error is None else f"{result.error:+.1%}"
     console.print(
         f"Compute of one iteration of {result.job}: predicted {result.predicted_s * 1e3:,.2f} ms, "
-        f"measured {result.measured_s * 1e3:,.2f} ms of kernels ({error}); "
-        f"kernel table: {result.kernel_table or 'none (roofline curves only)'}"
+        f"measured {result.measured_s * 1e3:,.2f} ms of kernels ({error})"
+    )
+    # a line of its own, never broken by rich: the label is mostly paths, read and copied whole
+    console.print(
+        f"kernel table: {result.kernel_table or 'none (roofline curves only)'}", soft_wrap=True
     )
     table = Table(
         title=f"Op classes, largest absolute error first (top {top} of {len(result.classes)})"

@@ -155,3 +155,20 @@ def test_a_small_job_s_rates_keep_their_digits():
     text = console.export_text()
     assert f"{result.tflops_per_gpu:.3g} TFLOP/s" in text and " 0.0 TFLOP/s" not in text
     assert f"{100 * result.mfu:.3g} % of" in text
+
+
+def test_the_comparison_s_kernel_table_line_is_whole_at_100_columns():
+    """The header wrapped at a 100-120 column terminal inside "kernel table: <label>"."""
+    from rich.console import Console
+
+    from prismbench.compare import ClassComparison, Comparison
+    from prismbench.report import render_comparison
+
+    label = "results/kernels/h100-sxm-80g.csv without profile:gpt3-125m-s2048-mb8-none"
+    classes = [ClassComparison(op="matmul", aten="aten.mm", trace_ops=1, profile_ops=1,
+                               matched=1, predicted_s=1e-3, measured_s=1e-3, priced_by={})]  # fmt: skip
+    comparison = Comparison(job="gpt3-125m-s2048-mb8-none", profile="p.ops.jsonl.gz",
+                            kernel_table=label, classes=classes)  # fmt: skip
+    console = Console(record=True, width=100)
+    render_comparison(comparison, console, top=0)
+    assert f"kernel table: {label}" in console.export_text().splitlines()
