@@ -5,7 +5,9 @@ a lock error while the first holds it. Every write here is one short transaction
 connection, retried with back-off while another process holds the lock, so two validations
 writing at once both land (`connect_with_retry`). A run is inserted with status "running"
 first and set to "complete" (or "interrupted", "failed") last: a run killed half-way never
-reads as complete.
+reads as complete. Nothing is left to finish the run of a process that died (SIGKILL, a
+segfault): the next run started on its host marks it "abandoned", found by the host and
+process id each run records (`start_run`).
 
 `schema_info` holds the schema version. A database of an older version is brought up to date
 on its first write (`MIGRATIONS`); one of a newer version is refused (`HistoryError`).
@@ -14,6 +16,8 @@ on its first write (`MIGRATIONS`); one of a newer version is refused (`HistoryEr
 from __future__ import annotations
 
 import json
+import os
+import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,9 +26,10 @@ import duckdb
 
 from workloads.config import SpecError
 
-SCHEMA_VERSION = 4  # 2: case_variability (validate --variability); 3: its allocation split;
-# 4: the share of its tail in a slower network regime
-RUN_STATUSES = ("running", "complete", "interrupted", "failed")
+SCHEMA_VERSION = 5  # 2: case_variability (validate --variability); 3: its allocation split;
+# 4: the share of its tail in a slower network regime; 5: the host and process id of a run
+ENDINGS = ("complete", "interrupted", "failed")  # what a validation ends its own run with
+RUN_STATUSES = ("running", *ENDINGS, "abandoned")
 # validate --variability, per case: prismbench.validate_variability's figures (seconds, ratios,
 # a probability) and the baseline's measured spread (NULL where it has none)
 VARIABILITY_COLUMNS = {
@@ -70,7 +75,8 @@ _CASE_VARIABILITY = _case_variability(VARIABILITY_COLUMNS)
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS runs (
         run_id VARCHAR PRIMARY KEY, commit VARCHAR, dirty BOOLEAN, machine VARCHAR,
-        started_at TIMESTAMP, ended_at TIMESTAMP, settings VARCHAR, status VARCHAR)""",
+        started_at TIMESTAMP, ended_at TIMESTAMP, settings VARCHAR, status VARCHAR,
+        host VARCHAR, pid INTEGER)""",
     """CREATE TABLE IF NOT EXISTS cases (
         run_id VARCHAR, baseline VARCHAR, source VARCHAR, gpu VARCHAR, world_size INTEGER,
         status VARCHAR, error_message VARCHAR, wall_s DOUBLE, result VARCHAR)""",
@@ -82,7 +88,9 @@ _SCHEMA = (
 # What brings a database of version v to v + 1 (after which _SCHEMA's CREATE ... IF NOT EXISTS
 # runs): version 2 adds case_variability; version 3 adds the allocation split's columns to it,
 # the rows before having been drawn one step per allocation (their split NULL: it cannot be
-# made); version 4 adds the tail's share in a slower network regime (NULL before: not kept).
+# made); version 4 adds the tail's share in a slower network regime (NULL before: not kept);
+# version 5 adds the host and process id of a run's writer (NULL before: a run of then left
+# "running" stays so, as whether its process still runs cannot be told).
 ALLOCATION_COLUMNS = ("steps_per_allocation", "allocation_std_s", "within_allocation_std_s")
 NETWORK_TAIL_COLUMNS = ("tail_slow_network_share",)
 
@@ -110,6 +118,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "UPDATE case_variability SET steps_per_allocation = 1",
     ),
     3: _adding_variability_columns(NETWORK_TAIL_COLUMNS),
+    4: ("ALTER TABLE runs ADD COLUMN host VARCHAR", "ALTER TABLE runs ADD COLUMN pid INTEGER"),
 }
 
 
@@ -214,13 +223,43 @@ def _ensure_schema(con: duckdb.DuckDBPyConnection, path: Path) -> None:
 def start_run(
     path: Path, run_id: str, *, commit: str, dirty: bool, machine: str, settings: dict
 ) -> None:
-    write(
-        path,
-        lambda con: con.execute(
-            "INSERT INTO runs VALUES (?, ?, ?, ?, current_timestamp, NULL, ?, 'running')",
-            [run_id, commit, dirty, machine, json.dumps(settings, sort_keys=True)],
-        ),
-    )
+    """Insert the run as "running", by this host and process; first mark "abandoned" the runs
+    this host left "running" whose process has ended (`_abandon_dead_runs`)."""
+    host = platform.node()
+
+    def statements(con) -> None:
+        _abandon_dead_runs(con, host)
+        con.execute(
+            "INSERT INTO runs VALUES (?, ?, ?, ?, current_timestamp, NULL, ?, 'running', ?, ?)",
+            [run_id, commit, dirty, machine, json.dumps(settings, sort_keys=True), host,
+             os.getpid()],
+        )  # fmt: skip
+
+    write(path, statements)
+
+
+def _abandon_dead_runs(con: duckdb.DuckDBPyConnection, host: str) -> None:
+    """Mark "abandoned" the "running" runs of `host` whose process is gone: it died without
+    finishing them (killed, a segfault) and nothing else will. A run whose process id another
+    process has taken since stays "running" (never marked wrongly, at worst left as it was),
+    as do other hosts' runs, whose processes cannot be seen from here. ended_at stays NULL:
+    when the process died is not known."""
+    running = con.execute(
+        "SELECT run_id, pid FROM runs WHERE status = 'running' AND host = ?", [host]
+    ).fetchall()
+    for run_id, pid in running:
+        if not _process_exists(pid):
+            con.execute("UPDATE runs SET status = 'abandoned' WHERE run_id = ?", [run_id])
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: delivers nothing, only checks the process is there
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def add_case(path: Path, run_id: str, case) -> None:
@@ -249,8 +288,8 @@ def add_case(path: Path, run_id: str, case) -> None:
 
 
 def finish_run(path: Path, run_id: str, status: str) -> None:
-    if status not in RUN_STATUSES[1:]:
-        raise ValueError(f"status={status!r} must be one of {RUN_STATUSES[1:]}")
+    if status not in ENDINGS:
+        raise ValueError(f"status={status!r} must be one of {ENDINGS}")
     write(
         path,
         lambda con: con.execute(

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +56,30 @@ def test_a_run_is_running_until_finished(tmp_path):
     assert metric["metric"] == "iteration_time_s" and abs(metric["error"] - 0.1) < 1e-12
 
 
+def test_a_run_whose_process_was_killed_is_abandoned_by_the_next_run_on_its_host(tmp_path):
+    # a validation killed (SIGKILL, a segfault in an emulation) never finishes its run: it read
+    # "running" for ever
+    db = tmp_path / "h.duckdb"
+    code = (
+        "import os, signal, pathlib\n"
+        "from prismbench import history\n"
+        f"history.start_run(pathlib.Path({str(db)!r}), 'killed', commit='c', dirty=False, "
+        "machine='m', settings={})\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    history.start_run(db, "live", commit="c", dirty=False, machine="m", settings={})
+    statuses = history.read(db, "SELECT run_id, status, ended_at FROM runs ORDER BY run_id")
+    assert statuses == [
+        {"run_id": "killed", "status": "abandoned", "ended_at": None},  # when it died: unknown
+        {"run_id": "live", "status": "running", "ended_at": None},
+    ]
+    history.start_run(db, "next", commit="c", dirty=False, machine="m", settings={})
+    (live,) = history.read(db, "SELECT status FROM runs WHERE run_id = 'live'")
+    assert live == {"status": "running"}  # its process, this one, still runs
+
+
 def _v1_database(path: Path, version: int = 1) -> None:
     """A history as schema version 1 wrote it (no case_variability table)."""
     import duckdb
@@ -99,7 +126,9 @@ def test_a_version_2_history_gains_the_allocation_columns_and_keeps_its_rows(tmp
     # drawn, before version 3, one step per allocation: no split
     assert row["p95_s"] == 2.0 and row["steps_per_allocation"] == 1
     assert row["allocation_std_s"] is None and row["tail_slow_network_share"] is None
-    assert history.read(db, "SELECT version FROM schema_info") == [{"version": 4}]
+    assert history.read(db, "SELECT version FROM schema_info") == [
+        {"version": history.SCHEMA_VERSION}
+    ]
 
 
 def test_a_version_3_history_gains_the_network_tail_column_and_keeps_its_rows(tmp_path):
@@ -108,7 +137,24 @@ def test_a_version_3_history_gains_the_network_tail_column_and_keeps_its_rows(tm
     history.start_run(db, "r", commit="c", dirty=False, machine="m", settings={})
     (row,) = history.read(db, "SELECT * FROM case_variability")
     assert row["p95_s"] == 2.0 and row["tail_slow_network_share"] is None
-    assert history.read(db, "SELECT version FROM schema_info") == [{"version": 4}]
+    assert history.read(db, "SELECT version FROM schema_info") == [
+        {"version": history.SCHEMA_VERSION}
+    ]
+
+
+def test_a_version_4_history_gains_the_writer_columns_and_keeps_its_running_runs(tmp_path):
+    import duckdb
+
+    db = tmp_path / "h.duckdb"
+    _v1_database(db, version=4)
+    con = duckdb.connect(str(db))
+    con.execute("INSERT INTO runs (run_id, status) VALUES ('old', 'running')")
+    con.close()
+    history.start_run(db, "r", commit="c", dirty=False, machine="m", settings={})
+    (old,) = history.read(db, "SELECT status, host, pid FROM runs WHERE run_id = 'old'")
+    # no writer recorded: whether its process still runs cannot be told
+    assert old == {"status": "running", "host": None, "pid": None}
+    assert history.read(db, "SELECT version FROM schema_info") == [{"version": 5}]
 
 
 def test_a_newer_history_is_refused_untouched(tmp_path):
