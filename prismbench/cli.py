@@ -47,8 +47,9 @@ class Terminated(KeyboardInterrupt):
 
 
 def _console() -> Console:
-    """Rich console; when piped, wide enough that tables do not wrap (rich assumes 80)."""
-    console = Console(highlight=False)
+    """Rich console; when piped, wide enough that tables do not wrap (rich assumes 80). No
+    markup: what it prints holds paths and names, in which "[h100]" is no style tag."""
+    console = Console(highlight=False, markup=False)
     if not console.is_terminal:
         console.width = 160
     return console

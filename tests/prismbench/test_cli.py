@@ -370,3 +370,13 @@ def test_an_option_of_one_value_given_twice_is_refused(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
     # a flag may repeat: nothing is lost
     assert main(["workloads", "--json", "--json"]) == 0
+
+
+def test_paths_are_printed_as_they_are_not_read_as_rich_markup(tmp_path, capsys, monkeypatch):
+    # a folder named like a style tag ("[h100]") vanished from the output, and one that closes
+    # a tag ("a[/b]c": the folders "a[" and "b]c") ended the command with rich's MarkupError
+    cache = tmp_path / "[h100]" / "a[" / "b]c"
+    monkeypatch.setenv("PRISMBENCH_CACHE", str(cache))
+    job = _write(tmp_path, '[model]\nname = "gpt-debug"\n[batch]\nseq_len = 32\nglobal_batch = 2\n')
+    assert main(["capture", job, "--out", str(tmp_path / "out"), "--workers", "1"]) == 0
+    assert f"(captured: {cache}" in capsys.readouterr().out.replace("\n", "")
