@@ -222,13 +222,15 @@ def _ensure_schema(con: duckdb.DuckDBPyConnection, path: Path) -> None:
 
 def start_run(
     path: Path, run_id: str, *, commit: str, dirty: bool, machine: str, settings: dict
-) -> None:
+) -> list[str]:
     """Insert the run as "running", by this host and process; first mark "abandoned" the runs
-    this host left "running" whose process has ended (`_abandon_dead_runs`)."""
+    this host left "running" whose process has ended (`_abandon_dead_runs`). Returns their ids,
+    so that the caller can say so."""
     host = platform.node()
+    abandoned: list[str] = []
 
     def statements(con) -> None:
-        _abandon_dead_runs(con, host)
+        abandoned[:] = _abandon_dead_runs(con, host)
         con.execute(
             "INSERT INTO runs VALUES (?, ?, ?, ?, current_timestamp, NULL, ?, 'running', ?, ?)",
             [run_id, commit, dirty, machine, json.dumps(settings, sort_keys=True), host,
@@ -236,20 +238,23 @@ def start_run(
         )  # fmt: skip
 
     write(path, statements)
+    return abandoned
 
 
-def _abandon_dead_runs(con: duckdb.DuckDBPyConnection, host: str) -> None:
-    """Mark "abandoned" the "running" runs of `host` whose process is gone: it died without
-    finishing them (killed, a segfault) and nothing else will. A run whose process id another
-    process has taken since stays "running" (never marked wrongly, at worst left as it was),
-    as do other hosts' runs, whose processes cannot be seen from here. ended_at stays NULL:
-    when the process died is not known."""
+def _abandon_dead_runs(con: duckdb.DuckDBPyConnection, host: str) -> list[str]:
+    """Mark "abandoned" the "running" runs of `host` whose process is gone, and return their
+    ids: the process died without finishing them (killed, a segfault) and nothing else will. A
+    run whose process id another process has taken since stays "running" (never marked
+    wrongly, at worst left as it was), as do other hosts' runs, whose processes cannot be seen
+    from here. ended_at stays NULL: when the process died is not known."""
     running = con.execute(
-        "SELECT run_id, pid FROM runs WHERE status = 'running' AND host = ?", [host]
+        "SELECT run_id, pid FROM runs WHERE status = 'running' AND host = ? ORDER BY started_at",
+        [host],
     ).fetchall()
-    for run_id, pid in running:
-        if not _process_exists(pid):
-            con.execute("UPDATE runs SET status = 'abandoned' WHERE run_id = ?", [run_id])
+    dead = [run_id for run_id, pid in running if not _process_exists(pid)]
+    for run_id in dead:
+        con.execute("UPDATE runs SET status = 'abandoned' WHERE run_id = ?", [run_id])
+    return dead
 
 
 def _process_exists(pid: int) -> bool:

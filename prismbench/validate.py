@@ -337,8 +337,12 @@ def validate(
         variability.check_gpus(baselines)
         settings["variability"] = variability.to_dict()
     run = ValidationRun(uuid.uuid4().hex[:12], [], Path(db_path), "running")
-    history.start_run(run.db_path, run.run_id, commit=commit, dirty=dirty,
-                      machine=f"{platform.node()} ({os.cpu_count()} cores)", settings=settings)  # fmt: skip
+    abandoned = history.start_run(run.db_path, run.run_id, commit=commit, dirty=dirty,
+                                  machine=f"{platform.node()} ({os.cpu_count()} cores)",
+                                  settings=settings)  # fmt: skip
+    if abandoned:
+        say(f"history {run.db_path}: marked {len(abandoned)} earlier run(s) of this host "
+            f"'abandoned' (left 'running' by a process that has ended): {', '.join(abandoned)}")  # fmt: skip
     started = time.perf_counter()
     calls = [
         (b, functools.partial(_emulate_one, b.job, b.name, use_cache,

@@ -69,13 +69,13 @@ def test_a_run_whose_process_was_killed_is_abandoned_by_the_next_run_on_its_host
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
-    history.start_run(db, "live", commit="c", dirty=False, machine="m", settings={})
+    assert history.start_run(db, "live", commit="c", dirty=False, machine="m", settings={}) == ["killed"]
     statuses = history.read(db, "SELECT run_id, status, ended_at FROM runs ORDER BY run_id")
     assert statuses == [
         {"run_id": "killed", "status": "abandoned", "ended_at": None},  # when it died: unknown
         {"run_id": "live", "status": "running", "ended_at": None},
     ]
-    history.start_run(db, "next", commit="c", dirty=False, machine="m", settings={})
+    assert history.start_run(db, "next", commit="c", dirty=False, machine="m", settings={}) == []
     (live,) = history.read(db, "SELECT status FROM runs WHERE run_id = 'live'")
     assert live == {"status": "running"}  # its process, this one, still runs
 

@@ -410,7 +410,7 @@ def _start_validation(baselines_dir, db, workers: int):
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="finds the workers in Linux /proc")
-def test_a_killed_validation_is_not_recorded_complete_and_leaves_no_workers(
+def test_a_killed_validation_is_not_recorded_complete_leaves_no_workers_and_is_marked_later(
     tmp_path, baselines_dir
 ):
     db = tmp_path / "h.duckdb"
@@ -418,9 +418,17 @@ def test_a_killed_validation_is_not_recorded_complete_and_leaves_no_workers(
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     survivors = kill_survivors(workers, 10 * PARENT_POLL_S)
-    (run,) = history.read(db, "SELECT status, ended_at FROM runs")
-    assert run == {"status": "running", "ended_at": None}
+    (run,) = history.read(db, "SELECT run_id, status, ended_at FROM runs")
+    assert run["status"] == "running" and run["ended_at"] is None
     assert len(workers) == 3 and survivors == []
+    # the next validation on this host finds its process gone, marks it and says so
+    said = []
+    validate(load_baselines(baselines_dir)[:1], db_path=db, workers=1, use_cache=False,
+             progress=said.append)  # fmt: skip
+    statuses = history.read(db, "SELECT run_id, status FROM runs ORDER BY started_at")
+    assert [r["status"] for r in statuses] == ["abandoned", "complete"]
+    assert said[0] == (f"history {db}: marked 1 earlier run(s) of this host 'abandoned' (left "
+                       f"'running' by a process that has ended): {run['run_id']}")  # fmt: skip
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="finds the workers in Linux /proc")
