@@ -561,10 +561,12 @@ def _check_trace_beside_memory_out(trace: str | None, memory_out: str | None) ->
 
 def _cmd_variability(args: argparse.Namespace) -> int:
     from emulator.variability.summary import check_allocations
+    from prismbench.network_steps import measured_network
     from prismbench.variability import plot_distribution, variability
     from prismbench.variability_calibration import resolve_preset
 
     job = _load_job(args.job)
+    network = None if args.network_steps is None else measured_network(args.network_steps)
     _check_output(args.plot, "--plot", inputs=(args.job,))
     _check_image_format(args.plot, "--plot")
     if args.threshold is not None and not args.threshold > 0:
@@ -592,6 +594,7 @@ def _cmd_variability(args: argparse.Namespace) -> int:
         slow_gpus=args.placement,
         steps_per_allocation=args.steps_per_allocation,
         kernel_table=_kernel_table(job, args.kernel_table),
+        network=network,
     )
     if args.plot:
         plot_distribution(result, Path(args.plot))
@@ -802,8 +805,9 @@ def _add_emulate(commands) -> None:
 
 
 def _add_variability(commands) -> None:
-    from emulator.variability.model import MEASURED_PRESET, PRESET_NAMES
+    from emulator.variability.model import DEFAULT_NETWORK, MEASURED_PRESET, PRESET_NAMES
     from emulator.variability.summary import DEFAULT_STEPS_PER_ALLOCATION, MIN_ALLOCATIONS
+    from prismbench.network_steps import MIN_NETWORK_STEPS
 
     cmd = commands.add_parser(
         "variability",
@@ -854,6 +858,15 @@ def _add_variability(commands) -> None:
         metavar="K:FACTOR",
         help="also place K GPUs FACTOR x slower in one TP group, one stage, spread over DP "
         "replicas, and compare p95",
+    )
+    cmd.add_argument(
+        "--network-steps",
+        metavar="FILE",
+        help="the inter-node communication time (s) of every step of a real run, one per line: "
+        "the network regimes are split from them (prismbench/network_steps.py) and drawn in "
+        "place of the preset's assumed ones (default: assumed, "
+        + ", ".join(f"{100 * r.probability:g} %% of steps at {r.factor:g}x" for r in DEFAULT_NETWORK)
+        + f"; at least {MIN_NETWORK_STEPS} steps)",
     )
     cmd.add_argument("--json", action="store_true", help="print one JSON object")
     cmd.add_argument("--plot", metavar="FILE", help="write a histogram and CDF (PNG)")

@@ -664,14 +664,19 @@ def render_variability(r, console: Console) -> None:
     share = r.tail_slow_network_share
     if share is not None:
         rows.insert(-2, ("steps above p95 in a slower network regime", f"{100 * share:.1f} %"))
+    regimes = ", ".join(f"{100 * n.probability:.1f} % at {n.factor:.3f}x" for n in r.network)
+    measured = r.network_measured
+    rows.insert(-1, ("network regimes (a factor on inter-node communication)",
+                     measured.describe() if measured else f"{regimes}; assumed by {r.preset}"))  # fmt: skip
     for figure, value in rows:
         table.add_row(figure, value)
     console.print(table)
-    if share is not None and share > 0.5:
+    if share is not None and share > 0.5 and measured is None:
         console.print(
             f"note: {100 * share:.0f} % of the steps above p95 drew a slower network regime: p95 "
             f"and p99 restate the regimes {r.preset} assumes (their probability and factor: "
-            "emulator/variability/model.py) more than they measure this job"
+            "emulator/variability/model.py) more than they measure this job; --network-steps "
+            "takes them from a real run's per-step communication times"
         )
     if r.attribution is not None:
         render_attribution(r.attribution, console)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,7 @@ from emulator.variability.summary import (
 )
 from prismbench.emulate import PricedJob, price_job
 from prismbench.files import write_atomically
+from prismbench.network_steps import MeasuredNetwork
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -46,9 +47,12 @@ class VariabilityResult:
     preset: str
     distribution: StepTimeDistribution
     monte_carlo_wall_s: float  # the N replays alone
+    # the network regimes drawn (the preset's, or those measured on a run: `network_measured`)
+    network: tuple = ()
+    network_measured: MeasuredNetwork | None = None
     # of the samples above p95, the share drawn in a network regime slower than the fastest;
     # None where the model has one regime or it slows no communication of the job. Near 1, the
-    # tail is the regimes' assumed probability and factor, restated (model's docstring).
+    # tail is the regimes' probability and factor, restated: assumed ones unless measured.
     tail_slow_network_share: float | None = None
     attribution: Attribution | None = None  # the noise sources ranked, when asked for
     placement: PlacementStudy | None = None  # slow GPUs placed every way, when asked for
@@ -59,6 +63,8 @@ class VariabilityResult:
             "world_size": self.world_size,
             "preset": self.preset,
             **self.distribution.to_dict(),
+            "network_regimes": [{"probability": r.probability, "factor": r.factor} for r in self.network],
+            "network_measured": None if self.network_measured is None else self.network_measured.to_dict(),
             "tail_slow_network_share": self.tail_slow_network_share,
             "monte_carlo_wall_s": self.monte_carlo_wall_s,
         }
@@ -92,6 +98,7 @@ def variability(
     host_dispatch="preset",
     kernel_table="preset",
     steps_per_allocation: int = DEFAULT_STEPS_PER_ALLOCATION,
+    network: MeasuredNetwork | None = None,
 ) -> VariabilityResult:
     """Sample `job`'s step time `samples` times under `model` (named `preset` in the result).
 
@@ -102,14 +109,17 @@ def variability(
     kernel_table: as `emulate`'s ("preset": the GPU's committed table; a loaded one; None).
     steps_per_allocation: consecutive samples on one draw of the per-GPU factors (steps of one
     run; emulator.variability.summary); above 1, `samples` must make at least MIN_ALLOCATIONS
-    allocations."""
+    allocations.
+    network: regimes measured on a run (prismbench.network_steps), drawn in place of the
+    model's."""
     check_allocations(samples, steps_per_allocation)  # before the capture, not after it
     priced = price_job(job, use_cache=use_cache, workers=workers, progress=progress,
                        host_dispatch=host_dispatch, kernel_table=kernel_table)  # fmt: skip
     return sample_priced(priced, name=name, world_size=job.world_size, model=model, preset=preset,
                          samples=samples, seed=seed, threshold_s=threshold_s, k_steps=k_steps,
                          progress=progress, rank_sources=rank_sources, slow_gpus=slow_gpus,
-                         steps_per_allocation=steps_per_allocation, threads=workers)  # fmt: skip
+                         steps_per_allocation=steps_per_allocation, threads=workers,
+                         network=network)  # fmt: skip
 
 
 def priced_graph(
@@ -142,19 +152,23 @@ def sample_priced(
     slow_gpus: tuple[int, float] | None = None,
     steps_per_allocation: int = DEFAULT_STEPS_PER_ALLOCATION,
     threads: int | None = None,
+    network: MeasuredNetwork | None = None,
 ) -> VariabilityResult:
     """The step-time distribution of a job already captured and priced (`price_job`), on
-    `threads` threads (None: one per core; emulator.variability.monte_carlo)."""
+    `threads` threads (None: one per core; emulator.variability.monte_carlo); with `network`,
+    its regimes in place of the model's."""
     say = progress or (lambda _msg: None)
+    if network is not None:
+        model = replace(model, network=network.regimes)
     graph, spreads = priced_graph(priced, model)
     deterministic = replay(graph).iteration_time_s
     say(f"graph: {graph.nodes:,} nodes; {samples} samples")
     started = time.perf_counter()
-    network = np.empty(samples)
+    regime_factors = np.empty(samples)
     times = sample_step_times(graph, model, samples=samples, seed=seed,
                               steps_per_allocation=steps_per_allocation, threads=threads,
                               progress=lambda done: say(f"sampled {done}/{samples}"),
-                              network_out=network)  # fmt: skip
+                              network_out=regime_factors)  # fmt: skip
     wall = time.perf_counter() - started
     distribution = summarize(times, deterministic, seed=seed, threshold_s=threshold_s,
                              k_steps=k_steps, steps_per_allocation=steps_per_allocation)  # fmt: skip
@@ -175,8 +189,10 @@ def sample_priced(
         world_size=world_size,
         preset=preset,
         distribution=distribution,
+        network=model.network,
+        network_measured=network,
         tail_slow_network_share=tail_slow_network_share(
-            times, network, distribution.p95_s, model, network_regime_nodes(graph, model)
+            times, regime_factors, distribution.p95_s, model, network_regime_nodes(graph, model)
         ),
         monte_carlo_wall_s=wall,
         attribution=attribution,

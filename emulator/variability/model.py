@@ -30,7 +30,9 @@ one run (results/fidelity/variability.md, "Repeated iterations"), so `step_cv_di
 lets each allocation (a run) draw its own step CV around `step_cv` (its median), lognormally.
 
 Numbers the seeds do not give, stated as assumptions (replace them with estimates from
-repeated measurements, emulator.variability.regimes):
+repeated measurements, emulator.variability.regimes; `prismbench variability --network-steps`
+does it for the network from a real run's per-step communication times,
+prismbench.network_steps):
 - `collective_cv`: the temporal CV of a kernel, applied to a collective's kernel;
 - the network regimes: a nominal regime (factor 1) 90 % of steps and a congested one 10 % of
   steps, 1.4x slower. Neither figure is PRISM's: the 1.4x is the "40 % slowdown observed under

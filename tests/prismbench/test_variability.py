@@ -166,9 +166,29 @@ def test_a_tail_of_slow_network_steps_is_said_to_restate_the_assumed_regimes():
     assert tail_slow_network_share(times, network, d.p95_s, NO_VARIABILITY, 3) is None
     out = StringIO()
     result = VariabilityResult(job="j", world_size=16, preset="prism-low", distribution=d,
-                               monte_carlo_wall_s=0.1, tail_slow_network_share=share)  # fmt: skip
+                               monte_carlo_wall_s=0.1, network=PRISM_LOW.network,
+                               tail_slow_network_share=share)  # fmt: skip
     render_variability(result, Console(file=out, width=300))
     printed = out.getvalue()
     assert "steps above p95 in a slower network regime │ 100.0 %" in " ".join(printed.split())
     assert "restate the regimes prism-low assumes" in printed
+    assert "90.0 % at 1.000x, 10.0 % at 1.400x; assumed by prism-low" in " ".join(printed.split())
     assert result.to_dict()["tail_slow_network_share"] == 1.0
+
+
+@pytest.mark.integration
+def test_network_regimes_measured_on_a_run_replace_the_assumed_ones(tmp_path, capsys):
+    # 16 GPUs of 8 a node: the gradient all-reduce crosses the network, so the regime applies
+    steps = tmp_path / "comm_s.txt"
+    steps.write_text("# all-reduce time of each step (s)\n" + "0.010\n" * 28 + "0.030\n" * 12)
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "llama-debug"\n[parallel]\ndp = 16\n[batch]\nseq_len = 64\nglobal_batch = 16\n')
+    argv = ["variability", str(job), "--samples", "200", "--workers", "1", "--network-steps", str(steps)]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["network_regimes"] == [{"probability": 0.7, "factor": 1.0}, {"probability": 0.3, "factor": 3.0}]
+    assert out["network_measured"]["steps"] == 40 and out["network_measured"]["median_s"] == 0.01
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "70.0 % at 1.000x, 30.0 % at 3.000x; measured in" in table
+    assert "restate the regimes" not in table
