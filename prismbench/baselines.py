@@ -23,7 +23,10 @@ may give the spread of repeated runs in `[measured]`: `iterations`, `iteration_t
 `iteration_time_s_max` (`iteration_time_s` is then their median). `measured.device = "cpu"`
 marks a run on this machine's CPU (`prismbench record --device cpu`): the emulator predicts the
 job's GPU, so `validate` runs such a case but scores none of its figures; the default, "gpu",
-means the job's `cluster.gpu`.
+means the job's `cluster.gpu`. A GPU recording may also give the caching allocator's other
+peaks of its largest rank (`ALLOCATOR_PEAKS`, named as the emulator's figures they are scored
+against): the steady state's allocated bytes and the first iteration's reserved and allocated
+bytes, beside the steady reserved peak in `peak_mem_bytes`.
 """
 
 from __future__ import annotations
@@ -50,6 +53,13 @@ PROVENANCE_KINDS = ("published", "recorded")
 MEASURED_DEVICES = ("gpu", "cpu")
 RECORDED_FIELDS = ("machine", "software", "commit", "date")
 FIGURES = ("iteration_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_bytes")
+# A GPU recording's further allocator peaks (bytes, largest rank), each named as the emulate
+# figure it is scored against (prismbench.validate.case_metrics)
+ALLOCATOR_PEAKS = (
+    "peak_memory_allocated_bytes",
+    "first_iteration_peak_memory_reserved_bytes",
+    "first_iteration_peak_memory_allocated_bytes",
+)
 _KIND_OF = {"tflops_per_gpu": "tflops_kind", "mfu": "mfu_kind", "peak_mem_bytes": "peak_mem_kind"}
 _KIND_CHOICES = {
     "tflops_kind": FLOPS_KINDS,
@@ -94,6 +104,9 @@ class Measured:
     iterations: int | None = None
     iteration_time_s_min: float | None = None
     iteration_time_s_max: float | None = None
+    peak_memory_allocated_bytes: int | None = None
+    first_iteration_peak_memory_reserved_bytes: int | None = None
+    first_iteration_peak_memory_allocated_bytes: int | None = None
     device: str = "gpu"
 
     def __post_init__(self) -> None:
@@ -109,6 +122,14 @@ class Measured:
             )
         for name in given:
             _check_number(name, getattr(self, name), integer=name == "peak_mem_bytes")
+        peaks = [name for name in ALLOCATOR_PEAKS if getattr(self, name) is not None]
+        for name in peaks:
+            _check_number(name, getattr(self, name), integer=True)
+        if peaks and self.device != "gpu":
+            raise BaselineError(
+                f"measured.{peaks[0]} with measured.device={self.device!r}: the caching "
+                "allocator's peaks are a GPU run's figures"
+            )
         if self.mfu is not None and self.mfu > 1:
             raise BaselineError(
                 f"measured.mfu={self.mfu!r} must be a fraction in (0, 1], not a percentage"

@@ -112,6 +112,7 @@ class EmulationResult:
     peak_tflops: float
     peak_memory_allocated_bytes: int  # steady-state iteration, the largest class
     peak_memory_reserved_bytes: int
+    first_iteration_peak_memory_allocated_bytes: int
     first_iteration_peak_memory_reserved_bytes: int
     device_total_estimate_bytes: int
     gpu_capacity_bytes: int
@@ -496,6 +497,9 @@ def _result(
         peak_tflops=rates.peak_tflops,
         peak_memory_allocated_bytes=max(c.peak_memory_allocated_bytes for c in per_class),
         peak_memory_reserved_bytes=max(c.peak_memory_reserved_bytes for c in per_class),
+        first_iteration_peak_memory_allocated_bytes=max(
+            c.first_iteration_peak_memory_allocated_bytes for c in per_class
+        ),
         first_iteration_peak_memory_reserved_bytes=max(
             c.first_iteration_peak_memory_reserved_bytes for c in per_class
         ),

@@ -370,6 +370,7 @@ def to_baseline(recording: Recording, name: str):
             iteration_time_s_max=max(recording.iteration_s),
             peak_mem_bytes=recording.peak_mem_bytes,
             peak_mem_kind=recording.peak_mem_kind,
+            **_allocator_peaks(recording),
             device="cpu" if recording.device == "cpu" else "gpu",
         ),
         provenance=Provenance(
@@ -383,6 +384,19 @@ def to_baseline(recording: Recording, name: str):
             date=p["date"],
         ),
     )
+
+
+def _allocator_peaks(recording: Recording) -> dict[str, int]:
+    """A CUDA recording's allocator peaks besides the steady reserved one (`peak_mem_bytes`),
+    as `baselines.ALLOCATOR_PEAKS` names them; none for a CPU run."""
+    if recording.device == "cpu":
+        return {}
+    first, steady = recording.peak_first_iteration, recording.peak_steady
+    return {
+        "peak_memory_allocated_bytes": steady["allocated"],
+        "first_iteration_peak_memory_reserved_bytes": first["reserved"],
+        "first_iteration_peak_memory_allocated_bytes": first["allocated"],
+    }
 
 
 def _notes(recording: Recording) -> str:

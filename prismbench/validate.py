@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prismbench import history
+from prismbench.baselines import ALLOCATOR_PEAKS
 from prismbench.capture_sources import ROOT, files_hash
 from prismbench.checkout import git_version
 from prismbench.fidelity import measured_iteration_s
@@ -180,6 +181,9 @@ def case_metrics(baseline, result: dict) -> list[MetricResult]:
     if m.peak_mem_bytes is not None and m.peak_mem_kind in PEAK_MEMORY_FIELD:
         name = PEAK_MEMORY_FIELD[m.peak_mem_kind]
         metrics.append(MetricResult(name, float(result[name]), float(m.peak_mem_bytes)))
+    for name in ALLOCATOR_PEAKS:  # a GPU recording's other allocator peaks, named as the figure
+        if getattr(m, name) is not None:
+            metrics.append(MetricResult(name, float(result[name]), float(getattr(m, name))))
     return metrics
 
 

@@ -4,8 +4,8 @@
 
 One file `<gpu>shared__<case>.toml` (`h100shared__...`, `h200shared__...`) per case of
 ../shared/data/gpu/<gpu folder>/summary.json: the job is specs/<case>.toml; measured: the
-median of the eight timed iterations with their extremes, and the steady-state peak reserved
-bytes of the caching allocator; provenance: the machine, software, commit and date the shared
+median of the eight timed iterations with their extremes, and the caching allocator's peaks
+(steady state and first iteration, reserved and allocated); provenance: the machine, software, commit and date the shared
 README states. Deterministic (a test checks the committed files are what it writes); stale
 files in the folder are removed.
 """
@@ -61,13 +61,18 @@ def _baselines(prefix: str, folder: str, machine: str, shared: Path) -> dict[str
                 iteration_time_s_max=entry["iteration_s_max"],
                 peak_mem_bytes=entry["peak_steady"]["reserved"],
                 peak_mem_kind="allocator_reserved",
+                peak_memory_allocated_bytes=entry["peak_steady"]["allocated"],
+                first_iteration_peak_memory_reserved_bytes=entry["peak_first_iteration"]["reserved"],
+                first_iteration_peak_memory_allocated_bytes=entry["peak_first_iteration"]["allocated"],
             ),
             provenance=Provenance(
                 kind="recorded",
                 source=f"../shared/data/gpu/{folder}/summary.json, case {case}",
                 model=job.model.name,
                 notes="wall clock between torch.cuda.synchronize() calls, 3 warm-up iterations "
-                "left out; peak: after torch.cuda.reset_peak_memory_stats() following warm-up",
+                "left out; peaks: steady, after torch.cuda.reset_peak_memory_stats() following "
+                "warm-up; first iteration, from an empty allocator (optimizer state created "
+                "lazily there)",
                 machine=machine,
                 software=SOFTWARE,
                 commit=COMMIT,

@@ -164,6 +164,14 @@ def test_unknown_key_is_refused(table, key):
             {"peak_mem_bytes": 2**30, "peak_mem_kind": "nvidia_smi", "device": "cpu"},
             "the others a GPU's",
         ),
+        (
+            {"first_iteration_peak_memory_reserved_bytes": 2.5e9},
+            "first_iteration_peak_memory_reserved_bytes=2500000000.0 must be a positive integer",
+        ),
+        (
+            {"peak_memory_allocated_bytes": 2**30, "device": "cpu"},
+            "peak_memory_allocated_bytes with measured.device='cpu': the caching allocator's",
+        ),
     ],
 )
 def test_measured_rules_name_the_field(changes, message):

@@ -222,6 +222,28 @@ def test_a_cpu_recording_says_so_and_validate_scores_none_of_it():
     assert case_metrics(baseline, emulated) == []  # a GPU's prediction against a CPU's time
 
 
+def test_a_cuda_recording_s_four_allocator_peaks_are_each_scored(tmp_path):
+    job = job_spec_from_dict(
+        {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 32, "global_batch": 1},
+         "cluster": {"gpu": "h100-sxm-80g"}}
+    )  # fmt: skip
+    recording = Recording(job=job.to_dict(), iteration_s=[0.05, 0.04, 0.06], warmup=1,
+                          threads_per_rank=1, peak_mem_bytes=900, peak_mem_kind="allocator_reserved",
+                          provenance=provenance() | {"gpu": "NVIDIA H100 80GB HBM3"}, device="cuda",
+                          peak_first_iteration={"allocated": 500, "reserved": 800},
+                          peak_steady={"allocated": 600, "reserved": 900})  # fmt: skip
+    baseline = load_baseline(write_record(recording, tmp_path / "cuda.toml"))
+    emulated = {"iteration_time_s": 0.05, "peak_memory_reserved_bytes": 990,
+                "peak_memory_allocated_bytes": 600, "first_iteration_peak_memory_reserved_bytes": 880,
+                "first_iteration_peak_memory_allocated_bytes": 450}  # fmt: skip
+    errors = {m.metric: m.error for m in case_metrics(baseline, emulated)}
+    assert errors == pytest.approx({
+        "iteration_time_s": 0.0, "peak_memory_reserved_bytes": 0.1,
+        "peak_memory_allocated_bytes": 0.0, "first_iteration_peak_memory_reserved_bytes": 0.1,
+        "first_iteration_peak_memory_allocated_bytes": -0.1,
+    })  # fmt: skip
+
+
 @pytest.mark.gpu
 @pytest.mark.integration
 def test_a_cuda_record_keeps_the_allocator_peaks_of_both_iterations(tmp_path):
