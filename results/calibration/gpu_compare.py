@@ -57,7 +57,8 @@ def main() -> None:
             f"Compute predicted {result.predicted_s * 1e3:.2f} ms, kernels measured "
             f"{result.measured_s * 1e3:.2f} ms ({100 * error:+.1f} %).",
             "",
-            "| op | aten op | ops (trace/profile) | predicted ms | measured ms | error | priced by (exact/interp/extrap/roofline) |",
+            "| op | aten op | ops (trace/profile) | predicted ms | measured ms | error "
+            f"| priced by ({'/'.join(PRICE_SOURCES)}) |",
             "|---|---|--:|--:|--:|--:|--:|",
         ]
         for c in result.classes[: args.top]:
