@@ -65,10 +65,10 @@ PEAK_MEMORY_FIELD = {
 DEFAULT_SELECTION = (
     "llmc__gpt2-124m__8g__r228",  # A100, data parallel + ZeRO-1
     "llmc__gpt2-1558m__8g__r231",  # H100 (measured kernel table)
-    "llmfoundry__mpt-125m__8g__r124",  # FSDP, ALiBi
+    "llmfoundry__mpt-125m__8g__r124",  # FSDP (MPT with learned positions, as its run)
     "llmfoundry__mpt-1b__8g__r095",  # H100, FP8
     "torchtitan2024__llama3.1-8b__8g__r033",  # FSDP2 Llama, H100 HBM2e; reports peak memory
-    "korthikanti2022__megatron-gpt-22b__8g__r013",  # tensor + sequence parallel
+    "korthikanti2022__megatron-gpt-22b__8g__r014",  # tensor + sequence parallel, selective recompute
     "narayanan2021__megatron-gpt-39.1b__512g__r006",  # TP x PP x DP
     "korthikanti2022__megatron-gpt-175b__64g__r015",  # interleaved 1F1B
     "bigscience__bloom-176b__384g__r162",  # 12 pipeline stages, ALiBi, ZeRO-1

@@ -375,6 +375,9 @@ def test_the_default_selection_covers_every_source_and_every_gpu_generation():
     assert any(b.job.parallel.vpp > 1 for b in chosen) and any(
         b.job.parallel.zero == 3 for b in chosen
     )
+    # what the README says it covers: r013's tp 8 without SP was once labelled "+ sequence"
+    assert any(b.job.parallel.sequence_parallel for b in chosen)
+    assert any(b.job.model.positions == "alibi" for b in chosen)
 
 
 def test_a_malformed_baseline_is_refused_with_exit_2(tmp_path, baselines_dir, capsys):
