@@ -444,3 +444,28 @@ def test_a_masked_fill_nested_in_a_chrome_trace_gives_its_copy_to_the_clone():
 def test_a_profiles_rows_are_sourced_by_its_name_in_every_format(name, case):
     assert profile_case(name) == case
     assert profile_source(f"some/dir/{name}") == f"profile:{case}"
+
+
+def test_a_profile_committed_in_the_repository_is_matched_to_its_capture_without_shared_data():
+    """The same job with NeMo's kernels, profiled on an H100 (results/gpu_runs/h100-2026-11-28,
+    24 KB) against the capture of its recorded baseline's job: every trace row is matched, and
+    all but ~4.4 us of 52.6 ms of kernel time lands on a row. Runs in a clone without
+    ../shared, where the test above is skipped."""
+    from prismbench.baselines import load_baseline
+    from prismbench.profile_ingest import ingest_profile
+
+    case = "gpt3-125m-s2048-mb8-none"
+    root = Path(__file__).resolve().parents[2]
+    job = load_baseline(root / "results" / "baselines" / "recorded" / f"h100frameworks__{case}.toml").job
+    result = ingest_profile(
+        root / "results" / "gpu_runs" / "h100-2026-11-28" / "reprofile" / f"{case}.ops.jsonl.gz", job
+    )
+    assert (result.trace_rows, result.matched_rows, len(result.rows)) == (892, 892, 69)
+    assert result.total_kernel_us == pytest.approx(52577.90, abs=0.01)
+    assert result.total_kernel_us - result.attributed_kernel_us < 5.0
+    assert result.unmatched_trace == []
+    assert {op["op"] for op in result.unmatched_profile} == {
+        "aten::_local_scalar_dense",
+        "aten::arange",
+        "aten::fill_",
+    }
