@@ -32,7 +32,9 @@ _BF16 = torch.bfloat16
 
 # A "prepare" builds an op's inputs on a device (and runs the forward a backward needs) and
 # returns the callable whose kernels are the op: calibration times that callable on a GPU;
-# `recorded_fields` runs it under the capture to learn which op it is.
+# `recorded_fields` runs it under the capture to learn which op it is. GEMM, attention and
+# embedding inputs are random, as a model's are: a fresh CUDA allocation often reads as zeros,
+# and tensor cores multiplying zeros draw less power and can run faster than on real data.
 
 
 def _backward(out: torch.Tensor, inputs: list[torch.Tensor]) -> Callable:
@@ -60,7 +62,7 @@ def _norm(norm: str, backward: bool) -> Callable:
 def _attention(backward: bool) -> Callable:
     def prepare(batch: int, heads: int, seq: int, head_dim: int, device: str = "cpu") -> Callable:
         q, k, v = (
-            torch.empty(
+            torch.randn(
                 batch, heads, seq, head_dim, dtype=_BF16, device=device, requires_grad=backward
             )
             for _ in range(3)
@@ -73,8 +75,10 @@ def _attention(backward: bool) -> Callable:
 
 def _embedding(backward: bool) -> Callable:
     def prepare(tokens: int, vocab: int, hidden: int, device: str = "cpu") -> Callable:
-        weight = torch.empty(vocab, hidden, dtype=_BF16, device=device, requires_grad=backward)
-        index = torch.zeros(tokens, dtype=torch.long, device=device)
+        weight = torch.randn(vocab, hidden, dtype=_BF16, device=device, requires_grad=backward)
+        # tokens spread over the vocabulary, as text's are: one repeated index would make the
+        # backward scatter-add every gradient into one row
+        index = torch.randint(vocab, (tokens,), device=device)
         forward = lambda: F.embedding(index, weight)  # noqa: E731
         return _backward(forward(), [weight]) if backward else forward
 
@@ -84,13 +88,13 @@ def _embedding(backward: bool) -> Callable:
 def _gemm(fp8: bool) -> Callable:
     def prepare(m: int, n: int, k: int, device: str = "cpu") -> Callable:
         if fp8:
-            a = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=device)
-            b = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=device).t()
+            a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+            b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()
             one = torch.ones((), dtype=torch.float32, device=device)
             return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=_BF16)
         a, b = (
-            torch.empty(m, k, dtype=_BF16, device=device),
-            torch.empty(k, n, dtype=_BF16, device=device),
+            torch.randn(m, k, dtype=_BF16, device=device),
+            torch.randn(k, n, dtype=_BF16, device=device),
         )
         return lambda: a @ b
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from emulator.costs.calibrate import write_kernel_csv
 from emulator.costs.kernel_table import load_kernel_table
 from emulator.costs.ops import gemm_op
-from prismbench.microbench_rows import microbench_rows, recorded_fields
+from prismbench.microbench_rows import CALLS, microbench_rows, recorded_fields
 
 # The header and three rows in the format of ../shared/data/gpu/h100-sxm-80g/microbench-kernels.csv
 # (kernel names shortened); the times are the shared file's.
@@ -34,3 +37,23 @@ def test_rows_say_what_the_capture_records(tmp_path):
 
 def test_rms_norm_is_recorded_as_the_fused_op_a_gpu_runs():
     assert recorded_fields("rms_norm_bwd", [64, 32])["aten"] == "aten._fused_rms_norm_backward"
+
+
+@pytest.mark.parametrize("op", ["mm", "scaled_mm"])
+def test_gemm_operands_are_standard_normal_not_uninitialised_memory(op):
+    # a product of standard-normal operands has standard deviation sqrt(k); zeros give 0
+    torch.manual_seed(0)
+    out = CALLS[op][0](64, 64, 256)().float()
+    assert out.std().item() == pytest.approx(256**0.5, rel=0.2)
+
+
+def test_attention_inputs_are_random():
+    torch.manual_seed(0)
+    out = CALLS["sdpa_fwd"][0](2, 4, 64, 16)().float()
+    # the first query attends to the first key only: its output is that value row, N(0, 1)
+    assert out[:, :, 0].std().item() == pytest.approx(1.0, rel=0.3)
+
+
+def test_embedding_tokens_spread_over_the_vocabulary():
+    grad_weight = CALLS["embedding_bwd"][0](256, 1000, 8)()[0]
+    assert int((grad_weight != 0).any(dim=1).sum()) > 100  # rows the backward scatters into
