@@ -59,15 +59,28 @@ def _norm(norm: str, backward: bool) -> Callable:
     return prepare
 
 
-def _attention(backward: bool) -> Callable:
-    def prepare(batch: int, heads: int, seq: int, head_dim: int, device: str = "cpu") -> Callable:
-        q, k, v = (
-            torch.randn(
-                batch, heads, seq, head_dim, dtype=_BF16, device=device, requires_grad=backward
-            )
-            for _ in range(3)
+def _attention(backward: bool, causal: bool = True) -> Callable:
+    def prepare(
+        batch: int,
+        heads: int,
+        seq: int,
+        head_dim: int,
+        heads_kv: int | None = None,
+        device: str = "cpu",
+    ) -> Callable:
+        """`heads_kv` below `heads`: grouped-query attention, called as the workloads call it
+        (SDPA's `enable_gqa`, key and value not repeated to every query head)."""
+        heads_kv = heads_kv or heads
+
+        def randn(count: int) -> torch.Tensor:  # [batch, count heads, seq, head_dim]
+            shape = (batch, count, seq, head_dim)
+            return torch.randn(*shape, dtype=_BF16, device=device, requires_grad=backward)
+
+        q, k, v = randn(heads), randn(heads_kv), randn(heads_kv)
+        gqa = heads_kv != heads
+        forward = lambda: F.scaled_dot_product_attention(  # noqa: E731
+            q, k, v, is_causal=causal, enable_gqa=gqa
         )
-        forward = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
         return _backward(forward(), [q, k, v]) if backward else forward
 
     return prepare
@@ -85,16 +98,16 @@ def _embedding(backward: bool) -> Callable:
     return prepare
 
 
-def _gemm(fp8: bool) -> Callable:
+def _gemm(dtype: torch.dtype) -> Callable:
     def prepare(m: int, n: int, k: int, device: str = "cpu") -> Callable:
-        if fp8:
-            a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
-            b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()
+        if dtype == torch.float8_e4m3fn:
+            a = torch.randn(m, k, device=device).to(dtype)
+            b = torch.randn(n, k, device=device).to(dtype).t()
             one = torch.ones((), dtype=torch.float32, device=device)
             return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=_BF16)
         a, b = (
-            torch.randn(m, k, dtype=_BF16, device=device),
-            torch.randn(k, n, dtype=_BF16, device=device),
+            torch.randn(m, k, dtype=dtype, device=device),
+            torch.randn(k, n, dtype=dtype, device=device),
         )
         return lambda: a @ b
 
@@ -109,10 +122,16 @@ def _pointwise(fn: Callable, inputs: int = 1) -> Callable:
     return prepare
 
 
-# benchmark op -> (prepare(*shape, device) -> the callable timed; the aten op that time is of)
+# benchmark op -> (prepare(*shape, device) -> the callable timed; the aten op that time is of).
+# Shapes: [m, n, k] of a GEMM; [rows, hidden] of a norm, activation, add or cast; [tokens,
+# vocab, hidden] of the embedding; [batch, heads, seq, head_dim] of attention, with heads_kv
+# after them for grouped-query attention. The fp32 GEMM runs as torch runs a job's fp32
+# matmuls by default: without TF32.
 CALLS: dict[str, tuple[Callable, str]] = {
-    "mm": (_gemm(False), "aten.mm"),
-    "scaled_mm": (_gemm(True), "aten._scaled_mm"),
+    "mm": (_gemm(_BF16), "aten.mm"),
+    "mm_fp16": (_gemm(torch.float16), "aten.mm"),
+    "mm_fp32": (_gemm(torch.float32), "aten.mm"),
+    "scaled_mm": (_gemm(torch.float8_e4m3fn), "aten._scaled_mm"),
     "layer_norm_fwd": (_norm("layer", False), "aten.native_layer_norm"),
     "layer_norm_bwd": (_norm("layer", True), "aten.native_layer_norm_backward"),
     "rms_norm_fwd": (_norm("rms", False), "aten._fused_rms_norm"),
@@ -125,6 +144,14 @@ CALLS: dict[str, tuple[Callable, str]] = {
     "embedding_bwd": (_embedding(True), "aten.embedding_dense_backward"),
     "sdpa_fwd": (_attention(False), "aten._scaled_dot_product_flash_attention"),
     "sdpa_bwd": (_attention(True), "aten._scaled_dot_product_flash_attention_backward"),
+    "sdpa_noncausal_fwd": (
+        _attention(False, causal=False),
+        "aten._scaled_dot_product_flash_attention",
+    ),
+    "sdpa_noncausal_bwd": (
+        _attention(True, causal=False),
+        "aten._scaled_dot_product_flash_attention_backward",
+    ),
 }
 
 

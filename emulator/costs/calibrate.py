@@ -3,10 +3,12 @@
 `run_calibration` times each kernel after warm-up by the profiler's kernel records (never CUDA
 events around a Python call, which count launch time: emulator.costs.kernel_timing), repeats
 it, and writes results/kernels/<gpu>.csv (columns: kernel_table.COLUMNS) with provenance. The
-other ops (fp8 GEMMs, unaligned vocabularies, norms, activations, casts, embedding, attention
-with torch's default backend) are measured by `prismbench.calibrate_grid`, which knows which
-op the capture records for each and passes them in as `extra`; `attention_grid` gives their
-attention shapes. The grids and the CSV writer are plain functions, tested without a GPU.
+other ops (fp8, fp16 and fp32 GEMMs, unaligned vocabularies, norms, activations, casts,
+embedding, causal and non-causal attention with torch's default backend, grouped-query
+attention) are measured by `prismbench.calibrate_grid`, which knows which op the capture
+records for each and passes them in as `extra`; `layer_gemms`, `attention_grid` and
+`gqa_attention_grid` give some of their shapes. The grids and the CSV writer are plain
+functions, tested without a GPU.
 """
 
 from __future__ import annotations
@@ -27,13 +29,26 @@ TOKENS = (1024, 4096, 16384, 65536)
 ATTN_HEAD_DIMS = (64, 128)
 ATTN_SEQ_LENS = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
 ATTN_TOKENS_PER_BATCH = 131072  # batch * seq kept constant so long sequences stay in memory
+# Grouped-query attention: Llama 3 8B's query and key/value heads at head dim 128 (Meta's
+# params.json: dim 4096, n_heads 32, n_kv_heads 8)
+GQA_HEADS = (32, 8)
+GQA_HEAD_DIM = 128
 HBM_SWEEP_BYTES = tuple(2**p for p in range(20, 33))  # 1 MiB .. 4 GiB
 MAX_GEMM_OPERAND_BYTES = 8 * GiB
 
 
-def gemm_grid(quick: bool = False) -> list[tuple[int, int, int]]:
+def layer_gemms(hidden: int, tp: int, tokens: int) -> set[tuple[int, int, int]]:
     """(m, n, k) of a transformer layer's GEMMs: QKV, attention out, MLP up and down, each
     tp-sharded, for the forward (m = tokens) and the weight gradient (k = tokens)."""
+    shapes = set()
+    for n_out, k_in in ((3 * hidden // tp, hidden), (hidden, hidden // tp), (4 * hidden // tp, hidden), (hidden, 4 * hidden // tp)):
+        shapes |= {(tokens, n_out, k_in), (k_in, n_out, tokens)}
+    return shapes
+
+
+def gemm_grid(quick: bool = False) -> list[tuple[int, int, int]]:
+    """`layer_gemms` over widths, tensor-parallel degrees and token counts, those whose bf16
+    operands fit MAX_GEMM_OPERAND_BYTES."""
     hidden = HIDDEN_SIZES[::3] if quick else HIDDEN_SIZES
     tps = (1, 8) if quick else TP_DEGREES
     tokens = (4096,) if quick else TOKENS
@@ -41,15 +56,13 @@ def gemm_grid(quick: bool = False) -> list[tuple[int, int, int]]:
     for h in hidden:
         for tp in tps:
             for t in tokens:
-                for n_out, k_in in ((3 * h // tp, h), (h, h // tp), (4 * h // tp, h), (h, 4 * h // tp)):
-                    for m, n, k in ((t, n_out, k_in), (k_in, n_out, t)):
-                        if 2 * (m * k + k * n + m * n) <= MAX_GEMM_OPERAND_BYTES:
-                            shapes.add((m, n, k))
+                shapes |= {(m, n, k) for m, n, k in layer_gemms(h, tp, t)
+                           if 2 * (m * k + k * n + m * n) <= MAX_GEMM_OPERAND_BYTES}
     return sorted(shapes)
 
 
 def attention_grid(quick: bool = False) -> list[tuple[int, int, int, int]]:
-    """(batch, heads, seq, head_dim) for causal attention at 4096 model width: a layer's heads
+    """(batch, heads, seq, head_dim) for attention at 4096 model width: a layer's heads
     over a batch of ATTN_TOKENS_PER_BATCH tokens, and one tensor-parallel rank's heads at batch
     1: fewer heads than a whole layer runs, below every row of the measured tables, where the
     curves' one published efficiency prices the kernel (results/calibration/README.md, the tp 8
@@ -58,6 +71,18 @@ def attention_grid(quick: bool = False) -> list[tuple[int, int, int, int]]:
     tps = TP_DEGREES[-1:] if quick else TP_DEGREES[1:]
     layers = [(max(1, ATTN_TOKENS_PER_BATCH // s), 4096 // d, s, d) for d in ATTN_HEAD_DIMS for s in seqs]
     ranks = [(1, 4096 // d // tp, s, d) for d in ATTN_HEAD_DIMS for s in seqs for tp in tps]
+    return layers + ranks
+
+
+def gqa_attention_grid(quick: bool = False) -> list[tuple[int, int, int, int, int]]:
+    """(batch, heads_q, seq, head_dim, heads_kv) for causal grouped-query attention (GQA_HEADS)
+    at `attention_grid`'s sequences: the layer over ATTN_TOKENS_PER_BATCH tokens, and one
+    tensor-parallel rank's heads at batch 1 (tp 8: 4 query heads sharing 1 key/value head)."""
+    seqs = ATTN_SEQ_LENS[:2] if quick else ATTN_SEQ_LENS
+    tps = TP_DEGREES[-1:] if quick else TP_DEGREES[1:]
+    heads_q, heads_kv = GQA_HEADS
+    layers = [(max(1, ATTN_TOKENS_PER_BATCH // s), heads_q, s, GQA_HEAD_DIM, heads_kv) for s in seqs]
+    ranks = [(1, heads_q // tp, s, GQA_HEAD_DIM, heads_kv // tp) for s in seqs for tp in tps]
     return layers + ranks
 
 

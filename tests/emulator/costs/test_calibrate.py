@@ -5,7 +5,13 @@ import csv
 import pytest
 import torch
 
-from emulator.costs.calibrate import attention_grid, gemm_grid, run_calibration, write_kernel_csv
+from emulator.costs.calibrate import (
+    attention_grid,
+    gemm_grid,
+    gqa_attention_grid,
+    run_calibration,
+    write_kernel_csv,
+)
 from emulator.costs.kernel_table import COLUMNS, load_kernel_table
 
 
@@ -25,6 +31,15 @@ def test_attention_grid_has_one_tensor_parallel_rank_s_heads():
     # a tp 8 rank of a 32-head layer runs 4 heads, at micro-batch 1
     assert (1, 4, 8192, 128) in attention_grid() and (1, 8, 8192, 64) in attention_grid()
     assert {h for b, h, *_ in attention_grid() if b == 1} >= {4, 8, 16}
+
+
+def test_gqa_attention_grid_has_llama_3_heads_and_one_rank_s_share():
+    # (batch, heads_q, seq, head_dim, heads_kv): 32 query heads over 8 key/value heads, and
+    # at tp 8 a rank's 4 query heads over 1
+    grid = gqa_attention_grid()
+    assert (16, 32, 8192, 128, 8) in grid and (1, 4, 8192, 128, 1) in grid
+    assert all(heads_q > heads_kv for _, heads_q, _, _, heads_kv in grid)
+    assert len(gqa_attention_grid(quick=True)) < len(grid)
 
 
 def test_csv_has_columns_and_provenance(tmp_path):
