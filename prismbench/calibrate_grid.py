@@ -6,7 +6,8 @@ memory-bound ops, attention.
 profiler records (`emulator.costs.kernel_timing.time_kernels_us`) and turns it into a
 kernel-table row that says which op the capture records for it (`recorded_fields`: aten op,
 dtype, the capture's byte count), so the row is found by the lookup that prices that op.
-`prismbench calibrate` appends these rows to the bf16 GEMM grid of `emulator.costs.calibrate`.
+`measure_grid` does both on this machine's GPU; `prismbench calibrate` appends its rows to the
+bf16 GEMM grid of `emulator.costs.calibrate`.
 Attention runs torch's default SDPA backend, as the workloads do (cuDNN on an H100): causal
 and non-causal, with as many key/value heads as query heads and grouped-query (Llama 3's 32
 query heads over 8 key/value heads, and a tensor-parallel rank's share of them).
@@ -21,7 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from emulator.costs.calibrate import attention_grid, gemm_grid, gqa_attention_grid, layer_gemms
+from emulator.costs.calibrate import (
+    attention_grid,
+    gemm_grid,
+    gqa_attention_grid,
+    layer_gemms,
+    repetitions,
+)
+from emulator.costs.kernel_timing import time_kernels_us
 from prismbench.microbench_rows import CALLS, recorded_fields
 
 # GPT-2's vocabulary (unaligned: cuBLAS's align1 kernels); llm.c and Megatron pad to 50 304.
@@ -130,3 +138,23 @@ def measure_cases(
         if progress:
             progress(f"[{i}/{len(cases)}] {op} {shape}: {median_us:.1f} us")
     return rows, skipped
+
+
+def measure_grid(
+    quick: bool = False, *, progress: Callable[[str], None] | None = None
+) -> list[dict]:
+    """The rows of every case of the grid on this machine's CUDA GPU, timed as the bf16 grid is
+    (`emulator.costs.calibrate.repetitions`), fp8 GEMMs where the GPU has them; the cases that
+    could not run are reported through `progress`."""
+    import torch
+
+    fp8 = torch.cuda.get_device_capability() >= (8, 9)  # float8 GEMMs: Ada, Hopper and later
+    reps, warm = repetitions(quick)
+    rows, skipped = measure_cases(
+        calibration_cases(quick, fp8=fp8), time_fn=time_kernels_us,
+        repetitions=reps, warmup=warm, progress=progress,
+    )  # fmt: skip
+    if progress:
+        for line in skipped:
+            progress(f"skipped {line}")
+    return rows

@@ -115,24 +115,14 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         print("error: calibrate measures kernels on a CUDA GPU; none is available", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.job is None:
-        from emulator.costs.calibrate import repetitions, run_calibration
-        from emulator.costs.kernel_timing import time_kernels_us
-        from prismbench.calibrate_grid import calibration_cases, measure_cases
+        from emulator.costs.calibrate import run_calibration
+        from prismbench.calibrate_grid import measure_grid
 
         _check_output(args.out, "--out")
-        fp8 = torch.cuda.get_device_capability() >= (8, 9)  # float8 GEMMs: Ada, Hopper and later
-        reps, warm = repetitions(args.quick)
-
-        def extra() -> list[dict]:
-            rows, skipped = measure_cases(
-                calibration_cases(args.quick, fp8=fp8), time_fn=time_kernels_us,
-                repetitions=reps, warmup=warm, progress=_progress,
-            )  # fmt: skip
-            for line in skipped:
-                _progress(f"skipped {line}")
-            return rows
-
-        path = run_calibration(Path(args.out), quick=args.quick, progress=_progress, extra=extra)
+        path = run_calibration(
+            Path(args.out), quick=args.quick, progress=_progress,
+            extra=lambda: measure_grid(args.quick, progress=_progress),
+        )  # fmt: skip
         print(f"wrote {path}")
         return EXIT_OK
     from emulator.costs.calibrate import gpu_provenance

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The open issues' GPU checks, each step with its own limit (together 2 470 s at most: more than
+# The open issues' GPU checks, each step with its own limit (together 2 710 s at most: more than
 # a session's 15 minutes of device time, machine start included; name the steps a session still
 # needs). Run so far (results/gpu_runs/):
 #   - H100, 2026-11-28: every step but compile, sac_kinds, host_tiny and fake_pg_memory (the
@@ -30,6 +30,8 @@
 #      2026-11-30: three variants against a copy's floor), and the eight jobs again since the
 #      ALiBi slopes are made on the device (the H200's MPT profile waited 4.6-5.5 ms a layer
 #      for their host copy).
+#   5. `calibrate` (240 s): the calibration grid with its fp8, fp16/fp32, non-causal and
+#      grouped-query cases, and `calibrate --job`: neither has run on a GPU.
 # On the H100: gpu, torch, oom_pairs, reprofile and expandable took 456 s with the machine's
 # start, repeat (40) 40 s, gpu_tests 43 s. On the H200 of 2026-11-30: 388 + 93 + 143 s of
 # commands, 684 s of device time with the start.
@@ -73,6 +75,11 @@
 #      each built on the device and on meta in a process of its own, with the allocator's
 #      history from before the build (results/fidelity/fake_pg_memory.py; --compare scores the
 #      unpacked archive here, part by part).
+#  13. issue 14: `prismbench calibrate`'s quick grid with the rest of its ops (fp8 `_scaled_mm`,
+#      fp16/fp32 GEMMs, casts, causal, non-causal and grouped-query SDPA forward and backward;
+#      every case must run) and `calibrate --job` on a tiny gpt-debug job (world size 1): a
+#      profile and rows (the `gpu` tests of tests/prismbench/test_calibrate_grid.py and
+#      test_calibrate_job.py; they write nothing here but the log).
 # The machine's python3 has torch (2.11, not the project's 2.13) but not this project's other
 # dependencies: the steps use only torch, numpy, rich and the repository (PYTHONPATH). torchao
 # travels as a wheel in .whl/ because a capture's cache key reads its version, and duckdb for
@@ -81,7 +88,7 @@
 #         --implementation cp --platform manylinux_2_28_x86_64 -d .whl torchao==0.18.0 duckdb==2.0.1
 set -u
 # every step, in the order the script runs them
-ALL_STEPS="gpu torch gpu_tests reprofile compile repeat oom_pairs expandable sac_host sac_host_llama sac_kinds host_tiny rope fake_pg_memory"
+ALL_STEPS="gpu torch gpu_tests reprofile compile repeat oom_pairs expandable sac_host sac_host_llama sac_kinds host_tiny rope fake_pg_memory calibrate"
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
     sed -n '2,/^set -u$/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
     exit 0
@@ -152,5 +159,7 @@ wanted fake_pg_memory && step fake_pg_memory 480 $py results/fidelity/fake_pg_me
 # one file back, with whatever cases finished
 wanted fake_pg_memory && [[ -d /tmp/fake_pg_memory ]] &&
     tar -C /tmp -czf "$OUT/fake_pg_memory.tar.gz" fake_pg_memory
+wanted calibrate && step calibrate 240 $py -m pytest -q -m gpu -p no:cacheprovider \
+    tests/prismbench/test_calibrate_grid.py tests/prismbench/test_calibrate_job.py
 rm -f "$OUT/oom_pairs_gpu.md"
 tail -n 40 "$LOG"

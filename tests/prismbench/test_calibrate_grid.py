@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import csv
+from pathlib import Path
+
+import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from emulator.capture.fused_ops import gpu_fused_ops
 from emulator.capture.op_recorder import OpRecorder
 from emulator.capture.trace import COMPUTE
-from emulator.costs.calibrate import write_kernel_csv
+from emulator.costs.calibrate import run_calibration, write_kernel_csv
 from emulator.costs.kernel_table import load_kernel_table, row_fields, row_op
 from emulator.costs.pricing import op_record
-from prismbench.calibrate_grid import calibration_cases, measure_cases
+from prismbench.calibrate_grid import calibration_cases, measure_cases, measure_grid
 from workloads.models.common import CausalAttention
 
 MEASURED = ("time_us", "repetitions", "spread_us", "kernels")
@@ -117,3 +121,32 @@ def test_a_case_that_cannot_run_is_skipped_with_why():
 
     rows, skipped = measure_cases([("add", [4, 4])], time_fn=failing_clock, device="cpu")
     assert rows == [] and skipped == ["add [4, 4]: CUDA out of memory"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_quick_calibration_with_the_grid_on_gpu(tmp_path):
+    said = []
+    path = run_calibration(
+        tmp_path / "k.csv", quick=True, extra=lambda: measure_grid(True, progress=said.append)
+    )
+    assert [line for line in said if line.startswith("skipped")] == []
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    atens = {row["aten"] for row in rows}
+    if torch.cuda.get_device_capability() >= (8, 9):  # float8 GEMMs: Ada, Hopper and later
+        assert "aten._scaled_mm" in atens
+    assert {"aten._scaled_dot_product_flash_attention_backward", "aten._to_copy"} <= atens
+    assert {"fp16", "fp32"} <= {row["dtype"] for row in rows if row["op"] == "mm"}
+    attention = [row for row in rows if row["op"] == "flash_attn_bwd"]
+    assert {row["causal"] for row in attention} == {"true", "false"}
+    assert any(int(row["heads_kv"]) < int(row["heads_q"]) for row in attention)
+    assert load_kernel_table(path).groups
+
+
+def test_the_device_checks_run_the_grid_and_job_gpu_tests():
+    script = (Path(__file__).parents[2] / "results" / "device_checks.sh").read_text()
+    assert (
+        "step calibrate 240 $py -m pytest -q -m gpu -p no:cacheprovider \\\n"
+        "    tests/prismbench/test_calibrate_grid.py tests/prismbench/test_calibrate_job.py"
+    ) in script

@@ -5,8 +5,10 @@ a GPU run is what checks the profiler's records themselves."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from emulator.costs.kernel_table import load_kernel_table
+from emulator.hardware import GPU_NAMES, gpu_preset
 from prismbench.calibrate_job import calibrate_job, write_ops_jsonl
 from prismbench.capture import capture_job
 from prismbench.cli import main
@@ -114,3 +116,20 @@ def test_the_job_mode_prints_its_ingest_result_as_json(tmp_path, monkeypatch, ca
     printed = json.loads(capsys.readouterr().out)
     assert printed["out"] == str(out) and printed["profile"] == str(tmp_path / "rows.ops.jsonl.gz")
     assert printed["matched_rows"] == printed["trace_rows"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_calibrate_job_on_gpu_writes_a_profile_and_rows(tmp_path, capsys):
+    device = torch.cuda.get_device_name()
+    presets = [name for name in GPU_NAMES if gpu_preset(name).is_named(device)]
+    if not presets:  # calibrate --job refuses a GPU the job's cluster.gpu does not name
+        pytest.skip(f"no GPU preset names {device!r}")
+    job_file = tmp_path / "tiny.toml"
+    job_file.write_text(TINY_TOML + f'[cluster]\ngpu = "{presets[0]}"\n')
+    out = tmp_path / "rows.csv"
+    assert main(["calibrate", "--job", str(job_file), "--out", str(out)]) == 0, capsys.readouterr()
+    profile = read_ops_jsonl(tmp_path / "rows.ops.jsonl.gz")
+    assert profile and all(op.kernels for op in profile)  # the profiler's kernel records
+    table = load_kernel_table(out)
+    assert table.groups and table.gpus == (device,)

@@ -188,10 +188,8 @@ def test_calibrate_passes_out_and_quick_to_run_calibration(tmp_path, monkeypatch
         return out
 
     fake.run_calibration = run_calibration
-    fake.repetitions = lambda quick: (5, 2)
     monkeypatch.setitem(sys.modules, "emulator.costs.calibrate", fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda: (9, 0))
     out = tmp_path / "h100.csv"
     assert main(["calibrate", "--out", str(out), "--quick"]) == 0
     assert calls == [(out, True)]
