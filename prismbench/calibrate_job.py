@@ -63,8 +63,12 @@ def calibrate_job(job, out_csv: str | Path, profile_out: str | Path, *, warmup: 
 
     if job.world_size != 1:
         raise SpecError(
-            f"parallel: calibrate --job profiles one GPU, the job has world size {job.world_size} "
-            "(set every parallel degree to 1, or profile one rank with device mode)"
+            f"parallel: calibrate --job profiles one GPU, the job has world size {job.world_size}: "
+            "on a machine with a GPU per rank, `record --device cuda --profile FILE` profiles "
+            "rank 0 and `ingest-profile FILE --job JOB.toml` makes its rows; on one GPU, "
+            "calibrate a world-size-1 cut of the job (every parallel degree 1, the same "
+            "micro_batch and seq_len, fewer layers): its GEMMs and attention have the shapes "
+            "of the job's ranks where tp and cp are 1"
         )
     check_measuring_gpu(job, (provenance or {}).get("gpu", ""))
     # captured first: a job the capture refuses fails before the GPU runs it, leaving no profile

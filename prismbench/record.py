@@ -209,7 +209,8 @@ def _check_device(job, device: str, warmup: int) -> None:
     if job.world_size > torch.cuda.device_count():
         raise SpecError(
             f"--device cuda: the job's world size {job.world_size} needs one GPU per rank, this "
-            f"machine has {torch.cuda.device_count()} (emulate the rest: device mode)"
+            f"machine has {torch.cuda.device_count()}: record it on a machine with "
+            f"{job.world_size}, or predict it here with `prismbench emulate`"
         )
     for index in range(job.world_size):
         _check_gpu_is_preset(job.cluster.gpu, index)

@@ -74,8 +74,11 @@ def test_refuses_a_parallel_job(tmp_path):
     job = job_spec_from_dict(
         TINY | {"parallel": {"dp": 2}, "batch": {"seq_len": 64, "global_batch": 4}}
     )
-    with pytest.raises(SpecError, match="world size 2"):
+    with pytest.raises(SpecError, match="world size 2") as refused:
         calibrate_job(job, tmp_path / "t.csv", tmp_path / "p.ops.jsonl.gz", device="cpu")
+    # what can be done today: rank 0 profiled by record, or a world-size-1 cut calibrated
+    assert "record --device cuda --profile" in str(refused.value)
+    assert "world-size-1 cut" in str(refused.value) and "device mode" not in str(refused.value)
 
 
 @pytest.mark.parametrize(

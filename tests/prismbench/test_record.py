@@ -211,6 +211,18 @@ def test_a_cuda_record_runs_only_on_the_job_s_gpu(monkeypatch):
         record(h200_job, device="cuda")
 
 
+def test_a_cuda_record_of_more_ranks_than_gpus_says_what_can_be_done(monkeypatch):
+    _fake_gpu(monkeypatch, (9, 0), 132, gpu_preset("h200-141g").usable_capacity_bytes, "NVIDIA H200")
+    two_ranks = job_spec_from_dict(
+        {"model": {"name": "gpt-debug"}, "parallel": {"dp": 2},
+         "batch": {"seq_len": 32, "global_batch": 2}, "cluster": {"gpu": "h200-141g"}}
+    )  # fmt: skip
+    with pytest.raises(SpecError, match="world size 2 needs one GPU per rank") as refused:
+        record(two_ranks, device="cuda")
+    assert "`prismbench emulate`" in str(refused.value)
+    assert "device mode" not in str(refused.value)  # no such mode exists
+
+
 def test_a_cpu_recording_says_so_and_validate_scores_none_of_it():
     recording = Recording(job=job_spec_from_dict(
         {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 32, "global_batch": 1}}).to_dict(),
