@@ -51,7 +51,7 @@ from emulator.variability.model import (
 from prismbench.checkout import REPO
 from prismbench.files import write_atomically
 from prismbench.profile_ingest import aten_packet
-from prismbench.profile_readers import ProfiledOp, read_profile
+from prismbench.profile_readers import ProfiledOp, ProfileError, read_profile
 from workloads.config import SpecError
 
 VARIABILITY_TABLES = REPO / "results" / "variability"
@@ -113,6 +113,33 @@ def _profile_of(gpu_dir: Path, job: str) -> Path:
     raise FileNotFoundError(f"{gpu_dir}: no profile for job {job!r} under profiles/")
 
 
+def job_variation(
+    job: str,
+    profile: Path,
+    *,
+    iterations: int,
+    iteration_s_min: float,
+    iteration_s_median: float,
+    iteration_s_max: float,
+) -> JobVariation:
+    """`job` measured: its profile's pools and op durations, with the times of its iterations;
+    a profile with no op that ran on the GPU is refused naming it (nothing to measure)."""
+    ops = read_profile(profile)
+    if not ops:
+        raise ProfileError(f"{profile}: no op with GPU time; a profiled iteration has kernels")
+    durations, classes = profile_durations(ops)
+    return JobVariation(
+        job=job,
+        fits=fit_signatures(profile_pools(ops)),
+        durations_s=durations,
+        classes=classes,
+        iterations=iterations,
+        iteration_s_min=iteration_s_min,
+        iteration_s_median=iteration_s_median,
+        iteration_s_max=iteration_s_max,
+    )
+
+
 def read_jobs(gpu_dir: str | Path) -> list[JobVariation]:
     """Every job of `gpu_dir`'s summary.json with a profile (module docstring)."""
     gpu_dir = Path(gpu_dir)
@@ -132,14 +159,10 @@ def read_jobs(gpu_dir: str | Path) -> list[JobVariation]:
         ]
         if missing:
             raise ValueError(f"{summary_path}: job {job!r} lacks {', '.join(missing)}")
-        ops = read_profile(_profile_of(gpu_dir, job))
-        durations, classes = profile_durations(ops)
         jobs.append(
-            JobVariation(
-                job=job,
-                fits=fit_signatures(profile_pools(ops)),
-                durations_s=durations,
-                classes=classes,
+            job_variation(
+                job,
+                _profile_of(gpu_dir, job),
                 iterations=int(figures["iterations"]),
                 iteration_s_min=float(figures["iteration_s_min"]),
                 iteration_s_median=float(figures["iteration_s_median"]),

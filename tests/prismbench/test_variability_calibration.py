@@ -1,13 +1,15 @@
 """Temporal variation measured from the shared H100/H200 profiles, and the `measured` preset
 (prismbench/variability_calibration.py)."""
 
+import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from prismbench.cli import main
-from prismbench.profile_readers import read_profile
+from prismbench.profile_readers import ProfileError, read_profile
 from prismbench.variability_calibration import (
     VARIABILITY_TABLES,
     calibrate_jobs,
@@ -68,6 +70,18 @@ def test_a_table_write_that_fails_leaves_the_old_table_and_nothing_else(tmp_path
 def test_a_summary_without_iteration_times_is_refused_naming_the_field(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"job": {"iterations": 8}}))
     with pytest.raises(ValueError, match="iteration_s_min"):
+        read_jobs(tmp_path)
+
+
+def test_a_profile_without_ops_is_refused_naming_it(tmp_path):
+    times = {"iterations": 8, "iteration_s_min": 1.0, "iteration_s_median": 1.1,
+             "iteration_s_max": 1.2}  # fmt: skip
+    (tmp_path / "summary.json").write_text(json.dumps({"job": times}))
+    profile = tmp_path / "profiles" / "job.ops.jsonl.gz"
+    profile.parent.mkdir()
+    with gzip.open(profile, "wt") as handle:  # a runtime event only: no op launched a kernel
+        handle.write(json.dumps({"op": "Activity Buffer Request", "kernels": [["k", 1.0]]}) + "\n")
+    with pytest.raises(ProfileError, match=re.escape(f"{profile}: no op with GPU time")):
         read_jobs(tmp_path)
 
 
