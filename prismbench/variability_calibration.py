@@ -15,9 +15,10 @@ emulator.variability.calibration:
   measured range (emulator.variability.calibration.step_cv_dispersion_of). Tables written
   before it existed lack it: the preset then reads 0 (one step CV for every run).
 
-`write_table` keeps the result in results/variability/<gpu>.json with its provenance;
-`measured_model` builds the VariabilityModel a `measured` preset uses: the temporal figures
-from the table; the spatial, collective and network figures cannot be measured on one GPU and
+`write_table` keeps the result in results/variability/<gpu>.json with its provenance (or
+wherever `prismbench variability-table` writes one built from your own recordings:
+prismbench.variability_recordings); `read_table` reads one from any path; `measured_model`
+builds the VariabilityModel a `measured` preset uses: the temporal figures from the table; the spatial, collective and network figures cannot be measured on one GPU and
 stay PRISM_LOW's (emulator.variability.model, cited there).
 """
 
@@ -57,6 +58,8 @@ from workloads.config import SpecError
 VARIABILITY_TABLES = REPO / "results" / "variability"
 TABLE_SCHEMA_VERSION = 1
 PROFILE_SUFFIXES = (".ops.jsonl.gz", ".json", ".json.gz")
+# what `measured_model` draws from a table, and the GPU it was measured on
+TABLE_FIGURES = ("gpu", "temporal_cv_by_class", "temporal_floor_s", "step_cv")
 
 
 def op_noise_class(op: ProfiledOp) -> str:
@@ -244,7 +247,28 @@ def measured_gpus(directory: Path = VARIABILITY_TABLES) -> list[str]:
     return sorted(p.stem for p in directory.glob("*.json"))
 
 
+def read_table(path: str | Path) -> dict:
+    """A variability table from `path` (table_dict's form), refused naming the file when it
+    cannot be read, is of another schema version or lacks a figure the preset draws."""
+    path = Path(path)
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SpecError(f"{path}: cannot read a variability table: {error}") from None
+    if not isinstance(table, dict) or table.get("schema_version") != TABLE_SCHEMA_VERSION:
+        version = table.get("schema_version") if isinstance(table, dict) else None
+        raise SpecError(
+            f"{path}: schema_version {version!r}, expected {TABLE_SCHEMA_VERSION}; rebuild it "
+            "(results/variability/build.py, or `prismbench variability-table` for your own)"
+        )
+    missing = [key for key in TABLE_FIGURES if key not in table]
+    if missing:
+        raise SpecError(f"{path}: a variability table needs {', '.join(missing)}")
+    return table
+
+
 def load_table(gpu: str, directory: Path = VARIABILITY_TABLES) -> dict:
+    """The committed table of `gpu`."""
     path = directory / f"{gpu}.json"
     if not path.exists():
         known = measured_gpus(directory)
@@ -252,11 +276,18 @@ def load_table(gpu: str, directory: Path = VARIABILITY_TABLES) -> dict:
             f"preset {MEASURED_PRESET!r}: no measured variability for gpu {gpu!r} "
             f"({path} missing; measured: {', '.join(known) or 'none'})"
         )
-    table = json.loads(path.read_text())
-    if table.get("schema_version") != TABLE_SCHEMA_VERSION:
+    return read_table(path)
+
+
+def table_of_gpu(path: str | Path, gpu: str) -> dict:
+    """The table at `path`, refused unless measured on `gpu` (a job's cluster.gpu): another
+    GPU's kernel and step spread are not this one's."""
+    table = read_table(path)
+    if table["gpu"] != gpu:
         raise SpecError(
-            f"{path}: schema_version {table.get('schema_version')!r}, expected "
-            f"{TABLE_SCHEMA_VERSION}; rebuild it (results/variability/build.py)"
+            f"--variability-table {path}: measured on gpu {table['gpu']!r}, the job's "
+            f"cluster.gpu is {gpu!r}; build a table from recordings on {gpu} "
+            "(`prismbench variability-table`)"
         )
     return table
 
@@ -272,10 +303,16 @@ def measured_model(table: dict) -> VariabilityModel:
     )
 
 
-def resolve_preset(preset: str, gpu: str) -> VariabilityModel:
-    """The model a preset name stands for; `measured` reads the job's GPU's table."""
+def resolve_preset(preset: str, gpu: str, table: str | Path | None = None) -> VariabilityModel:
+    """The model a preset name stands for; `measured` reads `table` (a file measured on `gpu`),
+    or the job's GPU's committed table without one."""
+    if table is not None and preset != MEASURED_PRESET:
+        raise SpecError(
+            f"--variability-table {table}: holds the {MEASURED_PRESET!r} preset's figures, "
+            f"which --preset {preset} does not draw; give --preset {MEASURED_PRESET}"
+        )
     if preset == MEASURED_PRESET:
-        return measured_model(load_table(gpu))
+        return measured_model(load_table(gpu) if table is None else table_of_gpu(table, gpu))
     if preset not in PRESETS:
         raise SpecError(f"preset {preset!r} must be one of {', '.join(PRESET_NAMES)}")
     return PRESETS[preset]

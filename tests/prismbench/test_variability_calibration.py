@@ -16,6 +16,7 @@ from prismbench.variability_calibration import (
     measured_model,
     profile_pools,
     read_jobs,
+    read_table,
     resolve_preset,
     write_table,
 )
@@ -98,6 +99,34 @@ def test_measured_preset_reads_the_jobs_gpu_table():
         resolve_preset("measured", "a100-sxm-80g")
     with pytest.raises(SpecError, match="must be one of"):
         resolve_preset("prism-medium", "h100-sxm-80g")
+
+
+def test_measured_preset_reads_a_table_given_by_path(tmp_path):
+    table = json.loads((VARIABILITY_TABLES / "h100-sxm-80g.json").read_text())
+    mine = write_table(table | {"step_cv": 0.02}, tmp_path / "mine.json")
+    assert resolve_preset("measured", "h100-sxm-80g", mine).step_cv == 0.02
+    with pytest.raises(SpecError, match=f"--variability-table {mine}: .* give --preset measured"):
+        resolve_preset("prism-low", "h100-sxm-80g", mine)
+    with pytest.raises(
+        SpecError, match="measured on gpu 'h100-sxm-80g', the job's cluster.gpu is 'h200-141g'"
+    ):
+        resolve_preset("measured", "h200-141g", mine)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{", "cannot read a variability table"),
+        ('{"schema_version": 0}', "schema_version 0, expected 1"),
+        ("[1]", "schema_version None, expected 1"),
+        ('{"schema_version": 1, "gpu": "h100-sxm-80g"}', "a variability table needs temporal_cv_by_class"),
+    ],
+)
+def test_a_table_that_is_not_one_is_refused_naming_the_file(tmp_path, text, message):
+    path = tmp_path / "table.json"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=f"{path}: {message}"):
+        read_table(path)
 
 
 def test_cli_measured_preset_on_a_gpu_without_a_table_exits_2(tmp_path, capsys):
