@@ -1,0 +1,166 @@
+"""A measured variability table from one's own GPU recordings and profiles
+(prismbench/variability_recordings.py)."""
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from prismbench.record import PEAK_MEM_KIND, Recording, write_record
+from prismbench.spec import job_spec_from_dict
+from prismbench.variability_calibration import (
+    VARIABILITY_TABLES,
+    resolve_preset,
+    write_table,
+)
+from prismbench.variability_recordings import recorded_table
+from workloads.config import SpecError
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDED = ROOT / "results" / "baselines" / "recorded"
+# real H100 recordings (recorded/h100frameworks__<case>.toml) and their profiles, both from
+# `record --device cuda --profile` (results/gpu_runs/h100-2026-11-28/README.md)
+REPROFILE = ROOT / "results" / "gpu_runs" / "h100-2026-11-28" / "reprofile"
+CASES = ("gpt3-125m-s2048-mb8-none", "llama3-8b-l2-s8192-mb2-none")
+SHARED_GPU = ROOT.parent / "shared" / "data" / "gpu"
+needs_shared = pytest.mark.skipif(
+    not SHARED_GPU.is_dir(), reason="../shared/data/gpu is not beside the repo"
+)
+PROVENANCE = {"kind": "recorded", "machine": "a test", "software": "none", "commit": "abc",
+              "dirty": False, "date": "2026-12-01"}  # fmt: skip
+
+
+def _pairs(cases=CASES) -> list[tuple[Path, Path]]:
+    return [(RECORDED / f"h100frameworks__{c}.toml", REPROFILE / f"{c}.ops.jsonl.gz") for c in cases]
+
+
+def _recording(path: Path, *, gpu="h100-sxm-80g", device="cuda", iteration_s=(0.05, 0.04, 0.06)):
+    """A gpt-debug recording on `gpu`, written as `record --out path` writes one."""
+    job = job_spec_from_dict({"model": {"name": "gpt-debug"}, "cluster": {"gpu": gpu},
+                              "batch": {"seq_len": 32, "global_batch": 1}})  # fmt: skip
+    cuda = device == "cuda"
+    peaks = {"allocated": 600, "reserved": 900} if cuda else None
+    recording = Recording(job=job.to_dict(), iteration_s=list(iteration_s), warmup=1,
+                          threads_per_rank=1, peak_mem_bytes=900,
+                          peak_mem_kind=PEAK_MEM_KIND[device],
+                          provenance=PROVENANCE | ({"gpu": "NVIDIA H100 80GB HBM3"} if cuda else {}),
+                          device=device, peak_first_iteration=peaks, peak_steady=peaks)  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_record(recording, path)
+
+
+def _ops_profile(path: Path, ops: list[dict]) -> Path:
+    with gzip.open(path, "wt") as handle:
+        handle.writelines(json.dumps(op) + "\n" for op in ops)
+    return path
+
+
+def test_a_table_from_recordings_measures_each_job_and_says_where_it_comes_from():
+    table = recorded_table(_pairs())
+    assert table["gpu"] == "h100-sxm-80g"
+    assert list(table["jobs"]) == [f"h100frameworks__{c}" for c in CASES]
+    assert set(table["temporal_cv_by_class"]) == {"gemm", "attention", "memory"}
+    assert all(cv > 0 for cv in table["temporal_cv_by_class"].values())
+    assert table["temporal_floor_s"] > 0 and table["step_cv"] > 0
+    recorded = table["provenance"]["recordings"]
+    first = recorded[0]
+    assert [r["recording"] for r in recorded] == [str(r) for r, _ in _pairs()]
+    assert [r["profile"] for r in recorded] == [str(p) for _, p in _pairs()]
+    assert first["machine"] == "vm: Intel(R) Xeon(R) Processor, 16 cores"
+    assert first["commit"] == "6a9c814d9d7cf701d46cb0077262e48040341d06"
+    assert first["date"] == "2026-11-28T04:02:13+00:00" and first["software"].startswith("torch")
+    assert table["provenance"]["built_by"] == "prismbench variability-table"
+    assert table["provenance"]["commit"] and "dirty" in table["provenance"]
+
+
+def test_the_measured_preset_draws_a_recorded_table_written_anywhere(tmp_path):
+    path = write_table(recorded_table(_pairs()), tmp_path / "mine.json")
+    model = resolve_preset("measured", "h100-sxm-80g", path)
+    committed = resolve_preset("measured", "h100-sxm-80g")
+    assert model.temporal_cv_by_class == json.loads(path.read_text())["temporal_cv_by_class"]
+    assert model.temporal_cv_by_class != committed.temporal_cv_by_class
+
+
+@needs_shared
+def test_recordings_of_the_shared_jobs_give_the_committed_table():
+    # the h100shared__ recordings hold summary.json's iteration times, job by job
+    # (results/baselines/make_recorded.py): with the same profiles, what build.py reads
+    profiles = sorted((SHARED_GPU / "h100-sxm-80g" / "profiles").glob("*.ops.jsonl.gz"))
+    pairs = [(RECORDED / f"h100shared__{p.name.removesuffix('.ops.jsonl.gz')}.toml", p)
+             for p in profiles]  # fmt: skip
+    table = recorded_table(pairs)
+    committed = json.loads((VARIABILITY_TABLES / "h100-sxm-80g.json").read_text())
+    for figure in ("temporal_cv_by_class", "temporal_floor_s", "step_cv", "step_cv_dispersion"):
+        assert table[figure] == pytest.approx(committed[figure], rel=1e-6), figure
+    for count in ("pools_by_class", "short_pools", "families", "gpu"):
+        assert table[count] == committed[count], count
+    jobs = {job.removeprefix("h100shared__"): cvs for job, cvs in table["jobs"].items()}
+    assert jobs.keys() == committed["jobs"].keys()
+    for job, cvs in jobs.items():
+        assert cvs == pytest.approx(committed["jobs"][job], rel=1e-6), job
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda tmp: _recording(tmp / "cpu.toml", device="cpu"), "measured.device='cpu'"),
+        (lambda tmp: _recording(tmp / "one.toml", iteration_s=[0.05]), "measured.iterations=1"),
+        (
+            lambda tmp: ROOT / "results" / "baselines" / "bigscience__bloom-176b__384g__r162.toml",
+            "provenance.kind='published'",
+        ),
+        (lambda tmp: tmp / "none.toml", "--recording: baseline '{path}': no such file"),
+    ],
+)
+def test_a_recording_that_cannot_measure_a_spread_is_refused_naming_the_field(
+    tmp_path, make, message
+):
+    path = make(tmp_path)
+    profile = _pairs()[0][1]
+    with pytest.raises(SpecError, match=re.escape(message.format(path=path))) as refused:
+        recorded_table([(path, profile)])
+    assert str(path) in str(refused.value)
+
+
+def test_recordings_of_two_gpus_are_refused_naming_both(tmp_path):
+    profile = _pairs()[0][1]
+    h100 = _recording(tmp_path / "h100.toml")
+    h200 = _recording(tmp_path / "h200.toml", gpu="h200-141g")
+    with pytest.raises(SpecError, match="job.cluster.gpu differs") as refused:
+        recorded_table([(h100, profile), (h200, profile)])
+    assert f"{h100}: h100-sxm-80g" in str(refused.value)
+    assert f"{h200}: h200-141g" in str(refused.value)
+
+
+def test_two_recordings_of_one_file_name_are_refused(tmp_path):
+    profile = _pairs()[0][1]
+    pairs = [(_recording(tmp_path / d / "run.toml"), profile) for d in ("a", "b")]
+    with pytest.raises(SpecError, match="each is job 'run'"):
+        recorded_table(pairs)
+
+
+def test_a_profile_that_cannot_be_read_or_has_no_ops_is_refused_naming_it(tmp_path):
+    recording = _recording(tmp_path / "run.toml")
+    missing = tmp_path / "missing.ops.jsonl.gz"
+    with pytest.raises(SpecError, match=re.escape(f"--profile {missing}: no such profile file")):
+        recorded_table([(recording, missing)])
+    empty = _ops_profile(tmp_path / "empty.ops.jsonl.gz",
+                         [{"op": "Activity Buffer Request", "kernels": [["k", 1.0]]}])  # fmt: skip
+    with pytest.raises(SpecError, match=re.escape(f"--profile {empty}: no op with GPU time")):
+        recorded_table([(recording, empty)])
+
+
+def test_profiles_with_too_few_repeated_kernels_are_refused_naming_them(tmp_path):
+    recording = _recording(tmp_path / "run.toml")
+    ops = [{"op": "aten::mm", "shapes": [[8, 8], [8, 8]], "kernels": [["gemm", 3.0 + i / 10]]}
+           for i in range(3)]  # fmt: skip
+    profile = _ops_profile(tmp_path / "small.ops.jsonl.gz", ops)
+    with pytest.raises(SpecError, match=re.escape(f"--profile {profile}: no pool shorter")):
+        recorded_table([(recording, profile)])
+
+
+def test_no_recording_is_refused():
+    with pytest.raises(SpecError, match="at least one recording"):
+        recorded_table([])
