@@ -571,8 +571,9 @@ def _cmd_variability(args: argparse.Namespace) -> int:
     result = variability(
         job,
         name=job.model.name,
-        model=resolve_preset(args.preset, job.cluster.gpu),
+        model=resolve_preset(args.preset, job.cluster.gpu, args.variability_table),
         preset=args.preset,
+        variability_table=args.variability_table,
         samples=args.samples,
         seed=args.seed,
         threshold_s=args.threshold,
@@ -593,6 +594,29 @@ def _cmd_variability(args: argparse.Namespace) -> int:
         _print_json(result.to_dict())
     else:
         report.render_variability(result, _console())
+    return EXIT_OK
+
+
+def _cmd_variability_table(args: argparse.Namespace) -> int:
+    from prismbench.variability_calibration import write_table
+    from prismbench.variability_recordings import recorded_table
+
+    if len(args.recording) != len(args.profile):
+        raise SpecError(
+            f"--recording is given {len(args.recording)} time(s), --profile "
+            f"{len(args.profile)}: give each recording's profile, one --profile per --recording"
+        )
+    if Path(args.out).suffix != ".json":
+        raise SpecError(f"--out {args.out}: a variability table is a .json file")
+    _check_output(args.out, "--out", inputs=(*args.recording, *args.profile))
+    table = recorded_table(list(zip(args.recording, args.profile, strict=True)))
+    path = write_table(table, args.out)
+    if args.json:
+        _print_json(table)
+        return EXIT_OK
+    report.render_variability_table(table, _console())
+    print(f"wrote {path}: `prismbench variability JOB.toml --preset measured "
+          f"--variability-table {path}` draws from it for a job on {table['gpu']}")  # fmt: skip
     return EXIT_OK
 
 
@@ -706,6 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_capture,
         _add_emulate,
         _add_variability,
+        _add_variability_table,
         _add_fit,
         _add_calibrate,
         _add_ingest_profile,
@@ -814,8 +839,15 @@ def _add_variability(commands) -> None:
         default="prism-low",
         help=f"variability magnitudes: PRISM's low or high end (emulator/variability/model.py), "
         f"none, or {MEASURED_PRESET!r}: the temporal variation measured on the job's GPU "
-        f"(results/variability/<gpu>.json) with PRISM's low-end spatial and network figures "
-        f"(default: prism-low)",
+        f"(results/variability/<gpu>.json, or --variability-table) with PRISM's low-end "
+        f"spatial and network figures (default: prism-low)",
+    )
+    cmd.add_argument(
+        "--variability-table",
+        metavar="TABLE.json",
+        help=f"with --preset {MEASURED_PRESET}: the temporal variation measured on your own GPU "
+        "(`prismbench variability-table`), in place of the committed table of the job's "
+        "cluster.gpu; measured on that GPU preset",
     )
     cmd.add_argument(
         "--threshold",
@@ -863,6 +895,32 @@ def _add_variability(commands) -> None:
     _add_kernel_table_option(cmd)
     _add_capture_options(cmd, "capture processes, and Monte Carlo threads (default: cores)")
     cmd.set_defaults(handler=_cmd_variability)
+
+
+def _add_variability_table(commands) -> None:
+    cmd = commands.add_parser(
+        "variability-table",
+        help="a table for `variability --preset measured` from your GPU recordings and profiles",
+    )
+    cmd.add_argument(
+        "--recording",
+        action="append",
+        required=True,
+        metavar="REC.toml",
+        help="a recorded baseline of a GPU run (`record --device cuda --iterations N`, N >= 2); "
+        "repeatable, every recording on the same cluster.gpu",
+    )
+    cmd.add_argument(
+        "--profile",
+        action="append",
+        required=True,
+        metavar="PROFILE",
+        help="the profile of one more iteration of the job (`record --profile`); one per "
+        "--recording, the n-th --profile going with the n-th --recording",
+    )
+    cmd.add_argument("--out", required=True, metavar="TABLE.json", help="the table to write")
+    cmd.add_argument("--json", action="store_true", help="print the table as one JSON object")
+    cmd.set_defaults(handler=_cmd_variability_table)
 
 
 def _add_fit(commands) -> None:

@@ -668,6 +668,8 @@ def render_variability(r, console: Console) -> None:
     measured = r.network_measured
     rows.insert(-1, ("network regimes (a factor on inter-node communication)",
                      measured.describe() if measured else f"{regimes}; assumed by {r.preset}"))  # fmt: skip
+    if r.variability_table is not None:
+        rows.insert(0, (f"{r.preset} preset's table (temporal variation)", r.variability_table))
     for figure, value in rows:
         table.add_row(figure, value)
     console.print(table)
@@ -682,6 +684,30 @@ def render_variability(r, console: Console) -> None:
         render_attribution(r.attribution, console)
     if r.placement is not None:
         render_placement(r.placement, console)
+
+
+def render_variability_table(table: dict, console: Console) -> None:
+    """What `prismbench variability-table` measured (table_dict's form), each figure with its
+    unit: per class kernel CV, the jitter floor, the step CV, and per job its iteration CV
+    measured, the CV its kernels' noise alone gives and the step CV left."""
+    figures = Table(title=f"Temporal variation measured on {table['gpu']} "
+                          f"({len(table['jobs'])} job(s))")  # fmt: skip
+    figures.add_column("figure")
+    figures.add_column("value", justify="right")
+    for klass, cv in table["temporal_cv_by_class"].items():
+        pools = table["pools_by_class"][klass]
+        figures.add_row(f"kernel CV, {klass} ({pools} pools)", f"{100 * cv:.2f} %")
+    figures.add_row(f"jitter floor ({table['short_pools']} short pools)",
+                    f"{table['temporal_floor_s'] * 1e6:.3f} us")  # fmt: skip
+    figures.add_row("step CV (median over jobs)", f"{100 * table['step_cv']:.3f} %")
+    figures.add_row("step CV between runs (sd of its log)", f"{table['step_cv_dispersion']:.3f}")
+    console.print(figures)
+    jobs = Table(title="Per job (CV of the iteration time)")
+    for column in ("job", "measured", "kernel noise alone", "step"):
+        jobs.add_column(column, justify="left" if column == "job" else "right")
+    for job, cvs in table["jobs"].items():
+        jobs.add_row(job, *(f"{100 * cvs[k]:.3f} %" for k in ("iteration_cv", "kernel_cv", "step_cv")))
+    console.print(jobs)
 
 
 def _allocation_rows(d) -> list[tuple[str, str]]:

@@ -46,6 +46,9 @@ class VariabilityResult:
     world_size: int
     preset: str
     distribution: StepTimeDistribution
+    # the `measured` preset's table where it is a file given (`--variability-table`), not the
+    # job's GPU's committed one
+    variability_table: str | None = None
     monte_carlo_wall_s: float  # the N replays alone
     # the network regimes drawn (the preset's, or those measured on a run: `network_measured`)
     network: tuple = ()
@@ -62,6 +65,7 @@ class VariabilityResult:
             "job": self.job,
             "world_size": self.world_size,
             "preset": self.preset,
+            "variability_table": self.variability_table,
             **self.distribution.to_dict(),
             "network_regimes": [{"probability": r.probability, "factor": r.factor} for r in self.network],
             "network_measured": None if self.network_measured is None else self.network_measured.to_dict(),
@@ -99,6 +103,7 @@ def variability(
     kernel_table="preset",
     steps_per_allocation: int = DEFAULT_STEPS_PER_ALLOCATION,
     network: MeasuredNetwork | None = None,
+    variability_table: str | None = None,
 ) -> VariabilityResult:
     """Sample `job`'s step time `samples` times under `model` (named `preset` in the result).
 
@@ -111,7 +116,8 @@ def variability(
     run; emulator.variability.summary); above 1, `samples` must make at least MIN_ALLOCATIONS
     allocations.
     network: regimes measured on a run (prismbench.network_steps), drawn in place of the
-    model's."""
+    model's.
+    variability_table: the file `model`'s figures were read from, named in the result."""
     check_allocations(samples, steps_per_allocation)  # before the capture, not after it
     priced = price_job(job, use_cache=use_cache, workers=workers, progress=progress,
                        host_dispatch=host_dispatch, kernel_table=kernel_table)  # fmt: skip
@@ -119,7 +125,7 @@ def variability(
                          samples=samples, seed=seed, threshold_s=threshold_s, k_steps=k_steps,
                          progress=progress, rank_sources=rank_sources, slow_gpus=slow_gpus,
                          steps_per_allocation=steps_per_allocation, threads=workers,
-                         network=network)  # fmt: skip
+                         network=network, variability_table=variability_table)  # fmt: skip
 
 
 def priced_graph(
@@ -153,10 +159,11 @@ def sample_priced(
     steps_per_allocation: int = DEFAULT_STEPS_PER_ALLOCATION,
     threads: int | None = None,
     network: MeasuredNetwork | None = None,
+    variability_table: str | None = None,
 ) -> VariabilityResult:
     """The step-time distribution of a job already captured and priced (`price_job`), on
     `threads` threads (None: one per core; emulator.variability.monte_carlo); with `network`,
-    its regimes in place of the model's."""
+    its regimes in place of the model's; `variability_table` as `variability`'s."""
     say = progress or (lambda _msg: None)
     if network is not None:
         model = replace(model, network=network.regimes)
@@ -188,6 +195,7 @@ def sample_priced(
         job=name,
         world_size=world_size,
         preset=preset,
+        variability_table=variability_table,
         distribution=distribution,
         network=model.network,
         network_measured=network,

@@ -1,5 +1,6 @@
 """A measured variability table from one's own GPU recordings and profiles
-(prismbench/variability_recordings.py)."""
+(prismbench/variability_recordings.py), `prismbench variability-table`, and `variability
+--preset measured --variability-table` drawing from it."""
 
 import gzip
 import json
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from prismbench.cli import main
 from prismbench.record import PEAK_MEM_KIND, Recording, write_record
 from prismbench.spec import job_spec_from_dict
 from prismbench.variability_calibration import (
@@ -164,3 +166,97 @@ def test_profiles_with_too_few_repeated_kernels_are_refused_naming_them(tmp_path
 def test_no_recording_is_refused():
     with pytest.raises(SpecError, match="at least one recording"):
         recorded_table([])
+
+
+def _cli_pairs() -> list[str]:
+    return [a for r, p in _pairs() for a in ("--recording", str(r), "--profile", str(p))]
+
+
+def _one_line_error(capsys, *needles: str) -> None:
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_cli_writes_the_table_and_prints_its_figures_with_units(tmp_path, capsys):
+    out = tmp_path / "mine.json"
+    assert main(["variability-table", *_cli_pairs(), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    table = json.loads(out.read_text())
+    assert table == recorded_table(_pairs()) | {"provenance": table["provenance"]}
+    gemm = table["temporal_cv_by_class"]["gemm"]
+    assert f"{100 * gemm:.2f} %" in printed
+    assert f"{table['temporal_floor_s'] * 1e6:.3f} us" in printed
+    assert f"{100 * table['step_cv']:.3f} %" in printed
+    assert all(job in printed for job in table["jobs"]) and f"wrote {out}" in printed
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["--recording", "a.toml", "--profile", "a.gz", "--recording", "b.toml", "--out", "t.json"],
+         ["--recording is given 2 time(s), --profile 1"]),
+        (["--recording", "a.toml", "--profile", "a.gz", "--out", "{tmp}/t.csv"],
+         ["--out {tmp}/t.csv: a variability table is a .json file"]),
+        (["--recording", "a.toml", "--profile", "{tmp}/t.json", "--out", "{tmp}/t.json"],
+         ["--out {tmp}/t.json: is the input"]),
+        (["--recording", "{tmp}/cpu.toml", "--profile", str(_pairs()[0][1]), "--out", "{tmp}/t.json"],
+         ["--recording {tmp}/cpu.toml: measured.device='cpu'"]),
+    ],
+)  # fmt: skip
+def test_cli_refusals_exit_2_in_one_line_and_write_nothing(tmp_path, capsys, argv, needles):
+    _recording(tmp_path / "cpu.toml", device="cpu")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert main(["variability-table", *argv]) == 2
+    _one_line_error(capsys, *(n.format(tmp=tmp_path) for n in needles))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu.toml"]
+
+
+def _debug_job(tmp_path, gpu="h100-sxm-80g") -> str:
+    job = tmp_path / "job.toml"
+    job.write_text(f'[model]\nname = "llama-debug"\n[batch]\nseq_len = 64\nglobal_batch = 8\n'
+                   f'[cluster]\ngpu = "{gpu}"\n')  # fmt: skip
+    return str(job)
+
+
+@pytest.mark.parametrize(
+    ("preset", "gpu", "table", "needles"),
+    [
+        ("prism-low", "h100-sxm-80g", {}, ["--variability-table", "give --preset measured"]),
+        ("measured", "h200-141g", {},
+         ["measured on gpu 'h100-sxm-80g', the job's cluster.gpu is 'h200-141g'"]),
+        ("measured", "h100-sxm-80g", {"schema_version": 2}, ["schema_version 2, expected 1"]),
+    ],
+)  # fmt: skip
+def test_cli_variability_refuses_a_table_it_cannot_draw_before_any_work(
+    tmp_path, capsys, monkeypatch, preset, gpu, table, needles
+):
+    import prismbench.variability
+
+    monkeypatch.setattr(prismbench.variability, "variability", lambda *a, **k: pytest.fail("ran"))
+    committed = json.loads((VARIABILITY_TABLES / "h100-sxm-80g.json").read_text())
+    path = write_table(committed | table, tmp_path / "mine.json")
+    argv = [_debug_job(tmp_path, gpu), "--preset", preset, "--variability-table", str(path)]
+    assert main(["variability", *argv]) == 2
+    _one_line_error(capsys, str(path), *needles)
+
+
+@pytest.mark.integration
+def test_cli_variability_draws_from_the_table_built(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "mine.json"
+    assert main(["variability-table", *_cli_pairs(), "--out", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(out.read_text())
+    argv = ["variability", _debug_job(tmp_path), "--preset", "measured", "--samples", "200",
+            "--workers", "1", "--json"]  # fmt: skip
+    assert main([*argv, "--variability-table", str(out)]) == 0
+    mine = json.loads(capsys.readouterr().out)
+    assert main(argv) == 0
+    committed = json.loads(capsys.readouterr().out)
+    assert mine["preset"] == committed["preset"] == "measured"
+    assert mine["variability_table"] == str(out) and committed["variability_table"] is None
+    assert mine["deterministic_s"] == committed["deterministic_s"]
+    assert mine["std_s"] != committed["std_s"]
+    assert main([*argv[:-1], "--variability-table", str(out)]) == 0
+    assert str(out) in capsys.readouterr().out  # the table says whose figures it drew
