@@ -19,7 +19,7 @@ from datetime import date
 from pathlib import Path
 
 from emulator.variability.distributions import MIN_SAMPLES
-from prismbench.baselines import Baseline, BaselineError, load_baseline
+from prismbench.baselines import RECORDED_FIELDS, Baseline, BaselineError, load_baseline
 from prismbench.checkout import git_version
 from prismbench.profile_readers import ProfileError
 from prismbench.variability_calibration import (
@@ -97,7 +97,7 @@ def _provenance(
         "source": "recordings (prismbench record --device cuda --profile)",
         "recordings": [
             {"recording": str(recording), "profile": str(profile)}
-            | {name: getattr(b.provenance, name) for name in ("machine", "software", "commit", "date")}
+            | {name: getattr(b.provenance, name) for name in RECORDED_FIELDS}
             for (recording, profile), b in zip(pairs, baselines, strict=True)
         ],
         "jobs": [job.job for job in jobs],

@@ -34,8 +34,10 @@ PROVENANCE = {"kind": "recorded", "machine": "a test", "software": "none", "comm
               "dirty": False, "date": "2026-12-01"}  # fmt: skip
 
 
-def _pairs(cases=CASES) -> list[tuple[Path, Path]]:
-    return [(RECORDED / f"h100frameworks__{c}.toml", REPROFILE / f"{c}.ops.jsonl.gz") for c in cases]
+def _pairs() -> list[tuple[Path, Path]]:
+    return [
+        (RECORDED / f"h100frameworks__{c}.toml", REPROFILE / f"{c}.ops.jsonl.gz") for c in CASES
+    ]
 
 
 def _recording(path: Path, *, gpu="h100-sxm-80g", device="cuda", iteration_s=(0.05, 0.04, 0.06)):
