@@ -46,13 +46,13 @@ class VariabilityResult:
     world_size: int
     preset: str
     distribution: StepTimeDistribution
-    # the `measured` preset's table where it is a file given (`--variability-table`), not the
-    # job's GPU's committed one
-    variability_table: str | None = None
     monte_carlo_wall_s: float  # the N replays alone
     # the network regimes drawn (the preset's, or those measured on a run: `network_measured`)
     network: tuple = ()
     network_measured: MeasuredNetwork | None = None
+    # the `measured` preset's table where it is a file given (`--variability-table`), not the
+    # job's GPU's committed one
+    variability_table: str | None = None
     # of the samples above p95, the share drawn in a network regime slower than the fastest;
     # None where the model has one regime or it slows no communication of the job. Near 1, the
     # tail is the regimes' probability and factor, restated: assumed ones unless measured.

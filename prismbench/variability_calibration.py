@@ -18,8 +18,9 @@ emulator.variability.calibration:
 `write_table` keeps the result in results/variability/<gpu>.json with its provenance (or
 wherever `prismbench variability-table` writes one built from your own recordings:
 prismbench.variability_recordings); `read_table` reads one from any path; `measured_model`
-builds the VariabilityModel a `measured` preset uses: the temporal figures from the table; the spatial, collective and network figures cannot be measured on one GPU and
-stay PRISM_LOW's (emulator.variability.model, cited there).
+builds the VariabilityModel a `measured` preset uses: the temporal figures from the table;
+the spatial, collective and network figures cannot be measured on one GPU and stay
+PRISM_LOW's (emulator.variability.model, cited there).
 """
 
 from __future__ import annotations
