@@ -32,8 +32,10 @@ lets each allocation (a run) draw its own step CV around `step_cv` (its median),
 Numbers the seeds do not give, stated as assumptions (replace them with estimates from
 repeated measurements, emulator.variability.regimes; `prismbench variability --network-steps`
 does it for the network from a real run's per-step communication times,
-prismbench.network_steps):
-- `collective_cv`: the temporal CV of a kernel, applied to a collective's kernel;
+prismbench.network_steps, and `--pipeline-transfers` for the transfers from a real run's
+send/recv durations, prismbench.pipeline_transfers):
+- `collective_cv`: the temporal CV of a kernel, applied to a collective's kernel, and to a
+  pipeline transfer unless `transfer_cv` gives one of its own;
 - the network regimes: a nominal regime (factor 1) 90 % of steps and a congested one 10 % of
   steps, 1.4x slower. Neither figure is PRISM's: the 1.4x is the "40 % slowdown observed under
   high latency" in the machine-written summary on the paper's abstract page
@@ -120,7 +122,9 @@ class VariabilityModel:
     as step_cv x exp(step_cv_dispersion x Z), Z standard normal (so step_cv is its median and
     this the standard deviation of its log), shared by its GPUs and steps. 0 (the default):
     every run has step_cv, as before the field existed.
-    collective_cv: CV of one collective or pipeline transfer.
+    collective_cv: CV of one collective, and of one pipeline transfer where transfer_cv is None.
+    transfer_cv: CV of one pipeline transfer (send/recv) in PRISM's no-bubble regime, the
+    transfer's own duration (the replay adds the wait for the peer); None: collective_cv.
     network: the regimes of the network, one drawn per step; probabilities sum to 1.
     network_scope: "inter-node" (the regime on comm whose group spans nodes) or "all"."""
 
@@ -134,13 +138,15 @@ class VariabilityModel:
     network: tuple[NetworkRegime, ...] = (NetworkRegime(1.0, 1.0),)
     speed_factors: np.ndarray | None = None
     network_scope: str = "inter-node"
+    transfer_cv: float | None = None
 
     def __post_init__(self) -> None:
         if self.network_scope not in NETWORK_SCOPES:
             raise ValueError(f"network_scope={self.network_scope!r} is not one of {NETWORK_SCOPES}")
         if self.spatial_cv < 0:
             raise ValueError(f"spatial_cv={self.spatial_cv!r} must be >= 0")
-        for name in ("temporal_cv", "collective_cv"):
+        optional = () if self.transfer_cv is None else ("transfer_cv",)
+        for name in ("temporal_cv", "collective_cv", *optional):
             value = getattr(self, name)
             if not 0 <= value <= MAX_NORMAL_CV:
                 raise ValueError(
@@ -179,6 +185,11 @@ class VariabilityModel:
         """Whether any compute op's duration varies (temporal CVs or the floor)."""
         by_class = self.temporal_cv_by_class or {}
         return self.temporal_cv > 0 or any(by_class.values()) or self.temporal_floor_s > 0
+
+    @property
+    def pipeline_transfer_cv(self) -> float:
+        """The CV a pipeline transfer is drawn with: transfer_cv, or collective_cv where None."""
+        return self.collective_cv if self.transfer_cv is None else self.transfer_cv
 
     def temporal_cv_of(self, noise_class_name: str) -> float:
         return (self.temporal_cv_by_class or {}).get(noise_class_name, self.temporal_cv)

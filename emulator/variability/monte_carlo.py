@@ -18,7 +18,10 @@ as PRISM does (emulator.variability.model):
   the last member is ready and all end together); a collective spanning pipeline stages
   draws once for all of them: d = duration * network * (1 + collective_cv * z);
 - pipeline transfer: one draw per pair of ranks, the same for the send and its recv, like a
-  collective's (the transfer's own, no-bubble regime: the replay adds the waiting);
+  collective's, with the model's `pipeline_transfer_cv`: d = duration * network * (1 + cv * z).
+  The replay adds the wait for the peer, so the draw stands for PRISM's no-bubble regime (the
+  transfer's own duration); its CV is the collectives' assumed one unless `transfer_cv` was
+  measured on a real run's transfers (prismbench.pipeline_transfers);
 - network: one regime per sample, on the communication the model's `network_scope` names
   (by default the calls and transfers whose group spans nodes: the graph's `crosses_nodes`).
 
@@ -150,13 +153,15 @@ class _Durations:
             return self._segment(pp, c["duration_s"][node], c["draw_s"][node], c["std_s"][node])
         if kind == COLLECTIVE:
             join = c["join"][node]
+            cv = self.variability.collective_cv
             if join < 0:
-                return self._comm(c, node, c["axes"][node])
+                return self._comm(c, node, c["axes"][node], cv)
             if join not in self.joins:
-                self.joins[join] = self._comm(c, node, c["axes"][node])
+                self.joins[join] = self._comm(c, node, c["axes"][node], cv)
             return self.joins[join]
         if kind == SEND:
-            d = self.transfers[(pp, node)] = self._comm(c, node, 0)
+            cv = self.variability.pipeline_transfer_cv
+            d = self.transfers[(pp, node)] = self._comm(c, node, 0, cv)
             return d
         if kind == RECV:
             return self.transfers.pop((c["peer_class"][node], c["join"][node]))
@@ -171,14 +176,14 @@ class _Durations:
         factors = self.factors[pp]
         return d if factors is None else d * factors
 
-    def _comm(self, c: dict[str, list], node: int, axes_mask: int):
+    def _comm(self, c: dict[str, list], node: int, axes_mask: int, cv: float):
         duration = c["duration_s"][node]
         d = duration * self.network if c["regime"][node] else duration
-        if self.variability.collective_cv > 0 and duration > 0:
+        if cv > 0 and duration > 0:
             shape = tuple(1 if (axes_mask >> a) & 1 else n for a, n in enumerate(self.graph.lanes))
             z = self.pool.window((*shape, self.samples))
             if c["noisy"][node]:
-                d = d * (1.0 + self.variability.collective_cv * z)
+                d = d * (1.0 + cv * z)
         return d
 
 
@@ -197,17 +202,19 @@ def network_regime_nodes(graph: ExecutionGraph, model: VariabilityModel) -> int:
 
 def draws_per_sample(graph: ExecutionGraph, model: VariabilityModel) -> int:
     """Normals one sample takes from the NoisePool: a lane each per noisy segment, and per comm
-    draw one per group instance (the lanes outside its axes; a pp-spanning collective once)."""
+    draw one per group instance (the lanes outside its axes; a pp-spanning collective once):
+    collectives where the model's collective_cv is above 0, transfers where its
+    pipeline_transfer_cv is."""
     lanes = graph.lanes
     draws, joins = 0, set()
     for c in graph.classes:
         kind = c["kind"]
         if model.has_kernel_noise:
             draws += int(np.prod(lanes)) * int(((kind == SEGMENT) & (c["variance_s2"] > 0)).sum())
-        if model.collective_cv <= 0:
-            continue
-        comm = ((kind == COLLECTIVE) | (kind == SEND)) & (c["duration_s"] > 0)
-        for node in np.flatnonzero(comm).tolist():
+        drawn = ((kind == COLLECTIVE) & (model.collective_cv > 0)) | (
+            (kind == SEND) & (model.pipeline_transfer_cv > 0)
+        )
+        for node in np.flatnonzero(drawn & (c["duration_s"] > 0)).tolist():
             join = int(c["join"][node]) if kind[node] == COLLECTIVE else -1
             if join in joins:
                 continue

@@ -106,8 +106,9 @@ def noise_sources(
                 mask = NoiseMask(**(nothing | {"segment_std_s": std}))
                 sources.append(NoiseSource(f"compute {name}", "compute", mask))
     signatures = sorted(_comm_signatures(graph).items(), key=lambda kv: kv[0])
-    if model.collective_cv > 0:
-        for (category, name), nodes in signatures:
+    comm_cvs = {"collective": model.collective_cv, "pipeline": model.pipeline_transfer_cv}
+    for (category, name), nodes in signatures:
+        if comm_cvs[category] > 0:
             sources.append(NoiseSource(name, category, NoiseMask(**(nothing | {"comm": nodes}))))
     if model.spatial_cv > 0 or model.step_cv > 0 or model.speed_factors is not None:
         mask = NoiseMask(**(nothing | {"spatial": True}))

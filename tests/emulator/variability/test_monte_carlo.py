@@ -7,14 +7,20 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from emulator.graph.execution_graph import RECV, SEND
 from emulator.graph.replay import replay
 from emulator.variability.model import (
     DEFAULT_NETWORK,
+    MAX_NORMAL_CV,
     NO_VARIABILITY,
     PRISM_HIGH,
     VariabilityModel,
 )
-from emulator.variability.monte_carlo import network_regime_nodes, sample_step_times
+from emulator.variability.monte_carlo import (
+    draws_per_sample,
+    network_regime_nodes,
+    sample_step_times,
+)
 from emulator.variability.summary import summarize
 from emulator.world.mesh import World
 from tests.emulator.synthetic_traces import Stage, build, pipeline
@@ -42,6 +48,53 @@ def tp_dp_graph():
 def pipeline_graph():
     world = World.grid(dp=2, pp=4, cp=1, tp=2)
     return build(world, pipeline(world, 8, 1.0, 2.0, "1f1b"), temporal_cv=0.05)
+
+
+@pytest.fixture
+def timed_transfers_graph():
+    """pipeline_graph with transfers of 0.05 s: synthetic programs' transfers are free."""
+    world = World.grid(dp=2, pp=4, cp=1, tp=2)
+    graph = build(world, pipeline(world, 8, 1.0, 2.0, "1f1b"), temporal_cv=0.05)
+    for c in graph.classes:
+        c["duration_s"][np.isin(c["kind"], (SEND, RECV))] = 0.05
+    return graph
+
+
+def test_without_a_transfer_cv_transfers_draw_the_collectives_cv_as_before(timed_transfers_graph):
+    times = sample_step_times(timed_transfers_graph, PRISM_HIGH, samples=64, seed=11)
+    # the first samples before transfer_cv existed (rel 1e-12: numpy's exp may differ in the
+    # last bit between CPUs; another draw order would differ in the third digit)
+    before = [37.03634124320881, 41.986336471571306, 44.95650933663565]
+    assert times[:3].tolist() == pytest.approx(before, rel=1e-12)
+    same = replace(PRISM_HIGH, transfer_cv=PRISM_HIGH.collective_cv)
+    again = sample_step_times(timed_transfers_graph, same, samples=64, seed=11)
+    assert np.array_equal(again, times)
+
+
+def test_a_transfer_cv_spreads_the_transfers_and_nothing_else(timed_transfers_graph, tp_dp_graph):
+    transfers_only = replace(NO_VARIABILITY, transfer_cv=0.1)
+    times = sample_step_times(timed_transfers_graph, transfers_only, samples=200, seed=1)
+    assert times.std() > 0
+    # a job without a pipeline has no transfer to draw: nothing changes
+    assert draws_per_sample(tp_dp_graph, transfers_only) == 0
+    times = sample_step_times(tp_dp_graph, transfers_only, samples=64, seed=1)
+    assert (times == replay(tp_dp_graph).iteration_time_s).all()
+
+
+def test_a_transfer_cv_of_0_leaves_the_transfers_exact_under_collective_noise(
+    timed_transfers_graph,
+):
+    # the synthetic pipeline has no collective: only its transfers could vary
+    quiet = replace(NO_VARIABILITY, collective_cv=0.1, transfer_cv=0.0)
+    assert draws_per_sample(timed_transfers_graph, quiet) == 0
+    times = sample_step_times(timed_transfers_graph, quiet, samples=64, seed=1)
+    assert (times == replay(timed_transfers_graph).iteration_time_s).all()
+
+
+@pytest.mark.parametrize("cv", [-0.01, MAX_NORMAL_CV + 0.01])
+def test_a_transfer_cv_outside_what_a_normal_draw_keeps_positive_is_refused(cv):
+    with pytest.raises(ValueError, match=r"transfer_cv=.* must be in \[0, 0.15\]"):
+        replace(NO_VARIABILITY, transfer_cv=cv)
 
 
 def test_same_seed_same_answer_other_seed_another(pipeline_graph):

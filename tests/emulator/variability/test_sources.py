@@ -1,6 +1,8 @@
 """Noise masks and sources on synthetic programs: an all-on mask is the unmasked run, an all-off
 mask the deterministic replay, op classes split a segment's variance, and every source named."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -90,6 +92,20 @@ def test_every_signature_is_a_source_and_a_model_without_it_has_none(pipeline_ca
         "network regime on send/recv on pp",
     ]
     assert noise_sources(graph, NO_VARIABILITY, traces, spreads) == ()
+
+
+def test_transfers_are_a_source_where_their_own_cv_is_above_0(pipeline_case):
+    graph, stages = pipeline_case
+    traces, spreads = _traces_and_spreads(stages)
+
+    def comm_sources(model):
+        sources = noise_sources(graph, model, traces, spreads)
+        return [s.name for s in sources if s.category in ("collective", "pipeline")]
+
+    transfers_only = replace(NO_VARIABILITY, transfer_cv=0.05)
+    assert comm_sources(transfers_only) == ["send/recv on pp"]
+    collectives_only = replace(NO_VARIABILITY, collective_cv=0.05, transfer_cv=0.0)
+    assert comm_sources(collectives_only) == ["all_reduce on tp", "reduce_scatter on dp"]
 
 
 def test_the_network_regime_on_one_signature_stretches_only_those_calls():
