@@ -27,7 +27,7 @@ import numpy as np
 
 from emulator.variability.model import NetworkRegime
 from emulator.variability.regimes import estimate_network_regimes, otsu_threshold
-from workloads.config import SpecError
+from prismbench.seconds_file import read_seconds
 
 # At 20 steps a regime of 10 % of them holds 2; fewer say too little to split.
 MIN_NETWORK_STEPS = 20
@@ -57,34 +57,9 @@ class MeasuredNetwork:
 
 
 def read_step_times(path: str | Path, *, option: str = "--network-steps") -> np.ndarray:
-    """Per-step communication times (s), one number per line; blank lines and lines starting
-    with '#' are comments. Anything else is refused naming the line (SpecError)."""
-    path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise SpecError(f"{option} {path}: cannot be read as text ({err})") from None
-    times = []
-    for number, line in enumerate(lines, 1):
-        text = line.strip()
-        if not text or text.startswith("#"):
-            continue
-        try:
-            seconds = float(text)
-        except ValueError:
-            raise SpecError(
-                f"{option} {path}, line {number}: {text!r} is not a number: give one step's "
-                "communication time in seconds per line ('#' starts a comment)"
-            ) from None
-        if not (np.isfinite(seconds) and seconds > 0):
-            raise SpecError(f"{option} {path}, line {number}: {text!r}: a time in seconds must be > 0")
-        times.append(seconds)
-    if len(times) < MIN_NETWORK_STEPS:
-        raise SpecError(
-            f"{option} {path}: {len(times)} step(s); give at least {MIN_NETWORK_STEPS} (the "
-            "steady state's steps, one time in seconds per line)"
-        )
-    return np.asarray(times)
+    """Per-step communication times (s), one per line (prismbench.seconds_file)."""
+    return read_seconds(path, option=option, item="step", minimum=MIN_NETWORK_STEPS,
+                        each="one steady-state step's communication time")  # fmt: skip
 
 
 def measured_network(path: str | Path, *, option: str = "--network-steps") -> MeasuredNetwork:
