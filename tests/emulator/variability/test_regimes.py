@@ -29,6 +29,28 @@ def test_pipeline_transfers_split_into_no_bubble_and_bubble():
     assert regimes.bubble.mean == pytest.approx(6e-3, rel=0.02)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_waits_of_several_times_the_transfer_are_all_cut_off_the_no_bubble_regime(seed):
+    # 80 % of transfers take 2 ms +- 2 %, 20 % wait 5-20 ms more: in seconds Otsu cut inside
+    # the waits, the shortest joined the no-bubble regime and its CV read 20-60 %
+    rng = np.random.default_rng(seed)
+    own = 2e-3 * (1 + 0.02 * rng.standard_normal(500))
+    waited = rng.random(500) < 0.2
+    regimes = split_pipeline_transfers(own + np.where(waited, rng.uniform(5e-3, 20e-3, 500), 0))
+    assert regimes.bubble_fraction == waited.mean()
+    no_bubble = regimes.no_bubble
+    assert no_bubble.std / no_bubble.mean == pytest.approx(0.02, rel=0.2)
+    assert no_bubble.mean == pytest.approx(2e-3, rel=0.005)
+    assert 2.1e-3 < regimes.threshold_s < 7e-3
+
+
+def test_transfers_of_one_duration_are_one_regime():
+    regimes = split_pipeline_transfers([3e-3] * 12)
+    assert regimes.bubble is None and regimes.bubble_fraction == 0
+    assert (regimes.no_bubble.mean, regimes.no_bubble.std) == (3e-3, 0.0)
+    assert regimes.threshold_s == pytest.approx(3e-3)
+
+
 def test_network_regimes_recovered_from_step_factors():
     rng = np.random.default_rng(2)
     nominal = rng.normal(1.0, 0.01, 900)
