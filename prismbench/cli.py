@@ -552,11 +552,15 @@ def _check_trace_beside_memory_out(trace: str | None, memory_out: str | None) ->
 def _cmd_variability(args: argparse.Namespace) -> int:
     from emulator.variability.summary import check_allocations
     from prismbench.network_steps import measured_network
+    from prismbench.pipeline_transfers import measured_transfers
     from prismbench.variability import plot_distribution, variability
     from prismbench.variability_calibration import resolve_preset
 
     job = _load_job(args.job)
     network = None if args.network_steps is None else measured_network(args.network_steps)
+    transfers = (
+        None if args.pipeline_transfers is None else measured_transfers(args.pipeline_transfers)
+    )
     _check_output(args.plot, "--plot", inputs=(args.job,))
     _check_image_format(args.plot, "--plot")
     if args.threshold is not None and not args.threshold > 0:
@@ -586,6 +590,7 @@ def _cmd_variability(args: argparse.Namespace) -> int:
         steps_per_allocation=args.steps_per_allocation,
         kernel_table=_kernel_table(job, args.kernel_table),
         network=network,
+        transfers=transfers,
     )
     if args.plot:
         plot_distribution(result, Path(args.plot))
@@ -823,6 +828,7 @@ def _add_variability(commands) -> None:
     from emulator.variability.model import DEFAULT_NETWORK, MEASURED_PRESET, PRESET_NAMES
     from emulator.variability.summary import DEFAULT_STEPS_PER_ALLOCATION, MIN_ALLOCATIONS
     from prismbench.network_steps import MIN_NETWORK_STEPS
+    from prismbench.pipeline_transfers import MIN_PIPELINE_TRANSFERS
 
     cmd = commands.add_parser(
         "variability",
@@ -889,6 +895,15 @@ def _add_variability(commands) -> None:
         "place of the preset's assumed ones (default: assumed, "
         + ", ".join(f"{100 * r.probability:g} %% of steps at {r.factor:g}x" for r in DEFAULT_NETWORK)
         + f"; at least {MIN_NETWORK_STEPS} steps)",
+    )
+    cmd.add_argument(
+        "--pipeline-transfers",
+        metavar="FILE",
+        help="the duration (s) of every pipeline send/recv of a real run, one per line (one "
+        "pipeline boundary's NCCL SendRecv kernels over the steady-state steps): Otsu's threshold "
+        "splits off the calls that waited for their peer, and the others' CV is drawn for every "
+        "pipeline transfer (prismbench/pipeline_transfers.py; default: the preset's collective "
+        f"CV, assumed; at least {MIN_PIPELINE_TRANSFERS} transfers)",
     )
     cmd.add_argument("--json", action="store_true", help="print one JSON object")
     cmd.add_argument("--plot", metavar="FILE", help="write a histogram and CDF (PNG)")

@@ -668,6 +668,11 @@ def render_variability(r, console: Console) -> None:
     measured = r.network_measured
     rows.insert(-1, ("network regimes (a factor on inter-node communication)",
                      measured.describe() if measured else f"{regimes}; assumed by {r.preset}"))  # fmt: skip
+    if r.transfer_cv is not None:
+        transfers = r.transfers_measured
+        rows.insert(-1, ("pipeline transfer CV (one send/recv, no bubble)",
+                         transfers.describe() if transfers
+                         else f"{100 * r.transfer_cv:.2f} %: the collectives', assumed by {r.preset}"))  # fmt: skip
     if r.variability_table is not None:
         rows.insert(0, (f"{r.preset} preset's table (temporal variation)", r.variability_table))
     for figure, value in rows:

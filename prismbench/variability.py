@@ -36,6 +36,7 @@ from emulator.variability.summary import (
 from prismbench.emulate import PricedJob, price_job
 from prismbench.files import write_atomically
 from prismbench.network_steps import MeasuredNetwork
+from prismbench.pipeline_transfers import MeasuredTransfers
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -50,6 +51,10 @@ class VariabilityResult:
     # the network regimes drawn (the preset's, or those measured on a run: `network_measured`)
     network: tuple = ()
     network_measured: MeasuredNetwork | None = None
+    # the CV each pipeline transfer drew (the model's pipeline_transfer_cv: the collectives'
+    # unless measured on a run's transfers, `transfers_measured`)
+    transfer_cv: float | None = None
+    transfers_measured: MeasuredTransfers | None = None
     # the `measured` preset's table where it is a file given (`--variability-table`), not the
     # job's GPU's committed one
     variability_table: str | None = None
@@ -69,6 +74,8 @@ class VariabilityResult:
             **self.distribution.to_dict(),
             "network_regimes": [{"probability": r.probability, "factor": r.factor} for r in self.network],
             "network_measured": None if self.network_measured is None else self.network_measured.to_dict(),
+            "transfer_cv": self.transfer_cv,
+            "transfers_measured": None if self.transfers_measured is None else self.transfers_measured.to_dict(),
             "tail_slow_network_share": self.tail_slow_network_share,
             "monte_carlo_wall_s": self.monte_carlo_wall_s,
         }
@@ -103,6 +110,7 @@ def variability(
     kernel_table="preset",
     steps_per_allocation: int = DEFAULT_STEPS_PER_ALLOCATION,
     network: MeasuredNetwork | None = None,
+    transfers: MeasuredTransfers | None = None,
     variability_table: str | None = None,
 ) -> VariabilityResult:
     """Sample `job`'s step time `samples` times under `model` (named `preset` in the result).
@@ -117,6 +125,8 @@ def variability(
     allocations.
     network: regimes measured on a run (prismbench.network_steps), drawn in place of the
     model's.
+    transfers: pipeline transfers measured on a run (prismbench.pipeline_transfers): their
+    no-bubble CV is drawn as the model's transfer_cv.
     variability_table: the file `model`'s figures were read from, named in the result."""
     check_allocations(samples, steps_per_allocation)  # before the capture, not after it
     priced = price_job(job, use_cache=use_cache, workers=workers, progress=progress,
@@ -125,7 +135,8 @@ def variability(
                          samples=samples, seed=seed, threshold_s=threshold_s, k_steps=k_steps,
                          progress=progress, rank_sources=rank_sources, slow_gpus=slow_gpus,
                          steps_per_allocation=steps_per_allocation, threads=workers,
-                         network=network, variability_table=variability_table)  # fmt: skip
+                         network=network, transfers=transfers,
+                         variability_table=variability_table)  # fmt: skip
 
 
 def priced_graph(
@@ -159,14 +170,18 @@ def sample_priced(
     steps_per_allocation: int = DEFAULT_STEPS_PER_ALLOCATION,
     threads: int | None = None,
     network: MeasuredNetwork | None = None,
+    transfers: MeasuredTransfers | None = None,
     variability_table: str | None = None,
 ) -> VariabilityResult:
     """The step-time distribution of a job already captured and priced (`price_job`), on
     `threads` threads (None: one per core; emulator.variability.monte_carlo); with `network`,
-    its regimes in place of the model's; `variability_table` as `variability`'s."""
+    its regimes in place of the model's, with `transfers`, their no-bubble CV as its
+    transfer_cv; `variability_table` as `variability`'s."""
     say = progress or (lambda _msg: None)
     if network is not None:
         model = replace(model, network=network.regimes)
+    if transfers is not None:
+        model = replace(model, transfer_cv=transfers.no_bubble_cv)
     graph, spreads = priced_graph(priced, model)
     deterministic = replay(graph).iteration_time_s
     say(f"graph: {graph.nodes:,} nodes; {samples} samples")
@@ -199,6 +214,8 @@ def sample_priced(
         distribution=distribution,
         network=model.network,
         network_measured=network,
+        transfer_cv=model.pipeline_transfer_cv,
+        transfers_measured=transfers,
         tail_slow_network_share=tail_slow_network_share(
             times, regime_factors, distribution.p95_s, model, network_regime_nodes(graph, model)
         ),

@@ -2,11 +2,12 @@
 CLI's output, plot and errors."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from emulator.variability.model import NO_VARIABILITY
+from emulator.variability.model import NO_VARIABILITY, PRISM_LOW, VariabilityModel
 from prismbench.cli import main
 from prismbench.emulate import emulate
 from prismbench.spec import job_spec_from_dict
@@ -192,3 +193,46 @@ def test_network_regimes_measured_on_a_run_replace_the_assumed_ones(tmp_path, ca
     table = capsys.readouterr().out
     assert "70.0 % at 1.000x, 30.0 % at 3.000x; measured in" in table
     assert "restate the regimes" not in table
+
+
+@pytest.mark.integration
+def test_a_transfer_cv_above_the_collectives_widens_a_pipelined_step_alone():
+    # no host dispatch: with it the debug model's microsecond kernels wait on their launches
+    # and no transfer is on the critical path
+    collectives = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=0.01)
+    transfers = replace(collectives, transfer_cv=0.1)
+
+    def times(parallel: dict, model) -> np.ndarray:
+        job = job_spec_from_dict({"model": {"name": "llama-debug"}, "parallel": parallel,
+                                  "batch": {"seq_len": 64, "global_batch": 8}})  # fmt: skip
+        d = variability(job, model=model, samples=200, workers=1, host_dispatch=None).distribution
+        return d.times_s
+
+    assert times({"pp": 2}, transfers).std() > 3 * times({"pp": 2}, collectives).std()
+    assert np.array_equal(times({"dp": 2}, transfers), times({"dp": 2}, collectives))
+
+
+@pytest.mark.integration
+def test_transfers_measured_on_a_run_are_drawn_and_said(tmp_path, capsys):
+    # 32 calls of the transfer alone (2.0 or 2.1 ms), 8 that waited for their peer (9 ms)
+    transfers = tmp_path / "sendrecv_s.txt"
+    transfers.write_text("# SendRecv kernels, stage 0 -> 1 (s)\n" + "2.0e-3\n2.1e-3\n" * 16 + "9e-3\n" * 8)
+    job = _debug_job(tmp_path, "pp = 2\n")
+    argv = ["variability", job, "--samples", "200", "--workers", "1"]
+    assert main([*argv, "--json"]) == 0
+    assumed = json.loads(capsys.readouterr().out)
+    assert assumed["transfer_cv"] == PRISM_LOW.collective_cv and assumed["transfers_measured"] is None
+    assert main([*argv, "--json", "--pipeline-transfers", str(transfers)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    measured = out["transfers_measured"]
+    assert {k: measured[k] for k in ("source", "transfers", "bubble_fraction")} == {
+        "source": str(transfers), "transfers": 40, "bubble_fraction": 0.2}  # fmt: skip
+    assert 2.1e-3 < measured["threshold_s"] < 9e-3
+    assert measured["no_bubble_mean_s"] == pytest.approx(2.05e-3)
+    assert out["transfer_cv"] == measured["no_bubble_cv"] == pytest.approx(0.05 / 2.05, rel=0.05)
+    assert main(argv) == 0
+    assert "0.98 %: the collectives', assumed by prism-low" in capsys.readouterr().out
+    assert main([*argv, "--pipeline-transfers", str(transfers)]) == 0
+    table = " ".join(capsys.readouterr().out.split())
+    cv = f"{100 * measured['no_bubble_cv']:.2f} %"
+    assert f"pipeline transfer CV (one send/recv, no bubble) │ {cv} (no-bubble mean 0.00205 s)" in table

@@ -1,0 +1,97 @@
+"""Pipeline transfers measured on a real run: the CV of a transfer's own duration (issue 18).
+
+Without a measurement the model draws a pipeline send/recv with `collective_cv`, an assumed
+figure (emulator.variability.model). A user who profiled a pipelined run of the job gives the
+durations of its pipeline send/recv calls, one per line: the NCCL SendRecv kernels of one
+pipeline boundary in the steady-state steps, so that they are one activation size over one
+link (transfers of another size or over another link would read as waits). A call lasts the
+transfer alone when the peer was already there, or the transfer plus the wait for the peer:
+PRISM's no-bubble and bubble regimes, which emulator.variability.regimes'
+`split_pipeline_transfers` separates at Otsu's threshold (over the durations' logarithms). The
+replay produces the waits itself (a recv starts at the later of the two sides), so only the
+no-bubble regime is drawn: its CV, the standard deviation over the mean of the distribution
+fitted to it (matched to its moments where it holds fewer than distributions.MIN_SAMPLES
+durations), becomes the model's `transfer_cv`. Its mean is reported, not used: the emulator
+prices each transfer from the job's activations and links, and the two can be compared.
+
+Otsu's threshold separates any spread that is not one value: a run where no call waited
+still splits, and its no-bubble regime is the lower part of the ordinary spread, whose CV
+understates the transfers'; waits shorter than a few times the transfer join the no-bubble
+regime and overstate it. Durations all equal are one regime of CV 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from emulator.variability.distributions import MIN_SAMPLES
+from emulator.variability.model import MAX_NORMAL_CV
+from emulator.variability.regimes import split_pipeline_transfers
+from prismbench.seconds_file import read_seconds
+from workloads.config import SpecError
+
+# At 40 transfers a no-bubble regime of a fifth of them still holds MIN_SAMPLES (8), enough
+# to fit its distribution's family; fewer, and its CV rests on a handful of calls.
+MIN_PIPELINE_TRANSFERS = 5 * MIN_SAMPLES
+
+
+@dataclass(frozen=True)
+class MeasuredTransfers:
+    """The split of one run's pipeline transfers: where they come from, and the no-bubble CV."""
+
+    source: str  # the file
+    transfers: int
+    threshold_s: float  # Otsu's cut between the regimes (durations at or below: no bubble)
+    bubble_fraction: float  # the share above it: calls that waited for their peer
+    no_bubble_mean_s: float
+    no_bubble_cv: float  # drawn as the model's transfer_cv
+
+    def describe(self) -> str:
+        split = (
+            f"{100 * self.bubble_fraction:.1f} % above Otsu's threshold {self.threshold_s:.4g} s "
+            "(waited for the peer)"
+            if self.bubble_fraction
+            else "one regime (none waited for the peer)"
+        )
+        return (
+            f"{100 * self.no_bubble_cv:.2f} % (no-bubble mean {self.no_bubble_mean_s:.4g} s); "
+            f"measured in {self.source}: {self.transfers} transfers, {split}"
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "source": self.source,
+            "transfers": self.transfers,
+            "threshold_s": self.threshold_s,
+            "bubble_fraction": self.bubble_fraction,
+            "no_bubble_mean_s": self.no_bubble_mean_s,
+            "no_bubble_cv": self.no_bubble_cv,
+        }
+
+
+def measured_transfers(
+    path: str | Path, *, option: str = "--pipeline-transfers"
+) -> MeasuredTransfers:
+    """The no-bubble regime of the pipeline send/recv durations (s) `path` holds, one per line;
+    a CV the Monte Carlo cannot draw (above MAX_NORMAL_CV) is refused (SpecError)."""
+    durations = read_seconds(path, option=option, item="transfer", minimum=MIN_PIPELINE_TRANSFERS,
+                             each="one pipeline send/recv's duration")  # fmt: skip
+    regimes = split_pipeline_transfers(durations)
+    no_bubble = regimes.no_bubble
+    cv = no_bubble.std / no_bubble.mean
+    if cv > MAX_NORMAL_CV:
+        raise SpecError(
+            f"{option} {path}: the no-bubble regime's CV is {100 * cv:.1f} %, above the "
+            f"{100 * MAX_NORMAL_CV:.0f} % a normal draw keeps positive: short waits for the peer "
+            "or transfers of other sizes or links are likely mixed into it (give one pipeline "
+            "boundary's SendRecv kernels of the steady-state steps)"
+        )
+    return MeasuredTransfers(
+        source=str(path),
+        transfers=len(durations),
+        threshold_s=regimes.threshold_s,
+        bubble_fraction=regimes.bubble_fraction,
+        no_bubble_mean_s=no_bubble.mean,
+        no_bubble_cv=cv,
+    )
