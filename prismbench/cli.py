@@ -572,10 +572,12 @@ def _cmd_variability(args: argparse.Namespace) -> int:
                           steps_name="--steps-per-allocation")  # fmt: skip
     except ValueError as err:
         raise SpecError(str(err)) from None
+    model = resolve_preset(args.preset, job.cluster.gpu, args.variability_table)
+    _check_measured_communication(job, model, network, transfers)
     result = variability(
         job,
         name=job.model.name,
-        model=resolve_preset(args.preset, job.cluster.gpu, args.variability_table),
+        model=model,
         preset=args.preset,
         variability_table=args.variability_table,
         samples=args.samples,
@@ -623,6 +625,23 @@ def _cmd_variability_table(args: argparse.Namespace) -> int:
     print(f"wrote {path}: `prismbench variability JOB.toml --preset measured "
           f"--variability-table {path}` draws from it for a job on {table['gpu']}")  # fmt: skip
     return EXIT_OK
+
+
+def _check_measured_communication(job, model, network, transfers) -> None:
+    """A measurement of communication the job does not have would change nothing: refused, not
+    silently ignored."""
+    one_node = job.world_size <= job.cluster.gpus_per_node
+    if network is not None and model.network_scope == "inter-node" and one_node:
+        raise SpecError(
+            f"--network-steps: the job's {job.world_size} GPU(s) fit one node (cluster."
+            f"gpus_per_node={job.cluster.gpus_per_node}): no communication crosses the network, "
+            "so its regimes would change nothing"
+        )
+    if transfers is not None and job.parallel.pp == 1:
+        raise SpecError(
+            "--pipeline-transfers: parallel.pp=1: the job has no pipeline transfers, so their "
+            "CV would change nothing"
+        )
 
 
 def _check_placement(job, *, slow_gpus: int) -> None:

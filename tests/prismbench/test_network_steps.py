@@ -65,3 +65,18 @@ def test_a_missing_file_is_named(tmp_path, capsys):
     job.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 32\nglobal_batch = 2\n')
     assert main(["variability", str(job), "--network-steps", str(tmp_path / "none.txt")]) == 2
     assert f"--network-steps {tmp_path / 'none.txt'}: cannot be read" in capsys.readouterr().err
+
+
+def test_measurements_of_communication_the_job_lacks_are_refused_not_ignored(tmp_path, capsys, monkeypatch):
+    import prismbench.variability
+
+    monkeypatch.setattr(prismbench.variability, "price_job", lambda *a, **k: pytest.fail("captured"))
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "gpt-debug"\n[parallel]\ndp = 8\n[batch]\nseq_len = 32\nglobal_batch = 8\n')
+    steps = _steps(tmp_path, ["0.01"] * MIN_NETWORK_STEPS)
+    assert main(["variability", str(job), "--network-steps", str(steps)]) == 2
+    assert "the job's 8 GPU(s) fit one node (cluster.gpus_per_node=8)" in capsys.readouterr().err
+    transfers = tmp_path / "sendrecv_s.txt"
+    transfers.write_text("0.002\n" * 100)
+    assert main(["variability", str(job), "--pipeline-transfers", str(transfers)]) == 2
+    assert "--pipeline-transfers: parallel.pp=1: the job has no pipeline transfers" in capsys.readouterr().err
