@@ -333,7 +333,8 @@ def _variability_settings(args: argparse.Namespace):
         given = [o for o, v in (("--variability-samples", args.variability_samples),
                                 ("--variability-seed", args.variability_seed),
                                 ("--variability-steps-per-allocation",
-                                 args.variability_steps_per_allocation)) if v is not None]  # fmt: skip
+                                 args.variability_steps_per_allocation),
+                                ("--variability-table", args.variability_table)) if v is not None]  # fmt: skip
         if given:
             raise SpecError(f"{', '.join(given)} given without --variability PRESET")
         return None
@@ -343,6 +344,7 @@ def _variability_settings(args: argparse.Namespace):
         samples=1000 if args.variability_samples is None else args.variability_samples,
         seed=args.variability_seed or 0,
         **({} if steps is None else {"steps_per_allocation": steps}),
+        table=args.variability_table,
     )
 
 
@@ -1193,6 +1195,13 @@ def _add_validate_variability(validate_cmd) -> None:
         metavar="S",
         help=f"samples per allocation of GPUs with --variability (as `variability "
         f"--steps-per-allocation`; {DEFAULT_STEPS_PER_ALLOCATION})",
+    )
+    validate_cmd.add_argument(
+        "--variability-table",
+        metavar="TABLE.json",
+        help="with --variability measured: draw from this table of your own GPU (`prismbench "
+        "variability-table`) in place of the committed ones; every selected case must run on "
+        "its GPU (default: results/variability/<gpu>.json)",
     )
 
 

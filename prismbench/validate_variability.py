@@ -25,12 +25,15 @@ PLOT_NAME = "step_time_distribution.png"  # in the case's artifact folder, logge
 @dataclass(frozen=True, kw_only=True)
 class VariabilitySettings:
     """What `validate --variability PRESET --variability-samples N --variability-seed SEED
-    --variability-steps-per-allocation S` asks."""
+    --variability-steps-per-allocation S --variability-table TABLE` asks."""
 
     preset: str
     samples: int = 1000
     seed: int = 0
     steps_per_allocation: int = DEFAULT_STEPS_PER_ALLOCATION  # as `variability`'s default
+    # a measured table of one's own (`prismbench variability-table`) in place of the committed
+    # ones: the `measured` preset only, and every selected case on its GPU (`check_gpus`)
+    table: str | None = None
 
     def __post_init__(self) -> None:
         if self.preset not in PRESET_NAMES:
@@ -48,6 +51,12 @@ class VariabilitySettings:
                               steps_name="--variability-steps-per-allocation")  # fmt: skip
         except ValueError as err:
             raise SpecError(str(err)) from None
+        if self.table is not None and self.preset != MEASURED_PRESET:
+            raise SpecError(
+                f"--variability-table {self.table}: holds the {MEASURED_PRESET!r} preset's "
+                f"figures, which --variability {self.preset} does not draw; give --variability "
+                f"{MEASURED_PRESET}"
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -57,8 +66,17 @@ class VariabilitySettings:
         rather than fail cases one by one."""
         if self.preset != MEASURED_PRESET:
             return
-        from prismbench.variability_calibration import measured_gpus
+        from prismbench.variability_calibration import measured_gpus, read_table
 
+        if self.table is not None:
+            gpu = read_table(self.table)["gpu"]
+            others = sorted({b.job.cluster.gpu for b in baselines} - {gpu})
+            if others:
+                raise SpecError(
+                    f"--variability-table {self.table}: measured on gpu {gpu!r}; selected cases "
+                    f"run on {', '.join(others)}: select the cases on {gpu} only"
+                )
+            return
         lacking = sorted({b.job.cluster.gpu for b in baselines} - set(measured_gpus()))
         if lacking:
             raise SpecError(
@@ -85,7 +103,8 @@ def case_distribution(
 
     # one thread: validate already runs its cases in parallel processes
     result = sample_priced(priced, name=name, world_size=world_size,
-                           model=resolve_preset(settings.preset, gpu), preset=settings.preset,
+                           model=resolve_preset(settings.preset, gpu, settings.table),
+                           preset=settings.preset,
                            samples=settings.samples, seed=settings.seed, progress=progress,
                            steps_per_allocation=settings.steps_per_allocation,
                            threads=1)  # fmt: skip

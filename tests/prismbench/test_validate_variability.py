@@ -175,3 +175,43 @@ def test_the_measured_preset_refuses_a_selection_with_an_unmeasured_gpu(
     assert "no measured variability for gpu a100-sxm-80g" in capsys.readouterr().err
     # neither the history nor an MLflow store beside it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["baselines"]
+
+
+def _own_table(tmp_path: Path, **figures) -> Path:
+    """The committed H100 table with `figures` changed, as one's own table of that GPU."""
+    table = json.loads(Path("results/variability/h100-sxm-80g.json").read_text()) | figures
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(table))
+    return path
+
+
+def test_a_table_of_one_s_own_gpu_is_drawn_and_stored_with_the_run(tmp_path, baselines_dir):
+    db = tmp_path / "h.duckdb"
+    chosen = load_baselines(baselines_dir)[:1]
+    mine = _own_table(tmp_path, step_cv=0.05)
+    runs = [
+        validate(chosen, db_path=db, workers=1,
+                 variability=VariabilitySettings(preset="measured", samples=200, table=table))
+        for table in (None, str(mine))
+    ]  # fmt: skip
+    committed, own = (run.cases[0].variability for run in runs)
+    assert own["std_s"] > 5 * committed["std_s"]  # a 5 % step CV against the H100's 0.3 %
+    (settings,) = history.read(db, "SELECT settings FROM runs WHERE run_id = ?", [runs[1].run_id])
+    assert json.loads(settings["settings"])["variability"]["table"] == str(mine)
+
+
+def test_a_table_is_refused_with_another_preset_or_a_case_on_another_gpu(
+    tmp_path, baselines_dir, capsys
+):
+    mine = str(_own_table(tmp_path))
+    db = tmp_path / "h.duckdb"
+    assert main(_args(baselines_dir, db, "--variability", "prism-low", "--variability-table", mine)) == 2
+    assert "which --variability prism-low does not draw; give --variability measured" in capsys.readouterr().err
+    assert main(_args(baselines_dir, db, "--variability-table", mine)) == 2
+    assert "--variability-table given without --variability PRESET" in capsys.readouterr().err
+    (baselines_dir / "mine__tiny__1g__r003.toml").write_text(
+        TINY_JOB + '[job.cluster]\ngpu = "a100-sxm-80g"\n[measured]\niteration_time_s = 0.01\n' + PROVENANCE
+    )
+    assert main(_args(baselines_dir, db, "--variability", "measured", "--variability-table", mine)) == 2
+    assert "measured on gpu 'h100-sxm-80g'; selected cases run on a100-sxm-80g" in capsys.readouterr().err
+    assert not db.exists()
