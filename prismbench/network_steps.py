@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from emulator.variability.model import NetworkRegime
+from emulator.variability.model import NetworkRegime, regimes_text
 from emulator.variability.regimes import estimate_network_regimes, otsu_threshold
 from prismbench.seconds_file import read_seconds
 
@@ -44,8 +44,10 @@ class MeasuredNetwork:
     regimes: tuple[NetworkRegime, ...]
 
     def describe(self) -> str:
-        shares = ", ".join(f"{100 * r.probability:.1f} % at {r.factor:.3f}x" for r in self.regimes)
-        return f"{shares}; measured in {self.source} ({self.steps} steps, median {self.median_s:.4g} s)"
+        return (
+            f"{regimes_text(self.regimes)}; measured in {self.source} ({self.steps} steps, "
+            f"median {self.median_s:.4g} s)"
+        )
 
     def to_dict(self) -> dict:
         return {

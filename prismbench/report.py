@@ -15,6 +15,7 @@ from rich.table import Table
 from emulator.costs.kernel_table import PRICE_SOURCES
 from emulator.graph.results import BREAKDOWN_FIELDS
 from emulator.units import GiB, KiB, MiB
+from emulator.variability.model import regimes_text
 from prismbench.explain import NARAYANAN_EQ3, Explanation
 from prismbench.fit import MAX_SCAN
 
@@ -664,10 +665,10 @@ def render_variability(r, console: Console) -> None:
     share = r.tail_slow_network_share
     if share is not None:
         rows.insert(-2, ("steps above p95 in a slower network regime", f"{100 * share:.1f} %"))
-    regimes = ", ".join(f"{100 * n.probability:.1f} % at {n.factor:.3f}x" for n in r.network)
     measured = r.network_measured
     rows.insert(-1, ("network regimes (a factor on inter-node communication)",
-                     measured.describe() if measured else f"{regimes}; assumed by {r.preset}"))  # fmt: skip
+                     measured.describe() if measured
+                     else f"{regimes_text(r.network)}; assumed by {r.preset}"))  # fmt: skip
     if r.transfer_cv is not None:
         transfers = r.transfers_measured
         rows.insert(-1, ("pipeline transfer CV (one send/recv, no bubble)",

@@ -102,6 +102,11 @@ class NetworkRegime:
             raise ValueError(f"factor={self.factor!r} must be > 0")
 
 
+def regimes_text(regimes) -> str:
+    """Network regimes as a reader sees them: each one's share of steps and its factor."""
+    return ", ".join(f"{100 * r.probability:.1f} % at {r.factor:.3f}x" for r in regimes)
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class VariabilityModel:
     """The spread of every duration of a step (see module docstring).
