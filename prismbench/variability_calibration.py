@@ -109,7 +109,8 @@ class JobVariation:
         return iteration_kernel_cv(self.durations_s, self.classes, noise)
 
 
-def _profile_of(gpu_dir: Path, job: str) -> Path:
+def job_profile(gpu_dir: Path, job: str) -> Path:
+    """The profile of `job` under `gpu_dir`/profiles/ (any of PROFILE_SUFFIXES)."""
     for suffix in PROFILE_SUFFIXES:
         path = gpu_dir / "profiles" / f"{job}{suffix}"
         if path.exists():
@@ -166,7 +167,7 @@ def read_jobs(gpu_dir: str | Path) -> list[JobVariation]:
         jobs.append(
             job_variation(
                 job,
-                _profile_of(gpu_dir, job),
+                job_profile(gpu_dir, job),
                 iterations=int(figures["iterations"]),
                 iteration_s_min=float(figures["iteration_s_min"]),
                 iteration_s_median=float(figures["iteration_s_median"]),
