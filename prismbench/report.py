@@ -501,8 +501,11 @@ def render_ingest(result, console: Console, top: int = 10) -> None:
 def render_comparison(result, console: Console, top: int = 15) -> None:
     """Totals, then the `top` op classes with the largest absolute error (times in ms)."""
     error = "n/a" if result.error is None else f"{result.error:+.1%}"
+    # the job and the totals on lines of their own: a recording's name is ~50 characters, and
+    # on one line with the totals it wrapped mid-figure at 100 columns
+    console.print(f"Compute of one iteration of {result.job}:")
     console.print(
-        f"Compute of one iteration of {result.job}: predicted {result.predicted_s * 1e3:,.2f} ms, "
+        f"  predicted {result.predicted_s * 1e3:,.2f} ms, "
         f"measured {result.measured_s * 1e3:,.2f} ms of kernels ({error})"
     )
     # a line of its own, never broken by rich: the label is mostly paths, read and copied whole

@@ -172,3 +172,23 @@ def test_the_comparison_s_kernel_table_line_is_whole_at_100_columns():
     console = Console(record=True, width=100)
     render_comparison(comparison, console, top=0)
     assert f"kernel table: {label}" in console.export_text().splitlines()
+
+
+def test_the_comparison_s_totals_are_whole_at_100_columns():
+    """The one-line header (job name and both totals) wrapped at a 100 column terminal for a
+    recording's name; its totals are on a line of their own now, each with its unit."""
+    from rich.console import Console
+
+    from prismbench.compare import ClassComparison, Comparison
+    from prismbench.report import render_comparison
+
+    job = "h100frameworks__llama3-8b-l4-s8192-mb1-fp8-none"  # the longest recording's name
+    classes = [ClassComparison(op="matmul", aten="aten.mm", trace_ops=1, profile_ops=1,
+                               matched=1, predicted_s=1.2, measured_s=1.5, priced_by={})]  # fmt: skip
+    comparison = Comparison(job=job, profile="p.ops.jsonl.gz", kernel_table="none",
+                            classes=classes)  # fmt: skip
+    console = Console(record=True, width=100)
+    render_comparison(comparison, console, top=0)
+    lines = [line.strip() for line in console.export_text().splitlines()]
+    assert f"Compute of one iteration of {job}:" in lines
+    assert "predicted 1,200.00 ms, measured 1,500.00 ms of kernels (-20.0%)" in lines
