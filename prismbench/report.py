@@ -513,11 +513,14 @@ def render_comparison(result, console: Console, top: int = 15) -> None:
         f"kernel table: {result.kernel_table or 'none (roofline curves only)'}", soft_wrap=True
     )
     table = Table(
-        title=f"Op classes, largest absolute error first (top {top} of {len(result.classes)})"
+        title=f"Op classes, largest absolute error first (top {top} of {len(result.classes)})",
+        caption=f"priced by: ops priced {'/'.join(PRICE_SOURCES)}",
     )
     for column in ("op", "aten op", "ops (trace/profile)", "predicted ms", "measured ms",
-                   "error ms", "error", f"priced by ({'/'.join(PRICE_SOURCES)})"):  # fmt: skip
-        table.add_column(column, justify="left" if column in ("op", "aten op") else "right")
+                   "error ms", "error", "priced by"):  # fmt: skip
+        # folded, never cut: at 100 columns rich's default ellipsis hid op names and counts
+        table.add_column(column, justify="left" if column in ("op", "aten op") else "right",
+                         overflow="fold")  # fmt: skip
     for c in result.classes[:top]:
         rel = f"{c.error_s / c.measured_s:+.1%}" if c.measured_s else "n/a (not measured)"
         table.add_row(

@@ -192,3 +192,29 @@ def test_the_comparison_s_totals_are_whole_at_100_columns():
     lines = [line.strip() for line in console.export_text().splitlines()]
     assert f"Compute of one iteration of {job}:" in lines
     assert "predicted 1,200.00 ms, measured 1,500.00 ms of kernels (-20.0%)" in lines
+
+
+def test_the_comparison_s_table_folds_long_cells_instead_of_cutting_them():
+    """At 100 columns rich cut the op-class table's cells with an ellipsis ("aten._sca…",
+    "100/101/1…"): folded, every figure is still there."""
+    from rich.console import Console
+
+    from emulator.costs.kernel_table import PRICE_SOURCES
+    from prismbench.compare import ClassComparison, Comparison
+    from prismbench.report import render_comparison
+
+    priced_by = {s: 100 + i for i, s in enumerate(PRICE_SOURCES)}
+    classes = [ClassComparison(op="flash_attn_bwd", aten="aten._scaled_dot_product_flash_attention_backward",
+                               trace_ops=1234, profile_ops=1234, matched=1, predicted_s=1.2,
+                               measured_s=1.5, priced_by=priced_by)]  # fmt: skip
+    comparison = Comparison(job="j", profile="p.ops.jsonl.gz", kernel_table="none", classes=classes)
+    console = Console(record=True, width=100)
+    render_comparison(comparison, console, top=1)
+    text = console.export_text()
+    assert "…" not in text
+    body = [line.split("│")[1:-1] for line in text.splitlines() if line.startswith("│")]
+    columns = ["".join(part.strip() for part in column) for column in zip(*body, strict=True)]
+    assert columns[1] == "aten._scaled_dot_product_flash_attention_backward"
+    assert columns[2] == "1,234/1,234"
+    assert columns[-1] == "/".join(str(n) for n in priced_by.values())
+    assert "priced by: ops priced " + "/".join(PRICE_SOURCES) in text
