@@ -22,6 +22,14 @@ from prismbench.fit import MAX_SCAN
 PFLOP = 1e15
 
 
+def _column(table: Table, header: str, *, left: bool = False) -> None:
+    """A column of a report's table: figures right-justified, names left; a cell too wide for
+    the terminal folds onto more lines instead of losing its end to rich's ellipsis (at 100
+    columns the emulate table's headers read "compu…", "reser…" and compare's counts
+    "100/101/1…")."""
+    table.add_column(header, justify="left" if left else "right", overflow="fold")
+
+
 def format_params(count: float) -> str:
     """Parameter count in billions or millions: 70553706496 -> '70.55 B'."""
     if count >= 1e9:
@@ -48,7 +56,7 @@ def format_flops(count: float) -> str:
 def render_workloads(rows: Sequence[dict[str, Any]], console: Console) -> None:
     table = Table(title="Model flavors")
     for header in ("name", "family", "layers", "hidden", "ffn", "heads/kv", "vocab", "params"):
-        table.add_column(header, justify="left" if header in ("name", "family") else "right")
+        _column(table, header, left=header in ("name", "family"))
     for row in rows:
         table.add_row(
             row["name"],
@@ -75,8 +83,8 @@ def format_nodes(world_size: int, nodes: int, gpus_per_node: int) -> str:
 
 def _layout_table(e: Explanation) -> Table:
     table = Table(title=f"World layout: {e.model}", show_header=False)
-    table.add_column("what")
-    table.add_column("value", justify="right")
+    _column(table, "what", left=True)
+    _column(table, "value")
     mesh = ", ".join(f"{n}={s}" for n, s in zip(e.mesh_dim_names, e.mesh_shape, strict=True))
     table.add_row("world size", f"{e.world_size:,} GPUs")
     table.add_row("mesh (row-major, tp fastest)", mesh)
@@ -114,7 +122,7 @@ def _stage_table(e: Explanation) -> Table:
         "moments",
         "model state",
     ):
-        table.add_column(header, justify="right")
+        _column(table, header)
     for s in e.stages:
         holds = " + ".join(
             x for x, on in (("embedding", s.has_embedding), ("output", s.has_output)) if on
@@ -135,9 +143,9 @@ def _stage_table(e: Explanation) -> Table:
 
 def _zero_table(e: Explanation) -> Table:
     table = Table(title="Model state per GPU by ZeRO stage (* = this job)")
-    table.add_column("pp rank", justify="right")
+    _column(table, "pp rank")
     for zero in range(4):
-        table.add_column(f"ZeRO-{zero}{' *' if zero == e.zero_stage else ''}", justify="right")
+        _column(table, f"ZeRO-{zero}{' *' if zero == e.zero_stage else ''}")
     for s in e.stages:
         table.add_row(str(s.pp_rank), *map(format_bytes, s.model_state_bytes_by_zero))
     return table
@@ -148,8 +156,8 @@ def _flops_table(e: Explanation) -> Table:
     table = Table(
         title="FLOPs per iteration (2 per MAC, backward = 2 x forward)", show_header=False
     )
-    table.add_column("what")
-    table.add_column("value", justify="right")
+    _column(table, "what", left=True)
+    _column(table, "value")
     table.add_row("forward per token", format_flops(f.forward_flops_per_token))
     table.add_row(
         "  of which attention (QK^T, AV; not causal-halved)",
@@ -175,8 +183,8 @@ def _flops_table(e: Explanation) -> Table:
 def _gpu_table(e: Explanation) -> Table:
     g = e.gpu
     table = Table(title=f"Against the GPU preset {g.gpu}", show_header=False)
-    table.add_column("what")
-    table.add_column("value", justify="right")
+    _column(table, "what", left=True)
+    _column(table, "value")
     table.add_row("HBM (nominal)", format_bytes(g.hbm_capacity_bytes))
     table.add_row("usable capacity (what CUDA offers)", format_bytes(g.usable_capacity_bytes))
     table.add_row(
@@ -218,7 +226,7 @@ def render_capture(summary: dict[str, Any], console: Console) -> None:
         "peak live",
         "comm bytes by group",
     ):
-        table.add_column(column, justify="left" if column == "comm bytes by group" else "right")
+        _column(table, column, left=column == "comm bytes by group")
     for class_id, c in summary["classes"].items():
         comm = ", ".join(
             f"{k} {format_bytes(v)}" for k, v in sorted(c["comm_bytes_by_group_kind"].items())
@@ -248,8 +256,8 @@ def render_emulation(r, console: Console) -> None:
     head = Table(
         title=f"Emulation: {r.job} on {r.world_size:,} GPUs ({r.ranks_executed} rank(s) executed)"
     )
-    head.add_column("figure")
-    head.add_column("value", justify="right")
+    _column(head, "figure", left=True)
+    _column(head, "value")
     rows = [
         ("iteration time", _seconds(r.iteration_time_s)),
         ("throughput", f"{r.tokens_per_s:,.0f} tokens/s"),
@@ -292,7 +300,7 @@ def render_emulation(r, console: Console) -> None:
         "reserved",
         "OOM",
     ):
-        table.add_column(column, justify="right")
+        _column(table, column)
     for c in r.per_class:
         table.add_row(
             str(c.pp),
@@ -429,7 +437,7 @@ def render_fit(result, console: Console) -> None:
     columns = ("value", "fits", "peak reserved", "outside allocator", "headroom",
                "retries a step", "OOM request", "OOM at")  # fmt: skip
     for column in columns:
-        table.add_column(column, justify="left" if column == "OOM at" else "right")
+        _column(table, column, left=column == "OOM at")
     for p in result.probes:
         m, oom = p.memory, p.memory.oom_at
         table.add_row(
@@ -492,7 +500,7 @@ def render_ingest(result, console: Console, top: int = 10) -> None:
             continue
         table = Table(title=title)
         for column in ("op", "shapes", "count", "kernel us"):
-            table.add_column(column, justify="left" if column in ("op", "shapes") else "right")
+            _column(table, column, left=column in ("op", "shapes"))
         for e in entries[:top]:
             table.add_row(e["op"], e["shapes"], f"{e['count']:,}", f"{e['kernel_us']:,.1f}")
         console.print(table)
@@ -518,9 +526,7 @@ def render_comparison(result, console: Console, top: int = 15) -> None:
     )
     for column in ("op", "aten op", "ops (trace/profile)", "predicted ms", "measured ms",
                    "error ms", "error", "priced by"):  # fmt: skip
-        # folded, never cut: at 100 columns rich's default ellipsis hid op names and counts
-        table.add_column(column, justify="left" if column in ("op", "aten op") else "right",
-                         overflow="fold")  # fmt: skip
+        _column(table, column, left=column in ("op", "aten op"))
     for c in result.classes[:top]:
         rel = f"{c.error_s / c.measured_s:+.1%}" if c.measured_s else "n/a (not measured)"
         table.add_row(
@@ -540,7 +546,7 @@ def render_gate(result, console: Console) -> None:
     """One row per threshold: both values, the change, PASS or FAIL; then the verdict."""
     table = Table(title=f"Gate: {result.candidate} against {result.reference}")
     for column in ("threshold", "reference", "candidate", "change", "result"):
-        table.add_column(column, justify="left" if column == "threshold" else "right")
+        _column(table, column, left=column == "threshold")
     for row in result.rows:
         if row.field == "oom":  # gate.FITS: whether each side runs out of memory
             values = ["runs out of memory" if v else "fits" for v in (row.reference, row.candidate)]
@@ -580,9 +586,7 @@ def render_validation(run, summary, failures, console: Console, thresholds=()) -
         title=f"Validation {run.run_id}: {len(run.cases)} case(s), history in {run.db_path}"
     )
     for column in ("source", "GPU", "metric", "cases", "mean |error|", "max |error|", "mean error"):
-        table.add_column(
-            column, justify="left" if column in ("source", "GPU", "metric") else "right"
-        )
+        _column(table, column, left=column in ("source", "GPU", "metric"))
     for row in summary:
         table.add_row(row.source, row.gpu, row.metric, str(row.cases), f"{row.mean_abs_error:.1%}",
                       f"{row.max_abs_error:.1%}", f"{row.mean_error:+.1%}")  # fmt: skip
@@ -619,10 +623,7 @@ def _render_case_variability(cases, console: Console) -> None:
                   f"samples, seed {v0['seed']})")  # fmt: skip
     for column in ("baseline", "determ.", "mean", "std", "p95", "p99", "p95/determ.",
                    "P(>determ.)", "spread pred.", "spread meas.", "MC wall"):  # fmt: skip
-        left = column == "baseline"
-        table.add_column(
-            column, justify="left" if left else "right", overflow="fold" if left else None
-        )
+        _column(table, column, left=column == "baseline")
     for c in rows:
         v = c.variability
         measured = v["measured_relative_spread"]
@@ -649,8 +650,8 @@ def render_variability(r, console: Console) -> None:
         title=f"Step-time distribution: {r.job} on {r.world_size:,} GPUs "
         f"({d.samples} samples, {r.preset}, seed {d.seed})"
     )
-    table.add_column("figure")
-    table.add_column("value", justify="right")
+    _column(table, "figure", left=True)
+    _column(table, "value")
     rows = [
         ("deterministic prediction", _seconds(d.deterministic_s)),
         ("mean", _seconds(d.mean_s)),
@@ -704,8 +705,8 @@ def render_variability_table(table: dict, console: Console) -> None:
     measured, the CV its kernels' noise alone gives and the step CV left."""
     figures = Table(title=f"Temporal variation measured on {table['gpu']} "
                           f"({len(table['jobs'])} job(s))")  # fmt: skip
-    figures.add_column("figure")
-    figures.add_column("value", justify="right")
+    _column(figures, "figure", left=True)
+    _column(figures, "value")
     for klass, cv in table["temporal_cv_by_class"].items():
         pools = table["pools_by_class"][klass]
         figures.add_row(f"kernel CV, {klass} ({pools} pools)", f"{100 * cv:.2f} %")
@@ -716,7 +717,7 @@ def render_variability_table(table: dict, console: Console) -> None:
     console.print(figures)
     jobs = Table(title="Per job (CV of the iteration time)")
     for column in ("job", "measured", "kernel noise alone", "step"):
-        jobs.add_column(column, justify="left" if column == "job" else "right")
+        _column(jobs, column, left=column == "job")
     for job, cvs in table["jobs"].items():
         jobs.add_row(job, *(f"{100 * cvs[k]:.3f} %" for k in ("iteration_cv", "kernel_cv", "step_cv")))
     console.print(jobs)
@@ -741,7 +742,7 @@ def render_attribution(a, console: Console) -> None:
     )
     for column in ("source", "category", "std", "variance share", "mean - determ.",
                    "p95 - determ.", "p95 share"):  # fmt: skip
-        table.add_column(column, justify="left" if column in ("source", "category") else "right")
+        _column(table, column, left=column in ("source", "category"))
     for e in (*a.sources, a.total):
         table.add_row(
             e.source,
@@ -762,7 +763,7 @@ def render_placement(study, console: Console) -> None:
         f"({study.samples} samples, seed {study.seed})"
     )
     for column in ("placement", "ranks", "deterministic", "p50", "p95", "p95 / no slow GPU"):
-        table.add_column(column, justify="left" if column in ("placement", "ranks") else "right")
+        _column(table, column, left=column in ("placement", "ranks"))
     for e in (study.reference, *study.placements):
         ranks = ", ".join(map(str, e.ranks[:6])) + (" ..." if len(e.ranks) > 6 else "")
         table.add_row(

@@ -218,3 +218,16 @@ def test_the_comparison_s_table_folds_long_cells_instead_of_cutting_them():
     assert columns[2] == "1,234/1,234"
     assert columns[-1] == "/".join(str(n) for n in priced_by.values())
     assert "priced by: ops priced " + "/".join(PRICE_SOURCES) in text
+
+
+def test_a_report_column_folds_cells_too_wide_for_the_terminal():
+    """The per-class table of `emulate` at 100 columns read "compu…" and "reser…" for its
+    headers: a report column folds instead (report._column, which every table uses)."""
+    from rich.table import Table
+
+    from prismbench.report import _column
+
+    table = Table()
+    _column(table, "name", left=True)
+    _column(table, "reserved")
+    assert [(c.justify, c.overflow) for c in table.columns] == [("left", "fold"), ("right", "fold")]
