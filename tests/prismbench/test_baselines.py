@@ -410,3 +410,31 @@ def test_recorded_production_kernel_runs_name_their_framework_and_machine(gpu):
         assert b.provenance.kind == "recorded" and b.provenance.source == "prismbench record"
         assert gpu.upper() in b.provenance.notes and b.job.cluster.gpu.startswith(gpu)
         assert b.measured.iterations == 5 and b.measured.peak_mem_kind == "allocator_reserved"
+
+
+def _peaks_script():
+    spec = importlib.util.spec_from_file_location("peaks_from_notes", BASELINES / "peaks_from_notes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_recorded_baselines_hold_every_allocator_peak_their_notes_give():
+    """The `*frameworks__` recordings (record at 6a9c814) had the peaks in their notes only."""
+    _peaks_script().main(["--check"])
+    mpt = load_baseline(RECORDED / "h200frameworks__mpt-7b-l4-s2048-mb4-none.toml").measured
+    assert mpt.first_iteration_peak_memory_allocated_bytes == 22329433600
+
+
+def test_peaks_from_notes_adds_the_three_peaks_and_keeps_the_rest(tmp_path):
+    script = _peaks_script()
+    recorded = (RECORDED / "h100frameworks__gpt3-125m-s2048-mb8-none.toml").read_text()
+    lines = [line for line in recorded.splitlines(keepends=True)
+             if not line.startswith(("peak_memory_allocated_bytes", "first_iteration_peak"))]  # fmt: skip
+    old = tmp_path / "old.toml"
+    old.write_text("".join(lines))
+    assert load_baseline(old).measured.peak_memory_allocated_bytes is None
+    assert script.with_peaks(old) == recorded
+    old.write_text("".join(lines).replace("peak_mem_bytes = 21267218432", "peak_mem_bytes = 21267218433"))
+    with pytest.raises(SystemExit, match="is not its peak_mem_bytes 21267218433"):
+        script.with_peaks(old)
