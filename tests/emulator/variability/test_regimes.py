@@ -44,6 +44,34 @@ def test_waits_of_several_times_the_transfer_are_all_cut_off_the_no_bubble_regim
     assert 2.1e-3 < regimes.threshold_s < 7e-3
 
 
+def _transfers_2ms(rng, n: int, cv: float) -> np.ndarray:
+    return 2e-3 * (1 + cv * rng.standard_normal(n))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_waits_shorter_than_the_transfer_do_not_widen_its_spread(seed):
+    # 30 % of 2 ms +- 2 % transfers wait 0-2 transfers more: the shortest waits sit among the
+    # transfers themselves; the std of Otsu's lower class read ~3.8x the 2 %
+    # (results/fidelity/pipeline_transfer_split_baseline.md), the spread below the median not
+    rng = np.random.default_rng(seed)
+    own = _transfers_2ms(rng, 400, 0.02)
+    waited = rng.random(400) < 0.3
+    regimes = split_pipeline_transfers(own + np.where(waited, rng.uniform(0, 4e-3, 400), 0))
+    no_bubble = regimes.no_bubble
+    assert no_bubble.std / no_bubble.mean == pytest.approx(0.02, rel=0.2)
+    assert no_bubble.mean == pytest.approx(2e-3, rel=0.01)
+    # waits within 5 spreads of the transfer cannot be told from none: fewer read than waited
+    assert 0.2 < regimes.bubble_fraction <= waited.mean()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_transfers_that_never_waited_are_one_regime_of_their_whole_spread(seed):
+    # Otsu split such a run in two and read the lower half's std: 0.6x the CV
+    regimes = split_pipeline_transfers(_transfers_2ms(np.random.default_rng(seed), 1000, 0.02))
+    assert regimes.bubble is None and regimes.bubble_fraction == 0
+    assert regimes.no_bubble.std / regimes.no_bubble.mean == pytest.approx(0.02, rel=0.1)
+
+
 def test_transfers_of_one_duration_are_one_regime():
     regimes = split_pipeline_transfers([3e-3] * 12)
     assert regimes.bubble is None and regimes.bubble_fraction == 0
