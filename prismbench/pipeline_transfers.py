@@ -62,7 +62,7 @@ class MeasuredTransfers:
             f"{100 * self.bubble_fraction:.1f} % above {self.threshold_s:.4g} s, "
             f"{BUBBLE_SIGMAS:g} spreads above the median (waited for the peer)"
             if self.bubble_fraction
-            else "one regime (none waited for the peer)"
+            else f"one regime (none {BUBBLE_SIGMAS:g} spreads above the median: no wait seen)"
         )
         return (
             f"{100 * self.no_bubble_cv:.2f} % (no-bubble mean {self.no_bubble_mean_s:.4g} s); "

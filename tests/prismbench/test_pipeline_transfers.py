@@ -50,7 +50,8 @@ def test_transfers_that_never_vary_are_one_regime_of_no_spread(tmp_path):
     measured = measured_transfers(_transfers(tmp_path, [3e-3] * MIN_PIPELINE_TRANSFERS))
     assert (measured.bubble_fraction, measured.no_bubble_cv) == (0.0, 0.0)
     assert measured.no_bubble_mean_s == 3e-3
-    assert "40 transfers, one regime (none waited for the peer)" in measured.describe()
+    said = measured.describe()
+    assert "40 transfers, one regime (none 5 spreads above the median: no wait seen)" in said
 
 
 def test_a_no_bubble_regime_too_small_to_read_a_spread_from_is_refused(tmp_path):
