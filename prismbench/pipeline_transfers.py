@@ -14,8 +14,9 @@ logarithms), the spread read from the calls faster than the median, which no wai
 the calls more than regimes.BUBBLE_SIGMAS spreads above the median are the ones that waited.
 The replay produces the waits itself (a recv starts at the later of the two sides), so only the
 no-bubble regime is drawn: its CV, the spread over the median, becomes the model's
-`transfer_cv`. Its mean (the median) is reported, not used: the emulator prices each transfer
-from the job's activations and links, and the two can be compared.
+`transfer_cv`. Its mean (the median) is not drawn: the emulator prices each transfer from the
+job's activations and links; `modelled_transfer_s` gives that price (the median of the
+execution graph's sends) for the report to set beside it.
 
 On synthetic runs (results/fidelity/pipeline_transfer_split.md) the CV read is within 0.92-1.09x
 the truth in the median of every mix of waits, its 90th percentile at most 1.44x at 40
@@ -33,6 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from emulator.graph.execution_graph import SEND, ExecutionGraph
 from emulator.variability.distributions import MIN_SAMPLES
 from emulator.variability.model import MAX_NORMAL_CV
 from emulator.variability.regimes import BUBBLE_SIGMAS, split_pipeline_transfers
@@ -112,3 +116,11 @@ def measured_transfers(
         no_bubble_mean_s=no_bubble.mean,
         no_bubble_cv=cv,
     )
+
+
+def modelled_transfer_s(graph: ExecutionGraph) -> float | None:
+    """The emulator's price of one pipeline transfer: the median duration (s) of the graph's
+    sends with a duration (every class's); None where the job has none (pp = 1)."""
+    durations = np.concatenate([g["duration_s"][g["kind"] == SEND] for g in graph.classes])
+    durations = durations[durations > 0]
+    return float(np.median(durations)) if len(durations) else None

@@ -681,6 +681,10 @@ def render_variability(r, console: Console) -> None:
         rows.insert(-1, ("pipeline transfer CV (one send/recv, no bubble)",
                          transfers.describe() if transfers
                          else f"{100 * r.transfer_cv:.2f} %: the collectives', assumed by {r.preset}"))  # fmt: skip
+        if transfers and r.transfer_modelled_s:
+            rows.insert(-1, ("pipeline transfer (no bubble): measured median / modelled",
+                             f"{_seconds(transfers.no_bubble_mean_s)} / {_seconds(r.transfer_modelled_s)} "
+                             f"({transfers.no_bubble_mean_s / r.transfer_modelled_s:.2f}x)"))  # fmt: skip
     if r.variability_table is not None:
         rows.insert(0, (f"{r.preset} preset's table (temporal variation)", r.variability_table))
     for figure, value in rows:

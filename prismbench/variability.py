@@ -36,7 +36,7 @@ from emulator.variability.summary import (
 from prismbench.emulate import PricedJob, price_job
 from prismbench.files import write_atomically
 from prismbench.network_steps import MeasuredNetwork
-from prismbench.pipeline_transfers import MeasuredTransfers
+from prismbench.pipeline_transfers import MeasuredTransfers, modelled_transfer_s
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -55,6 +55,8 @@ class VariabilityResult:
     # unless measured on a run's transfers, `transfers_measured`)
     transfer_cv: float | None = None
     transfers_measured: MeasuredTransfers | None = None
+    # beside a measured transfer: the emulator's price of one (pipeline_transfers.modelled_transfer_s)
+    transfer_modelled_s: float | None = None
     # the `measured` preset's table where it is a file given (`--variability-table`), not the
     # job's GPU's committed one
     variability_table: str | None = None
@@ -76,6 +78,7 @@ class VariabilityResult:
             "network_measured": None if self.network_measured is None else self.network_measured.to_dict(),
             "transfer_cv": self.transfer_cv,
             "transfers_measured": None if self.transfers_measured is None else self.transfers_measured.to_dict(),
+            "transfer_modelled_s": self.transfer_modelled_s,
             "tail_slow_network_share": self.tail_slow_network_share,
             "monte_carlo_wall_s": self.monte_carlo_wall_s,
         }
@@ -216,6 +219,7 @@ def sample_priced(
         network_measured=network,
         transfer_cv=model.pipeline_transfer_cv,
         transfers_measured=transfers,
+        transfer_modelled_s=None if transfers is None else modelled_transfer_s(graph),
         tail_slow_network_share=tail_slow_network_share(
             times, regime_factors, distribution.p95_s, model, network_regime_nodes(graph, model)
         ),

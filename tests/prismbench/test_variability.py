@@ -222,6 +222,7 @@ def test_transfers_measured_on_a_run_are_drawn_and_said(tmp_path, capsys):
     assert main([*argv, "--json"]) == 0
     assumed = json.loads(capsys.readouterr().out)
     assert assumed["transfer_cv"] == PRISM_LOW.collective_cv and assumed["transfers_measured"] is None
+    assert assumed["transfer_modelled_s"] is None
     assert main([*argv, "--json", "--pipeline-transfers", str(transfers)]) == 0
     out = json.loads(capsys.readouterr().out)
     measured = out["transfers_measured"]
@@ -230,9 +231,14 @@ def test_transfers_measured_on_a_run_are_drawn_and_said(tmp_path, capsys):
     assert 2.1e-3 < measured["threshold_s"] < 9e-3
     assert measured["no_bubble_mean_s"] == pytest.approx(2.05e-3)
     assert out["transfer_cv"] == measured["no_bubble_cv"] == pytest.approx(0.05 / 2.05, rel=0.05)
+    modelled = out["transfer_modelled_s"]  # the debug job's activations, priced: far under 2 ms
+    assert 0 < modelled < 2e-3
     assert main(argv) == 0
     assert "0.98 %: the collectives', assumed by prism-low" in capsys.readouterr().out
     assert main([*argv, "--pipeline-transfers", str(transfers)]) == 0
     table = " ".join(capsys.readouterr().out.split())
     cv = f"{100 * measured['no_bubble_cv']:.2f} %"
     assert f"pipeline transfer CV (one send/recv, no bubble) │ {cv} (no-bubble mean 0.00205 s)" in table
+    ratio = measured["no_bubble_mean_s"] / modelled
+    assert "pipeline transfer (no bubble): measured median / modelled │ 2.05 ms / " in table
+    assert f"({ratio:.2f}x)" in table
