@@ -17,8 +17,10 @@ in `cpu_children`; torch/autograd/profiler_util.py, `device_time_total`).
   (`profiles/*.ops.jsonl.gz`: op, shapes, self_cuda_us, kernels, cpu_start_us);
 - `time_kernels_us(fn, repetitions, warmup)`: `fn` repeated under the profiler: the median
   and spread of its kernel time, and the kernels it launches (GPU only);
-- `profile_iteration(step, warmup)`: one call of `step` (a training iteration) under the
-  profiler after `warmup` calls: its op records.
+- `profile_iterations(step, iterations, warmup)`: `iterations` calls of `step` (training
+  iterations) under one profiler session after `warmup` calls: each call's op records, told
+  apart by the host range each call runs in (`ITERATION_RANGE`, `split_by_ranges`);
+  `profile_iteration` is the first of one.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ import statistics
 from collections.abc import Callable, Iterable
 
 _RANGE = "prismbench.repetition"
+# The host range each profiled training iteration runs in: an op belongs to the iteration whose
+# range holds its start. Chrome traces of `profile_iterations` carry it as a user annotation
+# (`prismbench.profile_readers` splits them by it).
+ITERATION_RANGE = "prismbench.iteration"
 
 
 def _ranges(events: Iterable, label: str) -> list:
@@ -102,21 +108,51 @@ def time_kernels_us(
     return statistics.median(samples), statistics.pstdev(samples), kernels
 
 
-def profile_iteration(
-    step: Callable[[], object], *, warmup: int = 3, cuda: bool = True
-) -> list[dict]:
-    """`step` called `warmup` times, then once under the profiler (with record_shapes): the
-    op records of that call. `cuda=False` profiles CPU activity only (no kernels: tests)."""
+def split_by_ranges(records: list[dict], ranges: list[tuple[float, float]]) -> list[list[dict]]:
+    """Per (start, end) host range, in the order given, the records whose `cpu_start_us` lies
+    inside it (end included); a record in no range (between iterations) is in none. On CUDA the
+    autograd engine runs the backward on a thread of its own, so an op is placed by its start,
+    not by which range encloses it on its thread."""
+    return [[r for r in records if start <= r["cpu_start_us"] <= end] for start, end in ranges]
+
+
+def profile_iterations(
+    step: Callable[[], object], *, iterations: int, warmup: int = 3, cuda: bool = True
+) -> list[list[dict]]:
+    """`step` called `warmup` times, then `iterations` times under one profiler session (with
+    record_shapes), each call inside a `record_function(ITERATION_RANGE)` range: per call, in
+    order, its op records. `cuda=False` profiles CPU activity only (no kernels: tests)."""
     import torch
+    from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
 
+    if iterations < 1:
+        raise ValueError(f"iterations={iterations}: profile at least 1 iteration")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     for _ in range(warmup):
         step()
     if cuda:
         torch.cuda.synchronize()
     with profile(activities=activities, record_shapes=True) as prof:
-        step()
+        for _ in range(iterations):
+            with record_function(ITERATION_RANGE):
+                step()
         if cuda:
             torch.cuda.synchronize()
-    return op_records(prof.events())
+    events = prof.events()
+    ranges = [(e.time_range.start, e.time_range.end) for e in _ranges(events, ITERATION_RANGE)]
+    if len(ranges) != iterations:
+        raise RuntimeError(
+            f"the profiler saw {len(ranges)} of {iterations} {ITERATION_RANGE!r} ranges"
+        )
+    # a range is no op: a kernel launched under it outside any op (torch attributes it to the
+    # range) has no op to be a record of
+    ops = [e for e in events if e.name != ITERATION_RANGE]
+    return split_by_ranges(op_records(ops), ranges)
+
+
+def profile_iteration(
+    step: Callable[[], object], *, warmup: int = 3, cuda: bool = True
+) -> list[dict]:
+    """The op records of one call of `step` after `warmup` calls (`profile_iterations`)."""
+    return profile_iterations(step, iterations=1, warmup=warmup, cuda=cuda)[0]

@@ -13,8 +13,10 @@ from torch.autograd.profiler_util import FunctionEvent
 from emulator.costs.kernel_timing import (
     op_records,
     profile_iteration,
+    profile_iterations,
     range_kernel_counts,
     range_times_us,
+    split_by_ranges,
     time_kernels_us,
 )
 
@@ -81,10 +83,44 @@ def test_profiling_an_iteration_on_cpu_runs_it_and_finds_no_kernels():
     assert len(calls) == 3
 
 
+def test_profiling_iterations_on_cpu_runs_each_under_one_session():
+    calls = []
+    model = torch.nn.Linear(4, 4)
+
+    def step():
+        calls.append(1)
+        model(torch.ones(2, 4)).sum().backward()
+
+    assert profile_iterations(step, iterations=3, warmup=1, cuda=False) == [[], [], []]
+    assert len(calls) == 4
+
+
+def test_profile_iterations_refuses_fewer_than_one_iteration():
+    with pytest.raises(ValueError, match=r"iterations=0: profile at least 1 iteration"):
+        profile_iterations(lambda: None, iterations=0, cuda=False)
+
+
+def _record(op, start_us):
+    return {"op": op, "shapes": [], "self_cuda_us": 1.0, "kernels": [["k", 1.0]],
+            "cpu_start_us": start_us}  # fmt: skip
+
+
+def test_records_go_to_the_range_their_start_lies_in():
+    # iteration 0 runs over [0, 100] us, iteration 1 over [120, 200]; the backward's ops of
+    # iteration 0 run on autograd's own thread but start inside its host range (90); an op
+    # at 110 ran between the iterations, in neither
+    mm0, bwd0, between, mm1, last1 = (_record("aten::mm", 5), _record("aten::mm", 90),
+                                      _record("aten::add", 110), _record("aten::mm", 120),
+                                      _record("aten::sum", 200))  # fmt: skip
+    records = [mm0, bwd0, between, mm1, last1]
+    assert split_by_ranges(records, [(0, 100), (120, 200)]) == [[mm0, bwd0], [mm1, last1]]
+
+
 class _FakeGpu:
     """A CUDA device under the profiler, on a fake clock: each call of `step` launches the next
     of `launches` (its kernels' durations, us); a `record_function` range becomes a 50 us host
-    event holding the kernels launched inside it, as torch's profiler reports one. Calls
+    event around an aten::mm holding the kernels launched inside it (both reported as events),
+    as torch's profiler reports them. Calls
     outside a range (warm-up) are not recorded; `drop` ranges are lost (a profiler that saw
     fewer repetitions than were run)."""
 
@@ -106,11 +142,11 @@ class _FakeGpu:
         if self.drop:
             self.drop -= 1
         else:
-            self.events.append(_op(label, start, start + 50, children=[mm]))
+            self.events += [_op(label, start, start + 50, children=[mm]), mm]
         self.open = None
 
     @contextmanager
-    def profile(self, activities):
+    def profile(self, activities, **options):
         yield SimpleNamespace(events=lambda: list(self.events))
 
 
@@ -146,3 +182,17 @@ def test_time_kernels_us_refuses_repetitions_that_launched_no_kernel(fake_gpu):
     gpu = fake_gpu([[5.0], [], [5.0]])  # a CPU build records ranges but no kernels
     with pytest.raises(RuntimeError, match=r"saw 3 of 3 repetitions with kernels: \[5.0, 0.0, 5.0\]"):
         time_kernels_us(gpu.step, repetitions=3, warmup=0)
+
+
+def test_profile_iterations_gives_each_iteration_its_own_op_records(fake_gpu):
+    # a warm-up call (not profiled), then two iterations of 5 us and 7 us of kernels
+    gpu = fake_gpu([[400.0], [2.0, 3.0], [3.0, 4.0]])
+    first, second = profile_iterations(gpu.step, iterations=2, warmup=1)
+    assert [(r["op"], r["self_cuda_us"]) for r in first] == [("aten::mm", 5.0)]
+    assert [(r["op"], r["self_cuda_us"]) for r in second] == [("aten::mm", 7.0)]
+
+
+def test_profile_iterations_refuses_when_the_profiler_missed_an_iteration(fake_gpu):
+    gpu = fake_gpu([[5.0]] * 2, drop=1)
+    with pytest.raises(RuntimeError, match=r"saw 1 of 2 'prismbench.iteration' ranges"):
+        profile_iterations(gpu.step, iterations=2, warmup=0)
