@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 from prismbench.files import write_atomically
@@ -20,8 +21,33 @@ from prismbench.spec import SpecError
 def write_ops_jsonl(records: list[dict], path: str | Path) -> Path:
     """Op records (`kernel_timing.op_records`) as a gzipped JSON-lines profile, written
     atomically (`prismbench.files.write_atomically`): a record that cannot be written leaves
-    no truncated profile for a later ingest to read as a whole one."""
+    no truncated profile for a later ingest to read as a whole one. The records carry no
+    iteration number: the profile is one iteration, as every profile before several were."""
+    return _write_lines(records, path)
 
+
+def write_ops_jsonl_iterations(iterations: list[list[dict]], path: str | Path) -> Path:
+    """Several iterations' op records (`kernel_timing.profile_iterations`) as one profile,
+    atomically as `write_ops_jsonl`: in order, each record with its iteration's number under
+    `profile_readers.ITERATION_KEY` (from 0). `read_profile_iterations` reads them all back;
+    `read_profile` (ingest-profile, compare, calibrate) reads iteration 0 alone, so a profile of
+    several iterations gives those what a profile of its first would. Every iteration must hold
+    a record: an empty one would leave a gap in the numbers, which the readers refuse."""
+    from prismbench.profile_readers import ITERATION_KEY
+
+    if not iterations:
+        raise ValueError(f"{path}: no iteration to write")
+    empty = [index for index, records in enumerate(iterations) if not records]
+    if empty:
+        raise ValueError(f"{path}: iteration(s) {empty} hold no op record: nothing to write")
+    return _write_lines(
+        (record | {ITERATION_KEY: index} for index, records in enumerate(iterations)
+         for record in records),
+        path,
+    )  # fmt: skip
+
+
+def _write_lines(records: Iterable[dict], path: str | Path) -> Path:
     def write(tmp: Path) -> None:
         with gzip.open(tmp, "wt") as handle:
             for record in records:

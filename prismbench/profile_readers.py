@@ -8,6 +8,14 @@ Two formats give the same `ProfiledOp` records (op, input shapes, (kernel, us) p
 - torch.profiler's Chrome trace (`prof.export_chrome_trace(path)`), see `read_chrome_trace`.
 `read_profile` tells them apart by content. `prismbench/profile_ingest.py` matches the
 records to a capture.
+
+A profile may hold several iterations of the job (`record --profile-iterations N`): a jsonl
+record then carries its iteration's number (`ITERATION_KEY`, from 0; a record without it is
+iteration 0, so every older file is one iteration), and a Chrome trace marks each iteration
+with a user annotation (`kernel_timing.ITERATION_RANGE`, or torch.profiler's own
+"ProfilerStep#<n>" when the trace was taken with a schedule and `prof.step()`).
+`read_profile_iterations` gives every iteration, in order; `read_profile` gives iteration 0
+alone, what every reader of one iteration (ingest-profile, compare, calibrate) reads.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from emulator.costs.kernel_timing import ITERATION_RANGE
+
 # An op event is "namespace::name" (aten::mm, my_ns::fused_op); kernel names ("void at::...",
 # "nvjet_sm90_..."), "Memset (Device)" and runtime events ("Activity Buffer Request") are not.
 OP_NAME = re.compile(r"^[A-Za-z_]\w*::[\w.]+$")
@@ -34,6 +44,11 @@ OP_NAME = re.compile(r"^[A-Za-z_]\w*::[\w.]+$")
 # kernels there, not under an aten op.
 INDUCTOR_KERNEL = re.compile(r"^triton_[a-z]{3}_\w*?_(\d+)$")
 _GPU_CATEGORIES = ("kernel", "gpu_memset", "gpu_memcpy")
+# A jsonl record's iteration number (`calibrate_job.write_ops_jsonl_iterations` writes it).
+ITERATION_KEY = "iteration"
+# The range torch.profiler opens around each step of a schedule (torch/profiler/profiler.py,
+# `profile.start` and `profile.step`: record_function("ProfilerStep#" + str(self.step_num))).
+PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 
 
 class ProfileError(ValueError):
@@ -84,9 +99,17 @@ def _freeze(shapes) -> tuple:
 
 
 def read_ops_jsonl(path: str | Path) -> list[ProfiledOp]:
-    """The op events of a `<case>.ops.jsonl[.gz]` profile, in file (program) order."""
+    """The op events of a `<case>.ops.jsonl[.gz]` profile's first iteration, in program order."""
+    return read_ops_jsonl_iterations(path)[0]
+
+
+def read_ops_jsonl_iterations(path: str | Path) -> list[list[ProfiledOp]]:
+    """The op events of a `<case>.ops.jsonl[.gz]` profile, per iteration (`ITERATION_KEY`), in
+    file (program) order. Iterations are numbered 0, 1, 2, ... in file order with no gap; in a
+    profile of several, each holds an op (one of one iteration may hold none, as before)."""
     path = Path(path)
-    ops = []
+    iterations: list[list[ProfiledOp]] = []
+    first_lines: list[int] = []
     with readable(path), open_text(path) as handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
@@ -99,9 +122,13 @@ def read_ops_jsonl(path: str | Path) -> list[ProfiledOp]:
                     f"{path}:{line_no}: each line must be a JSON object with op, shapes, "
                     f"kernels ({err})"
                 ) from None
+            index = _iteration_of(event, len(iterations) - 1, f"{path}:{line_no}")
+            if index == len(iterations):
+                iterations.append([])
+                first_lines.append(line_no)
             if not kernels or not (OP_NAME.match(op) or INDUCTOR_KERNEL.match(op)):
                 continue  # a kernel's own event, or a runtime event: its kernels count once
-            ops.append(
+            iterations[index].append(
                 ProfiledOp(
                     op=op,
                     shapes=_freeze(event.get("shapes")),
@@ -109,7 +136,34 @@ def read_ops_jsonl(path: str | Path) -> list[ProfiledOp]:
                     cpu_start_us=float(event.get("cpu_start_us", 0.0)),
                 )
             )
-    return ops
+    for index, (ops, line_no) in enumerate(zip(iterations, first_lines, strict=True)):
+        if not ops and len(iterations) > 1:
+            raise ProfileError(
+                f"{path}:{line_no}: iteration {index} (from this line) holds no op that "
+                f"launched kernels: each of a profile's {len(iterations)} iterations must hold one"
+            )
+    return iterations or [[]]
+
+
+def _iteration_of(event: dict, last: int, where: str) -> int:
+    """A record's iteration number: `last` (the one before it, -1 for none) or the next."""
+    index = event.get(ITERATION_KEY, 0)
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ProfileError(
+            f"{where}: {ITERATION_KEY!r} must be an integer >= 0 (the record's iteration, "
+            f"from 0), got {index!r}"
+        )
+    after = f"after iteration {last}" if last >= 0 else "on the first record"
+    if index < last:
+        raise ProfileError(
+            f"{where}: iteration {index} {after}: a profile lists its iterations in order"
+        )
+    if index > last + 1:
+        raise ProfileError(
+            f"{where}: iteration {index} {after}: iteration {last + 1} has no op (iterations "
+            "are numbered 0, 1, 2, ... with no gap)"
+        )
+    return index
 
 
 def _launching_ops(events: list[dict]) -> dict:
@@ -182,8 +236,11 @@ def read_chrome_trace(path: str | Path) -> list[ProfiledOp]:
     carry "External id" (the launching op's) and "correlation"; "cuda_runtime" launch events
     carry the same "correlation", and "ac2g" flow events ("s" at the launch, "f" at the
     kernel) share it as their id. Nesting follows from ts/dur on each thread."""
-    path = Path(path)
-    events = _chrome_events(path)
+    return _launching_cpu_ops(_chrome_events(Path(path)))
+
+
+def _launching_cpu_ops(events: list[dict]) -> list[ProfiledOp]:
+    """`read_chrome_trace` on a trace's events."""
     by_external = _launching_ops(events)
     stacks = _thread_stacks(events)
     # correlation id -> the launch: the cuda_runtime event, else the ac2g flow's start
@@ -210,8 +267,32 @@ def read_chrome_trace(path: str | Path) -> list[ProfiledOp]:
     return sorted(ops, key=lambda o: o.cpu_start_us)
 
 
-def read_profile(path: str | Path) -> list[ProfiledOp]:
-    """Either format, told apart by content: JSON lines with "op", or a Chrome trace."""
+def _iteration_ranges(events: list[dict]) -> list[tuple[float, float]]:
+    """(start, end) us of each iteration a Chrome trace marks, in order: its `ITERATION_RANGE`
+    annotations where it has any, else torch.profiler's "ProfilerStep#<n>" ones (cat
+    "user_annotation", the host's; "gpu_user_annotation" is their copy on the GPU timeline)."""
+    annotations = [e for e in events if e.get("cat") == "user_annotation" and e.get("ph") == "X"]
+    ours = [e for e in annotations if e.get("name") == ITERATION_RANGE]
+    marks = ours or [e for e in annotations if PROFILER_STEP.match(str(e.get("name")))]
+    return sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in marks)
+
+
+def read_chrome_trace_iterations(path: str | Path) -> list[list[ProfiledOp]]:
+    """`read_chrome_trace`'s ops per iteration the trace marks (`_iteration_ranges`), each op
+    in the one its start lies in; a trace that marks none is one iteration. A marked range
+    that holds no op is no iteration: torch opens the next "ProfilerStep#<n>" as the trace
+    ends, and an iteration that launched no GPU work has nothing to read."""
+    events = _chrome_events(Path(path))
+    ops, ranges = _launching_cpu_ops(events), _iteration_ranges(events)
+    if not ranges:
+        return [ops]
+    split = [[o for o in ops if start <= o.cpu_start_us <= end] for start, end in ranges]
+    return [iteration for iteration in split if iteration] or [[]]
+
+
+def read_profile_iterations(path: str | Path) -> list[list[ProfiledOp]]:
+    """Every iteration of a profile, in order, either format (told apart by content: JSON
+    lines with "op", or a Chrome trace)."""
     path = Path(path)
     with readable(path), open_text(path) as handle:
         # kineto's older exports open with a blank line before the trace's "{"
@@ -221,10 +302,16 @@ def read_profile(path: str | Path) -> list[ProfiledOp]:
     except json.JSONDecodeError:
         head = None
     if isinstance(head, dict) and "op" in head:
-        return read_ops_jsonl(path)
+        return read_ops_jsonl_iterations(path)
     if first.lstrip()[:1] in ("{", "["):
-        return read_chrome_trace(path)
+        return read_chrome_trace_iterations(path)
     raise ProfileError(
         f"{path}: unknown format: expected ops JSON lines (objects with op, shapes, kernels) "
         "or a torch.profiler Chrome trace (JSON with traceEvents)"
     )
+
+
+def read_profile(path: str | Path) -> list[ProfiledOp]:
+    """A profile's first iteration (`read_profile_iterations`): the whole of a profile of one,
+    as every profile written before profiles held several was."""
+    return read_profile_iterations(path)[0]
