@@ -377,13 +377,15 @@ def _cmd_record(args: argparse.Namespace) -> int:
         threads=args.threads,
         device=args.device,
         profile=args.profile is not None,
+        profile_iterations=args.profile_iterations,
         progress=_progress,
     )
     path = write_record(recording, Path(args.out))
     if args.profile:
-        from prismbench.calibrate_job import write_ops_jsonl
+        from prismbench.calibrate_job import write_ops_jsonl_iterations
 
-        _progress(f"wrote {write_ops_jsonl(recording.profile, args.profile)}")
+        written = write_ops_jsonl_iterations(recording.profiled_iterations, args.profile)
+        _progress(f"wrote {written} ({len(recording.profiled_iterations)} profiled iteration(s))")
     if args.json:
         _print_json(recording.to_dict())
         return EXIT_OK
@@ -1252,6 +1254,14 @@ def _add_record(commands) -> None:
         metavar="FILE.ops.jsonl.gz",
         help="with --device cuda: profile one more iteration, write rank 0's kernel times "
         "(the shared profiles' format; ingest-profile and compare read it)",
+    )
+    rec.add_argument(
+        "--profile-iterations",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="with --profile: profile N more iterations (1), each record numbered with its "
+        "iteration; ingest-profile and compare read the first, as from a profile of one",
     )
     rec.add_argument("--json", action="store_true", help="print the record")
     rec.set_defaults(handler=_cmd_record)

@@ -15,10 +15,13 @@ the first iteration (from the allocator as the build leaves it: optimizer state 
 lazily there) and for the steady state (peak statistics reset after warm-up, over the timed
 iterations). The headline memory figure is the steady reserved peak of the largest rank
 (`allocator_reserved`), as the emulator's `peak_memory_reserved_bytes` predicts it. With
-`profile=True` every rank then runs one more iteration under torch.profiler
-(emulator.costs.kernel_timing.profile_iteration: kernel-only times) and rank 0's op records
-come back in `Recording.profile` (write them with `prismbench.calibrate_job.write_ops_jsonl`;
-`prismbench ingest-profile` and `compare` read them).
+`profile=True` every rank then runs `profile_iterations` (1) more iterations under one
+torch.profiler session (emulator.costs.kernel_timing.profile_iterations: kernel-only times) and
+rank 0's op records come back per iteration in `Recording.profiled_iterations`, the first in
+`Recording.profile` (write them with `prismbench.calibrate_job.write_ops_jsonl_iterations`;
+`prismbench ingest-profile` and `compare` read iteration 0, as from a profile of one, and
+`profile_readers.read_profile_iterations` reads them all: the same op at the same place in
+each iteration gives its spread over time alone).
 
 A CUDA record runs only on GPUs that are the job's `cluster.gpu` (architecture, SM count and
 the capacity CUDA offers, `emulator.hardware.presets.gpu_presets_matching`): the recording is
@@ -66,7 +69,12 @@ def _allocator_peaks() -> dict:
 
 
 def _rank_run(
-    job, warmup: int, iterations: int, device: str = "cpu", profile: bool = False
+    job,
+    warmup: int,
+    iterations: int,
+    device: str = "cpu",
+    profile: bool = False,
+    profile_iterations: int = 1,
 ) -> dict:
     """One rank: build, warm up, time `iterations` steps between barriers (seconds)."""
     import torch
@@ -117,10 +125,14 @@ def _rank_run(
         result["peak_steady"] = _allocator_peaks()
         result["gpu"] = torch.cuda.get_device_name()
     if profile:
-        from emulator.costs.kernel_timing import profile_iteration
+        from emulator.costs import kernel_timing
 
-        records = profile_iteration(lambda: train_step(job, state, tokens, tokens), warmup=0)
-        result["profile"] = records if dist.get_rank() == 0 else None
+        per_iteration = kernel_timing.profile_iterations(
+            lambda: train_step(job, state, tokens, tokens),
+            iterations=profile_iterations,
+            warmup=0,
+        )
+        result["profiled_iterations"] = per_iteration if dist.get_rank() == 0 else None
     result["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return result
 
@@ -140,7 +152,13 @@ class Recording:
     # CUDA: the largest rank's allocator peaks (bytes), {"allocated": ., "reserved": .}
     peak_first_iteration: dict | None = None
     peak_steady: dict | None = None
-    profile: list[dict] | None = None  # CUDA with profile=True: rank 0's op records
+    # CUDA with profile=True: rank 0's op records, per profiled iteration, in order
+    profiled_iterations: list[list[dict]] | None = None
+
+    @property
+    def profile(self) -> list[dict] | None:
+        """The first profiled iteration's op records (what a profile of one iteration holds)."""
+        return self.profiled_iterations[0] if self.profiled_iterations else None
 
     @property
     def iteration_s_median(self) -> float:
@@ -195,6 +213,16 @@ def provenance() -> dict:
         "dirty": dirty,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
+
+
+def _check_profile(profile: bool, profile_iterations: int) -> None:
+    if profile_iterations < 1:
+        raise SpecError(f"--profile-iterations {profile_iterations}: profile at least 1 iteration")
+    if profile_iterations != 1 and not profile:
+        raise SpecError(
+            f"--profile-iterations {profile_iterations} given without --profile FILE: it says "
+            "how many iterations the profile holds"
+        )
 
 
 def _check_device(job, device: str, warmup: int) -> None:
@@ -293,6 +321,7 @@ def record(
     threads: int = 1,
     device: str = "cpu",
     profile: bool = False,
+    profile_iterations: int = 1,
     timeout_s: float = 1800.0,
     progress: Callable[[str], None] | None = None,
 ) -> Recording:
@@ -309,6 +338,7 @@ def record(
         raise SpecError(
             f"iterations={iterations}, warmup={warmup}: need iterations >= 1, warmup >= 0"
         )
+    _check_profile(profile, profile_iterations)
     _check_device(job, device, warmup)
     if profile and device != "cuda":
         raise SpecError("--profile: kernel times need --device cuda (a CPU run has no kernels)")
@@ -329,6 +359,7 @@ def record(
             iterations,
             device,
             profile,
+            profile_iterations,
             timeout_s=timeout_s,
             threads=threads,
             backend="nccl" if device == "cuda" else "gloo",
@@ -349,7 +380,7 @@ def record(
         device=device,
         peak_first_iteration=_largest(ranks, "peak_first_iteration") if cuda else None,
         peak_steady=steady,
-        profile=ranks[0].get("profile"),
+        profiled_iterations=ranks[0].get("profiled_iterations"),
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import signal
 import subprocess
 import sys
@@ -285,6 +287,90 @@ def test_a_profile_needs_cuda():
     )
     with pytest.raises(SpecError, match="--profile"):
         record(job, profile=True)
+
+
+def test_profile_iterations_need_a_profile_and_at_least_one(tmp_path, capsys):
+    job = job_spec_from_dict(
+        {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 32, "global_batch": 1}}
+    )
+    with pytest.raises(SpecError, match="--profile-iterations 0: profile at least 1 iteration"):
+        record(job, profile=True, profile_iterations=0)
+    with pytest.raises(SpecError, match="--profile-iterations 2 given without --profile FILE"):
+        record(job, profile_iterations=2)
+    spec = tmp_path / "one.toml"
+    spec.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 32\nglobal_batch = 1\n')
+    out, profile = tmp_path / "out.toml", tmp_path / "p.ops.jsonl.gz"
+    given = ["record", str(spec), "--out", str(out)]
+    assert main([*given, "--profile", str(profile), "--profile-iterations", "0"]) == 2
+    assert "argument --profile-iterations: '0' must be a positive integer" in capsys.readouterr().err
+    assert main([*given, "--profile-iterations", "2"]) == 2
+    assert "--profile-iterations 2 given without --profile FILE" in capsys.readouterr().err
+    assert not out.exists() and not profile.exists()
+
+
+def test_record_writes_every_profiled_iteration_numbered(tmp_path, monkeypatch):
+    """The CLI's side of `--profile-iterations` (a CPU has no kernels to profile: `record` is
+    replaced by one returning what a CUDA run of two profiled iterations would)."""
+    from prismbench.profile_readers import read_profile, read_profile_iterations
+
+    mm = {"op": "aten::mm", "shapes": [[8, 8], [8, 8]], "self_cuda_us": 3.0,
+          "kernels": [["gemm", 3.0]], "cpu_start_us": 0.0}  # fmt: skip
+    asked = {}
+
+    def recorded(job, **options):
+        asked.update(options)
+        return Recording(job=job.to_dict(), iteration_s=[0.05], warmup=1, threads_per_rank=1,
+                         peak_mem_bytes=1, peak_mem_kind="cpu_max_rss", provenance=provenance(),
+                         profiled_iterations=[[mm], [mm | {"kernels": [["gemm", 4.0]]}]])  # fmt: skip
+
+    monkeypatch.setattr("prismbench.record.record", recorded)
+    spec = tmp_path / "one.toml"
+    spec.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 32\nglobal_batch = 1\n')
+    profile = tmp_path / "p.ops.jsonl.gz"
+    assert main(["record", str(spec), "--out", str(tmp_path / "out.toml"),
+                 "--profile", str(profile), "--profile-iterations", "2"]) == 0  # fmt: skip
+    assert asked["profile"] is True and asked["profile_iterations"] == 2
+    first, second = read_profile_iterations(profile)
+    assert (first[0].kernel_us, second[0].kernel_us) == (3.0, 4.0)
+    assert read_profile(profile) == first
+
+
+def test_a_recording_s_profile_is_its_first_profiled_iteration():
+    job = job_spec_from_dict(
+        {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 32, "global_batch": 1}}
+    )
+    common = dict(job=job.to_dict(), iteration_s=[0.05], warmup=1, threads_per_rank=1,
+                  peak_mem_bytes=1, peak_mem_kind="cpu_max_rss", provenance={})  # fmt: skip
+    assert Recording(**common).profile is None
+    first = [{"op": "aten::mm"}]
+    assert Recording(**common, profiled_iterations=[first, [{"op": "aten::add"}]]).profile == first
+
+
+@pytest.mark.gpu
+@pytest.mark.integration
+def test_a_cuda_record_profiles_each_asked_iteration(tmp_path):
+    """`record --device cuda --profile FILE --profile-iterations 2` writes iterations 0 and 1,
+    the same ops in the same order in each (what a signature's spread over time is read from)."""
+    from prismbench.profile_readers import read_profile_iterations
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    description, presets = local_gpu()
+    if not presets:
+        pytest.skip(f"no GPU preset describes this GPU, an {description}")
+    spec = tmp_path / "tiny.toml"
+    spec.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n'
+                    f'[cluster]\ngpu = "{presets[0]}"\n')  # fmt: skip
+    profile = tmp_path / "tiny.ops.jsonl.gz"
+    assert main(["record", str(spec), "--out", str(tmp_path / "tiny_out.toml"), "--device", "cuda",
+                 "--iterations", "2", "--warmup", "2", "--profile", str(profile),
+                 "--profile-iterations", "2"]) == 0  # fmt: skip
+    with gzip.open(profile, "rt") as handle:
+        numbers = [json.loads(line)["iteration"] for line in handle]
+    assert sorted(set(numbers)) == [0, 1] and numbers == sorted(numbers)
+    first, second = read_profile_iterations(profile)
+    assert any(op.op == "aten::mm" for op in first)
+    assert [op.op for op in first] == [op.op for op in second]
 
 
 def test_a_recording_s_provenance_needs_no_harness_storage():
