@@ -26,6 +26,7 @@ PRISM_LOW's (emulator.variability.model, cited there).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -53,7 +54,7 @@ from emulator.variability.model import (
 from prismbench.checkout import REPO
 from prismbench.files import write_atomically
 from prismbench.profile_ingest import aten_packet
-from prismbench.profile_readers import ProfiledOp, ProfileError, read_profile
+from prismbench.profile_readers import ProfiledOp, ProfileError, read_profile_iterations
 from workloads.config import SpecError
 
 VARIABILITY_TABLES = REPO / "results" / "variability"
@@ -76,13 +77,56 @@ def profile_durations(ops: list[ProfiledOp]) -> tuple[np.ndarray, list[str]]:
     )
 
 
+def op_signature(op: ProfiledOp) -> tuple:
+    """What a pool's durations share: the op, its input shapes and the kernels it launched."""
+    return (op.op, op.shapes, tuple(name for name, _ in op.kernels))
+
+
 def profile_pools(ops: list[ProfiledOp]) -> dict[tuple, tuple[str, list[float]]]:
-    """{(op, input shapes, kernel names): (noise class, durations s)} over a profile."""
+    """{(op, input shapes, kernel names): (noise class, durations s)} over one profiled
+    iteration: every occurrence of a signature, so positions in the step mix with time."""
     pools: dict[tuple, tuple[str, list[float]]] = {}
     for op in ops:
-        signature = (op.op, op.shapes, tuple(name for name, _ in op.kernels))
-        klass, durations = pools.setdefault(signature, (op_noise_class(op), []))
+        klass, durations = pools.setdefault(op_signature(op), (op_noise_class(op), []))
         durations.append(op.kernel_us * 1e-6)
+    return pools
+
+
+def temporal_pools(iterations: list[list[ProfiledOp]]) -> dict[tuple, tuple[str, list[float]]]:
+    """Pools of the same form over several profiled iterations of one job, their spread over
+    time alone: an op's *position* is its signature and occurrence (the k-th `aten::mm` of that
+    shape and kernel), followed across the iterations that all have it; each duration is taken
+    relative to its position's mean and scaled to the signature's mean, so positions that differ
+    systematically (results/fidelity/variability.md, "Per-signature spreads") do not widen the
+    pool. Deviations are widened by sqrt(T / (T - 1)) for T iterations: each position's mean is
+    estimated from its own T durations, and the pool's std (ddof 1) then reads the temporal
+    spread without that bias."""
+    if len(iterations) < 2:
+        raise ValueError(f"{len(iterations)} iteration(s): temporal pools need at least 2")
+    positions: dict[tuple, list[list[float]]] = {}
+    classes: dict[tuple, str] = {}
+    for t, ops in enumerate(iterations):
+        seen: Counter = Counter()
+        for op in ops:
+            signature = op_signature(op)
+            key = (signature, seen[signature])
+            seen[signature] += 1
+            classes.setdefault(signature, op_noise_class(op))
+            durations = positions.setdefault(key, [])
+            if len(durations) == t:  # present in every iteration so far
+                durations.append(op.kernel_us * 1e-6)
+    count = len(iterations)
+    widen = np.sqrt(count / (count - 1))
+    by_signature: dict[tuple, list[np.ndarray]] = {}
+    for (signature, _), durations in positions.items():
+        if len(durations) == count:
+            by_signature.setdefault(signature, []).append(np.asarray(durations))
+    pools = {}
+    for signature, rows in by_signature.items():
+        rows = np.stack(rows)  # positions x iterations
+        means = rows.mean(axis=1, keepdims=True)
+        relative = 1 + (rows / means - 1) * widen
+        pools[signature] = (classes[signature], list((relative * means.mean()).ravel()))
     return pools
 
 
@@ -98,6 +142,16 @@ class JobVariation:
     iteration_s_min: float
     iteration_s_median: float
     iteration_s_max: float
+    # each profiled iteration's kernel time (s): more than one where the profile holds several
+    profiled_kernel_s: tuple[float, ...] = ()
+
+    @property
+    def kernel_time_cv(self) -> float | None:
+        """Measured: the CV of the profiled iterations' summed kernel time, None under two."""
+        if len(self.profiled_kernel_s) < 2:
+            return None
+        times = np.asarray(self.profiled_kernel_s)
+        return float(times.std(ddof=1) / times.mean())
 
     @property
     def iteration_cv(self) -> float:
@@ -128,20 +182,29 @@ def job_variation(
     iteration_s_max: float,
 ) -> JobVariation:
     """`job` measured: its profile's pools and op durations, with the times of its iterations;
-    a profile with no op that ran on the GPU is refused naming it (nothing to measure)."""
-    ops = read_profile(profile)
+    a profile with no op that ran on the GPU is refused naming it (nothing to measure). A
+    profile of several iterations (`record --profile-iterations N`) gives temporal pools (each
+    op followed at its position: its spread over time alone) and each iteration's kernel time;
+    one iteration gives pools over positions (`profile_pools`); the op durations are the first
+    iteration's either way."""
+    profiled = read_profile_iterations(profile)
+    ops = profiled[0]
     if not ops:
         raise ProfileError(f"{profile}: no op with GPU time; a profiled iteration has kernels")
     durations, classes = profile_durations(ops)
+    several = len(profiled) > 1
     return JobVariation(
         job=job,
-        fits=fit_signatures(profile_pools(ops)),
+        fits=fit_signatures(temporal_pools(profiled) if several else profile_pools(ops)),
         durations_s=durations,
         classes=classes,
         iterations=iterations,
         iteration_s_min=iteration_s_min,
         iteration_s_median=iteration_s_median,
         iteration_s_max=iteration_s_max,
+        profiled_kernel_s=tuple(sum(op.kernel_us for op in it) * 1e-6 for it in profiled)
+        if several
+        else (),
     )
 
 
@@ -189,6 +252,8 @@ class GpuVariation:
     step_cv_by_job: dict[str, float]
     iteration_cv_by_job: dict[str, float]
     kernel_cv_by_job: dict[str, float]
+    # measured over the profiled iterations where a profile holds several, else None
+    kernel_time_cv_by_job: dict[str, float | None]
 
 
 def calibrate_jobs(jobs: list[JobVariation]) -> GpuVariation:
@@ -211,6 +276,7 @@ def calibrate_jobs(jobs: list[JobVariation]) -> GpuVariation:
         step_cv_by_job=step,
         iteration_cv_by_job=iteration_cv,
         kernel_cv_by_job=kernel_cv,
+        kernel_time_cv_by_job={job.job: job.kernel_time_cv for job in jobs},
     )
 
 
@@ -232,6 +298,7 @@ def table_dict(gpu: str, variation: GpuVariation, provenance: dict) -> dict:
                 "iteration_cv": variation.iteration_cv_by_job[job],
                 "kernel_cv": variation.kernel_cv_by_job[job],
                 "step_cv": variation.step_cv_by_job[job],
+                "kernel_time_cv_measured": variation.kernel_time_cv_by_job[job],
             }
             for job in sorted(variation.step_cv_by_job)
         },

@@ -6,18 +6,21 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from prismbench.cli import main
-from prismbench.profile_readers import ProfileError, read_profile
+from prismbench.profile_readers import ProfiledOp, ProfileError, read_profile
 from prismbench.variability_calibration import (
     VARIABILITY_TABLES,
     calibrate_jobs,
+    job_variation,
     measured_model,
     profile_pools,
     read_jobs,
     read_table,
     resolve_preset,
+    temporal_pools,
     write_table,
 )
 from workloads.config import SpecError
@@ -39,6 +42,55 @@ def test_every_profiled_op_lands_in_one_pool_of_its_class():
     assert classes == {"gemm", "attention", "memory"}
     mm = [d for (op, *_), (klass, d) in pools.items() if op == "aten::mm"]
     assert mm and all(klass == "gemm" for (op, *_), (klass, _) in pools.items() if op == "aten::mm")
+
+
+def _iterations(rng, means_us, cv, count, dropped=()):
+    """`count` profiled iterations of ops of one signature at positions of `means_us` (us),
+    each varying by `cv` over time; the positions of `dropped` missing from iteration 1."""
+    iterations = []
+    for t in range(count):
+        ops = [ProfiledOp("aten::cat", ((8, 8), (8, 8)), (("k", m * (1 + cv * rng.standard_normal())),), 0.0)
+               for i, m in enumerate(means_us) if not (t == 1 and i in dropped)]  # fmt: skip
+        iterations.append(ops)
+    return iterations
+
+
+def test_temporal_pools_read_an_op_s_spread_over_time_not_over_its_positions():
+    rng = np.random.default_rng(0)
+    iterations = _iterations(rng, [113.0, 446.0] * 12, 0.02, 20)  # Llama's cat: two sizes, one signature
+    ((klass, durations),) = temporal_pools(iterations).values()
+    across_positions = np.array(next(iter(profile_pools(iterations[0]).values()))[1])
+    assert klass == "memory" and len(durations) == 24 * 20
+    assert np.std(durations, ddof=1) / np.mean(durations) == pytest.approx(0.02, rel=0.1)
+    assert across_positions.std(ddof=1) / across_positions.mean() > 0.5
+
+
+def test_temporal_pools_follow_only_the_positions_every_iteration_has():
+    iterations = _iterations(np.random.default_rng(1), [100.0, 200.0, 300.0], 0.01, 3, dropped=(2,))
+    ((_, durations),) = temporal_pools(iterations).values()
+    assert len(durations) == 2 * 3  # the third op is missing from iteration 1: it is not followed
+    with pytest.raises(ValueError, match="at least 2"):
+        temporal_pools(iterations[:1])
+
+
+def test_a_profile_of_several_iterations_is_measured_over_time(tmp_path):
+    """`record --profile-iterations N` writes every iteration: the job's pools follow each op at
+    its position, and its iterations' kernel time has a measured CV."""
+    from prismbench.calibrate_job import write_ops_jsonl_iterations
+
+    rng = np.random.default_rng(2)
+    iterations = _iterations(rng, [113.0, 446.0] * 8, 0.02, 10)
+    records = [[{"op": o.op, "shapes": [list(s) for s in o.shapes], "kernels": [list(k) for k in o.kernels],
+                 "cpu_start_us": float(i)} for i, o in enumerate(ops)] for ops in iterations]  # fmt: skip
+    profile = write_ops_jsonl_iterations(records, tmp_path / "job.ops.jsonl.gz")
+    times = dict(iterations=10, iteration_s_min=0.99e-2, iteration_s_median=1e-2, iteration_s_max=1.01e-2)
+    job = job_variation("job", profile, **times)
+    (fit,) = job.fits
+    assert fit.std_s / fit.mean_s == pytest.approx(0.02, rel=0.15)  # over positions: ~60 %
+    sums = [sum(o.kernel_us for o in ops) * 1e-6 for ops in iterations]
+    assert job.kernel_time_cv == pytest.approx(np.std(sums, ddof=1) / np.mean(sums))
+    one = write_ops_jsonl_iterations(records[:1], tmp_path / "one.ops.jsonl.gz")
+    assert job_variation("job", one, **times).kernel_time_cv is None
 
 
 @needs_shared
