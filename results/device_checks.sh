@@ -29,7 +29,8 @@
 #   4. `rope reprofile` (about 250 s): why RoPE's compiled kernel runs 4.5-5x its price (new,
 #      2026-11-30: three variants against a copy's floor), and the eight jobs again since the
 #      ALiBi slopes are made on the device (the H200's MPT profile waited 4.6-5.5 ms a layer
-#      for their host copy).
+#      for their host copy); each job's profile now holds 8 iterations (issue 18: each kernel's
+#      spread over time at its place, `variability-table` from the recordings and profiles).
 #   5. `calibrate` (240 s): the calibration grid with its fp8, fp16/fp32, non-causal and
 #      grouped-query cases, and `calibrate --job`: neither has run on a GPU.
 # On the H100: gpu, torch, oom_pairs, reprofile and expandable took 456 s with the machine's

@@ -10,10 +10,11 @@ production frameworks run, committed beside the old measurements. For each of th
 jobs (its recorded baseline on this GPU, results/baselines/recorded/), the job with
 `kernels.framework` set to its family's framework (FRAMEWORK_OF, every other kernel field that
 framework's default) trains for real (`prismbench.record` on cuda: WARMUP, then ITERATIONS timed,
-then one profiled iteration), and DIR/reprofile.tar.gz holds, per job, the recorded baseline
-(`<case>.toml`: iteration times, allocator peaks, the machine) and rank 0's kernel times
-(`<case>.ops.jsonl.gz`, the shared profiles' format: `prismbench ingest-profile` and
-`prismbench compare` read it). One archive, because the device tool brings back at most 8 files.
+then PROFILED_ITERATIONS profiled ones), and DIR/reprofile.tar.gz holds, per job, the recorded
+baseline (`<case>.toml`: iteration times, allocator peaks, the machine) and rank 0's kernel
+times (`<case>.ops.jsonl.gz`, the shared profiles' format, each record numbered with its
+iteration: `prismbench ingest-profile` and `prismbench compare` read the first, the measured
+variability tables all of them). One archive, because the device tool brings back at most 8 files.
 A job that fails is reported with its last line and the others go on. --dry-run builds and
 prints the jobs only.
 """
@@ -37,6 +38,11 @@ from shared_gpu import RECORDED, RECORDED_PREFIX, local_gpu_preset, recorded_job
 # `megatron` setting, which is the 2021 code of the Megatron papers (unfused attention)
 FRAMEWORK_OF = {"mpt": "llm-foundry", "llama": "torchtitan", "gpt": "nemo"}
 WARMUP, ITERATIONS = 3, 5
+# Profiled iterations after the timed ones: each kernel followed at its place over this many
+# gives its spread over time alone (issue 18: variability_calibration.temporal_pools), at least
+# distributions.MIN_SAMPLES so that one place's durations fit a distribution of their own. The
+# scored kernel times stay the first iteration's (read_profile), as with one.
+PROFILED_ITERATIONS = 8
 
 
 def shared_cases(gpu: str) -> list[str]:
@@ -56,15 +62,16 @@ def production_job(case: str, gpu: str):
 
 def profile_case(case: str, gpu: str, folder: Path) -> str:
     """Record and profile one job into `folder`; a line saying how it went."""
-    from prismbench.calibrate_job import write_ops_jsonl
+    from prismbench.calibrate_job import write_ops_jsonl_iterations
     from prismbench.record import record, write_record
 
     job = production_job(case, gpu)
-    recording = record(job, iterations=ITERATIONS, warmup=WARMUP, device="cuda", profile=True)
+    recording = record(job, iterations=ITERATIONS, warmup=WARMUP, device="cuda", profile=True,
+                       profile_iterations=PROFILED_ITERATIONS)  # fmt: skip
     write_record(recording, folder / f"{case}.toml")
-    write_ops_jsonl(recording.profile, folder / f"{case}.ops.jsonl.gz")
+    write_ops_jsonl_iterations(recording.profiled_iterations, folder / f"{case}.ops.jsonl.gz")
     return (f"{case} ({job.kernels.framework}): median {recording.iteration_s_median:.4f} s, "
-            f"{len(recording.profile)} ops profiled")  # fmt: skip
+            f"{len(recording.profile)} ops profiled in each of {PROFILED_ITERATIONS} iterations")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
