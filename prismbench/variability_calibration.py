@@ -98,9 +98,11 @@ def temporal_pools(iterations: list[list[ProfiledOp]]) -> dict[tuple, tuple[str,
     shape and kernel), followed across the iterations that all have it; each duration is taken
     relative to its position's mean and scaled to the signature's mean, so positions that differ
     systematically (results/fidelity/variability.md, "Per-signature spreads") do not widen the
-    pool. Deviations are widened by sqrt(T / (T - 1)) for T iterations: each position's mean is
-    estimated from its own T durations, and the pool's std (ddof 1) then reads the temporal
-    spread without that bias."""
+    pool. Each position's mean is estimated from its own T durations, so the P x T deviations
+    hold P (T - 1) degrees of freedom where the pool's std (ddof 1, `SignatureFit.std_s`)
+    divides by P T - 1: they are widened by sqrt((P T - 1) / (P (T - 1))), which makes that std
+    read the temporal spread without bias (1 for one position; T / (T - 1) read one position over
+    8 iterations 7 % high)."""
     if len(iterations) < 2:
         raise ValueError(f"{len(iterations)} iteration(s): temporal pools need at least 2")
     positions: dict[tuple, list[list[float]]] = {}
@@ -116,7 +118,6 @@ def temporal_pools(iterations: list[list[ProfiledOp]]) -> dict[tuple, tuple[str,
             if len(durations) == t:  # present in every iteration so far
                 durations.append(op.kernel_us * 1e-6)
     count = len(iterations)
-    widen = np.sqrt(count / (count - 1))
     by_signature: dict[tuple, list[np.ndarray]] = {}
     for (signature, _), durations in positions.items():
         if len(durations) == count:
@@ -125,6 +126,7 @@ def temporal_pools(iterations: list[list[ProfiledOp]]) -> dict[tuple, tuple[str,
     for signature, rows in by_signature.items():
         rows = np.stack(rows)  # positions x iterations
         means = rows.mean(axis=1, keepdims=True)
+        widen = np.sqrt((rows.size - 1) / (len(rows) * (count - 1)))
         relative = 1 + (rows / means - 1) * widen
         pools[signature] = (classes[signature], list((relative * means.mean()).ravel()))
     return pools

@@ -65,6 +65,18 @@ def test_temporal_pools_read_an_op_s_spread_over_time_not_over_its_positions():
     assert across_positions.std(ddof=1) / across_positions.mean() > 0.5
 
 
+def test_a_temporal_pool_of_one_position_reads_its_variance_without_bias():
+    """One op a step followed over 8 iterations (what reprofile_gpu.py records): the pool's
+    variance (ddof 1) over many runs averages the true one (widened by T / (T - 1), as first
+    written, it read 14 % high)."""
+    rng = np.random.default_rng(3)
+    variances = []
+    for _ in range(3000):
+        ((_, durations),) = temporal_pools(_iterations(rng, [200.0], 0.02, 8)).values()
+        variances.append(np.var(np.asarray(durations) / np.mean(durations), ddof=1))
+    assert np.mean(variances) == pytest.approx(0.02**2, rel=0.04)
+
+
 def test_temporal_pools_follow_only_the_positions_every_iteration_has():
     iterations = _iterations(np.random.default_rng(1), [100.0, 200.0, 300.0], 0.01, 3, dropped=(2,))
     ((_, durations),) = temporal_pools(iterations).values()
