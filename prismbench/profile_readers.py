@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from emulator.costs.kernel_timing import ITERATION_RANGE
+from emulator.costs.kernel_timing import ITERATION_RANGE, split_by_ranges
 
 # An op event is "namespace::name" (aten::mm, my_ns::fused_op); kernel names ("void at::...",
 # "nvjet_sm90_..."), "Memset (Device)" and runtime events ("Activity Buffer Request") are not.
@@ -286,7 +286,7 @@ def read_chrome_trace_iterations(path: str | Path) -> list[list[ProfiledOp]]:
     ops, ranges = _launching_cpu_ops(events), _iteration_ranges(events)
     if not ranges:
         return [ops]
-    split = [[o for o in ops if start <= o.cpu_start_us <= end] for start, end in ranges]
+    split = split_by_ranges(ops, ranges, lambda o: o.cpu_start_us)
     return [iteration for iteration in split if iteration] or [[]]
 
 

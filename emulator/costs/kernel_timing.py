@@ -108,12 +108,16 @@ def time_kernels_us(
     return statistics.median(samples), statistics.pstdev(samples), kernels
 
 
-def split_by_ranges(records: list[dict], ranges: list[tuple[float, float]]) -> list[list[dict]]:
-    """Per (start, end) host range, in the order given, the records whose `cpu_start_us` lies
-    inside it (end included); a record in no range (between iterations) is in none. On CUDA the
-    autograd engine runs the backward on a thread of its own, so an op is placed by its start,
-    not by which range encloses it on its thread."""
-    return [[r for r in records if start <= r["cpu_start_us"] <= end] for start, end in ranges]
+def split_by_ranges(
+    items: list, ranges: list[tuple[float, float]], start_of: Callable[[object], float]
+) -> list[list]:
+    """Per [start, end) host range, in the order given, the items whose start (`start_of`, us)
+    lies in it: half-open, so an item on the boundary of two adjacent ranges (torch.profiler's
+    ProfilerStep#n ends where #n+1 begins) is in the later one alone; an item in no range
+    (between iterations) is in none. On CUDA the autograd engine runs the backward on a thread
+    of its own, so an op is placed by its start, not by which range encloses it on its thread.
+    Op records (`op_records`) and `profile_readers.ProfiledOp`s are both placed so."""
+    return [[x for x in items if start <= start_of(x) < end] for start, end in ranges]
 
 
 def profile_iterations(
@@ -148,7 +152,14 @@ def profile_iterations(
     # a range is no op: a kernel launched under it outside any op (torch attributes it to the
     # range) has no op to be a record of
     ops = [e for e in events if e.name != ITERATION_RANGE]
-    return split_by_ranges(op_records(ops), ranges)
+    per_iteration = split_by_ranges(op_records(ops), ranges, lambda r: r["cpu_start_us"])
+    empty = [i for i, records in enumerate(per_iteration) if not records]
+    if cuda and empty:  # refused here, before a caller writes a recording without its profile
+        raise RuntimeError(
+            f"the profiler saw no kernel in iteration(s) {empty} of {iterations} (is this a CUDA "
+            "build with CUPTI?)"
+        )
+    return per_iteration
 
 
 def profile_iteration(

@@ -105,15 +105,24 @@ def _record(op, start_us):
             "cpu_start_us": start_us}  # fmt: skip
 
 
+def _start(record: dict) -> float:
+    return record["cpu_start_us"]
+
+
 def test_records_go_to_the_range_their_start_lies_in():
-    # iteration 0 runs over [0, 100] us, iteration 1 over [120, 200]; the backward's ops of
+    # iteration 0 runs over [0, 100) us, iteration 1 over [120, 200); the backward's ops of
     # iteration 0 run on autograd's own thread but start inside its host range (90); an op
     # at 110 ran between the iterations, in neither
     mm0, bwd0, between, mm1, last1 = (_record("aten::mm", 5), _record("aten::mm", 90),
                                       _record("aten::add", 110), _record("aten::mm", 120),
-                                      _record("aten::sum", 200))  # fmt: skip
+                                      _record("aten::sum", 199))  # fmt: skip
     records = [mm0, bwd0, between, mm1, last1]
-    assert split_by_ranges(records, [(0, 100), (120, 200)]) == [[mm0, bwd0], [mm1, last1]]
+    assert split_by_ranges(records, [(0, 100), (120, 200)], _start) == [[mm0, bwd0], [mm1, last1]]
+
+
+def test_a_record_on_the_boundary_of_two_adjacent_ranges_is_in_the_later_one_alone():
+    boundary = _record("aten::mm", 100)
+    assert split_by_ranges([boundary], [(0, 100), (100, 200)], _start) == [[], [boundary]]
 
 
 class _FakeGpu:
@@ -195,4 +204,12 @@ def test_profile_iterations_gives_each_iteration_its_own_op_records(fake_gpu):
 def test_profile_iterations_refuses_when_the_profiler_missed_an_iteration(fake_gpu):
     gpu = fake_gpu([[5.0]] * 2, drop=1)
     with pytest.raises(RuntimeError, match=r"saw 1 of 2 'prismbench.iteration' ranges"):
+        profile_iterations(gpu.step, iterations=2, warmup=0)
+
+
+def test_profile_iterations_refuses_an_iteration_that_launched_no_kernel(fake_gpu):
+    # a CUDA build without CUPTI sees ranges but no kernels: refused before `record` writes a
+    # recording whose profile is missing
+    gpu = fake_gpu([[5.0], []])
+    with pytest.raises(RuntimeError, match=r"no kernel in iteration\(s\) \[1\] of 2"):
         profile_iterations(gpu.step, iterations=2, warmup=0)
