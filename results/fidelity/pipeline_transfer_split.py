@@ -32,7 +32,7 @@ from emulator.variability.regimes import split_pipeline_transfers  # noqa: E402
 TRANSFER_S = 2e-3
 CVS = (0.005, 0.02, 0.05)
 SIZES = (40, 200, 1000)
-BUBBLES = (0.1, 0.3, 0.5)
+BUBBLES = (0.1, 0.3, 0.5, 0.7, 0.9)
 WAITS = ("uniform 0..0.5x", "uniform 0..2x", "uniform 0..10x", "exponential 1x")
 FAMILIES = ("normal", "lognormal")
 SEEDS = 50
