@@ -22,7 +22,7 @@ from pathlib import Path
 
 from emulator.costs.kernel_table import PRICE_SOURCES, KernelTable
 from emulator.costs.pricing import compute_prices
-from prismbench.profile_readers import read_profile
+from prismbench.profile_readers import read_profile_iterations
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ class Comparison:
     # the table holds rows of this very profile (their `source`, `profile_source`): its ops
     # are priced by their own measurement, so the error says little about other jobs
     in_sample_source: str | None = None
+    # the iterations the profile holds; its first is the one compared (one predicted iteration)
+    profile_iterations: int = 1
 
     @property
     def predicted_s(self) -> float:
@@ -79,6 +81,7 @@ class Comparison:
             "measured_kernel_s": self.measured_s,
             "error": self.error,
             "classes": [asdict(c) | {"error_s": c.error_s} for c in self.classes],
+            "profile_iterations": self.profile_iterations,
         }
 
 
@@ -144,7 +147,8 @@ def compare_profile(
     )
 
     cost = cost_context(job, kernel_table, kernel_gap_s=0.0)
-    ops = read_profile(profile_path)
+    iterations = read_profile_iterations(profile_path)
+    ops = iterations[0]
     check_profile_gpu(profile_path, job, f"the job {name}")
     traces = capture_job(job).traces
     trace = traces[min(traces)]
@@ -157,4 +161,5 @@ def compare_profile(
         kernel_table="" if cost.table is None else cost.table.label,
         classes=compare_ops(ops, trace, cost, aligned),
         in_sample_source=source if cost.table is not None and source in cost.table.sources else None,
+        profile_iterations=len(iterations),
     )

@@ -29,7 +29,7 @@ import difflib
 import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +49,12 @@ from emulator.costs.pricing import op_record
 from emulator.hardware import gpu_preset
 from prismbench.compiled_calls import attribute_calls
 from prismbench.files import write_atomically
-from prismbench.profile_readers import INDUCTOR_KERNEL, ProfiledOp, ProfileError, read_profile
+from prismbench.profile_readers import (
+    INDUCTOR_KERNEL,
+    ProfiledOp,
+    ProfileError,
+    read_profile_iterations,
+)
 
 # The least share of the capture's compute rows matched, and of the profile's kernel time
 # attributed, for a profile to be taken as one of the job (see the module docstring).
@@ -234,6 +239,8 @@ class IngestResult:
     attributed_kernel_us: float
     unmatched_profile: list[dict] = field(default_factory=list)
     unmatched_trace: list[dict] = field(default_factory=list)
+    # the iterations the profile holds; its first is the one ingested
+    profile_iterations: int = 1
 
     @property
     def trace_coverage(self) -> float:
@@ -256,6 +263,7 @@ class IngestResult:
             "kernel_time_coverage": round(self.kernel_time_coverage, 4),
             "unmatched_profile": self.unmatched_profile[:top],
             "unmatched_trace": self.unmatched_trace[:top],
+            "profile_iterations": self.profile_iterations,
         }
 
 
@@ -495,7 +503,8 @@ def ingest_profile(
     ProfileError)."""
     from prismbench.capture import capture_job
 
-    ops = read_profile(profile_path)
+    iterations = read_profile_iterations(profile_path)
+    ops = iterations[0]
     check_profile_gpu(profile_path, job, job_label)
     check_provenance_gpu((provenance or {}).get("gpu", ""), job, job_label)
     traces = capture_job(job).traces
@@ -503,7 +512,8 @@ def ingest_profile(
     aligned = align_profile(ops, trace)
     check_coverage(profile_path, job_label, aligned)
     provenance = profile_provenance(profile_path) | (provenance or {})
-    return ingest_ops(ops, trace, provenance, aligned, source=profile_source(profile_path))
+    result = ingest_ops(ops, trace, provenance, aligned, source=profile_source(profile_path))
+    return replace(result, profile_iterations=len(iterations))
 
 
 def write_rows_csv(rows: list[dict], path: str | Path) -> Path:

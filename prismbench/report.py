@@ -484,6 +484,11 @@ def render_fit(result, console: Console) -> None:
         )
 
 
+def profile_iterations_note(iterations: int) -> str:
+    return (f"the profile holds {iterations} iterations: the first is read (one iteration, as "
+            "the capture is); variability-table reads them all")  # fmt: skip
+
+
 def render_ingest(result, console: Console, top: int = 10) -> None:
     """Matched rows and attributed kernel time, then the largest unmatched profiled ops."""
     console.print(
@@ -492,6 +497,8 @@ def render_ingest(result, console: Console, top: int = 10) -> None:
         f"{result.attributed_kernel_us / 1e3:,.3f} of {result.total_kernel_us / 1e3:,.3f} ms of "
         f"the profile's kernel time ({result.kernel_time_coverage:.1%})"
     )
+    if result.profile_iterations > 1:
+        console.print(profile_iterations_note(result.profile_iterations))
     for title, entries in (
         ("Profiled ops with no trace row", result.unmatched_profile),
         ("Trace rows with no profiled op", result.unmatched_trace),
@@ -516,6 +523,8 @@ def render_comparison(result, console: Console, top: int = 15) -> None:
         f"  predicted {result.predicted_s * 1e3:,.2f} ms, "
         f"measured {result.measured_s * 1e3:,.2f} ms of kernels ({error})"
     )
+    if result.profile_iterations > 1:
+        console.print(profile_iterations_note(result.profile_iterations))
     # a line of its own, never broken by rich: the label is mostly paths, read and copied whole
     console.print(
         f"kernel table: {result.kernel_table or 'none (roofline curves only)'}", soft_wrap=True

@@ -160,3 +160,26 @@ def test_cli_says_when_the_table_holds_the_profiles_own_rows(tmp_path, trace, ca
     assert main([*compare, "--skip-source", "profile:tiny"]) == 0  # leave-one-out: no note
     out, err = capsys.readouterr()
     assert json.loads(out)["in_sample_source"] is None and "in-sample" not in err
+
+
+def test_cli_compares_the_first_of_a_profile_s_iterations_and_says_so(tmp_path, trace, capsys):
+    """A profile of several iterations (`record --profile-iterations`): the first is set against
+    the one predicted iteration; the second, here 10x slower, is not read."""
+    from prismbench.calibrate_job import write_ops_jsonl_iterations
+
+    durations, _ = compute_prices(trace, COST)
+
+    def iteration(factor):
+        return [{"op": op.op, "shapes": [list(s) for s in op.shapes], "kernels": [list(k) for k in op.kernels],
+                 "cpu_start_us": 0.0}
+                for op in (_profiled(trace, r, factor * durations[r] * 1e6) for r in _compute_rows(trace))]  # fmt: skip
+
+    profile = write_ops_jsonl_iterations([iteration(2), iteration(20)], tmp_path / "two.ops.jsonl.gz")
+    job = tmp_path / "tiny.toml"
+    job.write_text(TINY_TOML)
+    argv = ["compare", str(job), "--profile", str(profile), "--no-kernel-table"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["error"] == pytest.approx(-0.5) and out["profile_iterations"] == 2
+    assert main(argv) == 0
+    assert "the profile holds 2 iterations: the first is read" in " ".join(capsys.readouterr().out.split())
