@@ -28,7 +28,9 @@ read 0.6x the CV with no waits and up to 44x with short ones
 (pipeline_transfer_split_baseline.md). The spread is read below the median: a transfer whose own
 durations have a longer right tail than left reads a CV too low, and its tail as waits. Fewer
 than distributions.MIN_SAMPLES calls that did not wait are refused. Durations all equal are
-one regime of CV 0.
+one regime of CV 0. Durations rounded coarser than the transfers' spread (half of the calls
+at one value) read a spread of 0 below the median and every longer call as a wait: give the
+kernels' own times (us or ns), as profilers record them.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class MeasuredTransfers:
             else f"one regime (none {BUBBLE_SIGMAS:g} spreads above the median: no wait seen)"
         )
         return (
-            f"{100 * self.no_bubble_cv:.2f} % (no-bubble mean {self.no_bubble_mean_s:.4g} s); "
+            f"{100 * self.no_bubble_cv:.2f} % (no-bubble median {self.no_bubble_mean_s:.4g} s); "
             f"measured in {self.source}: {self.transfers} transfers, {split}"
         )
 
@@ -122,7 +124,9 @@ def measured_transfers(
 
 def modelled_transfer_s(graph: ExecutionGraph) -> float | None:
     """The emulator's price of one pipeline transfer: the median duration (s) of the graph's
-    sends with a duration (every class's); None where the job has none (pp = 1)."""
+    sends with a duration, over every pipeline boundary (where stages sit on NVLink and on the
+    network both, the median of both: set it beside the boundary the measurement is of);
+    None where the job has none (pp = 1)."""
     durations = np.concatenate([g["duration_s"][g["kind"] == SEND] for g in graph.classes])
     durations = durations[durations > 0]
     return float(np.median(durations)) if len(durations) else None

@@ -531,7 +531,7 @@ def render_comparison(result, console: Console, top: int = 15) -> None:
     )
     table = Table(
         title=f"Op classes, largest absolute error first (top {top} of {len(result.classes)})",
-        caption=f"priced by: ops priced {'/'.join(PRICE_SOURCES)}",
+        caption=f"priced by: how many ops each source priced, {'/'.join(PRICE_SOURCES)}",
     )
     for column in ("op", "aten op", "ops (trace/profile)", "predicted ms", "measured ms",
                    "error ms", "error", "priced by"):  # fmt: skip
@@ -691,9 +691,10 @@ def render_variability(r, console: Console) -> None:
                          transfers.describe() if transfers
                          else f"{100 * r.transfer_cv:.2f} %: the collectives', assumed by {r.preset}"))  # fmt: skip
         if transfers and r.transfer_modelled_s:
-            rows.insert(-1, ("pipeline transfer (no bubble): measured median / modelled",
+            rows.insert(-1, ("pipeline transfer (no bubble): measured / modelled",
                              f"{_seconds(transfers.no_bubble_mean_s)} / {_seconds(r.transfer_modelled_s)} "
-                             f"({transfers.no_bubble_mean_s / r.transfer_modelled_s:.2f}x)"))  # fmt: skip
+                             f"({transfers.no_bubble_mean_s / r.transfer_modelled_s:.2f}x; medians, "
+                             "the modelled one over every pipeline boundary)"))  # fmt: skip
     if r.variability_table is not None:
         rows.insert(0, (f"{r.preset} preset's table (temporal variation)", r.variability_table))
     for figure, value in rows:
@@ -728,11 +729,16 @@ def render_variability_table(table: dict, console: Console) -> None:
     figures.add_row("step CV (median over jobs)", f"{100 * table['step_cv']:.3f} %")
     figures.add_row("step CV between runs (sd of its log)", f"{table['step_cv_dispersion']:.3f}")
     console.print(figures)
-    jobs = Table(title="Per job (CV of the iteration time)")
-    for column in ("job", "measured", "kernel noise alone", "step"):
+    jobs = Table(title="Per job (CV of the iteration time)",
+                 caption="kernel time, measured: the CV of the profiled iterations' summed kernel "
+                         "time (record --profile-iterations N; - for a profile of one)")  # fmt: skip
+    for column in ("job", "measured", "kernel noise alone", "kernel time, measured", "step"):
         _column(jobs, column, left=column == "job")
     for job, cvs in table["jobs"].items():
-        jobs.add_row(job, *(f"{100 * cvs[k]:.3f} %" for k in ("iteration_cv", "kernel_cv", "step_cv")))
+        measured = cvs.get("kernel_cv_measured")  # tables written before it existed lack it
+        jobs.add_row(job, f"{100 * cvs['iteration_cv']:.3f} %", f"{100 * cvs['kernel_cv']:.3f} %",
+                     "-" if measured is None else f"{100 * measured:.3f} %",
+                     f"{100 * cvs['step_cv']:.3f} %")  # fmt: skip
     console.print(jobs)
 
 

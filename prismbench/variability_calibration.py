@@ -148,7 +148,7 @@ class JobVariation:
     profiled_kernel_s: tuple[float, ...] = ()
 
     @property
-    def kernel_time_cv(self) -> float | None:
+    def kernel_cv_measured(self) -> float | None:
         """Measured: the CV of the profiled iterations' summed kernel time, None under two."""
         if len(self.profiled_kernel_s) < 2:
             return None
@@ -255,7 +255,7 @@ class GpuVariation:
     iteration_cv_by_job: dict[str, float]
     kernel_cv_by_job: dict[str, float]
     # measured over the profiled iterations where a profile holds several, else None
-    kernel_time_cv_by_job: dict[str, float | None]
+    kernel_cv_measured_by_job: dict[str, float | None]
 
 
 def calibrate_jobs(jobs: list[JobVariation]) -> GpuVariation:
@@ -278,7 +278,7 @@ def calibrate_jobs(jobs: list[JobVariation]) -> GpuVariation:
         step_cv_by_job=step,
         iteration_cv_by_job=iteration_cv,
         kernel_cv_by_job=kernel_cv,
-        kernel_time_cv_by_job={job.job: job.kernel_time_cv for job in jobs},
+        kernel_cv_measured_by_job={job.job: job.kernel_cv_measured for job in jobs},
     )
 
 
@@ -300,7 +300,7 @@ def table_dict(gpu: str, variation: GpuVariation, provenance: dict) -> dict:
                 "iteration_cv": variation.iteration_cv_by_job[job],
                 "kernel_cv": variation.kernel_cv_by_job[job],
                 "step_cv": variation.step_cv_by_job[job],
-                "kernel_time_cv_measured": variation.kernel_time_cv_by_job[job],
+                "kernel_cv_measured": variation.kernel_cv_measured_by_job[job],
             }
             for job in sorted(variation.step_cv_by_job)
         },

@@ -59,7 +59,7 @@ from emulator.variability.model import NetworkRegime
 TRIM_SIGMAS = 3.0
 # The share of a normal's spread that its part within TRIM_SIGMAS keeps (the std of a normal
 # truncated at +-TRIM_SIGMAS over the untruncated one's): the trimmed spread is divided by it.
-_TRIMMED_SPREAD = float(
+_TRIMMED_STD_RATIO = float(
     np.sqrt(
         1 - 2 * TRIM_SIGMAS * stats.norm.pdf(TRIM_SIGMAS) / (2 * stats.norm.cdf(TRIM_SIGMAS) - 1)
     )
@@ -113,7 +113,7 @@ def _distribution(samples: np.ndarray) -> DurationDistribution:
 def _spread_below(x: np.ndarray, median: float) -> float:
     """The root-mean-square distance below `median` of the durations `x` (a trimmed set)."""
     below = x[x < median]
-    return float(np.sqrt(np.mean((median - below) ** 2))) / _TRIMMED_SPREAD if len(below) else 0.0
+    return float(np.sqrt(np.mean((median - below) ** 2))) / _TRIMMED_STD_RATIO if len(below) else 0.0
 
 
 def trimmed_transfer(x: np.ndarray, start: np.ndarray) -> tuple[float, float]:

@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="write nothing; fail if a recorded baseline lacks peaks its notes hold")  # fmt: skip
     args = parser.parse_args(argv)
     from prismbench.baselines import load_baseline
+    from prismbench.files import write_atomically
 
     changed = []
     for path in sorted(RECORDED.glob("*.toml")):
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         changed.append(path.name)
         if not args.check:
-            path.write_text(text)
+            write_atomically(path, lambda tmp, text=text: tmp.write_text(text))
             load_baseline(path)  # what was written reads back
     if args.check and changed:
         raise SystemExit(f"{len(changed)} recorded baselines lack the peaks their notes hold: "

@@ -37,7 +37,12 @@ def robust_cv(durations: np.ndarray) -> float:
 def job_row(gpu_dir: Path, job, noise) -> str:
     from emulator.variability.distributions import MIN_SAMPLES
     from prismbench.profile_readers import read_profile
-    from prismbench.variability_calibration import job_profile, profile_durations, profile_pools
+    from prismbench.variability_calibration import (
+        job_profile,
+        op_signature,
+        profile_durations,
+        profile_pools,
+    )
 
     ops = read_profile(job_profile(gpu_dir, job.job))
     durations, classes = profile_durations(ops)
@@ -45,7 +50,7 @@ def job_row(gpu_dir: Path, job, noise) -> str:
     pools = profile_pools(ops)
     own_std = class_std.copy()
     for i, op in enumerate(ops):
-        _, pool = pools[(op.op, op.shapes, tuple(name for name, _ in op.kernels))]
+        _, pool = pools[op_signature(op)]
         if len(pool) >= MIN_SAMPLES:
             pool = np.asarray(pool)
             own_std[i] = pool.std(ddof=1) / pool.mean() * durations[i]

@@ -29,7 +29,7 @@ def test_the_calls_that_waited_are_split_off_and_the_others_cv_is_the_transfers(
     assert measured.no_bubble_mean_s == pytest.approx(2e-3, rel=0.005)
     assert own.max() < measured.threshold_s < durations[waited].min()
     said = measured.describe()
-    assert said.startswith(f"{100 * measured.no_bubble_cv:.2f} % (no-bubble mean 0.002")
+    assert said.startswith(f"{100 * measured.no_bubble_cv:.2f} % (no-bubble median 0.002")
     assert ": 400 transfers, " in said
     assert f"{100 * waited.mean():.1f} % above {measured.threshold_s:.4g} s, 5 spreads" in said
 

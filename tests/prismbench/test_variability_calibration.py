@@ -100,9 +100,9 @@ def test_a_profile_of_several_iterations_is_measured_over_time(tmp_path):
     (fit,) = job.fits
     assert fit.std_s / fit.mean_s == pytest.approx(0.02, rel=0.15)  # over positions: ~60 %
     sums = [sum(o.kernel_us for o in ops) * 1e-6 for ops in iterations]
-    assert job.kernel_time_cv == pytest.approx(np.std(sums, ddof=1) / np.mean(sums))
+    assert job.kernel_cv_measured == pytest.approx(np.std(sums, ddof=1) / np.mean(sums))
     one = write_ops_jsonl_iterations(records[:1], tmp_path / "one.ops.jsonl.gz")
-    assert job_variation("job", one, **times).kernel_time_cv is None
+    assert job_variation("job", one, **times).kernel_cv_measured is None
 
 
 @needs_shared

@@ -262,3 +262,25 @@ def test_cli_variability_draws_from_the_table_built(tmp_path, capsys, monkeypatc
     assert mine["std_s"] != committed["std_s"]
     assert main([*argv[:-1], "--variability-table", str(out)]) == 0
     assert str(out) in capsys.readouterr().out  # the table says whose figures it drew
+
+
+def test_a_profile_of_several_iterations_gives_the_measured_kernel_time_cv(tmp_path, capsys):
+    """`record --profile-iterations 3`, here the H100 recording's profile as three iterations
+    whose kernels ran 1 % slower, as profiled and 1 % faster: the table prints the CV of their
+    kernel time (1 %), beside the model's kernel noise alone."""
+    from prismbench.calibrate_job import write_ops_jsonl_iterations
+
+    recording, profile = _pairs()[0]
+    with gzip.open(profile, "rt") as handle:
+        records = [json.loads(line) for line in handle if line.strip()]
+
+    def scaled(factor):
+        return [r | {"self_cuda_us": r["self_cuda_us"] * factor,
+                     "kernels": [[name, us * factor] for name, us in r["kernels"]]} for r in records]  # fmt: skip
+
+    three = write_ops_jsonl_iterations([scaled(1.01), scaled(1.0), scaled(0.99)], tmp_path / "three.ops.jsonl.gz")
+    out = tmp_path / "mine.json"
+    assert main(["variability-table", "--recording", str(recording), "--profile", str(three), "--out", str(out)]) == 0
+    (job,) = json.loads(out.read_text())["jobs"].values()
+    assert job["kernel_cv_measured"] == pytest.approx(0.01, rel=1e-6)
+    assert "1.000 %" in capsys.readouterr().out
