@@ -29,10 +29,10 @@ def write_ops_jsonl(records: list[dict], path: str | Path) -> Path:
 def write_ops_jsonl_iterations(iterations: list[list[dict]], path: str | Path) -> Path:
     """Several iterations' op records (`kernel_timing.profile_iterations`) as one profile,
     atomically as `write_ops_jsonl`: in order, each record with its iteration's number under
-    `profile_readers.ITERATION_KEY` (from 0). `read_profile_iterations` reads them all back;
-    `read_profile` (ingest-profile, compare, calibrate) reads iteration 0 alone, so a profile of
-    several iterations gives those what a profile of its first would. Every iteration must hold
-    a record: an empty one would leave a gap in the numbers, which the readers refuse."""
+    `profile_readers.ITERATION_KEY` (from 0). `read_profile_iterations` reads them all back
+    (ingest-profile pools them into its rows); `read_profile` (compare, calibrate) reads
+    iteration 0 alone, what a profile of its first would give. Every iteration must hold a
+    record: an empty one would leave a gap in the numbers, which the readers refuse."""
     from prismbench.profile_readers import ITERATION_KEY
 
     if not iterations:

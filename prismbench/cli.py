@@ -1261,7 +1261,7 @@ def _add_record(commands) -> None:
         default=1,
         metavar="N",
         help="with --profile: profile N more iterations (1), each record numbered with its "
-        "iteration; ingest-profile and compare read the first, as from a profile of one",
+        "iteration; ingest-profile pools them all into its rows, compare reads the first",
     )
     rec.add_argument("--json", action="store_true", help="print the record")
     rec.set_defaults(handler=_cmd_record)

@@ -239,7 +239,7 @@ class IngestResult:
     attributed_kernel_us: float
     unmatched_profile: list[dict] = field(default_factory=list)
     unmatched_trace: list[dict] = field(default_factory=list)
-    # the iterations the profile holds; its first is the one ingested
+    # the iterations the profile holds: the rows pool them all; the coverage is the first's
     profile_iterations: int = 1
 
     @property
@@ -387,15 +387,20 @@ def ingest_ops(
     provenance: dict | None = None,
     aligned: Alignment | None = None,
     source: str = "",
+    more: tuple[Alignment, ...] = (),
 ):
     """Align profiled ops with the trace's compute rows (unless `aligned` is their alignment)
-    and turn the pairs into kernel rows, each with `source` (`profile_source`)."""
+    and turn the pairs into kernel rows, each with `source` (`profile_source`). `more`: the
+    alignments of further profiled iterations of the same job, whose pairs add their samples
+    to the rows (each row's repetitions count them all); the coverage and the unmatched ops
+    are the first iteration's."""
     aligned = aligned or align_profile(ops, trace)
-    ops, compute, pairs = aligned.ops, aligned.compute_rows, aligned.pairs
+    ops, compute = aligned.ops, aligned.compute_rows
     samples: dict[tuple, list[tuple[float, int]]] = defaultdict(list)
-    for i, j in pairs:
-        key = tuple(row_fields(op_record(trace, compute[j])).items())
-        samples[key].append((ops[i].kernel_us, len(ops[i].kernels)))
+    for each in (aligned, *more):
+        for i, j in each.pairs:
+            key = tuple(row_fields(op_record(trace, each.compute_rows[j])).items())
+            samples[key].append((each.ops[i].kernel_us, len(each.ops[i].kernels)))
     rows = [row | (provenance or {}) | {"source": source} for row in _aggregate(samples)]
     matched_ops, matched_rows = aligned.matched_ops, aligned.matched_rows
     return IngestResult(
@@ -498,21 +503,25 @@ def ingest_profile(
 ):
     """Read a profile (either format), capture `job` and ingest, the rows' source the
     profile's (`profile_source`); a job of several classes of ranks is matched against class
-    0's trace (the profiled rank is assumed to be one of it). A profile that is not one of the
-    job, or was measured on another GPU, is refused (`check_coverage`, `check_profile_gpu`:
-    ProfileError)."""
+    0's trace (the profiled rank is assumed to be one of it). A profile of several iterations
+    (`record --profile-iterations N`) gives rows of all of them, each iteration aligned with the
+    capture apart (the capture is one iteration). A profile that is not one of the job (any of
+    its iterations), or was measured on another GPU, is refused (`check_coverage`,
+    `check_profile_gpu`: ProfileError)."""
     from prismbench.capture import capture_job
 
     iterations = read_profile_iterations(profile_path)
-    ops = iterations[0]
     check_profile_gpu(profile_path, job, job_label)
     check_provenance_gpu((provenance or {}).get("gpu", ""), job, job_label)
     traces = capture_job(job).traces
     trace = traces[min(traces)]
-    aligned = align_profile(ops, trace)
-    check_coverage(profile_path, job_label, aligned)
+    alignments = [align_profile(ops, trace) for ops in iterations]
+    for index, aligned in enumerate(alignments):
+        label = job_label if len(alignments) == 1 else f"{job_label} (its iteration {index})"
+        check_coverage(profile_path, label, aligned)
     provenance = profile_provenance(profile_path) | (provenance or {})
-    result = ingest_ops(ops, trace, provenance, aligned, source=profile_source(profile_path))
+    result = ingest_ops(iterations[0], trace, provenance, alignments[0],
+                        source=profile_source(profile_path), more=tuple(alignments[1:]))  # fmt: skip
     return replace(result, profile_iterations=len(iterations))
 
 

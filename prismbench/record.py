@@ -19,9 +19,9 @@ iterations). The headline memory figure is the steady reserved peak of the large
 torch.profiler session (emulator.costs.kernel_timing.profile_iterations: kernel-only times) and
 rank 0's op records come back per iteration in `Recording.profiled_iterations`, the first in
 `Recording.profile` (write them with `prismbench.calibrate_job.write_ops_jsonl_iterations`;
-`prismbench ingest-profile` and `compare` read iteration 0, as from a profile of one, and
-`profile_readers.read_profile_iterations` reads them all: the same op at the same place in
-each iteration gives its spread over time alone).
+`prismbench compare` reads iteration 0, as from a profile of one; `ingest-profile` and the
+measured variability tables read them all, `profile_readers.read_profile_iterations`: the
+same op at the same place in each iteration gives its spread over time alone).
 
 A CUDA record runs only on GPUs that are the job's `cluster.gpu` (architecture, SM count and
 the capacity CUDA offers, `emulator.hardware.presets.gpu_presets_matching`): the recording is

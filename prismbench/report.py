@@ -484,9 +484,13 @@ def render_fit(result, console: Console) -> None:
         )
 
 
-def profile_iterations_note(iterations: int) -> str:
+def profile_iterations_note(iterations: int, *, pooled: bool) -> str:
+    """What a command made of a profile of several iterations."""
+    if pooled:
+        return (f"the profile holds {iterations} iterations: the rows pool them all (each aligned "
+                "with the capture apart); the coverage above is the first's")  # fmt: skip
     return (f"the profile holds {iterations} iterations: the first is read (one iteration, as "
-            "the capture is); variability-table reads them all")  # fmt: skip
+            "the capture is)")  # fmt: skip
 
 
 def render_ingest(result, console: Console, top: int = 10) -> None:
@@ -498,7 +502,7 @@ def render_ingest(result, console: Console, top: int = 10) -> None:
         f"the profile's kernel time ({result.kernel_time_coverage:.1%})"
     )
     if result.profile_iterations > 1:
-        console.print(profile_iterations_note(result.profile_iterations))
+        console.print(profile_iterations_note(result.profile_iterations, pooled=True))
     for title, entries in (
         ("Profiled ops with no trace row", result.unmatched_profile),
         ("Trace rows with no profiled op", result.unmatched_trace),
@@ -524,7 +528,7 @@ def render_comparison(result, console: Console, top: int = 15) -> None:
         f"measured {result.measured_s * 1e3:,.2f} ms of kernels ({error})"
     )
     if result.profile_iterations > 1:
-        console.print(profile_iterations_note(result.profile_iterations))
+        console.print(profile_iterations_note(result.profile_iterations, pooled=False))
     # a line of its own, never broken by rich: the label is mostly paths, read and copied whole
     console.print(
         f"kernel table: {result.kernel_table or 'none (roofline curves only)'}", soft_wrap=True

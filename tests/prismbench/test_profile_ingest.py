@@ -15,7 +15,7 @@ import pytest
 
 from emulator.capture.opmap import READS_NO_INPUT
 from emulator.capture.trace import COMPUTE
-from emulator.costs.kernel_table import load_kernel_table, op_class, row_op
+from emulator.costs.kernel_table import SHAPE_FIELDS, load_kernel_table, op_class, row_op
 from emulator.hardware import gpu_preset
 from prismbench.capture import capture_job
 from prismbench.cli import main
@@ -469,3 +469,37 @@ def test_a_profile_committed_in_the_repository_is_matched_to_its_capture_without
         "aten::arange",
         "aten::fill_",
     }
+
+
+def test_a_profile_of_several_iterations_gives_rows_of_them_all(trace, tmp_path, capsys):
+    """`record --profile-iterations 2`: each iteration is aligned with the capture apart, and
+    each row counts both (its time their mean); an iteration of another job is refused."""
+    from prismbench.calibrate_job import write_ops_jsonl_iterations
+
+    def records(ops):
+        return [{"op": o.op, "shapes": [list(s) for s in o.shapes], "kernels": [list(k) for k in o.kernels],
+                 "cpu_start_us": 0.0} for o in ops]  # fmt: skip
+
+    ops = _synthetic_profile(trace)
+    slower = [ProfiledOp(o.op, o.shapes, tuple((k, 3 * us) for k, us in o.kernels), 0.0) for o in ops]
+    job = tmp_path / "job.toml"
+    job.write_text(TINY_TOML)
+    one = _write_jsonl(tmp_path / "one.ops.jsonl.gz", ops)
+    two = write_ops_jsonl_iterations([records(ops), records(slower)], tmp_path / "two.ops.jsonl.gz")
+    for profile in (one, two):
+        assert main(["ingest-profile", str(profile), "--job", str(job), "--out", str(tmp_path / f"{profile.name}.csv")]) == 0
+    assert "the rows pool them all" in " ".join(capsys.readouterr().out.split())
+
+    def rows(name):
+        with (tmp_path / f"{name}.csv").open(newline="") as handle:
+            return {tuple(r[k] for k in ("op", "dtype", "aten", *SHAPE_FIELDS)): r for r in csv.DictReader(handle)}
+
+    single, pooled = rows("one.ops.jsonl.gz"), rows("two.ops.jsonl.gz")
+    assert single.keys() == pooled.keys()
+    for key, row in single.items():
+        assert float(pooled[key]["repetitions"]) == 2 * float(row["repetitions"])
+        assert float(pooled[key]["time_us"]) == pytest.approx(2 * float(row["time_us"]))  # mean of x1 and x3
+    unrelated = [ProfiledOp("aten::cumsum", ((7,),), (("k", 5.0),), 0.0)] * len(ops)
+    mixed = write_ops_jsonl_iterations([records(ops), records(unrelated)], tmp_path / "mixed.ops.jsonl.gz")
+    assert main(["ingest-profile", str(mixed), "--job", str(job), "--out", str(tmp_path / "mixed.csv")]) == 2
+    assert "(its iteration 1)" in capsys.readouterr().err and not (tmp_path / "mixed.csv").exists()
