@@ -75,17 +75,23 @@ def check_measuring_gpu(job, device_name: str) -> None:
 
 
 def calibrate_job(job, out_csv: str | Path, profile_out: str | Path, *, warmup: int = 3,
-                  device: str = "cuda", provenance: dict | None = None):  # fmt: skip
-    """Profile one iteration of `job` on `device` and write its profile and kernel rows.
+                  device: str = "cuda", provenance: dict | None = None,
+                  iterations: int = 1):  # fmt: skip
+    """Profile `iterations` iterations of `job` on `device` and write their profile and the
+    kernel rows of them all (`profile_ingest.ingest_iterations`: each row's repetitions count
+    every iteration).
 
     Returns the ingestion result (matched rows, unmatched ops)."""
     import torch
 
-    from emulator.costs.kernel_timing import profile_iteration
+    from emulator.costs import kernel_timing
     from prismbench.capture import capture_job
-    from prismbench.profile_ingest import ingest_ops, profile_source, write_rows_csv
-    from prismbench.profile_readers import read_profile
+    from prismbench.profile_ingest import ingest_iterations, write_rows_csv
+    from prismbench.profile_readers import read_profile_iterations
     from workloads import build_training, train_step
+
+    if iterations < 1:
+        raise SpecError(f"--profile-iterations {iterations}: profile at least 1 iteration")
 
     if job.world_size != 1:
         raise SpecError(
@@ -102,17 +108,17 @@ def calibrate_job(job, out_csv: str | Path, profile_out: str | Path, *, warmup: 
     state = build_training(job, None, device=device)
     rows = job.local_batch_rows
     tokens = torch.randint(0, job.model.vocab, (rows, job.batch.seq_len), device=device)
-    records = profile_iteration(
-        lambda: train_step(job, state, tokens, tokens), warmup=warmup, cuda=device == "cuda"
-    )
-    if not records:
+    profiled = kernel_timing.profile_iterations(
+        lambda: train_step(job, state, tokens, tokens), iterations=iterations, warmup=warmup,
+        cuda=device == "cuda",
+    )  # fmt: skip
+    if not all(profiled):
         raise RuntimeError(
             f"the profiler recorded no kernels on device {device!r} (a CUDA build with CUPTI "
             "records them; a CPU run has none)"
         )
-    write_ops_jsonl(records, profile_out)
-    result = ingest_ops(
-        read_profile(profile_out), trace, provenance, source=profile_source(profile_out)
-    )
+    write_ops_jsonl_iterations(profiled, profile_out)
+    result = ingest_iterations(profile_out, read_profile_iterations(profile_out), trace,
+                               provenance, "the job", check=False)  # fmt: skip
     write_rows_csv(result.rows, out_csv)
     return result

@@ -107,6 +107,11 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         raise SpecError(
             "--profile-out names the profile of --job's iteration; the grid writes none"
         )
+    if args.job is None and args.profile_iterations != 1:
+        raise SpecError(
+            f"--profile-iterations {args.profile_iterations}: says how many of --job's "
+            "iterations to profile; the grid profiles none"
+        )
     if args.job is not None and args.quick:
         raise SpecError("--quick shortens the grid's sweep; --job profiles one iteration instead")
     if args.job is None and args.json:
@@ -132,7 +137,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     _check_output(args.out, "--out", inputs=(args.job,))
     _check_output(args.profile_out, "--profile-out", inputs=(args.job, args.out))
     profile_out = Path(args.profile_out or Path(args.out).with_suffix(".ops.jsonl.gz"))
-    result = calibrate_job(job, Path(args.out), profile_out, provenance=gpu_provenance())
+    result = calibrate_job(job, Path(args.out), profile_out, provenance=gpu_provenance(),
+                           iterations=args.profile_iterations)  # fmt: skip
     if args.json:
         _print_json(result.to_dict() | {"profile": str(profile_out), "out": args.out})
         return EXIT_OK
@@ -1006,6 +1012,13 @@ def _add_calibrate(commands) -> None:
         "--profile-out",
         metavar="FILE",
         help="with --job: where the profile goes (default: beside --out, .ops.jsonl.gz)",
+    )
+    calibrate.add_argument(
+        "--profile-iterations",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="with --job: profile N iterations (1); the rows pool them all (N x the repetitions)",
     )
     calibrate.add_argument(
         "--json", action="store_true", help="with --job: print the ingest result as one JSON object"

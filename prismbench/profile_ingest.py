@@ -514,12 +514,27 @@ def ingest_profile(
     check_profile_gpu(profile_path, job, job_label)
     check_provenance_gpu((provenance or {}).get("gpu", ""), job, job_label)
     traces = capture_job(job).traces
-    trace = traces[min(traces)]
-    alignments = [align_profile(ops, trace) for ops in iterations]
-    for index, aligned in enumerate(alignments):
-        label = job_label if len(alignments) == 1 else f"{job_label} (its iteration {index})"
-        check_coverage(profile_path, label, aligned)
     provenance = profile_provenance(profile_path) | (provenance or {})
+    return ingest_iterations(profile_path, iterations, traces[min(traces)], provenance, job_label)
+
+
+def ingest_iterations(
+    profile_path: str | Path,
+    iterations: list[list[ProfiledOp]],
+    trace: RankTrace,
+    provenance: dict | None,
+    job_label: str,
+    *,
+    check: bool = True,
+) -> IngestResult:
+    """The rows of every profiled iteration of one job (`ingest_ops` with `more`), each aligned
+    with the trace apart and, where `check`, refused if it is not one of the job
+    (`check_coverage`, naming the iteration where there are several)."""
+    alignments = [align_profile(ops, trace) for ops in iterations]
+    if check:
+        for index, aligned in enumerate(alignments):
+            label = job_label if len(alignments) == 1 else f"{job_label} (its iteration {index})"
+            check_coverage(profile_path, label, aligned)
     result = ingest_ops(iterations[0], trace, provenance, alignments[0],
                         source=profile_source(profile_path), more=tuple(alignments[1:]))  # fmt: skip
     return replace(result, profile_iterations=len(iterations))

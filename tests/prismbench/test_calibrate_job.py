@@ -12,7 +12,7 @@ from emulator.hardware import GPU_NAMES, gpu_preset
 from prismbench.calibrate_job import calibrate_job, write_ops_jsonl
 from prismbench.capture import capture_job
 from prismbench.cli import main
-from prismbench.profile_readers import read_ops_jsonl
+from prismbench.profile_readers import read_ops_jsonl, read_profile_iterations
 from prismbench.spec import SpecError, job_spec_from_dict
 from tests.prismbench.test_profile_ingest import TINY, TINY_TOML, _compute_rows, _profiled
 
@@ -29,16 +29,30 @@ def _profile_records() -> list[dict]:
     ]  # fmt: skip
 
 
+def _profiles(monkeypatch, records):
+    monkeypatch.setattr("emulator.costs.kernel_timing.profile_iterations",
+                        lambda step, iterations, warmup, cuda: [records] * iterations)  # fmt: skip
+
+
 def test_profile_and_rows_are_written(tmp_path, monkeypatch):
     records = _profile_records()
-    monkeypatch.setattr(
-        "emulator.costs.kernel_timing.profile_iteration", lambda step, warmup, cuda: records
-    )
+    _profiles(monkeypatch, records)
     result = calibrate_job(JOB, tmp_path / "t.csv", tmp_path / "tiny.ops.jsonl.gz", device="cpu")
     assert len(read_ops_jsonl(tmp_path / "tiny.ops.jsonl.gz")) == len(records)
     assert result.matched_rows == result.trace_rows
     table = load_kernel_table(tmp_path / "t.csv")
     assert table.groups and result.rows[0]["source"] == "profile:tiny"
+
+
+def test_several_profiled_iterations_are_written_and_pooled_into_the_rows(tmp_path, monkeypatch):
+    _profiles(monkeypatch, _profile_records())
+    one = calibrate_job(JOB, tmp_path / "one.csv", tmp_path / "one.ops.jsonl.gz", device="cpu")
+    three = calibrate_job(JOB, tmp_path / "t.csv", tmp_path / "tiny.ops.jsonl.gz", device="cpu",
+                          iterations=3)  # fmt: skip
+    assert len(read_profile_iterations(tmp_path / "tiny.ops.jsonl.gz")) == three.profile_iterations == 3
+    assert [r["repetitions"] for r in three.rows] == [3 * r["repetitions"] for r in one.rows]
+    with pytest.raises(SpecError, match="--profile-iterations 0"):
+        calibrate_job(JOB, tmp_path / "z.csv", tmp_path / "z.ops.jsonl.gz", device="cpu", iterations=0)
 
 
 def test_a_profile_that_fails_to_write_leaves_the_old_one(tmp_path):
@@ -104,21 +118,22 @@ def test_the_job_mode_prints_its_ingest_result_as_json(tmp_path, monkeypatch, ca
     records = _profile_records()
     real = calibrate_job
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(
-        "emulator.costs.kernel_timing.profile_iteration", lambda step, warmup, cuda: records
-    )
+    _profiles(monkeypatch, records)
     monkeypatch.setattr(
         "prismbench.calibrate_job.calibrate_job",
-        lambda job, out, profile, provenance: real(job, out, profile, device="cpu"),
-    )
+        lambda job, out, profile, provenance, iterations: real(job, out, profile, device="cpu",
+                                                              iterations=iterations),
+    )  # fmt: skip
     monkeypatch.setattr("emulator.costs.calibrate.gpu_provenance", lambda: {})
     job_file = tmp_path / "tiny.toml"
     job_file.write_text(TINY_TOML)
     out = tmp_path / "rows.csv"
-    assert main(["calibrate", "--job", str(job_file), "--out", str(out), "--json"]) == 0
+    assert main(["calibrate", "--job", str(job_file), "--out", str(out), "--json",
+                 "--profile-iterations", "2"]) == 0  # fmt: skip
     printed = json.loads(capsys.readouterr().out)
     assert printed["out"] == str(out) and printed["profile"] == str(tmp_path / "rows.ops.jsonl.gz")
     assert printed["matched_rows"] == printed["trace_rows"] > 0
+    assert printed["profile_iterations"] == 2
 
 
 @pytest.mark.gpu
