@@ -1,38 +1,32 @@
-"""Calibrate for your own model in one command: profile one iteration, keep the profile, ingest it.
+"""Calibrate for your own model in one command: profile its iterations, keep the profile, ingest it.
 
 `calibrate_job(job, out_csv, profile_out)` runs `job` (world size 1: one GPU) for real with the
-workloads (`workloads.build_training`, `train_step`), profiles one iteration after warm-up
-(`emulator.costs.kernel_timing.profile_iteration`: kernel-only times from the profiler's kernel
-records), writes that profile in the shared `<case>.ops.jsonl.gz` format, and turns it into
-kernel-table rows matched to the capture of the same job (`prismbench.profile_ingest`).
+workloads (`workloads.build_training`, `train_step`), profiles one iteration after warm-up, or
+`iterations` of them (`emulator.costs.kernel_timing.profile_iterations`: kernel-only times from
+the profiler's kernel records), writes that profile in the shared `<case>.ops.jsonl.gz` format,
+and turns it into kernel-table rows matched to the capture of the same job
+(`prismbench.profile_ingest`: every iteration pooled into the rows).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterable
 from pathlib import Path
 
 from prismbench.files import write_atomically
 from prismbench.spec import SpecError
 
 
-def write_ops_jsonl(records: list[dict], path: str | Path) -> Path:
-    """Op records (`kernel_timing.op_records`) as a gzipped JSON-lines profile, written
-    atomically (`prismbench.files.write_atomically`): a record that cannot be written leaves
-    no truncated profile for a later ingest to read as a whole one. The records carry no
-    iteration number: the profile is one iteration, as every profile before several were."""
-    return _write_lines(records, path)
-
-
 def write_ops_jsonl_iterations(iterations: list[list[dict]], path: str | Path) -> Path:
-    """Several iterations' op records (`kernel_timing.profile_iterations`) as one profile,
-    atomically as `write_ops_jsonl`: in order, each record with its iteration's number under
-    `profile_readers.ITERATION_KEY` (from 0). `read_profile_iterations` reads them all back
-    (ingest-profile pools them into its rows); `read_profile` (compare, calibrate) reads
-    iteration 0 alone, what a profile of its first would give. Every iteration must hold a
-    record: an empty one would leave a gap in the numbers, which the readers refuse."""
+    """Profiled iterations' op records (`kernel_timing.profile_iterations`) as one gzipped
+    JSON-lines profile, in order, each record with its iteration's number under
+    `profile_readers.ITERATION_KEY` (from 0), written atomically
+    (`prismbench.files.write_atomically`): a record that cannot be written leaves no truncated
+    profile for a later reader to take as a whole one. `read_profile_iterations` reads them all
+    back (ingest-profile pools them into its rows); `read_profile` (compare) reads iteration 0
+    alone. Every iteration must hold a record: an empty one would leave a gap in the numbers,
+    which the readers refuse."""
     from prismbench.profile_readers import ITERATION_KEY
 
     if not iterations:
@@ -40,18 +34,12 @@ def write_ops_jsonl_iterations(iterations: list[list[dict]], path: str | Path) -
     empty = [index for index, records in enumerate(iterations) if not records]
     if empty:
         raise ValueError(f"{path}: iteration(s) {empty} hold no op record: nothing to write")
-    return _write_lines(
-        (record | {ITERATION_KEY: index} for index, records in enumerate(iterations)
-         for record in records),
-        path,
-    )  # fmt: skip
 
-
-def _write_lines(records: Iterable[dict], path: str | Path) -> Path:
     def write(tmp: Path) -> None:
         with gzip.open(tmp, "wt") as handle:
-            for record in records:
-                handle.write(json.dumps(record) + "\n")
+            for index, records in enumerate(iterations):
+                for record in records:
+                    handle.write(json.dumps(record | {ITERATION_KEY: index}) + "\n")
 
     return write_atomically(path, write)
 

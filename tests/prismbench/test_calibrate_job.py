@@ -9,7 +9,7 @@ import torch
 
 from emulator.costs.kernel_table import load_kernel_table
 from emulator.hardware import GPU_NAMES, gpu_preset
-from prismbench.calibrate_job import calibrate_job, write_ops_jsonl
+from prismbench.calibrate_job import calibrate_job, write_ops_jsonl_iterations
 from prismbench.capture import capture_job
 from prismbench.cli import main
 from prismbench.profile_readers import read_ops_jsonl, read_profile_iterations
@@ -20,7 +20,8 @@ JOB = job_spec_from_dict(TINY)
 
 
 def _profile_records() -> list[dict]:
-    """What profile_iteration would return for JOB on a GPU: each captured op, 3 us."""
+    """What profile_iterations would return for one iteration of JOB on a GPU: each captured
+    op, 3 us."""
     trace = capture_job(JOB).traces[0]
     return [
         {"op": o.op, "shapes": [list(s) for s in o.shapes], "self_cuda_us": o.kernel_us,
@@ -58,9 +59,9 @@ def test_several_profiled_iterations_are_written_and_pooled_into_the_rows(tmp_pa
 def test_a_profile_that_fails_to_write_leaves_the_old_one(tmp_path):
     profile = tmp_path / "p.ops.jsonl.gz"
     mm = {"op": "aten::mm", "shapes": [[8, 8], [8, 8]], "kernels": [["sm90_gemm", 3.0]]}
-    write_ops_jsonl([mm], profile)
+    write_ops_jsonl_iterations([[mm]], profile)
     with pytest.raises(TypeError):
-        write_ops_jsonl([mm | {"op": "aten::add"}, mm | {"shapes": object()}], profile)
+        write_ops_jsonl_iterations([[mm | {"op": "aten::add"}, mm | {"shapes": object()}]], profile)
     assert [op.op for op in read_ops_jsonl(profile)] == ["aten::mm"]
     assert [p.name for p in tmp_path.iterdir()] == ["p.ops.jsonl.gz"]
 
@@ -74,7 +75,7 @@ def test_a_profile_without_kernels_is_an_error(tmp_path):
 def test_refuses_a_gpu_the_jobs_preset_does_not_name_before_anything_runs(tmp_path, monkeypatch):
     ran = []
     monkeypatch.setattr(
-        "emulator.costs.kernel_timing.profile_iteration", lambda *a, **k: ran.append(1) or []
+        "emulator.costs.kernel_timing.profile_iterations", lambda *a, **k: ran.append(1) or [[]]
     )
     on_an_a100 = {"gpu": "NVIDIA A100-SXM4-80GB"}
     assert JOB.cluster.gpu == "h100-sxm-80g"

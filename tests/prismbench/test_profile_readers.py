@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from prismbench.calibrate_job import write_ops_jsonl, write_ops_jsonl_iterations
+from prismbench.calibrate_job import write_ops_jsonl_iterations
 from prismbench.profile_readers import (
     ProfileError,
     read_chrome_trace,
@@ -52,13 +52,13 @@ def test_a_profile_of_three_iterations_reads_back_each_in_order(tmp_path):
 
 def test_read_profile_reads_the_first_iteration_alone(tmp_path):
     several = write_ops_jsonl_iterations(_three_iterations(), tmp_path / "several.ops.jsonl.gz")
-    first = write_ops_jsonl(_three_iterations()[0], tmp_path / "first.ops.jsonl.gz")
+    first = _write_lines(tmp_path / "first.ops.jsonl.gz", _three_iterations()[0])
     assert read_profile(several) == read_profile(first)
 
 
 def test_a_profile_without_iteration_numbers_is_one_iteration(tmp_path):
     records = [r for iteration in _three_iterations() for r in iteration]
-    path = write_ops_jsonl(records, tmp_path / "legacy.ops.jsonl.gz")
+    path = _write_lines(tmp_path / "legacy.ops.jsonl.gz", records)  # as profiles were before
     (only,) = read_profile_iterations(path)
     assert len(only) == 6 and read_profile(path) == only
 
