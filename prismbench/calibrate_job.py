@@ -24,9 +24,9 @@ def write_ops_jsonl_iterations(iterations: list[list[dict]], path: str | Path) -
     `profile_readers.ITERATION_KEY` (from 0), written atomically
     (`prismbench.files.write_atomically`): a record that cannot be written leaves no truncated
     profile for a later reader to take as a whole one. `read_profile_iterations` reads them all
-    back (ingest-profile pools them into its rows); `read_profile` (compare) reads iteration 0
-    alone. Every iteration must hold a record: an empty one would leave a gap in the numbers,
-    which the readers refuse."""
+    back (ingest-profile pools them into its rows, compare takes the first). Every iteration
+    must hold a record: an empty one would leave a gap in the numbers, which the readers
+    refuse."""
     from prismbench.profile_readers import ITERATION_KEY
 
     if not iterations:
@@ -78,9 +78,6 @@ def calibrate_job(job, out_csv: str | Path, profile_out: str | Path, *, warmup: 
     from prismbench.profile_readers import read_profile_iterations
     from workloads import build_training, train_step
 
-    if iterations < 1:
-        raise SpecError(f"--profile-iterations {iterations}: profile at least 1 iteration")
-
     if job.world_size != 1:
         raise SpecError(
             f"parallel: calibrate --job profiles one GPU, the job has world size {job.world_size}: "
@@ -107,6 +104,6 @@ def calibrate_job(job, out_csv: str | Path, profile_out: str | Path, *, warmup: 
         )
     write_ops_jsonl_iterations(profiled, profile_out)
     result = ingest_iterations(profile_out, read_profile_iterations(profile_out), trace,
-                               provenance, "the job", check=False)  # fmt: skip
+                               provenance, check=False)  # fmt: skip
     write_rows_csv(result.rows, out_csv)
     return result

@@ -113,7 +113,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             "iterations to profile; the grid profiles none"
         )
     if args.job is not None and args.quick:
-        raise SpecError("--quick shortens the grid's sweep; --job profiles one iteration instead")
+        raise SpecError("--quick shortens the grid's sweep; --job profiles the job's iterations instead")
     if args.job is None and args.json:
         raise SpecError("--json prints --job's ingest result; the grid writes its table to --out")
     if not torch.cuda.is_available():
@@ -190,7 +190,8 @@ def _cmd_ingest_profile(args: argparse.Namespace) -> int:
         print(
             f"wrote {len(result.rows)} kernel rows to {args.out} (matched "
             f"{result.trace_coverage:.1%} of the capture's compute rows and "
-            f"{result.kernel_time_coverage:.1%} of the profile's kernel time; source "
+            f"{result.kernel_time_coverage:.1%} of "
+            f"{report.profiled_time_label(result.profile_iterations)} kernel time; source "
             f"{result.rows[0]['source'] if result.rows else '-'}: `compare --skip-source` "
             "takes it)"
         )
@@ -1006,7 +1007,8 @@ def _add_calibrate(commands) -> None:
     calibrate.add_argument(
         "--job",
         metavar="JOB.toml",
-        help="instead of the grid: profile one iteration of this one-GPU job and ingest it",
+        help="instead of the grid: profile one iteration of this one-GPU job (or "
+        "--profile-iterations N) and ingest it",
     )
     calibrate.add_argument(
         "--profile-out",

@@ -5,7 +5,9 @@ says what the emulator thinks those ops are (normalized name, dtype, GEMM/attent
 `ingest_profile` reads the profile (`prismbench/profile_readers.py`, either format), aligns its
 ops with the trace's compute rows in program order, and turns every matched pair into a
 measured row of `emulator/costs/kernel_table.py` (identical op, dtype and shape aggregated:
-mean kernel time, count, spread), so a measured run becomes a kernel table.
+mean kernel time, count, spread), so a measured run becomes a kernel table. A profile of
+several iterations (`record --profile-iterations N`) has each aligned apart and pooled into the
+same rows (`ingest_iterations`).
 
 Alignment is `difflib.SequenceMatcher` over keys (normalized op, the shapes its cost depends
 on), tolerant of ops on one side only (the capture's ops that launch no kernel on the GPU, a
@@ -239,8 +241,10 @@ class IngestResult:
     attributed_kernel_us: float
     unmatched_profile: list[dict] = field(default_factory=list)
     unmatched_trace: list[dict] = field(default_factory=list)
-    # the iterations the profile holds: the rows pool them all; the coverage is the first's
+    # the iterations the profile holds: the rows pool them all but `iterations_left_out` (not
+    # one of the job); the coverage and the unmatched ops are the first iteration's
     profile_iterations: int = 1
+    iterations_left_out: tuple[int, ...] = ()
 
     @property
     def trace_coverage(self) -> float:
@@ -264,6 +268,9 @@ class IngestResult:
             "unmatched_profile": self.unmatched_profile[:top],
             "unmatched_trace": self.unmatched_trace[:top],
             "profile_iterations": self.profile_iterations,
+            "iterations_left_out": list(self.iterations_left_out),
+            # trace_rows .. unmatched_trace are the first iteration's where there are several
+            "coverage_iteration": 0,
         }
 
 
@@ -515,7 +522,8 @@ def ingest_profile(
     check_provenance_gpu((provenance or {}).get("gpu", ""), job, job_label)
     traces = capture_job(job).traces
     provenance = profile_provenance(profile_path) | (provenance or {})
-    return ingest_iterations(profile_path, iterations, traces[min(traces)], provenance, job_label)
+    return ingest_iterations(profile_path, iterations, traces[min(traces)], provenance,
+                             job_label=job_label)  # fmt: skip
 
 
 def ingest_iterations(
@@ -523,21 +531,29 @@ def ingest_iterations(
     iterations: list[list[ProfiledOp]],
     trace: RankTrace,
     provenance: dict | None,
-    job_label: str,
     *,
+    job_label: str = "the job",
     check: bool = True,
 ) -> IngestResult:
     """The rows of every profiled iteration of one job (`ingest_ops` with `more`), each aligned
-    with the trace apart and, where `check`, refused if it is not one of the job
-    (`check_coverage`, naming the iteration where there are several)."""
+    with the trace apart. Where `check`, the first iteration must be one of the job
+    (`check_coverage`: refused otherwise, as a profile of one), and a later one that is not (a
+    step cut off at the trace's end, one with evaluation or a checkpoint in it) is left out of
+    the rows and named (`IngestResult.iterations_left_out`), so that it neither refuses the
+    whole profile nor pools other work into the rows."""
     alignments = [align_profile(ops, trace) for ops in iterations]
+    left_out = []
     if check:
-        for index, aligned in enumerate(alignments):
-            label = job_label if len(alignments) == 1 else f"{job_label} (its iteration {index})"
-            check_coverage(profile_path, label, aligned)
+        check_coverage(profile_path, job_label, alignments[0])
+        for index, aligned in enumerate(alignments[1:], start=1):
+            try:
+                check_coverage(profile_path, job_label, aligned)
+            except ProfileError:
+                left_out.append(index)
+    pooled = tuple(a for index, a in enumerate(alignments[1:], start=1) if index not in left_out)
     result = ingest_ops(iterations[0], trace, provenance, alignments[0],
-                        source=profile_source(profile_path), more=tuple(alignments[1:]))  # fmt: skip
-    return replace(result, profile_iterations=len(iterations))
+                        source=profile_source(profile_path), more=pooled)  # fmt: skip
+    return replace(result, profile_iterations=len(iterations), iterations_left_out=tuple(left_out))
 
 
 def write_rows_csv(rows: list[dict], path: str | Path) -> Path:

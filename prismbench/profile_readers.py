@@ -14,9 +14,9 @@ record then carries its iteration's number (`ITERATION_KEY`, from 0; a record wi
 iteration 0, so every older file is one iteration), and a Chrome trace marks each iteration
 with a user annotation (`kernel_timing.ITERATION_RANGE`, or torch.profiler's own
 "ProfilerStep#<n>" when the trace was taken with a schedule and `prof.step()`).
-`read_profile_iterations` gives every iteration, in order (ingest-profile, the measured
-variability tables); `read_profile` gives iteration 0 alone, what a reader of one iteration
-(compare, calibrate) reads.
+`read_profile_iterations` gives every iteration, in order (ingest-profile, calibrate --job,
+the measured variability tables, and compare, which takes the first); `read_profile` gives
+iteration 0 alone.
 """
 
 from __future__ import annotations

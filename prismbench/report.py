@@ -484,25 +484,27 @@ def render_fit(result, console: Console) -> None:
         )
 
 
-def profile_iterations_note(iterations: int, *, pooled: bool) -> str:
-    """What a command made of a profile of several iterations."""
-    if pooled:
-        return (f"the profile holds {iterations} iterations: the rows pool them all (each aligned "
-                "with the capture apart); the coverage above is the first's")  # fmt: skip
-    return (f"the profile holds {iterations} iterations: the first is read (one iteration, as "
-            "the capture is)")  # fmt: skip
+def profiled_time_label(iterations: int) -> str:
+    """Whose kernel time an ingest's coverage is: the profile's, or its first iteration's."""
+    return "the profile's" if iterations == 1 else "its first iteration's"
 
 
 def render_ingest(result, console: Console, top: int = 10) -> None:
     """Matched rows and attributed kernel time, then the largest unmatched profiled ops."""
+    iterations = result.profile_iterations
     console.print(
         f"Matched {result.matched_rows:,} of {result.trace_rows:,} trace compute rows "
         f"({result.trace_coverage:.1%} of the capture); attributed "
         f"{result.attributed_kernel_us / 1e3:,.3f} of {result.total_kernel_us / 1e3:,.3f} ms of "
-        f"the profile's kernel time ({result.kernel_time_coverage:.1%})"
+        f"{profiled_time_label(iterations)} kernel time ({result.kernel_time_coverage:.1%})"
     )
-    if result.profile_iterations > 1:
-        console.print(profile_iterations_note(result.profile_iterations, pooled=True))
+    if iterations > 1:
+        left_out = result.iterations_left_out
+        console.print(
+            f"the profile holds {iterations} iterations, each aligned with the capture apart: the "
+            f"rows pool {iterations - len(left_out)} of them"
+            + (f"; left out, not the job's: {', '.join(map(str, left_out))}" if left_out else "")
+        )
     for title, entries in (
         ("Profiled ops with no trace row", result.unmatched_profile),
         ("Trace rows with no profiled op", result.unmatched_trace),
@@ -528,7 +530,8 @@ def render_comparison(result, console: Console, top: int = 15) -> None:
         f"measured {result.measured_s * 1e3:,.2f} ms of kernels ({error})"
     )
     if result.profile_iterations > 1:
-        console.print(profile_iterations_note(result.profile_iterations, pooled=False))
+        console.print(f"the profile holds {result.profile_iterations} iterations: the first is "
+                      "compared (one iteration, as the capture is)")  # fmt: skip
     # a line of its own, never broken by rich: the label is mostly paths, read and copied whole
     console.print(
         f"kernel table: {result.kernel_table or 'none (roofline curves only)'}", soft_wrap=True

@@ -13,7 +13,7 @@ framework's default) trains for real (`prismbench.record` on cuda: WARMUP, then 
 then PROFILED_ITERATIONS profiled ones), and DIR/reprofile.tar.gz holds, per job, the recorded
 baseline (`<case>.toml`: iteration times, allocator peaks, the machine) and rank 0's kernel
 times (`<case>.ops.jsonl.gz`, the shared profiles' format, each record numbered with its
-iteration: `prismbench ingest-profile` and `prismbench compare` read the first, the measured
+iteration: `prismbench compare` reads the first, `prismbench ingest-profile` and the measured
 variability tables all of them). One archive, because the device tool brings back at most 8 files.
 A job that fails is reported with its last line and the others go on. --dry-run builds and
 prints the jobs only.

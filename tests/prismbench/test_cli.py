@@ -176,13 +176,6 @@ def test_calibrate_without_cuda_exits_2(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_calibrate_s_grid_refuses_profile_iterations(tmp_path, capsys):
-    out = tmp_path / "kernels.csv"
-    assert main(["calibrate", "--out", str(out), "--profile-iterations", "3"]) == 2
-    _assert_one_line_error(capsys, "--profile-iterations 3: says how many of --job's iterations")
-    assert not out.exists()
-
-
 def test_calibrate_passes_out_and_quick_to_run_calibration(tmp_path, monkeypatch, capsys):
     import prismbench.calibrate_grid  # noqa: F401  (binds the real grids before the fake goes in)
 

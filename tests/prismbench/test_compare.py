@@ -182,4 +182,4 @@ def test_cli_compares_the_first_of_a_profile_s_iterations_and_says_so(tmp_path, 
     out = json.loads(capsys.readouterr().out)
     assert out["error"] == pytest.approx(-0.5) and out["profile_iterations"] == 2
     assert main(argv) == 0
-    assert "the profile holds 2 iterations: the first is read" in " ".join(capsys.readouterr().out.split())
+    assert "the profile holds 2 iterations: the first is compared" in " ".join(capsys.readouterr().out.split())

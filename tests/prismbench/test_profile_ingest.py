@@ -471,35 +471,67 @@ def test_a_profile_committed_in_the_repository_is_matched_to_its_capture_without
     }
 
 
+def _iteration_records(ops) -> list[dict]:
+    return [{"op": o.op, "shapes": [list(s) for s in o.shapes], "kernels": [list(k) for k in o.kernels],
+             "cpu_start_us": 0.0} for o in ops]  # fmt: skip
+
+
+def _csv_rows(path: Path) -> dict[tuple, dict]:
+    with path.open(newline="") as handle:
+        return {tuple(r[k] for k in ("op", "dtype", "aten", *SHAPE_FIELDS)): r for r in csv.DictReader(handle)}
+
+
+def _slower(ops, factor) -> list[ProfiledOp]:
+    return [ProfiledOp(o.op, o.shapes, tuple((k, factor * us) for k, us in o.kernels), 0.0) for o in ops]
+
+
 def test_a_profile_of_several_iterations_gives_rows_of_them_all(trace, tmp_path, capsys):
-    """`record --profile-iterations 2`: each iteration is aligned with the capture apart, and
-    each row counts both (its time their mean); an iteration of another job is refused."""
+    """`record --profile-iterations 2`: each iteration is aligned with the capture apart, so
+    each row counts both (its time their mean) though the second holds an op the first does
+    not, which moves every index after it."""
     from prismbench.calibrate_job import write_ops_jsonl_iterations
 
-    def records(ops):
-        return [{"op": o.op, "shapes": [list(s) for s in o.shapes], "kernels": [list(k) for k in o.kernels],
-                 "cpu_start_us": 0.0} for o in ops]  # fmt: skip
-
     ops = _synthetic_profile(trace)
-    slower = [ProfiledOp(o.op, o.shapes, tuple((k, 3 * us) for k, us in o.kernels), 0.0) for o in ops]
+    stray = ProfiledOp("aten::cumsum", ((7,),), (("k", 0.001),), 0.0)
     job = tmp_path / "job.toml"
     job.write_text(TINY_TOML)
-    one = _write_jsonl(tmp_path / "one.ops.jsonl.gz", ops)
-    two = write_ops_jsonl_iterations([records(ops), records(slower)], tmp_path / "two.ops.jsonl.gz")
+    one = write_ops_jsonl_iterations([_iteration_records(ops)], tmp_path / "one.ops.jsonl.gz")
+    two = write_ops_jsonl_iterations([_iteration_records(ops), _iteration_records([stray, *_slower(ops, 3)])],
+                                     tmp_path / "two.ops.jsonl.gz")  # fmt: skip
     for profile in (one, two):
         assert main(["ingest-profile", str(profile), "--job", str(job), "--out", str(tmp_path / f"{profile.name}.csv")]) == 0
-    assert "the rows pool them all" in " ".join(capsys.readouterr().out.split())
-
-    def rows(name):
-        with (tmp_path / f"{name}.csv").open(newline="") as handle:
-            return {tuple(r[k] for k in ("op", "dtype", "aten", *SHAPE_FIELDS)): r for r in csv.DictReader(handle)}
-
-    single, pooled = rows("one.ops.jsonl.gz"), rows("two.ops.jsonl.gz")
+    said = " ".join(capsys.readouterr().out.split())
+    assert "the profile holds 2 iterations, each aligned with the capture apart: the rows pool 2" in said
+    assert "of its first iteration's kernel time" in said
+    single, pooled = _csv_rows(tmp_path / "one.ops.jsonl.gz.csv"), _csv_rows(tmp_path / "two.ops.jsonl.gz.csv")
     assert single.keys() == pooled.keys()
     for key, row in single.items():
         assert float(pooled[key]["repetitions"]) == 2 * float(row["repetitions"])
         assert float(pooled[key]["time_us"]) == pytest.approx(2 * float(row["time_us"]))  # mean of x1 and x3
-    unrelated = [ProfiledOp("aten::cumsum", ((7,),), (("k", 5.0),), 0.0)] * len(ops)
-    mixed = write_ops_jsonl_iterations([records(ops), records(unrelated)], tmp_path / "mixed.ops.jsonl.gz")
-    assert main(["ingest-profile", str(mixed), "--job", str(job), "--out", str(tmp_path / "mixed.csv")]) == 2
-    assert "(its iteration 1)" in capsys.readouterr().err and not (tmp_path / "mixed.csv").exists()
+
+
+def test_a_later_iteration_that_is_not_the_job_s_is_left_out_and_named(trace, tmp_path, capsys):
+    """A step cut off at the end of a trace, or one that evaluated: its ops are not pooled, and
+    the first iteration's rows are written; a first iteration that is not the job's refuses the
+    profile, as a profile of one."""
+    from prismbench.calibrate_job import write_ops_jsonl_iterations
+
+    ops = _synthetic_profile(trace)
+    cut = ops[: len(ops) // 3]
+    job = tmp_path / "job.toml"
+    job.write_text(TINY_TOML)
+    one = write_ops_jsonl_iterations([_iteration_records(ops)], tmp_path / "one.ops.jsonl.gz")
+    kept = write_ops_jsonl_iterations([_iteration_records(ops), _iteration_records(_slower(cut, 5))],
+                                      tmp_path / "kept.ops.jsonl.gz")  # fmt: skip
+    printed = {}
+    for profile in (one, kept):
+        assert main(["ingest-profile", str(profile), "--job", str(job), "--out", str(tmp_path / f"{profile.name}.csv"),
+                     "--json"]) == 0  # fmt: skip
+        printed[profile] = json.loads(capsys.readouterr().out)
+    assert printed[kept]["iterations_left_out"] == [1] and printed[kept]["profile_iterations"] == 2
+    assert _csv_rows(tmp_path / "kept.ops.jsonl.gz.csv") == {
+        key: row | {"source": "profile:kept"} for key, row in _csv_rows(tmp_path / "one.ops.jsonl.gz.csv").items()
+    }
+    refused = write_ops_jsonl_iterations([_iteration_records(cut), _iteration_records(ops)], tmp_path / "r.ops.jsonl.gz")
+    assert main(["ingest-profile", str(refused), "--job", str(job), "--out", str(tmp_path / "r.csv")]) == 2
+    assert not (tmp_path / "r.csv").exists()
