@@ -22,8 +22,8 @@ On synthetic runs (results/fidelity/pipeline_transfer_split.md) the CV read is w
 the truth in the median of every mix where at most half the calls waited, its 90th percentile
 at most 1.44x at 40 transfers and 1.17x at 1000; 0.87-1.50x where 70 % waited; 1.2-66x where
 90 % did (the trimmed median lies among the waits: give the transfers of steady-state steps,
-not of a schedule that is mostly bubble); a run where no call waited reads as one regime in all but 5 % of
-runs of 40 transfers (under 1 % from 200). Otsu's split with the lower class's std, before,
+not of a schedule that is mostly bubble); a run where no call waited reads as one regime in
+all but 5 % of runs of 40 transfers (under 1 % from 200). Otsu's split with the lower class's std, before,
 read 0.6x the CV with no waits and up to 44x with short ones
 (pipeline_transfer_split_baseline.md). The spread is read below the median: a transfer whose own
 durations have a longer right tail than left reads a CV too low, and its tail as waits. Fewer

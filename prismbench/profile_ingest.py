@@ -511,9 +511,9 @@ def ingest_profile(
     """Read a profile (either format), capture `job` and ingest, the rows' source the
     profile's (`profile_source`); a job of several classes of ranks is matched against class
     0's trace (the profiled rank is assumed to be one of it). A profile of several iterations
-    (`record --profile-iterations N`) gives rows of all of them, each iteration aligned with the
-    capture apart (the capture is one iteration). A profile that is not one of the job (any of
-    its iterations), or was measured on another GPU, is refused (`check_coverage`,
+    (`record --profile-iterations N`) gives rows of all of them (`ingest_iterations`: a later
+    iteration that is not the job's is left out and named). A profile whose first iteration is
+    not one of the job, or measured on another GPU, is refused (`check_coverage`,
     `check_profile_gpu`: ProfileError)."""
     from prismbench.capture import capture_job
 
