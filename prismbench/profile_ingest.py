@@ -363,14 +363,14 @@ class ProfileMismatch(ProfileError):
     """A readable profile whose ops are not the capture's: another program, or another job."""
 
 
-def check_coverage(profile_path, job_label: str, aligned: Alignment) -> None:
-    """Refuse (ProfileError naming the profile and the job) a profile with no GPU kernel, or
-    (ProfileMismatch) one whose alignment with the capture covers less than MIN_COVERAGE of the
-    capture's compute rows or of the profile's kernel time: it is not a profile of that job
-    (module docstring)."""
+def coverage_refusal(profile_path, job_label: str, aligned: Alignment) -> ProfileError | None:
+    """Why a profile is not one of the job, or None where it is: a ProfileError naming the
+    profile and the job for a profile with no GPU kernel, a ProfileMismatch for one whose
+    alignment with the capture covers less than MIN_COVERAGE of the capture's compute rows or
+    of the profile's kernel time (module docstring)."""
     total_us = aligned.total_kernel_us
     if total_us <= 0:
-        raise ProfileError(
+        return ProfileError(
             f"{profile_path}: the profile records no GPU kernel time (no op that launched a "
             "kernel): profile with CUDA activities to ingest or compare it"
         )
@@ -379,13 +379,21 @@ def check_coverage(profile_path, job_label: str, aligned: Alignment) -> None:
     rows = matched_rows / trace_rows if trace_rows else 0.0
     time = attributed_us / total_us
     if min(rows, time) < MIN_COVERAGE:
-        raise ProfileMismatch(
+        return ProfileMismatch(
             f"{profile_path}: not a profile of {job_label}: it matched {matched_rows:,} of the "
             f"capture's {trace_rows:,} compute rows ({rows:.1%}) and {attributed_us / 1e3:,.3f} "
             f"of its {total_us / 1e3:,.3f} ms of kernel time ({time:.1%}); a profile of the job "
             "(same model, batch, parallelism and precision, one whole iteration) matches at "
             f"least {MIN_COVERAGE:.0%} of both"
         )
+    return None
+
+
+def check_coverage(profile_path, job_label: str, aligned: Alignment) -> None:
+    """Refuse a profile that is not one of the job (`coverage_refusal`'s error)."""
+    refusal = coverage_refusal(profile_path, job_label, aligned)
+    if refusal is not None:
+        raise refusal
 
 
 def ingest_ops(
@@ -545,11 +553,8 @@ def ingest_iterations(
     left_out = []
     if check:
         check_coverage(profile_path, job_label, alignments[0])
-        for index, aligned in enumerate(alignments[1:], start=1):
-            try:
-                check_coverage(profile_path, job_label, aligned)
-            except ProfileError:
-                left_out.append(index)
+        left_out = [index for index, aligned in enumerate(alignments[1:], start=1)
+                    if coverage_refusal(profile_path, job_label, aligned) is not None]  # fmt: skip
     pooled = tuple(a for index, a in enumerate(alignments[1:], start=1) if index not in left_out)
     result = ingest_ops(iterations[0], trace, provenance, alignments[0],
                         source=profile_source(profile_path), more=pooled)  # fmt: skip
