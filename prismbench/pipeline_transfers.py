@@ -16,7 +16,7 @@ The replay produces the waits itself (a recv starts at the later of the two side
 no-bubble regime is drawn: its CV, the spread over the median, becomes the model's
 `transfer_cv`. Its mean (the median) is not drawn: the emulator prices each transfer from the
 job's activations and links; `modelled_transfer_s` gives that price (the median of the
-execution graph's sends) for the report to set beside it.
+execution graph's sends over the boundaries of each link) for the report to set beside it.
 
 On synthetic runs (results/fidelity/pipeline_transfer_split.md) the CV read is within 0.90-1.09x
 the truth in the median of every mix where at most half the calls waited, its 90th percentile
@@ -122,11 +122,22 @@ def measured_transfers(
     )
 
 
-def modelled_transfer_s(graph: ExecutionGraph) -> float | None:
-    """The emulator's price of one pipeline transfer: the median duration (s) of the graph's
-    sends with a duration, over every pipeline boundary (where stages sit on NVLink and on the
-    network both, the median of both: set it beside the boundary the measurement is of);
-    None where the job has none (pp = 1)."""
-    durations = np.concatenate([g["duration_s"][g["kind"] == SEND] for g in graph.classes])
-    durations = durations[durations > 0]
-    return float(np.median(durations)) if len(durations) else None
+# the links a pipeline boundary may cross, as `modelled_transfer_s` keys them
+TRANSFER_LINKS = ("within_node", "across_nodes")
+
+
+def modelled_transfer_s(graph: ExecutionGraph) -> dict[str, float]:
+    """The emulator's price of one pipeline transfer, per link its boundaries cross
+    (TRANSFER_LINKS: the graph's `crosses_nodes`): the median duration (s) of the sends with a
+    duration over those boundaries. A measurement is of one boundary, so it is set beside the
+    price of its own link: where stages sit on NVLink and on the network both, one median over
+    every boundary would compare it with a mix. Empty where the job has none (pp = 1)."""
+    out = {}
+    for crosses, link in enumerate(TRANSFER_LINKS):
+        durations = np.concatenate([
+            g["duration_s"][(g["kind"] == SEND) & (g["crosses_nodes"] == crosses)] for g in graph.classes
+        ])  # fmt: skip
+        durations = durations[durations > 0]
+        if len(durations):
+            out[link] = float(np.median(durations))
+    return out

@@ -659,6 +659,16 @@ def _render_case_variability(cases, console: Console) -> None:
                   "MC wall: the Monte Carlo's time (docs/METRICS.md)")  # fmt: skip
 
 
+def _transfer_against_modelled(measured_s: float, modelled_s: dict[str, float]) -> str:
+    """The measured no-bubble median over the modelled transfer of each link the job's pipeline
+    boundaries cross (pipeline_transfers.TRANSFER_LINKS): the measurement is of one boundary,
+    so where both links occur the user reads the ratio of the one it crossed."""
+    prices = "; ".join(f"{_seconds(price_s)} {link.replace('_', ' ')} ({measured_s / price_s:.2f}x)"
+                       for link, price_s in modelled_s.items())  # fmt: skip
+    which = " (read the link your boundary crosses)" if len(modelled_s) > 1 else ""
+    return f"{_seconds(measured_s)} / {prices}; medians over the job's boundaries{which}"
+
+
 def render_variability(r, console: Console) -> None:
     """The step-time distribution of `prismbench variability`, every figure with its unit."""
     d = r.distribution
@@ -699,9 +709,7 @@ def render_variability(r, console: Console) -> None:
                          else f"{100 * r.transfer_cv:.2f} %: the collectives', assumed by {r.preset}"))  # fmt: skip
         if transfers and r.transfer_modelled_s:
             rows.insert(-1, ("pipeline transfer (no bubble): measured / modelled",
-                             f"{_seconds(transfers.no_bubble_mean_s)} / {_seconds(r.transfer_modelled_s)} "
-                             f"({transfers.no_bubble_mean_s / r.transfer_modelled_s:.2f}x; medians, "
-                             "the modelled one over every pipeline boundary)"))  # fmt: skip
+                             _transfer_against_modelled(transfers.no_bubble_mean_s, r.transfer_modelled_s)))  # fmt: skip
     if r.variability_table is not None:
         rows.insert(0, (f"{r.preset} preset's table (temporal variation)", r.variability_table))
     for figure, value in rows:

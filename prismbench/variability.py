@@ -55,8 +55,9 @@ class VariabilityResult:
     # unless measured on a run's transfers, `transfers_measured`)
     transfer_cv: float | None = None
     transfers_measured: MeasuredTransfers | None = None
-    # beside a measured transfer: the emulator's price of one (pipeline_transfers.modelled_transfer_s)
-    transfer_modelled_s: float | None = None
+    # beside a measured transfer: the emulator's price of one per link its boundaries cross
+    # (pipeline_transfers.modelled_transfer_s); None without a measurement
+    transfer_modelled_s: dict[str, float] | None = None
     # the `measured` preset's table where it is a file given (`--variability-table`), not the
     # job's GPU's committed one
     variability_table: str | None = None

@@ -231,7 +231,9 @@ def test_transfers_measured_on_a_run_are_drawn_and_said(tmp_path, capsys):
     assert 2.1e-3 < measured["threshold_s"] < 9e-3
     assert measured["no_bubble_mean_s"] == pytest.approx(2.05e-3)
     assert out["transfer_cv"] == measured["no_bubble_cv"] == pytest.approx(0.05 / 2.05, rel=0.05)
-    modelled = out["transfer_modelled_s"]  # the debug job's activations, priced: far under 2 ms
+    # the debug job's activations, priced: far under 2 ms; its two stages share a node
+    assert out["transfer_modelled_s"].keys() == {"within_node"}
+    modelled = out["transfer_modelled_s"]["within_node"]
     assert 0 < modelled < 2e-3
     assert main(argv) == 0
     assert "0.98 %: the collectives', assumed by prism-low" in capsys.readouterr().out
@@ -241,4 +243,27 @@ def test_transfers_measured_on_a_run_are_drawn_and_said(tmp_path, capsys):
     assert f"pipeline transfer CV (one send/recv, no bubble) │ {cv} (no-bubble median 0.00205 s)" in table
     ratio = measured["no_bubble_mean_s"] / modelled
     assert "pipeline transfer (no bubble): measured / modelled │ 2.05 ms / " in table
-    assert f"({ratio:.2f}x; medians, the modelled one over every pipeline boundary)" in table
+    assert f"within node ({ratio:.2f}x); medians over the job's boundaries │" in table
+
+
+@pytest.mark.integration
+def test_a_measured_transfer_is_set_beside_the_price_of_each_link_the_boundaries_cross(tmp_path, capsys):
+    """Four stages on nodes of two GPUs: boundaries 0-1 and 2-3 stay inside a node, 1-2 crosses
+    the network; a measurement is of one boundary, so the report prices both links apart
+    rather than one median over a mix."""
+    transfers = tmp_path / "sendrecv_s.txt"
+    transfers.write_text("2.0e-3\n2.1e-3\n" * 16 + "9e-3\n" * 8)
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "llama-debug"\n[parallel]\npp = 4\n[batch]\nseq_len = 64\n'
+                   "global_batch = 8\n[cluster]\ngpus_per_node = 2\n")  # fmt: skip
+    argv = ["variability", str(job), "--samples", "200", "--workers", "1", "--pipeline-transfers", str(transfers)]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    modelled, measured_s = out["transfer_modelled_s"], out["transfers_measured"]["no_bubble_mean_s"]
+    assert modelled.keys() == {"within_node", "across_nodes"}
+    assert 0 < modelled["within_node"] < modelled["across_nodes"]  # NVLink is the faster link
+    assert main(argv) == 0
+    table = " ".join(capsys.readouterr().out.split())
+    assert f"within node ({measured_s / modelled['within_node']:.2f}x); " in table
+    assert f"across nodes ({measured_s / modelled['across_nodes']:.2f}x); " in table
+    assert "(read the link your boundary crosses)" in table
