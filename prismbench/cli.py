@@ -856,6 +856,7 @@ def _add_emulate(commands) -> None:
 
 def _add_variability(commands) -> None:
     from emulator.variability.model import DEFAULT_NETWORK, MEASURED_PRESET, PRESET_NAMES
+    from emulator.variability.regimes import BUBBLE_SIGMAS
     from emulator.variability.summary import DEFAULT_STEPS_PER_ALLOCATION, MIN_ALLOCATIONS
     from prismbench.network_steps import MIN_NETWORK_STEPS
     from prismbench.pipeline_transfers import MIN_PIPELINE_TRANSFERS
@@ -930,10 +931,11 @@ def _add_variability(commands) -> None:
         "--pipeline-transfers",
         metavar="FILE",
         help="the duration (s) of every pipeline send/recv of a real run, one per line (one "
-        "pipeline boundary's NCCL SendRecv kernels over the steady-state steps): Otsu's threshold "
-        "splits off the calls that waited for their peer, and the others' CV is drawn for every "
-        "pipeline transfer (prismbench/pipeline_transfers.py; default: the preset's collective "
-        f"CV, assumed; at least {MIN_PIPELINE_TRANSFERS} transfers)",
+        "pipeline boundary's NCCL SendRecv kernels over the steady-state steps): the calls more "
+        f"than {BUBBLE_SIGMAS:g} spreads above the median of those that did not wait are split off "
+        "as waits for the peer, and the others' CV is drawn for every pipeline transfer "
+        "(prismbench/pipeline_transfers.py; default: the preset's collective CV, assumed; at "
+        f"least {MIN_PIPELINE_TRANSFERS} transfers)",
     )
     cmd.add_argument("--json", action="store_true", help="print one JSON object")
     cmd.add_argument("--plot", metavar="FILE", help="write a histogram and CDF (PNG)")
