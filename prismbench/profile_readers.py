@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
+import math
 import re
 import zlib
 from collections import defaultdict
@@ -45,6 +46,8 @@ OP_NAME = re.compile(r"^[A-Za-z_]\w*::[\w.]+$")
 # kernels there, not under an aten op.
 INDUCTOR_KERNEL = re.compile(r"^triton_[a-z]{3}_\w*?_(\d+)$")
 _GPU_CATEGORIES = ("kernel", "gpu_memset", "gpu_memcpy")
+# The Chrome-trace events the reader uses, whose fields it checks (`_check_chrome_event`).
+_READ_CATEGORIES = ("cpu_op", "cuda_runtime", "ac2g", "user_annotation", *_GPU_CATEGORIES)
 # A jsonl record's iteration number (`calibrate_job.write_ops_jsonl_iterations` writes it).
 ITERATION_KEY = "iteration"
 # The range torch.profiler opens around each step of a schedule (torch/profiler/profiler.py,
@@ -127,16 +130,9 @@ def read_ops_jsonl_iterations(path: str | Path) -> list[list[ProfiledOp]]:
             if index == len(iterations):
                 iterations.append([])
                 first_lines.append(line_no)
-            if not kernels or not (OP_NAME.match(op) or INDUCTOR_KERNEL.match(op)):
-                continue  # a kernel's own event, or a runtime event: its kernels count once
-            iterations[index].append(
-                ProfiledOp(
-                    op=op,
-                    shapes=_freeze(event.get("shapes")),
-                    kernels=tuple((str(name), float(us)) for name, us in kernels),
-                    cpu_start_us=float(event.get("cpu_start_us", 0.0)),
-                )
-            )
+            profiled = _jsonl_op(event, f"{path}:{line_no}")
+            if kernels and (OP_NAME.match(op) or INDUCTOR_KERNEL.match(op)):
+                iterations[index].append(profiled)  # else a kernel's own or a runtime event
     for index, (ops, line_no) in enumerate(zip(iterations, first_lines, strict=True)):
         if not ops and len(iterations) > 1:
             raise ProfileError(
@@ -144,6 +140,38 @@ def read_ops_jsonl_iterations(path: str | Path) -> list[list[ProfiledOp]]:
                 f"launched kernels: each of a profile's {len(iterations)} iterations must hold one"
             )
     return iterations or [[]]
+
+
+def _jsonl_op(event: dict, where: str) -> ProfiledOp:
+    """A jsonl record as a ProfiledOp, each field checked: op a string, kernels [name, us]
+    pairs of finite times >= 0, shapes a list, cpu_start_us a finite number; a record of
+    another form is refused naming its line and the field (a NaN or a negative time would
+    reach the rows and the JSON printed, a string a traceback)."""
+    op, kernels = event["op"], event["kernels"]
+    if not isinstance(op, str):
+        raise ProfileError(f'{where}: op must be a string ("aten::mm"), got {op!r}')
+    if not isinstance(kernels, list):
+        raise ProfileError(f"{where}: kernels must be a list of [name, us] pairs, got {kernels!r}")
+    for pair in kernels:
+        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
+            raise ProfileError(f"{where}: each of kernels must be a [name, us] pair, got {pair!r}")
+        finite_number(pair[1], where, f"the us of kernel {pair[0]!r}", minimum=0.0)
+    shapes = event.get("shapes")
+    if shapes is not None and not isinstance(shapes, list):
+        raise ProfileError(f"{where}: shapes must be a list of input shapes, got {shapes!r}")
+    start = finite_number(event.get("cpu_start_us", 0.0), where, "cpu_start_us")
+    kernel_times = tuple((name, float(us)) for name, us in kernels)
+    return ProfiledOp(op=op, shapes=_freeze(shapes), kernels=kernel_times, cpu_start_us=start)
+
+
+def finite_number(value, where: str, name: str, *, minimum: float | None = None) -> float:
+    """`value` as a float, refused (ProfileError naming `where` and `name`) unless a finite
+    number (at least `minimum`): a profile's times and starts."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and (minimum is None or value >= minimum)):
+        rule = "a finite number" + ("" if minimum is None else f" >= {minimum:g}")
+        raise ProfileError(f"{where}: {name} must be {rule}, got {value!r}")
+    return float(value)
 
 
 def _iteration_of(event: dict, last: int, where: str) -> int:
@@ -225,7 +253,30 @@ def _chrome_events(path: Path) -> list[dict]:
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise ProfileError(f"{path}: a Chrome trace is an object with a traceEvents list")
+    for index, event in enumerate(events):
+        if isinstance(event, dict) and event.get("cat") in _READ_CATEGORIES:
+            _check_chrome_event(event, f"{path}: traceEvents[{index}] ({event['cat']})")
     return [e for e in events if isinstance(e, dict)]
+
+
+def _check_chrome_event(event: dict, where: str) -> None:
+    """Refuse (ProfileError naming the event and the field) an event of a category the reader
+    uses whose fields are not of the form kineto writes: ts a finite number, dur one >= 0,
+    pid and tid, the ids an integer or a string, args an object, a name (flows excepted)."""
+    finite_number(event.get("ts"), where, "ts")
+    if "dur" in event:
+        finite_number(event["dur"], where, "dur", minimum=0.0)
+    args = event.get("args", {})
+    if not isinstance(args, dict):
+        raise ProfileError(f"{where}: args must be an object, got {args!r}")
+    ids = {key: event.get(key) for key in ("pid", "tid")}
+    ids |= {key: args[key] for key in ("External id", "correlation") if key in args}
+    ids |= {"id": event.get("id")} if event["cat"] == "ac2g" else {}
+    for key, value in ids.items():
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise ProfileError(f"{where}: {key} must be an integer or a string, got {value!r}")
+    if event["cat"] != "ac2g" and not isinstance(event.get("name"), str):
+        raise ProfileError(f"{where}: name must be a string, got {event.get('name')!r}")
 
 
 def read_chrome_trace(path: str | Path) -> list[ProfiledOp]:

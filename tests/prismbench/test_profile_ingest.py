@@ -535,3 +535,23 @@ def test_a_later_iteration_that_is_not_the_job_s_is_left_out_and_named(trace, tm
     refused = write_ops_jsonl_iterations([_iteration_records(cut), _iteration_records(ops)], tmp_path / "r.ops.jsonl.gz")
     assert main(["ingest-profile", str(refused), "--job", str(job), "--out", str(tmp_path / "r.csv")]) == 2
     assert not (tmp_path / "r.csv").exists()
+
+
+def test_a_profile_with_a_nan_kernel_time_is_refused_and_writes_no_rows(trace, tmp_path, capsys):
+    """Read as it was, the NaN reached the rows (time_us nan) and `--json`'s coverage (NaN, no
+    JSON); a negative time, rows of negative time."""
+    ops = _synthetic_profile(trace)
+    job = tmp_path / "job.toml"
+    job.write_text(TINY_TOML)
+    for us in (float("nan"), -1.0):
+        broken = [*ops[:5], ProfiledOp(ops[5].op, ops[5].shapes, (("k", us),), 0.0), *ops[6:]]
+        profile = _write_jsonl(tmp_path / "broken.ops.jsonl.gz", broken)
+        out = tmp_path / "rows.csv"
+        argv = ["ingest-profile", str(profile), "--job", str(job), "--out", str(out), "--json"]
+        assert main(argv) == 2
+        printed = capsys.readouterr()
+        assert printed.out == "" and printed.err.count("\n") == 1
+        assert f"broken.ops.jsonl.gz:6: the us of kernel 'k' must be a finite number >= 0, got {us}" in printed.err
+        assert not out.exists()
+        assert main(["compare", str(job), "--profile", str(profile), "--json"]) == 2
+        assert capsys.readouterr().out == ""

@@ -132,3 +132,52 @@ def test_a_chrome_trace_splits_at_prismbench_iteration_ranges(tmp_path):
 
 def test_a_chrome_trace_without_marks_is_one_iteration():
     assert read_profile_iterations(FIXTURE) == [read_chrome_trace(FIXTURE)]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "rule"),
+    [
+        ("kernels", [["gemm", float("nan")]], "the us of kernel 'gemm' must be a finite number >= 0, got nan"),
+        ("kernels", [["gemm", float("inf")]], "the us of kernel 'gemm' must be a finite number >= 0, got inf"),
+        ("kernels", [["gemm", -3.0]], "the us of kernel 'gemm' must be a finite number >= 0, got -3.0"),
+        ("kernels", [["gemm", "3"]], "the us of kernel 'gemm' must be a finite number >= 0, got '3'"),
+        ("kernels", [["gemm"]], r"each of kernels must be a \[name, us\] pair, got \['gemm'\]"),
+        ("kernels", 5, r"kernels must be a list of \[name, us\] pairs, got 5"),
+        ("op", 5, "op must be a string"),
+        ("shapes", 5, "shapes must be a list of input shapes, got 5"),
+        ("cpu_start_us", "x", "cpu_start_us must be a finite number, got 'x'"),
+    ],
+)  # fmt: skip
+def test_a_jsonl_record_of_another_form_is_refused_naming_its_line_and_field(
+    tmp_path, field, value, rule
+):
+    """A NaN or negative kernel time would reach the rows written and the JSON printed (NaN,
+    which strict parsers refuse); a string, a traceback."""
+    records = [_record("aten::mm", 3.0, 0.0), _record("aten::add", 1.0, 50.0) | {field: value}]
+    path = _write_lines(tmp_path / "bad.ops.jsonl.gz", records)
+    with pytest.raises(ProfileError, match=rf"bad.ops.jsonl.gz:2: {rule}"):
+        read_profile_iterations(path)
+
+
+@pytest.mark.parametrize(
+    ("cat", "field", "value", "rule"),
+    [
+        ("kernel", "dur", float("nan"), "dur must be a finite number >= 0, got nan"),
+        ("kernel", "dur", -5.0, "dur must be a finite number >= 0, got -5.0"),
+        ("kernel", "dur", "5", "dur must be a finite number >= 0, got '5'"),
+        ("kernel", "name", None, "name must be a string, got None"),
+        ("cpu_op", "ts", None, "ts must be a finite number, got None"),
+        ("cpu_op", "pid", None, "pid must be an integer or a string, got None"),
+        ("cpu_op", "args", 5, "args must be an object, got 5"),
+    ],
+)
+def test_a_chrome_trace_event_of_another_form_is_refused_naming_it(
+    tmp_path, cat, field, value, rule
+):
+    trace = json.loads(FIXTURE.read_text())
+    index = next(i for i, e in enumerate(trace["traceEvents"]) if e.get("cat") == cat)
+    trace["traceEvents"][index][field] = value
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(trace))
+    with pytest.raises(ProfileError, match=rf"bad.json: traceEvents\[{index}\] \({cat}\): {rule}"):
+        read_profile_iterations(path)
