@@ -574,8 +574,10 @@ def _cmd_variability(args: argparse.Namespace) -> int:
     )
     _check_output(args.plot, "--plot", inputs=(args.job,))
     _check_image_format(args.plot, "--plot")
-    if args.threshold is not None and not args.threshold > 0:
-        raise SpecError(f"--threshold={args.threshold!r}: a step time in seconds must be > 0")
+    if args.threshold is not None and not 0 < args.threshold < float("inf"):
+        raise SpecError(
+            f"--threshold={args.threshold!r}: a step time in seconds must be a finite number > 0"
+        )
     if args.placement is not None:
         _check_placement(job, slow_gpus=args.placement[0])
     try:

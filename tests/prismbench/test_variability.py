@@ -129,6 +129,9 @@ def test_plot_into_a_directory_not_yet_made_makes_it(tmp_path, capsys):
         ("--samples", "0", "--samples"),
         ("--seed", "-1", "--seed"),
         ("--threshold", "0", "--threshold"),
+        # an infinite one printed "P(step > inf h)" and `--json` "threshold_s": Infinity
+        ("--threshold", "inf", "--threshold=inf: a step time in seconds must be a finite number > 0"),
+        ("--threshold", "nan", "--threshold=nan: a step time in seconds must be a finite number > 0"),
         ("--steps-per-allocation", "0", "--steps-per-allocation"),
         ("--samples", "190", "--samples=190 makes 19 allocation(s) of --steps-per-allocation=10"),
         ("--samples", "190", "--samples >= 191,"),  # 191 makes the 20 allocations (one short)
