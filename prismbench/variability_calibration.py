@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, replace
+from math import isfinite
 from pathlib import Path
 
 import numpy as np
@@ -335,7 +336,28 @@ def read_table(path: str | Path) -> dict:
     missing = [key for key in TABLE_FIGURES if key not in table]
     if missing:
         raise SpecError(f"{path}: a variability table needs {', '.join(missing)}")
+    _check_figures(table, path)
     return table
+
+
+def _check_figures(table: dict, path: Path) -> None:
+    """Refuse, naming the file and the figure, a figure the model cannot draw: each a finite
+    number, in the range VariabilityModel checks (a table edited by hand, or cut short, would
+    otherwise end in a traceback, or in samples of no finite time)."""
+    by_class = table["temporal_cv_by_class"]
+    if not isinstance(by_class, dict):
+        raise SpecError(f"{path}: temporal_cv_by_class must be an object of a CV per noise "
+                        f"class, got {by_class!r}")  # fmt: skip
+    figures = {name: table.get(name, 0.0) for name in ("temporal_floor_s", "step_cv",
+                                                       "step_cv_dispersion")}  # fmt: skip
+    figures |= {f"temporal_cv_by_class[{name!r}]": cv for name, cv in by_class.items()}
+    for name, value in figures.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not isfinite(value):
+            raise SpecError(f"{path}: {name}={value!r} must be a finite number")
+    try:
+        measured_model(table)
+    except ValueError as err:  # the model's own checks name the figure and its range
+        raise SpecError(f"{path}: {err}") from None
 
 
 def load_table(gpu: str, directory: Path = VARIABILITY_TABLES) -> dict:

@@ -212,3 +212,34 @@ def test_cli_measured_preset_samples_a_spread(tmp_path, capsys, monkeypatch):
     result = json.loads(capsys.readouterr().out)
     assert result["preset"] == "measured"
     assert result["std_s"] > 0 and result["p95_s"] > result["p5_s"]
+
+
+@pytest.mark.parametrize(
+    ("figures", "message"),
+    [
+        ({"step_cv": -0.5}, "step_cv=-0.5 must be >= 0"),
+        ({"temporal_floor_s": float("inf")}, "temporal_floor_s=inf must be a finite number"),
+        ({"temporal_cv_by_class": {"gemm": float("nan")}}, r"temporal_cv_by_class\['gemm'\]=nan must be a finite number"),
+        ({"temporal_cv_by_class": {"gemm": 0.5}}, r"temporal_cv_by_class\['gemm'\]=0.5 must be in \[0, 0.15\]"),
+        ({"temporal_cv_by_class": {"gemm": "x"}}, r"temporal_cv_by_class\['gemm'\]='x' must be a finite number"),
+        ({"temporal_cv_by_class": [0.01]}, r"temporal_cv_by_class must be an object of a CV per noise class"),
+    ],
+)  # fmt: skip
+def test_a_table_of_a_figure_the_model_cannot_draw_is_refused_naming_it(tmp_path, figures, message):
+    """A table edited by hand or written broken: each of these ended in a traceback (exit 1),
+    an infinite floor only once the Monte Carlo's times were summarized."""
+    table = json.loads((VARIABILITY_TABLES / "h100-sxm-80g.json").read_text())
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(table | figures))
+    with pytest.raises(SpecError, match=rf"{path}: {message}"):
+        resolve_preset("measured", "h100-sxm-80g", path)
+
+
+def test_cli_a_table_of_a_negative_step_cv_exits_2_before_any_capture(tmp_path, capsys):
+    table = json.loads((VARIABILITY_TABLES / "h100-sxm-80g.json").read_text())
+    path = write_table(table | {"step_cv": -0.5}, tmp_path / "mine.json")
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "llama-debug"\n[batch]\nseq_len = 64\nglobal_batch = 8\n')
+    argv = ["variability", str(job), "--preset", "measured", "--variability-table", str(path)]
+    assert main(argv) == 2
+    assert f"error: {path}: step_cv=-0.5 must be >= 0" in capsys.readouterr().err
