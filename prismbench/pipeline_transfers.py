@@ -96,7 +96,10 @@ def measured_transfers(
     MAX_NORMAL_CV), is refused (SpecError)."""
     durations = read_seconds(path, option=option, item="transfer", minimum=MIN_PIPELINE_TRANSFERS,
                              each="one pipeline send/recv's duration")  # fmt: skip
-    regimes = split_pipeline_transfers(durations)
+    # split in units of the median: the CV has none, and no square of a spread then over- or
+    # underflows (calls of 1e300 s read a NaN CV, of 1e-300 s a CV of 0 with most calls waits)
+    scale = float(np.median(durations))
+    regimes = split_pipeline_transfers(durations / scale)
     no_bubble = regimes.no_bubble
     if no_bubble.samples < MIN_SAMPLES:
         raise SpecError(
@@ -115,9 +118,9 @@ def measured_transfers(
     return MeasuredTransfers(
         source=str(path),
         transfers=len(durations),
-        threshold_s=regimes.threshold_s,
+        threshold_s=regimes.threshold_s * scale,
         bubble_fraction=regimes.bubble_fraction,
-        no_bubble_mean_s=no_bubble.mean,
+        no_bubble_mean_s=no_bubble.mean * scale,
         no_bubble_cv=cv,
     )
 

@@ -125,3 +125,19 @@ def test_a_missing_transfer_file_is_named(tmp_path, capsys):
     assert (
         f"--pipeline-transfers {tmp_path / 'none.txt'}: cannot be read" in capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("unit_s", [1e-300, 1e300])
+def test_the_same_calls_read_the_same_cv_in_any_unit(tmp_path, unit_s):
+    # read in seconds, calls of 1e300 "s" overflowed the spread's squares (a NaN CV, then a
+    # traceback in `variability`) and calls of 1e-300 underflowed them (a CV of 0, most calls
+    # read as waits): an extreme file gives the figures of the same calls in ms
+    rng = np.random.default_rng(3)
+    calls = 2 * (1 + 0.02 * rng.standard_normal(200))
+    calls[::5] += rng.uniform(10, 40, 40)  # a fifth waited 5-20 transfers
+    in_ms = measured_transfers(_transfers(tmp_path, calls))
+    scaled = measured_transfers(_transfers(tmp_path, calls * unit_s))
+    assert scaled.bubble_fraction == in_ms.bubble_fraction == 0.2
+    assert scaled.no_bubble_cv == pytest.approx(in_ms.no_bubble_cv, rel=1e-9)
+    assert scaled.no_bubble_mean_s == pytest.approx(in_ms.no_bubble_mean_s * unit_s, rel=1e-9)
+    assert scaled.threshold_s == pytest.approx(in_ms.threshold_s * unit_s, rel=1e-9)
