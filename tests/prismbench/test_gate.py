@@ -203,7 +203,8 @@ def test_a_saved_result_without_a_true_or_false_oom_is_refused(tmp_path, referen
 @pytest.mark.parametrize(
     ("field", "value"),
     [("iteration_time_s", -1.0), ("iteration_time_s", 0), ("peak_memory_reserved_bytes", 0),
-     ("peak_memory_allocated_bytes", "12 GiB"), ("world_size", None)],
+     ("peak_memory_allocated_bytes", "12 GiB"), ("world_size", None),
+     ("iteration_time_s", float("inf"))],  # Infinity: gated as a move of -100 %, exit 1
 )  # fmt: skip
 def test_a_saved_result_with_a_figure_no_emulation_gives_is_refused(
     tmp_path, reference, capsys, field, value
@@ -212,7 +213,7 @@ def test_a_saved_result_with_a_figure_no_emulation_gives_is_refused(
     ref = _write(tmp_path / "ref.json", reference)
     cand = _write(tmp_path / "cand.json", reference | {field: value})
     assert main(["gate", "--reference", ref, "--candidate", cand, "--fail", "iteration_time_s:+2%"]) == 2
-    assert f"{field}={value!r} must be a number > 0" in capsys.readouterr().err
+    assert f"{field}={value!r} must be a finite number > 0" in capsys.readouterr().err
 
 
 def test_a_move_from_a_zero_reference_fails_only_a_bound_in_its_direction(reference):
