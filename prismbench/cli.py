@@ -107,7 +107,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         raise SpecError(
             "--profile-out names the profile of --job's iteration; the grid writes none"
         )
-    if args.job is None and args.profile_iterations != 1:
+    if args.job is None and args.profile_iterations is not None:  # given, even as 1
         raise SpecError(
             f"--profile-iterations {args.profile_iterations}: says how many of --job's "
             "iterations to profile; the grid profiles none"
@@ -138,7 +138,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     _check_output(args.profile_out, "--profile-out", inputs=(args.job, args.out))
     profile_out = Path(args.profile_out or Path(args.out).with_suffix(".ops.jsonl.gz"))
     result = calibrate_job(job, Path(args.out), profile_out, provenance=gpu_provenance(),
-                           iterations=args.profile_iterations)  # fmt: skip
+                           iterations=args.profile_iterations or 1)  # fmt: skip
     if args.json:
         _print_json(result.to_dict() | {"profile": str(profile_out), "out": args.out})
         return EXIT_OK
@@ -1022,7 +1022,7 @@ def _add_calibrate(commands) -> None:
     calibrate.add_argument(
         "--profile-iterations",
         type=_positive_int,
-        default=1,
+        default=None,
         metavar="N",
         help="with --job: profile N iterations (1); the rows pool them all (N x the repetitions)",
     )
@@ -1277,7 +1277,7 @@ def _add_record(commands) -> None:
     rec.add_argument(
         "--profile-iterations",
         type=_positive_int,
-        default=1,
+        default=None,
         metavar="N",
         help="with --profile: profile N more iterations (1), each record numbered with its "
         "iteration; ingest-profile pools them all into its rows, compare reads the first",

@@ -215,14 +215,19 @@ def provenance() -> dict:
     }
 
 
-def _check_profile(profile: bool, profile_iterations: int) -> None:
+def _check_profile(profile: bool, profile_iterations: int | None) -> int:
+    """How many iterations to profile: `profile_iterations`, 1 where not given (None); given
+    without a profile, even as 1, it is refused, not ignored."""
+    if profile_iterations is None:
+        return 1
     if profile_iterations < 1:
         raise SpecError(f"--profile-iterations {profile_iterations}: profile at least 1 iteration")
-    if profile_iterations != 1 and not profile:
+    if not profile:
         raise SpecError(
             f"--profile-iterations {profile_iterations} given without --profile FILE: it says "
             "how many iterations the profile holds"
         )
+    return profile_iterations
 
 
 def _check_device(job, device: str, warmup: int) -> None:
@@ -321,7 +326,7 @@ def record(
     threads: int = 1,
     device: str = "cpu",
     profile: bool = False,
-    profile_iterations: int = 1,
+    profile_iterations: int | None = None,
     timeout_s: float = 1800.0,
     progress: Callable[[str], None] | None = None,
 ) -> Recording:
@@ -338,7 +343,7 @@ def record(
         raise SpecError(
             f"iterations={iterations}, warmup={warmup}: need iterations >= 1, warmup >= 0"
         )
-    _check_profile(profile, profile_iterations)
+    profile_iterations = _check_profile(profile, profile_iterations)
     _check_device(job, device, warmup)
     if profile and device != "cuda":
         raise SpecError("--profile: kernel times need --device cuda (a CPU run has no kernels)")

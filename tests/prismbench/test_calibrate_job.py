@@ -101,6 +101,7 @@ def test_refuses_a_parallel_job(tmp_path):
         (["--job", "j.toml", "--quick"], "--quick"),
         (["--json"], "--json"),
         (["--profile-iterations", "3"], "--profile-iterations 3"),
+        (["--profile-iterations", "1"], "--profile-iterations 1"),  # the default, yet given
     ],
 )
 def test_an_option_of_the_other_mode_is_refused(tmp_path, options, named, capsys):

@@ -297,6 +297,8 @@ def test_profile_iterations_need_a_profile_and_at_least_one(tmp_path, capsys):
         record(job, profile=True, profile_iterations=0)
     with pytest.raises(SpecError, match="--profile-iterations 2 given without --profile FILE"):
         record(job, profile_iterations=2)
+    with pytest.raises(SpecError, match="--profile-iterations 1 given without --profile FILE"):
+        record(job, profile_iterations=1)  # given, even as the default, it would be ignored
     spec = tmp_path / "one.toml"
     spec.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 32\nglobal_batch = 1\n')
     out, profile = tmp_path / "out.toml", tmp_path / "p.ops.jsonl.gz"
@@ -305,6 +307,8 @@ def test_profile_iterations_need_a_profile_and_at_least_one(tmp_path, capsys):
     assert "argument --profile-iterations: '0' must be a positive integer" in capsys.readouterr().err
     assert main([*given, "--profile-iterations", "2"]) == 2
     assert "--profile-iterations 2 given without --profile FILE" in capsys.readouterr().err
+    assert main([*given, "--profile-iterations", "1"]) == 2
+    assert "--profile-iterations 1 given without --profile FILE" in capsys.readouterr().err
     assert not out.exists() and not profile.exists()
 
 
