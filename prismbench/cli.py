@@ -911,7 +911,9 @@ def _add_variability(commands) -> None:
     cmd.add_argument(
         "--rank-sources",
         action="store_true",
-        help="also run every noise source alone and rank them by step-time variance",
+        help="also run every noise source alone and rank them by step-time variance (a source "
+        "that provably applies no noise, e.g. the network regime on calls that never leave a "
+        "node, is listed, not run)",
     )
     cmd.add_argument(
         "--placement",

@@ -769,7 +769,8 @@ def _allocation_rows(d) -> list[tuple[str, str]]:
 
 
 def render_attribution(a, console: Console) -> None:
-    """Noise sources ranked by the step-time variance each gives alone (same seed)."""
+    """Noise sources ranked by the step-time variance each gives alone (same seed); the
+    sources left out unrun, under the table."""
     table = Table(
         title=f"Noise sources alone, ranked by step-time std ({a.samples} samples, seed {a.seed}; "
         "shares of the all-on run need not add to 100 %)"
@@ -788,6 +789,12 @@ def render_attribution(a, console: Console) -> None:
             f"{100 * e.p95_share:.1f} %",
         )
     console.print(table)
+    if a.skipped:
+        reasons: dict[str, list[str]] = {}
+        for s in a.skipped:
+            reasons.setdefault(s.reason, []).append(s.source)
+        text = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in reasons.items())
+        console.print(f"not run, {len(a.skipped)} source(s) that provably add no noise: {text}")
 
 
 def render_placement(study, console: Console) -> None:

@@ -13,6 +13,10 @@ late: noise on a path that another source's lateness takes off the critical path
 counts in the all-on run (the shares then add to more than 100 %); and a maximum is not
 additive in its members' spreads, so the all-on variance is not the sum of the sources' alone
 in general, in either direction.
+
+A source that provably applies no noise to the graph (sources.inert_reason: e.g. the network
+regime on tp calls that never leave a node) is not run: its run would be the deterministic
+step in every sample. It is listed in `skipped` with the reason.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from emulator.graph.execution_graph import ExecutionGraph
 from emulator.graph.replay import replay
 from emulator.variability.model import VariabilityModel
 from emulator.variability.monte_carlo import NoiseMask, sample_step_times
-from emulator.variability.sources import NoiseSource
+from emulator.variability.sources import NoiseSource, inert_reason
 
 ALL_SOURCES = "all sources"
 
@@ -45,9 +49,19 @@ class SourceEffect:
     p95_share: float  # p95_excess_s / the all-on run's (0 when that is 0)
 
 
+@dataclass(frozen=True, kw_only=True)
+class SkippedSource:
+    """A source not run: it provably applies no noise (sources.inert_reason)."""
+
+    source: str
+    category: str
+    reason: str
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Attribution:
-    """The all-on run and every source alone, ranked by variance (largest first)."""
+    """The all-on run and every source alone, ranked by variance (largest first), and the
+    sources left out unrun."""
 
     samples: int
     seed: int
@@ -55,6 +69,7 @@ class Attribution:
     total: SourceEffect
     sources: tuple[SourceEffect, ...]
     monte_carlo_wall_s: float  # all the runs together
+    skipped: tuple[SkippedSource, ...] = ()
 
     def to_dict(self) -> dict:
         return {
@@ -63,6 +78,7 @@ class Attribution:
             "deterministic_s": self.deterministic_s,
             "total": asdict(self.total),
             "sources": [asdict(s) for s in self.sources],
+            "skipped": [asdict(s) for s in self.skipped],
             "monte_carlo_wall_s": self.monte_carlo_wall_s,
         }
 
@@ -108,11 +124,15 @@ def attribute_variance(
         everything = sample_step_times(graph, model, mask=NoiseMask(), **draws)
     total_var = float(everything.var(ddof=1)) if samples > 1 else 0.0
     total_p95 = float(np.percentile(everything, 95)) - deterministic
+    reasons = {s.name: inert_reason(s, graph, model) for s in sources}
+    skipped = tuple(SkippedSource(source=s.name, category=s.category, reason=reasons[s.name])
+                    for s in sources if reasons[s.name] is not None)  # fmt: skip
+    running = [s for s in sources if reasons[s.name] is None]
     effects = []
-    for i, s in enumerate(sources, start=1):
+    for i, s in enumerate(running, start=1):
         times = sample_step_times(graph, model, mask=s.mask, **draws)
         effects.append(_effect(s.name, s.category, times, deterministic, total_var, total_p95))
-        say(f"noise source {i}/{len(sources)} alone: {s.name}")
+        say(f"noise source {i}/{len(running)} alone: {s.name}")
     effects.sort(key=lambda e: (-e.std_s, -e.p95_excess_s, e.source))
     return Attribution(
         samples=samples,
@@ -121,4 +141,5 @@ def attribute_variance(
         total=_effect(ALL_SOURCES, "all", everything, deterministic, total_var, total_p95),
         sources=tuple(effects),
         monte_carlo_wall_s=time.perf_counter() - started,
+        skipped=skipped,
     )

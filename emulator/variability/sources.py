@@ -13,19 +13,21 @@ A source is a family of draws the Monte Carlo makes (emulator.variability.monte_
   on <group>` (`... on send/recv on pp`): the regime on those calls alone (which calls the
   congestion hurts).
 A source with no noise under the model (a CV of 0, free comm, one regime of factor 1) is
-left out.
+left out. `inert_reason` says why a source the model has provably applies no noise to one
+graph (e.g. the network regime on tp calls that never leave a node): its run would give the
+deterministic step in every sample, so the attribution does not make it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from emulator.capture.trace import RankTrace
 from emulator.costs.kernel_table import op_class
 from emulator.graph.build import segment_rows
-from emulator.graph.execution_graph import COLLECTIVE, SEND, ExecutionGraph
+from emulator.graph.execution_graph import COLLECTIVE, SEGMENT, SEND, ExecutionGraph
 from emulator.variability.model import VariabilityModel
 from emulator.variability.monte_carlo import NoiseMask
 
@@ -120,3 +122,62 @@ def noise_sources(
             mask = NoiseMask(**regime, network_comm=nodes)
             sources.append(NoiseSource(f"network regime on {name}", "network", mask))
     return tuple(sources)
+
+
+# Why a source is left out of the attribution (inert_reason).
+NO_CALL_CROSSES_NODES = (
+    "none of its calls crosses nodes, and the network regime slows only calls that do "
+    "(network_scope inter-node)"
+)
+NOTHING_NOISY = "its mask selects no draw that carries noise"
+
+
+def _selected(per_class: tuple[np.ndarray, ...] | None, p: int, n: int) -> np.ndarray:
+    return np.ones(n, bool) if per_class is None else np.asarray(per_class[p], bool)
+
+
+def applies_noise(mask: NoiseMask, graph: ExecutionGraph, model: VariabilityModel) -> bool:
+    """Whether a run with `mask` can differ from the deterministic replay: some segment drawn
+    with a standard deviation above 0, some comm call drawn with a CV above 0 and selected, the
+    per-GPU factors, or a slower network regime on a selected call in the model's scope (the
+    rules of emulator.variability.monte_carlo's _Durations, read from the graph)."""
+    if mask.spatial and (model.spatial_cv > 0 or model.step_cv > 0 or (
+            model.speed_factors is not None and (model.speed_factors != 1).any())):  # fmt: skip
+        return True
+    slower = any(r.factor != 1.0 for r in model.network if r.probability > 0)
+    for p, c in enumerate(graph.classes):
+        kind, busy = c["kind"], c["duration_s"] > 0
+        if model.has_kernel_noise:
+            std = np.sqrt(c["variance_s2"]) if mask.segment_std_s is None else mask.segment_std_s[p]
+            if ((kind == SEGMENT) & (c["variance_s2"] > 0) & (np.asarray(std) > 0)).any():
+                return True
+        drawn = ((kind == COLLECTIVE) & (model.collective_cv > 0)) | (
+            (kind == SEND) & (model.pipeline_transfer_cv > 0)
+        )
+        if (drawn & busy & _selected(mask.comm, p, len(c))).any():
+            return True
+        if mask.network and slower and (_regime_nodes(mask, c, p, model) & busy).any():
+            return True
+    return False
+
+
+def _regime_nodes(mask: NoiseMask, c, p: int, model: VariabilityModel) -> np.ndarray:
+    """Class p's comm nodes that a run with `mask` applies the network regime to."""
+    nodes = np.isin(c["kind"], (COLLECTIVE, SEND)) & _selected(mask.network_comm, p, len(c))
+    if model.network_scope == "inter-node":
+        nodes &= c["crosses_nodes"].astype(bool)
+    return nodes
+
+
+def inert_reason(source: NoiseSource, graph: ExecutionGraph, model: VariabilityModel) -> str | None:
+    """Why `source` provably applies no noise to `graph` under `model` (None: it may apply
+    some): NO_CALL_CROSSES_NODES where it is a network regime on calls that all stay inside
+    a node, NOTHING_NOISY otherwise (`applies_noise`)."""
+    mask = source.mask
+    if applies_noise(mask, graph, model):
+        return None
+    if mask.network and model.network_scope == "inter-node":
+        anywhere = replace(model, network_scope="all")
+        if applies_noise(mask, graph, anywhere):
+            return NO_CALL_CROSSES_NODES
+    return NOTHING_NOISY

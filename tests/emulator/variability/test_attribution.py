@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from emulator.variability.attribution import ALL_SOURCES, attribute_variance
-from emulator.variability.model import VariabilityModel
+from emulator.variability.model import NetworkRegime, VariabilityModel
 from emulator.variability.sources import noise_sources
 from emulator.world.mesh import World
 from tests.emulator.synthetic_traces import Stage, build
@@ -94,3 +94,42 @@ def test_every_source_on_is_the_monte_carlo_it_explains_so_its_times_can_be_hand
     sampled = attribute_variance(graph, model, sources, **draws)
     handed = attribute_variance(graph, model, sources, **draws, everything=main_run)
     assert sampled.total == handed.total and sampled.sources == handed.sources
+
+
+def _two_all_gathers(world):
+    """Per layer a big (2 GB, 0.4 s) and a small (3 MB, 0.1 s) blocking all-gather over dp
+    around 1 s of GEMMs, and a blocking tp all-reduce."""
+    s = Stage(world, 0)
+    for _ in range(4):
+        s.collective("all_gather", "dp", duration_s=0.4, nbytes=2 * 10**9)
+        s.compute(1.0, name="mm")
+        s.collective("all_gather", "dp", duration_s=0.1, nbytes=3 * 10**6)
+        s.collective("all_reduce", "tp", duration_s=0.05)
+    return s
+
+
+def test_a_source_that_provably_adds_no_noise_is_listed_and_not_run(monkeypatch):
+    # tp 2 inside a node of 2 GPUs: the network regime never reaches the tp all-reduce
+    from emulator.variability import attribution
+    from emulator.variability.sources import NO_CALL_CROSSES_NODES
+
+    world = World.grid(dp=4, pp=1, cp=1, tp=2, gpus_per_node=2)
+    s = _two_all_gathers(world)
+    graph = build(world, [s])
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=CV,
+                             network=(NetworkRegime(0.9, 1.0), NetworkRegime(0.1, 1.4)))  # fmt: skip
+    run = []
+    real = attribution.sample_step_times
+    monkeypatch.setattr(attribution, "sample_step_times",
+                        lambda *a, mask=None, **k: run.append(mask) or real(*a, mask=mask, **k))  # fmt: skip
+    sources = _sources(graph, model, [s])
+    a = attribute_variance(graph, model, sources, samples=50, seed=1)
+    inert = "network regime on all_reduce on tp"
+    assert [(x.source, x.reason) for x in a.skipped] == [(inert, NO_CALL_CROSSES_NODES)]
+    assert inert not in [e.source for e in a.sources]
+    ran = {id(m) for m in run}
+    assert {x.name for x in sources if id(x.mask) in ran} == {e.source for e in a.sources}
+    assert len(run) == 1 + len(a.sources)  # the all-on run and every source not skipped
+    assert a.to_dict()["skipped"] == [
+        {"source": inert, "category": "network", "reason": NO_CALL_CROSSES_NODES}
+    ]

@@ -134,3 +134,52 @@ def test_the_network_regime_on_one_signature_stretches_only_those_calls():
     for name, extra in expected.items():
         times = sample_step_times(graph, model, samples=64, seed=0, mask=sources[name].mask)
         assert np.allclose(np.unique(times.round(12)), [1.6, 1.6 + extra]), name
+
+
+def _regime_model(**kw):
+    return VariabilityModel(
+        spatial_cv=0.0,
+        temporal_cv=0.0,
+        collective_cv=0.0,
+        network=(NetworkRegime(0.5, 1.0), NetworkRegime(0.5, 2.0)),
+        **kw,
+    )
+
+
+def test_the_regime_on_calls_inside_a_node_is_inert_and_on_calls_across_nodes_is_not():
+    # tp 2 inside a node of 2 GPUs, dp 4 across nodes: the regime (inter-node scope) never
+    # reaches the tp all-reduce, and does reach the dp one
+    from emulator.variability.sources import NO_CALL_CROSSES_NODES, inert_reason
+
+    world = World.grid(dp=4, pp=1, cp=1, tp=2, gpus_per_node=2)
+    s = Stage(world, 0)
+    s.compute(1.0)
+    s.collective("all_reduce", "tp", duration_s=0.1)
+    s.collective("all_reduce", "dp", duration_s=0.5)
+    graph = build(world, [s])
+    model = _regime_model()
+    sources = {x.name: x for x in noise_sources(graph, model, *_traces_and_spreads([s]))}
+    reasons = {name: inert_reason(x, graph, model) for name, x in sources.items()}
+    assert reasons == {
+        "network regime": None,
+        "network regime on all_reduce on tp": NO_CALL_CROSSES_NODES,
+        "network regime on all_reduce on dp": None,
+    }
+    # the regime on every call (network_scope "all") reaches the tp calls too
+    everywhere = replace(model, network_scope="all")
+    assert inert_reason(sources["network regime on all_reduce on tp"], graph, everywhere) is None
+
+
+def test_a_source_whose_mask_selects_nothing_noisy_is_inert_whatever_its_name():
+    from emulator.variability.sources import NOTHING_NOISY, NoiseSource, inert_reason
+
+    world = World.grid(dp=2, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    s.compute(1.0)
+    s.collective("all_reduce", "dp", duration_s=0.5)
+    graph = build(world, [s], temporal_cv=CV)
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=CV, collective_cv=CV)
+    off = NoiseSource("compute gemm", "compute", no_noise(graph))
+    assert inert_reason(off, graph, model) == NOTHING_NOISY
+    for source in noise_sources(graph, model, *_traces_and_spreads([s])):
+        assert inert_reason(source, graph, model) is None, source.name
