@@ -36,11 +36,13 @@ CATEGORIES = ("compute", "collective", "pipeline", "spatial", "network")
 
 @dataclass(frozen=True, eq=False)
 class NoiseSource:
-    """One source: its name, its category (CATEGORIES) and the mask applying it alone."""
+    """One source: its name, its category (CATEGORIES) and the mask applying it alone;
+    `op_class`: a compute source's op class (emulator.costs.kernel_table.op_class)."""
 
     name: str
     category: str
     mask: NoiseMask
+    op_class: str | None = None
 
 
 def no_noise(graph: ExecutionGraph) -> NoiseMask:
@@ -106,7 +108,7 @@ def noise_sources(
             if any(v.any() for v in variances):
                 std = tuple(np.sqrt(v) for v in variances)
                 mask = NoiseMask(**(nothing | {"segment_std_s": std}))
-                sources.append(NoiseSource(f"compute {name}", "compute", mask))
+                sources.append(NoiseSource(f"compute {name}", "compute", mask, op_class=name))
     signatures = sorted(_comm_signatures(graph).items(), key=lambda kv: kv[0])
     comm_cvs = {"collective": model.collective_cv, "pipeline": model.pipeline_transfer_cv}
     for (category, name), nodes in signatures:

@@ -179,7 +179,7 @@ def test_a_source_whose_mask_selects_nothing_noisy_is_inert_whatever_its_name():
     s.collective("all_reduce", "dp", duration_s=0.5)
     graph = build(world, [s], temporal_cv=CV)
     model = VariabilityModel(spatial_cv=0.0, temporal_cv=CV, collective_cv=CV)
-    off = NoiseSource("compute gemm", "compute", no_noise(graph))
+    off = NoiseSource("compute gemm", "compute", no_noise(graph), op_class="gemm")
     assert inert_reason(off, graph, model) == NOTHING_NOISY
     for source in noise_sources(graph, model, *_traces_and_spreads([s])):
         assert inert_reason(source, graph, model) is None, source.name
