@@ -561,6 +561,7 @@ def _check_trace_beside_memory_out(trace: str | None, memory_out: str | None) ->
 
 
 def _cmd_variability(args: argparse.Namespace) -> int:
+    from emulator.variability.attribution import SIGNATURES_PER_SOURCE
     from emulator.variability.summary import check_allocations
     from prismbench.network_steps import measured_network
     from prismbench.pipeline_transfers import measured_transfers
@@ -580,6 +581,8 @@ def _cmd_variability(args: argparse.Namespace) -> int:
         )
     if args.placement is not None:
         _check_placement(job, slow_gpus=args.placement[0])
+    if args.signatures_per_source is not None and args.rank_signatures is None:
+        raise SpecError("--signatures-per-source given without --rank-signatures K")
     try:
         check_allocations(args.samples, args.steps_per_allocation, samples_name="--samples",
                           steps_name="--steps-per-allocation")  # fmt: skip
@@ -601,6 +604,8 @@ def _cmd_variability(args: argparse.Namespace) -> int:
         workers=args.workers,
         progress=_progress,
         rank_sources=args.rank_sources,
+        rank_signatures=args.rank_signatures or 0,
+        signatures_per_source=args.signatures_per_source or SIGNATURES_PER_SOURCE,
         slow_gpus=args.placement,
         steps_per_allocation=args.steps_per_allocation,
         kernel_table=_kernel_table(job, args.kernel_table),
@@ -857,6 +862,7 @@ def _add_emulate(commands) -> None:
 
 
 def _add_variability(commands) -> None:
+    from emulator.variability.attribution import SIGNATURES_PER_SOURCE
     from emulator.variability.model import DEFAULT_NETWORK, MEASURED_PRESET, PRESET_NAMES
     from emulator.variability.regimes import BUBBLE_SIGMAS
     from emulator.variability.summary import DEFAULT_STEPS_PER_ALLOCATION, MIN_ALLOCATIONS
@@ -914,6 +920,23 @@ def _add_variability(commands) -> None:
         help="also run every noise source alone and rank them by step-time variance (a source "
         "that provably applies no noise, e.g. the network regime on calls that never leave a "
         "node, is listed, not run)",
+    )
+    cmd.add_argument(
+        "--rank-signatures",
+        type=_positive_int,
+        metavar="K",
+        help="after --rank-sources (implied), split the K top-ranked sources that hold more than "
+        "one signature (compute: op class and input shapes; collective: kind, group, members "
+        "and bytes) into their N largest signatures by a pre-rank (summed variance) and one "
+        "'other', each run alone with the same seed and samples: adds at most K x (N + 1) "
+        "Monte Carlo runs of --samples each (emulator/variability/signatures.py)",
+    )
+    cmd.add_argument(
+        "--signatures-per-source",
+        type=_positive_int,
+        metavar="N",
+        help=f"with --rank-signatures: signatures run per split source before the rest are "
+        f"lumped as 'other' ({SIGNATURES_PER_SOURCE})",
     )
     cmd.add_argument(
         "--placement",

@@ -769,8 +769,8 @@ def _allocation_rows(d) -> list[tuple[str, str]]:
 
 
 def render_attribution(a, console: Console) -> None:
-    """Noise sources ranked by the step-time variance each gives alone (same seed); the
-    sources left out unrun, under the table."""
+    """Noise sources ranked by the step-time variance each gives alone (same seed), each
+    split source's signatures nested under it; the sources left out unrun, under the table."""
     table = Table(
         title=f"Noise sources alone, ranked by step-time std ({a.samples} samples, seed {a.seed}; "
         "shares of the all-on run need not add to 100 %)"
@@ -779,22 +779,36 @@ def render_attribution(a, console: Console) -> None:
                    "p95 - determ.", "p95 share"):  # fmt: skip
         _column(table, column, left=column in ("source", "category"))
     for e in (*a.sources, a.total):
-        table.add_row(
-            e.source,
-            e.category,
-            _seconds(e.std_s),
-            f"{100 * e.variance_share:.1f} %",
-            _signed_seconds(e.mean_shift_s),
-            _signed_seconds(e.p95_excess_s),
-            f"{100 * e.p95_share:.1f} %",
-        )
+        table.add_row(e.source, e.category, *_effect_cells(e))
+        for i, sig in enumerate(e.signatures):
+            branch = "└" if i == len(e.signatures) - 1 else "├"
+            kind = "signature" if sig.lumped == 1 else f"{sig.lumped} signatures"
+            if not sig.own_run:
+                kind = "its only signature"
+            table.add_row(f" {branch} {sig.signature}", kind, *_effect_cells(sig))
     console.print(table)
+    if a.signature_runs:
+        console.print(f"signatures: {a.signature_runs} more Monte Carlo runs "
+                      f"({_seconds(a.signature_wall_s)}); each split source's signatures are "
+                      "pre-ranked by summed variance, the largest run alone and the rest together "
+                      "as 'other' (emulator/variability/signatures.py)")  # fmt: skip
     if a.skipped:
         reasons: dict[str, list[str]] = {}
         for s in a.skipped:
             reasons.setdefault(s.reason, []).append(s.source)
         text = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in reasons.items())
         console.print(f"not run, {len(a.skipped)} source(s) that provably add no noise: {text}")
+
+
+def _effect_cells(e) -> tuple[str, ...]:
+    """A source's or signature's figures, each with its unit."""
+    return (
+        _seconds(e.std_s),
+        f"{100 * e.variance_share:.1f} %",
+        _signed_seconds(e.mean_shift_s),
+        _signed_seconds(e.p95_excess_s),
+        f"{100 * e.p95_share:.1f} %",
+    )
 
 
 def render_placement(study, console: Console) -> None:

@@ -6,7 +6,8 @@ temporal spread, replays it once without variability (the deterministic predicti
 times with draws of a VariabilityModel (emulator.variability.monte_carlo). `prismbench validate
 --variability` calls `sample_priced` on the capture and prices its emulation already made.
 On request it also ranks the noise sources by the variance each alone gives
-(emulator.variability.attribution) and compares placements of k slow GPUs
+(emulator.variability.attribution), splits the top ones into their signatures (`drill_down`)
+and compares placements of k slow GPUs
 (emulator.variability.placement).
 """
 
@@ -22,7 +23,12 @@ import numpy as np
 from emulator.graph.build import build_graph
 from emulator.graph.execution_graph import ExecutionGraph
 from emulator.graph.replay import replay
-from emulator.variability.attribution import Attribution, attribute_variance
+from emulator.variability.attribution import (
+    SIGNATURES_PER_SOURCE,
+    Attribution,
+    attribute_variance,
+    drill_down,
+)
 from emulator.variability.model import PRISM_LOW, VariabilityModel
 from emulator.variability.monte_carlo import network_regime_nodes, sample_step_times
 from emulator.variability.placement import PlacementStudy, compare_placements
@@ -109,6 +115,8 @@ def variability(
     workers: int | None = None,
     progress: Callable[[str], None] | None = None,
     rank_sources: bool = False,
+    rank_signatures: int = 0,
+    signatures_per_source: int = SIGNATURES_PER_SOURCE,
     slow_gpus: tuple[int, float] | None = None,
     host_dispatch="preset",
     kernel_table="preset",
@@ -121,6 +129,9 @@ def variability(
 
     workers: capture processes, and the Monte Carlo's threads (None: one per core).
     rank_sources: also run every noise source alone (same seed and samples) and rank them.
+    rank_signatures: K > 0: also split the K top-ranked sources of more than one signature
+    into their `signatures_per_source` largest signatures and "other", each run alone
+    (emulator.variability.attribution.drill_down; implies rank_sources).
     slow_gpus: (k, factor): also place k GPUs `factor` x slower every way they fit.
     host_dispatch: as `emulate`'s ("preset": the measured host time per op; None: none).
     kernel_table: as `emulate`'s ("preset": the GPU's committed table; a loaded one; None).
@@ -137,7 +148,9 @@ def variability(
                        host_dispatch=host_dispatch, kernel_table=kernel_table)  # fmt: skip
     return sample_priced(priced, name=name, world_size=job.world_size, model=model, preset=preset,
                          samples=samples, seed=seed, threshold_s=threshold_s, k_steps=k_steps,
-                         progress=progress, rank_sources=rank_sources, slow_gpus=slow_gpus,
+                         progress=progress, rank_sources=rank_sources,
+                         rank_signatures=rank_signatures,
+                         signatures_per_source=signatures_per_source, slow_gpus=slow_gpus,
                          steps_per_allocation=steps_per_allocation, threads=workers,
                          network=network, transfers=transfers,
                          variability_table=variability_table)  # fmt: skip
@@ -170,6 +183,8 @@ def sample_priced(
     k_steps: int = 1000,
     progress: Callable[[str], None] | None = None,
     rank_sources: bool = False,
+    rank_signatures: int = 0,
+    signatures_per_source: int = SIGNATURES_PER_SOURCE,
     slow_gpus: tuple[int, float] | None = None,
     steps_per_allocation: int = DEFAULT_STEPS_PER_ALLOCATION,
     threads: int | None = None,
@@ -180,7 +195,8 @@ def sample_priced(
     """The step-time distribution of a job already captured and priced (`price_job`), on
     `threads` threads (None: one per core; emulator.variability.monte_carlo); with `network`,
     its regimes in place of the model's, with `transfers`, their no-bubble CV as its
-    transfer_cv; `variability_table` as `variability`'s."""
+    transfer_cv; `variability_table`, `rank_signatures` and `signatures_per_source` as
+    `variability`'s."""
     say = progress or (lambda _msg: None)
     if network is not None:
         model = replace(model, network=network.regimes)
@@ -199,13 +215,19 @@ def sample_priced(
     distribution = summarize(times, deterministic, seed=seed, threshold_s=threshold_s,
                              k_steps=k_steps, steps_per_allocation=steps_per_allocation)  # fmt: skip
     attribution = placement = None
-    if rank_sources:
-        sources = noise_sources(graph, model, priced.capture.traces, spreads)
+    if rank_sources or rank_signatures:
+        traces = priced.capture.traces
+        sources = noise_sources(graph, model, traces, spreads)
         say(f"ranking {len(sources)} noise sources: {samples} samples each")
         attribution = attribute_variance(graph, model, sources, samples=samples, seed=seed,
                                          steps_per_allocation=steps_per_allocation,
                                          threads=threads, progress=say,
                                          everything=times)  # fmt: skip
+        if rank_signatures:
+            say(f"splitting the top {rank_signatures} sources into signatures")
+            attribution = drill_down(graph, model, attribution, sources, traces, spreads,
+                                     top=rank_signatures, per_source=signatures_per_source,
+                                     threads=threads, progress=say)  # fmt: skip
     if slow_gpus is not None:
         say(f"placing {slow_gpus[0]} GPUs {slow_gpus[1]}x slower: {samples} samples each")
         placement = compare_placements(graph, model, *slow_gpus, samples=samples, seed=seed,

@@ -85,6 +85,33 @@ def test_cli_ranks_sources_and_places_slow_gpus_in_tables_and_json(job_toml, cap
     assert "by placement" in text and "p95 / no slow GPU" in text and " ms" in text
 
 
+@pytest.mark.integration
+def test_cli_splits_the_top_sources_into_signatures_in_tables_and_json(job_toml, capsys):
+    argv = ["variability", str(job_toml), "--samples", "100", "--steps-per-allocation", "1"]
+    argv += ["--workers", "1", "--rank-signatures", "2", "--signatures-per-source", "2"]
+    assert main([*argv, "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)["attribution"]
+    said = [line for line in captured.err.splitlines() if line.startswith("signature ")]
+    assert len(said) == out["signature_runs"]
+    assert said[-1].startswith(f"signature {len(said)}/{len(said)} alone: ")
+    split = [s for s in out["sources"] if any(x["own_run"] for x in s["signatures"])]
+    assert 1 <= len(split) <= 2 and 1 <= out["signature_runs"] <= 2 * (2 + 1)
+    assert sum(len(s["signatures"]) for s in split) == out["signature_runs"]
+    for s in split:  # the top sources of several signatures, ranked by std under each
+        stds = [x["std_s"] for x in s["signatures"]]
+        assert stds == sorted(stds, reverse=True) and len(stds) <= 3
+        assert sum(x["lumped"] for x in s["signatures"]) >= 2
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "└" in text and f"signatures: {out['signature_runs']} more Monte Carlo runs" in text
+
+
+def test_signatures_per_source_without_rank_signatures_exits_2(job_toml, capsys):
+    assert main(["variability", str(job_toml), "--signatures-per-source", "3"]) == 2
+    assert "--rank-signatures" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["2", "0:1.1", "2:0", "2:0.5", "2:1", "2:x", "x:1.1", "2:inf"])
 def test_a_bad_placement_exits_2_naming_the_option(value, job_toml, capsys):
     assert main(["variability", str(job_toml), "--placement", value]) == 2

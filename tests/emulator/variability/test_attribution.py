@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from emulator.variability.attribution import ALL_SOURCES, attribute_variance
+from emulator.variability.attribution import ALL_SOURCES, attribute_variance, drill_down
 from emulator.variability.model import NetworkRegime, VariabilityModel
 from emulator.variability.sources import noise_sources
 from emulator.world.mesh import World
@@ -133,3 +133,77 @@ def test_a_source_that_provably_adds_no_noise_is_listed_and_not_run(monkeypatch)
     assert a.to_dict()["skipped"] == [
         {"source": inert, "category": "network", "reason": NO_CALL_CROSSES_NODES}
     ]
+
+
+def _drilled(world, model, top=3, per_source=4, samples=300, seed=5):
+    s = _two_all_gathers(world)
+    graph = build(world, [s], temporal_cv=model.temporal_cv)
+    trace, durations = s.trace()
+    traces, spreads = {0: trace}, {0: model.temporal_cv * durations}
+    sources = noise_sources(graph, model, traces, spreads)
+    a = attribute_variance(graph, model, sources, samples=samples, seed=seed)
+    return drill_down(graph, model, a, sources, traces, spreads, top=top, per_source=per_source)
+
+
+def test_the_bigger_all_gather_ranks_first_under_its_source():
+    # both signatures' draws are shared by the 4 members; the 0.4 s call's noise is 4x the
+    # 0.1 s one's, so alone it gives ~4x the std
+    world = World.grid(dp=4, pp=1, cp=1, tp=2)
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=0.1)
+    a = _drilled(world, model)
+    gather = next(e for e in a.sources if e.source == "all_gather on dp")
+    names = [x.signature for x in gather.signatures]
+    assert names == ["all_gather on dp (4 members), 2 GB", "all_gather on dp (4 members), 3 MB"]
+    big, small = gather.signatures
+    assert big.own_run and small.own_run
+    assert 3.0 < big.std_s / small.std_s < 5.0
+    assert a.signature_runs == 2  # the tp all-reduce has one signature: named, not run
+    reduce = next(e for e in a.sources if e.source == "all_reduce on tp")
+    assert [(x.signature, x.own_run, x.std_s) for x in reduce.signatures] == [
+        ("all_reduce on tp (2 members), 1.05 MB", False, reduce.std_s)
+    ]
+
+
+def test_a_signature_with_no_noise_to_apply_gives_zero_std_and_the_deterministic_step():
+    # the drill-down of a noisy model's attribution, replayed under a model without noise:
+    # every signature's run is the deterministic replay in every sample (its std and mean
+    # shift the rounding of a mean of equal values)
+    from emulator.variability.model import NO_VARIABILITY
+
+    world = World.grid(dp=4, pp=1, cp=1, tp=2)
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=CV, collective_cv=0.1)
+    s = _two_all_gathers(world)
+    graph = build(world, [s], temporal_cv=CV)
+    trace, durations = s.trace()
+    traces, spreads = {0: trace}, {0: CV * durations}
+    sources = noise_sources(graph, model, traces, spreads)
+    a = attribute_variance(graph, model, sources, samples=100, seed=2)
+    quiet = drill_down(graph, NO_VARIABILITY, a, sources, traces, spreads, top=5)
+    split = [x for e in quiet.sources for x in e.signatures if x.own_run]
+    assert split and quiet.signature_runs == len(split)
+    assert all(x.p95_excess_s == 0 for x in split)
+    assert all(x.std_s < 1e-12 and abs(x.mean_shift_s) < 1e-12 for x in split)
+
+
+def test_only_the_top_k_sources_of_several_signatures_are_split_and_the_rest_lumped():
+    # one GPU per node: every call crosses nodes, and the network regime reaches all three
+    # signatures (2 GB and 3 MB all-gathers, the tp all-reduce's 1.05 MB)
+    world = World.grid(dp=4, pp=1, cp=1, tp=2, gpus_per_node=1)
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=0.1,
+                             network=(NetworkRegime(0.9, 1.0), NetworkRegime(0.1, 1.4)))  # fmt: skip
+    a = _drilled(world, model, top=1, per_source=1)
+    several = [e for e in a.sources if e.signatures and e.signatures[0].own_run]
+    assert [e.source for e in several] == [a.sources[0].source]  # the top source only
+    entries = several[0].signatures
+    assert len(entries) == 2 and sum(x.lumped for x in entries) == 3
+    assert a.signature_runs == 2
+    d = a.to_dict()
+    assert d["signature_runs"] == 2
+    assert [x["signature"] for x in d["sources"][0]["signatures"]] == [x.signature for x in entries]
+
+
+def test_the_drill_down_is_reproducible():
+    world = World.grid(dp=4, pp=1, cp=1, tp=2)
+    model = VariabilityModel(spatial_cv=0.01, temporal_cv=CV, collective_cv=0.1)
+    a, b = _drilled(world, model, samples=60), _drilled(world, model, samples=60)
+    assert a.sources == b.sources and a.signature_runs == b.signature_runs > 0
