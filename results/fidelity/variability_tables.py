@@ -3,9 +3,10 @@
     python results/fidelity/variability_tables.py RUN.json
 
 Prints the step-time figures (the allocation split and the K-step bound among them), the noise
-sources ranked and the placements, as variability.md's section "Which signatures drive the
-variance; placement" shows them; every figure is the JSON's, formatted as the CLI's tables
-format it (prismbench.report).
+sources ranked (with their signatures under them where the run had `--rank-signatures K`, and
+the sources left out as provably inert), and the placements where the run had `--placement`,
+as variability.md's section "Which signatures drive the variance; placement" shows them; every
+figure is the JSON's, formatted as the CLI's tables format it (prismbench.report).
 """
 
 from __future__ import annotations
@@ -36,8 +37,22 @@ def tables(run: dict) -> str:
     attribution = run["attribution"]
     for rank, e in enumerate(attribution["sources"], 1):
         lines.append(_source_row(str(rank), e))
+        for sig in e.get("signatures", ()):
+            lines.append(_signature_row(sig))
     lines.append(_source_row("-", attribution["total"]))
-    placement = run["placement"]
+    skipped = attribution.get("skipped", ())
+    if skipped:
+        names = ", ".join(s["source"] for s in skipped)
+        lines += ["", f"Not run, {len(skipped)} provably inert: {names}."]
+    runs = (f"{run['monte_carlo_wall_s']:.1f} s for the all-on run, "
+            f"{attribution['monte_carlo_wall_s']:.0f} s for the {len(attribution['sources'])} "
+            "source runs")  # fmt: skip
+    if attribution.get("signature_runs"):
+        runs += (f", {attribution['signature_wall_s']:.0f} s for the "
+                 f"{attribution['signature_runs']} signature runs")  # fmt: skip
+    placement = run.get("placement")
+    if placement is None:
+        return "\n".join([*lines, "", f"Monte Carlo wall time: {runs} ({run['samples']} samples each)."])
     lines += [
         "",
         f"{placement['slow_gpus']} GPUs {placement['factor']}x slower:",
@@ -53,9 +68,7 @@ def tables(run: dict) -> str:
         )
     lines += [
         "",
-        f"Monte Carlo wall time: {run['monte_carlo_wall_s']:.1f} s for the all-on run, "
-        f"{attribution['monte_carlo_wall_s']:.0f} s for the {len(attribution['sources']) + 1} "
-        f"attribution runs, {placement['monte_carlo_wall_s']:.0f} s for the "
+        f"Monte Carlo wall time: {runs}, {placement['monte_carlo_wall_s']:.0f} s for the "
         f"{len(placement['placements']) + 1} placement runs ({run['samples']} samples each).",
     ]
     return "\n".join(lines)
@@ -66,6 +79,17 @@ def _source_row(rank: str, e: dict) -> str:
         f"| {rank} | {e['source']} | {e['category']} | {_seconds(e['std_s'])} | "
         f"{100 * e['variance_share']:.1f} % | {_signed_seconds(e['mean_shift_s'])} | "
         f"{_signed_seconds(e['p95_excess_s'])} | {100 * e['p95_share']:.1f} % |"
+    )
+
+
+def _signature_row(sig: dict) -> str:
+    kind = "signature" if sig["lumped"] == 1 else f"{sig['lumped']} signatures"
+    if not sig["own_run"]:
+        kind = "its only signature"
+    return (
+        f"| | └ {sig['signature']} | {kind} | {_seconds(sig['std_s'])} | "
+        f"{100 * sig['variance_share']:.1f} % | {_signed_seconds(sig['mean_shift_s'])} | "
+        f"{_signed_seconds(sig['p95_excess_s'])} | {100 * sig['p95_share']:.1f} % |"
     )
 
 
