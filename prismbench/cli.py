@@ -862,7 +862,6 @@ def _add_emulate(commands) -> None:
 
 
 def _add_variability(commands) -> None:
-    from emulator.variability.attribution import SIGNATURES_PER_SOURCE
     from emulator.variability.model import DEFAULT_NETWORK, MEASURED_PRESET, PRESET_NAMES
     from emulator.variability.regimes import BUBBLE_SIGMAS
     from emulator.variability.summary import DEFAULT_STEPS_PER_ALLOCATION, MIN_ALLOCATIONS
@@ -935,8 +934,10 @@ def _add_variability(commands) -> None:
         "--signatures-per-source",
         type=_positive_int,
         metavar="N",
-        help=f"with --rank-signatures: signatures run per split source before the rest are "
-        f"lumped as 'other' ({SIGNATURES_PER_SOURCE})",
+        # the default is attribution.SIGNATURES_PER_SOURCE, written out: importing it would
+        # import torch (graph.build) for every `prismbench --help`; a test compares the two
+        help="with --rank-signatures: signatures run per split source before the rest are "
+        "lumped as 'other' (4)",
     )
     cmd.add_argument(
         "--placement",

@@ -107,6 +107,14 @@ def test_cli_splits_the_top_sources_into_signatures_in_tables_and_json(job_toml,
     assert "└" in text and f"signatures: {out['signature_runs']} more Monte Carlo runs" in text
 
 
+def test_the_help_states_the_default_signatures_per_source(capsys):
+    from emulator.variability.attribution import SIGNATURES_PER_SOURCE
+
+    assert main(["variability", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"lumped as 'other' ({SIGNATURES_PER_SOURCE})" in text
+
+
 def test_signatures_per_source_without_rank_signatures_exits_2(job_toml, capsys):
     assert main(["variability", str(job_toml), "--signatures-per-source", "3"]) == 2
     assert "--rank-signatures" in capsys.readouterr().err
