@@ -16,6 +16,9 @@ Issue 18 keys durations by signature; a source (emulator.variability.sources) is
   `traffic_bytes`, which is what one member moves through its links: it depends on the
   algorithm and on how much of the call the overlap rules leave exposed;
 - pipeline transfers: the same, a send and its recv being one call of 2 members;
+- where the job is pipelined, each comm signature also names its stage (the graph class; a
+  transfer, the sending stage): the same call may matter on one stage and not on another (a
+  stage whose gradient sync has slack until another stage's backward ends);
 - network regime on calls: the same keys as those calls', over the calls the regime reaches
   (the model's `network_scope`).
 The per-GPU speed factors have none.
@@ -74,11 +77,13 @@ def comm_signature(trace: RankTrace, graph_class, node: int) -> tuple[str, str, 
     return kind, group, int(c["group_size"][row]), int(c["size_bytes"][row])
 
 
-def comm_signature_name(key: tuple[str, str, int, int], exact: bool = False) -> str:
-    """ "all_gather on dp (256 members), 1.07 GB"; `exact`: the bytes in full."""
-    kind, group, members, nbytes = key
+def comm_signature_name(key: tuple, exact: bool = False) -> str:
+    """ "all_gather on dp (256 members), 1.07 GB", then ", stage 2" where the key names one
+    (kind, group, members, bytes[, stage]); `exact`: the bytes in full."""
+    kind, group, members, nbytes, *stage = key
     size = f"{nbytes:,} B" if exact else bytes_text(nbytes)
-    return f"{kind} on {group} ({members} members), {size}"
+    where = f", stage {stage[0]}" if stage else ""
+    return f"{kind} on {group} ({members} members), {size}{where}"
 
 
 def _shape_names(trace: RankTrace, rows: np.ndarray) -> list[str]:
@@ -127,12 +132,14 @@ def compute_signature_variances_s2(
 def comm_signature_nodes(
     graph: ExecutionGraph, traces: dict[int, RankTrace], selected: tuple[np.ndarray, ...]
 ) -> dict[str, tuple[np.ndarray, ...]]:
-    """Per signature (`comm_signature_name`, the bytes in full where two sizes print alike)
-    of the comm nodes `selected` (per class, per node): per class, which of them have it."""
+    """Per signature (`comm_signature_name`, the bytes in full where two sizes print alike;
+    the stage where the graph has several classes) of the comm nodes `selected` (per class,
+    per node): per class, which of them have it."""
     out: dict[tuple, list[np.ndarray]] = {}
+    staged = len(graph.classes) > 1
     for p, g in enumerate(graph.classes):
         for node in np.flatnonzero(selected[p]).tolist():
-            key = comm_signature(traces[p], g, node)
+            key = comm_signature(traces[p], g, node) + ((p,) if staged else ())
             out.setdefault(key, [np.zeros(len(c), bool) for c in graph.classes])[p][node] = True
     names = [comm_signature_name(key) for key in out]
     return {

@@ -132,3 +132,24 @@ def test_two_sizes_that_print_alike_keep_apart_with_their_bytes_in_full():
         "all_reduce on dp (2 members), 1,071,000,000 B",
     ]
     assert [x.nodes for x in found] == [1, 1]
+
+
+def test_the_same_call_on_two_stages_is_two_signatures_named_by_stage():
+    # a gradient all-reduce of one size on each stage: one may sit on the critical path and the
+    # other have slack, so a pipelined job's comm signatures keep them apart
+    world = World.grid(dp=2, pp=2, cp=1, tp=1)
+    stages = [Stage(world, p) for p in range(2)]
+    for stage in stages:
+        stage.compute(0.5, name="norm")
+        stage.collective("all_reduce", "dp", duration_s=0.2, nbytes=10**9)
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=CV)
+    graph = build(world, stages)
+    traces = {p: s.trace()[0] for p, s in enumerate(stages)}
+    spreads = {p: 0 * s.trace()[1] for p, s in enumerate(stages)}
+    (source,) = noise_sources(graph, model, traces, spreads)
+    found = source_signatures(source, graph, model, traces, spreads)
+    assert [x.name for x in found] == [
+        "all_reduce on dp (2 members), 1 GB, stage 0",
+        "all_reduce on dp (2 members), 1 GB, stage 1",
+    ]
+    assert [[int(m.sum()) for m in x.mask.comm] for x in found] == [[1, 0], [0, 1]]
