@@ -444,6 +444,8 @@ def _check_output(
         raise SpecError(f"{option} {path}: is not writable")
     if not directory and target.is_dir():
         raise SpecError(f"{option} {path}: is a directory; give a file path")
+    if not directory and path.endswith(("/", os.sep)):  # Path() drops the slash: a file "out"
+        raise SpecError(f"{option} {path}: names a directory (it ends with a slash); give a file path")
     parent = target.parent
     while not parent.exists():
         parent = parent.parent

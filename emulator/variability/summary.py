@@ -57,6 +57,12 @@ DEFAULT_STEPS_PER_ALLOCATION = 10
 # held for 0.62-0.80 of runs where 0.95 is meant (a review's simulation at 7d499ab). From 20
 # allocations on, the bound given holds for 0.92-0.99 (results/fidelity/k_steps_coverage.md).
 MIN_ALLOCATIONS = 20
+# Most samples a Monte Carlo draws. At 10^6 the sampling error of p99 is 0.4 % of the step
+# time's std (a normal's: sqrt(p (1 - p) / n) / phi(z_p)), below every figure's printed digits,
+# and the README example's run takes hours (~30 s per 1 000 on 2 cores, results/perf/
+# variability.md); beyond it numpy fails allocating the samples (10^23: "Maximum allowed
+# dimension exceeded") rather than saying so.
+MAX_SAMPLES = 1_000_000
 # Draws of the pivotal bound's quantities: its 95th percentile then moves between seeds by
 # 0.3-0.6 % of the bound's margin over K x mean (std over 30 seeds, synthetic step times).
 PIVOT_DRAWS = 100_000
@@ -125,14 +131,15 @@ def summarize(
     p5, p50, p95, p99 = np.percentile(t, [5, 50, 95, 99])
     mean, std = float(t.mean()), float(t.std(ddof=1)) if len(t) > 1 else 0.0
     z = float(stats.norm.ppf(confidence))
+    k = float(k_steps)  # numpy takes no sqrt of an int beyond int64 (K = 10^21 steps)
     if steps_per_allocation == 1:
         between = within = None
-        bound = k_steps * mean + z * np.sqrt(k_steps) * std
+        bound = k * mean + z * np.sqrt(k) * std
     else:
         split = _AllocationSplit.of(t, steps_per_allocation)
         between, within = split.between_std_s, split.within_std_s
-        bound = max(split.mixture_bound_s(k_steps, confidence),
-                    split.pivotal_bound_s(k_steps, confidence, seed))  # fmt: skip
+        bound = max(split.mixture_bound_s(k, confidence),
+                    split.pivotal_bound_s(k, confidence, seed))  # fmt: skip
     return StepTimeDistribution(
         samples=len(t),
         seed=seed,
@@ -173,7 +180,10 @@ def check_allocations(
 ) -> None:
     """`samples` split into allocations of `steps_per_allocation`, at least MIN_ALLOCATIONS of
     them when an allocation has more than one step; the error names the two as the caller
-    does (a CLI its flags)."""
+    does (a CLI its flags). At most MAX_SAMPLES samples."""
+    if samples > MAX_SAMPLES:
+        raise ValueError(f"{samples_name}={samples:,}: at most {MAX_SAMPLES:,} samples (p99's "
+                         "sampling error there is 0.4 % of the step time's std)")  # fmt: skip
     if not isinstance(steps_per_allocation, int) or steps_per_allocation < 1:
         raise ValueError(f"{steps_name}={steps_per_allocation!r} must be an int >= 1")
     allocations = allocation_count(samples, steps_per_allocation)
@@ -229,7 +239,7 @@ class _AllocationSplit:
     def within_std_s(self) -> float:
         return float(np.sqrt(self.within_var))
 
-    def mixture_bound_s(self, k: int, confidence: float) -> float:
+    def mixture_bound_s(self, k: float, confidence: float) -> float:
         """The `confidence` quantile of a mixture over allocations of normals (mean k m_a,
         std sqrt(k) sigma_w), m_a the allocation means pulled to a spread of sigma_b; with
         sigma_w = 0 the k m_a themselves (their `confidence` quantile)."""
@@ -249,7 +259,7 @@ class _AllocationSplit:
         return float(optimize.brentq(excess, centres.min() - reach, centres.max() + reach,
                                      xtol=1e-12 * max(1.0, centres.max())))  # fmt: skip
 
-    def pivotal_bound_s(self, k: int, confidence: float, seed: int) -> float:
+    def pivotal_bound_s(self, k: float, confidence: float, seed: int) -> float:
         """A normal prediction bound on k steps on a new allocation that carries the
         estimators' own uncertainty, by generalized pivotal quantities (Weerahandi 1993;
         Krishnamoorthy and Mathew, "Statistical Tolerance Regions", 2009, ch. 6): draws of

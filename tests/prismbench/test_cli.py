@@ -251,6 +251,8 @@ def test_help_and_explain_do_not_import_torch():
     ("option", "make", "message"),
     [
         ("--trace", lambda tmp: tmp, "is a directory; give a file path"),
+        # Path() drops a trailing slash: the trace was written as a file named "new"
+        ("--trace", lambda tmp: f"{tmp}/new/", "names a directory (it ends with a slash)"),
         (
             "--trace",
             lambda tmp: (tmp / "file").touch() or tmp / "file" / "t.json",

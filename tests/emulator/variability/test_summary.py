@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from emulator.variability.summary import check_allocations, summarize
+from emulator.variability.summary import MAX_SAMPLES, check_allocations, summarize
 
 Z95 = stats.norm.ppf(0.95)
 
@@ -116,3 +116,20 @@ def test_fewer_than_min_allocations_or_a_bad_s_is_refused(samples, steps, messag
         check_allocations(samples, steps)
     with pytest.raises(ValueError, match=message):
         summarize(np.ones(samples), 1.0, seed=0, steps_per_allocation=steps)
+
+
+def test_more_samples_than_the_maximum_are_refused_before_any_draw():
+    check_allocations(MAX_SAMPLES, 10)
+    with pytest.raises(ValueError, match=f"--samples={MAX_SAMPLES + 1:,}: at most {MAX_SAMPLES:,} samples"):
+        check_allocations(MAX_SAMPLES + 1, 10, samples_name="--samples")
+
+
+@pytest.mark.parametrize("steps", [1, 10])
+def test_a_k_beyond_int64_is_bounded_as_a_float_not_refused_by_numpy(steps):
+    # numpy has no sqrt for a Python int past int64; the bound scales as K for a huge K
+    times = np.random.default_rng(1).normal(2.0, 0.1, 1000)
+    k = 10**21
+    d = summarize(times, 2.0, seed=0, k_steps=k, steps_per_allocation=steps)
+    assert d.k_steps == k and d.k_steps_mean_s == pytest.approx(k * times.mean())
+    assert d.k_steps_bound_s == pytest.approx(k * times.mean(), rel=0.05)
+    assert d.k_steps_bound_s >= d.k_steps_mean_s
