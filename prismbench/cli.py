@@ -135,7 +135,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
     job = _load_job(args.job)
     _check_output(args.out, "--out", inputs=(args.job,))
-    _check_output(args.profile_out, "--profile-out", inputs=(args.job, args.out))
+    _check_output(args.profile_out, "--profile-out", inputs=(args.job,), outputs=(("--out", args.out),))
     profile_out = Path(args.profile_out or Path(args.out).with_suffix(".ops.jsonl.gz"))
     result = calibrate_job(job, Path(args.out), profile_out, provenance=gpu_provenance(),
                            iterations=args.profile_iterations or 1)  # fmt: skip
@@ -376,7 +376,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
         raise SpecError(f"--out {args.out}: a recorded baseline is a .toml file")
     _check_output(args.out, "--out", inputs=(args.job,))
     if args.profile:
-        _check_output(args.profile, "--profile", inputs=(args.job, args.out))
+        _check_output(args.profile, "--profile", inputs=(args.job,), outputs=(("--out", args.out),))
     recording = record(
         job,
         iterations=args.iterations,
@@ -425,19 +425,32 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _same_file(target: Path, given: Path) -> bool:
+    linked = target.exists() and given.exists() and os.path.samefile(target, given)
+    return linked or target.resolve() == given.resolve()
+
+
 def _check_output(
-    path: str | None, option: str, *, directory: bool = False, inputs: Sequence[str | None] = ()
+    path: str | None,
+    option: str,
+    *,
+    directory: bool = False,
+    inputs: Sequence[str | None] = (),
+    outputs: Sequence[tuple[str, str | None]] = (),
 ) -> None:
     """Refuse an output path that cannot be written, before any work starts: a directory where
-    a file goes (or a file where a directory goes), a parent that is a file or not writable, or
-    one of the command's own `inputs` (the job spec, a profile), which it would overwrite."""
+    a file goes (or a file where a directory goes), a parent that is a file or not writable,
+    one of the command's own `inputs` (the job spec, a profile), which it would overwrite, or
+    the file of another of its `outputs` ((option, path) pairs), which one would overwrite."""
     if path is None:
         return
     target = Path(path)
     for given in (Path(g) for g in inputs if g is not None):
-        linked = target.exists() and given.exists() and os.path.samefile(target, given)
-        if linked or target.resolve() == given.resolve():
+        if _same_file(target, given):
             raise SpecError(f"{option} {path}: is the input {given}; it would be overwritten")
+    for other, given in ((o, Path(g)) for o, g in outputs if g is not None):
+        if _same_file(target, given):
+            raise SpecError(f"{option} {path}: is {other}'s file too; give each its own")
     if directory and target.exists() and not target.is_dir():
         raise SpecError(f"{option} {path}: exists and is not a directory")
     if directory and target.is_dir() and not os.access(target, os.W_OK):

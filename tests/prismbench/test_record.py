@@ -382,3 +382,12 @@ def test_a_recording_s_provenance_needs_no_harness_storage():
     code = "import sys; from prismbench.record import provenance; provenance(); print('duckdb' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_a_profile_at_the_recording_s_own_path_is_refused_as_two_outputs_in_one_file(tmp_path, capsys):
+    spec = tmp_path / "one.toml"
+    spec.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 32\nglobal_batch = 1\n')
+    out = tmp_path / "rec.toml"
+    assert main(["record", str(spec), "--out", str(out), "--profile", str(out)]) == 2
+    assert f"--profile {out}: is --out's file too; give each its own" in capsys.readouterr().err
+    assert not out.exists()
