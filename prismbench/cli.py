@@ -941,8 +941,8 @@ def _add_variability(commands) -> None:
         metavar="K",
         help="after --rank-sources (implied), split the K top-ranked sources that hold more than "
         "one signature (compute: op class and input shapes; collective: kind, group, members, "
-        "bytes and, where pipelined, stage) into their N largest signatures by a pre-rank (summed variance) and one "
-        "'other', each run alone with the same seed and samples: adds at most K x (N + 1) "
+        "bytes and, where pipelined, stage) into their N largest signatures by a pre-rank (their "
+        "variance along the deterministic critical path) and one 'other', each run alone with the same seed and samples: adds at most K x (N + 1) "
         "Monte Carlo runs of --samples each (emulator/variability/signatures.py)",
     )
     cmd.add_argument(

@@ -36,7 +36,12 @@ from emulator.graph.execution_graph import ExecutionGraph
 from emulator.graph.replay import replay
 from emulator.variability.model import VariabilityModel
 from emulator.variability.monte_carlo import NoiseMask, sample_step_times
-from emulator.variability.signatures import Signature, source_signatures, split_source
+from emulator.variability.signatures import (
+    Signature,
+    critical_nodes,
+    source_signatures,
+    split_source,
+)
 from emulator.variability.sources import NoiseSource, inert_reason
 
 ALL_SOURCES = "all sources"
@@ -64,7 +69,8 @@ class SignatureEffect:
     signature: str  # emulator.variability.signatures' name
     lumped: int  # signatures it stands for: 1, or how many "other" holds
     nodes: int  # graph nodes its noise is applied on, over all classes
-    prerank_variance_s2: float  # signatures' pre-rank
+    prerank_variance_s2: float  # signatures' pre-rank: along the critical path
+    prerank_off_path_variance_s2: float  # the same off it (breaks ties)
     own_run: bool  # False: its source's only signature, whose run stands for it
     std_s: float
     variance_share: float
@@ -215,9 +221,10 @@ def drill_down(
     draws = dict(samples=attribution.samples, seed=attribution.seed, threads=threads,
                  steps_per_allocation=attribution.steps_per_allocation)  # fmt: skip
     started, plans, split = time.perf_counter(), {}, 0
+    critical = critical_nodes(graph)
     for effect in attribution.sources:
         source = by_name[effect.source]
-        found = source_signatures(source, graph, model, traces, spreads_s)
+        found = source_signatures(source, graph, model, traces, spreads_s, critical)
         if len(found) == 1:
             plans[effect.source] = found
         elif len(found) > 1 and split < top:
@@ -245,5 +252,7 @@ def drill_down(
 def _signature(signature: Signature, own_run: bool, figures: dict) -> SignatureEffect:
     return SignatureEffect(signature=signature.name, lumped=signature.lumped,
                            nodes=signature.nodes,
-                           prerank_variance_s2=signature.prerank_variance_s2, own_run=own_run,
+                           prerank_variance_s2=signature.prerank_variance_s2,
+                           prerank_off_path_variance_s2=signature.prerank_off_path_variance_s2,
+                           own_run=own_run,
                            **figures)  # fmt: skip

@@ -25,10 +25,14 @@ The per-GPU speed factors have none.
 
 Pre-rank: running every signature alone costs a Monte Carlo each (a source can hold hundreds:
 one per GEMM shape), so a split runs the `per_source` largest by the variance their noise
-would add were every draw on the critical path and the draws added (no replay): compute, the
-summed variance of their rows; per-call comm noise, the sum of (CV x duration)^2 over their
-calls; the network regime, one factor shared by all calls, (sum of durations)^2 times the
-variance of the regime factor. The rest run together as one "other" entry.
+would add along the deterministic replay's critical path, the draws added (`critical_nodes`:
+one replay, no sampling): compute, the summed variance of their rows there; per-call comm
+noise, the sum of (CV x duration)^2 over their calls there; the network regime, one factor
+shared by all calls, (sum of durations)^2 times the variance of the regime factor. Noise off
+that path moves the step only where it, or another draw, takes up the slack, so the same
+figure over the nodes off the path only breaks ties (a source's signatures that all sit off
+it: a hidden call, or one on a stage that waits for another). Without a critical path given,
+every node counts as on it. The rest run together as one "other" entry.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from emulator.capture.trace import RankTrace
 from emulator.costs.kernel_table import op_class
 from emulator.graph.build import segment_rows
 from emulator.graph.execution_graph import COLLECTIVE, SEND, ExecutionGraph
+from emulator.graph.replay import replay
 from emulator.variability.model import VariabilityModel
 from emulator.variability.monte_carlo import NoiseMask
 from emulator.variability.sources import NoiseSource
@@ -54,9 +59,32 @@ class Signature:
 
     name: str
     mask: NoiseMask
-    prerank_variance_s2: float  # module docstring
+    prerank_variance_s2: float  # module docstring: along the critical path
     nodes: int  # graph nodes its noise is applied on, over all classes
     lumped: int = 1  # signatures it stands for: above 1 for OTHER only
+    prerank_off_path_variance_s2: float = 0.0  # the same over the nodes off it: ties only
+
+    @property
+    def prerank(self) -> tuple[float, float]:
+        return (self.prerank_variance_s2, self.prerank_off_path_variance_s2)
+
+
+def critical_nodes(graph: ExecutionGraph) -> tuple[np.ndarray, ...]:
+    """Per class, which nodes the deterministic replay's critical path goes through."""
+    on_path = [np.zeros(len(c), bool) for c in graph.classes]
+    for event in replay(graph).critical_path:
+        if event.node >= 0:
+            on_path[event.pp][event.node] = True
+    return tuple(on_path)
+
+
+def _split_by_path(values, critical) -> tuple[float, float]:
+    """Per class node values summed on the critical path and off it (all on without one)."""
+    if critical is None:
+        return float(sum(v.sum() for v in values)), 0.0
+    on = sum(float(v[c].sum()) for v, c in zip(values, critical, strict=True))
+    off = sum(float(v[~c].sum()) for v, c in zip(values, critical, strict=True))
+    return on, off
 
 
 def bytes_text(n: float) -> str:
@@ -165,16 +193,18 @@ def _noisy_comm(source: NoiseSource, graph: ExecutionGraph, model: VariabilityMo
     return tuple(out)
 
 
-def _comm_prerank_s2(source, graph, model, masks) -> float:
-    durations = [c["duration_s"][m] for c, m in zip(graph.classes, masks, strict=True)]
+def _comm_prerank_s2(source, graph, model, masks, critical) -> tuple[float, float]:
+    durations = [np.where(m, c["duration_s"], 0.0) for c, m in zip(graph.classes, masks, strict=True)]
     if source.category == "network":
         factors = np.array([r.factor for r in model.network])
         weights = np.array([r.probability for r in model.network])
         spread = float(np.average((factors - np.average(factors, weights=weights)) ** 2,
                                   weights=weights))  # fmt: skip
-        return float(sum(d.sum() for d in durations)) ** 2 * spread
+        on, off = _split_by_path(durations, critical)
+        return on**2 * spread, off**2 * spread
     cv = model.pipeline_transfer_cv if source.category == "pipeline" else model.collective_cv
-    return float(sum((d**2).sum() for d in durations)) * cv**2
+    on, off = _split_by_path([d**2 for d in durations], critical)
+    return on * cv**2, off * cv**2
 
 
 def source_signatures(
@@ -183,9 +213,11 @@ def source_signatures(
     model: VariabilityModel,
     traces: dict[int, RankTrace],
     spreads_s: dict[int, np.ndarray],
+    critical: tuple[np.ndarray, ...] | None = None,
 ) -> tuple[Signature, ...]:
     """Every signature of `source` (module docstring), largest pre-rank first (then by
-    name); none for the per-GPU speed factors."""
+    name), along `critical` (`critical_nodes`; None: every node counts as on the path); none
+    for the per-GPU speed factors."""
     found, field = [], _field(source)
     if source.category == "compute" and source.op_class is not None:
         parts = compute_signature_variances_s2(graph, traces, spreads_s, source.op_class)
@@ -193,16 +225,18 @@ def source_signatures(
             if not any(v.any() for v in variances):
                 continue
             std = tuple(np.sqrt(v) for v in variances)
-            found.append(Signature(name, replace(source.mask, **{field: std}),
-                                   float(sum(v.sum() for v in variances)),
-                                   sum(int((v > 0).sum()) for v in variances)))  # fmt: skip
+            on, off = _split_by_path(variances, critical)
+            found.append(Signature(name, replace(source.mask, **{field: std}), on,
+                                   sum(int((v > 0).sum()) for v in variances),
+                                   prerank_off_path_variance_s2=off))  # fmt: skip
     elif source.category in ("collective", "pipeline", "network"):
         noisy = _noisy_comm(source, graph, model)
         for name, masks in comm_signature_nodes(graph, traces, noisy).items():
-            found.append(Signature(name, replace(source.mask, **{field: masks}),
-                                   _comm_prerank_s2(source, graph, model, masks),
-                                   sum(int(m.sum()) for m in masks)))  # fmt: skip
-    return tuple(sorted(found, key=lambda s: (-s.prerank_variance_s2, s.name)))
+            on, off = _comm_prerank_s2(source, graph, model, masks, critical)
+            found.append(Signature(name, replace(source.mask, **{field: masks}), on,
+                                   sum(int(m.sum()) for m in masks),
+                                   prerank_off_path_variance_s2=off))  # fmt: skip
+    return tuple(sorted(found, key=lambda s: (-s.prerank[0], -s.prerank[1], s.name)))
 
 
 def _field(source: NoiseSource) -> str:
@@ -233,5 +267,6 @@ def split_source(
         joined = tuple(np.logical_or.reduce(per_class) for per_class in zip(*parts, strict=True))
     other = Signature(f"{OTHER} ({len(rest)} signatures)", replace(source.mask, **{field: joined}),
                       sum(s.prerank_variance_s2 for s in rest), sum(s.nodes for s in rest),
-                      lumped=len(rest))  # fmt: skip
+                      lumped=len(rest),
+                      prerank_off_path_variance_s2=sum(s.prerank_off_path_variance_s2 for s in rest))  # fmt: skip
     return (*kept, other)

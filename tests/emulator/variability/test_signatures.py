@@ -153,3 +153,26 @@ def test_the_same_call_on_two_stages_is_two_signatures_named_by_stage():
         "all_reduce on dp (2 members), 1 GB, stage 1",
     ]
     assert [[int(m.sum()) for m in x.mask.comm] for x in found] == [[1, 0], [0, 1]]
+
+
+def test_the_pre_rank_puts_calls_on_the_critical_path_before_bigger_calls_with_slack():
+    # stage 0 sets the step (1.0 s of compute, then a 0.2 s all-reduce); stage 1's all-reduce is
+    # twice as long but ends 0.6 s early: its noise moves nothing until it takes up that slack
+    from emulator.variability.signatures import critical_nodes
+
+    world = World.grid(dp=2, pp=2, cp=1, tp=1)
+    stages = [Stage(world, p) for p in range(2)]
+    for stage, compute_s, call_s, nbytes in ((stages[0], 1.0, 0.2, 10**9), (stages[1], 0.2, 0.4, 2 * 10**9)):
+        stage.compute(compute_s, name="norm")
+        stage.collective("all_reduce", "dp", duration_s=call_s, nbytes=nbytes)
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=CV)
+    graph = build(world, stages)
+    traces = {p: s.trace()[0] for p, s in enumerate(stages)}
+    spreads = {p: 0 * s.trace()[1] for p, s in enumerate(stages)}
+    (source,) = noise_sources(graph, model, traces, spreads)
+    by_size = source_signatures(source, graph, model, traces, spreads)
+    assert [x.name[-7:] for x in by_size] == ["stage 1", "stage 0"]  # no path: the bigger call
+    on_path = source_signatures(source, graph, model, traces, spreads, critical_nodes(graph))
+    assert [x.name[-7:] for x in on_path] == ["stage 0", "stage 1"]
+    assert on_path[0].prerank_variance_s2 == pytest.approx((CV * 0.2) ** 2)
+    assert on_path[1].prerank == (0.0, pytest.approx((CV * 0.4) ** 2))
