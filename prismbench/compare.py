@@ -135,25 +135,15 @@ def compare_profile(
     """Capture `job` (class 0's trace: the profiled rank is one of it), price it, and compare
     with the profile, per op class. kernel_table as in `prismbench.emulate.emulate`. A profile
     that is not one of the job, or was measured on another GPU, is refused
-    (`prismbench.profile_ingest.check_coverage`, `check_profile_gpu`); a table holding the
+    (`prismbench.profile_ingest.check_profile_of_job`); a table holding the
     profile's own rows is said (`Comparison.in_sample_source`)."""
-    from prismbench.capture import capture_job
     from prismbench.emulate import cost_context
-    from prismbench.profile_ingest import (
-        align_profile,
-        check_coverage,
-        check_profile_gpu,
-        profile_source,
-    )
+    from prismbench.profile_ingest import check_profile_of_job, profile_source
 
     cost = cost_context(job, kernel_table, kernel_gap_s=0.0)
     iterations = read_profile_iterations(profile_path)
     ops = iterations[0]
-    check_profile_gpu(profile_path, job, f"the job {name}")
-    traces = capture_job(job).traces
-    trace = traces[min(traces)]
-    aligned = align_profile(ops, trace)
-    check_coverage(profile_path, f"the job {name}", aligned)
+    trace, aligned = check_profile_of_job(profile_path, ops, job, f"the job {name}")
     source = profile_source(profile_path)
     return Comparison(
         job=name,

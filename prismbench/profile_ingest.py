@@ -513,6 +513,28 @@ def check_provenance_gpu(gpu: str, job, job_label: str) -> None:
         )
 
 
+def job_trace(job, progress=None) -> RankTrace:
+    """The trace a profile of `job` is aligned with: its capture's (cached) class 0 trace, the
+    lowest class id, a job of several classes of ranks taken as profiled on a rank of it."""
+    from prismbench.capture import capture_job
+
+    traces = capture_job(job, progress=progress).traces
+    return traces[min(traces)]
+
+
+def check_profile_of_job(
+    profile_path, ops: list[ProfiledOp], job, job_label: str, progress=None
+) -> tuple[RankTrace, Alignment]:
+    """Refuse (ProfileError) a profile measured on another GPU than the job's
+    (`check_profile_gpu`) or whose ops, one iteration's (a profile of several: its first), are
+    not the job's (`check_coverage` against `job_trace`); else the trace and the alignment."""
+    check_profile_gpu(profile_path, job, job_label)
+    trace = job_trace(job, progress)
+    aligned = align_profile(ops, trace)
+    check_coverage(profile_path, job_label, aligned)
+    return trace, aligned
+
+
 def ingest_profile(
     profile_path: str | Path, job, *, provenance: dict | None = None, job_label: str = "the job"
 ):
@@ -523,15 +545,12 @@ def ingest_profile(
     iteration that is not the job's is left out and named). A profile whose first iteration is
     not one of the job, or measured on another GPU, is refused (`check_coverage`,
     `check_profile_gpu`: ProfileError)."""
-    from prismbench.capture import capture_job
-
     iterations = read_profile_iterations(profile_path)
     check_profile_gpu(profile_path, job, job_label)
     check_provenance_gpu((provenance or {}).get("gpu", ""), job, job_label)
-    traces = capture_job(job).traces
+    trace = job_trace(job)
     provenance = profile_provenance(profile_path) | (provenance or {})
-    return ingest_iterations(profile_path, iterations, traces[min(traces)], provenance,
-                             job_label=job_label)  # fmt: skip
+    return ingest_iterations(profile_path, iterations, trace, provenance, job_label=job_label)
 
 
 def ingest_iterations(
