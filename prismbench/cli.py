@@ -649,7 +649,7 @@ def _cmd_variability_table(args: argparse.Namespace) -> int:
     if Path(args.out).suffix != ".json":
         raise SpecError(f"--out {args.out}: a variability table is a .json file")
     _check_output(args.out, "--out", inputs=(*args.recording, *args.profile))
-    table = recorded_table(list(zip(args.recording, args.profile, strict=True)))
+    table = recorded_table(list(zip(args.recording, args.profile, strict=True)), _progress)
     path = write_table(table, args.out)
     if args.json:
         _print_json(table)

@@ -9,19 +9,25 @@ profile under profiles/), so the table is measured the same way
 job named by its recording's file name. The table describes one GPU preset, the recordings'
 `job.cluster.gpu` (`record --device cuda` runs only on GPUs of that preset); `prismbench
 variability JOB.toml --preset measured --variability-table TABLE.json` draws from it.
+
+Each profile must be one of its recording's job, as `ingest-profile` and `compare` take one
+(`profile_ingest.check_profile_of_job`: aligned with the job's capture, and measured on the
+job's GPU where a summary.json beside it says which): a table measured from another job's
+kernels would be named after jobs it never measured.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import date
 from pathlib import Path
 
 from emulator.variability.distributions import MIN_SAMPLES
 from prismbench.baselines import RECORDED_FIELDS, Baseline, BaselineError, load_baseline
 from prismbench.checkout import git_version
-from prismbench.profile_readers import ProfileError
+from prismbench.profile_ingest import check_profile_of_job
+from prismbench.profile_readers import ProfileError, read_profile
 from prismbench.variability_calibration import (
     JobVariation,
     calibrate_jobs,
@@ -88,6 +94,23 @@ def _job_of(baseline: Baseline, profile: Path) -> JobVariation:
         raise SpecError(f"--profile {err}") from None
 
 
+def _check_profile(
+    baseline: Baseline, recording: Path, profile: Path, progress: Callable[[str], None] | None
+) -> None:
+    """Refuse a profile that is not one of the recording's job (its first iteration, as
+    ingest-profile checks one) or was measured on another GPU
+    (`profile_ingest.check_profile_of_job`, which captures the job: cached, but a big job's
+    first capture takes a while, so it is said)."""
+    if progress is not None:
+        progress(f"capturing {baseline.name} (--recording {recording}) to check that "
+                 f"--profile {profile} is a profile of its job")  # fmt: skip
+    try:
+        check_profile_of_job(profile, read_profile(profile), baseline.job,
+                             f"--recording {recording}'s job", progress)  # fmt: skip
+    except ProfileError as err:
+        raise SpecError(f"--profile {err}") from None
+
+
 def _provenance(
     pairs: Sequence[tuple[Path, Path]], baselines: Sequence[Baseline], jobs: list[JobVariation]
 ) -> dict:
@@ -108,8 +131,13 @@ def _provenance(
     }
 
 
-def recorded_table(pairs: Sequence[tuple[str | Path, str | Path]]) -> dict:
-    """The variability table (table_dict's form) of (recorded baseline, its profile) pairs."""
+def recorded_table(
+    pairs: Sequence[tuple[str | Path, str | Path]],
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """The variability table (table_dict's form) of (recorded baseline, its profile) pairs.
+    Every profile is read (one with no kernel refused) before any job is captured to check
+    that its profile is one of it (`_check_profile`, each capture said to `progress`)."""
     pairs = [(Path(recording), Path(profile)) for recording, profile in pairs]
     if not pairs:
         raise SpecError("--recording: give at least one recording with its --profile")
@@ -118,6 +146,8 @@ def recorded_table(pairs: Sequence[tuple[str | Path, str | Path]]) -> dict:
     gpu = _one_gpu(baselines, paths)
     _refuse_same_names(paths)
     jobs = [_job_of(b, profile) for b, (_, profile) in zip(baselines, pairs, strict=True)]
+    for b, (recording, profile) in zip(baselines, pairs, strict=True):
+        _check_profile(b, recording, profile, progress)
     try:
         variation = calibrate_jobs(jobs)
     except ValueError as err:  # too few repeated kernels to measure the noise

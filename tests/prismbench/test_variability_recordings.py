@@ -5,10 +5,12 @@
 import gzip
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from prismbench.capture import capture_job
 from prismbench.cli import main
 from prismbench.record import PEAK_MEM_KIND, Recording, write_record
 from prismbench.spec import job_spec_from_dict
@@ -18,6 +20,7 @@ from prismbench.variability_calibration import (
     write_table,
 )
 from prismbench.variability_recordings import recorded_table
+from tests.prismbench.test_profile_ingest import _synthetic_profile, _write_jsonl
 from workloads.config import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,10 +43,15 @@ def _pairs() -> list[tuple[Path, Path]]:
     ]
 
 
+def _recorded_job(gpu="h100-sxm-80g"):
+    """The job of `_recording`'s recordings: gpt-debug on `gpu`."""
+    return job_spec_from_dict({"model": {"name": "gpt-debug"}, "cluster": {"gpu": gpu},
+                               "batch": {"seq_len": 32, "global_batch": 1}})  # fmt: skip
+
+
 def _recording(path: Path, *, gpu="h100-sxm-80g", device="cuda", iteration_s=(0.05, 0.04, 0.06)):
     """A gpt-debug recording on `gpu`, written as `record --out path` writes one."""
-    job = job_spec_from_dict({"model": {"name": "gpt-debug"}, "cluster": {"gpu": gpu},
-                              "batch": {"seq_len": 32, "global_batch": 1}})  # fmt: skip
+    job = _recorded_job(gpu)
     cuda = device == "cuda"
     peaks = {"allocated": 600, "reserved": 900} if cuda else None
     recording = Recording(job=job.to_dict(), iteration_s=list(iteration_s), warmup=1,
@@ -53,6 +61,24 @@ def _recording(path: Path, *, gpu="h100-sxm-80g", device="cuda", iteration_s=(0.
                           device=device, peak_first_iteration=peaks, peak_steady=peaks)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_record(recording, path)
+
+
+def _debug_profile(
+    path: Path, *, gpu="h100-sxm-80g", measured_on: str | None = None, repeats: bool = True
+) -> Path:
+    """A profile of `_recording`'s job on `gpu`: what a GPU records for its capture's ops
+    (test_profile_ingest; unless `repeats`, each op's kernel of its own name, so that no kernel
+    signature repeats); where `measured_on`, with a summary.json beside its profiles/ folder
+    naming that GPU, as the shared profiles have."""
+    ops = _synthetic_profile(capture_job(_recorded_job(gpu)).traces[0])
+    if not repeats:
+        ops = [replace(op, kernels=((f"kernel_{i}", op.kernel_us),)) for i, op in enumerate(ops)]
+    if measured_on is not None:
+        path = path.parent / "profiles" / path.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        summary = {path.name.split(".ops.")[0]: {"gpu": measured_on}}
+        (path.parent.parent / "summary.json").write_text(json.dumps(summary))
+    return _write_jsonl(path, ops)
 
 
 def _ops_profile(path: Path, ops: list[dict]) -> Path:
@@ -164,11 +190,30 @@ def test_a_profile_that_cannot_be_read_or_has_no_ops_is_refused_naming_it(tmp_pa
 
 
 def test_profiles_with_too_few_repeated_kernels_are_refused_naming_them(tmp_path):
+    # a profile of the recording's job, each op launching a kernel of its own: no signature repeats
     recording = _recording(tmp_path / "run.toml")
-    ops = [{"op": "aten::mm", "shapes": [[8, 8], [8, 8]], "kernels": [["gemm", 3.0 + i / 10]]}
-           for i in range(3)]  # fmt: skip
-    profile = _ops_profile(tmp_path / "small.ops.jsonl.gz", ops)
+    profile = _debug_profile(tmp_path / "small.ops.jsonl.gz", repeats=False)
     with pytest.raises(SpecError, match=re.escape(f"--profile {profile}: no pool shorter")):
+        recorded_table([(recording, profile)])
+
+
+def test_a_profile_of_another_job_is_refused_naming_both_and_the_coverage(tmp_path):
+    # the gpt3-125m profile given with a gpt-debug recording
+    recording = _recording(tmp_path / "run.toml")
+    profile = _pairs()[0][1]
+    with pytest.raises(SpecError, match="not a profile of") as refused:
+        recorded_table([(recording, profile)])
+    message = str(refused.value)
+    assert message.startswith(f"--profile {profile}: not a profile of --recording {recording}'s job")
+    assert "compute rows (" in message and "of kernel time (" in message
+
+
+def test_a_profile_measured_on_another_gpu_is_refused(tmp_path):
+    # a profile of the job on the H200, whose summary.json says it ran on an H100
+    recording = _recording(tmp_path / "run.toml", gpu="h200-141g")
+    profile = _debug_profile(tmp_path / "run.ops.jsonl.gz", gpu="h200-141g",
+                             measured_on="NVIDIA H100 80GB HBM3")  # fmt: skip
+    with pytest.raises(SpecError, match=re.escape(f"--profile {profile}: measured on 'NVIDIA H100")):
         recorded_table([(recording, profile)])
 
 
@@ -220,6 +265,32 @@ def test_cli_refusals_exit_2_in_one_line_and_write_nothing(tmp_path, capsys, arg
     assert main(["variability-table", *argv]) == 2
     _one_line_error(capsys, *(n.format(tmp=tmp_path) for n in needles))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu.toml"]
+
+
+def test_cli_refuses_a_profile_of_another_job_after_saying_it_captures_and_writes_nothing(
+    tmp_path, capsys
+):
+    recording = _recording(tmp_path / "run.toml")
+    profile = _pairs()[0][1]  # gpt3-125m's, the recording gpt-debug's
+    out = tmp_path / "mine.json"
+    argv = ["--recording", str(recording), "--profile", str(profile), "--out", str(out)]
+    assert main(["variability-table", *argv]) == 2
+    # the capture's own progress follows where it is not cached yet
+    said, *_, error = capsys.readouterr().err.splitlines()
+    assert said == (f"capturing run (--recording {recording}) to check that --profile {profile} "
+                    "is a profile of its job")  # fmt: skip
+    assert error.startswith(f"error: --profile {profile}: not a profile of --recording {recording}")
+    assert not out.exists()
+
+
+def test_cli_writes_the_table_of_a_profile_of_its_recordings_job(tmp_path, capsys):
+    recording = _recording(tmp_path / "run.toml")
+    profile = _debug_profile(tmp_path / "run.ops.jsonl.gz")
+    out = tmp_path / "mine.json"
+    argv = ["--recording", str(recording), "--profile", str(profile), "--out", str(out)]
+    assert main(["variability-table", *argv]) == 0
+    assert list(json.loads(out.read_text())["jobs"]) == ["run"]
+    assert "capturing run" in capsys.readouterr().err
 
 
 def _debug_job(tmp_path, gpu="h100-sxm-80g") -> str:
