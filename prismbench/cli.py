@@ -1006,7 +1006,9 @@ def _add_variability_table(commands) -> None:
         required=True,
         metavar="PROFILE",
         help="the profile of one more iteration of the job (`record --profile`); one per "
-        "--recording, the n-th --profile going with the n-th --recording",
+        "--recording, the n-th --profile going with the n-th --recording; refused unless it is "
+        "a profile of that recording's job, measured on its GPU (the job is captured to align "
+        "it, as ingest-profile checks one)",
     )
     cmd.add_argument("--out", required=True, metavar="TABLE.json", help="the table to write")
     cmd.add_argument("--json", action="store_true", help="print the table as one JSON object")
