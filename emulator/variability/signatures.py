@@ -17,8 +17,9 @@ Issue 18 keys durations by signature; a source (emulator.variability.sources) is
   algorithm and on how much of the call the overlap rules leave exposed;
 - pipeline transfers: the same, a send and its recv being one call of 2 members;
 - where the job is pipelined, each comm signature also names its stage (the graph class; a
-  transfer, the sending stage): the same call may matter on one stage and not on another (a
-  stage whose gradient sync has slack until another stage's backward ends);
+  transfer, the sending stage, where it is drawn): the same call may matter on one stage and
+  not on another (a stage whose gradient sync has slack until another stage's backward ends).
+  Not a collective spanning stages: its members share one draw, so they are one signature;
 - network regime on calls: the same keys as those calls', over the calls the regime reaches
   (the model's `network_scope`).
 The per-GPU speed factors have none.
@@ -44,7 +45,7 @@ import numpy as np
 from emulator.capture.trace import RankTrace
 from emulator.costs.kernel_table import op_class
 from emulator.graph.build import segment_rows
-from emulator.graph.execution_graph import COLLECTIVE, SEND, ExecutionGraph
+from emulator.graph.execution_graph import COLLECTIVE, RECV, SEND, ExecutionGraph
 from emulator.graph.replay import replay
 from emulator.variability.model import VariabilityModel
 from emulator.variability.monte_carlo import NoiseMask
@@ -70,11 +71,22 @@ class Signature:
 
 
 def critical_nodes(graph: ExecutionGraph) -> tuple[np.ndarray, ...]:
-    """Per class, which nodes the deterministic replay's critical path goes through."""
+    """Per class, which nodes the deterministic replay's critical path goes through, with the
+    nodes that hold its draws: a receive's send (a transfer is drawn at its send and the path
+    may pass through the receive alone) and every member of a collective spanning stages (one
+    draw for all of them)."""
     on_path = [np.zeros(len(c), bool) for c in graph.classes]
     for event in replay(graph).critical_path:
-        if event.node >= 0:
-            on_path[event.pp][event.node] = True
+        if event.node < 0:
+            continue
+        g = graph.classes[event.pp]
+        members = [(event.pp, event.node)]
+        if g["kind"][event.node] == RECV:
+            members.append((int(g["peer_class"][event.node]), int(g["join"][event.node])))
+        elif g["kind"][event.node] == COLLECTIVE and g["join"][event.node] >= 0:
+            members += graph.join_members(int(g["join"][event.node]))
+        for p, node in members:
+            on_path[p][node] = True
     return tuple(on_path)
 
 
@@ -161,13 +173,15 @@ def comm_signature_nodes(
     graph: ExecutionGraph, traces: dict[int, RankTrace], selected: tuple[np.ndarray, ...]
 ) -> dict[str, tuple[np.ndarray, ...]]:
     """Per signature (`comm_signature_name`, the bytes in full where two sizes print alike;
-    the stage where the graph has several classes) of the comm nodes `selected` (per class,
-    per node): per class, which of them have it."""
+    the stage where the graph has several classes, but for a collective spanning stages: its
+    members share one draw, so they are one signature) of the comm nodes `selected` (per
+    class, per node): per class, which of them have it."""
     out: dict[tuple, list[np.ndarray]] = {}
     staged = len(graph.classes) > 1
     for p, g in enumerate(graph.classes):
         for node in np.flatnonzero(selected[p]).tolist():
-            key = comm_signature(traces[p], g, node) + ((p,) if staged else ())
+            stage = (p,) if staged and g["join"][node] < 0 else ()
+            key = comm_signature(traces[p], g, node) + stage
             out.setdefault(key, [np.zeros(len(c), bool) for c in graph.classes])[p][node] = True
     names = [comm_signature_name(key) for key in out]
     return {
@@ -185,8 +199,7 @@ def _noisy_comm(source: NoiseSource, graph: ExecutionGraph, model: VariabilityMo
         comm = ((kind == COLLECTIVE) | (kind == SEND)) & (c["duration_s"] > 0)
         if source.category == "network":
             per_class = mask.network_comm
-            if model.network_scope == "inter-node":
-                comm &= c["crosses_nodes"].astype(bool)
+            comm &= model.regime_reaches(c)
         else:
             per_class = mask.comm
         out.append(comm & (True if per_class is None else np.asarray(per_class[p], bool)))
@@ -194,7 +207,9 @@ def _noisy_comm(source: NoiseSource, graph: ExecutionGraph, model: VariabilityMo
 
 
 def _comm_prerank_s2(source, graph, model, masks, critical) -> tuple[float, float]:
-    durations = [np.where(m, c["duration_s"], 0.0) for c, m in zip(graph.classes, masks, strict=True)]
+    durations = [
+        np.where(m, c["duration_s"], 0.0) for c, m in zip(graph.classes, masks, strict=True)
+    ]
     if source.category == "network":
         factors = np.array([r.factor for r in model.network])
         weights = np.array([r.probability for r in model.network])

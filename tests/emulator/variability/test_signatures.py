@@ -176,3 +176,47 @@ def test_the_pre_rank_puts_calls_on_the_critical_path_before_bigger_calls_with_s
     assert [x.name[-7:] for x in on_path] == ["stage 0", "stage 1"]
     assert on_path[0].prerank_variance_s2 == pytest.approx((CV * 0.2) ** 2)
     assert on_path[1].prerank == (0.0, pytest.approx((CV * 0.4) ** 2))
+
+
+def test_a_transfer_the_path_reaches_through_its_receive_counts_as_on_the_path():
+    # stage 1 is late (1.0 s of compute) and receives 0.3 s of transfer from stage 0 after it:
+    # the critical path runs compute, recv, compute on stage 1 alone, but the transfer is drawn
+    # at stage 0's send, the node its signature's mask holds
+    from emulator.graph.execution_graph import RECV, SEND
+    from emulator.variability.signatures import critical_nodes
+
+    world = World.grid(dp=1, pp=2, cp=1, tp=1)
+    s0, s1 = Stage(world, 0), Stage(world, 1)
+    s0.compute(0.1, name="norm")
+    s0.send(1)
+    s1.compute(1.0, name="norm")
+    s1.recv(0)
+    s1.compute(0.1, name="norm")
+    graph = build(world, [s0, s1])
+    for g, kind in ((graph.classes[0], SEND), (graph.classes[1], RECV)):
+        g["duration_s"][g["kind"] == kind] = 0.3
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=CV)
+    traces = {0: s0.trace()[0], 1: s1.trace()[0]}
+    spreads = {p: 0 * s.trace()[1] for p, s in enumerate((s0, s1))}
+    (source,) = noise_sources(graph, model, traces, spreads)
+    (transfer,) = source_signatures(source, graph, model, traces, spreads, critical_nodes(graph))
+    assert transfer.name == "send/recv on pp (2 members), 1.05 MB, stage 0"
+    assert transfer.prerank == (pytest.approx((CV * 0.3) ** 2), 0.0)
+
+
+def test_a_collective_spanning_stages_is_one_signature_holding_every_member():
+    # one draw serves all members of a pp-spanning call: split by stage, one part would apply
+    # all of its noise and the other none
+    world = World.grid(dp=1, pp=2, cp=1, tp=1)
+    stages = [Stage(world, p) for p in range(2)]
+    for stage in stages:
+        stage.compute(0.5, name="norm")
+        stage.collective("all_reduce", "pp", duration_s=0.2, nbytes=10**6)
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=CV)
+    graph = build(world, stages)
+    traces = {p: s.trace()[0] for p, s in enumerate(stages)}
+    spreads = {p: 0 * s.trace()[1] for p, s in enumerate(stages)}
+    (source,) = noise_sources(graph, model, traces, spreads)
+    (call,) = source_signatures(source, graph, model, traces, spreads)
+    assert call.name == "all_reduce on pp (2 members), 1 MB"
+    assert [int(m.sum()) for m in call.mask.comm] == [1, 1]
