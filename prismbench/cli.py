@@ -135,7 +135,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
     job = _load_job(args.job)
     _check_output(args.out, "--out", inputs=(args.job,))
-    _check_output(args.profile_out, "--profile-out", inputs=(args.job,), outputs=(("--out", args.out),))
+    _check_output(args.profile_out, "--profile-out", inputs=(args.job,),
+                  outputs=(("--out", args.out),))  # fmt: skip
     profile_out = Path(args.profile_out or Path(args.out).with_suffix(".ops.jsonl.gz"))
     result = calibrate_job(job, Path(args.out), profile_out, provenance=gpu_provenance(),
                            iterations=args.profile_iterations or 1)  # fmt: skip
@@ -458,7 +459,9 @@ def _check_output(
     if not directory and target.is_dir():
         raise SpecError(f"{option} {path}: is a directory; give a file path")
     if not directory and path.endswith(("/", os.sep)):  # Path() drops the slash: a file "out"
-        raise SpecError(f"{option} {path}: names a directory (it ends with a slash); give a file path")
+        raise SpecError(
+            f"{option} {path}: names a directory (it ends with a slash); give a file path"
+        )
     parent = target.parent
     while not parent.exists():
         parent = parent.parent
@@ -942,8 +945,9 @@ def _add_variability(commands) -> None:
         help="after --rank-sources (implied), split the K top-ranked sources that hold more than "
         "one signature (compute: op class and input shapes; collective: kind, group, members, "
         "bytes and, where pipelined, stage) into their N largest signatures by a pre-rank (their "
-        "variance along the deterministic critical path) and one 'other', each run alone with the same seed and samples: adds at most K x (N + 1) "
-        "Monte Carlo runs of --samples each (emulator/variability/signatures.py)",
+        "variance along the deterministic critical path) and one 'other', each run alone with "
+        "the same seed and samples: adds at most K x (N + 1) Monte Carlo runs of --samples each "
+        "(emulator/variability/signatures.py)",
     )
     cmd.add_argument(
         "--signatures-per-source",
@@ -1007,8 +1011,8 @@ def _add_variability_table(commands) -> None:
         metavar="PROFILE",
         help="the profile of one more iteration of the job (`record --profile`); one per "
         "--recording, the n-th --profile going with the n-th --recording; refused unless it is "
-        "a profile of that recording's job, measured on its GPU (the job is captured to align "
-        "it, as ingest-profile checks one)",
+        "a profile of that recording's job (the job is captured to align it, as ingest-profile "
+        "checks one), and where a summary.json beside it names its GPU, of that job's GPU",
     )
     cmd.add_argument("--out", required=True, metavar="TABLE.json", help="the table to write")
     cmd.add_argument("--json", action="store_true", help="print the table as one JSON object")

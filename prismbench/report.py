@@ -790,7 +790,8 @@ def render_attribution(a, console: Console) -> None:
     if a.signature_runs:
         console.print(f"signatures: {a.signature_runs} more Monte Carlo runs "
                       f"({_seconds(a.signature_wall_s)}); each split source's signatures are "
-                      "pre-ranked by summed variance, the largest run alone and the rest together "
+                      "pre-ranked by their variance along the deterministic critical path, the "
+                      "largest run alone and the rest together "
                       "as 'other' (emulator/variability/signatures.py)")  # fmt: skip
     if a.skipped:
         reasons: dict[str, list[str]] = {}

@@ -32,7 +32,7 @@ from emulator.variability.attribution import (
 from emulator.variability.model import PRISM_LOW, VariabilityModel
 from emulator.variability.monte_carlo import network_regime_nodes, sample_step_times
 from emulator.variability.placement import PlacementStudy, compare_placements
-from emulator.variability.sources import noise_sources
+from emulator.variability.sources import inert_reason, noise_sources
 from emulator.variability.summary import (
     DEFAULT_STEPS_PER_ALLOCATION,
     StepTimeDistribution,
@@ -218,7 +218,9 @@ def sample_priced(
     if rank_sources or rank_signatures:
         traces = priced.capture.traces
         sources = noise_sources(graph, model, traces, spreads)
-        say(f"ranking {len(sources)} noise sources: {samples} samples each")
+        inert = sum(inert_reason(s, graph, model) is not None for s in sources)
+        say(f"ranking {len(sources) - inert} noise sources ({inert} more provably add none): "
+            f"{samples} samples each")
         attribution = attribute_variance(graph, model, sources, samples=samples, seed=seed,
                                          steps_per_allocation=steps_per_allocation,
                                          threads=threads, progress=say,
