@@ -110,10 +110,11 @@ def read_side(path: str | Path, *, load_job: Callable[[Path], JobSpec] = load_jo
         )
     for name in POSITIVE_RESULT_FIELDS:
         value = result.get(name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not 0 < value < math.inf:
             raise SpecError(
-                f"{path}: {name}={value!r} must be a finite number > 0, as every emulate result's is "
-                "(an edited or broken file would be gated as a real move); emulate the job again"
+                f"{path}: {name}={value!r} must be a finite number > 0, as every emulate result's "
+                "is (an edited or broken file would be gated as a real move); emulate the job again"
             )
     return result
 

@@ -125,8 +125,9 @@ def measured_transfers(
     )
 
 
-# the links a pipeline boundary may cross, as `modelled_transfer_s` keys them
-TRANSFER_LINKS = ("within_node", "across_nodes")
+# the links a pipeline boundary may cross, as `modelled_transfer_s` keys them, with the graph's
+# `crosses_nodes` value of each
+TRANSFER_LINKS = {"within_node": 0, "across_nodes": 1}
 
 
 def modelled_transfer_s(graph: ExecutionGraph) -> dict[str, float]:
@@ -136,7 +137,7 @@ def modelled_transfer_s(graph: ExecutionGraph) -> dict[str, float]:
     price of its own link: where stages sit on NVLink and on the network both, one median over
     every boundary would compare it with a mix. Empty where the job has none (pp = 1)."""
     out = {}
-    for crosses, link in enumerate(TRANSFER_LINKS):
+    for link, crosses in TRANSFER_LINKS.items():
         durations = np.concatenate([
             g["duration_s"][(g["kind"] == SEND) & (g["crosses_nodes"] == crosses)] for g in graph.classes
         ])  # fmt: skip

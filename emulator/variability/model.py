@@ -145,6 +145,12 @@ class VariabilityModel:
     network_scope: str = "inter-node"
     transfer_cv: float | None = None
 
+    def regime_reaches(self, graph_class) -> np.ndarray:
+        """Which of a graph class's nodes the network regime may slow, by `network_scope`: those
+        whose call crosses nodes ("inter-node"), or every one ("all")."""
+        crosses = np.asarray(graph_class["crosses_nodes"]).astype(bool)
+        return crosses if self.network_scope == "inter-node" else np.ones(len(crosses), bool)
+
     def __post_init__(self) -> None:
         if self.network_scope not in NETWORK_SCOPES:
             raise ValueError(f"network_scope={self.network_scope!r} is not one of {NETWORK_SCOPES}")

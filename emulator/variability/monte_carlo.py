@@ -141,8 +141,7 @@ class _Durations:
             noisy &= np.asarray(mask.comm[pp], bool)
         if mask.network_comm is not None:
             regime &= np.asarray(mask.network_comm[pp], bool)
-        if model.network_scope == "inter-node":
-            regime &= c["crosses_nodes"].astype(bool)
+        regime &= model.regime_reaches(c)
         cols["noisy"], cols["regime"] = noisy.tolist(), regime.tolist()
         return cols
 

@@ -166,9 +166,7 @@ def applies_noise(mask: NoiseMask, graph: ExecutionGraph, model: VariabilityMode
 def _regime_nodes(mask: NoiseMask, c, p: int, model: VariabilityModel) -> np.ndarray:
     """Class p's comm nodes that a run with `mask` applies the network regime to."""
     nodes = np.isin(c["kind"], (COLLECTIVE, SEND)) & _selected(mask.network_comm, p, len(c))
-    if model.network_scope == "inter-node":
-        nodes &= c["crosses_nodes"].astype(bool)
-    return nodes
+    return nodes & model.regime_reaches(c)
 
 
 def inert_reason(source: NoiseSource, graph: ExecutionGraph, model: VariabilityModel) -> str | None:

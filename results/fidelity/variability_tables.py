@@ -52,7 +52,8 @@ def tables(run: dict) -> str:
                  f"{attribution['signature_runs']} signature runs")  # fmt: skip
     placement = run.get("placement")
     if placement is None:
-        return "\n".join([*lines, "", f"Monte Carlo wall time: {runs} ({run['samples']} samples each)."])
+        wall = f"Monte Carlo wall time: {runs} ({run['samples']} samples each)."
+        return "\n".join([*lines, "", wall])
     lines += [
         "",
         f"{placement['slow_gpus']} GPUs {placement['factor']}x slower:",
