@@ -43,13 +43,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from emulator.capture.trace import RankTrace
-from emulator.costs.kernel_table import op_class
-from emulator.graph.build import segment_rows
 from emulator.graph.execution_graph import COLLECTIVE, RECV, SEND, ExecutionGraph
 from emulator.graph.replay import replay
 from emulator.variability.model import VariabilityModel
 from emulator.variability.monte_carlo import NoiseMask
-from emulator.variability.sources import NoiseSource
+from emulator.variability.sources import NoiseSource, row_op_classes, variances_by_row_label
 
 OTHER = "other"
 
@@ -151,22 +149,14 @@ def compute_signature_variances_s2(
     """Per signature of op class `op_class_name` ("gemm [8192, 4096] x [4096, 4096]"): per
     graph class, each node's variance (s^2) from that signature's rows; summed over signatures
     they give the class's part of the graph's `variance_s2` (sources.op_class_variances_s2)."""
-    parts: dict[str, list[np.ndarray]] = {}
-    for p, g in enumerate(graph.classes):
-        trace = traces[p]
-        rows, nodes = segment_rows(trace, g)
-        names = np.array([op_class(n) for n in trace.strings], dtype=object)
-        mine = names[trace["name"][rows]] == op_class_name
-        rows, nodes = rows[mine], nodes[mine]
-        variances = np.asarray(spreads_s[p], float)[rows] ** 2
-        shapes, which = np.unique(
-            np.array(_shape_names(trace, rows), dtype=str), return_inverse=True
-        )
-        for i, shape in enumerate(shapes.tolist()):
-            per_class = parts.setdefault(shape, [np.zeros(len(c)) for c in graph.classes])
-            sel = which == i
-            per_class[p] = np.bincount(nodes[sel], weights=variances[sel], minlength=len(g))
-    return {f"{op_class_name} {k}": tuple(v) for k, v in sorted(parts.items())}
+    def shapes_of_the_class(trace: RankTrace, rows: np.ndarray) -> np.ndarray:
+        labels = np.full(len(rows), None, dtype=object)
+        mine = row_op_classes(trace, rows) == op_class_name
+        labels[mine] = _shape_names(trace, rows[mine])
+        return labels
+
+    parts = variances_by_row_label(graph, traces, spreads_s, shapes_of_the_class)
+    return {f"{op_class_name} {k}": v for k, v in parts.items()}
 
 
 def comm_signature_nodes(

@@ -20,6 +20,7 @@ deterministic step in every sample, so the attribution does not make it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -55,23 +56,39 @@ def no_noise(graph: ExecutionGraph) -> NoiseMask:
     )
 
 
+def variances_by_row_label(
+    graph: ExecutionGraph,
+    traces: dict[int, RankTrace],
+    spreads_s: dict[int, np.ndarray],
+    label: Callable[[RankTrace, np.ndarray], np.ndarray],
+) -> dict[str, tuple[np.ndarray, ...]]:
+    """Per label: per graph class, each node's variance (s^2) from its segment rows of that
+    label; `label(trace, rows)` names each of a class's segment rows (None: left out)."""
+    parts: dict[str, list[np.ndarray]] = {}
+    for p, g in enumerate(graph.classes):
+        trace = traces[p]
+        rows, nodes = segment_rows(trace, g)
+        labels = np.asarray(label(trace, rows), dtype=object)
+        variances = np.asarray(spreads_s[p], float)[rows] ** 2
+        for name in sorted({x for x in labels.tolist() if x is not None}):
+            per_class = parts.setdefault(name, [np.zeros(len(c)) for c in graph.classes])
+            sel = labels == name
+            per_class[p] = np.bincount(nodes[sel], weights=variances[sel], minlength=len(g))
+    return {name: tuple(v) for name, v in sorted(parts.items())}
+
+
+def row_op_classes(trace: RankTrace, rows: np.ndarray) -> np.ndarray:
+    """Each row's op class (emulator.costs.kernel_table.op_class)."""
+    names = np.array([op_class(n) for n in trace.strings], dtype=object)
+    return names[trace["name"][rows]]
+
+
 def op_class_variances_s2(
     graph: ExecutionGraph, traces: dict[int, RankTrace], spreads_s: dict[int, np.ndarray]
 ) -> dict[str, tuple[np.ndarray, ...]]:
     """Per op class: per graph class, each node's variance (s^2) from that class's kernels;
     summed over op classes they give the graph's `variance_s2` (built from `spreads_s`)."""
-    parts: dict[str, list[np.ndarray]] = {}
-    for p, g in enumerate(graph.classes):
-        trace = traces[p]
-        rows, nodes = segment_rows(trace, g)
-        names = np.array([op_class(n) for n in trace.strings], dtype=object)
-        classes = names[trace["name"][rows]]
-        variances = np.asarray(spreads_s[p], float)[rows] ** 2
-        for name in np.unique(classes).tolist():
-            per_class = parts.setdefault(name, [np.zeros(len(c)) for c in graph.classes])
-            sel = classes == name
-            per_class[p] = np.bincount(nodes[sel], weights=variances[sel], minlength=len(g))
-    return {name: tuple(v) for name, v in sorted(parts.items())}
+    return variances_by_row_label(graph, traces, spreads_s, row_op_classes)
 
 
 def _comm_signatures(graph: ExecutionGraph) -> dict[tuple[str, str], tuple[np.ndarray, ...]]:
