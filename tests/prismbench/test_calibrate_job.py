@@ -14,7 +14,7 @@ from prismbench.capture import capture_job
 from prismbench.cli import main
 from prismbench.profile_readers import read_ops_jsonl, read_profile_iterations
 from prismbench.spec import SpecError, job_spec_from_dict
-from tests.prismbench.test_profile_ingest import TINY, TINY_TOML, _compute_rows, _profiled
+from tests.prismbench.profiles import TINY, TINY_TOML, compute_rows, profiled
 
 JOB = job_spec_from_dict(TINY)
 
@@ -26,7 +26,7 @@ def _profile_records() -> list[dict]:
     return [
         {"op": o.op, "shapes": [list(s) for s in o.shapes], "self_cuda_us": o.kernel_us,
          "kernels": [list(k) for k in o.kernels], "cpu_start_us": float(i)}
-        for i, o in enumerate(_profiled(trace, r, 3.0) for r in _compute_rows(trace))
+        for i, o in enumerate(profiled(trace, r, 3.0) for r in compute_rows(trace))
     ]  # fmt: skip
 
 

@@ -13,12 +13,12 @@ from prismbench.cli import main
 from prismbench.compare import compare_ops
 from prismbench.emulate import topology_of
 from prismbench.spec import job_spec_from_dict
-from tests.prismbench.test_profile_ingest import (
+from tests.prismbench.profiles import (
     TINY,
     TINY_TOML,
-    _compute_rows,
-    _profiled,
-    _write_jsonl,
+    compute_rows,
+    profiled,
+    write_jsonl,
 )
 
 JOB = job_spec_from_dict(TINY)
@@ -32,7 +32,7 @@ def trace():
 
 def test_a_profile_measuring_exactly_the_prediction_has_no_error(trace):
     durations, _ = compute_prices(trace, COST)
-    ops = [_profiled(trace, r, durations[r] * 1e6) for r in _compute_rows(trace)]
+    ops = [profiled(trace, r, durations[r] * 1e6) for r in compute_rows(trace)]
     classes = compare_ops(ops, trace, COST)
     assert sum(c.measured_s for c in classes) == pytest.approx(sum(c.predicted_s for c in classes))
     assert all(abs(c.error_s) < 1e-12 for c in classes)
@@ -42,10 +42,10 @@ def test_a_profile_measuring_exactly_the_prediction_has_no_error(trace):
 
 def test_the_slowest_class_comes_first_and_one_sided_ops_still_count(trace):
     durations, _ = compute_prices(trace, COST)
-    rows = _compute_rows(trace)
+    rows = compute_rows(trace)
     slow = trace.strings[trace.columns["aten"][rows[0]]]
     ops = [
-        _profiled(
+        profiled(
             trace,
             r,
             durations[r] * 1e6 * (10 if trace.strings[trace.columns["aten"][r]] == slow else 1),
@@ -56,7 +56,7 @@ def test_the_slowest_class_comes_first_and_one_sided_ops_still_count(trace):
         durations[r] for r in rows if trace.strings[trace.columns["aten"][r]] == slow
     )
     gpu_only_us = slow_error_us / 2  # a one-sided class, smaller than the slow class's error
-    gpu_only = _profiled(trace, rows[0], gpu_only_us)
+    gpu_only = profiled(trace, rows[0], gpu_only_us)
     gpu_only = type(gpu_only)("aten::gpu_only_kernel", ((3, 3),), (("k", gpu_only_us),), 0.0)
     classes = compare_ops([*ops, gpu_only], trace, COST)
     assert classes[0].aten == slow and classes[0].error_s < 0
@@ -68,9 +68,9 @@ def test_the_slowest_class_comes_first_and_one_sided_ops_still_count(trace):
 def _job_and_a_profile_twice_as_slow(tmp_path, trace) -> tuple[Path, Path]:
     """The tiny job's spec, and a profile in which every op took twice its price."""
     durations, _ = compute_prices(trace, COST)
-    profile = _write_jsonl(
+    profile = write_jsonl(
         tmp_path / "tiny.ops.jsonl.gz",
-        [_profiled(trace, r, 2 * durations[r] * 1e6) for r in _compute_rows(trace)],
+        [profiled(trace, r, 2 * durations[r] * 1e6) for r in compute_rows(trace)],
     )
     job = tmp_path / "tiny.toml"
     job.write_text(TINY_TOML)
@@ -103,9 +103,9 @@ def test_cli_refuses_a_missing_profile(tmp_path, capsys):
 def test_cli_leaves_a_source_out_of_the_gpu_s_own_table(tmp_path, trace, capsys):
     # leave-one-out against the committed table: --skip-source alone, no --kernel-table
     durations, _ = compute_prices(trace, COST)
-    profile = _write_jsonl(
+    profile = write_jsonl(
         tmp_path / "tiny.ops.jsonl.gz",
-        [_profiled(trace, r, durations[r] * 1e6) for r in _compute_rows(trace)],
+        [profiled(trace, r, durations[r] * 1e6) for r in compute_rows(trace)],
     )
     job = tmp_path / "tiny.toml"
     job.write_text(TINY_TOML)
@@ -129,8 +129,8 @@ def test_cli_refuses_a_skip_that_would_change_nothing(tmp_path, options, capsys)
 
 
 def test_cli_refuses_a_profile_of_another_job(tmp_path, trace, capsys):
-    profile = _write_jsonl(
-        tmp_path / "tiny.ops.jsonl.gz", [_profiled(trace, r, 1.0) for r in _compute_rows(trace)]
+    profile = write_jsonl(
+        tmp_path / "tiny.ops.jsonl.gz", [profiled(trace, r, 1.0) for r in compute_rows(trace)]
     )
     other = tmp_path / "other.toml"
     other.write_text(TINY_TOML.replace("seq_len = 64", "seq_len = 32"))
@@ -140,8 +140,8 @@ def test_cli_refuses_a_profile_of_another_job(tmp_path, trace, capsys):
 
 
 def test_cli_says_when_the_table_holds_the_profiles_own_rows(tmp_path, trace, capsys):
-    profile = _write_jsonl(
-        tmp_path / "tiny.ops.jsonl.gz", [_profiled(trace, r, 3.0) for r in _compute_rows(trace)]
+    profile = write_jsonl(
+        tmp_path / "tiny.ops.jsonl.gz", [profiled(trace, r, 3.0) for r in compute_rows(trace)]
     )
     job = tmp_path / "tiny.toml"
     job.write_text(TINY_TOML)
@@ -172,7 +172,7 @@ def test_cli_compares_the_first_of_a_profile_s_iterations_and_says_so(tmp_path, 
     def iteration(factor):
         return [{"op": op.op, "shapes": [list(s) for s in op.shapes], "kernels": [list(k) for k in op.kernels],
                  "cpu_start_us": 0.0}
-                for op in (_profiled(trace, r, factor * durations[r] * 1e6) for r in _compute_rows(trace))]  # fmt: skip
+                for op in (profiled(trace, r, factor * durations[r] * 1e6) for r in compute_rows(trace))]  # fmt: skip
 
     profile = write_ops_jsonl_iterations([iteration(2), iteration(20)], tmp_path / "two.ops.jsonl.gz")
     job = tmp_path / "tiny.toml"

@@ -295,20 +295,20 @@ def _ingested_rows(tmp_path, capsys, *, slower: float, gpu: str):
     from prismbench.capture import capture_job
     from prismbench.emulate import cost_context
     from prismbench.spec import load_job_spec
-    from tests.prismbench.test_profile_ingest import (
+    from tests.prismbench.profiles import (
         TINY_TOML,
-        _compute_rows,
-        _profiled,
-        _write_jsonl,
+        compute_rows,
+        profiled,
+        write_jsonl,
     )
 
     job = tmp_path / "tiny.toml"
     job.write_text(TINY_TOML)
     trace = capture_job(load_job_spec(job)).traces[0]
     priced_s, _ = compute_prices(trace, cost_context(load_job_spec(job), kernel_gap_s=0.0))
-    rows = _compute_rows(trace)
-    profile = [_profiled(trace, r, slower * priced_s[r] * 1e6) for r in rows]
-    path = _write_jsonl(tmp_path / "tiny.ops.jsonl.gz", profile)
+    rows = compute_rows(trace)
+    profile = [profiled(trace, r, slower * priced_s[r] * 1e6) for r in rows]
+    path = write_jsonl(tmp_path / "tiny.ops.jsonl.gz", profile)
     out = tmp_path / "rows.csv"
     ingest = ["ingest-profile", str(path), "--job", str(job), "--out", str(out), "--json"]
     assert main([*ingest, "--provenance", f"gpu={gpu}"]) == 0

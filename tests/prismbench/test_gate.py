@@ -11,7 +11,7 @@ from prismbench.emulate import emulate
 from prismbench.gate import FITS, gate, numeric_result_fields
 from prismbench.spec import job_spec_from_dict
 from prismbench.thresholds import numeric_fields, parse_thresholds
-from tests.prismbench.test_profile_ingest import TINY, TINY_TOML
+from tests.prismbench.profiles import TINY, TINY_TOML
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,8 @@ import gzip
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from emulator.capture.opmap import READS_NO_INPUT
-from emulator.capture.trace import COMPUTE
 from emulator.costs.kernel_table import SHAPE_FIELDS, load_kernel_table, op_class, row_op
 from emulator.hardware import gpu_preset
 from prismbench.capture import capture_job
@@ -36,43 +33,20 @@ from prismbench.profile_readers import (
     read_profile,
 )
 from prismbench.spec import job_spec_from_dict
+from tests.prismbench.profiles import (
+    FIXTURE,
+    TINY,
+    TINY_TOML,
+    synthetic_profile,
+    write_jsonl,
+)
 
-FIXTURE = Path(__file__).parent / "data" / "chrome_trace_small.json"
 SHARED_H100 = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gpu" / "h100-sxm-80g"
-TINY = {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 64, "global_batch": 2}}
-TINY_TOML = '[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n'
 
 
 @pytest.fixture(scope="module")
 def trace():
     return capture_job(job_spec_from_dict(TINY)).traces[0]
-
-
-def _compute_rows(trace) -> list[int]:
-    return [int(r) for r in np.flatnonzero(trace.columns["kind"] == COMPUTE)]
-
-
-def _profiled(trace, row: int, us: float) -> ProfiledOp:
-    """What the profiler records for a trace row: aten::op, input shapes (the output where
-    inputs are scalars or absent, or only name a dtype, as a GPU zeros or new_zeros records its
-    fill_'s destination), a kernel."""
-    aten = trace.strings[trace.columns["aten"][row]]
-    tensors = trace.tensors(row)
-    inputs = [s for s, _, out in tensors if not out and s and aten not in READS_NO_INPUT]
-    shapes = inputs or [s for s, _, out in tensors if out]
-    return ProfiledOp(aten.replace(".", "::", 1), tuple(shapes), (("k", us),), 0.0)
-
-
-def _synthetic_profile(trace) -> list[ProfiledOp]:
-    return [_profiled(trace, r, 1.0 + i % 3) for i, r in enumerate(_compute_rows(trace))]
-
-
-def _write_jsonl(path: Path, ops: list[ProfiledOp]) -> Path:
-    with gzip.open(path, "wt") as handle:
-        for op in ops:
-            event = {"op": op.op, "shapes": op.shapes, "self_cuda_us": op.kernel_us}
-            handle.write(json.dumps(event | {"kernels": op.kernels, "cpu_start_us": 0.0}) + "\n")
-    return path
 
 
 def test_jsonl_reader_skips_kernel_and_runtime_events(tmp_path):
@@ -225,14 +199,14 @@ def test_sdpa_flash_backend_kernels_match_the_sdpa_op_the_capture_records(trace)
     ops = [
         ProfiledOp(inner[op.op], tuple((s[0], s[2], s[1], s[3]) if len(s) == 4 else s for s in op.shapes),
                    op.kernels, op.cpu_start_us) if op.op in inner else op
-        for op in _synthetic_profile(trace)
+        for op in synthetic_profile(trace)
     ]  # fmt: skip
     assert {op.op for op in ops} >= set(inner.values())
     assert ingest_ops(ops, trace).matched_rows == len(ops)
 
 
 def test_alignment_tolerates_an_inserted_and_a_missing_op(trace):
-    ops = _synthetic_profile(trace)
+    ops = synthetic_profile(trace)
     assert ingest_ops(ops, trace).matched_rows == len(ops)
     missing = next(i for i, op in enumerate(ops) if op.op == "aten::addmm")
     extra = ProfiledOp("aten::fill_", ((3, 5), ()), (("fill", 7.0),), 0.0)
@@ -248,7 +222,7 @@ def test_alignment_tolerates_an_inserted_and_a_missing_op(trace):
 
 
 def test_rows_aggregate_and_round_trip_through_load_kernel_table(trace, tmp_path):
-    ops = _synthetic_profile(trace)
+    ops = synthetic_profile(trace)
     result = ingest_ops(ops, trace, {"gpu": "Test GPU", "torch": "2.13"})
     assert sum(row["repetitions"] for row in result.rows) == len(ops)
     path = write_rows_csv(result.rows, tmp_path / "rows.csv")
@@ -271,7 +245,7 @@ def test_rows_aggregate_and_round_trip_through_load_kernel_table(trace, tmp_path
 def test_cli_writes_rows_and_refuses_bad_profiles(trace, tmp_path, capsys):
     job = tmp_path / "job.toml"
     job.write_text(TINY_TOML)
-    profile = _write_jsonl(tmp_path / "tiny.ops.jsonl.gz", _synthetic_profile(trace))
+    profile = write_jsonl(tmp_path / "tiny.ops.jsonl.gz", synthetic_profile(trace))
     out = tmp_path / "rows.csv"
     assert main(["ingest-profile", str(profile), "--job", str(job), "--out", str(out)]) == 0
     assert "Matched" in capsys.readouterr().out and load_kernel_table(out)
@@ -302,7 +276,7 @@ def test_cli_writes_rows_and_refuses_bad_profiles(trace, tmp_path, capsys):
 def test_cli_refuses_an_unknown_or_repeated_provenance_key(trace, tmp_path, capsys):
     job = tmp_path / "job.toml"
     job.write_text(TINY_TOML)
-    profile = _write_jsonl(tmp_path / "tiny.ops.jsonl.gz", _synthetic_profile(trace))
+    profile = write_jsonl(tmp_path / "tiny.ops.jsonl.gz", synthetic_profile(trace))
     out = tmp_path / "rows.csv"
     ingest = ["ingest-profile", str(profile), "--job", str(job), "--out", str(out)]
     refused = {
@@ -326,7 +300,7 @@ def test_cli_refuses_an_unknown_or_repeated_provenance_key(trace, tmp_path, caps
 def test_a_truncated_or_undecodable_profile_is_refused_naming_it(trace, tmp_path, capsys):
     job = tmp_path / "job.toml"
     job.write_text(TINY_TOML)
-    whole = _write_jsonl(tmp_path / "whole.ops.jsonl.gz", _synthetic_profile(trace)).read_bytes()
+    whole = write_jsonl(tmp_path / "whole.ops.jsonl.gz", synthetic_profile(trace)).read_bytes()
     cut = tmp_path / "cut.ops.jsonl.gz"
     cut.write_bytes(whole[: len(whole) // 2])  # a copy that stopped half-way
     binary = tmp_path / "binary.ops.jsonl"
@@ -351,9 +325,9 @@ def test_cli_refuses_a_profile_of_another_job_and_writes_nothing(trace, tmp_path
     job.write_text(TINY_TOML)
     other = tmp_path / "other.toml"
     other.write_text(TINY_TOML.replace("seq_len = 64", "seq_len = 32"))
-    ops = _synthetic_profile(trace)
-    profile = _write_jsonl(tmp_path / "tiny.ops.jsonl.gz", ops)
-    third = _write_jsonl(tmp_path / "third.ops.jsonl.gz", ops[: len(ops) // 3])
+    ops = synthetic_profile(trace)
+    profile = write_jsonl(tmp_path / "tiny.ops.jsonl.gz", ops)
+    third = write_jsonl(tmp_path / "third.ops.jsonl.gz", ops[: len(ops) // 3])
     no_kernels = tmp_path / "cpu_only.json"
     no_kernels.write_text('{"traceEvents": []}')
     cases = [
@@ -379,7 +353,7 @@ def test_a_profile_measured_on_another_gpu_is_refused_by_ingest_and_compare(
     job = tmp_path / "job.toml"
     job.write_text(TINY_TOML)  # cluster.gpu: the default h100-sxm-80g
     (tmp_path / "profiles").mkdir()
-    profile = _write_jsonl(tmp_path / "profiles" / "tiny.ops.jsonl.gz", _synthetic_profile(trace))
+    profile = write_jsonl(tmp_path / "profiles" / "tiny.ops.jsonl.gz", synthetic_profile(trace))
     summary = tmp_path / "summary.json"
     out = tmp_path / "rows.csv"
     ingest = ["ingest-profile", str(profile), "--job", str(job), "--out", str(out)]
@@ -407,7 +381,7 @@ def test_a_summary_json_of_another_form_beside_the_profile_is_refused_naming_it(
     job = tmp_path / "job.toml"
     job.write_text(TINY_TOML)
     (tmp_path / "profiles").mkdir()
-    profile = _write_jsonl(tmp_path / "profiles" / "tiny.ops.jsonl.gz", _synthetic_profile(trace))
+    profile = write_jsonl(tmp_path / "profiles" / "tiny.ops.jsonl.gz", synthetic_profile(trace))
     (tmp_path / "summary.json").write_text(summary)
     out = tmp_path / "rows.csv"
     assert main(["ingest-profile", str(profile), "--job", str(job), "--out", str(out)]) == 2
@@ -491,7 +465,7 @@ def test_a_profile_of_several_iterations_gives_rows_of_them_all(trace, tmp_path,
     not, which moves every index after it."""
     from prismbench.calibrate_job import write_ops_jsonl_iterations
 
-    ops = _synthetic_profile(trace)
+    ops = synthetic_profile(trace)
     stray = ProfiledOp("aten::cumsum", ((7,),), (("k", 0.001),), 0.0)
     job = tmp_path / "job.toml"
     job.write_text(TINY_TOML)
@@ -516,7 +490,7 @@ def test_a_later_iteration_that_is_not_the_job_s_is_left_out_and_named(trace, tm
     profile, as a profile of one."""
     from prismbench.calibrate_job import write_ops_jsonl_iterations
 
-    ops = _synthetic_profile(trace)
+    ops = synthetic_profile(trace)
     cut = ops[: len(ops) // 3]
     job = tmp_path / "job.toml"
     job.write_text(TINY_TOML)
@@ -540,12 +514,12 @@ def test_a_later_iteration_that_is_not_the_job_s_is_left_out_and_named(trace, tm
 def test_a_profile_with_a_nan_kernel_time_is_refused_and_writes_no_rows(trace, tmp_path, capsys):
     """Read as it was, the NaN reached the rows (time_us nan) and `--json`'s coverage (NaN, no
     JSON); a negative time, rows of negative time."""
-    ops = _synthetic_profile(trace)
+    ops = synthetic_profile(trace)
     job = tmp_path / "job.toml"
     job.write_text(TINY_TOML)
     for us in (float("nan"), -1.0):
         broken = [*ops[:5], ProfiledOp(ops[5].op, ops[5].shapes, (("k", us),), 0.0), *ops[6:]]
-        profile = _write_jsonl(tmp_path / "broken.ops.jsonl.gz", broken)
+        profile = write_jsonl(tmp_path / "broken.ops.jsonl.gz", broken)
         out = tmp_path / "rows.csv"
         argv = ["ingest-profile", str(profile), "--job", str(job), "--out", str(out), "--json"]
         assert main(argv) == 2

@@ -17,7 +17,7 @@ from prismbench.profile_readers import (
     read_profile,
     read_profile_iterations,
 )
-from tests.prismbench.test_profile_ingest import FIXTURE
+from tests.prismbench.profiles import FIXTURE
 
 
 def _record(op: str, us: float, start_us: float) -> dict:

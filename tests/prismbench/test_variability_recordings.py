@@ -20,7 +20,7 @@ from prismbench.variability_calibration import (
     write_table,
 )
 from prismbench.variability_recordings import recorded_table
-from tests.prismbench.test_profile_ingest import _synthetic_profile, _write_jsonl
+from tests.prismbench.profiles import synthetic_profile, write_jsonl
 from workloads.config import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ def _debug_profile(
     (test_profile_ingest; unless `repeats`, each op's kernel of its own name, so that no kernel
     signature repeats); where `measured_on`, with a summary.json beside its profiles/ folder
     naming that GPU, as the shared profiles have."""
-    ops = _synthetic_profile(capture_job(_recorded_job(gpu)).traces[0])
+    ops = synthetic_profile(capture_job(_recorded_job(gpu)).traces[0])
     if not repeats:
         ops = [replace(op, kernels=((f"kernel_{i}", op.kernel_us),)) for i, op in enumerate(ops)]
     if measured_on is not None:
@@ -78,7 +78,7 @@ def _debug_profile(
         path.parent.mkdir(parents=True, exist_ok=True)
         summary = {path.name.split(".ops.")[0]: {"gpu": measured_on}}
         (path.parent.parent / "summary.json").write_text(json.dumps(summary))
-    return _write_jsonl(path, ops)
+    return write_jsonl(path, ops)
 
 
 def _ops_profile(path: Path, ops: list[dict]) -> Path:
