@@ -85,18 +85,28 @@ def differing(real, captured) -> dict:
 
 def comm_calls(trace) -> list[tuple]:
     """Every comm row in issue order: (phase, micro-batch, module, kind, group's global ranks,
-    reduce op, dtype, bytes (comm_events' full-buffer convention), coalesced sizes, peer)."""
+    reduce op, dtype, bytes (comm_events' full-buffer convention), coalesced sizes, peer).
+
+    The module is the last compute op's before the call: the row's own label is inherited from
+    the recorder row just before it (emulator/capture/trace.py `build_trace`), which may be a
+    free, and a real run frees a collective's buffers when gloo's work and Python's refcounts
+    let go, so a free labelled by no module lands before the call in some runs and after it in
+    others (the tp2-sp-dp2-regather case's output-layer all-gather in backward read
+    'Llama.output', not 'Global', in a fresh-clone CI run at cb9335a and in 1 of 13 runs here)."""
     c = trace.columns
     groups = {name: tuple(int(r) for r in ranks) for name, ranks in trace.groups().items()}
     offsets, sizes = trace.ragged["sizes_offsets"], trace.ragged["sizes"]
+    ops = np.flatnonzero(c["kind"] == COMPUTE)
     calls = []
     for i in np.flatnonzero(c["kind"] == COMM):
         phase = int(c["phase"][i])
+        before = np.searchsorted(ops, i) - 1
+        module = trace.strings[c["module"][ops[before]]] if before >= 0 else ""
         calls.append(
             (
                 PHASES[phase] if phase >= 0 else "",
                 int(c["micro_batch"][i]),
-                trace.strings[c["module"][i]],
+                module,
                 trace.strings[c["name"][i]],
                 groups[trace.strings[c["group"][i]]],
                 trace.strings[c["reduce_op"][i]],
