@@ -22,7 +22,7 @@ from emulator.graph.results import BREAKDOWN_FIELDS
 from prismbench.emulate import RESULT_SCHEMA_VERSION, EmulationResult
 from prismbench.spec import JobSpec, load_job_spec
 from prismbench.thresholds import Threshold, field_value
-from workloads.config import SpecError
+from workloads.config import SpecError, is_finite_number
 
 FITS = "fits in memory (always checked)"
 
@@ -110,8 +110,7 @@ def read_side(path: str | Path, *, load_job: Callable[[Path], JobSpec] = load_jo
         )
     for name in POSITIVE_RESULT_FIELDS:
         value = result.get(name)
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not number or not 0 < value < math.inf:
+        if not is_finite_number(value) or value <= 0:
             raise SpecError(
                 f"{path}: {name}={value!r} must be a finite number > 0, as every emulate result's "
                 "is (an edited or broken file would be gated as a real move); emulate the job again"

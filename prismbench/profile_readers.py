@@ -24,7 +24,6 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
-import math
 import re
 import zlib
 from collections import defaultdict
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from emulator.costs.kernel_timing import ITERATION_RANGE, split_by_ranges
+from workloads.config import is_finite_number
 
 # An op event is "namespace::name" (aten::mm, my_ns::fused_op); kernel names ("void at::...",
 # "nvjet_sm90_..."), "Memset (Device)" and runtime events ("Activity Buffer Request") are not.
@@ -167,8 +167,7 @@ def _jsonl_op(event: dict, where: str) -> ProfiledOp:
 def finite_number(value, where: str, name: str, *, minimum: float | None = None) -> float:
     """`value` as a float, refused (ProfileError naming `where` and `name`) unless a finite
     number (at least `minimum`): a profile's times and starts."""
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not (number and math.isfinite(value) and (minimum is None or value >= minimum)):
+    if not (is_finite_number(value) and (minimum is None or value >= minimum)):
         rule = "a finite number" + ("" if minimum is None else f" >= {minimum:g}")
         raise ProfileError(f"{where}: {name} must be {rule}, got {value!r}")
     return float(value)

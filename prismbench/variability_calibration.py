@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, replace
-from math import isfinite
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +55,7 @@ from prismbench.checkout import REPO
 from prismbench.files import write_atomically
 from prismbench.profile_ingest import aten_packet
 from prismbench.profile_readers import ProfiledOp, ProfileError, read_profile_iterations
-from workloads.config import SpecError
+from workloads.config import SpecError, is_finite_number
 
 VARIABILITY_TABLES = REPO / "results" / "variability"
 TABLE_SCHEMA_VERSION = 1
@@ -352,7 +351,7 @@ def _check_figures(table: dict, path: Path) -> None:
                                                        "step_cv_dispersion")}  # fmt: skip
     figures |= {f"temporal_cv_by_class[{name!r}]": cv for name, cv in by_class.items()}
     for name, value in figures.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or not isfinite(value):
+        if not is_finite_number(value):
             raise SpecError(f"{path}: {name}={value!r} must be a finite number")
     try:
         measured_model(table)

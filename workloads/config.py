@@ -30,9 +30,13 @@ def check_positive_ints(section: str, obj: Any, names: tuple[str, ...]) -> None:
             raise SpecError(f"{section}.{name}={value!r} must be a positive integer")
 
 
+def is_finite_number(value: Any) -> bool:
+    """A finite int or float, not a bool (TOML's and JSON's true is Python's: an int)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_positive_number(section: str, name: str, value: Any) -> None:
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not number or not math.isfinite(value) or value <= 0:
+    if not is_finite_number(value) or value <= 0:
         raise SpecError(f"{section}.{name}={value!r} must be a positive finite number")
 
 
