@@ -182,14 +182,17 @@ def job_variation(
     iteration_s_min: float,
     iteration_s_median: float,
     iteration_s_max: float,
+    profiled: list[list[ProfiledOp]] | None = None,
 ) -> JobVariation:
     """`job` measured: its profile's pools and op durations, with the times of its iterations;
     a profile with no op that ran on the GPU is refused naming it (nothing to measure). A
     profile of several iterations (`record --profile-iterations N`) gives temporal pools (each
     op followed at its position: its spread over time alone) and each iteration's kernel time;
     one iteration gives pools over positions (`profile_pools`); the op durations are the first
-    iteration's either way."""
-    profiled = read_profile_iterations(profile)
+    iteration's either way. `profiled`: the profile's iterations where the caller has read
+    them (`read_profile_iterations(profile)`), else they are read here."""
+    if profiled is None:
+        profiled = read_profile_iterations(profile)
     ops = profiled[0]
     if not ops:
         raise ProfileError(f"{profile}: no op with GPU time; a profiled iteration has kernels")

@@ -27,7 +27,7 @@ from emulator.variability.distributions import MIN_SAMPLES
 from prismbench.baselines import RECORDED_FIELDS, Baseline, BaselineError, load_baseline
 from prismbench.checkout import git_version
 from prismbench.profile_ingest import check_profile_of_job
-from prismbench.profile_readers import ProfileError, read_profile
+from prismbench.profile_readers import ProfiledOp, ProfileError, read_profile_iterations
 from prismbench.variability_calibration import (
     JobVariation,
     calibrate_jobs,
@@ -79,7 +79,14 @@ def _refuse_same_names(paths: Sequence[Path]) -> None:
                         "jobs by their recordings' file names: give each its own")  # fmt: skip
 
 
-def _job_of(baseline: Baseline, profile: Path) -> JobVariation:
+def _read_profile(profile: Path) -> list[list[ProfiledOp]]:
+    try:
+        return read_profile_iterations(profile)
+    except ProfileError as err:
+        raise SpecError(f"--profile {err}") from None
+
+
+def _job_of(baseline: Baseline, profile: Path, profiled: list[list[ProfiledOp]]) -> JobVariation:
     measured = baseline.measured
     try:
         return job_variation(
@@ -89,13 +96,18 @@ def _job_of(baseline: Baseline, profile: Path) -> JobVariation:
             iteration_s_min=measured.iteration_time_s_min,
             iteration_s_median=measured.iteration_time_s,
             iteration_s_max=measured.iteration_time_s_max,
+            profiled=profiled,
         )
     except ProfileError as err:
         raise SpecError(f"--profile {err}") from None
 
 
 def _check_profile(
-    baseline: Baseline, recording: Path, profile: Path, progress: Callable[[str], None] | None
+    baseline: Baseline,
+    recording: Path,
+    profile: Path,
+    ops: list[ProfiledOp],
+    progress: Callable[[str], None] | None,
 ) -> None:
     """Refuse a profile that is not one of the recording's job (its first iteration, as
     ingest-profile checks one) or was measured on another GPU
@@ -105,7 +117,7 @@ def _check_profile(
         progress(f"capturing {baseline.name} (--recording {recording}) to check that "
                  f"--profile {profile} is a profile of its job")  # fmt: skip
     try:
-        check_profile_of_job(profile, read_profile(profile), baseline.job,
+        check_profile_of_job(profile, ops, baseline.job,
                              f"--recording {recording}'s job", progress)  # fmt: skip
     except ProfileError as err:
         raise SpecError(f"--profile {err}") from None
@@ -145,9 +157,13 @@ def recorded_table(
     baselines = [_recorded_baseline(path) for path in paths]
     gpu = _one_gpu(baselines, paths)
     _refuse_same_names(paths)
-    jobs = [_job_of(b, profile) for b, (_, profile) in zip(baselines, pairs, strict=True)]
-    for b, (recording, profile) in zip(baselines, pairs, strict=True):
-        _check_profile(b, recording, profile, progress)
+    profiled = [_read_profile(profile) for _, profile in pairs]
+    jobs = [
+        _job_of(b, profile, its)
+        for b, (_, profile), its in zip(baselines, pairs, profiled, strict=True)
+    ]
+    for b, (recording, profile), its in zip(baselines, pairs, profiled, strict=True):
+        _check_profile(b, recording, profile, its[0], progress)
     try:
         variation = calibrate_jobs(jobs)
     except ValueError as err:  # too few repeated kernels to measure the noise

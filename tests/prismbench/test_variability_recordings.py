@@ -105,6 +105,25 @@ def test_a_table_from_recordings_measures_each_job_and_says_where_it_comes_from(
     assert table["provenance"]["commit"] and "dirty" in table["provenance"]
 
 
+def test_each_profile_is_read_once(monkeypatch):
+    # a real run's profile is tens of MB of JSON: the table's measurement and the check that it
+    # is one of its recording's job share one read
+    from prismbench import (
+        profile_ingest,
+        profile_readers,
+        variability_calibration,
+        variability_recordings,
+    )
+
+    read = []
+    real = profile_readers.read_profile_iterations
+    for module in (profile_ingest, profile_readers, variability_calibration, variability_recordings):
+        monkeypatch.setattr(module, "read_profile_iterations",
+                            lambda path: read.append(path) or real(path))  # fmt: skip
+    recorded_table(_pairs())
+    assert read == [profile for _, profile in _pairs()]
+
+
 def test_the_measured_preset_draws_a_recorded_table_written_anywhere(tmp_path):
     path = write_table(recorded_table(_pairs()), tmp_path / "mine.json")
     model = resolve_preset("measured", "h100-sxm-80g", path)
