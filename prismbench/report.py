@@ -782,10 +782,8 @@ def render_attribution(a, console: Console) -> None:
         table.add_row(e.source, e.category, *_effect_cells(e))
         for i, sig in enumerate(e.signatures):
             branch = "└" if i == len(e.signatures) - 1 else "├"
-            kind = "signature" if sig.lumped == 1 else f"{sig.lumped} signatures"
-            if not sig.own_run:
-                kind = "its only signature"
-            table.add_row(f" {branch} {sig.signature}", kind, *_effect_cells(sig))
+            table.add_row(f" {branch} {sig.signature}", signature_kind(sig.lumped, sig.own_run),
+                          *_effect_cells(sig))  # fmt: skip
     console.print(table)
     if a.signature_runs:
         console.print(f"signatures: {a.signature_runs} more Monte Carlo runs "
@@ -799,6 +797,14 @@ def render_attribution(a, console: Console) -> None:
             reasons.setdefault(s.reason, []).append(s.source)
         text = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in reasons.items())
         console.print(f"not run, {len(a.skipped)} source(s) that provably add no noise: {text}")
+
+
+def signature_kind(lumped: int, own_run: bool) -> str:
+    """What a signature row under its source stands for: one signature run alone, the "other"
+    entry of `lumped` run together, or a source's only one (the source's own run)."""
+    if not own_run:
+        return "its only signature"
+    return "signature" if lumped == 1 else f"{lumped} signatures"
 
 
 def _effect_cells(e) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from prismbench.report import _seconds, _signed_seconds
+from prismbench.report import _seconds, _signed_seconds, signature_kind
 
 
 def tables(run: dict) -> str:
@@ -84,9 +84,7 @@ def _source_row(rank: str, e: dict) -> str:
 
 
 def _signature_row(sig: dict) -> str:
-    kind = "signature" if sig["lumped"] == 1 else f"{sig['lumped']} signatures"
-    if not sig["own_run"]:
-        kind = "its only signature"
+    kind = signature_kind(sig["lumped"], sig["own_run"])
     return (
         f"| | └ {sig['signature']} | {kind} | {_seconds(sig['std_s'])} | "
         f"{100 * sig['variance_share']:.1f} % | {_signed_seconds(sig['mean_shift_s'])} | "
