@@ -26,7 +26,7 @@ from emulator.costs.ops import ATTENTION_OPS, GEMM_OPS, OpRecord
 from emulator.costs.overlap import compute_slowdown, memory_slowdown_per_Bps, traffic_bytes
 from emulator.world.collectives import collective
 
-_TORCH_DTYPES = {
+TORCH_DTYPES = {
     "bfloat16": "bf16",
     "float16": "fp16",
     "float32": "fp32",
@@ -80,7 +80,7 @@ def op_record(trace: RankTrace, row: int) -> OpRecord:
     name = trace.strings[c["name"][row]]
     tensors = trace.tensors(row)
     inputs = [(shape, dtype) for shape, dtype, is_out in tensors if not is_out]
-    floats = [_TORCH_DTYPES[d] for _, d in inputs if d in _TORCH_DTYPES]
+    floats = [TORCH_DTYPES[d] for _, d in inputs if d in TORCH_DTYPES]
     dtype = floats[0] if floats else "fp32"
     common = dict(
         name=name,

@@ -3,8 +3,9 @@
 Issue 18 keys durations by signature; a source (emulator.variability.sources) is coarser, and
 `source_signatures` splits one into them:
 - compute (op class, input shapes): the source's op class (emulator.costs.kernel_table's
-  `op_class`) and the shapes of the op's input tensors as the capture records them
-  (RankTrace.tensors, inputs in order; a GEMM's activation and weight). A segment is one draw
+  `op_class`) and the dtypes and shapes of the op's input tensors as the capture records them
+  (RankTrace.tensors, inputs in order; a GEMM's activation and weight): a kernel is chosen by
+  both, and one shape may run in two dtypes (a master weight's fp32 copy, its bf16 cast). A segment is one draw
   with its rows' summed variance (emulator.variability.monte_carlo), so a signature's mask is,
   per segment, the square root of the summed variance of its rows there: the signatures'
   variances add up to the source's in every segment;
@@ -43,6 +44,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from emulator.capture.trace import RankTrace
+from emulator.costs.pricing import TORCH_DTYPES
 from emulator.graph.execution_graph import COLLECTIVE, RECV, SEND, ExecutionGraph
 from emulator.graph.replay import replay
 from emulator.variability.model import VariabilityModel
@@ -125,14 +127,17 @@ def comm_signature_name(key: tuple, exact: bool = False) -> str:
 
 
 def _shape_names(trace: RankTrace, rows: np.ndarray) -> list[str]:
-    """Each row's input shapes as one string, "[8192, 4096] x [4096, 4096]"."""
+    """Each row's input tensors, dtype and shape, as one string: "bf16[8192, 4096] x
+    bf16[4096, 4096]" (the cost model's dtype names, emulator.costs.pricing; torch's for the
+    others, "int64[8192]")."""
     r = trace.ragged
     off, dim_off, dims = r["tensor_offsets"], r["tensor_dim_offsets"], r["tensor_dims"]
-    outputs = r["tensor_is_output"]
+    outputs, dtypes = r["tensor_is_output"], r["tensor_dtype"]
     names = []
     for row in rows.tolist():
         shapes = [
-            "[" + ", ".join(map(str, dims[dim_off[t] : dim_off[t + 1]].tolist())) + "]"
+            TORCH_DTYPES.get(trace.strings[dtypes[t]], trace.strings[dtypes[t]])
+            + "[" + ", ".join(map(str, dims[dim_off[t] : dim_off[t + 1]].tolist())) + "]"
             for t in range(off[row], off[row + 1])
             if not outputs[t]
         ]
@@ -146,7 +151,7 @@ def compute_signature_variances_s2(
     spreads_s: dict[int, np.ndarray],
     op_class_name: str,
 ) -> dict[str, tuple[np.ndarray, ...]]:
-    """Per signature of op class `op_class_name` ("gemm [8192, 4096] x [4096, 4096]"): per
+    """Per signature of op class `op_class_name` ("gemm bf16[8192, 4096] x bf16[4096, 4096]"): per
     graph class, each node's variance (s^2) from that signature's rows; summed over signatures
     they give the class's part of the graph's `variance_s2` (sources.op_class_variances_s2)."""
     def shapes_of_the_class(trace: RankTrace, rows: np.ndarray) -> np.ndarray:

@@ -21,9 +21,9 @@ CV = 0.05
 BF16 = "bfloat16"
 
 
-def _gemm(stage, d, a, b):
+def _gemm(stage, d, a, b, dtype=BF16):
     stage.compute(
-        d, name="mm", tensors=((a, BF16, False), (b, BF16, False), ((a[0], b[1]), BF16, True))
+        d, name="mm", tensors=((a, dtype, False), (b, dtype, False), ((a[0], b[1]), dtype, True))
     )
 
 
@@ -66,10 +66,25 @@ def test_a_collective_signature_is_kind_group_members_and_bytes(case):
 def test_compute_signatures_are_the_input_shapes_and_add_up_to_the_op_class(case):
     graph, _, traces, spreads, _ = case
     parts = compute_signature_variances_s2(graph, traces, spreads, "gemm")
-    assert sorted(parts) == ["gemm [8, 16] x [16, 32]", "gemm [8, 32] x [32, 16]"]
+    assert sorted(parts) == ["gemm bf16[8, 16] x bf16[16, 32]", "gemm bf16[8, 32] x bf16[32, 16]"]
     whole = op_class_variances_s2(graph, traces, spreads)["gemm"][0]
     assert np.allclose(sum(v[0] for v in parts.values()), whole)
-    assert parts["gemm [8, 16] x [16, 32]"][0].sum() == pytest.approx(3 * (CV * 1.0) ** 2)
+    assert parts["gemm bf16[8, 16] x bf16[16, 32]"][0].sum() == pytest.approx(3 * (CV * 1.0) ** 2)
+
+
+def test_one_shape_in_two_dtypes_is_two_compute_signatures():
+    # a kernel is chosen by dtype as well as shape: fp32 and bf16 GEMMs of one shape differ
+    world = World.grid(dp=1, pp=1, cp=1, tp=1, gpus_per_node=1)
+    s = Stage(world, 0)
+    _gemm(s, 1.0, (8, 16), (16, 32))
+    _gemm(s, 3.0, (8, 16), (16, 32), dtype="float32")
+    graph = build(world, [s], temporal_cv=CV)
+    trace, durations = s.trace()
+    parts = compute_signature_variances_s2(graph, {0: trace}, {0: CV * durations}, "gemm")
+    assert {k: float(v[0].sum()) for k, v in parts.items()} == pytest.approx({
+        "gemm bf16[8, 16] x bf16[16, 32]": (CV * 1.0) ** 2,
+        "gemm fp32[8, 16] x fp32[16, 32]": (CV * 3.0) ** 2,
+    })
 
 
 @pytest.mark.parametrize("name", ["compute gemm", "all_gather on dp", "network regime",
