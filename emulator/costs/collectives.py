@@ -13,7 +13,7 @@ send buffer, the send/recv message.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -94,7 +94,8 @@ def group_geometry(group_ranks: np.ndarray, topo: Topology) -> GroupGeometry:
         bw_intra_GBps=bw_intra,
         bw_inter_GBps=bw_inter,
         channels=topo.link.channels,
-        nvls=topo.link.nvls and topo.gpu.arch == "hopper" and k >= 2,
+        # nvls.cc ncclNvlsInit: no NVLS for a communicator of <= 2 GPUs on a node
+        nvls=topo.link.nvls and topo.gpu.arch == "hopper" and k > 2,
         extra_intra_lat_us=topo.link.latency_us,
         extra_inter_lat_us=topo.network.latency_us,
     )
@@ -128,8 +129,12 @@ def _check(kind: str) -> None:
         raise ValueError(f"collective kind={kind!r} is not known; known: {COLLECTIVES}")
 
 
-def collective_times_s(kind: str, nbytes, group_ranks: np.ndarray, topo: Topology) -> np.ndarray:
-    """Vectorised over sizes: predicted seconds for each entry of `nbytes` (NCCL's best choice)."""
+def collective_times_s(
+    kind: str, nbytes, group_ranks: np.ndarray, topo: Topology, *, nvls_reduction: bool = True
+) -> np.ndarray:
+    """Vectorised over sizes: predicted seconds for each entry of `nbytes` (NCCL's best choice).
+    `nvls_reduction`: whether NVLS can run the call's reduce op on its dtype
+    (`nccl_tuning.nvls_reduction_supported`); where not, NCCL's tuner never offers it NVLS."""
     _check(kind)
     sizes = np.atleast_1d(np.asarray(nbytes, dtype=float))
     if (sizes < 0).any():
@@ -141,17 +146,27 @@ def collective_times_s(kind: str, nbytes, group_ranks: np.ndarray, topo: Topolog
         return _p2p_times_s(kind, sizes, group_ranks, topo)
     if nccl == "barrier":
         kind, sizes = "all_reduce", np.full(sizes.shape, float(_BARRIER_BYTES))
-    candidates = candidate_times_us(kind, sizes, group_geometry(group_ranks, topo))
+    geometry = group_geometry(group_ranks, topo)
+    if not nvls_reduction:
+        geometry = replace(geometry, nvls=False)
+    candidates = candidate_times_us(kind, sizes, geometry)
     return np.min(np.stack(list(candidates.values())), axis=0) * 1e-6
 
 
-def collective_time_s(kind: str, nbytes: float, group_ranks: np.ndarray, topo: Topology) -> float:
-    """Predicted seconds for one collective of `nbytes` over `group_ranks`."""
-    return float(collective_times_s(kind, [nbytes], group_ranks, topo)[0])
+def collective_time_s(
+    kind: str, nbytes: float, group_ranks: np.ndarray, topo: Topology, *, nvls_reduction: bool = True
+) -> float:
+    """Predicted seconds for one collective of `nbytes` over `group_ranks` (`collective_times_s`)."""
+    return float(
+        collective_times_s(kind, [nbytes], group_ranks, topo, nvls_reduction=nvls_reduction)[0]
+    )
 
 
-def choose_algorithm(kind: str, nbytes: float, group_ranks: np.ndarray, topo: Topology) -> tuple[str, str, float]:
-    """(algorithm, protocol, seconds) NCCL's tuner would pick for a tuned collective."""
+def choose_algorithm(
+    kind: str, nbytes: float, group_ranks: np.ndarray, topo: Topology, *, nvls_reduction: bool = True
+) -> tuple[str, str, float]:
+    """(algorithm, protocol, seconds) NCCL's tuner would pick for a tuned collective
+    (`nvls_reduction`: `collective_times_s`'s)."""
     _check(kind)
     if kind not in TUNED_KINDS:
         raise ValueError(
@@ -159,7 +174,10 @@ def choose_algorithm(kind: str, nbytes: float, group_ranks: np.ndarray, topo: To
         )
     if np.asarray(group_ranks).size == 1:
         return ("none", "none", 0.0)
-    candidates = candidate_times_us(kind, np.array([float(nbytes)]), group_geometry(group_ranks, topo))
+    geometry = group_geometry(group_ranks, topo)
+    if not nvls_reduction:
+        geometry = replace(geometry, nvls=False)
+    candidates = candidate_times_us(kind, np.array([float(nbytes)]), geometry)
     (algo, proto), time_us = min(candidates.items(), key=lambda item: item[1][0])
     return algo, proto, float(time_us[0]) * 1e-6
 

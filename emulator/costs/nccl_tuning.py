@@ -1,8 +1,8 @@
 """NCCL's own cost model (latency + bytes / bandwidth per algorithm and protocol), transcribed.
 
 Every constant here comes from NVIDIA/nccl `src/graph/tuning.cc` at commit b6475625fbca (NCCL
-2.19/2.20 era; the version with NVLS and NVLS_TREE) unless said otherwise; "tuning.cc" below means
-that file. Latencies are in microseconds, bandwidths in GB/s; NCCL's time is
+2.20.3; the tuner's NVLS and NVLS_TREE terms, though that release alone turned NVLS off across
+nodes, docs/MODELS.md) unless said otherwise; "tuning.cc" below means that file. Latencies are in microseconds, bandwidths in GB/s; NCCL's time is
 `lat + nBytes / (1000 * algbw)` microseconds. What NCCL derives from its topology search
 (channels, per-channel bandwidth) is replaced by the geometry in `GroupGeometry`.
 """
@@ -74,6 +74,27 @@ def _n_inter_steps(kind: str, nodes: int) -> int:
     if kind == "all_reduce":
         return 2 * nodes if nodes > 1 else 0
     return nodes - 1 if kind in ("all_gather", "reduce_scatter") else nodes
+
+
+# src/include/device.h ncclNvlsSupported: the NCCL data types NVLS reduces, with the device
+# reductions it runs for each (ncclDevSum, ncclDevMinMax), keyed here by torch's dtype names.
+# Types not listed (int8, uint8: torch's float8 travels as uint8 before NCCL 2.24) get none.
+_NVLS_REDUCTIONS = {
+    **dict.fromkeys(("int32", "uint32", "int64", "uint64", "float16", "bfloat16"), {"SUM", "MIN", "MAX"}),
+    **dict.fromkeys(("float32", "float64"), {"SUM"}),
+}
+
+
+def nvls_reduction_supported(reduce_op: str, dtype: str) -> bool:
+    """Whether NVLS can run a call of c10d reduce op `reduce_op` ("SUM", "AVG", ...; "" for a
+    call that reduces nothing, which NCCL issues as a sum) on torch dtype `dtype`: enqueue.cc
+    offers NVLS only where ncclNvlsSupported(op, type) holds, after it turns AVG into a
+    pre-multiplied sum (floats) or a sum divided after (integers), neither of which NVLS runs;
+    so FSDP2's averaging reduce-scatter never runs on NVLS. A call whose dtype the capture does
+    not record ("": a barrier) is taken as one NVLS can run."""
+    if not dtype:
+        return True
+    return (reduce_op or "SUM") in _NVLS_REDUCTIONS.get(dtype, ())
 
 
 def algorithm_allowed(kind: str, algo: str, geo: GroupGeometry) -> bool:

@@ -237,13 +237,19 @@ class CommPricer:
         self.topology = topology
         self._cache: dict[tuple, float] = {}
 
-    def duration_s(self, kind: str, nbytes: float, ranks: np.ndarray) -> float:
+    def duration_s(
+        self, kind: str, nbytes: float, ranks: np.ndarray, nvls_reduction: bool = True
+    ) -> float:
+        """`nvls_reduction`: NVLS can run the call's reduce op on its dtype
+        (`nccl_tuning.nvls_reduction_supported`)."""
         if self.topology is None:
             return 0.0
         kind = collective(kind).cost_kind
-        key = (kind, nbytes, ranks.tobytes())
+        key = (kind, nbytes, ranks.tobytes(), nvls_reduction)
         if key not in self._cache:
-            self._cache[key] = collective_time_s(kind, nbytes, ranks, self.topology)
+            self._cache[key] = collective_time_s(
+                kind, nbytes, ranks, self.topology, nvls_reduction=nvls_reduction
+            )
         return self._cache[key]
 
     def traffic_bytes(self, kind: str, nbytes: float, n_ranks: int, duration_s: float) -> float:

@@ -59,6 +59,7 @@ import numpy as np
 from emulator.capture.compile_fusion import block_region
 from emulator.capture.trace import COMM, COMPUTE, PHASES, RECORD, STREAM_WAIT, WAIT, RankTrace
 from emulator.costs.host_dispatch import dispatch_times_s
+from emulator.costs.nccl_tuning import nvls_reduction_supported
 from emulator.costs.ops import GEMM_OPS
 from emulator.costs.overlap import async_tp_exposed_s, weight_grad_overlap_exposed_s
 from emulator.costs.pricing import (
@@ -418,14 +419,17 @@ class _Builder:
             micro_batch=self.cols["micro_batch"][target],
         )
 
-    def slowest_s(self, key, kind: str, nbytes: float, ranks: np.ndarray, axes) -> float:
+    def slowest_s(
+        self, key, kind: str, nbytes: float, ranks: np.ndarray, axes, nvls_reduction: bool = True
+    ) -> float:
         """The call's duration in the slowest lane: every member of the class makes it in its
         own group (`World.lane_groups`), and where the groups sit on the nodes differently
         the lanes that straddle two nodes finish last, holding the others at the next
-        collective they share. `key` names the group (`ranks`, over lane axes `axes`)."""
+        collective they share. `key` names the group (`ranks`, over lane axes `axes`);
+        `nvls_reduction`: `CommPricer.duration_s`'s."""
         if key not in self.placed:
             self.placed[key] = self.world.placements(self.world.lane_groups(ranks, axes))
-        return max(self.comm.duration_s(kind, nbytes, g) for g in self.placed[key])
+        return max(self.comm.duration_s(kind, nbytes, g, nvls_reduction) for g in self.placed[key])
 
     def crosses_nodes(self, key) -> int:
         """1 where some lane's group of `key` (placed by `slowest_s`) spans several nodes."""
@@ -475,7 +479,8 @@ class _Builder:
         label = _group_label(self.world, axes, pps)
         s = self.stream(("group", gid), f"comm {gid} ({label})")
         mask = sum(1 << self.world.lane_axes.index(a) for a in axes)
-        duration = call_s = self.slowest_s(gid, kind, nbytes, ranks, axes)
+        nvls = nvls_reduction_supported(strings[c["reduce_op"][row]], strings[c["dtype"][row]])
+        duration = call_s = self.slowest_s(gid, kind, nbytes, ranks, axes, nvls)
         if row in self.async_tp:
             duration = async_tp_exposed_s(duration, self.async_tp[row], len(ranks))
         if row in self.weight_grad_overlap:

@@ -84,6 +84,8 @@ class Stage:
         async_op=False,
         ranks=None,
         dispatch_s=0.0,
+        op="SUM",
+        dtype="bfloat16",
     ) -> int:
         ranks = self.world.group_of(self.rep, axis) if ranks is None else np.asarray(ranks)
         gid = "pg:" + ("+".join(axis) if not isinstance(axis, str) else axis)
@@ -96,8 +98,8 @@ class Stage:
                 kind=kind,
                 group_id=gid,
                 group_size=len(ranks),
-                op="SUM",
-                dtype="bfloat16",
+                op=op,
+                dtype=dtype,
                 numel=nbytes // 2,
                 nbytes=nbytes,
                 async_op=async_op,

@@ -12,6 +12,7 @@ from emulator.costs.collectives import (
     collective_time_s,
     collective_times_s,
 )
+from emulator.costs.nccl_tuning import nvls_reduction_supported
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
 
 
@@ -124,6 +125,39 @@ def test_a_group_with_a_member_on_each_gpu_of_the_node_uses_every_nic():
 
 def test_nvls_chosen_for_large_all_reduce_on_h100_node():
     assert choose_algorithm("all_reduce", 2**30, TP, H100)[:2] == ("nvls", "Simple")
+
+
+@pytest.mark.parametrize(
+    "reduce_op, dtype, supported",
+    [("SUM", "bfloat16", True), ("", "bfloat16", True), ("MAX", "bfloat16", True),
+     ("SUM", "float32", True), ("MAX", "float32", False), ("AVG", "float32", False),
+     ("AVG", "bfloat16", False), ("PREMUL_SUM", "bfloat16", False),
+     ("SUM", "float8_e4m3fn", False), ("", "", True)],
+)  # fmt: skip
+def test_nvls_runs_sums_and_min_max_of_the_types_nccl_lists(reduce_op, dtype, supported):
+    # device.h ncclNvlsSupported after enqueue.cc turns AVG into a pre-multiplied sum
+    assert nvls_reduction_supported(reduce_op, dtype) is supported
+
+
+def test_an_averaging_reduce_scatter_in_one_node_never_runs_on_nvls():
+    # FSDP2 reduce-scatters float32 gradients with AVG: the tuner is offered no NVLS
+    sizes = 2.0 ** np.arange(16, 32)
+    summed = [choose_algorithm("reduce_scatter", s, TP, H100)[0] for s in sizes]
+    averaged = [choose_algorithm("reduce_scatter", s, TP, H100, nvls_reduction=False)[0] for s in sizes]
+    assert "nvls" in summed and "nvls" not in averaged
+    assert np.all(
+        collective_times_s("reduce_scatter", sizes, TP, H100, nvls_reduction=False)
+        >= collective_times_s("reduce_scatter", sizes, TP, H100)
+    )
+
+
+def test_nvls_needs_more_than_two_gpus_of_the_group_on_a_node():
+    # nvls.cc ncclNvlsInit: no NVLS where the communicator has <= 2 GPUs on a node
+    two_a_node = np.array([0, 1, 8, 9])
+    three_a_node = np.array([0, 1, 2, 8, 9, 10])
+    algos = {n: {choose_algorithm("all_reduce", s, r, H100)[0] for s in 2.0 ** np.arange(10, 32)}
+             for n, r in (("two", two_a_node), ("three", three_a_node))}  # fmt: skip
+    assert "nvls_tree" not in algos["two"] and "nvls_tree" in algos["three"]
 
 
 def test_no_nvls_on_a100():

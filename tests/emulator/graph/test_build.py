@@ -209,6 +209,20 @@ def test_collectives_are_priced_on_the_topology():
     assert g["duration_s"][0] > 1e-4
 
 
+def test_a_collective_nvls_cannot_reduce_is_priced_without_it():
+    # FSDP2's reduce-scatter averages float32 gradients: NCCL offers it no NVLS (device.h)
+    world = World.grid(dp=8, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    s.collective("reduce_scatter", "dp", nbytes=1 << 22, op="SUM", dtype="bfloat16")
+    s.collective("reduce_scatter", "dp", nbytes=1 << 22, op="AVG", dtype="float32")
+    g = build(world, [s], CostContext(topology=TOPO)).classes[0]
+    summed, averaged = g["duration_s"][g["kind"] == COLLECTIVE]
+    ranks = np.arange(8)
+    assert summed == collective_time_s("reduce_scatter", 1 << 22, ranks, TOPO)
+    assert averaged == collective_time_s("reduce_scatter", 1 << 22, ranks, TOPO, nvls_reduction=False)
+    assert averaged > summed
+
+
 def test_a_collective_costs_what_the_lane_whose_group_straddles_two_nodes_takes():
     # tp 3 on 8-GPU nodes: the representative's group [0, 1, 2] sits on node 0, lane dp 2's
     # [6, 7, 8] on nodes 0 and 1; the lanes finish with the slowest
