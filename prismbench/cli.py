@@ -1026,11 +1026,18 @@ def _add_fit(commands) -> None:
         "fit", help="the largest micro-batch, sequence length or layer count that fits in memory"
     )
     fit_cmd.add_argument("job", metavar="JOB.toml", help="job spec (TOML)")
-    fit_cmd.add_argument("--vary", required=True, choices=VARIABLES, help="the setting to search")
+    fit_cmd.add_argument(
+        "--vary",
+        required=True,
+        choices=VARIABLES,
+        help="the setting to search (micro_batch keeps the job's micro-batches a step: the "
+        "global batch follows)",
+    )
     fit_cmd.add_argument(
         "--step",
         type=_positive_int,
-        help="values step by this (default: what the job's parallelism needs)",
+        help="values step by this (default: what the job's parallelism needs; layers start "
+        "at one a pipeline stage)",
     )
     fit_cmd.add_argument(
         "--max",

@@ -7,12 +7,16 @@ outside the allocator). A value fits when no class runs out of memory in either 
 Allocated memory grows with each of the three settings, but what the allocator reserves need
 not (its rounding and caching can make a larger batch pack better), so the values that fit
 need not be a prefix. The search doubles from the job's own value (or halves, when that does
-not fit) to bracket the line and bisects, then checks every value between the largest value
-whose smaller probes all fit and the bisection's answer (at most MAX_SCAN of them): the
-answer is the largest value below which everything probed fits, and larger values found to
-fit are reported apart (`fits_above`). Values step by `step` (default: 1 micro-batch, the sequence-length
-unit the job's parallelism needs, one layer per pipeline stage), and the job's other
-settings follow the rules in `varied_job`. A value the job spec refuses (a sequence longer
+not fit, down to the least value the layout takes) to bracket the line and bisects, then
+checks every value between the largest value whose smaller probes all fit and the bisection's
+answer (at most MAX_SCAN of them): the answer is the largest value below which everything
+probed fits, larger values found to fit are reported apart (`fits_above`), and the values
+below the bracket that the doubling stepped over are not probed (`every_value_probed_from`
+says from where all were). Values step by `step` (default: 1 micro-batch, the sequence-length
+unit the job's parallelism needs, one layer per pipeline stage) from the least multiple of it
+the layout takes (`smallest`: a pipeline needs a layer per stage), and the job's other
+settings follow the rules in `varied_job` (a micro-batch keeps the number of micro-batches a
+step: the global batch follows). A value the job spec refuses (a sequence longer
 than a learned position table, ...) counts as not fitting in the search but is no memory
 figure: it is kept apart (`refused`, with the spec's message), and when it is the value one
 step above the answer, the answer is bounded by the spec, not memory (`limited_by`).
@@ -64,6 +68,9 @@ class MemoryCheck:
     # cache-freeing cudaMalloc retries every steady step, the most over classes: a value that
     # fits only this way runs slower than the emulated time (emulator.memory.replay)
     steady_alloc_retries: int
+    # the same in the first iteration: a value that fits only by them there reports the
+    # headroom torch's max_memory_reserved would show after the cache was freed
+    first_iteration_alloc_retries: int
     # every class's allocator repeated its blocks within replay.MAX_STEADY_ITERATIONS steady
     # iterations (False: the steady figures are the last replayed iteration's)
     steady_converged: bool
@@ -87,7 +94,8 @@ class FitRefusal:
 class FitResult:
     vary: str
     step: int
-    largest_fitting: int | None  # None: not even the smallest value fits
+    smallest: int  # the least value searched: the least multiple of `step` the layout takes
+    largest_fitting: int | None  # None: not even `smallest` fits
     headroom_bytes: int | None  # at largest_fitting
     # what stops the answer one step up: "memory" (that value does not fit), "spec" (the
     # spec refuses it, `refused` says why) or "maximum" (it is beyond the search's bound)
@@ -95,9 +103,18 @@ class FitResult:
     maximum: int | None  # the search's bound (None: none)
     fits_above: tuple[int, ...]  # larger values that fit too, past one that does not
     contiguous: bool  # every value from the bracketing fit up to largest_fitting was probed
+    # where contiguous, the least value from which every one up to largest_fitting was probed
+    # (below it, the doubling stepped over values: they were not); else None
+    every_value_probed_from: int | None
     gpu: str
     probes: tuple[FitProbe, ...]  # in the order emulated
     refused: tuple[FitRefusal, ...]  # values the spec refused, in the order tried
+
+    @property
+    def value_above(self) -> int:
+        """The value one step above the answer (`smallest` when nothing fits): what it ran into
+        is `limited_by`."""
+        return self.smallest if self.largest_fitting is None else self.largest_fitting + self.step
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -114,21 +131,26 @@ def fit(
 ) -> FitResult:
     """The largest value of `vary` (one of VARIABLES) at which `job` fits (module docstring)."""
     if vary not in VARIABLES:
-        raise SpecError(f"vary({vary!r}) must be one of {VARIABLES}")
-    step_given = step is not None
+        raise SpecError(f"--vary {vary!r} must be one of {VARIABLES}")
     least = _default_step(job, vary)
+    step_given = step is not None
     if step is None:
         step = least
     elif step < 1:
-        raise SpecError(f"step({step}) must be >= 1")
+        raise SpecError(f"--step {step} must be >= 1")
     elif vary == "seq_len" and step % least:
         # the spec refuses a length the layout cannot split: such probes would read as its bound
         raise SpecError(
-            f"step({step}) must be a multiple of {least}, the least seq_len the layout takes"
+            f"--step {step} must be a multiple of {least}, the least seq_len the layout takes"
         )
-    if maximum is not None and maximum < step:
-        why = "" if step_given else f", the least {vary} the layout takes"
-        raise SpecError(f"maximum({maximum}) must be >= the step ({step}{why}): nothing to search")
+    # layers step by any count but start at a layer a stage (pp x vpp): the spec refuses fewer
+    smallest = math.ceil(least / step) * step
+    if maximum is not None and maximum < smallest:
+        if not step_given:
+            why = f"the least {vary} the layout takes"
+        else:
+            why = "the step" if smallest == step else "the least multiple of it the layout takes"
+        raise SpecError(f"--max {maximum} must be >= {smallest} ({why}): nothing to search")
     say = progress or (lambda _message: None)
     probes: dict[int, FitProbe] = {}
     refused: dict[int, FitRefusal] = {}
@@ -145,7 +167,7 @@ def fit(
                 refused[value] = FitRefusal(value=value, reason=str(err))
                 say(f"{vary} = {value}: refused by the spec: {err}")
                 return False
-            say(f"{vary} = {value}: capturing and replaying memory")
+            say(f"{vary} = {value}: replaying memory (capturing it first where not cached)")
             check = check_memory(
                 varied, alloc_conf=alloc_conf, progress=lambda m: say(f"{vary} = {value}: {m}")
             )
@@ -154,8 +176,8 @@ def fit(
             say(f"{vary} = {value}: {verdict}, headroom {check.headroom_bytes / GiB:.2f} GiB")
         return probes[value].memory.fits
 
-    largest, bracketed = _search(fits, _current(job, vary), step)
-    largest, contiguous = _scan(fits, largest, bracketed, step)
+    largest, bracketed = _search(fits, _current(job, vary), step, smallest)
+    largest, probed_from = _scan(fits, largest, bracketed, step)
     fits_above = tuple(
         v
         for v, p in sorted(probes.items())
@@ -164,12 +186,14 @@ def fit(
     return FitResult(
         vary=vary,
         step=step,
+        smallest=smallest,
         largest_fitting=largest,
         fits_above=fits_above,
-        contiguous=contiguous,
+        contiguous=largest is None or probed_from is not None,
+        every_value_probed_from=probed_from,
         headroom_bytes=None if largest is None else probes[largest].memory.headroom_bytes,
-        # the search ends on a miss one step above the answer (or at `step`, when nothing fits)
-        limited_by=_limit((largest or 0) + step, refused, maximum),
+        # the search ends on a miss one step above the answer (or at `smallest`: nothing fits)
+        limited_by=_limit(smallest if largest is None else largest + step, refused, maximum),
         maximum=maximum,
         gpu=job.cluster.gpu,
         probes=tuple(probes.values()),
@@ -195,10 +219,11 @@ def check_memory(
 
     gpu = gpu_preset(job.cluster.gpu)
     capture = capture_job(job, progress=progress)
-    worst, oom_at, retries, converged = None, None, 0, True
+    worst, oom_at, retries, first_retries, converged = None, None, 0, 0, True
     for p, trace in capture.traces.items():
         m = replay_memory(trace, gpu=gpu, alloc_conf=alloc_conf, stage=p)
         retries = max(retries, m.steady_alloc_retries)
+        first_retries = max(first_retries, m.first_iteration_alloc_retries)
         converged = converged and m.steady_converged
         reserved = max(m.peak_reserved_bytes, m.first_iteration_peak_reserved_bytes)
         headroom = gpu.usable_capacity_bytes - m.outside.total_bytes - reserved
@@ -215,6 +240,7 @@ def check_memory(
         headroom_bytes=headroom,
         oom_at=oom_at,
         steady_alloc_retries=retries,
+        first_iteration_alloc_retries=first_retries,
         steady_converged=converged,
     )
 
@@ -232,11 +258,12 @@ def _oom_site(pp: int, oom) -> OomSite:
     )
 
 
-def _search(fits: Callable[[int], bool], start: int, step: int) -> tuple:
-    """(the largest multiple of `step` that bisection finds fitting, the largest fit known when
-    the line was first bracketed); both None when not even `step` fits."""
+def _search(fits: Callable[[int], bool], start: int, step: int, smallest: int) -> tuple:
+    """(the largest multiple of `step` from `smallest` on that bisection finds fitting, the
+    largest fit known when the line was first bracketed); both None when not even `smallest`
+    (a multiple of `step`) fits."""
     low, high, bracketed = None, None, None  # largest known fit, smallest known miss
-    value = max(step, start - start % step)
+    value = max(smallest, start - start % step)
     for _ in range(MAX_PROBES):
         if fits(value):
             low = value
@@ -247,9 +274,9 @@ def _search(fits: Callable[[int], bool], start: int, step: int) -> tuple:
         if high is None:
             value *= 2
         elif low is None:
-            if value == step:
+            if value == smallest:
                 return None, None
-            value = max(step, (value // 2) - (value // 2) % step)
+            value = max(smallest, (value // 2) - (value // 2) % step)
         else:
             if high - low <= step:
                 return low, bracketed
@@ -258,16 +285,17 @@ def _search(fits: Callable[[int], bool], start: int, step: int) -> tuple:
 
 
 def _scan(fits, largest: int | None, bracketed: int | None, step: int) -> tuple:
-    """(the largest value up to which every value fits, whether all were probed): the values
-    between the bracket's fit and bisection's answer, which bisection skipped, in turn."""
+    """(the largest value up to which every value probed fits, the value from which all up to
+    it were probed, None where more than MAX_SCAN lay between): the values between the
+    bracket's fit and bisection's answer, which bisection skipped, in turn."""
     if largest is None:
-        return None, True
+        return None, None
     if (largest - bracketed) // step > MAX_SCAN:
-        return largest, False
+        return largest, None
     for value in range(bracketed + step, largest, step):
         if not fits(value):
-            return value - step, True
-    return largest, True
+            return value - step, bracketed
+    return largest, bracketed
 
 
 def _current(job: JobSpec, vary: str) -> int:

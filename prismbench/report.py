@@ -433,9 +433,13 @@ def _priced_by(priced_by: dict[str, dict[str, float]]) -> str:
 
 def render_fit(result, console: Console) -> None:
     """Each emulated value (in the order tried), then the answer."""
-    table = Table(title=f"What fits on {result.gpu}: {result.vary} (step {result.step})")
+    follows = (", the job's micro-batches a step kept: the global batch follows"
+               if result.vary == "micro_batch" else "")  # fmt: skip
+    table = Table(
+        title=f"What fits on {result.gpu}: {result.vary} (step {result.step}{follows})"
+    )
     columns = ("value", "fits", "peak reserved", "outside allocator", "headroom",
-               "retries a step", "OOM request", "OOM at")  # fmt: skip
+               "retries first / steady step", "OOM request", "OOM at")  # fmt: skip
     for column in columns:
         _column(table, column, left=column == "OOM at")
     for p in result.probes:
@@ -447,20 +451,22 @@ def render_fit(result, console: Console) -> None:
             format_bytes(m.peak_reserved_bytes) + ("" if m.fits else " (as if unlimited)"),
             format_bytes(m.outside_bytes),
             format_bytes(m.headroom_bytes),
-            str(m.steady_alloc_retries) if m.fits else "",
+            f"{m.first_iteration_alloc_retries} / {m.steady_alloc_retries}" if m.fits else "",
             "" if oom is None else format_bytes(oom.request_bytes),
             "" if oom is None else oom_site_label(oom),
         )
     console.print(table)
-    if result.largest_fitting is None:
-        console.print(f"Not even {result.vary} = {result.step} fits.")
+    above = result.value_above
+    if result.largest_fitting is None and result.limited_by == "memory":
+        console.print(f"Not even {result.vary} = {result.smallest:,} fits.")
+    elif result.largest_fitting is None:
+        console.print(f"No {result.vary} from {result.smallest:,} on was emulated:")
     else:
         console.print(
             f"Largest {result.vary} that fits: {result.largest_fitting:,} "
             f"(headroom {format_bytes(result.headroom_bytes)})"
         )
     if result.limited_by == "spec":
-        above = (result.largest_fitting or 0) + result.step
         reason = next(r.reason for r in result.refused if r.value == above)
         console.print(
             f"{result.vary} {above:,} is refused by the spec: {reason}; the bound is the "
@@ -468,8 +474,8 @@ def render_fit(result, console: Console) -> None:
         )
     if result.limited_by == "maximum":
         console.print(
-            f"{result.vary} {(result.largest_fitting or 0) + result.step:,} is beyond --max "
-            f"{result.maximum:,}: the bound is the search's, not memory"
+            f"{result.vary} {above:,} is beyond --max {result.maximum:,}: the bound is the "
+            "search's, not memory"
         )
     if result.fits_above:
         console.print(
@@ -481,6 +487,14 @@ def render_fit(result, console: Console) -> None:
             f"Not every value below the answer was probed (more than {MAX_SCAN} lay between "
             "its probes to check one at a time): what the allocator reserves need not grow "
             "with the value, so one of them might not fit."
+        )
+    elif result.largest_fitting is not None and result.every_value_probed_from > result.smallest:
+        start = result.every_value_probed_from
+        below = sum(result.smallest <= p.value < start for p in result.probes)
+        console.print(
+            f"Every {result.vary} from {start:,} to the answer was probed, and "
+            f"{below or 'none'} below {start:,}: what the allocator reserves need not grow with "
+            "the value, so one not probed might not fit."
         )
 
 

@@ -29,14 +29,14 @@ def _probe_below(line: int, tried: list[int]):
 )
 def test_search_finds_the_last_fitting_multiple_of_the_step(line, start, step, answer):
     tried = []
-    assert _search(_probe_below(line, tried), start, step)[0] == answer
+    assert _search(_probe_below(line, tried), start, step, step)[0] == answer
     assert len(tried) == len(set(tried)) <= 14  # doubling/halving, then bisection
 
 
 def test_search_reaches_a_line_far_above_where_it_starts():
     # a tiny model fits ~100 000 sequences a micro-batch: 17 doublings, then 17 halvings
     tried = []
-    assert _search(_probe_below(99_991, tried), 1, 1)[0] == 99_991
+    assert _search(_probe_below(99_991, tried), 1, 1, 1)[0] == 99_991
     assert len(tried) <= 2 * 17 + 1
 
 
@@ -84,7 +84,7 @@ def test_fit_on_a_gpu_whose_capacity_is_exactly_what_a_micro_batch_needs(monkeyp
 
 
 def test_varying_an_unknown_setting_is_refused():
-    with pytest.raises(SpecError, match=r"vary\('heads'\) must be one of"):
+    with pytest.raises(SpecError, match=r"--vary 'heads' must be one of"):
         fit(_job(), "heads")
 
 
@@ -99,7 +99,7 @@ def test_a_value_that_fits_past_one_that_does_not_is_reported_apart(monkeypatch)
         return prismbench.fit.MemoryCheck(
             fits=fits, peak_reserved_bytes=mb, outside_bytes=0, capacity_bytes=0,
             headroom_bytes=1 if fits else -1, oom_at=None if fits else HERE,
-            steady_alloc_retries=0, steady_converged=True,
+            steady_alloc_retries=0, first_iteration_alloc_retries=0, steady_converged=True,
         )  # fmt: skip
 
     monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, **_: check(job))
@@ -114,7 +114,7 @@ def _everything_fits(monkeypatch):
     def check(job):
         return prismbench.fit.MemoryCheck(
             fits=True, peak_reserved_bytes=job.batch.seq_len, outside_bytes=0, capacity_bytes=0,
-            headroom_bytes=1, oom_at=None, steady_alloc_retries=0, steady_converged=True,
+            headroom_bytes=1, oom_at=None, steady_alloc_retries=0, first_iteration_alloc_retries=0, steady_converged=True,
         )  # fmt: skip
 
     monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, **_: check(job))
@@ -155,7 +155,7 @@ def test_memory_is_named_the_bound_when_the_next_value_does_not_fit(monkeypatch)
         return prismbench.fit.MemoryCheck(
             fits=fits, peak_reserved_bytes=0, outside_bytes=0, capacity_bytes=0,
             headroom_bytes=1 if fits else -1, oom_at=None if fits else HERE,
-            steady_alloc_retries=0, steady_converged=True,
+            steady_alloc_retries=0, first_iteration_alloc_retries=0, steady_converged=True,
         )  # fmt: skip
 
     monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, **_: check(job))
@@ -194,13 +194,13 @@ def test_values_the_search_left_unprobed_are_said_in_words_not_a_constant(
 
 
 def test_a_maximum_below_the_step_is_refused():
-    with pytest.raises(SpecError, match=r"maximum\(1\) must be >= the step \(2\)"):
+    with pytest.raises(SpecError, match=r"--max 1 must be >= 2 \(the step\)"):
         fit(_job(), "micro_batch", step=2, maximum=1)
 
 
 @pytest.mark.parametrize("step", [0, -1])
 def test_a_step_below_one_is_refused(step):
-    with pytest.raises(SpecError, match=rf"step\({step}\) must be >= 1"):
+    with pytest.raises(SpecError, match=rf"--step {step} must be >= 1"):
         fit(_job(), "micro_batch", step=step)
 
 
@@ -215,7 +215,7 @@ def test_the_fit_table_shows_the_oom_s_request_op_and_an_unlimited_peak(
         return prismbench.fit.MemoryCheck(
             fits=fits, peak_reserved_bytes=job.batch.micro_batch << 30, outside_bytes=0,
             capacity_bytes=0, headroom_bytes=1 if fits else -1, oom_at=None if fits else HERE,
-            steady_alloc_retries=0, steady_converged=True,
+            steady_alloc_retries=0, first_iteration_alloc_retries=0, steady_converged=True,
         )  # fmt: skip
 
     monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, **_: check(job))
@@ -261,7 +261,7 @@ def test_a_probe_says_its_capture_as_each_class_is_captured(monkeypatch, tmp_pat
 
 def test_a_maximum_below_the_layout_s_own_step_says_where_the_step_comes_from():
     two_stages = _job(1, pp=2)
-    with pytest.raises(SpecError, match=r"maximum\(1\) must be >= the step \(2, the least layers"):
+    with pytest.raises(SpecError, match=r"--max 1 must be >= 2 \(the least layers the layout takes\)"):
         fit(two_stages, "layers", maximum=1)
 
 
@@ -269,7 +269,7 @@ def test_a_step_the_layout_cannot_take_is_refused_up_front():
     # tp 2 with sequence parallelism splits the sequence in two: a step of 7 would probe odd
     # lengths the spec refuses and report its bound, where larger even lengths fit
     sequence_parallel = _job(1, tp=2)
-    with pytest.raises(SpecError, match=r"step\(7\) must be a multiple of 2, the least seq_len"):
+    with pytest.raises(SpecError, match=r"--step 7 must be a multiple of 2, the least seq_len"):
         fit(sequence_parallel, "seq_len", step=7)
 
 
@@ -277,3 +277,89 @@ def test_layers_take_any_step_a_pipeline_splits_unevenly():
     # pp 2 takes 3 layers (2 + 1): a step of 1 is the user's to give, unlike a sequence's split
     two_stages = _job(1, pp=2)
     assert fit(two_stages, "layers", step=1, maximum=3).largest_fitting == 3
+
+
+def _fits_when(monkeypatch, rule, **memory):
+    """check_memory made up: a job fits where `rule(job)` holds."""
+    import prismbench.fit
+
+    def check(job):
+        fits = rule(job)
+        figures = dict(fits=fits, peak_reserved_bytes=1 << 30, outside_bytes=0, capacity_bytes=0,
+                       headroom_bytes=1 if fits else -1, oom_at=None if fits else HERE,
+                       steady_alloc_retries=0, first_iteration_alloc_retries=0,
+                       steady_converged=True)  # fmt: skip
+        return prismbench.fit.MemoryCheck(**(figures | memory))
+
+    monkeypatch.setattr(prismbench.fit, "check_memory", lambda job, **_: check(job))
+
+
+def _layers_job(layers: int, pp: int):
+    return job_spec_from_dict({"model": {"name": "gpt-debug", "layers": layers},
+                               "parallel": {"pp": pp},
+                               "batch": {"seq_len": 64, "global_batch": 2 * pp}})  # fmt: skip
+
+
+def test_layers_halve_to_a_layer_a_stage_not_below_it(monkeypatch):
+    # 6 layers on 2 stages do not fit, 3 do not, 2 do: a step of 1 must not halve to 1 layer,
+    # which the spec refuses, and report that nothing fits
+    _fits_when(monkeypatch, lambda job: job.model.layers <= 2)
+    result = fit(_layers_job(6, pp=2), "layers", step=1)
+    assert result.smallest == 2 and result.largest_fitting == 2 and not result.refused
+    assert [p.value for p in result.probes] == [6, 3, 2]
+
+
+def test_nothing_fitting_names_the_least_value_the_search_takes(monkeypatch, tmp_path, capsys):
+    from prismbench.cli import main
+
+    _fits_when(monkeypatch, lambda job: False)
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "gpt-debug"\nlayers = 6\n[parallel]\npp = 2\n'
+                   "[batch]\nseq_len = 64\nglobal_batch = 4\n")  # fmt: skip
+    assert main(["fit", str(job), "--vary", "layers", "--step", "1"]) == 0
+    assert "Not even layers = 2 fits." in capsys.readouterr().out
+
+
+def test_a_least_value_the_spec_refuses_is_said_refused_not_unfitting(monkeypatch, tmp_path, capsys):
+    from prismbench.cli import main
+
+    _everything_fits(monkeypatch)
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n')
+    # gpt-debug's learned positions stop at 128: no length that is a multiple of 256 is taken
+    assert main(["fit", str(job), "--vary", "seq_len", "--step", "256"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "No seq_len from 256 on was emulated:" in text
+    assert "seq_len 256 is refused by the spec: batch.seq_len(256) exceeds" in text
+    assert "Not even" not in text
+
+
+def test_values_below_the_bracket_the_search_stepped_over_are_said(monkeypatch, tmp_path, capsys):
+    from prismbench.cli import main
+
+    _fits_when(monkeypatch, lambda job: job.batch.micro_batch <= 5)
+    result = fit(_job(4), "micro_batch")
+    # 4 fits, 8 does not: 6 and 5 bisected; 1 to 3 never probed
+    assert result.largest_fitting == 5 and result.every_value_probed_from == 4
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "gpt-debug"\n'
+                   "[batch]\nseq_len = 64\nmicro_batch = 4\nglobal_batch = 8\n")  # fmt: skip
+    assert main(["fit", str(job), "--vary", "micro_batch"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("Every micro_batch from 4 to the answer was probed, and none below 4: what the "
+            "allocator reserves need not grow with the value") in text  # fmt: skip
+    assert "the job's micro-batches a step kept: the global batch follows" in text
+
+
+def test_a_value_that_fits_by_freeing_the_cache_in_its_first_iteration_says_so(
+    monkeypatch, tmp_path, capsys
+):
+    from prismbench.cli import main
+
+    _fits_when(monkeypatch, lambda job: job.batch.micro_batch <= 2, first_iteration_alloc_retries=1)
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n')
+    assert main(["fit", str(job), "--vary", "micro_batch"]) == 0
+    rows = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    (row,) = [r for r in rows if r.startswith("│ 2 │")]
+    assert "│ 1 / 0 │" in row
