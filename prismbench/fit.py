@@ -103,8 +103,8 @@ class FitResult:
     maximum: int | None  # the search's bound (None: none)
     fits_above: tuple[int, ...]  # larger values that fit too, past one that does not
     contiguous: bool  # every value from the bracketing fit up to largest_fitting was probed
-    # where contiguous, the least value from which every one up to largest_fitting was probed
-    # (below it, the doubling stepped over values: they were not); else None
+    # where some value fits and contiguous: the least value from which every one up to
+    # largest_fitting was probed (below it the doubling stepped over values); else None
     every_value_probed_from: int | None
     gpu: str
     probes: tuple[FitProbe, ...]  # in the order emulated
@@ -290,7 +290,7 @@ def _scan(fits, largest: int | None, bracketed: int | None, step: int) -> tuple:
     bracket's fit and bisection's answer, which bisection skipped, in turn."""
     if largest is None:
         return None, None
-    if (largest - bracketed) // step > MAX_SCAN:
+    if (largest - bracketed) // step - 1 > MAX_SCAN:  # the values strictly between the two
         return largest, None
     for value in range(bracketed + step, largest, step):
         if not fits(value):

@@ -363,3 +363,15 @@ def test_a_value_that_fits_by_freeing_the_cache_in_its_first_iteration_says_so(
     rows = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
     (row,) = [r for r in rows if r.startswith("│ 2 │")]
     assert "│ 1 / 0 │" in row
+
+
+@pytest.mark.parametrize(("line", "scanned"), [(48, True), (49, True), (50, False)])
+def test_the_scan_checks_up_to_max_scan_values_between_the_bracket_and_the_answer(
+    monkeypatch, line, scanned
+):
+    # from 1 the doubling brackets at 32: the answer 48 leaves 15 values between, 49 sixteen
+    # (MAX_SCAN, still checked one by one), 50 seventeen (not)
+    _fits_when(monkeypatch, lambda job: job.batch.micro_batch <= line)
+    result = fit(_job(1), "micro_batch")
+    assert result.largest_fitting == line and result.contiguous is scanned
+    assert result.every_value_probed_from == (32 if scanned else None)
