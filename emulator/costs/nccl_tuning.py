@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from emulator.world.collectives import NO_TENSOR_DTYPE
+
 ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree")
 PROTOCOLS = ("LL", "LL128", "Simple")
 
@@ -57,7 +59,7 @@ class GroupGeometry:
     bw_intra_GBps: float  # bus bandwidth the intra-node part can carry (NCCL's nChannels * bwIntra)
     bw_inter_GBps: float  # bus bandwidth across nodes (rails used * per-NIC bandwidth); inf in one node
     channels: int
-    nvls: bool  # NVLink SHARP available to this group (NVSwitch with SHARP, >= 2 GPUs per node)
+    nvls: bool  # NVLink SHARP available to this group (NVSwitch with SHARP, > 2 GPUs per node)
     extra_intra_lat_us: float = 0.0
     extra_inter_lat_us: float = 0.0
 
@@ -90,9 +92,9 @@ def nvls_reduction_supported(reduce_op: str, dtype: str) -> bool:
     call that reduces nothing, which NCCL issues as a sum) on torch dtype `dtype`: enqueue.cc
     offers NVLS only where ncclNvlsSupported(op, type) holds, after it turns AVG into a
     pre-multiplied sum (floats) or a sum divided after (integers), neither of which NVLS runs;
-    so FSDP2's averaging reduce-scatter never runs on NVLS. A call whose dtype the capture does
-    not record ("": a barrier) is taken as one NVLS can run."""
-    if not dtype:
+    so FSDP2's averaging reduce-scatter never runs on NVLS. A call of no tensor (a barrier,
+    which NCCL runs as a float32 sum) or of no recorded dtype is taken as one NVLS can run."""
+    if dtype in ("", NO_TENSOR_DTYPE):
         return True
     return (reduce_op or "SUM") in _NVLS_REDUCTIONS.get(dtype, ())
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 NCCL_MODES = ("tuned", "point_to_point", "barrier", "priced_as_other")
+# a recorded call's dtype where it moves no tensor (a barrier)
+NO_TENSOR_DTYPE = "none"
 JOINS = ("group", "peer")
 
 

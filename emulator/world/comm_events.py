@@ -54,7 +54,7 @@ class CommEvent:
     group_id: str
     group_size: int
     op: str | None  # reduce op name ("SUM", "AVG", ...) or None
-    dtype: str  # torch dtype name without the "torch." prefix
+    dtype: str  # torch dtype name without the "torch." prefix; NO_TENSOR_DTYPE for a barrier
     numel: int
     nbytes: int
     async_op: bool

@@ -46,7 +46,7 @@ from torch._C._distributed_c10d import (
 from torch._subclasses.fake_tensor import FakeTensor
 
 from emulator.world import comm_events
-from emulator.world.collectives import all_to_all_kind
+from emulator.world.collectives import NO_TENSOR_DTYPE, all_to_all_kind
 from emulator.world.comm_events import CommEvent
 from emulator.world.work import VirtualWork
 
@@ -164,7 +164,7 @@ class VirtualProcessGroup(dist.ProcessGroup):
         sizes = _numel(tensors)
         total = sum(sizes) if numel is None else numel
         itemsize = tensors[0].element_size() if tensors else 0
-        dtype = str(tensors[0].dtype).removeprefix("torch.") if tensors else "none"
+        dtype = str(tensors[0].dtype).removeprefix("torch.") if tensors else NO_TENSOR_DTYPE
         event = recorder.emit(
             CommEvent,
             kind=kind,

@@ -132,7 +132,7 @@ def test_nvls_chosen_for_large_all_reduce_on_h100_node():
     [("SUM", "bfloat16", True), ("", "bfloat16", True), ("MAX", "bfloat16", True),
      ("SUM", "float32", True), ("MAX", "float32", False), ("AVG", "float32", False),
      ("AVG", "bfloat16", False), ("PREMUL_SUM", "bfloat16", False),
-     ("SUM", "float8_e4m3fn", False), ("", "", True)],
+     ("SUM", "float8_e4m3fn", False), ("", "none", True)],
 )  # fmt: skip
 def test_nvls_runs_sums_and_min_max_of_the_types_nccl_lists(reduce_op, dtype, supported):
     # device.h ncclNvlsSupported after enqueue.cc turns AVG into a pre-multiplied sum
