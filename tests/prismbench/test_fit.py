@@ -50,6 +50,20 @@ def _job(micro_batch: int = 1, **parallel):
     )
 
 
+DEBUG_SPEC = '[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n'
+
+
+def _fit_cli(tmp_path, capsys, *args: str, spec: str = DEBUG_SPEC) -> str:
+    """`prismbench fit JOB.toml ARGS` on `spec` written to a file: what it printed, its
+    whitespace folded (rich wraps and pads its table and lines)."""
+    from prismbench.cli import main
+
+    job = tmp_path / "job.toml"
+    job.write_text(spec)
+    assert main(["fit", str(job), *args]) == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
 def test_fit_on_a_gpu_whose_capacity_is_exactly_what_a_micro_batch_needs(monkeypatch, tmp_path):
     monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path))
     # reserved memory is a staircase of segments: take the last micro-batch of its first step
@@ -132,18 +146,12 @@ def test_a_value_the_spec_refuses_bounds_the_answer_as_the_spec_not_memory(monke
 
 
 def test_fit_prints_and_reports_the_spec_bound(monkeypatch, tmp_path, capsys):
-    from prismbench.cli import main
-
     _everything_fits(monkeypatch)
-    job = tmp_path / "job.toml"
-    job.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n')
-    assert main(["fit", str(job), "--vary", "seq_len"]) == 0
-    text = " ".join(capsys.readouterr().out.split())
+    text = _fit_cli(tmp_path, capsys, "--vary", "seq_len")
     assert "Largest seq_len that fits: 128" in text
     assert "seq_len 129 is refused by the spec: batch.seq_len(129) exceeds" in text
     assert "the bound is the spec's, not memory" in text
-    assert main(["fit", str(job), "--vary", "seq_len", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    data = json.loads(_fit_cli(tmp_path, capsys, "--vary", "seq_len", "--json"))
     assert data["limited_by"] == "spec" and data["refused"][0]["value"] > 128
 
 
@@ -164,16 +172,11 @@ def test_memory_is_named_the_bound_when_the_next_value_does_not_fit(monkeypatch)
 
 
 def test_a_maximum_bounds_the_search_and_is_named_the_bound(monkeypatch, tmp_path, capsys):
-    from prismbench.cli import main
-
     _everything_fits(monkeypatch)
     result = fit(_job(), "micro_batch", maximum=50)
     assert result.largest_fitting == 50 and result.limited_by == "maximum"
     assert max(p.value for p in result.probes) == 50  # nothing beyond it was emulated
-    job = tmp_path / "job.toml"
-    job.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n')
-    assert main(["fit", str(job), "--vary", "micro_batch", "--max", "20"]) == 0
-    text = " ".join(capsys.readouterr().out.split())
+    text = _fit_cli(tmp_path, capsys, "--vary", "micro_batch", "--max", "20")
     assert "Largest micro_batch that fits: 20" in text
     assert "micro_batch 21 is beyond --max 20: the bound is the search's, not memory" in text
 
@@ -181,14 +184,9 @@ def test_a_maximum_bounds_the_search_and_is_named_the_bound(monkeypatch, tmp_pat
 def test_values_the_search_left_unprobed_are_said_in_words_not_a_constant(
     monkeypatch, tmp_path, capsys
 ):
-    from prismbench.cli import main
-
     _everything_fits(monkeypatch)
-    job = tmp_path / "job.toml"
-    job.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n')
     # doubling fits up to 32, then 50: the 17 values between are more than the scan checks
-    assert main(["fit", str(job), "--vary", "micro_batch", "--max", "50"]) == 0
-    text = " ".join(capsys.readouterr().out.split())
+    text = _fit_cli(tmp_path, capsys, "--vary", "micro_batch", "--max", "50")
     assert "Not every value below the answer was probed (more than 16 lay between" in text
     assert "MAX_SCAN" not in text
 
@@ -310,42 +308,28 @@ def test_layers_halve_to_a_layer_a_stage_not_below_it(monkeypatch):
 
 
 def test_nothing_fitting_names_the_least_value_the_search_takes(monkeypatch, tmp_path, capsys):
-    from prismbench.cli import main
-
     _fits_when(monkeypatch, lambda job: False)
-    job = tmp_path / "job.toml"
-    job.write_text('[model]\nname = "gpt-debug"\nlayers = 6\n[parallel]\npp = 2\n'
-                   "[batch]\nseq_len = 64\nglobal_batch = 4\n")  # fmt: skip
-    assert main(["fit", str(job), "--vary", "layers", "--step", "1"]) == 0
-    assert "Not even layers = 2 fits." in capsys.readouterr().out
+    spec = DEBUG_SPEC.replace('"gpt-debug"\n', '"gpt-debug"\nlayers = 6\n[parallel]\npp = 2\n')
+    text = _fit_cli(tmp_path, capsys, "--vary", "layers", "--step", "1", spec=spec)
+    assert "Not even layers = 2 fits." in text
 
 
 def test_a_least_value_the_spec_refuses_is_said_refused_not_unfitting(monkeypatch, tmp_path, capsys):
-    from prismbench.cli import main
-
     _everything_fits(monkeypatch)
-    job = tmp_path / "job.toml"
-    job.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n')
     # gpt-debug's learned positions stop at 128: no length that is a multiple of 256 is taken
-    assert main(["fit", str(job), "--vary", "seq_len", "--step", "256"]) == 0
-    text = " ".join(capsys.readouterr().out.split())
+    text = _fit_cli(tmp_path, capsys, "--vary", "seq_len", "--step", "256")
     assert "No seq_len from 256 on was emulated:" in text
     assert "seq_len 256 is refused by the spec: batch.seq_len(256) exceeds" in text
     assert "Not even" not in text
 
 
 def test_values_below_the_bracket_the_search_stepped_over_are_said(monkeypatch, tmp_path, capsys):
-    from prismbench.cli import main
-
     _fits_when(monkeypatch, lambda job: job.batch.micro_batch <= 5)
     result = fit(_job(4), "micro_batch")
     # 4 fits, 8 does not: 6 and 5 bisected; 1 to 3 never probed
     assert result.largest_fitting == 5 and result.every_value_probed_from == 4
-    job = tmp_path / "job.toml"
-    job.write_text('[model]\nname = "gpt-debug"\n'
-                   "[batch]\nseq_len = 64\nmicro_batch = 4\nglobal_batch = 8\n")  # fmt: skip
-    assert main(["fit", str(job), "--vary", "micro_batch"]) == 0
-    text = " ".join(capsys.readouterr().out.split())
+    spec = DEBUG_SPEC.replace("seq_len = 64\n", "seq_len = 64\nmicro_batch = 4\n")
+    text = _fit_cli(tmp_path, capsys, "--vary", "micro_batch", spec=spec.replace("= 2\n", "= 8\n"))
     assert ("Every micro_batch from 4 to the answer was probed, and none below 4: what the "
             "allocator reserves need not grow with the value") in text  # fmt: skip
     assert "the job's micro-batches a step kept: the global batch follows" in text
@@ -354,15 +338,9 @@ def test_values_below_the_bracket_the_search_stepped_over_are_said(monkeypatch, 
 def test_a_value_that_fits_by_freeing_the_cache_in_its_first_iteration_says_so(
     monkeypatch, tmp_path, capsys
 ):
-    from prismbench.cli import main
-
     _fits_when(monkeypatch, lambda job: job.batch.micro_batch <= 2, first_iteration_alloc_retries=1)
-    job = tmp_path / "job.toml"
-    job.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 64\nglobal_batch = 2\n')
-    assert main(["fit", str(job), "--vary", "micro_batch"]) == 0
-    rows = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
-    (row,) = [r for r in rows if r.startswith("│ 2 │")]
-    assert "│ 1 / 0 │" in row
+    text = _fit_cli(tmp_path, capsys, "--vary", "micro_batch")
+    assert "│ 2 │ yes │" in text and "│ 1 / 0 │" in text
 
 
 @pytest.mark.parametrize(("line", "scanned"), [(48, True), (49, True), (50, False)])
