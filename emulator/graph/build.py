@@ -14,9 +14,12 @@ order (which is a topological order within the class):
   stream and makes the NCCL stream wait on it) and the end of the previous call on its own
   comm stream. The issuing stream is the one the program was on when it made the call (the
   trace's `stream` of the comm row, emulator/capture/streams.py).
-- `send` / `recv`: point-to-point calls on a stream per (group, peer), as torch keeps one
-  NCCL communicator per pair of p2p ranks. The k-th send from class a to class b is the k-th
-  recv at b from a (NCCL matches p2p calls in order on a communicator).
+- `send` / `recv`: point-to-point calls on a stream per (group, peer, direction): torch keeps
+  one NCCL communicator per pair of p2p ranks, which runs the calls of one direction in order
+  and a send beside a receive (the pipeline schedules post them together with
+  `batch_isend_irecv`, NCCL's "sendrecv": full-duplex links carry both at once). The k-th
+  send from class a to class b is the k-th recv at b from a (NCCL matches p2p calls in order
+  on a communicator).
 - `wait`: zero-length node on the issuing stream that makes it wait for a collective or p2p
   (`WaitEvent`; a blocking call that has no WaitEvent gets one right after it), or, for a
   stream wait (`stream.wait_event` / `wait_stream`, e.g. FSDP2's compute stream waiting for
@@ -460,7 +463,8 @@ class _Builder:
                     f"(offset {offset})"
                 )
             peer_class = self.world.class_of(peer)
-            s = self.stream(("p2p", gid, peer_class), f"p2p {gid} <-> pp{peer_class}")
+            arrow = "->" if kind == "send" else "<-"
+            s = self.stream(("p2p", gid, peer_class, kind), f"p2p {gid} {arrow} pp{peer_class}")
             duration = self.slowest_s(("p2p", peer), kind, nbytes, np.array([self.rep, peer]), ())
             return self.add(
                 kind=SEND if kind == "send" else RECV,

@@ -7,7 +7,7 @@ import pytest
 
 from emulator.costs.collectives import Topology
 from emulator.costs.pricing import CostContext
-from emulator.graph.execution_graph import COLLECTIVE, SEGMENT
+from emulator.graph.execution_graph import COLLECTIVE, SEGMENT, SEND
 from emulator.graph.replay import replay, replay_samples
 from emulator.graph.results import BREAKDOWN_FIELDS
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
@@ -204,6 +204,33 @@ def test_tied_embedding_allreduce_joins_only_first_and_last_stage():
         stages.append(s)
     result = replay(build(world, stages))
     assert [c.end_s for c in result.per_class] == pytest.approx([2.5, 3.0, 2.5])
+
+
+def _one_gpu_nodes_topology():
+    return Topology(gpu=gpu_preset("h100-sxm-80g"), gpus_per_node=1,
+                    link=intra_node_link("nvlink4"), network=inter_node_network("ib-ndr-8x400"))  # fmt: skip
+
+
+def test_a_send_and_a_receive_between_two_stages_run_at_once_and_two_sends_in_turn():
+    # the schedules post a stage's send and receive together (batch_isend_irecv): NCCL runs
+    # them side by side on full-duplex links, while calls of one direction keep their order
+    world = World.grid(dp=1, pp=2, cp=1, tp=1)
+    cost = CostContext(topology=_one_gpu_nodes_topology())
+    exchange = []
+    for p in range(2):
+        s = Stage(world, p)
+        s.send(1 - p, nbytes=1 << 26)
+        s.recv(1 - p, nbytes=1 << 26)
+        exchange.append(s)
+    graph = build(world, exchange, cost)
+    one = graph.classes[0]["duration_s"][graph.classes[0]["kind"] == SEND][0]
+    assert one > 1e-3
+    assert replay(graph).iteration_time_s == pytest.approx(one)
+    first, second = Stage(world, 0), Stage(world, 1)
+    for _ in range(2):
+        first.send(1, nbytes=1 << 26)
+        second.recv(0, nbytes=1 << 26)
+    assert replay(build(world, [first, second], cost)).iteration_time_s == pytest.approx(2 * one)
 
 
 def test_receive_before_send_on_both_sides_is_a_deadlock():
