@@ -60,6 +60,13 @@ ALLOCATOR_PEAKS = (
     "first_iteration_peak_memory_reserved_bytes",
     "first_iteration_peak_memory_allocated_bytes",
 )
+# Which predicted figure a measured peak-memory kind is compared with (emulate JSON fields);
+# a CPU run's resident set (cpu_max_rss) has none: the emulator predicts GPU memory.
+PEAK_MEMORY_FIELD = {
+    "allocator_reserved": "peak_memory_reserved_bytes",
+    "allocator_allocated": "peak_memory_allocated_bytes",
+    "nvidia_smi": "device_total_estimate_bytes",
+}
 _KIND_OF = {"tflops_per_gpu": "tflops_kind", "mfu": "mfu_kind", "peak_mem_bytes": "peak_mem_kind"}
 _KIND_CHOICES = {
     "tflops_kind": FLOPS_KINDS,
@@ -125,6 +132,12 @@ class Measured:
         peaks = [name for name in ALLOCATOR_PEAKS if getattr(self, name) is not None]
         for name in peaks:
             _check_number(name, getattr(self, name), integer=True)
+        twice = PEAK_MEMORY_FIELD.get(self.peak_mem_kind or "")
+        if twice in peaks:
+            raise BaselineError(
+                f"measured.{twice} and measured.peak_mem_bytes with peak_mem_kind="
+                f"{self.peak_mem_kind!r} give one figure twice: give it once"
+            )
         if peaks and self.device != "gpu":
             raise BaselineError(
                 f"measured.{peaks[0]} with measured.device={self.device!r}: the caching "
@@ -175,6 +188,18 @@ class Measured:
     def predicted_by_emulator(self) -> bool:
         """Whether the emulator predicts these figures: measured on the job's GPU, not a CPU."""
         return self.device == "gpu"
+
+    @property
+    def iteration_time_relative_range(self) -> tuple[float, float]:
+        """How far below and above the median the timed iterations reached, over the median:
+        ((median - min) / median, (max - median) / median); (0, 0) where one figure was
+        reported."""
+        if self.iteration_time_s_min is None:
+            return 0.0, 0.0
+        median = self.iteration_time_s
+        return (median - self.iteration_time_s_min) / median, (
+            self.iteration_time_s_max - median
+        ) / median
 
     @property
     def iteration_time_relative_spread(self) -> float:

@@ -33,17 +33,16 @@ class Threshold:
     sign: str
     percent: float
 
-    def crossed(self, change: float, *, slack: float = 0.0) -> bool:
-        """Whether a relative change (0.03 = +3 %) breaks this bound widened by `slack`; a
-        change that is no number (a NaN figure on either side) breaks every bound."""
+    def crossed(self, change: float, *, slack_below: float = 0.0, slack_above: float = 0.0) -> bool:
+        """Whether a relative change (0.03 = +3 %) breaks this bound, its upward limit widened
+        by `slack_above` and its downward one by `slack_below` (validate: how far the
+        measurement's own iterations reached above and below their median); a change that is
+        no number (a NaN figure on either side) breaks every bound."""
         if not math.isfinite(change):
             return True
-        limit = self.percent / 100 + slack
-        if self.sign == "+":
-            return change > limit
-        if self.sign == "-":
-            return change < -limit
-        return abs(change) > limit
+        rise = self.sign != "-" and change > self.percent / 100 + slack_above
+        fall = self.sign != "+" and change < -(self.percent / 100 + slack_below)
+        return rise or fall
 
     def __str__(self) -> str:
         return f"{self.field}:{self.sign}{self.percent:g}%"

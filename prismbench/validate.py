@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prismbench import history
-from prismbench.baselines import ALLOCATOR_PEAKS
+from prismbench.baselines import ALLOCATOR_PEAKS, PEAK_MEMORY_FIELD
 from prismbench.capture_sources import ROOT, files_hash
 from prismbench.checkout import git_version
 from prismbench.fidelity import measured_iteration_s
@@ -45,19 +45,10 @@ DEFAULT_DB = Path(".prismbench") / "prismbench.duckdb"
 # a large job runs for minutes with nothing else said (korthikanti's 1T-parameter row on 512 GPUs:
 # 489 s before validate's first line, two workers on 2 cores, 2026-11-30)
 HEARTBEAT_S = 60.0
-VALIDATED_METRICS = (
-    "iteration_time_s",
-    "peak_memory_reserved_bytes",
-    "peak_memory_allocated_bytes",
-    "device_total_estimate_bytes",
+# every figure case_metrics scores, as the emulate JSON names it: what --gate may bound
+VALIDATED_METRICS = tuple(
+    dict.fromkeys(("iteration_time_s", *PEAK_MEMORY_FIELD.values(), *ALLOCATOR_PEAKS))
 )
-# Which predicted figure a measured peak-memory kind is compared with (emulate JSON fields);
-# a CPU run's resident set (cpu_max_rss) has none: the emulator predicts GPU memory.
-PEAK_MEMORY_FIELD = {
-    "allocator_reserved": "peak_memory_reserved_bytes",
-    "allocator_allocated": "peak_memory_allocated_bytes",
-    "nvidia_smi": "device_total_estimate_bytes",
-}
 # What `validate` runs when no --select/--all is given: one or two baselines per source, every
 # GPU generation, and every parallelism the baselines use (DDP/ZeRO-1, FSDP, TP with SP,
 # 1F1B and interleaved pipelines, FP8), cheap captures first. Cold (nothing cached) it runs in
@@ -87,9 +78,11 @@ class MetricResult:
     metric: str  # the emulate JSON field
     predicted: float
     measured: float
-    # How much relative error the measurement's own spread explains (repeated runs: half the
-    # range over the median); a gate widens its bound by it.
-    spread: float = 0.0
+    # How far the measurement's own iterations reached below and above their median, over it
+    # (Measured.iteration_time_relative_range): a prediction within the measured range is not
+    # wrong by more than that, so a gate widens its downward and upward bound by them
+    slack_below: float = 0.0
+    slack_above: float = 0.0
 
     @property
     def error(self) -> float:
@@ -174,10 +167,9 @@ def case_metrics(baseline, result: dict) -> list[MetricResult]:
     measured = measured_iteration_s(baseline)
     m = baseline.measured
     if measured is not None:
-        spread = m.iteration_time_relative_spread
-        metrics.append(
-            MetricResult("iteration_time_s", result["iteration_time_s"], measured[0], spread)
-        )
+        below, above = m.iteration_time_relative_range
+        metrics.append(MetricResult("iteration_time_s", result["iteration_time_s"], measured[0],
+                                    slack_below=below, slack_above=above))  # fmt: skip
     if m.peak_mem_bytes is not None and m.peak_mem_kind in PEAK_MEMORY_FIELD:
         name = PEAK_MEMORY_FIELD[m.peak_mem_kind]
         metrics.append(MetricResult(name, float(result[name]), float(m.peak_mem_bytes)))
@@ -521,7 +513,8 @@ def gate_failures(
     cases: list[CaseResult], thresholds: list[Threshold]
 ) -> list[tuple[str, str, float, str]]:
     """(baseline, metric, error, threshold) for every case metric that crosses a threshold on
-    its field, the bound widened by the measurement's own spread (`MetricResult.spread`); a
+    its field, the bound widened by the measurement's own range (`MetricResult.slack_below`,
+    `slack_above`); a
     failed emulation fails the gate too (metric "emulation"), so does a case predicted to run
     out of memory (metric "oom": every baseline records a run that completed, so the job fit),
     and so does a threshold no case measures (baseline "-"): a gate that checks nothing must
@@ -539,7 +532,9 @@ def gate_failures(
             failures.append((case.baseline, "oom", float("nan"), PREDICTED_OOM))
         for m in case.metrics:
             for t in thresholds:
-                if t.field == m.metric and t.crossed(m.error, slack=m.spread):
+                if t.field == m.metric and t.crossed(
+                    m.error, slack_below=m.slack_below, slack_above=m.slack_above
+                ):
                     failures.append((case.baseline, m.metric, m.error, str(t)))
     return failures
 
@@ -565,6 +560,8 @@ def run_to_dict(run: ValidationRun, failures) -> dict:
                         "predicted": m.predicted,
                         "measured": m.measured,
                         "error": m.error,
+                        "slack_below": m.slack_below,
+                        "slack_above": m.slack_above,
                     }
                     for m in c.metrics
                 ],

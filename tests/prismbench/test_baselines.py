@@ -172,6 +172,12 @@ def test_unknown_key_is_refused(table, key):
             {"peak_memory_allocated_bytes": 2**30, "device": "cpu"},
             "peak_memory_allocated_bytes with measured.device='cpu': the caching allocator's",
         ),
+        (  # validate would score the one figure twice
+            {"peak_mem_bytes": 2**30, "peak_mem_kind": "allocator_allocated",
+             "peak_memory_allocated_bytes": 2**30},
+            "peak_memory_allocated_bytes and measured.peak_mem_bytes with "
+            "peak_mem_kind='allocator_allocated' give one figure twice",
+        ),  # fmt: skip
     ],
 )
 def test_measured_rules_name_the_field(changes, message):

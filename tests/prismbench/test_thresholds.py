@@ -34,7 +34,17 @@ def test_a_signed_bound_only_fails_in_its_direction():
 
 def test_a_change_that_is_no_number_breaks_every_bound():
     for bound in (Threshold("f", "+", 2), Threshold("f", "-", 2), Threshold("f", "", 2)):
-        assert bound.crossed(float("nan")) and bound.crossed(float("inf"), slack=1.0)
+        assert bound.crossed(float("nan"))
+        assert bound.crossed(float("inf"), slack_below=1.0, slack_above=1.0)
+
+
+def test_a_bound_widens_by_its_own_side_s_slack():
+    # the measured iterations reached 1 % below their median and 5 % above
+    slack = dict(slack_below=0.01, slack_above=0.05)
+    either, rise, fall = Threshold("f", "", 2), Threshold("f", "+", 2), Threshold("f", "-", 2)
+    assert not either.crossed(0.069, **slack) and either.crossed(0.071, **slack)
+    assert not either.crossed(-0.029, **slack) and either.crossed(-0.031, **slack)
+    assert not rise.crossed(0.069, **slack) and fall.crossed(-0.031, **slack)
 
 
 def test_field_values_follow_dots_and_name_what_exists():

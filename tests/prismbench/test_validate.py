@@ -201,6 +201,52 @@ def test_cli_exit_codes_and_mlflow(history_dir, baselines_dir, capsys):
     assert "not validated metrics" in capsys.readouterr().err
 
 
+def test_every_figure_validate_scores_can_be_gated():
+    from prismbench.baselines import ALLOCATOR_PEAKS, PEAK_MEMORY_FIELD
+    from prismbench.validate import VALIDATED_METRICS
+
+    scored = {"iteration_time_s", *PEAK_MEMORY_FIELD.values(), *ALLOCATOR_PEAKS}
+    assert set(VALIDATED_METRICS) == scored
+    assert "first_iteration_peak_memory_reserved_bytes" in VALIDATED_METRICS
+
+
+def test_a_run_mlflow_cannot_log_still_prints_its_figures_and_gate_then_exits_1(
+    history_dir, baselines_dir, capsys, monkeypatch
+):
+    import prismbench.mlflow_log
+
+    def broken(*args, **kwargs):
+        raise OSError("[Errno 20] Not a directory: 'mlartifacts'")
+
+    monkeypatch.setattr(prismbench.mlflow_log, "log_run", broken)
+    args = _validate_args(baselines_dir, "--all", "--db", str(history_dir / "p.duckdb"),
+                          "--workers", "1", "--gate", "iteration_time_s:60%")  # fmt: skip
+    assert main(args) == 1
+    out, err = capsys.readouterr()
+    assert "gate passed: iteration_time_s:60%" in out
+    assert "logging run" in err and "Not a directory" in err and "the run is complete in" in err
+
+
+def test_a_case_the_measured_range_lets_pass_is_said(capsys):
+    from rich.console import Console
+
+    from prismbench import report
+    from prismbench.validate import CaseResult, MetricResult, ValidationRun
+
+    metric = MetricResult("iteration_time_s", 0.87, 1.0, slack_below=0.2, slack_above=0.05)
+    case = CaseResult(baseline="b", source="s", gpu="g", world_size=1, status="ok", wall_s=0.0,
+                      metrics=[metric])  # fmt: skip
+    run = ValidationRun(run_id="r", db_path=Path("h.duckdb"), cases=[case], status="complete")
+    thresholds = parse_thresholds("iteration_time_s:5%", option="--gate")
+    assert not gate_failures([case], thresholds)
+    console = Console(record=True, width=200)
+    report.render_validation(run, summarize([case]), [], console, thresholds)
+    text = console.export_text()
+    assert ("gate: b: iteration_time_s error -13.0% is within iteration_time_s:5% only as the "
+            "measured iterations reached -20.0% .. +5.0% of their median") in text  # fmt: skip
+    assert "gate passed" in text
+
+
 def test_validate_says_whether_its_gate_passed(tmp_path, baselines_dir, capsys):
     args = _validate_args(baselines_dir, "--all", "--db", str(tmp_path / "h.duckdb"),
                           "--no-mlflow", "--workers", "1")  # fmt: skip
@@ -313,23 +359,27 @@ def test_sigterm_ends_a_command_with_its_own_line_and_exit_status(monkeypatch, c
         signal.signal(signal.SIGTERM, previous)
 
 
-def test_a_gate_allows_for_the_measured_spread():
+def test_a_gate_allows_for_how_far_the_measured_runs_reached_on_the_error_s_side():
     from prismbench.validate import CaseResult, MetricResult
 
-    def case(spread):
+    def case(predicted, below, above):
+        metric = MetricResult("iteration_time_s", predicted, 1.0, slack_below=below,
+                              slack_above=above)  # fmt: skip
         return CaseResult(baseline="b", source="s", gpu="g", world_size=1, status="ok", wall_s=0.0,
-                          metrics=[MetricResult("iteration_time_s", 1.12, 1.0, spread)])  # fmt: skip
+                          metrics=[metric])  # fmt: skip
 
     thresholds = parse_thresholds("iteration_time_s:10%", option="--gate")
-    assert gate_failures([case(0.0)], thresholds)  # +12 % against 10 %
-    assert not gate_failures([case(0.03)], thresholds)  # the runs themselves spread +-3 %
+    assert gate_failures([case(1.12, 0.0, 0.0)], thresholds)  # +12 % against 10 %
+    assert not gate_failures([case(1.12, 0.0, 0.03)], thresholds)  # runs reached +3 %
+    # one slow iteration (+30 %) widens the bound above the median, not below it
+    assert gate_failures([case(0.88, 0.01, 0.30)], thresholds)
 
 
 def test_a_gate_on_a_metric_no_selected_case_measures_fails():
     from prismbench.validate import CaseResult, MetricResult
 
     timed_only = CaseResult(baseline="b", source="s", gpu="g", world_size=1, status="ok",
-                            wall_s=0.0, metrics=[MetricResult("iteration_time_s", 1.0, 1.0, 0.0)])  # fmt: skip
+                            wall_s=0.0, metrics=[MetricResult("iteration_time_s", 1.0, 1.0)])  # fmt: skip
     thresholds = parse_thresholds("peak_memory_reserved_bytes:5%", option="--gate")
     ((baseline, metric, _, why),) = gate_failures([timed_only], thresholds)
     assert (baseline, metric) == ("-", "peak_memory_reserved_bytes") and "no selected case" in why
@@ -516,7 +566,7 @@ def test_a_case_predicted_to_run_out_of_memory_fails_the_gate_without_a_threshol
     def case(oom):
         return CaseResult(baseline="b", source="s", gpu="g", world_size=1, status="ok", wall_s=0.0,
                           result={"oom": oom},
-                          metrics=[MetricResult("iteration_time_s", 1.0, 1.0, 0.0)])  # fmt: skip
+                          metrics=[MetricResult("iteration_time_s", 1.0, 1.0)])  # fmt: skip
 
     assert gate_failures([case(True)], []) == [
         ("b", "oom", pytest.approx(float("nan"), nan_ok=True), PREDICTED_OOM)
