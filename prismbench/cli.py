@@ -72,10 +72,11 @@ def _load_job(path: str):
     """The job spec at `path`, or the `[job]` table of the baseline file at `path` (said on
     stderr); each `[kernels]` override and model field that changes nothing for the job is
     said on stderr (workloads.kernels.moot_overrides, prismbench.spec.moot_model_fields):
-    nothing is ignored silently; so is what the default framework runs that production
+    nothing is ignored silently; so is a framework choice that gave way for the job
+    (`framework_fallback_notes`) and what the default framework runs that production
     frameworks do not (`research_program_notes`)."""
     from prismbench.baselines import BaselineError, is_baseline_file, load_baseline
-    from workloads.kernels import moot_overrides, research_program_notes
+    from workloads.kernels import framework_fallback_notes, moot_overrides, research_program_notes
 
     if is_baseline_file(path):
         try:
@@ -85,7 +86,8 @@ def _load_job(path: str):
         _progress(f"note: {path} is a baseline: its [job] table is the job")
     else:
         job = load_job_spec(path)
-    notes = (*moot_model_fields(job.model), *moot_overrides(job), *research_program_notes(job))
+    notes = (*moot_model_fields(job.model), *moot_overrides(job), *framework_fallback_notes(job),
+             *research_program_notes(job))  # fmt: skip
     for note in notes:
         _progress(f"note: {path}: {note}")
     return job

@@ -780,6 +780,24 @@ def moot_overrides(job: Any) -> list[str]:
     ]
 
 
+def framework_fallback_notes(job: Any) -> list[str]:
+    """Where the framework's choice gave way for this job and another program runs, one line
+    each (`KernelsSpec.for_pipeline`): a Megatron or NeMo pipeline that Megatron's executor
+    cannot run (Megatron itself refuses the layout) runs torch's pipelining. The CLI says
+    them; nothing changes."""
+    k, p = job.kernels, job.parallel
+    chosen = PIPELINE_RECV_BY_FRAMEWORK[k.framework]
+    if p.pp == 1 or chosen == k.pipeline_recv or "pipeline_recv" not in k._chosen:
+        return []
+    why = per_transfer_refusal(p.schedule, p.pp, job.num_microbatches)
+    return [
+        f"kernels.framework={k.framework!r} runs its pipelines with Megatron's executor "
+        f"(kernels.pipeline_recv={chosen!r}), which cannot run this one ({why}): torch's "
+        "pipelining runs it (kernels.pipeline_recv='per-microbatch'), where Megatron would "
+        "refuse the layout"
+    ]
+
+
 def research_program_notes(job: Any) -> list[str]:
     """What the job runs that no production framework runs and that moves its time most, one
     line each: choices of `prism-86a4f47` (the default framework, the program of the shared

@@ -331,6 +331,19 @@ def test_a_kernels_override_that_changes_nothing_is_said_not_ignored(tmp_path, c
     )
 
 
+def test_a_framework_choice_that_gave_way_is_said(tmp_path, capsys):
+    text = (
+        '[model]\nname = "llama-debug"\nlayers = 8\n'
+        '[parallel]\npp = 4\nvpp = 2\nschedule = "interleaved-1f1b"\n'
+        '[batch]\nseq_len = 64\nglobal_batch = 6\n[kernels]\nframework = "megatron"\n'
+    )
+    job = _write(tmp_path, text)
+    assert main(["explain", job, "--json"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"note: {job}: kernels.framework='megatron' runs its pipelines with ")
+    assert "torch's pipelining runs it" in err
+
+
 def test_a_model_field_that_changes_nothing_is_said_not_ignored(tmp_path, capsys):
     text = (
         '[model]\nname = "gpt-debug"\nrope_theta = 5e5\n[batch]\nseq_len = 64\nglobal_batch = 2\n'

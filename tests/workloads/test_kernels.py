@@ -9,6 +9,7 @@ from workloads.kernels import (
     CHOICES,
     FRAMEWORKS,
     KernelsSpec,
+    framework_fallback_notes,
     moot_overrides,
     padded_vocab,
     research_program_notes,
@@ -421,3 +422,21 @@ def test_flash2_makes_every_block_ask_sdpa_for_its_flash_backend(attention, flas
     cores = [block.attention.core_attention for block in model.layers.values()]
     assert cores and all(core.flash_only is flash_only for core in cores)
     assert not any(core.unfused for core in cores)
+
+
+def test_a_megatron_pipeline_its_executor_cannot_run_is_said_to_run_torch_s():
+    # Megatron's interleaved schedule needs a multiple of pp micro-batches: 6 on pp 4 is not
+    tables = {"model": {"name": "llama-debug", "layers": 8},
+              "parallel": {"pp": 4, "vpp": 2, "schedule": "interleaved-1f1b"},
+              "batch": {"seq_len": 64, "micro_batch": 1, "global_batch": 6},
+              "kernels": {"framework": "megatron"}}  # fmt: skip
+    job = job_spec_from_dict(tables)
+    assert job.kernels.pipeline_recv == "per-microbatch"
+    [note] = framework_fallback_notes(job)
+    assert "kernels.framework='megatron' runs its pipelines with Megatron's executor" in note
+    assert "micro-batches per iteration(6) to be a multiple of pp(4)" in note
+    assert "torch's pipelining runs it" in note
+    tables["batch"]["global_batch"] = 8  # a multiple: Megatron's executor runs it, nothing said
+    assert framework_fallback_notes(job_spec_from_dict(tables)) == []
+    given = tables | {"kernels": {"framework": "megatron", "pipeline_recv": "per-microbatch"}}
+    assert framework_fallback_notes(job_spec_from_dict(given)) == []  # the spec's own choice
