@@ -59,12 +59,16 @@ def _scatter(rows: list[dict], metric: str, path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+    # bytes in GiB: tick labels of a few digits (raw bytes, "2.25e+10", ran into each other
+    # where the values span less than a decade and matplotlib labels the minor ticks)
+    unit, scale = ("GiB", 2**30) if metric.endswith("_bytes") else ("s", 1.0)
     fig, ax = plt.subplots(figsize=(6, 5.5))
     sources = sorted({r["source"] for r in rows})
     for source in sources:
         pts = [r for r in rows if r["source"] == source]
-        ax.scatter([r["measured"] for r in pts], [r["predicted"] for r in pts], label=source, s=18)
-    values = [v for r in rows for v in (r["measured"], r["predicted"])]
+        ax.scatter([r["measured"] / scale for r in pts], [r["predicted"] / scale for r in pts],
+                   label=source, s=18)  # fmt: skip
+    values = [v / scale for r in rows for v in (r["measured"], r["predicted"])]
     lo, hi = min(values), max(values)
     if hi <= lo * 1.01:  # one point (or all alike): a line through it, not a dot
         lo, hi = lo / 1.5, hi * 1.5
@@ -78,7 +82,6 @@ def _scatter(rows: list[dict], metric: str, path: Path) -> None:
         axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         axis.set_minor_formatter(NullFormatter())
-    unit = "bytes" if metric.endswith("_bytes") else "s"
     ax.set_xlabel(f"measured {metric} ({unit})")
     ax.set_ylabel(f"predicted {metric} ({unit})")
     ax.legend(fontsize=7)
