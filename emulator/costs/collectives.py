@@ -129,6 +129,12 @@ def _check(kind: str) -> None:
         raise ValueError(f"collective kind={kind!r} is not known; known: {COLLECTIVES}")
 
 
+def _call_geometry(group_ranks: np.ndarray, topo: Topology, nvls_reduction: bool) -> GroupGeometry:
+    """The group's geometry for one call: no NVLS where it cannot run the call's reduction."""
+    geometry = group_geometry(group_ranks, topo)
+    return geometry if nvls_reduction else replace(geometry, nvls=False)
+
+
 def collective_times_s(
     kind: str, nbytes, group_ranks: np.ndarray, topo: Topology, *, nvls_reduction: bool = True
 ) -> np.ndarray:
@@ -146,10 +152,7 @@ def collective_times_s(
         return _p2p_times_s(kind, sizes, group_ranks, topo)
     if nccl == "barrier":
         kind, sizes = "all_reduce", np.full(sizes.shape, float(_BARRIER_BYTES))
-    geometry = group_geometry(group_ranks, topo)
-    if not nvls_reduction:
-        geometry = replace(geometry, nvls=False)
-    candidates = candidate_times_us(kind, sizes, geometry)
+    candidates = candidate_times_us(kind, sizes, _call_geometry(group_ranks, topo, nvls_reduction))
     return np.min(np.stack(list(candidates.values())), axis=0) * 1e-6
 
 
@@ -174,9 +177,7 @@ def choose_algorithm(
         )
     if np.asarray(group_ranks).size == 1:
         return ("none", "none", 0.0)
-    geometry = group_geometry(group_ranks, topo)
-    if not nvls_reduction:
-        geometry = replace(geometry, nvls=False)
+    geometry = _call_geometry(group_ranks, topo, nvls_reduction)
     candidates = candidate_times_us(kind, np.array([float(nbytes)]), geometry)
     (algo, proto), time_us = min(candidates.items(), key=lambda item: item[1][0])
     return algo, proto, float(time_us[0]) * 1e-6

@@ -149,6 +149,18 @@ def test_two_sizes_that_print_alike_keep_apart_with_their_bytes_in_full():
     assert [x.nodes for x in found] == [1, 1]
 
 
+def _collective_signatures(world, stages):
+    """The signatures of the stages' one noise source, their collectives' per-call noise (no
+    compute or spatial noise)."""
+    model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=CV)
+    graph = build(world, stages)
+    traced = {p: s.trace() for p, s in enumerate(stages)}
+    traces = {p: trace for p, (trace, _) in traced.items()}
+    spreads = {p: 0 * durations for p, (_, durations) in traced.items()}
+    (source,) = noise_sources(graph, model, traces, spreads)
+    return source_signatures(source, graph, model, traces, spreads)
+
+
 def test_the_same_call_on_two_stages_is_two_signatures_named_by_stage():
     # a gradient all-reduce of one size on each stage: one may sit on the critical path and the
     # other have slack, so a pipelined job's comm signatures keep them apart
@@ -157,12 +169,7 @@ def test_the_same_call_on_two_stages_is_two_signatures_named_by_stage():
     for stage in stages:
         stage.compute(0.5, name="norm")
         stage.collective("all_reduce", "dp", duration_s=0.2, nbytes=10**9)
-    model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=CV)
-    graph = build(world, stages)
-    traces = {p: s.trace()[0] for p, s in enumerate(stages)}
-    spreads = {p: 0 * s.trace()[1] for p, s in enumerate(stages)}
-    (source,) = noise_sources(graph, model, traces, spreads)
-    found = source_signatures(source, graph, model, traces, spreads)
+    found = _collective_signatures(world, stages)
     assert [x.name for x in found] == [
         "all_reduce on dp (2 members), 1 GB, stage 0",
         "all_reduce on dp (2 members), 1 GB, stage 1",
@@ -227,11 +234,6 @@ def test_a_collective_spanning_stages_is_one_signature_holding_every_member():
     for stage in stages:
         stage.compute(0.5, name="norm")
         stage.collective("all_reduce", "pp", duration_s=0.2, nbytes=10**6)
-    model = VariabilityModel(spatial_cv=0.0, temporal_cv=0.0, collective_cv=CV)
-    graph = build(world, stages)
-    traces = {p: s.trace()[0] for p, s in enumerate(stages)}
-    spreads = {p: 0 * s.trace()[1] for p, s in enumerate(stages)}
-    (source,) = noise_sources(graph, model, traces, spreads)
-    (call,) = source_signatures(source, graph, model, traces, spreads)
+    (call,) = _collective_signatures(world, stages)
     assert call.name == "all_reduce on pp (2 members), 1 MB"
     assert [int(m.sum()) for m in call.mask.comm] == [1, 1]
