@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -1368,8 +1369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 @contextlib.contextmanager
 def _sigterm_raises_terminated():
-    """While the block runs, the first SIGTERM raises Terminated. The previous handler comes
-    back after it: `main` also runs inside other programs (the tests)."""
+    """While the block runs, the first SIGTERM raises Terminated, and an interrupt Python dropped
+    is delivered again. The previous handler and hook come back after it: `main` also runs
+    inside other programs (the tests)."""
 
     def terminate(_signum, _frame) -> None:
         # `timeout` signals the command and then its whole process group, so a second SIGTERM
@@ -1378,8 +1380,32 @@ def _sigterm_raises_terminated():
         signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
         raise Terminated
 
+    def deliver_again(unraisable) -> None:
+        # a handler's exception raised while a weakref callback or __del__ runs is printed as
+        # "Exception ignored" and dropped: a SIGTERM that landed in importlib's module-lock
+        # callback let a capture run to its end and exit 0 (seen in CI). Signalled again, it
+        # is raised where the main thread goes on
+        if isinstance(unraisable.exc_value, Terminated):
+            signal.signal(signal.SIGTERM, terminate)
+            _signal_main_thread_soon(signal.SIGTERM)
+        elif isinstance(unraisable.exc_value, KeyboardInterrupt):
+            _signal_main_thread_soon(signal.SIGINT)
+        else:
+            previous_hook(unraisable)
+
     previous = signal.signal(signal.SIGTERM, terminate)
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = deliver_again
     try:
         yield
     finally:
+        sys.unraisablehook = previous_hook
         signal.signal(signal.SIGTERM, previous)
+
+
+def _signal_main_thread_soon(signum: int) -> None:
+    """Signal the main thread from another one, 10 ms on: signalled from where the main thread
+    is, the handler would run at once, still inside the code that dropped its exception."""
+    timer = threading.Timer(0.01, signal.pthread_kill, (threading.main_thread().ident, signum))
+    timer.daemon = True
+    timer.start()

@@ -359,6 +359,48 @@ def test_sigterm_ends_a_command_with_its_own_line_and_exit_status(monkeypatch, c
         signal.signal(signal.SIGTERM, previous)
 
 
+def _signalled_inside_a_weakref_callback(signum):
+    """A command that signals itself while Python runs a weakref callback, whose exceptions
+    Python prints as "Exception ignored" and drops, then works on for up to 30 s."""
+    import os
+    import time
+    import weakref
+
+    def command(args):
+        class Lock:
+            pass
+
+        def callback(_ref):
+            os.kill(os.getpid(), signum)
+            sum(range(1000))  # the handler runs at one of these bytecodes, in the callback
+
+        lock = Lock()
+        ref = weakref.ref(lock, callback)
+        del lock  # the callback runs here
+        time.sleep(30)  # the interrupt, delivered again, is raised in here
+        return ref
+
+    return command
+
+
+@pytest.mark.parametrize(
+    ("signum", "exit_status", "line"), [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")]
+)
+def test_an_interrupt_python_dropped_in_a_callback_still_ends_the_command(
+    monkeypatch, capsys, signum, exit_status, line
+):
+    import sys
+
+    import prismbench.cli as cli
+
+    monkeypatch.setattr(cli, "_cmd_workloads", _signalled_inside_a_weakref_callback(signum))
+    hook = sys.unraisablehook
+    assert main(["workloads"]) == exit_status  # before, 0 after the 30 s
+    err = capsys.readouterr().err
+    assert err.strip() == line and "Exception ignored" not in err
+    assert sys.unraisablehook is hook
+
+
 def test_a_gate_allows_for_how_far_the_measured_runs_reached_on_the_error_s_side():
     from prismbench.validate import CaseResult, MetricResult
 
