@@ -322,7 +322,13 @@ SLOW_CASES = {
 # The unfused ALiBi scores carry slope * key position (up to 16 here) in float32, so the
 # parallel and single runs round differently enough for the third step's norm to drift by ~5e-5
 # (the single run's own flash/unfused norms differ by 8e-6); a wrong scale is off by >= 0.5.
-GRAD_NORM_RTOL = {"tp2-sp-pp2-gpt-alibi-unfused-attention": 1e-4}
+# The padded vocabulary's fused in-place loss under tp drifts likewise on an AVX-512 CPU: its
+# norms by 5.9e-6, 1.2e-5 and 2.4e-5 in the three steps (1e-5 held on the machines CI had
+# before); every other float32 case stays within 8.5e-6 at every step there.
+GRAD_NORM_RTOL = {
+    "tp2-sp-pp2-gpt-alibi-unfused-attention": 1e-4,
+    "pp2-gpipe-tp2-llama-fused-inplace-loss-padded-vocab": 1e-4,
+}
 # bf16 rounds differently in the parallel and single runs, and AdamW's steps compound it: the bf16
 # case's losses drift by 1.7e-3 by the third step and its norms by 2 %; the fp8 cases under tp by
 # up to 4e-3 and 23 % (their shards are cast to fp8 in the parallel run: where the plan is not
