@@ -7,6 +7,7 @@ anything is emulated; `result_of` then emulates a job spec here (captures cached
 crossing its threshold fails the gate (`prismbench gate` exits 1); so does a candidate
 predicted to run out of memory, whatever the thresholds (the row `FITS`, always there: a
 change that makes a job not fit is the first thing a gate must catch); bad input exits 2.
+Sides whose jobs differ in size (GPUs, GPU memory, pipeline stages) are said so, not failed.
 """
 
 from __future__ import annotations
@@ -40,10 +41,22 @@ class GateRow:
 
 
 @dataclass(frozen=True)
+class LayoutDifference:
+    """A figure of a job's size (named as in the emulate JSON) that differs between the sides."""
+
+    field: str
+    reference: int
+    candidate: int
+
+
+@dataclass(frozen=True)
 class GateResult:
     reference: str
     candidate: str
     rows: list[GateRow]
+    # how the two jobs' sizes differ (`layout_differences`): said, not failed, as two layouts of
+    # one model are gated on purpose, but two results mixed up are seen by it
+    layout_differences: tuple[LayoutDifference, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -55,6 +68,7 @@ class GateResult:
             "candidate": self.candidate,
             "passed": self.passed,
             "rows": [_json_row(row) for row in self.rows],
+            "layout_differences": [asdict(d) for d in self.layout_differences],
         }
 
 
@@ -173,7 +187,24 @@ def gate(reference: dict, candidate: dict, thresholds: list[Threshold], *,
         rows.append(GateRow(str(t), t.field, ref, cand, change, passed))
     ref_oom, cand_oom = bool(reference["oom"]), bool(candidate["oom"])
     rows.append(GateRow(FITS, "oom", float(ref_oom), float(cand_oom), None, not cand_oom))
-    return GateResult(names[0], names[1], rows)
+    return GateResult(names[0], names[1], rows, layout_differences(reference, candidate))
+
+
+def layout_differences(reference: dict, candidate: dict) -> tuple[LayoutDifference, ...]:
+    """Where the two results' jobs differ in size: the GPUs, each GPU's memory, the pipeline
+    stages (a class each). A result names its job after its file, so these are what tells one
+    job gated across a change from two unrelated results."""
+    sizes = {
+        "world_size": lambda r: r["world_size"],
+        "gpu_capacity_bytes": lambda r: r["gpu_capacity_bytes"],
+        "pipeline_stages": lambda r: len(r["per_class"]) if "per_class" in r else None,
+    }
+    differences = []
+    for field, size in sizes.items():
+        before, after = size(reference), size(candidate)
+        if None not in (before, after) and before != after:
+            differences.append(LayoutDifference(field, before, after))
+    return tuple(differences)
 
 
 def _holds_from_zero(threshold: Threshold, candidate: float) -> bool:

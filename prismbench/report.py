@@ -586,6 +586,14 @@ def render_gate(result, console: Console) -> None:
             change = "n/a (reference is 0)" if row.change is None else f"{row.change:+.2%}"
         table.add_row(row.threshold, *values, change, "PASS" if row.passed else "FAIL")
     console.print(table)
+    if result.layout_differences:
+        console.print(
+            "note: the two sides are jobs of different sizes: "
+            + "; ".join(
+                f"{d.field} {format_field(d.field, d.reference)} -> {format_field(d.field, d.candidate)}"
+                for d in result.layout_differences
+            )
+        )
     console.print("gate passed" if result.passed else "gate FAILED")
 
 

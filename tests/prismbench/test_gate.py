@@ -250,3 +250,33 @@ def test_every_fail_option_given_is_checked(reference, tmp_path):
     cand = _write(tmp_path / "cand.json", _slower(reference, 1.05))
     fails = ["--fail", "iteration_time_s:+2%", "--fail", "peak_memory_reserved_bytes:+1%"]
     assert main(["gate", "--reference", ref, "--candidate", cand, *fails]) == 1
+
+
+def test_sides_of_different_sizes_are_said_not_failed(reference, tmp_path, capsys):
+    # a result names its job after its file: its size is what tells two results mixed up
+    doubled = reference | {
+        "world_size": 2 * reference["world_size"],
+        "per_class": 2 * reference["per_class"],
+    }
+    result = gate(reference, doubled, parse_thresholds("iteration_time_s:+2%"))
+    assert result.passed
+    assert [(d.field, d.reference, d.candidate) for d in result.layout_differences] == [
+        ("world_size", reference["world_size"], 2 * reference["world_size"]),
+        ("pipeline_stages", len(reference["per_class"]), 2 * len(reference["per_class"])),
+    ]
+    assert gate(reference, _slower(reference, 1.01), []).layout_differences == ()
+
+    (tmp_path / "ref.json").write_text(json.dumps(reference))
+    (tmp_path / "cand.json").write_text(json.dumps(doubled))
+    sides = ["--reference", str(tmp_path / "ref.json"), "--candidate", str(tmp_path / "cand.json")]
+    assert main(["gate", *sides, "--fail", "iteration_time_s:+2%"]) == 0
+    world, stages = reference["world_size"], len(reference["per_class"])
+    assert (
+        f"note: the two sides are jobs of different sizes: world_size {world} -> {2 * world}; "
+        f"pipeline_stages {stages} -> {2 * stages}"
+    ) in capsys.readouterr().out
+    assert main(["gate", *sides, "--fail", "iteration_time_s:+2%", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["layout_differences"][0] == {
+        "field": "world_size", "reference": world, "candidate": 2 * world,
+    }  # fmt: skip
+
