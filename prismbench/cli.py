@@ -364,7 +364,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
     _check_output(args.out, "--out", directory=True)
     try:
-        page = write_dashboard(Path(args.db), Path(args.out))
+        page = write_dashboard(Path(args.db), Path(args.out), run_id=args.run)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -1297,6 +1297,12 @@ def _add_dashboard(commands) -> None:
         default=str(DEFAULT_DB),
         metavar="PATH",
         help=f"DuckDB history (default {DEFAULT_DB})",
+    )
+    dashboard.add_argument(
+        "--run",
+        metavar="RUN_ID",
+        help="the complete run to draw (default the latest started; validate prints each run's "
+        "id): a later run of a few cases would otherwise take the page",
     )
     dashboard.set_defaults(handler=_cmd_dashboard)
 

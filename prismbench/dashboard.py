@@ -1,10 +1,11 @@
 """A static fidelity dashboard from the validation history: index.html and PNGs, no server.
 
-`write_dashboard(db_path, out_dir)` reads the DuckDB history (`prismbench.history`): the
-latest complete run's metric results for the scatter (predicted vs measured per source, with
-the y = x line), the error distribution and the worst cases; every complete run for the
-trend of each case's error (the nightly history). Runs that did not complete are left out and
-counted. Figures are matplotlib PNGs; the page links nothing outside its folder.
+`write_dashboard(db_path, out_dir)` reads the DuckDB history (`prismbench.history`): one
+complete run's metric results (the latest started, or the one `run_id` names: a run of one
+case, say, would leave the full run's page otherwise) for the scatter (predicted vs measured
+per source, with the y = x line), the error distribution and the worst cases; every complete
+run for the trend of each case's error (the nightly history). Runs that did not complete are
+left out and counted. Figures are matplotlib PNGs; the page links nothing outside its folder.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ def _complete_runs(db: Path) -> list[dict]:
 
 
 def _nothing_scored(db: Path, run_id: str) -> str:
-    """Why the page has no figure: the latest complete run has no metric result (every case
-    failed, or measured nothing the emulator predicts, such as a CPU recording's figures)."""
+    """Why the page has no figure: its run has no metric result (every case failed, or
+    measured nothing the emulator predicts, such as a CPU recording's figures)."""
     (row,) = history.read(
         db,
         "SELECT count(*) AS cases, count(*) FILTER (WHERE status != 'ok') AS failed FROM cases "
@@ -49,7 +50,7 @@ def _nothing_scored(db: Path, run_id: str) -> str:
         [run_id],
     )
     return (
-        f"<p>The latest complete run scored no case: of its {row['cases']} case(s), "
+        f"<p>This run scored no case: of its {row['cases']} case(s), "
         f"{row['failed']} failed to emulate and the rest measured no figure the emulator predicts "
         "(a CPU recording's, for one). Validate a baseline measured on a GPU to draw the figures.</p>"
     )
@@ -123,10 +124,11 @@ def _trend(trend: list[dict], runs: list[dict], cases: list[str], metric: str, p
     plt.close(fig)
 
 
-def write_dashboard(db_path: str | Path, out_dir: str | Path) -> Path:
-    """Write index.html and its PNGs into `out_dir`; returns the page's path. They are drawn in
-    a staging folder beside it and moved in once all are drawn: a drawing that fails or is
-    interrupted leaves `out_dir` as it was, not a page without its figures or beside stale ones."""
+def write_dashboard(db_path: str | Path, out_dir: str | Path, run_id: str | None = None) -> Path:
+    """Write index.html and its PNGs into `out_dir` for the complete run `run_id` (default the
+    latest started); returns the page's path. They are drawn in a staging folder beside it and
+    moved in once all are drawn: a drawing that fails or is interrupted leaves `out_dir` as it
+    was, not a page without its figures or beside stale ones."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,9 +138,10 @@ def write_dashboard(db_path: str | Path, out_dir: str | Path) -> Path:
     runs = _complete_runs(db)
     if not runs:
         raise ValueError(f"{db}: no complete validation run yet")
+    shown = runs[-1] if run_id is None else _complete_run(db, runs, run_id)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as staging:
-        _draw(db, runs, Path(staging))
+        _draw(db, runs, shown, Path(staging))
         _move_into(Path(staging), out)
     return out / "index.html"
 
@@ -150,17 +153,31 @@ def _move_into(staging: Path, out: Path) -> None:
         os.replace(path, out / path.name)
 
 
-def _draw(db: Path, runs: list[dict], out: Path) -> None:
-    """index.html and its PNGs of the history's complete `runs` (oldest first) into `out`."""
+def _complete_run(db: Path, runs: list[dict], run_id: str) -> dict:
+    """The complete run `run_id` of `runs`, or why it cannot be drawn."""
+    for run in runs:
+        if run["run_id"] == run_id:
+            return run
+    found = history.read(db, "SELECT status FROM runs WHERE run_id = ?", [run_id])
+    if found:
+        raise ValueError(f"run_id={run_id!r}: that run is {found[0]['status']!r}, not complete")
+    latest = ", ".join(r["run_id"] for r in runs[-5:])
+    raise ValueError(f"run_id={run_id!r}: no such run in {db} (its latest complete: {latest})")
+
+
+def _draw(db: Path, runs: list[dict], shown: dict, out: Path) -> None:
+    """index.html and its PNGs of the complete run `shown`, with the trend over the history's
+    complete `runs` (oldest first), into `out`."""
     incomplete = history.read(db, "SELECT count(*) AS n FROM runs WHERE status != 'complete'")[0][
         "n"
     ]
-    latest = runs[-1]["run_id"]
+    run_id = shown["run_id"]
+    cases = history.read(db, "SELECT count(*) AS n FROM cases WHERE run_id = ?", [run_id])[0]["n"]
     results = history.read(
         db,
         "SELECT m.baseline, c.source, c.gpu, c.result, m.metric, m.predicted, m.measured, m.error "
         "FROM metric_results m JOIN cases c USING (run_id, baseline) WHERE m.run_id = ?",
-        [latest],
+        [run_id],
     )
     sections = []
     for metric in sorted({r["metric"] for r in results}):
@@ -188,7 +205,7 @@ def _draw(db: Path, runs: list[dict], out: Path) -> None:
             f"<h2>{html.escape(metric)}</h2>"
             f'<img src="scatter_{metric}.png" alt="predicted vs measured"> '
             f'<img src="errors_{metric}.png" alt="error distribution">'
-            f"<h3>Worst cases (latest run)</h3><table><tr><th>baseline</th><th>GPU</th>"
+            f"<h3>Worst cases (this run)</h3><table><tr><th>baseline</th><th>GPU</th>"
             f"<th>predicted</th><th>measured</th><th>error</th>"
             + ("".join(f"<th>{label} (s)</th>" for label in BREAKDOWN.values()) if timed else "")
             + f"</tr>{table}</table>"
@@ -197,13 +214,14 @@ def _draw(db: Path, runs: list[dict], out: Path) -> None:
         )
     page = out / "index.html"
     if not sections:
-        sections.append(_nothing_scored(db, latest))
+        sections.append(_nothing_scored(db, run_id))
     page.write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>PrismBench fidelity</title>"
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style></head><body>"
-        f"<h1>PrismBench fidelity</h1><p>Latest complete run {html.escape(latest)} at commit "
-        f"{html.escape(runs[-1]['commit'][:12])}{' (uncommitted changes)' if runs[-1]['dirty'] else ''}, "
+        f"<h1>PrismBench fidelity</h1><p>{'Latest complete run' if shown is runs[-1] else 'Run'} "
+        f"{html.escape(run_id)} at commit {html.escape(shown['commit'][:12])}"
+        f"{' (uncommitted changes)' if shown['dirty'] else ''}, {cases} case(s); "
         f"{len(runs)} complete run(s) in the history, {incomplete} not complete (left out). "
         "Error = (predicted - measured) / measured.</p>" + "".join(sections) + "</body></html>"
     )

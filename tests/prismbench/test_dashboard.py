@@ -40,6 +40,27 @@ def test_page_and_figures_from_the_history(tmp_path):
         assert (out / f"{name}_iteration_time_s.png").stat().st_size > 1000
 
 
+def test_a_chosen_run_is_drawn_rather_than_a_later_one_of_fewer_cases(tmp_path, capsys):
+    db, out = tmp_path / "h.duckdb", tmp_path / "dash"
+    _run(db, "full", "aaaaaaa1", {"src__a__8g__r1": 0.30, "src__b__8g__r2": -0.05})
+    _run(db, "one", "aaaaaaa1", {"src__a__8g__r1": 0.20})  # validate --select src__a__8g__r1
+    _run(db, "cut", "aaaaaaa1", {}, status="interrupted")
+    assert main(["dashboard", "--db", str(db), "--out", str(out), "--run", "full"]) == 0
+    page = (out / "index.html").read_text()
+    assert page.startswith("<!doctype") and "Run full at commit aaaaaaa1, 2 case(s);" in page
+    assert "src__b__8g__r2" in page and "+30.0 %" in page
+    assert main(["dashboard", "--db", str(db), "--out", str(out)]) == 0
+    page = (out / "index.html").read_text()
+    assert "Latest complete run one at commit aaaaaaa1, 1 case(s);" in page
+    assert "src__b__8g__r2" not in page  # the trend's legend names only this run's worst cases
+    capsys.readouterr()
+    assert main(["dashboard", "--db", str(db), "--out", str(out), "--run", "cut"]) == 2
+    assert "run_id='cut': that run is 'interrupted', not complete" in capsys.readouterr().err
+    assert main(["dashboard", "--db", str(db), "--out", str(out), "--run", "nope"]) == 2
+    assert "run_id='nope': no such run" in capsys.readouterr().err
+    assert "Latest complete run one" in (out / "index.html").read_text()  # the page left as it was
+
+
 def test_the_worst_cases_say_their_units_and_a_memory_table_has_no_time_parts(tmp_path):
     db = tmp_path / "h.duckdb"
     history.start_run(db, "r1", commit="aaaaaaa1", dirty=False, machine="m", settings={})
