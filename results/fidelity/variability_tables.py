@@ -92,7 +92,28 @@ def _signature_row(sig: dict) -> str:
     )
 
 
+def read_run(path: Path) -> dict:
+    """The JSON of a `variability --rank-sources` run, or a ValueError saying why it is not."""
+    try:
+        run = json.loads(path.read_text())
+    except OSError as err:
+        raise ValueError(f"{path}: cannot be read ({err.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    if not isinstance(run, dict) or "attribution" not in run or "deterministic_s" not in run:
+        raise ValueError(
+            f"{path}: no variability run with its sources ranked (it has no 'attribution' and "
+            "'deterministic_s'): give the output of `prismbench variability JOB.toml "
+            "--rank-sources --json`"
+        )
+    return run
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", metavar="RUN.json", help="`prismbench variability ... --json`")
-    print(tables(json.loads(Path(parser.parse_args().run).read_text())))
+    try:
+        run = read_run(Path(parser.parse_args().run))
+    except ValueError as err:
+        parser.error(str(err))  # exit 2
+    print(tables(run))
