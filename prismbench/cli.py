@@ -1301,8 +1301,8 @@ def _add_dashboard(commands) -> None:
     dashboard.add_argument(
         "--run",
         metavar="RUN_ID",
-        help="the complete run to draw (default the latest started; validate prints each run's "
-        "id): a later run of a few cases would otherwise take the page",
+        help="the complete run to draw (default the latest complete one to start; validate "
+        "prints each run's id): a later run of a few cases would otherwise take the page",
     )
     dashboard.set_defaults(handler=_cmd_dashboard)
 
@@ -1359,25 +1359,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else EXIT_BAD_INPUT
     vars(args).pop(_GIVEN, None)
-    with _sigterm_raises_terminated():
-        try:
-            return args.handler(args)
-        except (SpecError, OSError, SourceChangedError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        except Terminated:
-            print("terminated", file=sys.stderr)
-            return EXIT_TERMINATED
-        except KeyboardInterrupt:  # Ctrl-C: what was interrupted says so itself (validate's run)
-            print("interrupted", file=sys.stderr)
-            return EXIT_INTERRUPTED
+    try:  # outside the block too: an interrupt dropped and not yet delivered is raised as it ends
+        with _sigterm_raises_terminated():
+            try:
+                return args.handler(args)
+            except (SpecError, OSError, SourceChangedError) as err:
+                print(f"error: {err}", file=sys.stderr)
+                return EXIT_BAD_INPUT
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return EXIT_TERMINATED
+    except KeyboardInterrupt:  # Ctrl-C: what was interrupted says so itself (validate's run)
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 @contextlib.contextmanager
 def _sigterm_raises_terminated():
     """While the block runs, the first SIGTERM raises Terminated, and an interrupt Python dropped
-    is delivered again. The previous handler and hook come back after it: `main` also runs
-    inside other programs (the tests)."""
+    is delivered again (`_Redelivery`). The previous handler and hook come back after it: `main`
+    also runs inside other programs (the tests)."""
 
     def terminate(_signum, _frame) -> None:
         # `timeout` signals the command and then its whole process group, so a second SIGTERM
@@ -1389,29 +1390,59 @@ def _sigterm_raises_terminated():
     def deliver_again(unraisable) -> None:
         # a handler's exception raised while a weakref callback or __del__ runs is printed as
         # "Exception ignored" and dropped: a SIGTERM that landed in importlib's module-lock
-        # callback let a capture run to its end and exit 0 (seen in CI). Signalled again, it
-        # is raised where the main thread goes on
+        # callback let a capture run to its end and exit 0 (seen in CI)
         if isinstance(unraisable.exc_value, Terminated):
             signal.signal(signal.SIGTERM, terminate)
-            _signal_main_thread_soon(signal.SIGTERM)
+            redelivery.send_soon(signal.SIGTERM)
         elif isinstance(unraisable.exc_value, KeyboardInterrupt):
-            _signal_main_thread_soon(signal.SIGINT)
+            redelivery.send_soon(signal.SIGINT)
         else:
             previous_hook(unraisable)
 
+    redelivery = _Redelivery()
     previous = signal.signal(signal.SIGTERM, terminate)
     previous_hook = sys.unraisablehook
     sys.unraisablehook = deliver_again
     try:
         yield
     finally:
-        sys.unraisablehook = previous_hook
-        signal.signal(signal.SIGTERM, previous)
+        try:
+            undelivered = redelivery.close()
+        finally:
+            sys.unraisablehook = previous_hook
+            signal.signal(signal.SIGTERM, previous)
+        if undelivered == signal.SIGTERM:
+            raise Terminated
+        if undelivered == signal.SIGINT:
+            raise KeyboardInterrupt
 
 
-def _signal_main_thread_soon(signum: int) -> None:
-    """Signal the main thread from another one, 10 ms on: signalled from where the main thread
-    is, the handler would run at once, still inside the code that dropped its exception."""
-    timer = threading.Timer(0.01, signal.pthread_kill, (threading.main_thread().ident, signum))
-    timer.daemon = True
-    timer.start()
+class _Redelivery:
+    """An interrupt Python dropped, signalled again to the main thread from a timer thread 10 ms
+    on (signalled from the main thread, the handler would run at once, still inside the code
+    that dropped its exception). Closed when its block ends, so that a signal is never sent
+    into what follows; `close` returns the one still unsent, for the block to raise."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._unsent: int | None = None
+        self._closed = False
+
+    def send_soon(self, signum: int) -> None:
+        with self._lock:
+            self._unsent = signum
+        timer = threading.Timer(0.01, self._send, (signum,))
+        timer.daemon = True
+        timer.start()
+
+    def _send(self, signum: int) -> None:
+        with self._lock:
+            if self._closed or self._unsent is None:
+                return
+            self._unsent = None
+            signal.pthread_kill(threading.main_thread().ident, signum)
+
+    def close(self) -> int | None:
+        with self._lock:
+            self._closed = True
+            return self._unsent

@@ -45,8 +45,8 @@ class LayoutDifference:
     """A figure of a job's size (named as in the emulate JSON) that differs between the sides."""
 
     field: str
-    reference: int
-    candidate: int
+    reference: float
+    candidate: float
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,6 @@ class GateResult:
     reference: str
     candidate: str
     rows: list[GateRow]
-    # how the two jobs' sizes differ (`layout_differences`): said, not failed, as two layouts of
-    # one model are gated on purpose, but two results mixed up are seen by it
     layout_differences: tuple[LayoutDifference, ...] = ()
 
     @property
@@ -193,7 +191,8 @@ def gate(reference: dict, candidate: dict, thresholds: list[Threshold], *,
 def layout_differences(reference: dict, candidate: dict) -> tuple[LayoutDifference, ...]:
     """Where the two results' jobs differ in size: the GPUs, each GPU's memory, the pipeline
     stages (a class each). A result names its job after its file, so these are what tells one
-    job gated across a change from two unrelated results."""
+    job gated across a change from two unrelated results; said, not failed, as two layouts of
+    one model are also gated on purpose."""
     sizes = {
         "world_size": lambda r: r["world_size"],
         "gpu_capacity_bytes": lambda r: r["gpu_capacity_bytes"],

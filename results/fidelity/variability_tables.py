@@ -17,6 +17,14 @@ from pathlib import Path
 
 from prismbench.report import _seconds, _signed_seconds, signature_kind
 
+# the fields `tables` reads of a run (`variability --rank-sources --json`)
+RUN_FIELDS = (
+    "deterministic_s", "mean_s", "std_s", "p50_s", "p95_s", "slowdown_p95", "samples",
+    "allocations", "steps_per_allocation", "seed", "preset", "allocation_std_s",
+    "within_allocation_std_s", "k_steps", "k_steps_mean_s", "confidence", "k_steps_bound_s",
+    "monte_carlo_wall_s", "attribution",
+)  # fmt: skip
+
 
 def tables(run: dict) -> str:
     lines = [
@@ -100,11 +108,11 @@ def read_run(path: Path) -> dict:
         raise ValueError(f"{path}: cannot be read ({err.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: not JSON ({err})") from None
-    if not isinstance(run, dict) or "attribution" not in run or "deterministic_s" not in run:
+    missing = [key for key in RUN_FIELDS if key not in run] if isinstance(run, dict) else RUN_FIELDS
+    if missing:
         raise ValueError(
-            f"{path}: no variability run with its sources ranked (it has no 'attribution' and "
-            "'deterministic_s'): give the output of `prismbench variability JOB.toml "
-            "--rank-sources --json`"
+            f"{path}: no variability run with its sources ranked (no {', '.join(missing)}): give "
+            "the output of `prismbench variability JOB.toml --rank-sources --json`"
         )
     return run
 

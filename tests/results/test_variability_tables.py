@@ -15,7 +15,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "results" / "fidelity" / "variabi
     [
         (None, "cannot be read"),
         ("{not json", "not JSON"),
-        (json.dumps({"mean_s": 1.0}), "no variability run with its sources ranked"),
+        (json.dumps({"mean_s": 1.0}), "sources ranked (no deterministic_s, std_s, p50_s"),
         (json.dumps([1, 2]), "no variability run with its sources ranked"),
     ],
 )
