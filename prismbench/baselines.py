@@ -204,9 +204,7 @@ class Measured:
     @property
     def iteration_time_relative_spread(self) -> float:
         """Half the measured range over the median (0 where one figure was reported)."""
-        if self.iteration_time_s_min is None:
-            return 0.0
-        return (self.iteration_time_s_max - self.iteration_time_s_min) / 2 / self.iteration_time_s
+        return sum(self.iteration_time_relative_range) / 2
 
     def to_dict(self) -> dict[str, Any]:
         figures = dataclasses.asdict(self)

@@ -1,11 +1,11 @@
 """A static fidelity dashboard from the validation history: index.html and PNGs, no server.
 
 `write_dashboard(db_path, out_dir)` reads the DuckDB history (`prismbench.history`): one
-complete run's metric results (the latest complete one to start, or the one `run_id` names: a run of one
-case, say, would leave the full run's page otherwise) for the scatter (predicted vs measured
-per source, with the y = x line), the error distribution and the worst cases; every complete
-run for the trend of each case's error (the nightly history). Runs that did not complete are
-left out and counted. Figures are matplotlib PNGs; the page links nothing outside its folder.
+complete run's metric results (the latest complete one to start, or the one `run_id` names:
+a later run of one case would otherwise take the full run's page) for the scatter (predicted
+vs measured per source, with the y = x line), the error distribution and the worst cases;
+every complete run for the trend of each case's error (the nightly history). Runs that did
+not complete are left out and counted. Figures are matplotlib PNGs; the page links nothing outside its folder.
 """
 
 from __future__ import annotations
@@ -126,9 +126,9 @@ def _trend(trend: list[dict], runs: list[dict], cases: list[str], metric: str, p
 
 def write_dashboard(db_path: str | Path, out_dir: str | Path, run_id: str | None = None) -> Path:
     """Write index.html and its PNGs into `out_dir` for the complete run `run_id` (default the
-    latest complete one to start); returns the page's path. They are drawn in a staging folder beside it and
-    moved in once all are drawn: a drawing that fails or is interrupted leaves `out_dir` as it
-    was, not a page without its figures or beside stale ones."""
+    latest complete one to start); returns the page's path. They are drawn in a staging folder
+    beside it and moved in once all are drawn: a drawing that fails or is interrupted leaves
+    `out_dir` as it was, not a page without its figures or beside stale ones."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -219,7 +219,8 @@ def _draw(db: Path, runs: list[dict], shown: dict, out: Path) -> None:
         "<!doctype html><html><head><meta charset='utf-8'><title>PrismBench fidelity</title>"
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style></head><body>"
-        f"<h1>PrismBench fidelity</h1><p>{'Latest complete run' if run_id == runs[-1]['run_id'] else 'Run'} "
+        f"<h1>PrismBench fidelity</h1>"
+        f"<p>{'Latest complete run' if run_id == runs[-1]['run_id'] else 'Run'} "
         f"{html.escape(run_id)} at commit {html.escape(shown['commit'][:12])}"
         f"{' (uncommitted changes)' if shown['dirty'] else ''}, {cases} case(s); "
         f"{len(runs)} complete run(s) in the history, {incomplete} not complete (left out). "

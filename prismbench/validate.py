@@ -514,11 +514,10 @@ def gate_failures(
 ) -> list[tuple[str, str, float, str]]:
     """(baseline, metric, error, threshold) for every case metric that crosses a threshold on
     its field, the bound widened by the measurement's own range (`MetricResult.slack_below`,
-    `slack_above`); a
-    failed emulation fails the gate too (metric "emulation"), so does a case predicted to run
-    out of memory (metric "oom": every baseline records a run that completed, so the job fit),
-    and so does a threshold no case measures (baseline "-"): a gate that checks nothing must
-    not pass."""
+    `slack_above`); a failed emulation fails the gate too (metric "emulation"), so does a case
+    predicted to run out of memory (metric "oom": every baseline records a run that completed,
+    so the job fit), and so does a threshold no case measures (baseline "-"): a gate that
+    checks nothing must not pass."""
     failures = []
     measured = {m.metric for case in cases for m in case.metrics}
     for t in thresholds:
