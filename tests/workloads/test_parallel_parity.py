@@ -309,6 +309,14 @@ SLOW_CASES = {
     "pp2-1f1b-tp2-llama-sp-regather",
     "pp2-1f1b-dp2-zero1-gpt-tied-buckets",
     "dp2-tp2-zero1-gpt-fused-adamw",
+    # each of Megatron's sequence-parallel choices alone, beside the pipelined and cp cases that
+    # set both at once
+    "tp2-sp-dp2-zero1-gpt-tied-sp-regather",
+    "tp2-sp-dp2-zero1-gpt-tied-sp-first-dim",
+    # two presets without recomputation: CI runs each whole preset with its selective
+    # recomputation, which changes what is saved and rerun, not the rest of the program
+    "dp2-tp2-zero3-llama-torchtitan",
+    "tp2-sp-pp2-gpt-megatron",
     # recomputation's other programs beside the Megatron and torchtitan cases CI runs
     "tp2-sp-dp2-zero1-llama-recompute-full-reruns-all",
     "pp2-1f1b-dp2-zero1-gpt-tied-recompute-selective-prism",
