@@ -39,6 +39,7 @@ from emulator.capture.trace import SCHEMA_VERSION, RankTrace
 from emulator.world.mesh import World
 from prismbench.capture_sources import SourceChangedError, capture_source_hash
 from prismbench.orphans import spawn_pool, stop_workers
+from prismbench.redelivery import redelivered
 from workloads.config import SpecError
 
 
@@ -228,10 +229,11 @@ class _ParentStopped(BaseException):
 @contextlib.contextmanager
 def _stoppable_parent(lanes: _Lanes) -> Iterator[None]:
     """While the block (the parent's own lane) runs in the main thread, a failure in another lane
-    raises _ParentStopped in it: a simulated SIGUSR1 with a handler of its own for the block.
-    Not SIGINT: Ctrl-C stays Ctrl-C, and a shell's background job ignores SIGINT, which would
-    make the simulated one do nothing. Elsewhere (signal handlers are the main thread's) the
-    parent finishes its class first."""
+    raises _ParentStopped in it: a simulated SIGUSR1 with a handler of its own for the block,
+    sent again if Python drops the exception (prismbench.redelivery: the capture runs torch's
+    weakref callbacks all the time). Not SIGINT: Ctrl-C stays Ctrl-C, and a shell's background
+    job ignores SIGINT, which would make the simulated one do nothing. Elsewhere (signal
+    handlers are the main thread's) the parent finishes its class first."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -243,7 +245,8 @@ def _stoppable_parent(lanes: _Lanes) -> Iterator[None]:
     with lanes.changed:
         lanes.on_failure = lambda: _thread.interrupt_main(signal.SIGUSR1)
     try:
-        yield
+        with redelivered({_ParentStopped: signal.SIGUSR1}):
+            yield
     finally:
         with lanes.changed:
             lanes.on_failure = None

@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from rich.console import Console
 from prismbench import __version__, report
 from prismbench.capture_sources import SourceChangedError
 from prismbench.explain import explain, explanation_to_dict, flavor_rows
+from prismbench.redelivery import redelivered
 from prismbench.spec import SpecError, load_job_spec, moot_model_fields
 
 EXIT_OK = 0
@@ -1377,8 +1377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 @contextlib.contextmanager
 def _sigterm_raises_terminated():
     """While the block runs, the first SIGTERM raises Terminated, and an interrupt Python dropped
-    is delivered again (`_Redelivery`). The previous handler and hook come back after it: `main`
-    also runs inside other programs (the tests)."""
+    is delivered again (prismbench.redelivery). The previous handler and hook come back after it:
+    `main` also runs inside other programs (the tests)."""
 
     def terminate(_signum, _frame) -> None:
         # `timeout` signals the command and then its whole process group, so a second SIGTERM
@@ -1387,62 +1387,13 @@ def _sigterm_raises_terminated():
         signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
         raise Terminated
 
-    def deliver_again(unraisable) -> None:
-        # a handler's exception raised while a weakref callback or __del__ runs is printed as
-        # "Exception ignored" and dropped: a SIGTERM that landed in importlib's module-lock
-        # callback let a capture run to its end and exit 0 (seen in CI)
-        if isinstance(unraisable.exc_value, Terminated):
+    def rearm(dropped: BaseException) -> None:
+        if isinstance(dropped, Terminated):
             signal.signal(signal.SIGTERM, terminate)
-            redelivery.send_soon(signal.SIGTERM)
-        elif isinstance(unraisable.exc_value, KeyboardInterrupt):
-            redelivery.send_soon(signal.SIGINT)
-        else:
-            previous_hook(unraisable)
 
-    redelivery = _Redelivery()
     previous = signal.signal(signal.SIGTERM, terminate)
-    previous_hook = sys.unraisablehook
-    sys.unraisablehook = deliver_again
     try:
-        yield
+        with redelivered({Terminated: signal.SIGTERM, KeyboardInterrupt: signal.SIGINT}, rearm):
+            yield
     finally:
-        try:
-            undelivered = redelivery.close()
-        finally:
-            sys.unraisablehook = previous_hook
-            signal.signal(signal.SIGTERM, previous)
-        if undelivered == signal.SIGTERM:
-            raise Terminated
-        if undelivered == signal.SIGINT:
-            raise KeyboardInterrupt
-
-
-class _Redelivery:
-    """An interrupt Python dropped, signalled again to the main thread from a timer thread 10 ms
-    on (signalled from the main thread, the handler would run at once, still inside the code
-    that dropped its exception). Closed when its block ends, so that a signal is never sent
-    into what follows; `close` returns the one still unsent, for the block to raise."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._unsent: int | None = None
-        self._closed = False
-
-    def send_soon(self, signum: int) -> None:
-        with self._lock:
-            self._unsent = signum
-        timer = threading.Timer(0.01, self._send, (signum,))
-        timer.daemon = True
-        timer.start()
-
-    def _send(self, signum: int) -> None:
-        with self._lock:
-            if self._closed or self._unsent is None:
-                return
-            self._unsent = None
-            signal.pthread_kill(threading.main_thread().ident, signum)
-
-    def close(self) -> int | None:
-        with self._lock:
-            self._closed = True
-            return self._unsent
+        signal.signal(signal.SIGTERM, previous)

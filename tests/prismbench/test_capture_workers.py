@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
@@ -137,3 +138,22 @@ def test_a_worker_lane_that_fails_stops_the_class_the_parent_is_capturing():
     assert not parent_finished.is_set()
     assert [(c, type(e)) for c, e in lanes.failures] == [(1, BrokenProcessPool)]
     assert signal.getsignal(signal.SIGUSR1) == handler and lanes.on_failure is None
+
+
+def test_a_stop_python_drops_in_a_finalizer_is_sent_again(capsys):
+    # the stop's handler raised inside a weakref callback (the capture runs torch's all the
+    # time): Python printed "Exception ignored" and dropped it, and the parent finished its class
+    lanes = _Lanes([0], reported=lambda *_: None)
+
+    class Held:
+        pass
+
+    hook, started = sys.unraisablehook, time.monotonic()
+    with pytest.raises(_ParentStopped), _stoppable_parent(lanes):
+        held = Held()
+        weakref.finalize(held, os.kill, os.getpid(), signal.SIGUSR1)  # the handler runs in there
+        del held
+        time.sleep(30)  # the class the parent captures, unless stopped
+    assert time.monotonic() - started < 10
+    assert "Exception ignored" not in capsys.readouterr().err
+    assert sys.unraisablehook is hook
