@@ -98,7 +98,7 @@ def calibrate_job(job, out_csv: str | Path, profile_out: str | Path, *, warmup: 
         cuda=device == "cuda",
     )  # fmt: skip
     if not all(profiled):
-        raise RuntimeError(
+        raise kernel_timing.KernelsNotRecorded(
             f"the profiler recorded no kernels on device {device!r} (a CUDA build with CUPTI "
             "records them; a CPU run has none)"
         )

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from emulator.costs.kernel_timing import KernelsNotRecorded
 from prismbench import __version__, report
 from prismbench.capture_sources import SourceChangedError
 from prismbench.explain import explain, explanation_to_dict, flavor_rows
@@ -122,6 +123,14 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("error: calibrate measures kernels on a CUDA GPU; none is available", file=sys.stderr)
         return EXIT_BAD_INPUT
+    try:
+        return _calibrate_on_the_gpu(args)
+    except KernelsNotRecorded as err:  # no CUPTI: this GPU cannot be measured, as with none
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _calibrate_on_the_gpu(args: argparse.Namespace) -> int:
     if args.job is None:
         from emulator.costs.calibrate import run_calibration
         from prismbench.calibrate_grid import measure_grid

@@ -35,6 +35,11 @@ _RANGE = "prismbench.repetition"
 ITERATION_RANGE = "prismbench.iteration"
 
 
+class KernelsNotRecorded(RuntimeError):
+    """The profiler's records lack the kernels a GPU run launches: a build without CUPTI, or a
+    run on a device that launches none. The machine cannot measure, whatever the input."""
+
+
 def _ranges(events: Iterable, label: str) -> list:
     """The host-side `record_function(label)` ranges. On CUDA the profiler also reports each
     range as a `gpu_user_annotation` event on the device's timeline, under the same name (seen
@@ -100,7 +105,7 @@ def time_kernels_us(
     events = prof.events()
     samples = range_times_us(events, _RANGE)
     if len(samples) != repetitions or not all(samples):
-        raise RuntimeError(
+        raise KernelsNotRecorded(
             f"the profiler saw {len(samples)} of {repetitions} repetitions with kernels: "
             f"{samples[:4]}... (is this a CUDA build with CUPTI?)"
         )
@@ -146,7 +151,7 @@ def profile_iterations(
     events = prof.events()
     ranges = [(e.time_range.start, e.time_range.end) for e in _ranges(events, ITERATION_RANGE)]
     if len(ranges) != iterations:
-        raise RuntimeError(
+        raise KernelsNotRecorded(
             f"the profiler saw {len(ranges)} of {iterations} {ITERATION_RANGE!r} ranges"
         )
     # a range is no op: a kernel launched under it outside any op (torch attributes it to the
@@ -155,7 +160,7 @@ def profile_iterations(
     per_iteration = split_by_ranges(op_records(ops), ranges, lambda r: r["cpu_start_us"])
     empty = [i for i, records in enumerate(per_iteration) if not records]
     if cuda and empty:  # refused here, before a caller writes a recording without its profile
-        raise RuntimeError(
+        raise KernelsNotRecorded(
             f"the profiler saw no kernel in iteration(s) {empty} of {iterations} (is this a CUDA "
             "build with CUPTI?)"
         )

@@ -137,6 +137,27 @@ def test_the_job_mode_prints_its_ingest_result_as_json(tmp_path, monkeypatch, ca
     assert printed["profile_iterations"] == 2
 
 
+def test_a_profiler_that_records_no_kernels_is_an_error_and_writes_nothing(
+    tmp_path, monkeypatch, capsys
+):
+    # a CUDA build without CUPTI: the profiler sees the iteration but none of its kernels
+    real = calibrate_job
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    _profiles(monkeypatch, [])
+    monkeypatch.setattr(
+        "prismbench.calibrate_job.calibrate_job",
+        lambda job, out, profile, provenance, iterations: real(job, out, profile, device="cpu",
+                                                              iterations=iterations),
+    )  # fmt: skip
+    monkeypatch.setattr("emulator.costs.calibrate.gpu_provenance", lambda: {})
+    job_file = tmp_path / "tiny.toml"
+    job_file.write_text(TINY_TOML)
+    assert main(["calibrate", "--job", str(job_file), "--out", str(tmp_path / "rows.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the profiler recorded no kernels") and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.toml"]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_calibrate_job_on_gpu_writes_a_profile_and_rows(tmp_path, capsys):

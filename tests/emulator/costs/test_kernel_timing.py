@@ -11,6 +11,7 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
 from emulator.costs.kernel_timing import (
+    KernelsNotRecorded,
     op_records,
     profile_iteration,
     profile_iterations,
@@ -183,13 +184,13 @@ def test_time_kernels_us_is_the_median_and_spread_of_the_repetitions_kernels(fak
 
 def test_time_kernels_us_refuses_when_the_profiler_missed_repetitions(fake_gpu):
     gpu = fake_gpu([[5.0]] * 3, drop=1)
-    with pytest.raises(RuntimeError, match=r"the profiler saw 2 of 3 repetitions with kernels"):
+    with pytest.raises(KernelsNotRecorded, match=r"the profiler saw 2 of 3 repetitions with kernels"):
         time_kernels_us(gpu.step, repetitions=3, warmup=0)
 
 
 def test_time_kernels_us_refuses_repetitions_that_launched_no_kernel(fake_gpu):
     gpu = fake_gpu([[5.0], [], [5.0]])  # a CPU build records ranges but no kernels
-    with pytest.raises(RuntimeError, match=r"saw 3 of 3 repetitions with kernels: \[5.0, 0.0, 5.0\]"):
+    with pytest.raises(KernelsNotRecorded, match=r"saw 3 of 3 repetitions with kernels: \[5.0, 0.0, 5.0\]"):
         time_kernels_us(gpu.step, repetitions=3, warmup=0)
 
 
@@ -203,7 +204,7 @@ def test_profile_iterations_gives_each_iteration_its_own_op_records(fake_gpu):
 
 def test_profile_iterations_refuses_when_the_profiler_missed_an_iteration(fake_gpu):
     gpu = fake_gpu([[5.0]] * 2, drop=1)
-    with pytest.raises(RuntimeError, match=r"saw 1 of 2 'prismbench.iteration' ranges"):
+    with pytest.raises(KernelsNotRecorded, match=r"saw 1 of 2 'prismbench.iteration' ranges"):
         profile_iterations(gpu.step, iterations=2, warmup=0)
 
 
@@ -211,5 +212,5 @@ def test_profile_iterations_refuses_an_iteration_that_launched_no_kernel(fake_gp
     # a CUDA build without CUPTI sees ranges but no kernels: refused before `record` writes a
     # recording whose profile is missing
     gpu = fake_gpu([[5.0], []])
-    with pytest.raises(RuntimeError, match=r"no kernel in iteration\(s\) \[1\] of 2"):
+    with pytest.raises(KernelsNotRecorded, match=r"no kernel in iteration\(s\) \[1\] of 2"):
         profile_iterations(gpu.step, iterations=2, warmup=0)
