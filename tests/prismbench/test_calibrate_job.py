@@ -111,12 +111,9 @@ def test_an_option_of_the_other_mode_is_refused(tmp_path, options, named, capsys
     assert named in capsys.readouterr().err
 
 
-def test_the_job_mode_prints_its_ingest_result_as_json(tmp_path, monkeypatch, capsys):
-    import json
-
-    import torch
-
-    records = _profile_records()
+def _calibrate_on_the_cpu(monkeypatch, tmp_path, records):
+    """`calibrate --job` as on a GPU whose profiler gives `records` for each iteration, run on
+    the CPU; returns the tiny job's file."""
     real = calibrate_job
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     _profiles(monkeypatch, records)
@@ -128,6 +125,13 @@ def test_the_job_mode_prints_its_ingest_result_as_json(tmp_path, monkeypatch, ca
     monkeypatch.setattr("emulator.costs.calibrate.gpu_provenance", lambda: {})
     job_file = tmp_path / "tiny.toml"
     job_file.write_text(TINY_TOML)
+    return job_file
+
+
+def test_the_job_mode_prints_its_ingest_result_as_json(tmp_path, monkeypatch, capsys):
+    import json
+
+    job_file = _calibrate_on_the_cpu(monkeypatch, tmp_path, _profile_records())
     out = tmp_path / "rows.csv"
     assert main(["calibrate", "--job", str(job_file), "--out", str(out), "--json",
                  "--profile-iterations", "2"]) == 0  # fmt: skip
@@ -141,17 +145,7 @@ def test_a_profiler_that_records_no_kernels_is_an_error_and_writes_nothing(
     tmp_path, monkeypatch, capsys
 ):
     # a CUDA build without CUPTI: the profiler sees the iteration but none of its kernels
-    real = calibrate_job
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    _profiles(monkeypatch, [])
-    monkeypatch.setattr(
-        "prismbench.calibrate_job.calibrate_job",
-        lambda job, out, profile, provenance, iterations: real(job, out, profile, device="cpu",
-                                                              iterations=iterations),
-    )  # fmt: skip
-    monkeypatch.setattr("emulator.costs.calibrate.gpu_provenance", lambda: {})
-    job_file = tmp_path / "tiny.toml"
-    job_file.write_text(TINY_TOML)
+    job_file = _calibrate_on_the_cpu(monkeypatch, tmp_path, [])
     assert main(["calibrate", "--job", str(job_file), "--out", str(tmp_path / "rows.csv")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: the profiler recorded no kernels") and "Traceback" not in err
