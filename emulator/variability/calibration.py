@@ -156,6 +156,8 @@ def step_cv_of(iteration_cv: float, kernel_cv: float) -> float:
 # likelihood's integral over a run's step CV: both give the densities to < 0.1 % here.
 _RANGE_GRID = np.linspace(-8.0, 8.0, 1601)
 _HERMITE_NODES = 40
+# rows of w `range_density` integrates at once (rows x grid floats: ~13 MB)
+_RANGE_ROWS = 1024
 
 
 def range_density(w, n: int) -> np.ndarray:
@@ -165,7 +167,7 @@ def range_density(w, n: int) -> np.ndarray:
         raise ValueError(f"n={n} must be >= 2 for a range")
     w = np.atleast_1d(np.asarray(w, dtype=float)).ravel()
     density = np.empty(w.shape)
-    for start in range(0, w.size, _RANGE_ROWS):  # rows x grid floats at a time: ~13 MB
+    for start in range(0, w.size, _RANGE_ROWS):
         shifted = _RANGE_GRID + w[start : start + _RANGE_ROWS, None]
         inner = _GRID_PDF * _normal_pdf(shifted)
         inner *= (special.ndtr(shifted) - _GRID_CDF) ** (n - 2)
@@ -180,7 +182,6 @@ def _normal_pdf(x: np.ndarray) -> np.ndarray:
 
 _GRID_PDF = _normal_pdf(_RANGE_GRID)
 _GRID_CDF = special.ndtr(_RANGE_GRID)
-_RANGE_ROWS = 1024
 
 
 def _range_log_likelihood(dispersion, step_cv, ranges, iterations, kernel_cvs) -> float:
@@ -191,7 +192,8 @@ def _range_log_likelihood(dispersion, step_cv, ranges, iterations, kernel_cvs) -
     densities = np.empty(cvs.shape)
     for n in np.unique(iterations):  # one integral per iteration count, over all its jobs
         jobs = iterations == n
-        densities[jobs] = range_density(ranges[jobs, None] / cvs[jobs], n).reshape(cvs[jobs].shape)
+        job_cvs = cvs[jobs]
+        densities[jobs] = range_density(ranges[jobs, None] / job_cvs, n).reshape(job_cvs.shape)
     return float(np.sum(np.log(np.sum(weights * densities / cvs, axis=1) + 1e-300)))
 
 

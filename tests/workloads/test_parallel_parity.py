@@ -7,9 +7,9 @@ iterations of a debug flavor (two micro-batches per data-parallel rank, at least
 `global_batch_of`) and the mean loss over ranks of each iteration must equal the
 single-process loss of the same model, seed and global batch (fp32, rtol 1e-5, grad norms
 3e-5; the bf16 and fp8 cases of LOW_PRECISION within the looser bounds stated there).
-`python -m tests.workloads.test_parallel_parity [NAME...]` prints how far each case drifts. AdamW's
-update does not depend on the scale of the gradient, so the learning rate is large (1e-2) to
-make a wrong gradient direction show up in the later losses.
+`python -m tests.workloads.test_parallel_parity [NAME...]` prints how far each case drifts.
+AdamW's update does not depend on the scale of the gradient, so the learning rate is large
+(1e-2) to make a wrong gradient direction show up in the later losses.
 
 Cases named in BUCKET_BYTES reduce zero 0/1 gradients in many small buckets during
 backward (several buckets per micro-batch pass; two or more micro-batches are accumulated per
@@ -32,8 +32,8 @@ from prismbench.spec import job_spec_from_dict
 WORLD = 4
 STEPS = 3
 SEQ_LEN = 32
-# micro-batches each data-parallel rank accumulates, and the fewest a pipeline runs (pp 2:
-# a warm-up, a steady state and a cool-down)
+# micro-batches each data-parallel rank accumulates, and the fewest a case runs in all (a pp 2
+# pipeline: a warm-up, a steady state and a cool-down)
 MICRO_BATCHES_PER_RANK = 2
 MIN_MICRO_BATCHES = 4
 LR = 1e-2
@@ -336,8 +336,8 @@ SLOW_CASES = {
 }
 # Float32 grad norms drift from the single run's by rounding (other reduction orders over tp
 # and dp): at most 1.2e-5 over every float32 case and step but the two below, measured on an
-# AVX-512 CPU at these batch sizes (`python -m tests.workloads.test_parallel_parity`); they are held to 3e-5.
-# A gradient scaled or summed wrongly over ranks is off by >= 0.5 (a factor of 2 here).
+# AVX-512 CPU at these batch sizes (`python -m tests.workloads.test_parallel_parity`); they are
+# held to 3e-5. A gradient scaled or summed wrongly over ranks is off by >= 0.5 (a factor of 2).
 FLOAT32_GRAD_NORM_RTOL = 3e-5
 # The unfused ALiBi scores carry slope * key position (up to 16 here) in float32: the third
 # step's norm drifts by 1.6e-5 here (~5e-5 with eight sequences an iteration). The padded
