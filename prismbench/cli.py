@@ -123,11 +123,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("error: calibrate measures kernels on a CUDA GPU; none is available", file=sys.stderr)
         return EXIT_BAD_INPUT
-    try:
-        return _calibrate_on_the_gpu(args)
-    except KernelsNotRecorded as err:  # no CUPTI: this GPU cannot be measured, as with none
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    return _calibrate_on_the_gpu(args)
 
 
 def _calibrate_on_the_gpu(args: argparse.Namespace) -> int:
@@ -1372,7 +1368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _sigterm_raises_terminated():
             try:
                 return args.handler(args)
-            except (SpecError, OSError, SourceChangedError) as err:
+            # KernelsNotRecorded: a GPU whose profiler records no kernels (no CUPTI) cannot be
+            # measured, as a machine without one cannot
+            except (SpecError, OSError, SourceChangedError, KernelsNotRecorded) as err:
                 print(f"error: {err}", file=sys.stderr)
                 return EXIT_BAD_INPUT
     except Terminated:

@@ -21,7 +21,9 @@ rank 0's op records come back per iteration in `Recording.profiled_iterations`, 
 `Recording.profile` (write them with `prismbench.calibrate_job.write_ops_jsonl_iterations`;
 `prismbench compare` reads iteration 0, as from a profile of one; `ingest-profile` and the
 measured variability tables read them all, `profile_readers.read_profile_iterations`: the
-same op at the same place in each iteration gives its spread over time alone).
+same op at the same place in each iteration gives its spread over time alone). A profiler that
+records no kernels (a CUDA build without CUPTI) makes `record` raise
+`kernel_timing.KernelsNotRecorded`, before anything is written.
 
 A CUDA record runs only on GPUs that are the job's `cluster.gpu` (architecture, SM count and
 the capacity CUDA offers, `emulator.hardware.presets.gpu_presets_matching`): the recording is
@@ -127,12 +129,17 @@ def _rank_run(
     if profile:
         from emulator.costs import kernel_timing
 
-        per_iteration = kernel_timing.profile_iterations(
-            lambda: train_step(job, state, tokens, tokens),
-            iterations=profile_iterations,
-            warmup=0,
-        )
-        result["profiled_iterations"] = per_iteration if dist.get_rank() == 0 else None
+        try:
+            per_iteration = kernel_timing.profile_iterations(
+                lambda: train_step(job, state, tokens, tokens),
+                iterations=profile_iterations,
+                warmup=0,
+            )
+        except kernel_timing.KernelsNotRecorded as refused:
+            # returned, not raised: the parent says it as one error, not as every rank's traceback
+            result["kernels_not_recorded"] = str(refused)
+        else:
+            result["profiled_iterations"] = per_iteration if dist.get_rank() == 0 else None
     result["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return result
 
@@ -372,6 +379,11 @@ def record(
     except RanksDied as died:
         _refuse_out_of_memory(job, died)
         raise
+    refusals = [r["kernels_not_recorded"] for r in ranks if "kernels_not_recorded" in r]
+    if refusals:
+        from emulator.costs.kernel_timing import KernelsNotRecorded
+
+        raise KernelsNotRecorded(f"--profile: {refusals[0]}")
     cuda = device == "cuda"
     steady = _largest(ranks, "peak_steady") if cuda else None
     return Recording(

@@ -289,6 +289,40 @@ def test_a_profile_needs_cuda():
         record(job, profile=True)
 
 
+@pytest.mark.filterwarnings("ignore:CUDA is not available, disabling CUDA profiling")
+def test_a_profiler_that_records_no_kernels_is_an_error_and_writes_nothing(
+    tmp_path, capsys, monkeypatch
+):
+    """A CUDA build without CUPTI: the profiler sees the iterations but none of their kernels.
+    Stood in for on this CPU: past the GPU checks, the rank runs here, in a world of one, on
+    the CPU, and its profiler is asked for CUDA kernels, which a CPU build's profiler drops as a
+    CUDA build without CUPTI does. It was every rank's RuntimeError traceback."""
+    import torch.distributed as dist
+
+    import prismbench.launch
+
+    def one_rank_here(world_size, fn, job, warmup, iterations, device, *rest, **_options):
+        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+        try:
+            return [fn(job, warmup, iterations, "cpu", *rest)]
+        finally:
+            dist.destroy_process_group()
+
+    monkeypatch.setattr("prismbench.record._check_device", lambda job, device, warmup: None)
+    monkeypatch.setattr(prismbench.launch, "run_ranks", one_rank_here)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    spec = tmp_path / "one.toml"
+    spec.write_text('[model]\nname = "gpt-debug"\n[batch]\nseq_len = 32\nglobal_batch = 1\n'
+                    '[cluster]\ngpu = "h200-141g"\n')  # fmt: skip
+    out, profile = tmp_path / "out.toml", tmp_path / "p.ops.jsonl.gz"
+    assert main(["record", str(spec), "--out", str(out), "--device", "cuda", "--warmup", "1",
+                 "--iterations", "1", "--profile", str(profile)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "\nerror: --profile: the profiler saw no kernel in iteration(s) [0] of 1" in err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.toml"]
+
+
 def test_profile_iterations_need_a_profile_and_at_least_one(tmp_path, capsys):
     job = job_spec_from_dict(
         {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 32, "global_batch": 1}}
