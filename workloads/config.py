@@ -92,6 +92,12 @@ class ModelSpec:
             raise SpecError(
                 f"model.heads({self.heads}) does not divide model.hidden({self.hidden})"
             )
+        if self.positions == "rope" and self.hidden // self.heads % 2:
+            raise SpecError(
+                f"model.hidden({self.hidden}) / model.heads({self.heads}) = "
+                f"{self.hidden // self.heads}: RoPE rotates pairs of a head's channels, so the "
+                "head dimension must be even"
+            )
         if self.heads % self.kv_heads:
             raise SpecError(
                 f"model.kv_heads({self.kv_heads}) does not divide model.heads({self.heads})"

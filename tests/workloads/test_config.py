@@ -70,6 +70,12 @@ def test_model_spec_names_the_broken_field():
     with pytest.raises(SpecError, match="model.positions='rope' is not valid for family 'gpt'"):
         ModelSpec(name="x", family="gpt", layers=2, hidden=64, ffn_hidden=256, heads=4,
                   kv_heads=4, vocab=10, positions="rope")
+    # 15 channels a head: RoPE's pairs do not fit (it was a RuntimeError deep in the capture)
+    with pytest.raises(SpecError, match=r"model.hidden\(60\) / model.heads\(4\) = 15: RoPE"):
+        ModelSpec(name="x", family="llama", layers=2, hidden=60, ffn_hidden=256, heads=4,
+                  kv_heads=2, vocab=10, positions="rope")
+    ModelSpec(name="x", family="gpt", layers=2, hidden=60, ffn_hidden=256, heads=4, kv_heads=4,
+              vocab=10, positions="learned")  # learned positions take any head dimension
 
 
 _TINY_LLAMA = dict(name="x", family="llama", layers=2, hidden=64, ffn_hidden=256, heads=4,
