@@ -40,18 +40,13 @@ def _complete_runs(db: Path) -> list[dict]:
     )
 
 
-def _nothing_scored(db: Path, run_id: str) -> str:
+def _nothing_scored(counts: dict) -> str:
     """Why the page has no figure: its run has no metric result (every case failed, or
-    measured nothing the emulator predicts, such as a CPU recording's figures)."""
-    (row,) = history.read(
-        db,
-        "SELECT count(*) AS cases, count(*) FILTER (WHERE status != 'ok') AS failed FROM cases "
-        "WHERE run_id = ?",
-        [run_id],
-    )
+    measured nothing the emulator predicts, such as a CPU recording's figures); `counts` is
+    the run's {"cases", "failed"}."""
     return (
-        f"<p>This run scored no case: of its {row['cases']} case(s), "
-        f"{row['failed']} failed to emulate and the rest measured no figure the emulator predicts "
+        f"<p>This run scored no case: of its {counts['cases']} case(s), "
+        f"{counts['failed']} failed to emulate and the rest measured no figure the emulator predicts "
         "(a CPU recording's, for one). Validate a baseline measured on a GPU to draw the figures.</p>"
     )
 
@@ -172,7 +167,12 @@ def _draw(db: Path, runs: list[dict], shown: dict, out: Path) -> None:
         "n"
     ]
     run_id = shown["run_id"]
-    cases = history.read(db, "SELECT count(*) AS n FROM cases WHERE run_id = ?", [run_id])[0]["n"]
+    (counts,) = history.read(
+        db,
+        "SELECT count(*) AS cases, count(*) FILTER (WHERE status != 'ok') AS failed FROM cases "
+        "WHERE run_id = ?",
+        [run_id],
+    )
     results = history.read(
         db,
         "SELECT m.baseline, c.source, c.gpu, c.result, m.metric, m.predicted, m.measured, m.error "
@@ -214,7 +214,7 @@ def _draw(db: Path, runs: list[dict], shown: dict, out: Path) -> None:
         )
     page = out / "index.html"
     if not sections:
-        sections.append(_nothing_scored(db, run_id))
+        sections.append(_nothing_scored(counts))
     page.write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>PrismBench fidelity</title>"
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
@@ -222,7 +222,7 @@ def _draw(db: Path, runs: list[dict], shown: dict, out: Path) -> None:
         f"<h1>PrismBench fidelity</h1>"
         f"<p>{'Latest complete run' if run_id == runs[-1]['run_id'] else 'Run'} "
         f"{html.escape(run_id)} at commit {html.escape(shown['commit'][:12])}"
-        f"{' (uncommitted changes)' if shown['dirty'] else ''}, {cases} case(s); "
+        f"{' (uncommitted changes)' if shown['dirty'] else ''}, {counts['cases']} case(s); "
         f"{len(runs)} complete run(s) in the history, {incomplete} not complete (left out). "
         "Error = (predicted - measured) / measured.</p>" + "".join(sections) + "</body></html>"
     )
