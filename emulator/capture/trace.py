@@ -286,9 +286,11 @@ class RankTrace:
         return TraceSummary(
             events=len(self),
             compute_ops=int(compute.sum()),
-            flops=int(c["flops"][compute].sum()),
+            # summed as Python ints: a rank's FLOPs can pass int64, where numpy's sum wraps
+            flops=int(c["flops"][compute].sum(dtype=object)),
             flops_by_phase={
-                p: int(c["flops"][compute & (c["phase"] == i)].sum()) for i, p in enumerate(PHASES)
+                p: int(c["flops"][compute & (c["phase"] == i)].sum(dtype=object))
+                for i, p in enumerate(PHASES)
             },
             comm_bytes_by_kind=_sum_by(self, comm, "name"),
             comm_bytes_by_group=_sum_by(self, comm, "group"),

@@ -27,7 +27,8 @@ NODE_COLUMNS = {
     # compute: what its slowdown grows by per byte/s of comm traffic beside it (memory-bound ops)
     "memory_slowdown_per_Bps": np.float64,
     "traffic_bytes": np.float64,  # comm: bytes a member moves through its links (costs.overlap)
-    "flops": np.int64,
+    # compute: its ops' FLOPs (float: a segment of a huge micro-batch can pass int64)
+    "flops": np.float64,
     "first_row": np.int64,  # trace row of the node's first event
     "rows": np.int64,  # trace rows merged into the node
     "phase": np.int8,

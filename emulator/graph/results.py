@@ -144,7 +144,7 @@ def breakdown(
         bubble_s=bubble,
         idle_s=float(widths[rest & ~bubble_mask & ~in_unissued].sum()),  # the rest: never < 0
         end_s=end_s,
-        flops=int(g["flops"].sum()),
+        flops=round(g["flops"].sum()),
         comm_s_by_group=by_group,
     )
 

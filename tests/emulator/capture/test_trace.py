@@ -119,6 +119,17 @@ def test_event_sequence_is_shared_as_an_iterator():
     assert [sequence.next_seq(), backend.next_seq(), next(sequence)] == [5, 6, 7]
 
 
+def test_summary_flops_pass_int64_without_wrapping():
+    # each op within int64 (the job spec's rule), their sum beyond it: numpy's sum wrapped to a
+    # negative count, and `emulate` printed a negative hardware TFLOP/s
+    big = 2**62
+    backward = _event(1, flops=big)._replace(phase=1)
+    t = tr.build_trace([_event(0, flops=big), backward, _event(2, flops=big)])
+    assert t.summary().flops == 3 * big
+    assert t.summary().flops_by_phase == {"forward": 2 * big, "backward": big, "recompute": 0,
+                                          "optimizer": 0}  # fmt: skip
+
+
 def test_empty_trace_builds_and_summarizes():
     s = tr.build_trace().summary()
     assert (s.events, s.flops, s.peak_live_bytes) == (0, 0, 0)

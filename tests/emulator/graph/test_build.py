@@ -51,6 +51,16 @@ def test_consecutive_compute_merges_into_one_segment():
     assert (g["duration_s"][0], g["flops"][0], g["rows"][0]) == (6.0, 30, 3)
 
 
+def test_a_segment_s_flops_may_pass_int64():
+    # each op within int64 (the job spec's rule), their segment's sum beyond it: a huge
+    # micro-batch's `emulate` ended in an OverflowError building the graph
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    for _ in range(3):
+        s.compute(1.0, flops=2**62)
+    assert build(world, [s]).classes[0]["flops"][0] == 3 * 2**62
+
+
 def test_collective_and_wait_split_segments():
     world = World.grid(dp=2, pp=1, cp=1, tp=1)
     s = Stage(world, 0)
