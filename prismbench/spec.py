@@ -39,23 +39,44 @@ class ClusterSpec:
 
     gpu: str = "h100-sxm-80g"
     gpus_per_node: int = 8
-    intra_node: str | dict = "nvlink4"  # preset name or {bandwidth_GBps, latency_us}
+    # preset name or {bandwidth_GBps, latency_us}; None: the GPU's own (`GpuPreset.intra_node`)
+    intra_node: str | dict | None = None
     inter_node: str | dict = "ib-ndr-8x400"
 
     def __post_init__(self) -> None:
         check_positive_ints("cluster", self, ("gpus_per_node",))
         try:
             gpu = hardware.gpu_preset(self.gpu)
+            if self.intra_node is None:
+                object.__setattr__(self, "intra_node", gpu.intra_node)
             link = hardware.intra_node_link(self.intra_node)
             hardware.inter_node_network(self.inter_node)
         except ValueError as err:  # the presets' errors already name the cluster field
             raise SpecError(str(err)) from None
+        self._check_link_of_gpu(gpu, link)
         # each NCCL channel runs one CUDA block on an SM, and compute that overlaps a collective
         # runs on the SMs left (emulator.costs.overlap): the GPU must keep at least one
         if link.channels >= gpu.sm_count:
             raise SpecError(
                 f"cluster.intra_node.channels={link.channels} must be below the {gpu.sm_count} "
                 f"SMs of cluster.gpu={self.gpu!r}: each NCCL channel occupies one SM"
+            )
+
+    def _check_link_of_gpu(self, gpu, link) -> None:
+        """A link preset is one GPU generation's board (an A100 has no NVLink 4), and NVLink
+        SHARP needs the NVSwitch of a GPU whose own board has it; a table of other figures
+        (bandwidth, latency, channels) models any other fabric."""
+        own = hardware.intra_node_link(gpu.intra_node)
+        if isinstance(self.intra_node, str) and self.intra_node != gpu.intra_node:
+            raise SpecError(
+                f"cluster.intra_node={self.intra_node!r} is not the fabric of "
+                f"cluster.gpu={self.gpu!r}, whose board has {gpu.intra_node!r}: leave "
+                "intra_node out (it defaults to the GPU's own), or give a table for another fabric"
+            )
+        if link.nvls and not own.nvls:
+            raise SpecError(
+                f"cluster.intra_node.nvls=true: NVLink SHARP needs the NVSwitch of a Hopper board; "
+                f"the board of cluster.gpu={self.gpu!r} ({gpu.intra_node!r}) has none"
             )
 
 

@@ -102,6 +102,9 @@ class GpuPreset:
     hbm_capacity_bytes: int  # DRAM, as the datasheet counts it
     usable_capacity_bytes: int  # what CUDA offers a process (cudaMemGetInfo's total), cited per preset
     power_W: float
+    # the link preset of the GPU's own board (cluster.intra_node's default); a job naming another
+    # is refused, as no such machine exists
+    intra_node: str
     peak_dense_tflops: Mapping[str, float]
     gemm_efficiency: float
     hbm_efficiency: float
@@ -125,6 +128,11 @@ class GpuPreset:
         object.__setattr__(self, "device_names", tuple(self.device_names))
         if self.arch not in ARCHS:
             raise ValueError(f"{owner}.arch={self.arch!r} must be one of {ARCHS}")
+        if self.intra_node not in _catalog().links:
+            raise ValueError(
+                f"{owner}.intra_node={self.intra_node!r} is not a link preset; known: "
+                f"{', '.join(_catalog().links)}"
+            )
         for name in ("sm_count", "hbm_bandwidth_GBps", "hbm_capacity_bytes", "power_W", "attention_head_dim"):
             _check_positive(owner, name, getattr(self, name))
         if not 0 < self.usable_capacity_bytes <= self.hbm_capacity_bytes:

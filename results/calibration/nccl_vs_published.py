@@ -14,13 +14,14 @@ import numpy as np
 from emulator.costs.collectives import Topology, bus_bandwidth_GBps, choose_algorithm
 from emulator.hardware import gpu_preset, inter_node_network, intra_node_link
 
-_FABRIC = {"ampere": ("nvlink3", "ib-hdr-8x200"), "hopper": ("nvlink4", "ib-ndr-8x400")}
+# the network of each generation's published clusters; the link is the GPU's own board's
+_NETWORK = {"ampere": "ib-hdr-8x200", "hopper": "ib-ndr-8x400"}
 
 
 def _topology(gpu_name: str, gpus_per_node: int) -> Topology:
     gpu = gpu_preset(gpu_name)
-    link, net = _FABRIC[gpu.arch]
-    return Topology(gpu=gpu, gpus_per_node=gpus_per_node, link=intra_node_link(link), network=inter_node_network(net))
+    return Topology(gpu=gpu, gpus_per_node=gpus_per_node, link=intra_node_link(gpu.intra_node),
+                    network=inter_node_network(_NETWORK[gpu.arch]))  # fmt: skip
 
 
 def main() -> None:

@@ -221,6 +221,25 @@ def test_explicit_link_table_is_accepted():
     assert job.cluster.intra_node["bandwidth_GBps"] == 300.0
 
 
+def test_the_intra_node_link_defaults_to_the_gpu_s_own_board_and_is_held_to_it():
+    # an A100 job without intra_node was priced on NVLink 4 with NVLink SHARP, Hopper's fabric
+    a100 = {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 32, "global_batch": 1},
+            "cluster": {"gpu": "a100-sxm-80g"}}  # fmt: skip
+    assert job_spec_from_dict(a100).cluster.intra_node == "nvlink3"
+    assert job_spec_from_dict(a100).to_dict()["cluster"]["intra_node"] == "nvlink3"
+    a100["cluster"]["intra_node"] = "nvlink4"
+    with pytest.raises(SpecError, match=r"cluster.intra_node='nvlink4' is not the fabric of "
+                       r"cluster.gpu='a100-sxm-80g', whose board has 'nvlink3'"):  # fmt: skip
+        job_spec_from_dict(a100)
+    a100["cluster"]["intra_node"] = {"bandwidth_GBps": 300.0, "latency_us": 1.0, "nvls": True}
+    with pytest.raises(SpecError, match=r"cluster.intra_node.nvls=true: NVLink SHARP needs"):
+        job_spec_from_dict(a100)
+    a100["cluster"]["intra_node"]["nvls"] = False  # any other fabric, as a table
+    assert job_spec_from_dict(a100).cluster.intra_node["bandwidth_GBps"] == 300.0
+    a100["cluster"] = {"gpu": "h100-sxm-80g"}
+    assert job_spec_from_dict(a100).cluster.intra_node == "nvlink4"
+
+
 def test_missing_file_and_bad_toml(tmp_path):
     with pytest.raises(SpecError, match="no such file"):
         load_job_spec(tmp_path / "absent.toml")
