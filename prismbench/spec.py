@@ -41,14 +41,16 @@ class ClusterSpec:
     gpus_per_node: int = 8
     # preset name or {bandwidth_GBps, latency_us}; None: the GPU's own (`GpuPreset.intra_node`)
     intra_node: str | dict | None = None
-    inter_node: str | dict = "ib-ndr-8x400"
+    # preset name or table; None: the GPU's reference system's (`GpuPreset.inter_node`)
+    inter_node: str | dict | None = None
 
     def __post_init__(self) -> None:
         check_positive_ints("cluster", self, ("gpus_per_node",))
         try:
             gpu = hardware.gpu_preset(self.gpu)
-            if self.intra_node is None:
-                object.__setattr__(self, "intra_node", gpu.intra_node)
+            for field_name in ("intra_node", "inter_node"):
+                if getattr(self, field_name) is None:
+                    object.__setattr__(self, field_name, getattr(gpu, field_name))
             link = hardware.intra_node_link(self.intra_node)
             hardware.inter_node_network(self.inter_node)
         except ValueError as err:  # the presets' errors already name the cluster field

@@ -105,6 +105,9 @@ class GpuPreset:
     # the link preset of the GPU's own board (cluster.intra_node's default); a job naming another
     # is refused, as no such machine exists
     intra_node: str
+    # the network preset of its reference system (cluster.inter_node's default); NICs are not on
+    # the board, so a job may name any other
+    inter_node: str
     peak_dense_tflops: Mapping[str, float]
     gemm_efficiency: float
     hbm_efficiency: float
@@ -132,6 +135,11 @@ class GpuPreset:
             raise ValueError(
                 f"{owner}.intra_node={self.intra_node!r} is not a link preset; known: "
                 f"{', '.join(_catalog().links)}"
+            )
+        if self.inter_node not in _catalog().networks:
+            raise ValueError(
+                f"{owner}.inter_node={self.inter_node!r} is not a network preset; known: "
+                f"{', '.join(_catalog().networks)}"
             )
         for name in ("sm_count", "hbm_bandwidth_GBps", "hbm_capacity_bytes", "power_W", "attention_head_dim"):
             _check_positive(owner, name, getattr(self, name))

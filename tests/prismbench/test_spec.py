@@ -222,11 +222,14 @@ def test_explicit_link_table_is_accepted():
 
 
 def test_the_intra_node_link_defaults_to_the_gpu_s_own_board_and_is_held_to_it():
-    # an A100 job without intra_node was priced on NVLink 4 with NVLink SHARP, Hopper's fabric
+    # an A100 job without intra_node was priced on NVLink 4 with NVLink SHARP, Hopper's fabric,
+    # and without inter_node on DGX H100's 400 Gb/s NICs
     a100 = {"model": {"name": "gpt-debug"}, "batch": {"seq_len": 32, "global_batch": 1},
             "cluster": {"gpu": "a100-sxm-80g"}}  # fmt: skip
-    assert job_spec_from_dict(a100).cluster.intra_node == "nvlink3"
-    assert job_spec_from_dict(a100).to_dict()["cluster"]["intra_node"] == "nvlink3"
+    cluster = job_spec_from_dict(a100).to_dict()["cluster"]
+    assert (cluster["intra_node"], cluster["inter_node"]) == ("nvlink3", "ib-hdr-8x200")
+    a100["cluster"]["inter_node"] = "ib-ndr-8x400"  # NICs are not on the board: any network
+    assert job_spec_from_dict(a100).cluster.inter_node == "ib-ndr-8x400"
     a100["cluster"]["intra_node"] = "nvlink4"
     with pytest.raises(SpecError, match=r"cluster.intra_node='nvlink4' is not the fabric of "
                        r"cluster.gpu='a100-sxm-80g', whose board has 'nvlink3'"):  # fmt: skip

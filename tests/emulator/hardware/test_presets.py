@@ -88,7 +88,7 @@ def test_a100_refuses_fp8_pricing():
 
 def test_gpu_efficiency_above_one_is_refused():
     fields = dict(name="x", arch="hopper", sm_count=132, hbm_bandwidth_GBps=1.0, hbm_capacity_bytes=1, usable_capacity_bytes=1,
-                  power_W=1.0, intra_node="nvlink4", peak_dense_tflops={"fp32": 1.0, "bf16": 2.0, "fp16": 2.0},
+                  power_W=1.0, intra_node="nvlink4", inter_node="ib-ndr-8x400", peak_dense_tflops={"fp32": 1.0, "bf16": 2.0, "fp16": 2.0},
                   gemm_efficiency=1.2, hbm_efficiency=0.5, attention_efficiency=0.5, attention_head_dim=128)
     with pytest.raises(ValueError, match=r"gemm_efficiency=1.2 must be a fraction"):
         GpuPreset(**fields)
@@ -96,10 +96,14 @@ def test_gpu_efficiency_above_one_is_refused():
         GpuPreset(**fields | {"gemm_efficiency": 0.8, "intra_node": "nvlink9"})
 
 
-def test_each_gpu_s_own_board_is_its_generation_s_nvlink():
+def test_each_gpu_s_own_board_is_its_generation_s_nvlink_and_its_network_its_reference_system_s():
     assert {name: gpu_preset(name).intra_node for name in GPU_NAMES} == {
         "a100-sxm-40g": "nvlink3", "a100-sxm-80g": "nvlink3", "h100-hbm2e-96g": "nvlink4",
         "h100-sxm-80g": "nvlink4", "h200-141g": "nvlink4",
+    }  # fmt: skip
+    assert {name: gpu_preset(name).inter_node for name in GPU_NAMES} == {
+        "a100-sxm-40g": "ib-hdr-8x200", "a100-sxm-80g": "ib-hdr-8x200",
+        "h100-hbm2e-96g": "roce-8x400", "h100-sxm-80g": "ib-ndr-8x400", "h200-141g": "ib-ndr-8x400",
     }  # fmt: skip
 
 
