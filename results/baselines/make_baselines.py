@@ -24,6 +24,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # the repository root: runs without installing
 
+from emulator.hardware import gpu_preset  # noqa: E402
 from prismbench.baselines import Baseline, Measured, Provenance, baseline_to_toml  # noqa: E402
 from prismbench.spec import CUSTOM_MODEL_NAME, SpecError, job_spec_from_dict  # noqa: E402
 from workloads.config import stage_layer_counts  # noqa: E402
@@ -185,33 +186,27 @@ SEQUENCE_PARALLEL_IN_RECOMPUTE = {
     "selective + sequence parallelism": True,
 }
 
-# gpu text -> (gpu preset, intra-node link, assumption or None). A100 -> NVLink 3, H100 -> NVLink 4.
+# gpu text -> (gpu preset, assumption or None); its intra-node link is the preset's own board's
+# (`GpuPreset.intra_node`: NVLink 3 for the A100s, NVLink 4 for the H100s)
 GPUS = {
-    "A100 SXM4 80GB": ("a100-sxm-80g", "nvlink3", None),
-    "A100 80GB SXM": ("a100-sxm-80g", "nvlink3", None),
+    "A100 SXM4 80GB": ("a100-sxm-80g", None),
+    "A100 80GB SXM": ("a100-sxm-80g", None),
     "A100 80GB": (
         "a100-sxm-80g",
-        "nvlink3",
         "gpu: 'A100 80GB' read as the SXM4 part (NVLink/"
         "NVSwitch nodes of 8; the PCIe card has no NVSwitch)",
     ),
     "A100 40GB": (
         "a100-sxm-40g",
-        "nvlink3",
         "gpu: 'A100 40GB' read as the SXM4 part (NVLink/"
         "NVSwitch nodes of 8; the PCIe card has no NVSwitch)",
     ),
     "H100 80GB": (
         "h100-sxm-80g",
-        "nvlink4",
         "gpu: 'H100 80GB' read as the SXM5 part (HGX nodes of 8; the PCIe card has no NVSwitch)",
     ),
-    "H100 80GB SXM": ("h100-sxm-80g", "nvlink4", None),
-    "H100 96GB HBM2e (2.4 TB/s), 500W power limit (Grand Teton)": (
-        "h100-hbm2e-96g",
-        "nvlink4",
-        None,
-    ),
+    "H100 80GB SXM": ("h100-sxm-80g", None),
+    "H100 96GB HBM2e (2.4 TB/s), 500W power limit (Grand Teton)": ("h100-hbm2e-96g", None),
 }  # "H100" alone (Megatron-Core 2024) names no part and is refused
 
 # interconnect text -> inter-node network preset (None: not stated)
@@ -408,10 +403,11 @@ def job_tables(row: dict, rule: SourceRule, assumptions: list[str]) -> dict:
     sp = rule.sequence_parallel
     if sp is None:
         sp = SEQUENCE_PARALLEL_IN_RECOMPUTE[row["recompute"]]
-    gpu, intra, gpu_note = GPUS[row["gpu"]]
+    gpu, gpu_note = GPUS[row["gpu"]]
     precision, precision_note = PRECISIONS[row["precision"]]
     assumptions += [note for note in (gpu_note, precision_note) if note]
-    cluster = {"gpu": gpu, "gpus_per_node": _int(row["gpus_per_node"]), "intra_node": intra}
+    cluster = {"gpu": gpu, "gpus_per_node": _int(row["gpus_per_node"]),
+               "intra_node": gpu_preset(gpu).intra_node}  # fmt: skip
     if cluster["gpus_per_node"] is None:
         if rule.gpus_per_node_unstated is None:
             raise Refused(("gpus_per_node not stated", "the row does not state gpus_per_node"))
