@@ -123,10 +123,6 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("error: calibrate measures kernels on a CUDA GPU; none is available", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return _calibrate_on_the_gpu(args)
-
-
-def _calibrate_on_the_gpu(args: argparse.Namespace) -> int:
     if args.job is None:
         from emulator.costs.calibrate import run_calibration
         from prismbench.calibrate_grid import measure_grid

@@ -24,7 +24,6 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # the repository root: runs without installing
 
-from emulator.hardware import gpu_preset  # noqa: E402
 from prismbench.baselines import Baseline, Measured, Provenance, baseline_to_toml  # noqa: E402
 from prismbench.spec import CUSTOM_MODEL_NAME, SpecError, job_spec_from_dict  # noqa: E402
 from workloads.config import stage_layer_counts  # noqa: E402
@@ -186,8 +185,7 @@ SEQUENCE_PARALLEL_IN_RECOMPUTE = {
     "selective + sequence parallelism": True,
 }
 
-# gpu text -> (gpu preset, assumption or None); its intra-node link is the preset's own board's
-# (`GpuPreset.intra_node`: NVLink 3 for the A100s, NVLink 4 for the H100s)
+# gpu text -> (gpu preset, assumption or None)
 GPUS = {
     "A100 SXM4 80GB": ("a100-sxm-80g", None),
     "A100 80GB SXM": ("a100-sxm-80g", None),
@@ -406,8 +404,8 @@ def job_tables(row: dict, rule: SourceRule, assumptions: list[str]) -> dict:
     gpu, gpu_note = GPUS[row["gpu"]]
     precision, precision_note = PRECISIONS[row["precision"]]
     assumptions += [note for note in (gpu_note, precision_note) if note]
-    cluster = {"gpu": gpu, "gpus_per_node": _int(row["gpus_per_node"]),
-               "intra_node": gpu_preset(gpu).intra_node}  # fmt: skip
+    # the intra-node link is left to the spec: the GPU's own board's (`GpuPreset.intra_node`)
+    cluster = {"gpu": gpu, "gpus_per_node": _int(row["gpus_per_node"])}
     if cluster["gpus_per_node"] is None:
         if rule.gpus_per_node_unstated is None:
             raise Refused(("gpus_per_node not stated", "the row does not state gpus_per_node"))
