@@ -306,7 +306,8 @@ class _Builder:
         self.groups = trace.groups()
         self.group_info: dict[str, tuple] = {}
         self.placed: dict[object, np.ndarray] = {}  # group key -> one group of each placement
-        self.spans_nodes: dict[object, int] = {}  # group key -> crosses_nodes
+        # group key -> 1 where some placement of it spans several nodes (set with placed)
+        self.spans_nodes: dict[object, int] = {}
         # async TP: collective row -> summed duration of the GEMMs it overlaps
         self.async_tp: dict[int, float] = {}
         # Megatron's async input-gradient collective row -> (weight-gradient GEMM seconds, their
@@ -432,18 +433,12 @@ class _Builder:
         collective they share. `key` names the group (`ranks`, over lane axes `axes`);
         `nvls_reduction`: `CommPricer.duration_s`'s."""
         if key not in self.placed:
-            self.placed[key] = self.world.placements(self.world.lane_groups(ranks, axes))
+            placed = self.world.placements(self.world.lane_groups(ranks, axes))
+            self.placed[key] = placed
+            # asked per call instead, this was 20 % of building a 128-micro-batch graph
+            node_counts = (np.unique(self.world.node_of(g)).size for g in placed)
+            self.spans_nodes[key] = int(any(n > 1 for n in node_counts))
         return max(self.comm.duration_s(kind, nbytes, g, nvls_reduction) for g in self.placed[key])
-
-    def crosses_nodes(self, key) -> int:
-        """1 where some lane's group of `key` (placed by `slowest_s`) spans several nodes; once
-        per key (a group's calls repeat every micro-batch: 35 000 calls, 20 % of building a
-        128-micro-batch llama3-8b tp8 pp4 graph, asked it anew each time)."""
-        if key not in self.spans_nodes:
-            self.spans_nodes[key] = int(
-                any(np.unique(self.world.node_of(g)).size > 1 for g in self.placed[key])
-            )
-        return self.spans_nodes[key]
 
     def comm_node(self, row: int, issuing: int, phase: int, mb: int) -> int:
         c, strings = self.trace.columns, self.trace.strings
@@ -480,7 +475,7 @@ class _Builder:
                 group=self.intern("pp"),
                 duration_s=duration,
                 traffic_bytes=self.comm.traffic_bytes(kind, nbytes, 2, duration),
-                crosses_nodes=self.crosses_nodes(("p2p", peer)),
+                crosses_nodes=self.spans_nodes[("p2p", peer)],
                 peer_class=peer_class,
                 **base,
             )
@@ -508,7 +503,7 @@ class _Builder:
             group=self.intern(label),
             duration_s=duration,
             traffic_bytes=traffic,
-            crosses_nodes=self.crosses_nodes(gid),
+            crosses_nodes=self.spans_nodes[gid],
             axes=mask,
             **base,
         )
