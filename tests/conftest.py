@@ -1,5 +1,7 @@
 """What every test of the suite runs under."""
 
+import os
+
 import pytest
 import torch
 
@@ -15,3 +17,18 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def capture_cache_of_the_session(tmp_path_factory):
+    """Captures go to one folder per test process, not the user's ~/.cache/prismbench: tests
+    that capture the same job share its capture (keyed by job and source, so the same
+    trace), and the suite leaves nothing behind. A test that needs a cold cache (one that
+    counts what a capture does, or checks the cache itself) sets PRISMBENCH_CACHE to its own."""
+    before = os.environ.get("PRISMBENCH_CACHE")
+    os.environ["PRISMBENCH_CACHE"] = str(tmp_path_factory.mktemp("prismbench-cache"))
+    yield
+    if before is None:
+        del os.environ["PRISMBENCH_CACHE"]
+    else:
+        os.environ["PRISMBENCH_CACHE"] = before

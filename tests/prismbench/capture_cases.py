@@ -14,7 +14,7 @@ import numpy as np
 
 from emulator.capture.trace import COMM, PHASES, RankTrace
 from emulator.world.mesh import World, group_axes
-from prismbench.capture import capture_job
+from prismbench.capture import capture_job, default_cache_dir
 from prismbench.spec import job_spec_from_dict
 
 
@@ -44,9 +44,11 @@ def debug_job(
     )
 
 
-def capture(job, cache_dir):
-    """All classes of `job`, captured in this process."""
-    return capture_job(job, workers=1, cache_dir=cache_dir)
+def capture(job, cache_dir=None):
+    """All classes of `job`, captured in this process, or read from `cache_dir` (default: the
+    suite's cache, tests/conftest.py, shared by the tests that capture the same job). A test
+    that watches the capture itself (a spy on what it calls) passes a folder of its own."""
+    return capture_job(job, workers=1, cache_dir=cache_dir or default_cache_dir())
 
 
 class CommRow(NamedTuple):

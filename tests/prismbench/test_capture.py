@@ -53,8 +53,8 @@ def layer_rows(rows, layer):
 
 
 @pytest.fixture(scope="module")
-def fsdp3(tmp_path_factory):
-    return capture(debug_job({"dp": 2, "zero": 3}, global_batch=4), tmp_path_factory.mktemp("c"))
+def fsdp3():
+    return capture(debug_job({"dp": 2, "zero": 3}, global_batch=4))
 
 
 def test_fsdp_zero3_all_gathers_every_unit_once_per_forward(fsdp3):
@@ -99,8 +99,8 @@ def test_fsdp_reduce_scatters_every_unit_every_micro_batch(fsdp3):
     assert [(r.kind, r.axes) for r in step] == [("all_reduce", DP)]
 
 
-def test_fsdp_zero2_keeps_parameters_between_forward_and_backward(tmp_path):
-    rows = rows_of(capture(debug_job({"dp": 2, "zero": 2}, global_batch=4), tmp_path))
+def test_fsdp_zero2_keeps_parameters_between_forward_and_backward():
+    rows = rows_of(capture(debug_job({"dp": 2, "zero": 2}, global_batch=4)))
     for mb in (0, 1):
         # the post-backward reshard frees them, so every forward gathers all units again
         assert (
@@ -125,12 +125,12 @@ def test_fsdp_zero2_keeps_parameters_between_forward_and_backward(tmp_path):
         ("none", 0),
     ],
 )
-def test_fsdp_reshard_says_which_units_backward_gathers_again(tmp_path, reshard, gathered_again):
+def test_fsdp_reshard_says_which_units_backward_gathers_again(reshard, gathered_again):
     # kernels.fsdp_reshard: the units that free their parameters after forward are gathered
     # again in backward; post-backward frees every unit, so each forward gathers all of them
     job = debug_job({"dp": 2, "zero": 3}, global_batch=4)
     job = dataclasses.replace(job, kernels=dataclasses.replace(job.kernels, fsdp_reshard=reshard))
-    rows = rows_of(capture(job, tmp_path))
+    rows = rows_of(capture(job))
     for mb in (0, 1):
         assert (
             count(rows, kind="all_gather", axes=DP, phase="backward", micro_batch=mb)
@@ -145,8 +145,8 @@ def test_fsdp_reshard_says_which_units_backward_gathers_again(tmp_path, reshard,
 
 
 @pytest.mark.parametrize("model", ["llama-debug", "gpt-debug"])
-def test_tp_with_sequence_parallel_matches_megatron_per_layer(tmp_path, model):
-    cap = capture(debug_job({"tp": 2}, model=model, global_batch=1), tmp_path)
+def test_tp_with_sequence_parallel_matches_megatron_per_layer(model):
+    cap = capture(debug_job({"tp": 2}, model=model, global_batch=1))
     rows = rows_of(cap)
     assert {r.axes for r in rows} == {TP}
     # Korthikanti et al. 2022 Sec. 4.2.2: per layer 2 all-gathers + 2 reduce-scatters forward
@@ -170,7 +170,7 @@ def test_tp_with_sequence_parallel_matches_megatron_per_layer(tmp_path, model):
     assert count(rows, kind="all_reduce", phase="optimizer") == 2
 
 
-def test_tensorwise_fp8_gathers_the_block_inputs_as_float8(tmp_path):
+def test_tensorwise_fp8_gathers_the_block_inputs_as_float8():
     # torchtitan's float8 TP plan (workloads.float8): a block input is cast on its sequence
     # shard and all-gathered as float8, one byte per element where bf16 takes two
     def forward_gathers(precision):
@@ -179,7 +179,7 @@ def test_tensorwise_fp8_gathers_the_block_inputs_as_float8(tmp_path):
             "batch": {"seq_len": 32, "micro_batch": 1, "global_batch": 1},
             "train": {"precision": precision}, "kernels": {"framework": "torchtitan"},
         })  # fmt: skip
-        rows = layer_rows(rows_of(capture(job, tmp_path / precision)), 0)
+        rows = layer_rows(rows_of(capture(job)), 0)
         return [r.size_bytes for r in rows if r.kind == "all_gather"]
 
     bf16, fp8 = forward_gathers("bf16"), forward_gathers("fp8")
@@ -187,7 +187,7 @@ def test_tensorwise_fp8_gathers_the_block_inputs_as_float8(tmp_path):
     assert fp8 == [size // 2 for size in bf16]
 
 
-def test_a_block_part_with_a_linear_left_in_bf16_gathers_bf16(tmp_path):
+def test_a_block_part_with_a_linear_left_in_bf16_gathers_bf16():
     # head dim 12: wk and wv are 48 x 24, not a multiple of 16, so they stay plain linears
     # (workloads.float8) and the attention's input is gathered in bf16; the MLP's in float8
     job = job_spec_from_dict({
@@ -195,16 +195,16 @@ def test_a_block_part_with_a_linear_left_in_bf16_gathers_bf16(tmp_path):
         "parallel": {"tp": 2}, "batch": {"seq_len": 32, "micro_batch": 1, "global_batch": 1},
         "train": {"precision": "fp8"}, "kernels": {"framework": "torchtitan"},
     })  # fmt: skip
-    rows = layer_rows(rows_of(capture(job, tmp_path)), 0)
+    rows = layer_rows(rows_of(capture(job)), 0)
     bf16_gather = 32 * 48 * 2  # the whole sequence of the block input, 2 bytes an element
     assert [r.size_bytes for r in rows if r.kind == "all_gather"] == [bf16_gather, bf16_gather // 2]
 
 
-def test_dtensor_shape_propagation_adds_no_kernels_to_the_first_micro_batch(tmp_path):
+def test_dtensor_shape_propagation_adds_no_kernels_to_the_first_micro_batch():
     # DTensor runs each new sharding once on fake tensors to learn the output's shape; on a
     # GPU that costs no kernel, so micro-batch 0's layers compute exactly what micro-batch
     # 1's do (outside the layers the loss bookkeeping differs between micro-batches)
-    trace = capture(debug_job({"tp": 2}, global_batch=2), tmp_path).traces[0]
+    trace = capture(debug_job({"tp": 2}, global_batch=2)).traces[0]
     c = trace.columns
     forward = (c["kind"] == COMPUTE) & (trace["phase"] == 0)
 
@@ -220,9 +220,9 @@ def test_dtensor_shape_propagation_adds_no_kernels_to_the_first_micro_batch(tmp_
 
 
 @pytest.fixture(scope="module")
-def tp_no_sp(tmp_path_factory):
+def tp_no_sp():
     job = debug_job({"tp": 2, "sequence_parallel": False}, global_batch=1)
-    return capture(job, tmp_path_factory.mktemp("c"))
+    return capture(job)
 
 
 def test_tp_without_sequence_parallel_all_reduces_twice_per_layer_forward(tp_no_sp):
@@ -283,9 +283,9 @@ def test_dp_reduces_each_bucket_once_in_the_last_micro_batch(monkeypatch, zero):
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-def test_pp_stages_send_activations_forward_and_gradients_back(tmp_path, schedule):
+def test_pp_stages_send_activations_forward_and_gradients_back(schedule):
     m = 4
-    cap = capture(debug_job({"pp": 2, "schedule": schedule}, global_batch=m), tmp_path)
+    cap = capture(debug_job({"pp": 2, "schedule": schedule}, global_batch=m))
     first, last = rows_of(cap, 0), rows_of(cap, 1)
     nxt, prev = (0, 1, 0, 0), (0, -1, 0, 0)
     # stage 0: m activations to stage 1, m gradients back from it; stage 1 the mirror
@@ -298,11 +298,9 @@ def test_pp_stages_send_activations_forward_and_gradients_back(tmp_path, schedul
         assert count(rows, kind="all_reduce", axes=PP) == 1
 
 
-def test_interleaved_pp_sends_across_every_virtual_stage_boundary(tmp_path):
+def test_interleaved_pp_sends_across_every_virtual_stage_boundary():
     m, pp, vpp = 4, 2, 2
-    cap = capture(
-        debug_job({"pp": pp, "vpp": vpp, "schedule": "interleaved-1f1b"}, global_batch=m), tmp_path
-    )
+    cap = capture(debug_job({"pp": pp, "vpp": vpp, "schedule": "interleaved-1f1b"}, global_batch=m))
     stages = pp * vpp
     for class_id, held in cap.world.classes().items():
         rows = rows_of(cap, class_id)
@@ -313,9 +311,7 @@ def test_interleaved_pp_sends_across_every_virtual_stage_boundary(tmp_path):
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_megatron_sends_each_tp_rank_its_slice_and_gathers_it_on_receive(
-    tmp_path, sequence_parallel
-):
+def test_megatron_sends_each_tp_rank_its_slice_and_gathers_it_on_receive(sequence_parallel):
     m, tp = 4, 2
 
     def stage_rows(transfer):
@@ -327,7 +323,7 @@ def test_megatron_sends_each_tp_rank_its_slice_and_gathers_it_on_receive(
                 "kernels": {"framework": "megatron", "pipeline_transfer": transfer},
             }
         )
-        cap = capture(job, tmp_path / transfer)
+        cap = capture(job)
         return [rows_of(cap, class_id) for class_id in (0, 1)]
 
     whole, split = stage_rows("whole"), stage_rows("scatter-gather")
@@ -353,8 +349,8 @@ def test_megatron_sends_each_tp_rank_its_slice_and_gathers_it_on_receive(
 # ---- context parallelism --------------------------------------------------------------------
 
 
-def test_cp_gathers_k_and_v_per_layer_and_reduce_scatters_their_gradients(tmp_path):
-    cap = capture(debug_job({"cp": 2}, global_batch=1), tmp_path)
+def test_cp_gathers_k_and_v_per_layer_and_reduce_scatters_their_gradients():
+    cap = capture(debug_job({"cp": 2}, global_batch=1))
     rows = rows_of(cap)
     for layer in range(LAYERS):  # K and V separately, not coalesced
         assert [r.kind for r in layer_rows(rows, layer)] == ["all_gather", "all_gather"]
@@ -365,10 +361,10 @@ def test_cp_gathers_k_and_v_per_layer_and_reduce_scatters_their_gradients(tmp_pa
     assert len(rows) == 4 * LAYERS + 1
 
 
-def test_ring_cp_runs_torchs_ring_attention(tmp_path):
+def test_ring_cp_runs_torchs_ring_attention():
     cp = 4
     job = debug_job({"cp": cp}, global_batch=1, kernels={"cp_attention": "ring"})
-    cap = capture(job, tmp_path)
+    cap = capture(job)
     trace, rows = cap.traces[0], rows_of(cap)
     # K and V (repeated to every query head) concatenated and gathered once each way
     assert count(rows, kind="all_gather", axes=CP, phase="forward") == LAYERS
@@ -473,13 +469,13 @@ COVERAGE = {
     "case",
     list(COVERAGE),
 )
-def test_every_parallel_option_captures_a_sane_trace(tmp_path, case):
+def test_every_parallel_option_captures_a_sane_trace(case):
     parallel, train, model = COVERAGE[case]
     dims = {}
     if model.endswith("+alibi"):
         model, dims = model.removesuffix("+alibi"), {"positions": "alibi"}
     job = debug_job(parallel, model=model, train=train, **dims)
-    cap = capture(job, tmp_path)
+    cap = capture(job)
     assert set(cap.traces) == set(range(job.parallel.pp))
     for class_id, trace in cap.traces.items():
         phases = trace.summary().flops_by_phase
@@ -495,15 +491,15 @@ def test_every_parallel_option_captures_a_sane_trace(tmp_path, case):
 # ---- FLOPs against explain ----------------------------------------------------------------------
 
 
-def _flops(recompute, tmp_path):
+def _flops(recompute):
     job = debug_job(seq_len=64, global_batch=2, train={"recompute": recompute})
-    trace = capture(job, tmp_path).traces[0]
+    trace = capture(job).traces[0]
     total = int(trace["flops"][trace["kind"] == COMPUTE].sum())
     return job, total, explain(job).flops
 
 
-def test_trace_flops_equal_model_flops_up_to_the_causal_attention_convention(tmp_path):
-    job, total, info = _flops("none", tmp_path)
+def test_trace_flops_equal_model_flops_up_to_the_causal_attention_convention():
+    job, total, info = _flops("none")
     # explain counts attention as 4*s*h per layer per token forward and 2x that backward
     # (Narayanan et al. 2021, no causal halving); the trace counts what flash kernels do:
     # causal forward = half (1/2 A), backward = 2.5x that forward (5/4 A), so the trace
@@ -513,8 +509,8 @@ def test_trace_flops_equal_model_flops_up_to_the_causal_attention_convention(tmp
     assert total == pytest.approx(info.model_flops_per_iteration, rel=0.05)
 
 
-def test_full_recompute_flops_equal_hardware_flops_up_to_conventions(tmp_path):
-    job, total, info = _flops("full", tmp_path)
+def test_full_recompute_flops_equal_hardware_flops_up_to_conventions():
+    job, total, info = _flops("full")
     attention = info.attention_flops_per_token * job.tokens_per_iteration
     m = job.model
     # + the rerun forward's attention is causal-halved too (another 1/2 A), and torch's
@@ -529,10 +525,10 @@ def test_full_recompute_flops_equal_hardware_flops_up_to_conventions(tmp_path):
 
 @pytest.mark.slow  # 28 s; CI's scale tests are the 131 072-rank world and mesh
 @pytest.mark.integration
-def test_a_131072_rank_job_captures_every_class(tmp_path):
+def test_a_131072_rank_job_captures_every_class():
     job = debug_job({"tp": 2, "pp": 2, "dp": 32768}, global_batch=65536)
     assert job.world_size == 131_072
-    cap = capture(job, tmp_path)
+    cap = capture(job)
     assert set(cap.traces) == {0, 1}
     for class_id in (0, 1):
         rows = rows_of(cap, class_id)
@@ -680,19 +676,19 @@ def _setup_rows(trace: RankTrace, kind: int) -> np.ndarray:
     return np.flatnonzero((c["phase"] < 0) & (c["kind"] == kind))
 
 
-def test_a_one_gpu_build_leaves_its_freed_fp32_parameters_before_the_iteration(tmp_path):
+def test_a_one_gpu_build_leaves_its_freed_fp32_parameters_before_the_iteration():
     """The program builds in fp32 and casts to bf16 (workloads.parallelize): one 4-byte copy of
     every parameter is allocated and freed before the first op, beside the 2-byte parameters."""
     from emulator.capture.trace import ALLOC, FREE
 
-    one = capture(debug_job(train={"precision": "bf16"}), tmp_path).traces[0]
+    one = capture(debug_job(train={"precision": "bf16"})).traces[0]
     c = one.columns
     allocs, frees = _setup_rows(one, ALLOC), _setup_rows(one, FREE)
     is_param = np.array([one.strings[i] == "parameter" for i in c["category"][allocs]])
     param_bytes = int(c["size_bytes"][allocs[is_param]].sum())
     assert int(c["size_bytes"][frees].sum()) == 2 * param_bytes
     # several ranks build on meta (module docstring of prismbench.program): nothing freed
-    two = capture(debug_job({"dp": 2}, train={"precision": "bf16"}), tmp_path).traces[0]
+    two = capture(debug_job({"dp": 2}, train={"precision": "bf16"})).traces[0]
     assert len(_setup_rows(two, FREE)) == 0
 
 
@@ -926,7 +922,7 @@ def test_full_recompute_reruns_the_last_gemm_only_when_the_whole_block_reruns(re
 
 
 @pytest.mark.parametrize("parallel", [{}, {"dp": 2, "zero": 3}], ids=["master-copy", "fsdp"])
-def test_a_fused_optimizer_step_is_one_kernel_not_foreach_passes(tmp_path, parallel):
+def test_a_fused_optimizer_step_is_one_kernel_not_foreach_passes(parallel):
     """`kernels.optimizer_step = "fused"` (Megatron's apex FusedAdam, llm.c): the AdamW step is
     `_fused_adamw_`, not foreach's passes (lerp, addcmul, the second moment's square root)."""
     from emulator.capture.trace import PHASES
@@ -934,7 +930,7 @@ def test_a_fused_optimizer_step_is_one_kernel_not_foreach_passes(tmp_path, paral
     def optimizer_ops(step):
         job = debug_job(parallel, model="gpt-debug", global_batch=2)
         job = dataclasses.replace(job, kernels=KernelsSpec(optimizer_step=step))
-        trace = capture(job, tmp_path / step).traces[0]
+        trace = capture(job).traces[0]
         aten = np.array(trace.text("aten"))
         step_rows = (trace["kind"] == COMPUTE) & (trace["phase"] == PHASES.index("optimizer"))
         return collections.Counter(aten[step_rows].tolist())

@@ -39,11 +39,6 @@ def test_the_title_names_the_model_once_when_the_job_is_named_after_it():
     assert job_title("run3", "llama2-7b") == "run3 (llama2-7b)"
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path / "cache"))
-
-
 @pytest.mark.integration
 def test_emulate_json_holds_the_design_contract(tmp_path, capsys):
     job = write_job(tmp_path, {"tp": 2, "pp": 2, "dp": 2, "zero": 1})
@@ -66,7 +61,7 @@ def test_emulate_json_holds_the_design_contract(tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def pipelined(tmp_path_factory):
+def pipelined():
     """A debug Llama in two pipeline stages over two replicas, emulated once for the module."""
     job = job_spec_from_dict(
         {
@@ -75,9 +70,7 @@ def pipelined(tmp_path_factory):
             "batch": {"seq_len": 64, "global_batch": 8},
         }
     )
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PRISMBENCH_CACHE", str(tmp_path_factory.mktemp("cache")))
-        return emulate(job, workers=1)
+    return emulate(job, workers=1)
 
 
 @pytest.mark.integration

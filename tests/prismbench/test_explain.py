@@ -175,7 +175,7 @@ def test_zero_sharding_rounds_up_and_one_rank_still_uses_fsdp():
         "tied-pp2",
     ],
 )
-def test_explain_counts_what_the_capture_declares(job, tmp_path):
+def test_explain_counts_what_the_capture_declares(job):
     """explain's model state per pipeline rank against the bytes the program declares before
     the iteration (parameters, gradient buffer, master weights, optimizer state), and its NCCL
     communicators against those the program made."""
@@ -186,7 +186,7 @@ def test_explain_counts_what_the_capture_declares(job, tmp_path):
     spec = _job(
         job.get("model"), parallel=job["parallel"], train=job["train"], kernels=job.get("kernels")
     )
-    captured = capture_job(spec, workers=1, cache_dir=tmp_path)
+    captured = capture_job(spec, workers=1)
     declared = ("parameter", "buffer", "gradient", "master_weights", "optimizer_state")
     for stage in explain(spec).stages:
         trace = captured.traces[stage.pp_rank]
@@ -303,7 +303,7 @@ def test_dict_form_holds_raw_numbers(example):
     assert data["flops"]["model_flops_per_iteration"] == example.flops.model_flops_per_iteration
 
 
-def test_memory_outside_the_allocator_is_the_worst_captured_stages(tmp_path):
+def test_memory_outside_the_allocator_is_the_worst_captured_stages():
     """With tied embeddings split by a pipeline, its ends make an embedding group more than the
     mesh's: explain's figure is theirs, as emulate's replay counts it from the capture."""
     from emulator.memory.outside import outside_memory
@@ -311,7 +311,7 @@ def test_memory_outside_the_allocator_is_the_worst_captured_stages(tmp_path):
 
     job = _job({"name": "gpt-debug"}, parallel={"pp": 2})
     arch = gpu_preset(job.cluster.gpu).arch
-    captured = capture_job(job, workers=1, cache_dir=tmp_path)
+    captured = capture_job(job, workers=1)
     outside = [outside_memory(t, arch).total_bytes for t in captured.traces.values()]
     assert explain(job).gpu.outside_allocator_bytes == max(outside)
 

@@ -25,11 +25,6 @@ def make_job(*, pp: int, global_batch: int, pipeline_recv: str):
     )
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path / "cache"))
-
-
 @pytest.mark.integration
 def test_two_micro_batches_on_four_stages_pay_the_larger_bubble():
     # the host binds nothing: with its dispatch time this debug model is launch-bound, each

@@ -37,11 +37,6 @@ def _job():
     )
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path / "cache"))
-
-
 @pytest.mark.integration
 def test_without_variability_every_sample_is_emulates_iteration_time():
     job = _job()

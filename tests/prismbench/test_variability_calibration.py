@@ -204,8 +204,7 @@ def test_cli_measured_preset_on_a_gpu_without_a_table_exits_2(tmp_path, capsys):
 
 
 @pytest.mark.integration
-def test_cli_measured_preset_samples_a_spread(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path / "cache"))
+def test_cli_measured_preset_samples_a_spread(tmp_path, capsys):
     job = tmp_path / "job.toml"
     job.write_text('[model]\nname = "llama-debug"\n[batch]\nseq_len = 64\nglobal_batch = 8\n')
     assert main(["variability", str(job), "--preset", "measured", "--samples", "200", "--json"]) == 0

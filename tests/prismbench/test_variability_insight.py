@@ -17,11 +17,6 @@ JOB_TOML = (
 )
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path / "cache"))
-
-
 @pytest.fixture
 def job_toml(tmp_path):
     path = tmp_path / "job.toml"

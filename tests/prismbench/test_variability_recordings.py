@@ -342,8 +342,7 @@ def test_cli_variability_refuses_a_table_it_cannot_draw_before_any_work(
 
 
 @pytest.mark.integration
-def test_cli_variability_draws_from_the_table_built(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("PRISMBENCH_CACHE", str(tmp_path / "cache"))
+def test_cli_variability_draws_from_the_table_built(tmp_path, capsys):
     out = tmp_path / "mine.json"
     assert main(["variability-table", *_cli_pairs(), "--out", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(out.read_text())

@@ -378,11 +378,11 @@ def _rows(trace):
     return [(names[i], atens[i], trace.tensors(i)) for i in rows], rows
 
 
-def test_a_compiled_job_captures_the_same_gemms_fewer_kernels_and_no_more_memory(tmp_path):
+def test_a_compiled_job_captures_the_same_gemms_fewer_kernels_and_no_more_memory():
     eager_job = debug_job(global_batch=2)
     compiled_job = dataclasses.replace(eager_job, kernels=KernelsSpec(compile=True))
-    eager = capture(eager_job, tmp_path).traces[0]
-    compiled = capture(compiled_job, tmp_path).traces[0]
+    eager = capture(eager_job).traces[0]
+    compiled = capture(compiled_job).traces[0]
     (eager_rows, e_idx), (compiled_rows, c_idx) = _rows(eager), _rows(compiled)
     extern = [r for r in eager_rows if r[0] not in FUSIBLE]
     assert extern == [r for r in compiled_rows if r[0] not in FUSIBLE]

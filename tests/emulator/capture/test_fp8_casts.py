@@ -47,9 +47,9 @@ def _cast_work(rows):
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
-def test_fused_casts_record_two_kernels_per_operand_and_fewer_bytes(tmp_path, recipe):
-    unfused = _compute_rows(capture(_job("unfused", recipe), tmp_path).traces[0])
-    fused = _compute_rows(capture(_job("fused", recipe), tmp_path).traces[0])
+def test_fused_casts_record_two_kernels_per_operand_and_fewer_bytes(recipe):
+    unfused = _compute_rows(capture(_job("unfused", recipe)).traces[0])
+    fused = _compute_rows(capture(_job("fused", recipe)).traces[0])
     gemms_u, casts_u, kernels_u, bytes_u = _cast_work(unfused)
     gemms_f, casts_f, kernels_f, bytes_f = _cast_work(fused)
     assert gemms_u == gemms_f and len(gemms_f) > 0  # same fp8 GEMMs, same shapes and dtypes
@@ -71,14 +71,14 @@ def test_fused_casts_record_two_kernels_per_operand_and_fewer_bytes(tmp_path, re
     assert bytes_f < bytes_u
 
 
-def test_eager_torchao_copies_operands_into_the_layouts_its_gemms_read(tmp_path):
+def test_eager_torchao_copies_operands_into_the_layouts_its_gemms_read():
     """On a GPU eager torchao runs a transposing copy for three of each linear's six GEMM
     operands (`preprocess_addmm`: a row-major A and a column-major B for `_scaled_mm`), and
     ATen's max() copies the transposed weight before each of its two amax passes; the fused
     rules' casts write the layout the GEMM reads, and no copy is left."""
     copies, gemms = {}, {}
     for casts in ("unfused", "fused", "transformer-engine"):
-        rows = _compute_rows(capture(_job(casts), tmp_path).traces[0])
+        rows = _compute_rows(capture(_job(casts)).traces[0])
         gemms[casts] = sum(r[0] == "aten._scaled_mm" for r in rows)
         clones = [r[1][0][1] for r in rows if r[0] == "aten.clone"]
         copies[casts] = (
@@ -91,12 +91,12 @@ def test_eager_torchao_copies_operands_into_the_layouts_its_gemms_read(tmp_path)
     assert copies["unfused"] == (3 * linears, 2 * linears)
     assert copies["fused"] == copies["transformer-engine"] == (0, 0)
     bf16 = job_spec_from_dict({**_spec("unfused"), "train": {"precision": "bf16"}})
-    assert "aten.clone" not in capture(bf16, tmp_path).traces[0].text("aten")
+    assert "aten.clone" not in capture(bf16).traces[0].text("aten")
 
 
-def test_fused_casts_under_tensor_parallelism_keep_the_amax_all_reduce(tmp_path):
+def test_fused_casts_under_tensor_parallelism_keep_the_amax_all_reduce():
     for casts in ("unfused", "fused"):
-        trace = capture(_job(casts, parallel={"tp": 2}), tmp_path).traces[0]
+        trace = capture(_job(casts, parallel={"tp": 2})).traces[0]
         names = trace.text("name")
         assert "scaled_mm" in names and "all_reduce" in names
 
@@ -115,9 +115,9 @@ def _fp8_bytes_written(trace) -> int:
     )
 
 
-def test_transformer_engine_casts_write_each_operand_once_with_no_amax_pass(tmp_path):
-    fused = _compute_rows(capture(_one_micro_batch("fused"), tmp_path).traces[0])
-    te_trace = capture(_one_micro_batch("transformer-engine"), tmp_path).traces[0]
+def test_transformer_engine_casts_write_each_operand_once_with_no_amax_pass():
+    fused = _compute_rows(capture(_one_micro_batch("fused")).traces[0])
+    te_trace = capture(_one_micro_batch("transformer-engine")).traces[0]
     te = _compute_rows(te_trace)
     gemms = [r for r in te if r[0] == "aten._scaled_mm"]
     assert gemms == [r for r in fused if r[0] == "aten._scaled_mm"] and gemms
@@ -146,10 +146,10 @@ def test_transformer_engine_casts_write_each_operand_once_with_no_amax_pass(tmp_
         assert nbytes >= 3 * int(np.prod(hp_shape))  # read 2 B, write >= 1 B an element
 
 
-def test_transformer_engine_casts_under_tensor_parallelism_issue_no_amax_collective(tmp_path):
+def test_transformer_engine_casts_under_tensor_parallelism_issue_no_amax_collective():
     def all_reduces(precision, casts):
         job = job_spec_from_dict({**_spec(casts, {"tp": 2}), "train": {"precision": precision}})
-        return capture(job, tmp_path).traces[0].text("name").count("all_reduce")
+        return capture(job).traces[0].text("name").count("all_reduce")
 
     bf16 = all_reduces("bf16", "transformer-engine")
     # dynamic scaling (torch.compile's rule) reduces each sharded operand's amax over tp
@@ -159,7 +159,7 @@ def test_transformer_engine_casts_under_tensor_parallelism_issue_no_amax_collect
     assert all_reduces("fp8", "transformer-engine") == bf16
 
 
-def test_transformer_engine_gathers_sequence_parallel_operands_in_fp8(tmp_path):
+def test_transformer_engine_gathers_sequence_parallel_operands_in_fp8():
     """Megatron with Transformer Engine casts a column-parallel input on its sequence shard and
     all-gathers fp8 (again in backward, from the saved fp8 shard), and casts a row-parallel
     output gradient before gathering it: the program gathers bf16 and casts the gathered tensor,
@@ -173,7 +173,7 @@ def test_transformer_engine_gathers_sequence_parallel_operands_in_fp8(tmp_path):
         })  # fmt: skip
         assert job.kernels.fp8_casts == "transformer-engine"
         assert job.kernels.sp_collectives == "first-dim" and job.kernels.sp_regather
-        trace = capture(job, tmp_path).traces[0]
+        trace = capture(job).traces[0]
         rows = [i for i, name in enumerate(trace.text("name")) if name == "all_gather"]
         dtypes = trace.text("dtype")
         return [(dtypes[i], int(trace["numel"][i]), int(trace["size_bytes"][i])) for i in rows]
@@ -191,7 +191,7 @@ def test_transformer_engine_gathers_sequence_parallel_operands_in_fp8(tmp_path):
     assert all(b == n for d in ("float8_e4m3fn", "float8_e5m2") for n, b in by_dtype[d])
 
 
-def test_transformer_engine_casts_a_weight_once_for_all_micro_batches(tmp_path):
+def test_transformer_engine_casts_a_weight_once_for_all_micro_batches():
     """TE caches a weight's fp8 copy and its transpose across micro-batches
     (`is_first_microbatch`): a second micro-batch casts its activations and gradients again,
     its weights not at all."""
@@ -200,8 +200,8 @@ def test_transformer_engine_casts_a_weight_once_for_all_micro_batches(tmp_path):
     from workloads.flavors import get_flavor
     from workloads.models import build_model
 
-    one = _fp8_bytes_written(capture(_one_micro_batch("transformer-engine"), tmp_path).traces[0])
-    two = _fp8_bytes_written(capture(_job("transformer-engine"), tmp_path).traces[0])
+    one = _fp8_bytes_written(capture(_one_micro_batch("transformer-engine")).traces[0])
+    two = _fp8_bytes_written(capture(_job("transformer-engine")).traces[0])
     model = build_model(get_flavor("llama-debug"))
     weights = sum(
         m.weight.numel()
@@ -214,7 +214,7 @@ def test_transformer_engine_casts_a_weight_once_for_all_micro_batches(tmp_path):
 
 @pytest.mark.parametrize(("recompute", "recomputed_amax"), [("selective", False), ("full", True)])
 def test_a_recomputed_cast_reduces_again_only_when_the_checkpoint_did_not_keep_max(
-    tmp_path, recompute, recomputed_amax
+    recompute, recomputed_amax
 ):
     """torchtitan's op-level policy keeps `max`: a cast rerun in backward takes its amax from
     the checkpoint's store and runs only the cast kernel. Full recompute keeps nothing."""
@@ -222,7 +222,7 @@ def test_a_recomputed_cast_reduces_again_only_when_the_checkpoint_did_not_keep_m
 
     spec = _spec("fused") | {"train": {"precision": "fp8", "recompute": recompute}}
     spec["kernels"] |= {"framework": "torchtitan"}
-    trace = capture(job_spec_from_dict(spec), tmp_path).traces[0]
+    trace = capture(job_spec_from_dict(spec)).traces[0]
     atens = trace.text("aten")
     rerun = (trace["kind"] == COMPUTE) & (trace["phase"] == PHASES.index("recompute"))
     recomputed = collections.Counter(atens[i] for i in np.flatnonzero(rerun))
