@@ -1,7 +1,5 @@
 """What every test of the suite runs under."""
 
-import os
-
 import pytest
 import torch
 
@@ -25,10 +23,6 @@ def capture_cache_of_the_session(tmp_path_factory):
     that capture the same job share its capture (keyed by job and source, so the same
     trace), and the suite leaves nothing behind. A test that needs a cold cache (one that
     counts what a capture does, or checks the cache itself) sets PRISMBENCH_CACHE to its own."""
-    before = os.environ.get("PRISMBENCH_CACHE")
-    os.environ["PRISMBENCH_CACHE"] = str(tmp_path_factory.mktemp("prismbench-cache"))
-    yield
-    if before is None:
-        del os.environ["PRISMBENCH_CACHE"]
-    else:
-        os.environ["PRISMBENCH_CACHE"] = before
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PRISMBENCH_CACHE", str(tmp_path_factory.mktemp("prismbench-cache")))
+        yield

@@ -14,7 +14,7 @@ import numpy as np
 
 from emulator.capture.trace import COMM, PHASES, RankTrace
 from emulator.world.mesh import World, group_axes
-from prismbench.capture import capture_job, default_cache_dir
+from prismbench.capture import capture_job
 from prismbench.spec import job_spec_from_dict
 
 
@@ -48,7 +48,7 @@ def capture(job, cache_dir=None):
     """All classes of `job`, captured in this process, or read from `cache_dir` (default: the
     suite's cache, tests/conftest.py, shared by the tests that capture the same job). A test
     that watches the capture itself (a spy on what it calls) passes a folder of its own."""
-    return capture_job(job, workers=1, cache_dir=cache_dir or default_cache_dir())
+    return capture_job(job, workers=1, cache_dir=cache_dir)
 
 
 class CommRow(NamedTuple):
