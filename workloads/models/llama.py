@@ -16,12 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from workloads.config import ModelSpec
-from workloads.models.common import (
-    CausalAttention,
-    default_positions,
-    init_parameter,
-    rope_rotate,
-)
+from workloads.models.common import CausalAttention, rope_rotate
+from workloads.models.decoder import DecoderLM, TransformerBlock
 from workloads.models.norms import RMSNorm
 
 
@@ -60,57 +56,25 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
-class TransformerBlock(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        self.attention_norm = RMSNorm(spec.hidden, eps=spec.norm_eps)
-        self.attention = Attention(spec)
-        self.ffn_norm = RMSNorm(spec.hidden, eps=spec.norm_eps)
-        self.feed_forward = FeedForward(spec)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), positions)
-        return x + self.feed_forward(self.ffn_norm(x))
+def _block(spec: ModelSpec) -> TransformerBlock:
+    return TransformerBlock(
+        RMSNorm(spec.hidden, eps=spec.norm_eps),
+        Attention(spec),
+        RMSNorm(spec.hidden, eps=spec.norm_eps),
+        FeedForward(spec),
+    )
 
 
-class Llama(nn.Module):
+class Llama(DecoderLM):
     def __init__(self, spec: ModelSpec, layer_ids: Iterable[int] | None = None) -> None:
         # layer_ids: build only these blocks (a pipeline stage's), keyed by their global index
         super().__init__()
         if spec.family != "llama":
             raise ValueError(f"Llama needs model.family='llama', got {spec.family!r} ({spec.name})")
         self.spec = spec
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab, spec.hidden)
+        self.tok_embeddings = nn.Embedding(spec.vocab, spec.hidden)
         ids = range(spec.layers) if layer_ids is None else layer_ids
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in ids})
-        self.norm: RMSNorm | None = RMSNorm(spec.hidden, eps=spec.norm_eps)
-        self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        self.layers = nn.ModuleDict({str(i): _block(spec) for i in ids})
+        self.norm = RMSNorm(spec.hidden, eps=spec.norm_eps)
+        self.output = nn.Linear(spec.hidden, spec.vocab, bias=False)
         self._tie_embeddings()
-
-    def _tie_embeddings(self) -> None:
-        if self.spec.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
-            self.output.weight = self.tok_embeddings.weight
-
-    def to_empty(self, *, device, recurse: bool = True):
-        # Module.to_empty makes a new parameter per module, which unties shared weights.
-        super().to_empty(device=device, recurse=recurse)
-        self._tie_embeddings()
-        return self
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        positions = default_positions(x, positions)
-        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
-        for layer in self.layers.values():
-            h = layer(h, positions)
-        if self.norm is not None:
-            h = self.norm(h)
-        if self.output is not None:
-            h = self.output(h)
-        return h
-
-    def init_weights(self, seed: int | None = None) -> None:
-        """Reinitialise every parameter; with a seed, each one from (seed, its name)."""
-        for fqn, param in self.named_parameters():
-            if self.spec.tie_embeddings and fqn == "output.weight":
-                fqn = "tok_embeddings.weight"
-            init_parameter(fqn, param, seed)
