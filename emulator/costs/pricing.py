@@ -165,17 +165,31 @@ def shape_signatures(trace: RankTrace, rows: np.ndarray) -> np.ndarray:
     """Per row of `rows`, an id shared by exactly the GEMM and attention rows whose tensors have
     the same shapes in the same order (0 for every other op: their price reads no shape)."""
     names = {i for i, s in enumerate(trace.strings) if s in GEMM_OPS or s in ATTENTION_OPS}
-    shaped = np.isin(trace.columns["name"][rows], list(names))
+    shaped = np.flatnonzero(np.isin(trace.columns["name"][rows], list(names)))
+    out = np.zeros(len(rows), dtype=np.int64)
+    if len(shaped) == 0:
+        return out
     r = trace.ragged
     offsets, dims, dim_offsets = r["tensor_offsets"], r["tensor_dims"], r["tensor_dim_offsets"]
-    ids: dict[tuple, int] = {}
-    out = np.zeros(len(rows), dtype=np.int64)
-    for i in np.flatnonzero(shaped):
-        lo, hi = offsets[rows[i]], offsets[rows[i] + 1]
-        ranks = tuple(np.diff(dim_offsets[lo : hi + 1]).tolist())
-        shapes = tuple(dims[dim_offsets[lo] : dim_offsets[hi]].tolist())
-        out[i] = ids.setdefault((ranks, shapes), len(ids) + 1)
+    lo, hi = offsets[rows[shaped]], offsets[rows[shaped] + 1]
+    tensor_ranks = np.diff(dim_offsets)
+    # each row as one fixed-width key: its tensors' ranks, then their dims, padded with -1
+    # (no size is negative), so rows with equal keys have equal shapes in the same order
+    ranks = _padded(tensor_ranks, lo, hi - lo)
+    shapes = _padded(dims, dim_offsets[lo], dim_offsets[hi] - dim_offsets[lo])
+    _, inverse = np.unique(np.hstack([ranks, shapes]), axis=0, return_inverse=True)
+    out[shaped] = inverse.reshape(-1) + 1
     return out
+
+
+def _padded(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Row i: values[starts[i] : starts[i] + counts[i]], then -1 up to the longest row."""
+    width = max(int(counts.max()), 1)
+    columns = np.arange(width)
+    inside = columns[None, :] < counts[:, None]
+    index = np.where(inside, starts[:, None] + columns[None, :], 0)
+    taken = values[index] if len(values) else np.zeros(index.shape, dtype=np.int64)
+    return np.where(inside, taken, -1).astype(np.int64)
 
 
 def _price(op: OpRecord, cost: CostContext) -> tuple[float, str]:

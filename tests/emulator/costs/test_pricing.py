@@ -159,3 +159,30 @@ def test_a_gemm_and_its_transpose_are_priced_by_their_own_table_rows(tmp_path):
     durations, sources = compute_prices(trace, CostContext(topology=TOPO, table=load_kernel_table(table)))
     assert durations[:2] * 1e6 == pytest.approx([5.0, 9.0])
     assert list(sources[:2]) == [0, 0]  # both exact rows
+
+
+def test_shape_signatures_group_gemms_by_their_tensors_shapes_in_order():
+    from emulator.costs.pricing import shape_signatures
+
+    world = World.grid(dp=1, pp=1, cp=1, tp=1)
+    s = Stage(world, 0)
+    shapes_by_row = [
+        ((4, 5), (5, 6)),  # 0
+        ((4, 5), (5, 6)),  # 1: the same shapes as row 0
+        ((5, 6), (4, 5)),  # 2: the same tensors in another order
+        ((4,), (5, 5, 6)),  # 3: the same dims split into tensors otherwise
+        ((4, 5, 5), (6,)),  # 4: and again
+        ((4, 5), (5, 6), (4, 6)),  # 5: one tensor more
+    ]
+    for shapes in shapes_by_row:
+        s.compute(0.0, name="mm", tensors=tuple((shape, "bfloat16", False) for shape in shapes))
+    s.compute(0.0, name="add", tensors=(((4, 5), "bfloat16", False),))  # 6: its price reads no shape
+    trace, _ = s.trace()
+    rows = np.arange(7)
+    ids = shape_signatures(trace, rows)
+    assert ids[0] == ids[1] != 0
+    assert len(set(ids[[0, 2, 3, 4, 5]].tolist())) == 5 and 0 not in ids[:6]
+    assert ids[6] == 0
+    # the ids depend on the rows asked about only through which rows share shapes
+    sub = np.array([1, 6, 5])
+    assert (shape_signatures(trace, sub) == 0).tolist() == [False, True, False]
