@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -35,6 +34,9 @@ from prismbench.spec import job_spec_from_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from shared_gpu import commit_label  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/perf/: machine
+from machine import machine_line  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "capture.md"
 
@@ -126,9 +128,8 @@ def main() -> None:
     parser.add_argument("--growth-only", action="store_true")
     args = parser.parse_args()
     header = [
-        f"Measured by `results/perf/capture_bench.py` on {platform.machine()}, "
-        f"{os.cpu_count()} cores, Python {platform.python_version()}, at commit "
-        f"{commit_label()}, {time.strftime('%Y-%m-%d')}.",
+        f"Measured by `results/perf/capture_bench.py` at commit {commit_label()}, "
+        f"{time.strftime('%Y-%m-%d')}. {machine_line()}",
         "",
     ]
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from shared_gpu import ROOT, command_line, commit_label  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/perf/: machine
+from machine import machine_line  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "grad_accumulation.md"
 
@@ -63,10 +65,9 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         "# Capture time vs gradient-accumulation micro-batches",
         "",
-        f"Measured by `{command_line('results/perf/grad_accumulation_bench.py', argv)}` on "
-        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"Measured by `{command_line('results/perf/grad_accumulation_bench.py', argv)}` "
         f"at commit {commit_label()}, {time.strftime('%Y-%m-%d')}. The method is in the "
-        "script's docstring.",
+        f"script's docstring. {machine_line()}",
         "",
         "| micro-batches | trace events | capture | per micro-batch |",
         "|--:|--:|--:|--:|",
