@@ -197,6 +197,17 @@ class Recording:
         }
 
 
+def cpu_model() -> str:
+    """The CPU's model name as Linux reports it, else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            return next(
+                line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")
+            )
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def provenance() -> dict:
     """machine, software, commit, date of a recording made here."""
     import torch
@@ -204,17 +215,9 @@ def provenance() -> dict:
     from prismbench.checkout import git_version
 
     commit, dirty = git_version()
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            cpu = next(
-                line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")
-            )
-    except (OSError, StopIteration):
-        pass
     return {
         "kind": "recorded",
-        "machine": f"{platform.node()}: {cpu}, {os.cpu_count()} cores",
+        "machine": f"{platform.node()}: {cpu_model()}, {os.cpu_count()} cores",
         "software": f"torch {torch.__version__}, python {platform.python_version()}, {platform.system()}",
         "commit": commit,
         "dirty": dirty,

@@ -15,19 +15,10 @@ import os
 import platform
 import sys
 import time
-from pathlib import Path
+
+from prismbench.record import cpu_model
 
 YARDSTICK_ADDITIONS = 10**7
-
-
-def cpu_model() -> str:
-    """The CPU's model name as Linux reports it, else what `platform` knows."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def usable_cores() -> int:
