@@ -25,6 +25,7 @@ from prismbench.cli import main
 from prismbench.explain import explain
 from prismbench.program import rank_program
 from prismbench.spec import job_spec_from_dict
+from tests.cases import case_params
 from tests.prismbench.capture_cases import (
     capture,
     comm_rows,
@@ -118,7 +119,8 @@ def test_fsdp_zero2_keeps_parameters_between_forward_and_backward():
     [
         ("all", LAYERS + 1),
         # llm-foundry: FSDP1 never frees the root (embedding, final norm, output) after forward
-        ("not-root", LAYERS),
+        # (slow: CI runs the values on either side of it)
+        pytest.param("not-root", LAYERS, marks=pytest.mark.slow),
         # torchtitan, Dec 2024: nor the last block, whose parameters backward needs first
         ("not-root-or-last", LAYERS - 1),
         # torchtitan under pipeline parallelism: no unit (zero 2's program)
@@ -187,6 +189,7 @@ def test_tensorwise_fp8_gathers_the_block_inputs_as_float8():
     assert fp8 == [size // 2 for size in bf16]
 
 
+@pytest.mark.slow  # ~15-25 s on 2 cores: an fp8 capture of its own, beside the one above
 def test_a_block_part_with_a_linear_left_in_bf16_gathers_bf16():
     # head dim 12: wk and wv are 48 x 24, not a multiple of 16, so they stay plain linears
     # (workloads.float8) and the attention's input is gathered in bf16; the MLP's in float8
@@ -310,7 +313,9 @@ def test_interleaved_pp_sends_across_every_virtual_stage_boundary():
         assert count(rows, kind="recv", axes=PP) == expected
 
 
-@pytest.mark.parametrize("sequence_parallel", [False, True])
+@pytest.mark.parametrize(  # CI: with sequence parallelism (~20 s a case on 2 cores)
+    "sequence_parallel", [pytest.param(False, marks=pytest.mark.slow), True]
+)
 def test_megatron_sends_each_tp_rank_its_slice_and_gathers_it_on_receive(sequence_parallel):
     m, tp = 4, 2
 
@@ -623,7 +628,9 @@ REUSE_CASES = {
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("case", list(REUSE_CASES))
+# CI: the interleaved schedule under cp and 1F1B with recomputation; 1F1B under tp and dp, and
+# GPipe, are `slow` (each captures a stage twice, 10-25 s on 2 cores)
+@pytest.mark.parametrize("case", case_params(REUSE_CASES, {"1f1b-tp-dp-zero1", "gpipe"}))
 def test_reused_chunks_give_the_trace_every_chunk_gives(case, stub_count):
     # 8 micro-batches per stage: a stage's first forward and backward are recorded and
     # stand for micro-batches 1..6 (the last runs for real); event for event, storage

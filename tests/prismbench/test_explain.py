@@ -25,6 +25,7 @@ from prismbench.spec import job_spec_from_dict, load_job_spec
 from workloads.config import ModelSpec
 from workloads.flavors import FLAVORS, get_flavor, parameter_count
 
+SLOW = pytest.mark.slow
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jobspec.example.toml"
 
 
@@ -144,16 +145,17 @@ def test_zero_sharding_rounds_up_and_one_rank_still_uses_fsdp():
         {"parallel": {}, "train": {"precision": "fp32"}},
         {"parallel": {"dp": 2, "zero": 1}, "train": {"precision": "bf16"}},
         {"parallel": {"dp": 2, "zero": 3}, "train": {"precision": "bf16"}},
-        {"parallel": {"tp": 2, "zero": 0}, "train": {"precision": "bf16"}},
-        {"parallel": {"pp": 2}, "train": {"precision": "bf16"}},
-        {"parallel": {"zero": 3}, "train": {"precision": "bf16"}},
+        # slow (CI runs tp, pp and cp inside tp2-dp2-pp2 and tp2-cp2; FSDP with dp2-fsdp)
+        pytest.param({"parallel": {"tp": 2, "zero": 0}, "train": {"precision": "bf16"}}, marks=SLOW),
+        pytest.param({"parallel": {"pp": 2}, "train": {"precision": "bf16"}}, marks=SLOW),
+        pytest.param({"parallel": {"zero": 3}, "train": {"precision": "bf16"}}, marks=SLOW),
         {"parallel": {}, "train": {"precision": "fp8"}},  # fp8 GEMMs, bf16 weights
         {
             "parallel": {},
             "train": {"precision": "bf16"},
             "kernels": {"grad_accumulation": "model-dtype"},
         },
-        {"parallel": {"cp": 2}, "train": {"precision": "bf16"}},
+        pytest.param({"parallel": {"cp": 2}, "train": {"precision": "bf16"}}, marks=SLOW),
         {"parallel": {"tp": 2, "cp": 2}, "train": {"precision": "bf16"}},
         {"parallel": {"tp": 2, "dp": 2, "pp": 2}, "train": {"precision": "bf16"}},
         # a pipeline unties the tied embeddings: its ends make an embedding group of their own

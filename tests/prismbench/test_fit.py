@@ -271,6 +271,7 @@ def test_a_step_the_layout_cannot_take_is_refused_up_front():
         fit(sequence_parallel, "seq_len", step=7)
 
 
+@pytest.mark.slow  # 20-35 s on 2 cores: a bisection of captures of its own
 def test_layers_take_any_step_a_pipeline_splits_unevenly():
     # pp 2 takes 3 layers (2 + 1): a step of 1 is the user's to give, unlike a sequence's split
     two_stages = _job(1, pp=2)

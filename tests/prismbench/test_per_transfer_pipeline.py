@@ -74,6 +74,7 @@ def test_last_stage_frees_each_received_activation():
     assert peaks["per-microbatch"] - peaks["per-transfer"] >= (m - pp) * activation_bytes
 
 
+@pytest.mark.slow  # 20-35 s on 2 cores (two emulations of 16 micro-batches on 4 stages)
 @pytest.mark.integration
 def test_interleaved_stages_hold_only_the_buffers_in_flight():
     # Megatron's interleaved 1F1B (workloads/megatron_interleaved.py) over a ring of 4 ranks:

@@ -22,7 +22,6 @@ after other cases in one process corrupted the heap inside torch/gloo).
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -38,6 +37,7 @@ from emulator.capture.trace import EventSequence, RankTrace
 from emulator.world.comm_events import Recorder
 from prismbench.launch import RanksDied, run_ranks
 from prismbench.program import rank_program
+from tests.cases import case_params, selected_cases
 from tests.prismbench import real_steps
 from tests.prismbench.capture_cases import debug_job
 from tests.prismbench.real_steps import C10dRecorder, comm_calls, differing, op_classes
@@ -176,19 +176,10 @@ def _run_spawn(names: list[str]) -> list[dict]:
         return run_ranks(WORLD, _real_steps, names, timeout_s=600)
 
 
-def _selected_cases(session: pytest.Session) -> list[str]:
-    names = []
-    for item in session.items:
-        callspec = getattr(item, "callspec", None)
-        if item.path == Path(__file__) and callspec is not None and "name" in callspec.params:
-            names.append(callspec.params["name"])
-    return [name for name in CASES if name in names]
-
-
 @pytest.fixture(scope="module")
 def real_ranks(request) -> list[dict]:
     """Each rank's results of the selected cases, in rank order."""
-    wanted = _selected_cases(request.session)
+    wanted = selected_cases(request.session, __file__, CASES)
     apart = [name for name in wanted if name.startswith(SPAWNS_APART)]
     spawns = [[name for name in wanted if name not in apart]] + [[name] for name in apart]
     merged: list[dict] = [{} for _ in range(WORLD)]
@@ -215,18 +206,15 @@ def _compared(calls: list[tuple]) -> list[tuple]:
     ]
 
 
-def _cases() -> list:
-    params = []
-    for name in CASES:
-        marks = [pytest.mark.slow] if name in SLOW_CASES else []
-        if name in XFAIL:
-            marks.append(pytest.mark.xfail(reason=XFAIL[name], strict=True))
-        params.append(pytest.param(name, marks=marks))
-    return params
-
-
 @pytest.mark.integration
-@pytest.mark.parametrize("name", _cases())
+@pytest.mark.parametrize(
+    "name",
+    case_params(
+        CASES,
+        SLOW_CASES,
+        **{name: [pytest.mark.xfail(reason=why, strict=True)] for name, why in XFAIL.items()},
+    ),
+)
 def test_every_rank_s_real_step_runs_the_ops_and_calls_the_capture_records(name, real_ranks):
     job = case_job(name)
     assert job.world_size == WORLD

@@ -55,6 +55,7 @@ def test_record_times_a_real_two_process_run(tmp_path, capsys):
     assert provenance.machine and provenance.software and provenance.commit and provenance.date
 
 
+@pytest.mark.slow  # a two-process record of its own (~14 s on 2 cores) for a warning's absence
 @pytest.mark.integration
 def test_a_tensor_parallel_record_prints_no_dtensor_rng_warning(tmp_path, capfd):
     # each rank printed torch's "DTensor random operators may not have complete support on

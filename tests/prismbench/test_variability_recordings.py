@@ -132,6 +132,7 @@ def test_the_measured_preset_draws_a_recorded_table_written_anywhere(tmp_path):
     assert model.temporal_cv_by_class != committed.temporal_cv_by_class
 
 
+@pytest.mark.slow  # ~65 s on 2 cores: the eight shared profiles read again (tens of MB each)
 @needs_shared
 def test_recordings_of_the_shared_jobs_give_the_committed_table():
     # the h100shared__ recordings hold summary.json's iteration times, job by job
