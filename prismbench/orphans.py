@@ -5,6 +5,9 @@ parent fills, and holds a copy of that queue's write end, so a parent killed by 
 cannot catch (SIGKILL, the OOM killer) leaves it waiting forever, holding torch and its
 captures in memory. `exit_with_parent` is the workers' initializer: a daemon thread notices the
 parent is gone (the worker is reparented, so `os.getppid()` changes) and ends the worker.
+`exit_with_caller` does the same for a rank a fork server started (prismbench.launch): its
+parent is the server, which outlives a killed caller while its children hold the server's pipe,
+so the rank watches the caller itself.
 It also leaves Ctrl-C to the parent: a terminal sends SIGINT to the whole process group, and a
 worker interrupted in its loop printed "Process SpawnPoolWorker-1:" under the parent's own
 "interrupted"; every parent ends its workers itself when it is interrupted (`stop_workers`).
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import select
 import signal
 import threading
 import time
@@ -28,10 +32,39 @@ PARENT_LOST_EXIT_CODE = 71
 def exit_with_parent(parent_pid: int) -> None:
     """Initializer of a worker process: end it (`os._exit`) once `parent_pid` has died, and
     ignore SIGINT (the parent's to act on)."""
+    _exit_when_gone(lambda: os.getppid() == parent_pid)
+
+
+def exit_with_caller(caller_pid: int) -> None:
+    """As `exit_with_parent`, for a process whose parent is not `caller_pid` but a fork server
+    of it: end it once `caller_pid` has ended (a pidfd, Linux >= 5.3; else whether the pid
+    still exists, which a zombie caller not yet reaped does)."""
+    try:
+        pidfd = os.pidfd_open(caller_pid)
+    except ProcessLookupError:
+        os._exit(PARENT_LOST_EXIT_CODE)
+    except (AttributeError, OSError):
+        _exit_when_gone(lambda: _exists(caller_pid))
+        return
+    # a pidfd reads ready once its process has ended
+    _exit_when_gone(lambda: not select.select([pidfd], [], [], 0)[0])
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _exit_when_gone(alive) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
-        while os.getppid() == parent_pid:
+        while alive():
             time.sleep(PARENT_POLL_S)
         os._exit(PARENT_LOST_EXIT_CODE)
 

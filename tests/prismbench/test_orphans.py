@@ -70,6 +70,19 @@ def test_a_worker_whose_parent_is_gone_exits_with_its_own_status():
     assert code == PARENT_LOST_EXIT_CODE
 
 
+def test_a_rank_whose_caller_is_gone_exits_with_its_own_status():
+    # exit_with_caller watches a process that need not be its parent (a fork server's caller)
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    code = subprocess.run(
+        [sys.executable, "-c",
+         "import time; from prismbench.orphans import exit_with_caller; "
+         f"exit_with_caller({int(ended.stdout)}); time.sleep(30)"],
+        cwd=ROOT, timeout=30,
+    ).returncode  # fmt: skip
+    assert code == PARENT_LOST_EXIT_CODE
+
+
 def test_ctrl_c_to_the_process_group_interrupts_the_parent_alone():
     # a terminal's Ctrl-C reaches every process of the group: a pool worker interrupted in its
     # loop printed "Process SpawnPoolWorker-1:" and its traceback under the parent's message
