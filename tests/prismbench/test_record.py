@@ -67,16 +67,19 @@ def test_a_tensor_parallel_record_prints_no_dtensor_rng_warning(tmp_path, capfd)
     assert "DTensor random operators" not in capfd.readouterr().err
 
 
-@pytest.mark.parametrize(
-    ("dp", "model_init", "init_device"),
-    [(2, "auto", "meta"), (1, "auto", None), (2, "device", None), (1, "meta", "meta")],
-)
-def test_a_rank_builds_as_the_emulator_takes_its_program_to(dp, model_init, init_device):
+# (dp, train.model_init, the init_device a rank builds with)
+BUILDS = [(2, "auto", "meta"), (1, "auto", None), (2, "device", None), (1, "meta", "meta")]
+
+
+def test_a_rank_builds_as_the_emulator_takes_its_program_to():
     # by default several ranks materialise their own shards only, a one-GPU job builds whole
     # on its device, as the shared H100 measurements ran it; `train.model_init` says otherwise
-    # (TrainingJob.builds_on_meta)
-    train = f'[train]\nmodel_init = "{model_init}"\n'
-    spec_text = TWO_RANKS.replace("dp = 2", f"dp = {dp}") + train
+    # (TrainingJob.builds_on_meta). One process (torch's import is most of its time) runs the
+    # four builds in turn, each on a fake process group of its own.
+    specs = [
+        TWO_RANKS.replace("dp = 2", f"dp = {dp}") + f'[train]\nmodel_init = "{model_init}"\n'
+        for dp, model_init, _ in BUILDS
+    ]
     script = textwrap.dedent(
         f"""
         import torch.distributed as dist, workloads
@@ -84,20 +87,31 @@ def test_a_rank_builds_as_the_emulator_takes_its_program_to(dp, model_init, init
         from prismbench.record import _rank_run
         from prismbench.spec import load_job_spec
         import pathlib, tempfile
-        spec = pathlib.Path(tempfile.mkdtemp()) / "job.toml"
-        spec.write_text({spec_text!r})
-        job = load_job_spec(spec)
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=job.world_size)
+
+        class Built(Exception):
+            pass
+
         def build_training(job, mesh, **kwargs):
             print("init_device", kwargs.get("init_device"))
-            raise SystemExit(0)
+            raise Built
+
         workloads.build_training = build_training
-        _rank_run(job, 0, 1)
+        for text in {specs!r}:
+            spec = pathlib.Path(tempfile.mkdtemp()) / "job.toml"
+            spec.write_text(text)
+            job = load_job_spec(spec)
+            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=job.world_size)
+            try:
+                _rank_run(job, 0, 1)
+            except Built:
+                pass
+            dist.destroy_process_group()
         """
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == f"init_device {init_device}"
+    printed = [line for line in done.stdout.splitlines() if line.startswith("init_device")]
+    assert printed == [f"init_device {init_device}" for _, _, init_device in BUILDS]
 
 
 def test_refuses_what_cannot_run_here(tmp_path):
