@@ -105,10 +105,11 @@ def run_ranks(
     ctx = _context()
     results_queue = ctx.Queue()
     port = free_port()
+    caller = (os.getpid(), dict(os.environ))
     procs = [
         ctx.Process(
             target=_worker,
-            args=(rank, world_size, port, threads, backend, fn, args, results_queue, (os.getpid(), dict(os.environ))),
+            args=(rank, world_size, port, threads, backend, fn, args, results_queue, caller),
         )
         for rank in range(world_size)
     ]
