@@ -109,14 +109,20 @@ SLOW_CASES = {
     "pp2-tp2-zero-bubble-loss-parallel",
 }
 SPAWNS_APART = ("cp",)
-# A difference found here, kept failing until it is fixed (xfail is strict in this project): under
-# zero-bubble the capture gives the tp collectives of the split backward no module ('Global')
-# where the real run has the block's ('Llama.layers.0.feed_forward'); every op class, and every
-# call's kind, group, bytes, phase and micro-batch, agree (checked with modules left out), so
-# the timing is the real run's and only per-module attribution (reports, OOM messages) is not.
+# A difference found here: under zero-bubble the capture gives the tp collectives of the split
+# backward no module ('Global') where the real run has the block's ('Llama.layers.0.feed_forward');
+# every op class, and every call's kind, group, bytes, phase and micro-batch, agree (checked with
+# modules left out), so the timing is the real run's and only per-module attribution (reports,
+# OOM messages) is not. Not strict: which module the real run gives depends on when Python's
+# garbage collector runs in the rank (2026-12-02: ranks forked from launch's fork server give
+# 'Global', as the capture does; spawned ranks, and forked ones with gc disabled, the block's),
+# so the real run's attribution there rests on a collection, not on the program. The capture
+# collects at micro-batch boundaries (garbage_collected_at_micro_batches); whether its 'Global'
+# is the same effect is not checked.
 XFAIL = {
     "pp2-tp2-zero-bubble-loss-parallel": "zero-bubble's split backward: the capture's tp "
-    "collectives carry no module where the real run's carry the block's"
+    "collectives carry no module where the real run's carry the block's, or not, as the "
+    "rank's garbage collection falls"
 }
 
 
@@ -212,7 +218,7 @@ def _compared(calls: list[tuple]) -> list[tuple]:
     case_params(
         CASES,
         SLOW_CASES,
-        **{name: [pytest.mark.xfail(reason=why, strict=True)] for name, why in XFAIL.items()},
+        **{name: [pytest.mark.xfail(reason=why, strict=False)] for name, why in XFAIL.items()},
     ),
 )
 def test_every_rank_s_real_step_runs_the_ops_and_calls_the_capture_records(name, real_ranks):
