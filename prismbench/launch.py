@@ -5,7 +5,7 @@ parity tests. Each process runs torch with `threads` intra-op threads (default 1
 the same machine are comparable whatever else the machine does. The backend is gloo (CPU) or
 nccl (CUDA: rank r uses GPU r).
 
-Ranks are forked from a fork server that imported torch and the workloads once (PRELOAD), where
+Ranks are forked from a fork server that imported torch's modules once (PRELOAD), where
 the platform has one: a spawned rank imports them again, 3-8 s of CPU each on a 2-core machine,
 for every rank of every run. The server never runs torch (no threads, no CUDA), so a fork of it
 is as clean as a spawn. Each rank takes its environment from the caller at the time of the run,
@@ -34,9 +34,17 @@ def free_port() -> int:
 
 
 BACKENDS = ("gloo", "nccl")
-# what the fork server imports before it forks ranks: torch, and what a rank's step imports
-# (workloads.train pulls torch's pipelining, DTensor and FSDP2; ~2.6 s of the ~6 s a rank took)
-PRELOAD = ("torch", "torch.distributed", "workloads.train")
+# what the fork server imports before it forks ranks: torch, and the parts of it a rank's step
+# imports (workloads.train pulls pipelining, DTensor and FSDP2: 2.6 s of the ~6 s a rank took,
+# ours 0.1-0.5 s of that). Not our own modules: a rank imports them from disk when it starts, so
+# a caller that edits them between two runs does not fork ranks of the old code.
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.pipelining",
+    "torch.distributed.tensor",
+    "torch.distributed.fsdp",
+)
 
 
 class RanksDied(RuntimeError):
